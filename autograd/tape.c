@@ -1,0 +1,324 @@
+/* tape.c — eager reverse-mode autograd.
+ *
+ * Each differentiable op that needs a gradient appends a node to the calling
+ * thread's tape (nodes and the input arrays live in the step scope's arena).
+ * Nodes are appended in execution order, so the tape is already a topological
+ * order: backward walks it in reverse from the root's node.
+ *
+ * Rule: leaf gradients use += (they accumulate across backward calls and
+ * micro-batches); non-leaf gradients are temporaries of one walk.
+ *
+ * Before the walk, a reverse pass marks which nodes the root reaches and
+ * counts, per leaf, how many reachable uses it has. The walk decrements that
+ * count as each use contributes; at zero the leaf's gradient is final and its
+ * hooks fire (DDP launches a bucket's all-reduce from there).
+ */
+#include <stdlib.h>
+
+#include "../tensor/tensor_impl.h"
+
+static _Thread_local node **tape;
+static _Thread_local int64_t tape_len, tape_cap;
+static _Thread_local bool grad_enabled = true;
+
+int64_t em_tape_length(void) { return tape_len; }
+
+int64_t ag_tape_truncate(int64_t len)
+{
+    if (len < tape_len) tape_len = len;
+    return tape_len;
+}
+
+bool em_set_grad_enabled(bool enabled)
+{
+    bool prev = grad_enabled;
+    grad_enabled = enabled;
+    return prev;
+}
+
+bool em_is_grad_enabled(void) { return grad_enabled; }
+
+bool ag_needed(int nin, tensor *const *in)
+{
+    if (!grad_enabled) return false;
+    for (int i = 0; i < nin; i++)
+        if (in[i] && in[i]->requires_grad) return true;
+    return false;
+}
+
+node *ag_record(const char *op, backward_fn fn, tensor *out, int nin, tensor *const *in)
+{
+    if (em_scope_depth() == 0)
+        return em_fail(EM_ERR_SCOPE,
+                       "%s: recording a gradient needs an open step scope (em_scope_begin), or run it "
+                       "under em_set_grad_enabled(false)",
+                       op);
+    if (tape_len == tape_cap) {
+        int64_t cap = tape_cap ? tape_cap * 2 : 1024;
+        node **nt = realloc(tape, (size_t)cap * sizeof *nt);
+        if (!nt) return em_fail(EM_ERR_OOM, "%s: out of memory growing the tape", op);
+        tape = nt;
+        tape_cap = cap;
+    }
+    node *n = scope_alloc(sizeof *n + (size_t)nin * sizeof(tensor *));
+    if (!n) return NULL;
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->backward = fn;
+    n->nin = nin;
+    n->in = (tensor **)(n + 1);
+    for (int i = 0; i < nin; i++) n->in[i] = in[i];
+    n->out = out;
+    n->index = tape_len;
+    tape[tape_len++] = n;
+    out->requires_grad = true;
+    out->grad_fn = n;
+    return n;
+}
+
+/* ---- leaves ----------------------------------------------------------------- */
+
+em_status em_set_requires_grad(em_tensor *h, bool rg)
+{
+    tensor *t = t_resolve(h, "em_set_requires_grad");
+    if (!t) return em_last_status();
+    if (t->grad_fn)
+        return em_err(EM_ERR_AUTOGRAD,
+                      "em_set_requires_grad: %s%s was made by op '%s'; only leaves take requires_grad "
+                      "(use em_detach first)",
+                      em_dtype_name(t->dtype), shp(t), t->grad_fn->op);
+    if (rg && !chk_float("em_set_requires_grad", t)) return em_last_status();
+    t->requires_grad = rg;
+    return EM_OK;
+}
+
+bool em_requires_grad(const em_tensor *h)
+{
+    tensor *t = t_resolve(h, "em_requires_grad");
+    return t && t->requires_grad;
+}
+
+bool em_is_leaf(const em_tensor *h)
+{
+    tensor *t = t_resolve(h, "em_is_leaf");
+    return t && !t->grad_fn;
+}
+
+em_tensor *em_grad(const em_tensor *h)
+{
+    tensor *t = t_resolve(h, "em_grad");
+    if (!t || t->grad_fn) return NULL;
+    return t_handle(t->grad);
+}
+
+em_status em_set_grad_buffer(em_tensor *h, em_tensor *bh)
+{
+    tensor *t = t_resolve(h, "em_set_grad_buffer"), *b = t_resolve(bh, "em_set_grad_buffer");
+    if (!t || !b) return em_last_status();
+    if (t->grad_fn) return em_err(EM_ERR_AUTOGRAD, "em_set_grad_buffer: %s is not a leaf", shp(t));
+    if (b->dtype != t->dtype || b->ndim != t->ndim || memcmp(b->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
+        return em_err(EM_ERR_SHAPE, "em_set_grad_buffer: buffer %s%s does not match tensor %s%s",
+                      em_dtype_name(b->dtype), shp(b), em_dtype_name(t->dtype), shp(t));
+    if (!t_is_contig(b) || b->depth != 0)
+        return em_err(EM_ERR_ARG, "em_set_grad_buffer: buffer must be contiguous and persistent");
+    if (t->grad && !t->grad_external) t_free(t->grad);
+    t->grad = b;
+    t->grad_external = true;
+    return EM_OK;
+}
+
+em_status em_zero_grad(em_tensor *h)
+{
+    tensor *t = t_resolve(h, "em_zero_grad");
+    if (!t) return em_last_status();
+    if (t->grad) {
+        tensor *g = t->grad;
+        if (t_is_contig(g)) memset(t_ptr(g), 0, (size_t)t_numel(g) * t_esize(g));
+        else {
+            tensor *z = t_zeros_like(g);
+            if (!z) return em_last_status();
+            copy_strided(g, z);
+        }
+    }
+    return EM_OK;
+}
+
+em_status em_register_grad_hook(em_tensor *h, em_grad_hook fn, void *ctx)
+{
+    tensor *t = t_resolve(h, "em_register_grad_hook");
+    if (!t) return em_last_status();
+    if (!fn) return em_err(EM_ERR_ARG, "em_register_grad_hook: fn is NULL");
+    if (t->grad_fn) return em_err(EM_ERR_AUTOGRAD, "em_register_grad_hook: %s is not a leaf", shp(t));
+    hook_entry *e = malloc(sizeof *e);
+    if (!e) return em_err(EM_ERR_OOM, "em_register_grad_hook: out of memory");
+    *e = (hook_entry){NULL, fn, ctx};
+    hook_entry **p = &t->hooks;
+    while (*p) p = &(*p)->next;
+    *p = e;
+    return EM_OK;
+}
+
+em_status em_clear_grad_hooks(em_tensor *h)
+{
+    tensor *t = t_resolve(h, "em_clear_grad_hooks");
+    if (!t) return em_last_status();
+    for (hook_entry *e = t->hooks, *n; e; e = n) {
+        n = e->next;
+        free(e);
+    }
+    t->hooks = NULL;
+    return EM_OK;
+}
+
+em_tensor *em_detach(em_tensor *h)
+{
+    tensor *t = t_resolve(h, "em_detach");
+    if (!t) return NULL;
+    return t_handle(t_view_of(t, t->ndim, t->shape, t->stride, t->offset));
+}
+
+/* ---- accumulation ----------------------------------------------------------- */
+
+/* dst += src, elementwise, same shape; dst contiguous. */
+static void add_into(tensor *dst, tensor *src)
+{
+    int64_t n = t_numel(dst);
+    if (dst->dtype == EM_F32 && src->dtype == EM_F32 && t_is_contig(src)) {
+        float *d = t_ptr(dst);
+        const float *s = t_ptr(src);
+        for (int64_t i = 0; i < n; i++) d[i] += s[i];
+        return;
+    }
+    if (dst->dtype == EM_F64 && src->dtype == EM_F64 && t_is_contig(src)) {
+        double *d = t_ptr(dst);
+        const double *s = t_ptr(src);
+        for (int64_t i = 0; i < n; i++) d[i] += s[i];
+        return;
+    }
+    nditer it;
+    nditer_init(&it, src->ndim, src->shape, 1, (const int64_t *[]){src->stride});
+    size_t ds = t_esize(dst), ss = t_esize(src);
+    char *dp = t_ptr(dst);
+    const char *sp = t_ptr(src);
+    for (int64_t i = 0; i < n; i++) {
+        st(dst->dtype, dp + (size_t)i * ds, ld(dst->dtype, dp + (size_t)i * ds) + ld(src->dtype, sp + it.off[0] * (int64_t)ss));
+        nditer_next(&it);
+    }
+}
+
+em_status ag_accum(tensor *t, tensor *g)
+{
+    if (!t->requires_grad) return EM_OK;
+    if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
+        return em_err(EM_ERR_AUTOGRAD, "backward: gradient %s does not match tensor %s (op '%s')", shp(g), shp(t),
+                      t->grad_fn ? t->grad_fn->op : "leaf");
+    if (!t->grad) {
+        bool leaf = !t->grad_fn;
+        tensor *ng = leaf ? t_new_persistent(t->dtype, t->ndim, t->shape) : t_new_like(t);
+        if (!ng) return em_last_status();
+        copy_strided(ng, g);
+        t->grad = ng;
+    } else {
+        add_into(t->grad, g);
+    }
+    if (!t->grad_fn && t->pending > 0 && --t->pending == 0) {
+        for (hook_entry *e = t->hooks; e; e = e->next) {
+            em_status s = e->fn(t_handle(t), t_handle(t->grad), e->ctx);
+            if (s != EM_OK) return s;
+        }
+    }
+    return EM_OK;
+}
+
+tensor *ag_sum_to(tensor *g, int ndim, const int64_t *shape)
+{
+    if (g->ndim == ndim && !memcmp(g->shape, shape, sizeof(int64_t) * (size_t)ndim)) return g;
+    int dims[EM_MAX_DIMS], nd = 0;
+    int lead = g->ndim - ndim;
+    for (int i = 0; i < g->ndim; i++)
+        if (i < lead || (shape[i - lead] == 1 && g->shape[i] != 1)) dims[nd++] = i;
+    tensor *s = nd ? t_sum(g, nd, dims, true) : g;
+    if (!s) return NULL;
+    return t_reshape(s, ndim, shape);
+}
+
+/* ---- backward --------------------------------------------------------------- */
+
+static void mark_reachable(node *root_node, tensor *root)
+{
+    for (int64_t i = 0; i < tape_len; i++) tape[i]->reachable = false;
+    if (!root_node) {
+        root->pending = 1;
+        return;
+    }
+    root_node->reachable = true;
+    /* leaves: reset counts first (a leaf may be used by several nodes) */
+    for (int64_t i = root_node->index; i >= 0; i--) {
+        node *n = tape[i];
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k] && !n->in[k]->grad_fn) n->in[k]->pending = 0;
+    }
+    for (int64_t i = root_node->index; i >= 0; i--) {
+        node *n = tape[i];
+        if (!n->reachable) continue;
+        for (int k = 0; k < n->nin; k++) {
+            tensor *x = n->in[k];
+            if (!x || !x->requires_grad) continue;
+            if (x->grad_fn) x->grad_fn->reachable = true;
+            else x->pending++;
+        }
+    }
+}
+
+em_status em_backward(em_tensor *rh, em_tensor *gh)
+{
+    tensor *root = t_resolve(rh, "em_backward");
+    if (!root) return em_last_status();
+    if (!root->requires_grad)
+        return em_err(EM_ERR_AUTOGRAD,
+                      "em_backward: %s%s does not require grad (no input of the ops that made it has "
+                      "requires_grad set, or grad mode was off)",
+                      em_dtype_name(root->dtype), shp(root));
+    tensor *g0 = NULL;
+    if (gh) {
+        g0 = t_resolve(gh, "em_backward");
+        if (!g0) return em_last_status();
+        if (g0->ndim != root->ndim || memcmp(g0->shape, root->shape, sizeof(int64_t) * (size_t)root->ndim) ||
+            g0->dtype != root->dtype)
+            return em_err(EM_ERR_SHAPE, "em_backward: grad_output %s%s does not match root %s%s",
+                          em_dtype_name(g0->dtype), shp(g0), em_dtype_name(root->dtype), shp(root));
+    } else if (t_numel(root) != 1) {
+        return em_err(EM_ERR_SHAPE,
+                      "em_backward: root %s has %lld elements; pass grad_output for a non-scalar root",
+                      shp(root), (long long)t_numel(root));
+    }
+    if (root->grad_fn && em_scope_depth() == 0)
+        return em_err(EM_ERR_SCOPE, "em_backward: needs an open step scope for its temporaries");
+    bool prev = em_set_grad_enabled(false);
+    node *rn = root->grad_fn;
+    mark_reachable(rn, root);
+    em_status s = EM_OK;
+    if (!gh) {
+        g0 = em_scope_depth() ? t_new(root->dtype, root->ndim, root->shape)
+                              : t_new_persistent(root->dtype, root->ndim, root->shape);
+        if (!g0) {
+            em_set_grad_enabled(prev);
+            return em_last_status();
+        }
+        fill_n(g0->dtype, t_ptr(g0), 1.0, 1);
+    }
+    s = ag_accum(root, g0);
+    if (!gh && g0->depth == 0) t_free(g0);
+    for (int64_t i = rn ? rn->index : -1; i >= 0 && s == EM_OK; i--) {
+        node *n = tape[i];
+        if (!n->reachable || !n->out->grad) continue;
+        tensor *gout = n->out->grad;
+        n->out->grad = NULL; /* non-leaf grads are temporaries of this walk */
+        s = n->backward(n, gout);
+        if (s != EM_OK && em_last_status() == EM_OK) em_err(s, "backward of '%s' failed", n->op);
+    }
+    /* on failure, drop the temporaries the walk left behind */
+    for (int64_t i = rn ? rn->index : -1; i >= 0; i--) tape[i]->out->grad = NULL;
+    em_set_grad_enabled(prev);
+    return s;
+}

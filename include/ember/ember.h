@@ -1,0 +1,9 @@
+/* ember/ember.h — the whole public API: include this one header. */
+#ifndef EMBER_H
+#define EMBER_H
+
+#include "tensor.h"
+#include "autograd.h"
+#include "runtime.h"
+
+#endif

@@ -1,0 +1,157 @@
+/* dtype.c — element sizes, names, and the conversions between dtypes,
+ * including f16 and bf16 (round to nearest, ties to even). */
+#include "tensor_impl.h"
+
+static const size_t sizes[EM_NUM_DTYPES] = {4, 8, 2, 2, 4, 1, 1};
+static const char *names[EM_NUM_DTYPES] = {"f32", "f64", "f16", "bf16", "i32", "u8", "bool"};
+
+size_t em_dtype_size(em_dtype dt) { return (unsigned)dt < EM_NUM_DTYPES ? sizes[dt] : 0; }
+const char *em_dtype_name(em_dtype dt) { return (unsigned)dt < EM_NUM_DTYPES ? names[dt] : "?"; }
+bool em_dtype_is_float(em_dtype dt) { return dt == EM_F32 || dt == EM_F64 || dt == EM_F16 || dt == EM_BF16; }
+
+static uint32_t f2u(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float u2f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* bf16 is the top half of an f32: round the dropped 16 bits to nearest even. */
+uint16_t em_f32_to_bf16(float x)
+{
+    uint32_t u = f2u(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+float em_bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
+
+/* f16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. */
+uint16_t em_f32_to_f16(float x)
+{
+    uint32_t u = f2u(x);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;          /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u;         /* rounds to >= 65520: inf */
+    if (a < 0x38800000u) {                               /* below 2^-14: subnormal or 0 */
+        /* value = a_float; f16 subnormal unit is 2^-24. Round m * 2^(e) to units. */
+        if (a < 0x33000000u) return sign;                /* < 2^-25: rounds to 0 */
+        uint32_t e = a >> 23;                            /* biased f32 exponent */
+        uint32_t m = (a & 0x7fffffu) | 0x800000u;        /* 24-bit significand */
+        uint32_t shift = 126 - e;                        /* so that m >> shift is in 2^-24 units */
+        uint32_t q = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return sign | (uint16_t)q;
+    }
+    /* normal: rebias exponent 127 -> 15, keep 10 of 23 mantissa bits */
+    uint32_t r = a - ((127u - 15u) << 23);
+    uint32_t q = r >> 13, rem = r & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (q & 1))) q++;
+    return sign | (uint16_t)q;
+}
+
+float em_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ffu;
+    if (e == 0x1f) return u2f(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {
+        float v = (float)m * 5.9604644775390625e-8f; /* m * 2^-24 */
+        return sign ? -v : v;
+    }
+    return u2f(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+double ld(em_dtype dt, const void *p)
+{
+    switch (dt) {
+    case EM_F32: return *(const float *)p;
+    case EM_F64: return *(const double *)p;
+    case EM_F16: return em_f16_to_f32(*(const uint16_t *)p);
+    case EM_BF16: return em_bf16_to_f32(*(const uint16_t *)p);
+    case EM_I32: return *(const int32_t *)p;
+    case EM_U8:
+    case EM_BOOL: return *(const uint8_t *)p;
+    default: return NAN;
+    }
+}
+
+/* Float -> int truncates toward zero and saturates (C leaves overflow undefined). */
+static int32_t to_i32(double v)
+{
+    if (v != v) return 0;
+    if (v >= 2147483647.0) return INT32_MAX;
+    if (v <= -2147483648.0) return INT32_MIN;
+    return (int32_t)v;
+}
+static uint8_t to_u8(double v)
+{
+    if (v != v || v <= 0) return 0;
+    if (v >= 255) return 255;
+    return (uint8_t)v;
+}
+
+void st(em_dtype dt, void *p, double v)
+{
+    switch (dt) {
+    case EM_F32: *(float *)p = (float)v; break;
+    case EM_F64: *(double *)p = v; break;
+    case EM_F16: *(uint16_t *)p = em_f32_to_f16((float)v); break;
+    case EM_BF16: *(uint16_t *)p = em_f32_to_bf16((float)v); break;
+    case EM_I32: *(int32_t *)p = to_i32(v); break;
+    case EM_U8: *(uint8_t *)p = to_u8(v); break;
+    case EM_BOOL: *(uint8_t *)p = v != 0; break;
+    default: break;
+    }
+}
+
+void convert_n(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n)
+{
+    size_t so = em_dtype_size(from), sd = em_dtype_size(to);
+    if (to == from) {
+        memmove(dst, src, (size_t)n * so);
+        return;
+    }
+    if (from == EM_F32 && to == EM_BF16) {
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = em_f32_to_bf16(((const float *)src)[i]);
+        return;
+    }
+    if (from == EM_BF16 && to == EM_F32) {
+        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = em_bf16_to_f32(((const uint16_t *)src)[i]);
+        return;
+    }
+    if (from == EM_F32 && to == EM_F16) {
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = em_f32_to_f16(((const float *)src)[i]);
+        return;
+    }
+    if (from == EM_F16 && to == EM_F32) {
+        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = em_f16_to_f32(((const uint16_t *)src)[i]);
+        return;
+    }
+    /* f64 -> f16/bf16 goes through f32, which can round twice; acceptable for
+     * storage dtypes (PyTorch does the same on CPU). */
+    for (int64_t i = 0; i < n; i++) st(to, (char *)dst + i * sd, ld(from, (const char *)src + i * so));
+}
+
+void fill_n(em_dtype dt, void *dst, double v, int64_t n)
+{
+    if (dt == EM_F32) {
+        float f = (float)v;
+        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = f;
+        return;
+    }
+    size_t s = em_dtype_size(dt);
+    unsigned char one[8];
+    st(dt, one, v);
+    for (int64_t i = 0; i < n; i++) memcpy((char *)dst + (size_t)i * s, one, s);
+}

@@ -1,0 +1,161 @@
+/* iter.c — the shared machinery of ops: strided iteration, broadcasting,
+ * dtype checks, contiguous copies and dim normalisation. */
+#include "tensor_impl.h"
+
+void nditer_init(nditer *it, int ndim, const int64_t *shape, int nop, const int64_t *const *strides)
+{
+    it->ndim = ndim;
+    it->nop = nop;
+    for (int d = 0; d < ndim; d++) {
+        it->shape[d] = shape[d];
+        it->idx[d] = 0;
+        for (int k = 0; k < nop; k++) it->stride[k][d] = strides[k][d];
+    }
+    for (int k = 0; k < nop; k++) it->off[k] = 0;
+}
+
+void nditer_seek(nditer *it, int64_t linear)
+{
+    for (int k = 0; k < it->nop; k++) it->off[k] = 0;
+    for (int d = it->ndim - 1; d >= 0; d--) {
+        int64_t n = it->shape[d] ? it->shape[d] : 1;
+        it->idx[d] = linear % n;
+        linear /= n;
+        for (int k = 0; k < it->nop; k++) it->off[k] += it->idx[d] * it->stride[k][d];
+    }
+}
+
+em_status bcast_shape(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb, int *ndim,
+                      int64_t *shape)
+{
+    int n = na > nb ? na : nb;
+    for (int i = 0; i < n; i++) {
+        int ia = na - n + i, ib = nb - n + i;
+        int64_t x = ia >= 0 ? sa[ia] : 1, y = ib >= 0 ? sb[ib] : 1;
+        if (x != y && x != 1 && y != 1)
+            return em_err(EM_ERR_SHAPE, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", op,
+                          shp_of(na, sa), shp_of(nb, sb), i - n, (long long)x, (long long)y);
+        shape[i] = x == 1 ? y : x;
+    }
+    *ndim = n;
+    return EM_OK;
+}
+
+void bcast_strides(const tensor *t, int ndim, const int64_t *shape, int64_t *stride)
+{
+    for (int i = 0; i < ndim; i++) {
+        int it = t->ndim - ndim + i;
+        stride[i] = (it < 0 || (t->shape[it] == 1 && shape[i] != 1)) ? 0 : t->stride[it];
+    }
+}
+
+bool chk_same_dtype(const char *op, const tensor *a, const tensor *b)
+{
+    if (a->dtype == b->dtype) return true;
+    em_fail(EM_ERR_DTYPE, "%s: dtypes differ: %s%s and %s%s (cast one with em_cast)", op,
+            em_dtype_name(a->dtype), shp(a), em_dtype_name(b->dtype), shp(b));
+    return false;
+}
+
+bool chk_float(const char *op, const tensor *t)
+{
+    if (em_dtype_is_float(t->dtype)) return true;
+    em_fail(EM_ERR_DTYPE, "%s: needs a float tensor, got %s%s", op, em_dtype_name(t->dtype), shp(t));
+    return false;
+}
+
+bool chk_dtype(const char *op, const tensor *t, em_dtype want, const char *what)
+{
+    if (t->dtype == want) return true;
+    em_fail(EM_ERR_DTYPE, "%s: %s must be %s, got %s%s", op, what, em_dtype_name(want),
+            em_dtype_name(t->dtype), shp(t));
+    return false;
+}
+
+int t_dim(const char *op, int dim, int ndim, int extra)
+{
+    int n = ndim + extra;
+    int d = dim < 0 ? dim + n : dim;
+    if (d < 0 || d >= n || (n == 0)) {
+        em_fail(EM_ERR_ARG, "%s: dim %d is out of range for a %d-dim tensor", op, dim, ndim);
+        return -1;
+    }
+    return d;
+}
+
+bool t_is_contig(const tensor *t)
+{
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != s) return false;
+        s *= t->shape[i];
+    }
+    return true;
+}
+
+int64_t t_numel(const tensor *t) { return shape_numel(t->ndim, t->shape); }
+
+typedef struct copy_ctx {
+    tensor *dst;
+    const tensor *src;
+} copy_ctx;
+
+static void copy_range(void *p, int64_t lo, int64_t hi)
+{
+    copy_ctx *c = p;
+    tensor *d = c->dst;
+    const tensor *s = c->src;
+    size_t ds = t_esize(d), ss = t_esize(s);
+    char *dp = t_ptr(d);
+    const char *sp = t_ptr(s);
+    nditer it;
+    nditer_init(&it, d->ndim, d->shape, 2, (const int64_t *[]){d->stride, s->stride});
+    nditer_seek(&it, lo);
+    if (d->dtype == s->dtype) {
+        for (int64_t i = lo; i < hi; i++) {
+            memcpy(dp + it.off[0] * (int64_t)ds, sp + it.off[1] * (int64_t)ss, ds);
+            nditer_next(&it);
+        }
+    } else {
+        for (int64_t i = lo; i < hi; i++) {
+            st(d->dtype, dp + it.off[0] * (int64_t)ds, ld(s->dtype, sp + it.off[1] * (int64_t)ss));
+            nditer_next(&it);
+        }
+    }
+}
+
+void copy_strided(tensor *dst, const tensor *src)
+{
+    int64_t n = t_numel(dst);
+    if (t_is_contig(dst) && t_is_contig(src) && t_numel(src) == n) {
+        convert_n(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
+        return;
+    }
+    copy_ctx c = {dst, src};
+    parallel_for(n, 1 << 14, copy_range, &c);
+}
+
+tensor *t_clone(tensor *t)
+{
+    tensor *o = t_new(t->dtype, t->ndim, t->shape);
+    if (!o) return NULL;
+    copy_strided(o, t);
+    return o;
+}
+
+tensor *t_contig(tensor *t)
+{
+    if (!t) return NULL;
+    return t_is_contig(t) ? t : t_clone(t);
+}
+
+tensor *t_new_like(const tensor *t) { return t_new(t->dtype, t->ndim, t->shape); }
+
+tensor *t_zeros(em_dtype dt, int ndim, const int64_t *shape)
+{
+    tensor *t = t_new(dt, ndim, shape);
+    if (t) memset(t_ptr(t), 0, t->st->nbytes);
+    return t;
+}
+
+tensor *t_zeros_like(const tensor *t) { return t_zeros(t->dtype, t->ndim, t->shape); }

@@ -1,0 +1,2 @@
+/* ops_attention.c */
+#include "tensor_impl.h"

@@ -1,0 +1,260 @@
+/* ops_binary.c — add, sub, mul, div with broadcasting, their scalar forms,
+ * and neg: shape/dtype checks, CPU forward, backward, in one place.
+ *
+ * This file is the pattern for an op family: a checked entry point t_xxx on
+ * internal tensors, a kernel that is a plain loop (with a fast path for the
+ * common contiguous f32 case beside the general strided one), a backward
+ * function recorded with ag_record, and a public em_xxx wrapper. */
+#include "tensor_impl.h"
+
+typedef enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV } binop;
+static const char *binop_name[] = {"add", "sub", "mul", "div"};
+
+static inline double apply(binop k, double x, double y)
+{
+    switch (k) {
+    case OP_ADD: return x + y;
+    case OP_SUB: return x - y;
+    case OP_MUL: return x * y;
+    default: return x / y;
+    }
+}
+
+static inline float applyf(binop k, float x, float y)
+{
+    switch (k) {
+    case OP_ADD: return x + y;
+    case OP_SUB: return x - y;
+    case OP_MUL: return x * y;
+    default: return x / y;
+    }
+}
+
+typedef struct bin_ctx {
+    binop k;
+    tensor *out, *a, *b;
+    int64_t sa[EM_MAX_DIMS], sb[EM_MAX_DIMS]; /* broadcast strides */
+    int64_t inner;                            /* fast path: contiguous run length */
+} bin_ctx;
+
+/* Same shape, both contiguous, f32: one flat loop per range. */
+static void bin_flat_f32(void *p, int64_t lo, int64_t hi)
+{
+    bin_ctx *c = p;
+    const float *x = t_ptr(c->a), *y = t_ptr(c->b);
+    float *o = t_ptr(c->out);
+    switch (c->k) {
+    case OP_ADD: for (int64_t i = lo; i < hi; i++) o[i] = x[i] + y[i]; break;
+    case OP_SUB: for (int64_t i = lo; i < hi; i++) o[i] = x[i] - y[i]; break;
+    case OP_MUL: for (int64_t i = lo; i < hi; i++) o[i] = x[i] * y[i]; break;
+    case OP_DIV: for (int64_t i = lo; i < hi; i++) o[i] = x[i] / y[i]; break;
+    }
+}
+
+/* a contiguous (rows, inner), b contiguous (inner) repeated per row, f32:
+ * the bias-add shape. Ranges are rows. */
+static void bin_rows_f32(void *p, int64_t lo, int64_t hi)
+{
+    bin_ctx *c = p;
+    int64_t n = c->inner;
+    const float *y = t_ptr(c->b);
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = (const float *)t_ptr(c->a) + r * n;
+        float *o = (float *)t_ptr(c->out) + r * n;
+        for (int64_t i = 0; i < n; i++) o[i] = applyf(c->k, x[i], y[i]);
+    }
+}
+
+/* Any strides, any dtype: element by element through double (or float). */
+static void bin_strided(void *p, int64_t lo, int64_t hi)
+{
+    bin_ctx *c = p;
+    tensor *o = c->out;
+    em_dtype dt = o->dtype;
+    size_t es = t_esize(o);
+    char *op = t_ptr(o);
+    const char *ap = t_ptr(c->a), *bp = t_ptr(c->b);
+    nditer it;
+    nditer_init(&it, o->ndim, o->shape, 2, (const int64_t *[]){c->sa, c->sb});
+    nditer_seek(&it, lo);
+    if (dt == EM_F32) {
+        for (int64_t i = lo; i < hi; i++) {
+            ((float *)op)[i] = applyf(c->k, ((const float *)ap)[it.off[0]], ((const float *)bp)[it.off[1]]);
+            nditer_next(&it);
+        }
+        return;
+    }
+    for (int64_t i = lo; i < hi; i++) {
+        double x = ld(dt, ap + it.off[0] * (int64_t)es), y = ld(dt, bp + it.off[1] * (int64_t)es);
+        st(dt, op + i * (int64_t)es, apply(c->k, x, y));
+        nditer_next(&it);
+    }
+}
+
+static em_status add_backward(node *n, tensor *g)
+{
+    tensor *a = n->in[0], *b = n->in[1];
+    em_status s = EM_OK;
+    if (a->requires_grad) {
+        tensor *ga = ag_sum_to(g, a->ndim, a->shape);
+        if (!ga || (s = ag_accum(a, ga))) return s ? s : em_last_status();
+    }
+    if (b->requires_grad) {
+        tensor *gb = n->ip[0] == OP_SUB ? t_neg(g) : g;
+        gb = gb ? ag_sum_to(gb, b->ndim, b->shape) : NULL;
+        if (!gb || (s = ag_accum(b, gb))) return s ? s : em_last_status();
+    }
+    return EM_OK;
+}
+
+/* d(a*b) = g*b, g*a ; d(a/b) = g/b, -g*out/b */
+static em_status muldiv_backward(node *n, tensor *g)
+{
+    tensor *a = n->in[0], *b = n->in[1];
+    bool div = n->ip[0] == OP_DIV;
+    em_status s;
+    if (a->requires_grad) {
+        tensor *ga = ag_sum_to(div ? t_div(g, b) : t_mul(g, b), a->ndim, a->shape);
+        if (!ga) return em_last_status();
+        if ((s = ag_accum(a, ga))) return s;
+    }
+    if (b->requires_grad) {
+        tensor *gb = div ? t_neg(t_div(t_mul(g, n->out), b)) : t_mul(g, a);
+        gb = gb ? ag_sum_to(gb, b->ndim, b->shape) : NULL;
+        if (!gb) return em_last_status();
+        if ((s = ag_accum(b, gb))) return s;
+    }
+    return EM_OK;
+}
+
+static tensor *binary(binop k, tensor *a, tensor *b)
+{
+    const char *name = binop_name[k];
+    if (!a || !b) return NULL;
+    if (!chk_same_dtype(name, a, b)) return NULL;
+    if (a->dtype == EM_BOOL || (k == OP_DIV && !em_dtype_is_float(a->dtype)))
+        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s and %s)", name, em_dtype_name(a->dtype),
+                       shp(a), shp(b));
+    int nd;
+    int64_t shape[EM_MAX_DIMS];
+    if (bcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
+    tensor *out = t_new(a->dtype, nd, shape);
+    if (!out) return NULL;
+    int64_t n = t_numel(out);
+    bin_ctx c = {.k = k, .out = out, .a = a, .b = b};
+    bool same = a->ndim == nd && b->ndim == nd && !memcmp(a->shape, shape, sizeof(int64_t) * (size_t)nd) &&
+                !memcmp(b->shape, shape, sizeof(int64_t) * (size_t)nd);
+    int64_t nb = t_numel(b);
+    bool rows = nd >= 1 && t_numel(a) == n && b->ndim <= nd && nb == shape[nd - 1] && nb > 0 &&
+                (b->ndim == 0 || b->shape[b->ndim - 1] == nb);
+    if (a->dtype == EM_F32 && t_is_contig(a) && t_is_contig(b) && same) {
+        parallel_for(n, 1 << 15, bin_flat_f32, &c);
+    } else if (a->dtype == EM_F32 && t_is_contig(a) && t_is_contig(b) && rows) {
+        c.inner = nb;
+        parallel_for(n / nb, (1 << 15) / nb + 1, bin_rows_f32, &c);
+    } else {
+        bcast_strides(a, nd, shape, c.sa);
+        bcast_strides(b, nd, shape, c.sb);
+        parallel_for(n, 1 << 14, bin_strided, &c);
+    }
+    tensor *in[2] = {a, b};
+    if (ag_needed(2, in)) {
+        if (!chk_float(name, a)) return NULL;
+        node *nd_ = ag_record(name, k <= OP_SUB ? add_backward : muldiv_backward, out, 2, in);
+        if (!nd_) return NULL;
+        nd_->ip[0] = k;
+    }
+    return out;
+}
+
+tensor *t_add(tensor *a, tensor *b) { return binary(OP_ADD, a, b); }
+tensor *t_sub(tensor *a, tensor *b) { return binary(OP_SUB, a, b); }
+tensor *t_mul(tensor *a, tensor *b) { return binary(OP_MUL, a, b); }
+tensor *t_div(tensor *a, tensor *b) { return binary(OP_DIV, a, b); }
+
+/* ---- scalar forms: out = a*m + s (add_scalar: m=1; mul_scalar: s=0; neg: m=-1) */
+
+typedef struct affine_ctx {
+    tensor *out, *a;
+    double m, s;
+} affine_ctx;
+
+static void affine_range(void *p, int64_t lo, int64_t hi)
+{
+    affine_ctx *c = p;
+    tensor *a = c->a;
+    if (a->dtype == EM_F32 && t_is_contig(a)) {
+        const float *x = t_ptr(a);
+        float *o = t_ptr(c->out), m = (float)c->m, s = (float)c->s;
+        for (int64_t i = lo; i < hi; i++) o[i] = x[i] * m + s;
+        return;
+    }
+    size_t es = t_esize(a);
+    char *o = t_ptr(c->out);
+    const char *x = t_ptr(a);
+    nditer it;
+    nditer_init(&it, a->ndim, a->shape, 1, (const int64_t *[]){a->stride});
+    nditer_seek(&it, lo);
+    for (int64_t i = lo; i < hi; i++) {
+        st(a->dtype, o + i * (int64_t)es, ld(a->dtype, x + it.off[0] * (int64_t)es) * c->m + c->s);
+        nditer_next(&it);
+    }
+}
+
+static em_status affine_backward(node *n, tensor *g)
+{
+    tensor *ga = n->dp[0] == 1.0 ? g : t_mul_scalar(g, n->dp[0]);
+    return ga ? ag_accum(n->in[0], ga) : em_last_status();
+}
+
+static tensor *affine(const char *name, tensor *a, double m, double s)
+{
+    if (!a) return NULL;
+    if (a->dtype == EM_BOOL || (a->dtype == EM_U8 && m < 0))
+        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s)", name, em_dtype_name(a->dtype), shp(a));
+    tensor *out = t_new_like(a);
+    if (!out) return NULL;
+    affine_ctx c = {out, a, m, s};
+    parallel_for(t_numel(a), 1 << 15, affine_range, &c);
+    if (ag_needed(1, &a)) {
+        node *n = ag_record(name, affine_backward, out, 1, &a);
+        if (!n) return NULL;
+        n->dp[0] = m;
+    }
+    return out;
+}
+
+tensor *t_add_scalar(tensor *a, double s) { return affine("add_scalar", a, 1.0, s); }
+tensor *t_mul_scalar(tensor *a, double m) { return affine("mul_scalar", a, m, 0.0); }
+tensor *t_neg(tensor *a) { return affine("neg", a, -1.0, 0.0); }
+
+/* ---- public wrappers ---------------------------------------------------------- */
+
+static em_tensor *pub2(tensor *(*f)(tensor *, tensor *), const char *name, em_tensor *a, em_tensor *b)
+{
+    tensor *x = t_resolve(a, name), *y = x ? t_resolve(b, name) : NULL;
+    return y ? t_handle(f(x, y)) : NULL;
+}
+
+em_tensor *em_add(em_tensor *a, em_tensor *b) { return pub2(t_add, "add", a, b); }
+em_tensor *em_sub(em_tensor *a, em_tensor *b) { return pub2(t_sub, "sub", a, b); }
+em_tensor *em_mul(em_tensor *a, em_tensor *b) { return pub2(t_mul, "mul", a, b); }
+em_tensor *em_div(em_tensor *a, em_tensor *b) { return pub2(t_div, "div", a, b); }
+
+em_tensor *em_add_scalar(em_tensor *a, double s)
+{
+    tensor *x = t_resolve(a, "add_scalar");
+    return x ? t_handle(t_add_scalar(x, s)) : NULL;
+}
+
+em_tensor *em_mul_scalar(em_tensor *a, double s)
+{
+    tensor *x = t_resolve(a, "mul_scalar");
+    return x ? t_handle(t_mul_scalar(x, s)) : NULL;
+}
+
+em_tensor *em_neg(em_tensor *a)
+{
+    tensor *x = t_resolve(a, "neg");
+    return x ? t_handle(t_neg(x)) : NULL;
+}

@@ -1,0 +1,2 @@
+/* ops_compare.c */
+#include "tensor_impl.h"

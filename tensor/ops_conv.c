@@ -1,0 +1,2 @@
+/* ops_conv.c */
+#include "tensor_impl.h"

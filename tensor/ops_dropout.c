@@ -1,0 +1,2 @@
+/* ops_dropout.c */
+#include "tensor_impl.h"

@@ -1,0 +1,2 @@
+/* ops_index.c */
+#include "tensor_impl.h"

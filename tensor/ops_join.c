@@ -1,0 +1,2 @@
+/* ops_join.c */
+#include "tensor_impl.h"

@@ -1,0 +1,2 @@
+/* ops_loss.c */
+#include "tensor_impl.h"

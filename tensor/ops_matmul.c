@@ -1,0 +1,2 @@
+/* ops_matmul.c */
+#include "tensor_impl.h"

@@ -1,0 +1,2 @@
+/* ops_norm.c */
+#include "tensor_impl.h"

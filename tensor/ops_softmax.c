@@ -1,0 +1,2 @@
+/* ops_softmax.c */
+#include "tensor_impl.h"

@@ -1,0 +1,2 @@
+/* ops_unary.c */
+#include "tensor_impl.h"

@@ -1,0 +1,110 @@
+/* rng.c — Philox4x32-10 counter-based random numbers. A draw of n values
+ * uses counters offset .. offset+ceil(n/4)-1 under key `seed`; element i
+ * takes word i%4 of counter offset + i/4. The result depends only on
+ * (seed, offset), never on how the work is split across threads. */
+#include "tensor_impl.h"
+
+void em_philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo, uint32_t out[4])
+{
+    uint32_t c0 = (uint32_t)counter_lo, c1 = (uint32_t)(counter_lo >> 32);
+    uint32_t c2 = (uint32_t)counter_hi, c3 = (uint32_t)(counter_hi >> 32);
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)p1;
+        c3 = (uint32_t)p0;
+        c0 = n0;
+        c2 = n2;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+static _Thread_local em_rng default_rng = {0, 0};
+
+em_rng em_rng_new(uint64_t seed) { return (em_rng){seed, 0}; }
+em_rng *em_default_rng(void) { return &default_rng; }
+void em_manual_seed(uint64_t seed) { default_rng = (em_rng){seed, 0}; }
+
+/* uniform in [0,1) with 24 bits (f32) — the same numbers for every float dtype */
+static inline double u01(uint32_t w) { return (double)(w >> 8) * (1.0 / 16777216.0); }
+
+typedef enum { DRAW_UNIFORM, DRAW_NORMAL, DRAW_INT } draw_kind;
+
+typedef struct draw_ctx {
+    tensor *t;
+    em_rng rng;
+    draw_kind kind;
+    int64_t low, high;
+} draw_ctx;
+
+/* Normal: Box-Muller on words (0,1) -> values 0,1 and (2,3) -> values 2,3. */
+static void draw_range(void *p, int64_t lo, int64_t hi)
+{
+    draw_ctx *c = p;
+    size_t es = t_esize(c->t);
+    char *base = t_ptr(c->t);
+    uint64_t range = (uint64_t)(c->high - c->low);
+    for (int64_t blk = lo; blk < hi; blk++) {
+        uint32_t w[4];
+        em_philox4x32(c->rng.seed, 0, c->rng.offset + (uint64_t)blk, w);
+        double v[4];
+        if (c->kind == DRAW_NORMAL) {
+            for (int j = 0; j < 4; j += 2) {
+                double u1 = ((double)(w[j] >> 8) + 1.0) * (1.0 / 16777216.0); /* (0,1] */
+                double u2 = u01(w[j + 1]);
+                double r = sqrt(-2.0 * log(u1));
+                v[j] = r * cos(2 * M_PI * u2);
+                v[j + 1] = r * sin(2 * M_PI * u2);
+            }
+        } else if (c->kind == DRAW_UNIFORM) {
+            for (int j = 0; j < 4; j++) v[j] = u01(w[j]);
+        } else {
+            for (int j = 0; j < 4; j++) v[j] = (double)(c->low + (int64_t)(w[j] % range));
+        }
+        int64_t n = t_numel(c->t);
+        for (int j = 0; j < 4 && blk * 4 + j < n; j++) st(c->t->dtype, base + (size_t)(blk * 4 + j) * es, v[j]);
+    }
+}
+
+static em_tensor *draw(const char *op, em_dtype dt, int ndim, const int64_t *shape, em_rng *rng, draw_kind kind,
+                       int64_t low, int64_t high)
+{
+    if (kind != DRAW_INT && !em_dtype_is_float(dt))
+        return em_fail(EM_ERR_DTYPE, "%s: needs a float dtype, got %s", op, em_dtype_name(dt));
+    if (kind == DRAW_INT) {
+        if (dt == EM_BOOL || (unsigned)dt >= EM_NUM_DTYPES)
+            return em_fail(EM_ERR_DTYPE, "%s: dtype %s cannot hold random integers", op, em_dtype_name(dt));
+        if (high <= low || high - low > ((int64_t)1 << 32))
+            return em_fail(EM_ERR_ARG, "%s: empty or too wide range [%lld, %lld)", op, (long long)low,
+                           (long long)high);
+    }
+    tensor *t = t_new(dt, ndim, shape);
+    if (!t) return NULL;
+    if (!rng) rng = &default_rng;
+    int64_t blocks = (t_numel(t) + 3) / 4;
+    draw_ctx c = {t, *rng, kind, low, high};
+    parallel_for(blocks, 1024, draw_range, &c);
+    rng->offset += (uint64_t)blocks;
+    return t_handle(t);
+}
+
+em_tensor *em_rand(em_dtype dt, int ndim, const int64_t *shape, em_rng *rng)
+{
+    return draw("em_rand", dt, ndim, shape, rng, DRAW_UNIFORM, 0, 0);
+}
+
+em_tensor *em_randn(em_dtype dt, int ndim, const int64_t *shape, em_rng *rng)
+{
+    return draw("em_randn", dt, ndim, shape, rng, DRAW_NORMAL, 0, 0);
+}
+
+em_tensor *em_randint(int64_t low, int64_t high, em_dtype dt, int ndim, const int64_t *shape, em_rng *rng)
+{
+    return draw("em_randint", dt, ndim, shape, rng, DRAW_INT, low, high);
+}

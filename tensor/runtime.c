@@ -1,0 +1,2 @@
+/* runtime.c */
+#include "tensor_impl.h"

@@ -1,0 +1,237 @@
+/* tensor_impl.h — the inside of a tensor, for ember's own source files only.
+ *
+ * Users see `em_tensor *` handles; the library works on `tensor *`, the
+ * struct a handle names. A public op is a thin wrapper: resolve the handles
+ * (t_resolve), call the internal op (t_xxx), return a handle (t_handle).
+ * Internal ops take and return `tensor *`, return NULL with the thread's
+ * error set on failure, and are what backward functions call.
+ *
+ * Memory: tensor structs live in slots of a global slot table (stable
+ * addresses); data lives in a storage that is either malloc'd (persistent,
+ * reference-counted by its views) or carved from the calling thread's scope
+ * arena (freed when the scope ends). Scratch memory inside an op comes from
+ * a separate thread-local temp arena: tmp_mark / tmp_alloc / tmp_release.
+ */
+#ifndef EMBER_TENSOR_IMPL_H
+#define EMBER_TENSOR_IMPL_H
+
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "ember/autograd.h"
+#include "ember/tensor.h"
+
+typedef struct storage {
+    void *data;
+    size_t nbytes;
+    int refcount;  /* views alive that use it (persistent storage only) */
+    bool in_arena; /* carved from a scope arena: freed with the scope */
+} storage;
+
+typedef struct tensor tensor;
+typedef struct node node;
+typedef struct hook_entry hook_entry;
+
+struct hook_entry {
+    hook_entry *next;
+    em_grad_hook fn;
+    void *ctx;
+};
+
+struct tensor {
+    em_dtype dtype;
+    em_device device;
+    int ndim;
+    int64_t shape[EM_MAX_DIMS];
+    int64_t stride[EM_MAX_DIMS]; /* in elements */
+    int64_t offset;              /* in elements, into st->data */
+    storage *st;
+
+    /* identity and lifetime */
+    uint32_t slot;       /* index in the slot table */
+    uint32_t gen;        /* a handle is valid while its gen equals this */
+    int depth;           /* scope depth at creation; 0 = persistent */
+    tensor *scope_next;  /* tensors of the same scope, newest first */
+
+    /* autograd */
+    bool requires_grad;
+    node *grad_fn;       /* the node that produced it; NULL for leaves */
+    tensor *grad;        /* leaf: persistent; non-leaf: temporary of a walk */
+    bool grad_external;  /* grad set by em_set_grad_buffer: not ours to free */
+    int pending;         /* leaf uses left in the running backward */
+    hook_entry *hooks;
+};
+
+/* A backward function receives the gradient of n->out (shape of out, dtype of
+ * out, any strides) and accumulates into each input that requires grad with
+ * ag_accum. It runs with grad mode off. */
+typedef em_status (*backward_fn)(node *n, tensor *gout);
+
+struct node {
+    const char *op;
+    backward_fn backward;
+    int nin;
+    tensor **in;
+    tensor *out;
+    void *saved;       /* op-specific, from the scope arena (ag_alloc) */
+    int64_t ip[8];     /* small integer parameters */
+    double dp[4];      /* small float parameters */
+    int64_t index;     /* position on the tape */
+    bool reachable;    /* set during a backward walk */
+};
+
+/* ---- errors ---------------------------------------------------------------
+ * em_fail sets the thread's error and returns NULL; em_err returns the code.
+ * Messages read "op: what is wrong: values". */
+void *em_fail(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+em_status em_err(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "(2,3)" for t's shape, in one of 8 rotating thread-local buffers, so up to 8
+ * can appear in one message. */
+const char *shp(const tensor *t);
+const char *shp_of(int ndim, const int64_t *shape);
+
+/* ---- handles -------------------------------------------------------------- */
+/* The tensor behind h. NULL if h is NULL (keeping an earlier error, or setting
+ * "op: input is NULL" if there is none) or stale (EM_ERR_SCOPE naming op). */
+tensor *t_resolve(const em_tensor *h, const char *op);
+em_tensor *t_handle(tensor *t); /* NULL stays NULL */
+
+/* ---- making tensors ------------------------------------------------------- */
+/* Contiguous, uninitialised, in the current scope (or persistent at depth 0). */
+tensor *t_new(em_dtype dt, int ndim, const int64_t *shape);
+tensor *t_zeros(em_dtype dt, int ndim, const int64_t *shape);
+tensor *t_new_like(const tensor *t);
+/* Like t_new, but persistent whatever scope is open (caller frees: t_free). */
+tensor *t_new_persistent(em_dtype dt, int ndim, const int64_t *shape);   /* same dtype and shape, contiguous */
+tensor *t_zeros_like(const tensor *t);
+/* A header over base's storage with the given geometry (no checks). */
+tensor *t_view_of(tensor *base, int ndim, const int64_t *shape, const int64_t *stride,
+                  int64_t offset);
+/* Contiguous copy of t (no autograd). */
+tensor *t_clone(tensor *t);
+/* t if contiguous, else a contiguous copy (no autograd). */
+tensor *t_contig(tensor *t);
+/* Row-major strides for shape. */
+void t_contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+bool t_is_contig(const tensor *t);
+int64_t t_numel(const tensor *t);
+int64_t shape_numel(int ndim, const int64_t *shape);
+static inline size_t t_esize(const tensor *t) { return em_dtype_size(t->dtype); }
+/* Address of element 0. */
+static inline void *t_ptr(const tensor *t)
+{
+    return (char *)t->st->data + (size_t)t->offset * em_dtype_size(t->dtype);
+}
+/* Frees a persistent tensor (internal counterpart of em_free). */
+void t_free(tensor *t);
+/* Normalises dim (negative from the end) for a tensor of ndim dims; -1 plus
+ * an EM_ERR_ARG error naming op on out of range. `extra` = 1 allows dim ==
+ * ndim (for unsqueeze/stack). */
+int t_dim(const char *op, int dim, int ndim, int extra);
+
+/* ---- element access ------------------------------------------------------- */
+double ld(em_dtype dt, const void *p);
+void st(em_dtype dt, void *p, double v);
+/* Converts n contiguous elements between dtypes. */
+void convert_n(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
+/* Fills n contiguous elements of dtype dt with v. */
+void fill_n(em_dtype dt, void *dst, double v, int64_t n);
+/* Copies src into dst elementwise with dtype conversion; shapes must already
+ * match (src may have stride-0 dims). */
+void copy_strided(tensor *dst, const tensor *src);
+
+/* ---- strided iteration -----------------------------------------------------
+ * Walks `numel(shape)` positions in row-major order, tracking an element
+ * offset for each of nop operands (each with its own strides, 0 where it
+ * broadcasts). Usage:
+ *     nditer it; nditer_init(&it, ndim, shape, 2, (const int64_t *[]){sa, sb});
+ *     nditer_seek(&it, start);
+ *     for (i = start; i < end; i++) { use it.off[0], it.off[1]; nditer_next(&it); }
+ */
+typedef struct nditer {
+    int ndim, nop;
+    int64_t shape[EM_MAX_DIMS];
+    int64_t stride[4][EM_MAX_DIMS];
+    int64_t idx[EM_MAX_DIMS];
+    int64_t off[4];
+} nditer;
+void nditer_init(nditer *it, int ndim, const int64_t *shape, int nop, const int64_t *const *strides);
+void nditer_seek(nditer *it, int64_t linear);
+static inline void nditer_next(nditer *it)
+{
+    for (int d = it->ndim - 1; d >= 0; d--) {
+        for (int k = 0; k < it->nop; k++) it->off[k] += it->stride[k][d];
+        if (++it->idx[d] < it->shape[d]) return;
+        for (int k = 0; k < it->nop; k++) it->off[k] -= it->stride[k][d] * it->shape[d];
+        it->idx[d] = 0;
+    }
+}
+
+/* ---- broadcasting ----------------------------------------------------------
+ * The broadcast shape of a and b into (ndim, shape); EM_ERR_SHAPE naming op
+ * and both shapes when they do not fit. */
+em_status bcast_shape(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb,
+                      int *ndim, int64_t *shape);
+/* t's strides seen from an output of (ndim, shape): stride 0 where t
+ * broadcasts (t must broadcast to it). */
+void bcast_strides(const tensor *t, int ndim, const int64_t *shape, int64_t *stride);
+
+/* ---- checks (each sets a message naming op and returns false) ------------- */
+bool chk_same_dtype(const char *op, const tensor *a, const tensor *b);
+bool chk_float(const char *op, const tensor *t);
+bool chk_dtype(const char *op, const tensor *t, em_dtype want, const char *what);
+
+/* ---- temp arena: scratch memory inside one op -----------------------------
+ * Stack discipline: m = tmp_mark(); p = tmp_alloc(n); ...; tmp_release(m).
+ * 64-byte aligned. NULL + EM_ERR_OOM on failure. */
+size_t tmp_mark(void);
+void *tmp_alloc(size_t nbytes);
+void tmp_release(size_t mark);
+
+/* ---- scope arena (for autograd saved data) -------------------------------- */
+/* Memory that lives as long as the current scope (64-byte aligned); NULL with
+ * EM_ERR_SCOPE when no scope is open. */
+void *scope_alloc(size_t nbytes);
+
+/* ---- thread pool ------------------------------------------------------------
+ * Runs fn(ctx, lo, hi) over [0, n) split into contiguous ranges of at least
+ * `grain` items, on the pool's threads and the caller's. Returns when all are
+ * done. Nested calls run serially. */
+typedef void (*range_fn)(void *ctx, int64_t lo, int64_t hi);
+void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx);
+
+/* ---- autograd (autograd/tape.c) -------------------------------------------- */
+/* True when grad mode is on and some input requires grad. */
+bool ag_needed(int nin, tensor *const *in);
+/* Records out = op(in...) on the tape (copies the input array), marks out as
+ * requiring grad. NULL + error when no scope is open or on OOM. */
+node *ag_record(const char *op, backward_fn fn, tensor *out, int nin, tensor *const *in);
+/* Accumulates g (t's shape, any strides and float dtype) into t's gradient;
+ * fires t's hooks when that was t's last pending use. No-op if t does not
+ * require grad. */
+em_status ag_accum(tensor *t, tensor *g);
+/* Sums g (which broadcasts from (ndim, shape)) back down to (ndim, shape). */
+tensor *ag_sum_to(tensor *g, int ndim, const int64_t *shape);
+
+/* ---- internal ops, callable from backward functions ------------------------
+ * Same contracts as the public em_ functions of the same name. */
+tensor *t_add(tensor *a, tensor *b);
+tensor *t_sub(tensor *a, tensor *b);
+tensor *t_mul(tensor *a, tensor *b);
+tensor *t_div(tensor *a, tensor *b);
+tensor *t_neg(tensor *a);
+tensor *t_add_scalar(tensor *a, double s);
+tensor *t_mul_scalar(tensor *a, double s);
+tensor *t_sum(tensor *t, int ndims, const int *dims, bool keepdim);
+tensor *t_reshape(tensor *t, int ndim, const int64_t *shape);
+tensor *t_expand(tensor *t, int ndim, const int64_t *shape);
+tensor *t_transpose(tensor *t, int d0, int d1);
+tensor *t_permute(tensor *t, const int *dims);
+tensor *t_matmul(tensor *a, tensor *b);
+tensor *t_cast(tensor *t, em_dtype dt);
+tensor *t_narrow(tensor *t, int dim, int64_t start, int64_t len);
+tensor *t_unsqueeze(tensor *t, int dim);
+tensor *t_squeeze(tensor *t, int dim);
+
+#endif

@@ -1,0 +1,2 @@
+/* test_attention.c */
+#include "harness.h"

@@ -1,0 +1,2 @@
+/* test_autograd.c */
+#include "harness.h"

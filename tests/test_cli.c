@@ -1,0 +1,2 @@
+/* test_cli.c */
+#include "harness.h"

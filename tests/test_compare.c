@@ -1,0 +1,2 @@
+/* test_compare.c */
+#include "harness.h"

@@ -1,0 +1,2 @@
+/* test_conv.c */
+#include "harness.h"

@@ -1,0 +1,2 @@
+/* test_dropout.c */
+#include "harness.h"

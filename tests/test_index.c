@@ -1,0 +1,2 @@
+/* test_index.c */
+#include "harness.h"

@@ -1,0 +1,2 @@
+/* test_join.c */
+#include "harness.h"

@@ -1,0 +1,2 @@
+/* test_loss.c */
+#include "harness.h"

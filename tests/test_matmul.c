@@ -1,0 +1,2 @@
+/* test_matmul.c */
+#include "harness.h"

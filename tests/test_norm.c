@@ -1,0 +1,2 @@
+/* test_norm.c */
+#include "harness.h"

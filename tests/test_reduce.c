@@ -1,0 +1,2 @@
+/* test_reduce.c */
+#include "harness.h"

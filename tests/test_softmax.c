@@ -1,0 +1,2 @@
+/* test_softmax.c */
+#include "harness.h"

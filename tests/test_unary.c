@@ -1,0 +1,2 @@
+/* test_unary.c */
+#include "harness.h"

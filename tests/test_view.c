@@ -1,0 +1,2 @@
+/* test_view.c */
+#include "harness.h"

@@ -1,0 +1,161 @@
+/* util.c — helpers shared by the tests: value checks, finite-difference
+ * gradient checks, f32-vs-f64 agreement, non-contiguous copies. */
+#include <stdlib.h>
+
+#include "harness.h"
+
+double th_max_abs_diff(em_tensor *a, em_tensor *b)
+{
+    int64_t n = em_numel(a);
+    if (n != em_numel(b)) return INFINITY;
+    double *x = malloc(sizeof(double) * (size_t)(n ? n : 1)), *y = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    em_to_array(a, EM_F64, x);
+    em_to_array(b, EM_F64, y);
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(x[i] - y[i]);
+        if (d > m || d != d) m = d;
+    }
+    free(x);
+    free(y);
+    return m;
+}
+
+void th_check_values(const char *file, int line, em_tensor *t, const double *want, double tol)
+{
+    if (!t) th_fail(file, line, "tensor is NULL: %s", em_last_error());
+    int64_t n = em_numel(t);
+    double *x = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    em_to_array(t, EM_F64, x);
+    for (int64_t i = 0; i < n; i++) {
+        bool both_nan = x[i] != x[i] && want[i] != want[i];
+        bool both_inf = isinf(x[i]) && x[i] == want[i];
+        if (!both_nan && !both_inf && !(fabs(x[i] - want[i]) <= tol)) {
+            double g = x[i];
+            free(x);
+            th_fail(file, line, "element %lld = %.10g, want %.10g (tol %g)", (long long)i, g, want[i], tol);
+        }
+    }
+    free(x);
+}
+
+em_tensor *th_tensor(em_dtype dt, int ndim, const int64_t *shape, const double *vals)
+{
+    em_tensor *t = em_from_data(EM_F64, ndim, shape, vals);
+    if (!t || dt == EM_F64) return t;
+    em_tensor *c = em_cast(t, dt);
+    return c;
+}
+
+em_tensor *th_noncontig(em_tensor *t)
+{
+    int nd = em_ndim(t);
+    int64_t shape[EM_MAX_DIMS + 1];
+    memcpy(shape, em_shape(t), sizeof(int64_t) * (size_t)nd);
+    shape[nd] = 2;
+    em_tensor *big = em_zeros(em_dtype_of(t), nd + 1, shape);
+    em_tensor *v = em_squeeze(em_narrow(big, nd, 1, 1), nd);
+    if (!v || em_copy_into(v, t) != EM_OK) return NULL;
+    return em_detach(v);
+}
+
+/* sum(out * cot) computed with plain loops (no autograd) */
+static double dot_out(em_tensor *out, const double *cot, int64_t n)
+{
+    double *o = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    em_to_array(out, EM_F64, o);
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += o[i] * cot[i];
+    free(o);
+    return s;
+}
+
+void th_gradcheck(const char *file, int line, const char *what, th_graph_fn f, void *ctx, int n,
+                  em_tensor **inputs, double eps, double atol, double rtol)
+{
+    for (int i = 0; i < n; i++) {
+        if (em_dtype_of(inputs[i]) != EM_F64) th_fail(file, line, "%s: gradcheck input %d is not f64", what, i);
+        if (!em_requires_grad(inputs[i])) CHECK_OK(em_set_requires_grad(inputs[i], true));
+        CHECK_OK(em_zero_grad(inputs[i]));
+    }
+    em_scope s = em_scope_begin();
+    em_tensor *out = f(inputs, ctx);
+    if (!out) th_fail(file, line, "%s: forward failed: %s", what, em_last_error());
+    int64_t no = em_numel(out);
+    em_rng rng = em_rng_new(1234);
+    em_tensor *cot = em_randn(EM_F64, em_ndim(out), em_shape(out), &rng);
+    double *cotv = malloc(sizeof(double) * (size_t)(no ? no : 1));
+    em_to_array(cot, EM_F64, cotv);
+    em_tensor *loss = em_sum(em_mul(out, cot), 0, NULL, false);
+    if (!loss) th_fail(file, line, "%s: loss failed: %s", what, em_last_error());
+    if (em_backward(loss, NULL) != EM_OK) th_fail(file, line, "%s: backward failed: %s", what, em_last_error());
+    em_scope_end(s);
+
+    bool prev = em_set_grad_enabled(false);
+    for (int i = 0; i < n; i++) {
+        em_tensor *x = inputs[i];
+        int64_t nx = em_numel(x);
+        em_tensor *g = em_grad(x);
+        double *ga = calloc((size_t)(nx ? nx : 1), sizeof(double));
+        if (g) em_to_array(g, EM_F64, ga);
+        int nd = em_ndim(x);
+        const int64_t *shape = em_shape(x);
+        for (int64_t j = 0; j < nx; j++) {
+            int64_t idx[EM_MAX_DIMS], r = j;
+            for (int d = nd - 1; d >= 0; d--) {
+                idx[d] = r % shape[d];
+                r /= shape[d];
+            }
+            double x0 = em_get(x, idx);
+            em_scope s2 = em_scope_begin();
+            em_set(x, idx, x0 + eps);
+            double fp = dot_out(f(inputs, ctx), cotv, no);
+            em_set(x, idx, x0 - eps);
+            double fm = dot_out(f(inputs, ctx), cotv, no);
+            em_set(x, idx, x0);
+            em_scope_end(s2);
+            double num = (fp - fm) / (2 * eps);
+            if (!(fabs(num - ga[j]) <= atol + rtol * fabs(num))) {
+                double a = ga[j];
+                free(ga);
+                free(cotv);
+                th_fail(file, line, "%s: d/d input %d element %lld: autograd %.10g, finite difference %.10g", what,
+                        i, (long long)j, a, num);
+            }
+        }
+        free(ga);
+        em_zero_grad(x);
+    }
+    em_set_grad_enabled(prev);
+    free(cotv);
+}
+
+void th_f32_matches_f64(const char *file, int line, const char *what, th_graph_fn f, void *ctx, int n,
+                        em_tensor **inputs, double tol)
+{
+    bool prev = em_set_grad_enabled(false);
+    em_scope s = em_scope_begin();
+    em_tensor *f32in[16];
+    if (n > 16) th_fail(file, line, "%s: too many inputs", what);
+    for (int i = 0; i < n; i++) {
+        em_dtype dt = em_dtype_of(inputs[i]);
+        f32in[i] = dt == EM_F64 ? em_cast(inputs[i], EM_F32) : inputs[i];
+    }
+    em_tensor *o64 = f(inputs, ctx), *o32 = f(f32in, ctx);
+    if (!o64 || !o32) th_fail(file, line, "%s: forward failed: %s", what, em_last_error());
+    if (em_dtype_of(o32) != EM_F32 && em_dtype_is_float(em_dtype_of(o64)))
+        th_fail(file, line, "%s: f32 inputs gave a %s result", what, em_dtype_name(em_dtype_of(o32)));
+    int64_t no = em_numel(o64);
+    double *a = malloc(sizeof(double) * (size_t)(no ? no : 1)), *b = malloc(sizeof(double) * (size_t)(no ? no : 1));
+    em_to_array(o64, EM_F64, a);
+    em_to_array(o32, EM_F64, b);
+    double scale = 1e-30, worst = 0;
+    for (int64_t j = 0; j < no; j++) scale = fmax(scale, fabs(a[j]));
+    for (int64_t j = 0; j < no; j++) worst = fmax(worst, fabs(a[j] - b[j]));
+    free(a);
+    free(b);
+    em_scope_end(s);
+    em_set_grad_enabled(prev);
+    if (worst > tol * fmax(scale, 1.0))
+        th_fail(file, line, "%s: f32 differs from f64 by %.3g (scale %.3g, tol %g)", what, worst, scale, tol);
+}
