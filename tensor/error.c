@@ -66,3 +66,12 @@ const char *shp_of(int ndim, const int64_t *shape)
 }
 
 const char *shp(const tensor *t) { return shp_of(t->ndim, t->shape); }
+
+em_status em_set_error(em_status s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_error(s, fmt, ap);
+    va_end(ap);
+    return s;
+}

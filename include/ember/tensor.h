@@ -73,6 +73,9 @@ em_status em_last_status(void);
 const char *em_last_error(void);
 void em_clear_error(void);
 const char *em_status_name(em_status s);
+/* Sets the thread's last error (printf-style message) and returns s; for
+ * callbacks such as gradient hooks that fail and want to say why. */
+em_status em_set_error(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- dtypes --------------------------------------------------------------- */
 size_t em_dtype_size(em_dtype dt);       /* bytes per element; 0 if invalid */
