@@ -45,6 +45,11 @@ if ((${#missing[@]})); then
     fi
 fi
 
+if ! command -v meson >/dev/null 2>&1; then
+    echo "setup: meson is still not on PATH after installing; install it and run again" >&2
+    exit 1
+fi
+
 # meson too old for meson.build (e.g. Ubuntu 22.04 ships 0.61)
 ver=$(meson --version)
 if [ "$(printf '%s\n%s\n' "$MIN_MESON" "$ver" | sort -V | head -n1)" != "$MIN_MESON" ]; then
