@@ -1,2 +1,120 @@
-/* runtime.c */
+/* runtime.c — what this build and this machine are: version, build options
+ * (from the generated ember_config.h), CPU features (cpuid + xgetbv), the BLAS
+ * library in use and the CUDA devices visible. Backs `ember env`. */
+#include "ember/runtime.h"
+#include "ember_config.h"
 #include "tensor_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define EM_X86 1
+#else
+#define EM_X86 0
+#endif
+
+#if EM_HAVE_CUDA
+#include <dlfcn.h>
+#endif
+
+const char *em_version(void) { return EM_VERSION; }
+
+#if EM_X86
+/* The OS-enabled register state (XCR0): which vector registers the kernel
+ * saves on a context switch. A feature the CPU has but the OS does not save
+ * cannot be used. */
+static uint64_t xcr0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+em_cpu_features em_cpu_detect(void)
+{
+    em_cpu_features f = {0};
+#if EM_X86
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    bool osxsave = c & (1u << 27);
+    /* XCR0 bits 1,2: SSE and AVX (YMM) state; bits 5,6,7: opmask, ZMM0-15 hi, ZMM16-31 */
+    uint64_t xcr = osxsave ? xcr0() : 0;
+    bool os_avx = (xcr & 0x6) == 0x6;
+    bool os_avx512 = (xcr & 0xe6) == 0xe6;
+    f.avx = os_avx && (c & (1u << 28));
+    f.fma = f.avx && (c & (1u << 12));
+    f.f16c = f.avx && (c & (1u << 29));
+    unsigned max_leaf = __get_cpuid_max(0, NULL);
+    if (max_leaf >= 7 && __get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        unsigned max_sub = a;
+        f.avx2 = f.avx && (b & (1u << 5));
+        f.avx512f = os_avx512 && (b & (1u << 16));
+        if (max_sub >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d))
+            f.avx512bf16 = f.avx512f && (a & (1u << 5));
+    }
+#endif
+    return f;
+}
+
+em_build_info em_build(void)
+{
+    return (em_build_info){
+        .buildtype = EM_BUILDTYPE,
+        .compiler = EM_COMPILER,
+        .sanitizers = EM_SANITIZED,
+        .cuda = EM_HAVE_CUDA,
+        .nccl = EM_HAVE_NCCL,
+        .blas = EM_BLAS_NAME,
+    };
+}
+
+#if EM_BLAS_OPENBLAS
+/* OpenBLAS's own entry points (cblas.h declares them, but not every
+ * distribution installs that header beside the library's .pc file). */
+char *openblas_get_config(void);
+int openblas_get_num_threads(void);
+#endif
+
+/* OpenBLAS's build description ("OpenBLAS 0.3.21 DYNAMIC_ARCH ..."), or a note
+ * saying the BLAS in use cannot describe itself. */
+const char *em_blas_config(void)
+{
+#if EM_BLAS_OPENBLAS
+    const char *s = openblas_get_config();
+    return s ? s : "unknown";
+#else
+    return "unknown (not OpenBLAS)";
+#endif
+}
+
+/* The threads BLAS uses inside one call; 0 when the library cannot say. */
+int em_blas_threads(void)
+{
+#if EM_BLAS_OPENBLAS
+    return openblas_get_num_threads();
+#else
+    return 0;
+#endif
+}
+
+/* Asks the CUDA driver (libcuda, loaded at run time so that a machine with
+ * the toolkit but no driver or GPU still runs) how many devices it sees. */
+int em_cuda_device_count(void)
+{
+#if EM_HAVE_CUDA
+    static int cached = -1;
+    if (cached >= 0) return cached;
+    int n = 0;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib) {
+        int (*init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
+        int (*count)(int *) = (int (*)(int *))dlsym(lib, "cuDeviceGetCount");
+        if (!init || !count || init(0) != 0 || count(&n) != 0) n = 0;
+        /* libcuda stays loaded: unloading a driver library that started threads is unsafe */
+    }
+    cached = n;
+    return n;
+#else
+    return 0;
+#endif
+}

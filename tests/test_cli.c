@@ -1,2 +1,299 @@
-/* test_cli.c */
+/* test_cli.c — the `ember` command as a user meets it: runs the built binary
+ * (EMBER_BUILD_DIR/ember) and checks exit codes, stdout and stderr; plus the
+ * runtime queries behind `ember env` (CPU features, version, build info). */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "harness.h"
+
+#define EMBER_BIN EMBER_BUILD_DIR "/ember"
+
+typedef struct {
+    int status; /* exit code; 128+signal when killed */
+    char out[16384];
+    char err[16384];
+} run_result;
+
+/* whole file `fd` (rewound) into buf, NUL-terminated */
+static void slurp(FILE *f, char *buf, size_t cap)
+{
+    rewind(f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+}
+
+/* Runs EMBER_BIN with the NULL-terminated arguments; stdout and stderr go to
+ * temporary files (no pipe to fill up) and are read back after it exits. */
+static run_result *run_ember(const char *arg1, ...)
+{
+    const char *argv[16] = {EMBER_BIN};
+    int argc = 1;
+    va_list ap;
+    va_start(ap, arg1);
+    for (const char *a = arg1; a && argc < 15; a = va_arg(ap, const char *)) argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+
+    static run_result r;
+    memset(&r, 0, sizeof r);
+    FILE *out = tmpfile(), *err = tmpfile();
+    if (!out || !err) th_fail(__FILE__, __LINE__, "tmpfile failed");
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) th_fail(__FILE__, __LINE__, "fork failed");
+    if (pid == 0) {
+        dup2(fileno(out), 1);
+        dup2(fileno(err), 2);
+        execv(EMBER_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    slurp(out, r.out, sizeof r.out);
+    slurp(err, r.err, sizeof r.err);
+    fclose(out);
+    fclose(err);
+    if (r.status == 127) th_fail(__FILE__, __LINE__, "could not run %s", EMBER_BIN);
+    return &r;
+}
+
+/* true if some line of text starts with `prefix` */
+static bool has_line(const char *text, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, prefix, n)) return true;
+    return false;
+}
+
+#define CHECK_EXIT(r, want)                                                                                  \
+    do {                                                                                                     \
+        if ((r)->status != (want))                                                                           \
+            th_fail(__FILE__, __LINE__, "exit status %d, want %d; stderr: %s", (r)->status, (want),          \
+                    (r)->err);                                                                               \
+    } while (0)
+
+TEST(test_cli_env_exits_zero)
+{
+    run_result *r = run_ember("env", NULL);
+    CHECK_EXIT(r, 0);
+}
+
+TEST(test_cli_env_prints_version_line)
+{
+    run_result *r = run_ember("env", NULL);
+    CHECK(has_line(r->out, "version"));
+    CHECK(strstr(r->out, em_version()) != NULL);
+}
+
+TEST(test_cli_env_prints_avx2_blas_and_cuda_lines)
+{
+    run_result *r = run_ember("env", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(has_line(r->out, "cpu features"));
+    CHECK(strstr(r->out, "AVX2 ") != NULL);
+    CHECK(has_line(r->out, "BLAS "));
+    CHECK(has_line(r->out, "CUDA "));
+}
+
+TEST(test_cli_env_reports_cuda_as_built_or_not)
+{
+    run_result *r = run_ember("env", NULL);
+    CHECK(strstr(r->out, em_build().cuda ? "CUDA           built in" : "CUDA           not built") != NULL);
+}
+
+TEST(test_cli_env_json_is_one_object_with_version)
+{
+    run_result *r = run_ember("env", "--json", NULL);
+    CHECK_EXIT(r, 0);
+    size_t n = strlen(r->out);
+    while (n > 0 && r->out[n - 1] == '\n') n--;
+    CHECK(n > 2 && r->out[0] == '{' && r->out[n - 1] == '}');
+    CHECK(memchr(r->out, '\n', n) == NULL); /* one line: one object */
+    CHECK(strstr(r->out, "\"version\": \"") != NULL);
+    CHECK(strstr(r->out, em_version()) != NULL);
+}
+
+/* braces balance outside strings and the outer object closes only at the end */
+TEST(test_cli_env_json_braces_balance)
+{
+    run_result *r = run_ember("env", "--json", NULL);
+    size_t n = strlen(r->out);
+    while (n > 0 && r->out[n - 1] == '\n') n--;
+    int depth = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = r->out[i];
+        if (in_str && c == '\\')
+            i++;
+        else if (c == '"')
+            in_str = !in_str;
+        else if (!in_str && c == '{')
+            depth++;
+        else if (!in_str && c == '}' && --depth == 0 && i != n - 1)
+            th_fail(__FILE__, __LINE__, "JSON object ends at %zu of %zu: %s", i, n, r->out);
+    }
+    CHECK(!in_str);
+    CHECK(depth == 0);
+}
+
+TEST(test_cli_unknown_command_exits_2_naming_it)
+{
+    run_result *r = run_ember("nosuchcmd", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "nosuchcmd") != NULL);
+    CHECK(strstr(r->err, "usage:") != NULL);
+}
+
+TEST(test_cli_unknown_top_level_flag_exits_2_naming_it)
+{
+    run_result *r = run_ember("--frobnicate", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--frobnicate") != NULL);
+}
+
+TEST(test_cli_env_unknown_flag_exits_2_naming_it)
+{
+    run_result *r = run_ember("env", "--bogus", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--bogus") != NULL);
+    CHECK(r->out[0] == '\0');
+}
+
+TEST(test_cli_no_arguments_exits_2_with_usage)
+{
+    run_result *r = run_ember(NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "usage:") != NULL);
+}
+
+TEST(test_cli_help_exits_0_listing_subcommands)
+{
+    const char *forms[] = {"--help", "help", "-h"};
+    for (int i = 0; i < 3; i++) {
+        run_result *r = run_ember(forms[i], NULL);
+        CHECK_EXIT(r, 0);
+        CHECK(strstr(r->out, "usage:") != NULL);
+        const char *cmds[] = {"env", "test", "demo", "version", "help"};
+        for (int j = 0; j < 5; j++) {
+            char want[32];
+            snprintf(want, sizeof want, "\n  %s", cmds[j]);
+            if (!strstr(r->out, want))
+                th_fail(__FILE__, __LINE__, "ember %s does not list '%s'", forms[i], cmds[j]);
+        }
+    }
+}
+
+TEST(test_cli_version_prints_library_version)
+{
+    run_result *r = run_ember("version", NULL);
+    CHECK_EXIT(r, 0);
+    char want[64];
+    snprintf(want, sizeof want, "ember %s\n", em_version());
+    CHECK(!strcmp(r->out, want));
+}
+
+TEST(test_cli_test_rejects_flags)
+{
+    run_result *r = run_ember("test", "--bogus", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--bogus") != NULL);
+}
+
+TEST(test_cli_test_runs_selected_tests_of_its_build)
+{
+    /* runs this very suite, filtered to one test that does not recurse */
+    run_result *r = run_ember("test", "test_cli_version_prints_library_version", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->out, "ok   test_cli_version_prints_library_version") != NULL);
+    CHECK(strstr(r->out, "1 passed, 0 failed, 0 skipped") != NULL);
+}
+
+/* ---- runtime queries ------------------------------------------------------ */
+
+TEST(test_cpu_detect_wider_features_imply_avx)
+{
+    em_cpu_features f = em_cpu_detect();
+    CHECK(!f.avx2 || f.avx);
+    CHECK(!f.fma || f.avx);
+    CHECK(!f.f16c || f.avx);
+    CHECK(!f.avx512f || f.avx);
+    CHECK(!f.avx512bf16 || f.avx512f);
+}
+
+TEST(test_cpu_detect_is_stable_across_calls)
+{
+    em_cpu_features a = em_cpu_detect(), b = em_cpu_detect();
+    CHECK(!memcmp(&a, &b, sizeof a));
+}
+
+/* The kernel lists a vector feature in /proc/cpuinfo only when the CPU has it
+ * and the kernel saves its registers: the same rule em_cpu_detect applies. */
+TEST(test_cpu_detect_agrees_with_proc_cpuinfo)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) SKIP("no /proc/cpuinfo");
+    static char line[65536];
+    bool found = false;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "flags", 5)) {
+            found = true;
+            break;
+        }
+    fclose(f);
+    if (!found) SKIP("/proc/cpuinfo has no x86 flags line");
+    em_cpu_features c = em_cpu_detect();
+    struct {
+        const char *flag;
+        bool have;
+    } want[] = {{"avx", c.avx},   {"avx2", c.avx2},       {"fma", c.fma},
+                {"f16c", c.f16c}, {"avx512f", c.avx512f}, {"avx512_bf16", c.avx512bf16}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char pat[32];
+        snprintf(pat, sizeof pat, " %s", want[i].flag);
+        bool listed = false;
+        for (char *p = strstr(line, pat); p; p = strstr(p + 1, pat)) {
+            char end = p[strlen(pat)];
+            if (end == ' ' || end == '\n' || end == '\0') listed = true;
+        }
+        if (listed != want[i].have)
+            th_fail(__FILE__, __LINE__, "%s: /proc/cpuinfo says %s, em_cpu_detect says %s", want[i].flag,
+                    listed ? "yes" : "no", want[i].have ? "yes" : "no");
+    }
+}
+
+TEST(test_version_is_dotted_numbers)
+{
+    int a, b, c;
+    char tail;
+    CHECK(sscanf(em_version(), "%d.%d.%d%c", &a, &b, &c, &tail) == 3);
+}
+
+TEST(test_build_info_names_buildtype_compiler_and_blas)
+{
+    em_build_info b = em_build();
+    CHECK(b.buildtype && b.buildtype[0]);
+    CHECK(b.compiler && b.compiler[0]);
+    CHECK(b.blas && b.blas[0]);
+    CHECK(!b.nccl || b.cuda); /* NCCL is only looked for with CUDA */
+}
+
+TEST(test_blas_reports_config_and_threads)
+{
+    CHECK(em_blas_config() && em_blas_config()[0]);
+    if (!strcmp(em_build().blas, "openblas")) {
+        CHECK(strstr(em_blas_config(), "OpenBLAS") != NULL);
+        CHECK(em_blas_threads() >= 1);
+    }
+}
+
+TEST(test_cuda_device_count_is_zero_without_cuda)
+{
+    int n = em_cuda_device_count();
+    CHECK(n >= 0);
+    if (!em_build().cuda) CHECK(n == 0);
+}

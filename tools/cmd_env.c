@@ -1,0 +1,173 @@
+/* cmd_env.c — `ember env [--json]`: what this build is and what this machine
+ * offers it: version, build options, CPU model and vector features, threads,
+ * BLAS, CUDA/NCCL. The first thing to paste into a bug report. */
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "ember/ember.h"
+#include "ember_config.h"
+
+static const char env_usage[] =
+    "usage: ember env [--json]\n"
+    "Prints ember's version and build options, the CPU model and its vector features,\n"
+    "logical cores and ember's thread count, the BLAS library, and CUDA/NCCL status.\n"
+    "  --json   the same as one JSON object\n";
+
+typedef struct env_info {
+    const char *version;
+    em_build_info build;
+    const char *sanitize; /* meson b_sanitize, e.g. "address,undefined" or "none" */
+    bool native;          /* compiled with -march=native */
+    char cpu_model[256];
+    em_cpu_features feat;
+    int cores_online, cores_usable;
+    int threads;
+    const char *blas_config;
+    int blas_threads;
+    int cuda_devices;
+} env_info;
+
+/* "model name" from /proc/cpuinfo; else the cpuid brand string; else "unknown" */
+static void cpu_model(char *out, size_t cap)
+{
+    snprintf(out, cap, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0) continue;
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        char *s = colon + 1;
+        while (*s == ' ' || *s == '\t') s++;
+        size_t n = strcspn(s, "\n");
+        while (n > 0 && s[n - 1] == ' ') n--;
+        snprintf(out, cap, "%.*s", (int)n, s);
+        break;
+    }
+    fclose(f);
+}
+
+static void gather(env_info *e)
+{
+    e->version = em_version();
+    e->build = em_build();
+    e->sanitize = EM_SANITIZE;
+    e->native = EM_NATIVE;
+    cpu_model(e->cpu_model, sizeof e->cpu_model);
+    e->feat = em_cpu_detect();
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    e->cores_online = online > 0 ? (int)online : 1;
+    cpu_set_t set;
+    e->cores_usable = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : e->cores_online;
+    e->threads = em_num_threads();
+    e->blas_config = em_blas_config();
+    e->blas_threads = em_blas_threads();
+    e->cuda_devices = em_cuda_device_count();
+}
+
+static const char *yes_no(bool b) { return b ? "yes" : "no"; }
+
+static void print_text(const env_info *e)
+{
+    const em_cpu_features *f = &e->feat;
+    printf("version        %s\n", e->version);
+    printf("build          %s, %s, sanitizers: %s, -march=native: %s\n", e->build.buildtype,
+           e->build.compiler, e->sanitize, yes_no(e->native));
+    printf("cpu            %s\n", e->cpu_model);
+    printf("cpu features   AVX %s, AVX2 %s, FMA %s, F16C %s, AVX-512F %s, AVX512-BF16 %s\n", yes_no(f->avx),
+           yes_no(f->avx2), yes_no(f->fma), yes_no(f->f16c), yes_no(f->avx512f), yes_no(f->avx512bf16));
+    if (e->cores_usable != e->cores_online)
+        printf("cores          %d logical (%d usable by this process)\n", e->cores_online, e->cores_usable);
+    else
+        printf("cores          %d logical\n", e->cores_online);
+    printf("threads        %d (ember's pool; set EMBER_NUM_THREADS to change)\n", e->threads);
+    printf("BLAS           %s: %s\n", e->build.blas, e->blas_config);
+    if (e->blas_threads > 0)
+        printf("BLAS threads   %d (set OPENBLAS_NUM_THREADS to change)\n", e->blas_threads);
+    else
+        printf("BLAS threads   unknown\n");
+    if (e->build.cuda)
+        printf("CUDA           built in, %d device%s visible\n", e->cuda_devices,
+               e->cuda_devices == 1 ? "" : "s");
+    else
+        printf("CUDA           not built\n");
+    if (e->build.nccl)
+        printf("NCCL           built in%s\n", e->cuda_devices > 0 ? "" : " (no CUDA device to use it)");
+    else
+        printf("NCCL           not built\n");
+}
+
+/* s as a JSON string literal */
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
+static const char *tf(bool b) { return b ? "true" : "false"; }
+
+static void print_json(const env_info *e)
+{
+    const em_cpu_features *f = &e->feat;
+    printf("{\"version\": ");
+    json_str(e->version);
+    printf(", \"build\": {\"buildtype\": ");
+    json_str(e->build.buildtype);
+    printf(", \"compiler\": ");
+    json_str(e->build.compiler);
+    printf(", \"sanitizers\": ");
+    json_str(e->sanitize);
+    printf(", \"march_native\": %s, \"cuda\": %s, \"nccl\": %s}", tf(e->native), tf(e->build.cuda),
+           tf(e->build.nccl));
+    printf(", \"cpu\": {\"model\": ");
+    json_str(e->cpu_model);
+    printf(", \"features\": {\"avx\": %s, \"avx2\": %s, \"fma\": %s, \"f16c\": %s, \"avx512f\": %s, "
+           "\"avx512bf16\": %s}",
+           tf(f->avx), tf(f->avx2), tf(f->fma), tf(f->f16c), tf(f->avx512f), tf(f->avx512bf16));
+    printf(", \"logical_cores\": %d, \"usable_cores\": %d}", e->cores_online, e->cores_usable);
+    printf(", \"threads\": %d", e->threads);
+    printf(", \"blas\": {\"name\": ");
+    json_str(e->build.blas);
+    printf(", \"config\": ");
+    json_str(e->blas_config);
+    printf(", \"threads\": %d}", e->blas_threads);
+    printf(", \"cuda\": {\"built\": %s, \"devices\": %d}", tf(e->build.cuda), e->cuda_devices);
+    printf(", \"nccl\": {\"built\": %s}}\n", tf(e->build.nccl));
+}
+
+int cmd_env(int argc, char **argv)
+{
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) {
+            json = true;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(env_usage, stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "ember env: unknown %s '%s'\n\n", argv[i][0] == '-' ? "flag" : "argument",
+                    argv[i]);
+            fputs(env_usage, stderr);
+            return 2;
+        }
+    }
+    env_info e;
+    gather(&e);
+    if (json)
+        print_json(&e);
+    else
+        print_text(&e);
+    return 0;
+}

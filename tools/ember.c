@@ -1,1 +1,97 @@
-int main(void) { return 0; }
+/* ember.c — the `ember` command: reads the subcommand and hands the rest of
+ * the arguments to it (tools/commands.h). Bad usage exits 2 with a message
+ * naming the offending word, then the usage text, on stderr. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "ember/ember.h"
+
+static const char usage_text[] =
+    "usage: ember <command> [args]\n"
+    "\n"
+    "commands:\n"
+    "  env [--json]         describe this build and machine (CPU features, threads, BLAS, CUDA)\n"
+    "  test [substring...]  run the test suite of this build (only tests whose name contains a substring)\n"
+    "  demo                 train a small model and report what happened\n"
+    "  version              print ember's version\n"
+    "  help                 print this text (also --help, -h)\n";
+
+static void usage(FILE *to) { fputs(usage_text, to); }
+
+/* "ember: <what> '<word>'", then the usage; exit status 2 */
+static int bad_usage(const char *what, const char *word)
+{
+    fprintf(stderr, "ember: %s '%s'\n\n", what, word);
+    usage(stderr);
+    return 2;
+}
+
+static bool is_help(const char *s) { return !strcmp(s, "help") || !strcmp(s, "--help") || !strcmp(s, "-h"); }
+
+/* `ember test`: runs tests/ember-tests of the build directory this binary
+ * lives in (found through /proc/self/exe), so build/ember runs build's tests
+ * and build-asan/ember the sanitized ones. */
+static int cmd_test(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: ember test [substring...]\n"
+                   "Runs every test whose name contains one of the substrings (all when none),\n"
+                   "each in its own process, and ends with \"N passed, N failed, N skipped\".\n");
+            return 0;
+        }
+        if (argv[i][0] == '-') {
+            fprintf(stderr, "ember test: unknown flag '%s' (arguments are test-name substrings)\n", argv[i]);
+            return 2;
+        }
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "ember test: cannot find this program's path (/proc/self/exe): %s\n",
+                strerror(errno));
+        return 1;
+    }
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash) *slash = '\0';
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/tests/ember-tests", self);
+    if (access(path, X_OK) != 0) {
+        fprintf(stderr, "ember test: no test binary at %s (build it with: ninja -C %s)\n", path, self);
+        return 1;
+    }
+    argv[0] = path;
+    execv(path, argv);
+    fprintf(stderr, "ember test: cannot run %s: %s\n", path, strerror(errno));
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    int sub_argc = argc - 1;
+    char **sub_argv = argv + 1;
+    if (is_help(cmd)) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        if (argc > 2) return bad_usage("version: unexpected argument", argv[2]);
+        printf("ember %s\n", em_version());
+        return 0;
+    }
+    if (!strcmp(cmd, "env")) return cmd_env(sub_argc, sub_argv);
+    if (!strcmp(cmd, "test")) return cmd_test(sub_argc, sub_argv);
+    if (!strcmp(cmd, "demo")) return cmd_demo(sub_argc, sub_argv);
+    if (cmd[0] == '-') return bad_usage("unknown flag", cmd);
+    return bad_usage("unknown command", cmd);
+}

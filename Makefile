@@ -1,0 +1,36 @@
+# Makefile — a thin wrapper over meson/ninja for the common commands.
+#   make demo          set up, build, run `ember demo`
+#   make test [T=x]    plain + ASan/UBSan builds, run the suite in both
+#                      (T: only tests whose name contains one of its words)
+#   make build         set up and build build/
+#   make bench [B=x]   build, run the benchmarks (build/bench/ember-bench)
+#   make setup         check/install the system packages the build needs
+#   make clean         remove the build directories
+BUILD ?= build
+
+.PHONY: all demo test build bench setup clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD)/build.ninja:
+	@bash scripts/setup.sh
+	meson setup $(BUILD)
+
+build: setup $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+demo: build
+	./$(BUILD)/ember demo
+
+test:
+	@bash scripts/run_tests.sh $(T)
+
+bench: build
+	@if [ -x $(BUILD)/bench/ember-bench ]; then ./$(BUILD)/bench/ember-bench $(B); \
+	else echo "bench: no benchmark binary yet ($(BUILD)/bench/ember-bench is not built by bench/meson.build)" >&2; exit 1; fi
+
+clean:
+	rm -rf build build-asan $(filter-out build build-asan,$(BUILD))

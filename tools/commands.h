@@ -1,0 +1,10 @@
+/* commands.h — the subcommands of the `ember` tool (tools/ember.c dispatches
+ * to them). Each takes its own argv (argv[0] is the subcommand's name) and
+ * returns the process exit status: 0 ok, 1 failure, 2 bad usage. */
+#ifndef EMBER_TOOLS_COMMANDS_H
+#define EMBER_TOOLS_COMMANDS_H
+
+int cmd_env(int argc, char **argv);  /* tools/cmd_env.c */
+int cmd_demo(int argc, char **argv); /* tools/cmd_demo.c */
+
+#endif
