@@ -164,9 +164,10 @@ static void fwd_range(void *ctx, int64_t lo, int64_t hi)
     nditer it;
     nditer_init(&it, x->ndim, x->shape, 1, (const int64_t *[]){x->stride});
     nditer_seek(&it, lo);
+    bool dbl = dt == EM_F64 || !em_dtype_is_float(dt); /* f64 and integers (abs) in double */
     for (int64_t i = lo; i < hi; i++) {
         double v = ld(dt, xp + it.off[0] * (int64_t)es);
-        v = dt == EM_F64 || !em_dtype_is_float(dt) ? fwd(c->k, v, c->p) : fwdf(c->k, (float)v, (float)c->p);
+        v = dbl ? fwd(c->k, v, c->p) : fwdf(c->k, (float)v, (float)c->p);
         st(dt, o + i * (int64_t)es, v);
         nditer_next(&it);
     }

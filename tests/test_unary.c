@@ -132,16 +132,19 @@ TEST(test_pow_scalar_integer_power_gradient_matches_finite_difference) { grad_ca
 TEST(test_pow_scalar_fractional_power_gradient_matches_finite_difference) { grad_case(&OP_POW2_5); }
 TEST(test_pow_scalar_negative_power_gradient_matches_finite_difference) { grad_case(&OP_POW_M1_5); }
 
-/* grad of sum(op(x)) for x = (-1, 0, 2) */
+/* grad of sum(op(x)) for x = (-1, 0, 2), in f32, f64 and bf16 */
 static void grad_at(unary_fn f, const double *want)
 {
-    em_tensor *x = th_tensor(EM_F32, EM_SHAPE(3), (double[]){-1, 0, 2});
-    CHECK_OK(em_set_requires_grad(x, true));
-    em_scope s = em_scope_begin();
-    CHECK_OK(em_backward(em_sum(f(x), 0, NULL, false), NULL));
-    em_scope_end(s);
-    th_check_values(__FILE__, __LINE__, em_grad(x), want, 0);
-    em_free(x);
+    em_dtype dts[] = {EM_F32, EM_F64, EM_BF16};
+    for (int d = 0; d < 3; d++) {
+        em_tensor *x = th_tensor(dts[d], EM_SHAPE(3), (double[]){-1, 0, 2});
+        CHECK_OK(em_set_requires_grad(x, true));
+        em_scope s = em_scope_begin();
+        CHECK_OK(em_backward(em_sum(f(x), 0, NULL, false), NULL));
+        em_scope_end(s);
+        th_check_values(__FILE__, __LINE__, em_grad(x), want, 0);
+        em_free(x);
+    }
 }
 
 TEST(test_relu_gradient_at_zero_is_zero) { grad_at(em_relu, (double[]){0, 0, 1}); }
