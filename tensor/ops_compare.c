@@ -1,2 +1,246 @@
-/* ops_compare.c */
+/* ops_compare.c — comparisons (eq, ne, lt, le, gt, ge -> EM_BOOL, broadcasting,
+ * not differentiable) and selection by a bool mask: where(cond, a, b) and
+ * masked_fill(a, mask, value), both differentiable in their float inputs. */
 #include "tensor_impl.h"
+
+typedef enum { C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE } cmpop;
+static const char *cmpop_name[] = {"eq", "ne", "lt", "le", "gt", "ge"};
+
+/* NaN compares unequal to everything, as IEEE says */
+static inline bool cmp(cmpop k, double x, double y)
+{
+    switch (k) {
+    case C_EQ: return x == y;
+    case C_NE: return x != y;
+    case C_LT: return x < y;
+    case C_LE: return x <= y;
+    case C_GT: return x > y;
+    default: return x >= y;
+    }
+}
+
+static inline bool cmpf(cmpop k, float x, float y)
+{
+    switch (k) {
+    case C_EQ: return x == y;
+    case C_NE: return x != y;
+    case C_LT: return x < y;
+    case C_LE: return x <= y;
+    case C_GT: return x > y;
+    default: return x >= y;
+    }
+}
+
+typedef struct cmp_ctx {
+    cmpop k;
+    tensor *out, *a, *b;
+    int64_t sa[EM_MAX_DIMS], sb[EM_MAX_DIMS]; /* broadcast strides */
+    bool flat;                                /* same shape, contiguous, f32 */
+} cmp_ctx;
+
+static void cmp_range(void *p, int64_t lo, int64_t hi)
+{
+    cmp_ctx *c = p;
+    uint8_t *o = t_ptr(c->out);
+    if (c->flat) {
+        const float *x = t_ptr(c->a), *y = t_ptr(c->b);
+        for (int64_t i = lo; i < hi; i++) o[i] = cmpf(c->k, x[i], y[i]);
+        return;
+    }
+    em_dtype dt = c->a->dtype;
+    size_t es = t_esize(c->a);
+    const char *ap = t_ptr(c->a), *bp = t_ptr(c->b);
+    nditer it;
+    nditer_init(&it, c->out->ndim, c->out->shape, 2, (const int64_t *[]){c->sa, c->sb});
+    nditer_seek(&it, lo);
+    for (int64_t i = lo; i < hi; i++) {
+        o[i] = cmp(c->k, ld(dt, ap + it.off[0] * (int64_t)es), ld(dt, bp + it.off[1] * (int64_t)es));
+        nditer_next(&it);
+    }
+}
+
+/* out = a <op> b, broadcast, EM_BOOL; never recorded on the tape */
+static tensor *compare(cmpop k, tensor *a, tensor *b)
+{
+    const char *name = cmpop_name[k];
+    if (!a || !b) return NULL;
+    if (!chk_same_dtype(name, a, b)) return NULL;
+    int nd;
+    int64_t shape[EM_MAX_DIMS];
+    if (bcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
+    tensor *out = t_new(EM_BOOL, nd, shape);
+    if (!out) return NULL;
+    int64_t n = t_numel(out);
+    cmp_ctx c = {.k = k, .out = out, .a = a, .b = b};
+    c.flat = a->dtype == EM_F32 && t_is_contig(a) && t_is_contig(b) && t_numel(a) == n && t_numel(b) == n;
+    bcast_strides(a, nd, shape, c.sa);
+    bcast_strides(b, nd, shape, c.sb);
+    parallel_for(n, 1 << 14, cmp_range, &c);
+    return out;
+}
+
+/* ---- where / masked_fill ------------------------------------------------------------ */
+
+typedef struct sel_ctx {
+    tensor *out, *cond, *a, *b;       /* a or b NULL: that side is `fill` */
+    int64_t sc[EM_MAX_DIMS], sa[EM_MAX_DIMS], sb[EM_MAX_DIMS];
+    unsigned char fill[8];            /* a value encoded in out's dtype */
+} sel_ctx;
+
+/* out[i] = cond ? a : b — a byte copy, as out, a and b share a dtype */
+static void sel_range(void *p, int64_t lo, int64_t hi)
+{
+    sel_ctx *c = p;
+    tensor *o = c->out;
+    int64_t es = (int64_t)t_esize(o);
+    char *op = t_ptr(o);
+    const uint8_t *cp = t_ptr(c->cond);
+    const char *ap = c->a ? t_ptr(c->a) : NULL, *bp = c->b ? t_ptr(c->b) : NULL;
+    nditer it;
+    nditer_init(&it, o->ndim, o->shape, 3, (const int64_t *[]){c->sc, c->sa, c->sb});
+    nditer_seek(&it, lo);
+    if (o->dtype == EM_F32 && ap && bp) {
+        for (int64_t i = lo; i < hi; i++) {
+            ((float *)op)[i] = cp[it.off[0]] ? ((const float *)ap)[it.off[1]] : ((const float *)bp)[it.off[2]];
+            nditer_next(&it);
+        }
+        return;
+    }
+    for (int64_t i = lo; i < hi; i++) {
+        const char *src = cp[it.off[0]] ? (ap ? ap + it.off[1] * es : (const char *)c->fill)
+                                        : (bp ? bp + it.off[2] * es : (const char *)c->fill);
+        memcpy(op + i * es, src, (size_t)es);
+        nditer_next(&it);
+    }
+}
+
+/* out = g where mask == keep, else 0 (g's shape and dtype, contiguous) */
+typedef struct mask_ctx {
+    tensor *out, *g, *mask;
+    int64_t sm[EM_MAX_DIMS];
+    bool keep;
+} mask_ctx;
+
+static void mask_range(void *p, int64_t lo, int64_t hi)
+{
+    mask_ctx *c = p;
+    tensor *g = c->g;
+    size_t es = t_esize(g);
+    char *op = t_ptr(c->out);
+    const char *gp = t_ptr(g);
+    const uint8_t *mp = t_ptr(c->mask);
+    nditer it;
+    nditer_init(&it, g->ndim, g->shape, 2, (const int64_t *[]){g->stride, c->sm});
+    nditer_seek(&it, lo);
+    for (int64_t i = lo; i < hi; i++) {
+        if ((mp[it.off[1]] != 0) == c->keep) memcpy(op + i * (int64_t)es, gp + it.off[0] * (int64_t)es, es);
+        else memset(op + i * (int64_t)es, 0, es);
+        nditer_next(&it);
+    }
+}
+
+/* g masked to where mask (broadcast to g) equals keep, summed down to t's shape */
+static tensor *masked_grad(tensor *g, tensor *mask, bool keep, tensor *t)
+{
+    tensor *out = t_new_like(g);
+    if (!out) return NULL;
+    mask_ctx c = {.out = out, .g = g, .mask = mask, .keep = keep};
+    bcast_strides(mask, g->ndim, g->shape, c.sm);
+    parallel_for(t_numel(g), 1 << 14, mask_range, &c);
+    return ag_sum_to(out, t->ndim, t->shape);
+}
+
+/* d where = g where cond (to a), g where !cond (to b); each summed to its shape */
+static em_status where_backward(node *n, tensor *g)
+{
+    tensor *cond = n->in[0];
+    for (int i = 1; i <= 2; i++) {
+        tensor *x = n->in[i];
+        if (!x->requires_grad) continue;
+        tensor *gx = masked_grad(g, cond, i == 1, x);
+        if (!gx) return em_last_status();
+        em_status s = ag_accum(x, gx);
+        if (s) return s;
+    }
+    return EM_OK;
+}
+
+static tensor *t_where(tensor *cond, tensor *a, tensor *b)
+{
+    if (!cond || !a || !b) return NULL;
+    if (!chk_dtype("where", cond, EM_BOOL, "cond")) return NULL;
+    if (!chk_same_dtype("where", a, b)) return NULL;
+    int n1, nd;
+    int64_t s1[EM_MAX_DIMS], shape[EM_MAX_DIMS];
+    if (bcast_shape("where", a->ndim, a->shape, b->ndim, b->shape, &n1, s1) ||
+        bcast_shape("where", cond->ndim, cond->shape, n1, s1, &nd, shape))
+        return em_fail(EM_ERR_SHAPE, "where: cond %s, a %s and b %s do not broadcast together", shp(cond), shp(a),
+                       shp(b));
+    tensor *out = t_new(a->dtype, nd, shape);
+    if (!out) return NULL;
+    sel_ctx c = {.out = out, .cond = cond, .a = a, .b = b};
+    bcast_strides(cond, nd, shape, c.sc);
+    bcast_strides(a, nd, shape, c.sa);
+    bcast_strides(b, nd, shape, c.sb);
+    parallel_for(t_numel(out), 1 << 14, sel_range, &c);
+    tensor *in[3] = {cond, a, b};
+    if (ag_needed(3, in) && !ag_record("where", where_backward, out, 3, in)) return NULL;
+    return out;
+}
+
+/* d masked_fill = g where !mask */
+static em_status masked_fill_backward(node *n, tensor *g)
+{
+    tensor *a = n->in[0];
+    tensor *ga = masked_grad(g, n->in[1], false, a);
+    return ga ? ag_accum(a, ga) : em_last_status();
+}
+
+static tensor *t_masked_fill(tensor *a, tensor *mask, double value)
+{
+    if (!a || !mask) return NULL;
+    if (!chk_dtype("masked_fill", mask, EM_BOOL, "mask")) return NULL;
+    int nd;
+    int64_t shape[EM_MAX_DIMS];
+    if (bcast_shape("masked_fill", a->ndim, a->shape, mask->ndim, mask->shape, &nd, shape) || nd != a->ndim ||
+        memcmp(shape, a->shape, sizeof(int64_t) * (size_t)nd))
+        return em_fail(EM_ERR_SHAPE, "masked_fill: mask %s does not broadcast to a's shape %s", shp(mask), shp(a));
+    tensor *out = t_new_like(a);
+    if (!out) return NULL;
+    sel_ctx c = {.out = out, .cond = mask, .a = NULL, .b = a}; /* mask ? fill : a */
+    st(a->dtype, c.fill, value);
+    bcast_strides(mask, nd, shape, c.sc);
+    bcast_strides(a, nd, shape, c.sb);
+    parallel_for(t_numel(out), 1 << 14, sel_range, &c);
+    tensor *in[2] = {a, mask};
+    if (ag_needed(2, in) && !ag_record("masked_fill", masked_fill_backward, out, 2, in)) return NULL;
+    return out;
+}
+
+/* ---- public wrappers ------------------------------------------------------------------ */
+
+static em_tensor *pubc(cmpop k, em_tensor *a, em_tensor *b)
+{
+    tensor *x = t_resolve(a, cmpop_name[k]), *y = x ? t_resolve(b, cmpop_name[k]) : NULL;
+    return y ? t_handle(compare(k, x, y)) : NULL;
+}
+
+em_tensor *em_eq(em_tensor *a, em_tensor *b) { return pubc(C_EQ, a, b); }
+em_tensor *em_ne(em_tensor *a, em_tensor *b) { return pubc(C_NE, a, b); }
+em_tensor *em_lt(em_tensor *a, em_tensor *b) { return pubc(C_LT, a, b); }
+em_tensor *em_le(em_tensor *a, em_tensor *b) { return pubc(C_LE, a, b); }
+em_tensor *em_gt(em_tensor *a, em_tensor *b) { return pubc(C_GT, a, b); }
+em_tensor *em_ge(em_tensor *a, em_tensor *b) { return pubc(C_GE, a, b); }
+
+em_tensor *em_where(em_tensor *cond, em_tensor *a, em_tensor *b)
+{
+    tensor *c = t_resolve(cond, "where"), *x = c ? t_resolve(a, "where") : NULL;
+    tensor *y = x ? t_resolve(b, "where") : NULL;
+    return y ? t_handle(t_where(c, x, y)) : NULL;
+}
+
+em_tensor *em_masked_fill(em_tensor *a, em_tensor *mask, double value)
+{
+    tensor *x = t_resolve(a, "masked_fill"), *m = x ? t_resolve(mask, "masked_fill") : NULL;
+    return m ? t_handle(t_masked_fill(x, m, value)) : NULL;
+}
