@@ -138,6 +138,7 @@ em_status em_zero_grad(em_tensor *h)
             tensor *z = t_zeros_like(g);
             if (!z) return em_last_status();
             copy_strided(g, z);
+            t_drop(z);
         }
     }
     return EM_OK;

@@ -104,7 +104,9 @@ static tensor *reshape_impl(const char *op, tensor *t, int ndim, const int64_t *
     } else if (may_copy) {
         tensor *c = t_clone(t);
         if (!c) return NULL;
-        out = t_view_of(c, ndim, ns, (t_contig_strides(ndim, ns, nst), nst), 0);
+        t_contig_strides(ndim, ns, nst);
+        out = t_view_of(c, ndim, ns, nst, 0);
+        t_drop(c); /* the view holds the storage */
     } else {
         return em_fail(EM_ERR_SHAPE, "%s: %s with strides %s cannot be viewed as %s; use reshape (copies)", op,
                        shp(t), shp_of(t->ndim, t->stride), shp_of(ndim, ns));

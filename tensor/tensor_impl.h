@@ -125,6 +125,14 @@ static inline void *t_ptr(const tensor *t)
 }
 /* Frees a persistent tensor (internal counterpart of em_free). */
 void t_free(tensor *t);
+/* Ends an op's temporary: frees it if persistent (the op ran with no scope
+ * open), leaves it to its scope otherwise. Every tensor an op makes for its
+ * own use and does not return must be dropped, or a call outside a scope
+ * leaks it. NULL is a no-op. */
+static inline void t_drop(tensor *t)
+{
+    if (t && t->depth == 0) t_free(t);
+}
 /* Normalises dim (negative from the end) for a tensor of ndim dims; -1 plus
  * an EM_ERR_ARG error naming op on out of range. `extra` = 1 allows dim ==
  * ndim (for unsqueeze/stack). */
