@@ -1,2 +1,440 @@
-/* ops_conv.c */
+/* ops_conv.c — 2-D convolution and pooling on (N,C,H,W) tensors.
+ *
+ * conv2d lowers each image to columns (im2col: one row per (c,kh,kw), one
+ * column per output pixel) and multiplies by the (O, C*KH*KW) weight with
+ * BLAS gemm; its backward uses gemm for dW and dcols and scatters dcols back
+ * onto the image (col2im). max_pool2d and avg_pool2d are direct loops over
+ * each (n,c) plane. All compute in f32 (f64 for f64 inputs); f16/bf16 inputs
+ * are converted to f32 scratch and results converted back. Output size along
+ * each axis is floor((H + 2p - k) / s) + 1. */
+#include <cblas.h>
+#include <limits.h>
+
 #include "tensor_impl.h"
+
+typedef struct geom {
+    int64_t N, C, H, W, O, KH, KW, OH, OW;
+    int64_t s, p;
+    bool dbl; /* compute in f64 */
+} geom;
+
+static inline double rd(const void *p, bool dbl, int64_t i)
+{
+    return dbl ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+
+static inline void wr(void *p, bool dbl, int64_t i, double v)
+{
+    if (dbl) ((double *)p)[i] = v;
+    else ((float *)p)[i] = (float)v;
+}
+
+static inline void acc(void *p, bool dbl, int64_t i, double v)
+{
+    if (dbl) ((double *)p)[i] += v;
+    else ((float *)p)[i] += (float)v;
+}
+
+/* t's values as contiguous elements of dtype ct: t's own data when it already
+ * is, else a copy in the temp arena (the caller holds a tmp_mark). */
+static void *as_ct(tensor *t, em_dtype ct)
+{
+    if (t->dtype == ct && t_is_contig(t)) return t_ptr(t);
+    size_t nb = (size_t)t_numel(t) * em_dtype_size(ct);
+    void *buf = tmp_alloc(nb ? nb : 1);
+    if (!buf) return NULL;
+    storage s = {buf, nb, 1, true};
+    tensor v = *t; /* a stack header, never handed out */
+    v.dtype = ct;
+    v.offset = 0;
+    v.st = &s;
+    t_contig_strides(t->ndim, t->shape, v.stride);
+    copy_strided(&v, t);
+    return buf;
+}
+
+/* Output size along one axis, or < 1 when the window does not fit. */
+static int64_t out_size(int64_t n, int64_t k, int64_t s, int64_t p) { return (n + 2 * p - k) / s + 1; }
+
+static bool chk_4d(const char *op, const tensor *x, const char *what)
+{
+    if (x->ndim == 4) return true;
+    em_fail(EM_ERR_SHAPE, "%s: %s must be 4-D (N,C,H,W), got %s", op, what, shp(x));
+    return false;
+}
+
+/* ---- im2col / col2im --------------------------------------------------------------
+ * col (C*KH*KW, OH*OW) for one image x (C,H,W); rows r = (c*KH + kh)*KW + kw. */
+
+typedef struct col_ctx {
+    const geom *g;
+    const void *x; /* one image (C,H,W), contiguous, compute dtype */
+    void *col;     /* (C*KH*KW, OH*OW) */
+} col_ctx;
+
+static void im2col_range(void *p, int64_t lo, int64_t hi)
+{
+    col_ctx *c = p;
+    const geom *g = c->g;
+    int64_t ohw = g->OH * g->OW;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t ch = r / (g->KH * g->KW), kh = (r / g->KW) % g->KH, kw = r % g->KW;
+        for (int64_t oh = 0; oh < g->OH; oh++) {
+            int64_t ih = oh * g->s - g->p + kh, o = r * ohw + oh * g->OW;
+            for (int64_t ow = 0; ow < g->OW; ow++) {
+                int64_t iw = ow * g->s - g->p + kw;
+                bool in = ih >= 0 && ih < g->H && iw >= 0 && iw < g->W;
+                wr(c->col, g->dbl, o + ow, in ? rd(c->x, g->dbl, (ch * g->H + ih) * g->W + iw) : 0.0);
+            }
+        }
+    }
+}
+
+/* dx (C,H,W) += the columns scattered back; ranges are channels, so no two
+ * threads write the same element. */
+static void col2im_range(void *p, int64_t lo, int64_t hi)
+{
+    col_ctx *c = p;
+    const geom *g = c->g;
+    void *dx = (void *)c->x;
+    int64_t ohw = g->OH * g->OW;
+    for (int64_t ch = lo; ch < hi; ch++)
+        for (int64_t kh = 0; kh < g->KH; kh++)
+            for (int64_t kw = 0; kw < g->KW; kw++) {
+                int64_t r = (ch * g->KH + kh) * g->KW + kw;
+                for (int64_t oh = 0; oh < g->OH; oh++) {
+                    int64_t ih = oh * g->s - g->p + kh;
+                    if (ih < 0 || ih >= g->H) continue;
+                    for (int64_t ow = 0; ow < g->OW; ow++) {
+                        int64_t iw = ow * g->s - g->p + kw;
+                        if (iw >= 0 && iw < g->W)
+                            acc(dx, g->dbl, (ch * g->H + ih) * g->W + iw, rd(c->col, g->dbl, r * ohw + oh * g->OW + ow));
+                    }
+                }
+            }
+}
+
+/* 1x1 kernel, stride 1, no padding: the image already is its column matrix. */
+static bool col_is_image(const geom *g) { return g->KH == 1 && g->KW == 1 && g->s == 1 && g->p == 0; }
+
+static void im2col(const geom *g, const void *x, void *col)
+{
+    col_ctx c = {g, x, col};
+    int64_t rows = g->C * g->KH * g->KW;
+    parallel_for(rows, 1 + (1 << 14) / (g->OH * g->OW + 1), im2col_range, &c);
+}
+
+/* C (M,N) = op(A) op(B) + beta C, row-major. Dims were checked to fit int. */
+static void gemm(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, const void *B,
+                 double beta, void *C)
+{
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        if (beta == 0.0) memset(C, 0, (size_t)(M * N) * (dbl ? sizeof(double) : sizeof(float)));
+        return;
+    }
+    int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N);
+    enum CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
+    if (dbl)
+        cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0, A, lda, B, ldb, beta, C, (int)N);
+    else
+        cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0f, A, lda, B, ldb, (float)beta, C, (int)N);
+}
+
+/* ---- conv2d ------------------------------------------------------------------------ */
+
+static void conv_geom(geom *g, const tensor *x, const tensor *w, int64_t s, int64_t p)
+{
+    *g = (geom){x->shape[0], x->shape[1], x->shape[2], x->shape[3], w->shape[0], w->shape[2], w->shape[3],
+                out_size(x->shape[2], w->shape[2], s, p), out_size(x->shape[3], w->shape[3], s, p), s, p,
+                x->dtype == EM_F64};
+}
+
+/* dx = col2im(W^T g_n); dW = sum_n g_n col_n^T; db = sum over n, oh, ow of g */
+static em_status conv_backward(node *n, tensor *gout)
+{
+    tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
+    geom g;
+    conv_geom(&g, x, w, n->ip[0], n->ip[1]);
+    em_dtype ct = g.dbl ? EM_F64 : EM_F32;
+    size_t es = em_dtype_size(ct);
+    int64_t ckk = g.C * g.KH * g.KW, ohw = g.OH * g.OW, chw = g.C * g.H * g.W;
+    tensor *dx = x->requires_grad ? t_zeros(ct, 4, x->shape) : NULL;
+    tensor *dw = w->requires_grad ? t_zeros(ct, 4, w->shape) : NULL;
+    tensor *db = b && b->requires_grad ? t_zeros(ct, 1, b->shape) : NULL;
+    if ((x->requires_grad && !dx) || (w->requires_grad && !dw) || (b && b->requires_grad && !db))
+        return em_last_status();
+    size_t m = tmp_mark();
+    const void *gp = as_ct(gout, ct), *xp = dw ? as_ct(x, ct) : NULL, *wp = dx ? as_ct(w, ct) : NULL;
+    void *col = dw && !col_is_image(&g) ? tmp_alloc((size_t)(ckk * ohw) * es) : NULL;
+    void *dcol = dx && !col_is_image(&g) ? tmp_alloc((size_t)(ckk * ohw) * es) : NULL;
+    if (!gp || (dw && !xp) || (dx && !wp) || (dw && !col && !col_is_image(&g)) || (dx && !dcol && !col_is_image(&g))) {
+        tmp_release(m);
+        return em_last_status();
+    }
+    for (int64_t i = 0; i < g.N; i++) {
+        const char *gi = (const char *)gp + (size_t)(i * g.O * ohw) * es;
+        if (dw) {
+            const void *ci = (const char *)xp + (size_t)(i * chw) * es;
+            if (col) {
+                im2col(&g, ci, col);
+                ci = col;
+            }
+            gemm(g.dbl, false, true, g.O, ckk, ohw, gi, ci, 1.0, t_ptr(dw));
+        }
+        if (dx) {
+            void *dxi = (char *)t_ptr(dx) + (size_t)(i * chw) * es;
+            if (!dcol) { /* 1x1: dx_i = W^T g_i directly */
+                gemm(g.dbl, true, false, ckk, ohw, g.O, wp, gi, 0.0, dxi);
+            } else {
+                gemm(g.dbl, true, false, ckk, ohw, g.O, wp, gi, 0.0, dcol);
+                col_ctx c = {&g, dxi, dcol};
+                parallel_for(g.C, 1 + (1 << 14) / (g.KH * g.KW * ohw + 1), col2im_range, &c);
+            }
+        }
+        if (db)
+            for (int64_t o = 0; o < g.O; o++) {
+                double s = 0;
+                for (int64_t j = 0; j < ohw; j++) s += rd(gi, g.dbl, o * ohw + j);
+                acc(t_ptr(db), g.dbl, o, s);
+            }
+    }
+    tmp_release(m);
+    tensor *gs[3] = {dx, dw, db}, *ins[3] = {x, w, b};
+    for (int k = 0; k < 3; k++) {
+        if (!gs[k]) continue;
+        tensor *gk = gs[k]->dtype == ins[k]->dtype ? gs[k] : t_cast(gs[k], ins[k]->dtype);
+        em_status st_ = gk ? ag_accum(ins[k], gk) : em_last_status();
+        if (st_) return st_;
+    }
+    return EM_OK;
+}
+
+static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding)
+{
+    const char *op = "conv2d";
+    if (!chk_float(op, x) || !chk_same_dtype(op, x, w) || (b && !chk_same_dtype(op, x, b))) return NULL;
+    if (!chk_4d(op, x, "input") || !chk_4d(op, w, "weight")) return NULL;
+    if (x->shape[1] != w->shape[1])
+        return em_fail(EM_ERR_SHAPE, "conv2d: input %s has %lld channels but weight %s expects %lld", shp(x),
+                       (long long)x->shape[1], shp(w), (long long)w->shape[1]);
+    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+        return em_fail(EM_ERR_SHAPE, "conv2d: bias %s must be (%lld,) for weight %s", shp(b), (long long)w->shape[0],
+                       shp(w));
+    if (stride < 1 || padding < 0)
+        return em_fail(EM_ERR_ARG, "conv2d: stride %d must be >= 1 and padding %d >= 0", stride, padding);
+    geom g;
+    conv_geom(&g, x, w, stride, padding);
+    if (x->shape[2] + 2 * padding < g.KH || x->shape[3] + 2 * padding < g.KW || g.KH < 1 || g.KW < 1)
+        return em_fail(EM_ERR_SHAPE, "conv2d: kernel %lldx%lld does not fit input %s with padding %d", (long long)g.KH,
+                       (long long)g.KW, shp(x), padding);
+    int64_t ckk = g.C * g.KH * g.KW, ohw = g.OH * g.OW;
+    if (ckk > INT_MAX || ohw > INT_MAX || g.O > INT_MAX)
+        return em_fail(EM_ERR_SHAPE, "conv2d: input %s with weight %s is too large for gemm", shp(x), shp(w));
+    em_dtype ct = g.dbl ? EM_F64 : EM_F32;
+    size_t es = em_dtype_size(ct);
+    tensor *acc_t = t_new(ct, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
+    if (!acc_t) return NULL;
+    size_t m = tmp_mark();
+    const void *xp = as_ct(x, ct), *wp = as_ct(w, ct), *bp = b ? as_ct(b, ct) : NULL;
+    void *col = col_is_image(&g) ? NULL : tmp_alloc((size_t)(ckk * ohw) * es);
+    if (!xp || !wp || (b && !bp) || (!col && !col_is_image(&g))) {
+        tmp_release(m);
+        return NULL;
+    }
+    for (int64_t i = 0; i < g.N; i++) {
+        const void *ci = (const char *)xp + (size_t)(i * g.C * g.H * g.W) * es;
+        void *oi = (char *)t_ptr(acc_t) + (size_t)(i * g.O * ohw) * es;
+        if (col) {
+            im2col(&g, ci, col);
+            ci = col;
+        }
+        gemm(g.dbl, false, false, g.O, ohw, ckk, wp, ci, 0.0, oi); /* (O,CKK) @ (CKK,OHW) */
+        if (bp)
+            for (int64_t o = 0; o < g.O; o++)
+                for (int64_t j = 0; j < ohw; j++) acc(oi, g.dbl, o * ohw + j, rd(bp, g.dbl, o));
+    }
+    tmp_release(m);
+    tensor *out = ct == x->dtype ? acc_t : t_cast(acc_t, x->dtype);
+    tensor *in[3] = {x, w, b};
+    int nin = b ? 3 : 2;
+    if (out && ag_needed(nin, in)) {
+        node *n = ag_record(op, conv_backward, out, nin, in);
+        if (!n) return NULL;
+        n->ip[0] = stride;
+        n->ip[1] = padding;
+    }
+    return out;
+}
+
+/* ---- pooling ---------------------------------------------------------------------------
+ * Ranges are (n,c) planes. Padding counts as -inf for max, 0 for avg. */
+
+typedef struct pool_ctx {
+    geom g;           /* C = channels, KH = KW = kernel */
+    const void *x;    /* (N,C,H,W) contiguous compute dtype */
+    void *y;          /* (N,C,OH,OW) */
+    int32_t *arg;     /* max: h*W+w of the chosen element, or NULL */
+    const void *gy;   /* backward: gradient of y */
+} pool_ctx;
+
+static void maxpool_range(void *p, int64_t lo, int64_t hi)
+{
+    pool_ctx *c = p;
+    const geom *g = &c->g;
+    for (int64_t pl = lo; pl < hi; pl++) {
+        int64_t xb = pl * g->H * g->W, yb = pl * g->OH * g->OW;
+        for (int64_t oh = 0; oh < g->OH; oh++)
+            for (int64_t ow = 0; ow < g->OW; ow++) {
+                double best = -INFINITY;
+                int64_t bi = -1;
+                for (int64_t kh = 0; kh < g->KH; kh++) {
+                    int64_t ih = oh * g->s - g->p + kh;
+                    if (ih < 0 || ih >= g->H) continue;
+                    for (int64_t kw = 0; kw < g->KW; kw++) {
+                        int64_t iw = ow * g->s - g->p + kw;
+                        if (iw < 0 || iw >= g->W) continue;
+                        double v = rd(c->x, g->dbl, xb + ih * g->W + iw);
+                        if (bi < 0 || v > best || (v != v && best == best)) { /* first max; NaN wins */
+                            best = v;
+                            bi = ih * g->W + iw;
+                        }
+                    }
+                }
+                wr(c->y, g->dbl, yb + oh * g->OW + ow, best);
+                if (c->arg) c->arg[yb + oh * g->OW + ow] = (int32_t)bi;
+            }
+    }
+}
+
+/* dx[argmax] += g */
+static void maxpool_back_range(void *p, int64_t lo, int64_t hi)
+{
+    pool_ctx *c = p;
+    const geom *g = &c->g;
+    int64_t ohw = g->OH * g->OW;
+    for (int64_t pl = lo; pl < hi; pl++)
+        for (int64_t j = 0; j < ohw; j++) {
+            int32_t a = c->arg[pl * ohw + j];
+            if (a >= 0) acc(c->y, g->dbl, pl * g->H * g->W + a, rd(c->gy, g->dbl, pl * ohw + j));
+        }
+}
+
+/* forward (gy == NULL): y = window sum / k^2; backward: x-grad (in y) += gy / k^2 over the window */
+static void avgpool_range(void *p, int64_t lo, int64_t hi)
+{
+    pool_ctx *c = p;
+    const geom *g = &c->g;
+    double inv = 1.0 / (double)(g->KH * g->KW);
+    for (int64_t pl = lo; pl < hi; pl++) {
+        int64_t xb = pl * g->H * g->W, yb = pl * g->OH * g->OW;
+        for (int64_t oh = 0; oh < g->OH; oh++)
+            for (int64_t ow = 0; ow < g->OW; ow++) {
+                double s = 0, gv = c->gy ? rd(c->gy, g->dbl, yb + oh * g->OW + ow) * inv : 0.0;
+                for (int64_t kh = 0; kh < g->KH; kh++) {
+                    int64_t ih = oh * g->s - g->p + kh;
+                    if (ih < 0 || ih >= g->H) continue;
+                    for (int64_t kw = 0; kw < g->KW; kw++) {
+                        int64_t iw = ow * g->s - g->p + kw;
+                        if (iw < 0 || iw >= g->W) continue;
+                        if (c->gy) acc(c->y, g->dbl, xb + ih * g->W + iw, gv);
+                        else s += rd(c->x, g->dbl, xb + ih * g->W + iw);
+                    }
+                }
+                if (!c->gy) wr(c->y, g->dbl, yb + oh * g->OW + ow, s * inv);
+            }
+    }
+}
+
+static void pool_geom(geom *g, const tensor *x, int64_t k, int64_t s, int64_t p)
+{
+    *g = (geom){x->shape[0], x->shape[1], x->shape[2], x->shape[3], x->shape[1], k, k,
+                out_size(x->shape[2], k, s, p), out_size(x->shape[3], k, s, p), s, p, x->dtype == EM_F64};
+}
+
+static em_status pool_backward(node *n, tensor *gout)
+{
+    tensor *x = n->in[0];
+    bool is_max = n->ip[3];
+    pool_ctx c = {.arg = n->saved};
+    pool_geom(&c.g, x, n->ip[0], n->ip[1], n->ip[2]);
+    em_dtype ct = c.g.dbl ? EM_F64 : EM_F32;
+    tensor *dx = t_zeros(ct, 4, x->shape);
+    if (!dx) return em_last_status();
+    size_t m = tmp_mark();
+    c.gy = as_ct(gout, ct);
+    c.y = t_ptr(dx);
+    if (!c.gy) {
+        tmp_release(m);
+        return em_last_status();
+    }
+    int64_t work = (is_max ? 1 : c.g.KH * c.g.KW) * c.g.OH * c.g.OW + 1;
+    parallel_for(c.g.N * c.g.C, 1 + (1 << 14) / work, is_max ? maxpool_back_range : avgpool_range, &c);
+    tmp_release(m);
+    tensor *gx = ct == x->dtype ? dx : t_cast(dx, x->dtype);
+    return gx ? ag_accum(x, gx) : em_last_status();
+}
+
+static tensor *t_pool(const char *op, bool is_max, tensor *x, int kernel, int stride, int padding)
+{
+    if (!chk_float(op, x) || !chk_4d(op, x, "input")) return NULL;
+    if (kernel < 1 || stride < 1 || padding < 0)
+        return em_fail(EM_ERR_ARG, "%s: kernel %d and stride %d must be >= 1, padding %d >= 0", op, kernel, stride,
+                       padding);
+    if (padding > kernel / 2)
+        return em_fail(EM_ERR_ARG, "%s: padding %d must be at most half the kernel %d", op, padding, kernel);
+    pool_ctx c = {0};
+    pool_geom(&c.g, x, kernel, stride, padding);
+    if (x->shape[2] + 2 * padding < kernel || x->shape[3] + 2 * padding < kernel)
+        return em_fail(EM_ERR_SHAPE, "%s: kernel %d does not fit input %s with padding %d", op, kernel, shp(x),
+                       padding);
+    em_dtype ct = c.g.dbl ? EM_F64 : EM_F32;
+    bool grad = ag_needed(1, &x);
+    int64_t ny = c.g.N * c.g.C * c.g.OH * c.g.OW;
+    tensor *y = t_new(ct, 4, (int64_t[]){c.g.N, c.g.C, c.g.OH, c.g.OW});
+    if (!y) return NULL;
+    if (grad && is_max && !(c.arg = scope_alloc(sizeof(int32_t) * (size_t)(ny ? ny : 1)))) return NULL;
+    size_t m = tmp_mark();
+    c.x = as_ct(x, ct);
+    c.y = t_ptr(y);
+    if (!c.x) {
+        tmp_release(m);
+        return NULL;
+    }
+    int64_t work = c.g.KH * c.g.KW * c.g.OH * c.g.OW + 1;
+    parallel_for(c.g.N * c.g.C, 1 + (1 << 14) / work, is_max ? maxpool_range : avgpool_range, &c);
+    tmp_release(m);
+    tensor *out = ct == x->dtype ? y : t_cast(y, x->dtype);
+    if (out && grad) {
+        node *n = ag_record(op, pool_backward, out, 1, &x);
+        if (!n) return NULL;
+        n->saved = c.arg;
+        n->ip[0] = kernel;
+        n->ip[1] = stride;
+        n->ip[2] = padding;
+        n->ip[3] = is_max;
+    }
+    return out;
+}
+
+/* ---- public wrappers ------------------------------------------------------------------------ */
+
+em_tensor *em_conv2d(em_tensor *x, em_tensor *w, em_tensor *bias, int stride, int padding)
+{
+    tensor *xt = t_resolve(x, "conv2d"), *wt = xt ? t_resolve(w, "conv2d") : NULL;
+    tensor *bt = wt && bias ? t_resolve(bias, "conv2d") : NULL;
+    if (!wt || (bias && !bt)) return NULL;
+    return t_handle(t_conv2d(xt, wt, bt, stride, padding));
+}
+
+em_tensor *em_max_pool2d(em_tensor *x, int kernel, int stride, int padding)
+{
+    tensor *t = t_resolve(x, "max_pool2d");
+    return t ? t_handle(t_pool("max_pool2d", true, t, kernel, stride, padding)) : NULL;
+}
+
+em_tensor *em_avg_pool2d(em_tensor *x, int kernel, int stride, int padding)
+{
+    tensor *t = t_resolve(x, "avg_pool2d");
+    return t ? t_handle(t_pool("avg_pool2d", false, t, kernel, stride, padding)) : NULL;
+}

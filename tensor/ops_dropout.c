@@ -1,2 +1,117 @@
-/* ops_dropout.c */
+/* ops_dropout.c — dropout with a counter-based mask.
+ *
+ * Element i (row-major over t's shape) is kept when the uniform number u_i
+ * made from word i%4 of Philox(seed, counter offset + i/4) satisfies
+ * u_i >= p — the same u_i em_rand would draw from that generator — so the
+ * mask depends only on (seed, offset), never on the thread split. The draw
+ * advances rng->offset by ceil(n/4). Kept values are scaled by 1/(1-p). */
 #include "tensor_impl.h"
+
+typedef struct drop_ctx {
+    tensor *x, *out;
+    uint8_t *mask; /* n bytes, or NULL when no backward is recorded */
+    em_rng rng;
+    double p, scale;
+    int64_t n;
+} drop_ctx;
+
+/* u in [0,1) from the top 24 bits, as em_rand */
+static inline double unif(uint32_t w) { return (double)(w >> 8) * (1.0 / 16777216.0); }
+
+/* Ranges are counters (blocks of 4 elements). */
+static void drop_range(void *p, int64_t lo, int64_t hi)
+{
+    drop_ctx *c = p;
+    tensor *x = c->x;
+    em_dtype dt = x->dtype;
+    size_t es = t_esize(x);
+    const char *xp = t_ptr(x);
+    char *op = t_ptr(c->out);
+    bool flat = t_is_contig(x);
+    float sf = (float)c->scale;
+    nditer it;
+    nditer_init(&it, x->ndim, x->shape, 1, (const int64_t *[]){x->stride});
+    nditer_seek(&it, lo * 4);
+    for (int64_t blk = lo; blk < hi; blk++) {
+        uint32_t w[4];
+        em_philox4x32(c->rng.seed, 0, c->rng.offset + (uint64_t)blk, w);
+        for (int j = 0; j < 4; j++) {
+            int64_t i = blk * 4 + j;
+            if (i >= c->n) break;
+            bool keep = unif(w[j]) >= c->p;
+            int64_t xo = flat ? i : it.off[0];
+            if (c->mask) c->mask[i] = keep;
+            if (dt == EM_F32) ((float *)op)[i] = keep ? ((const float *)xp)[xo] * sf : 0.0f;
+            else if (dt == EM_F64) ((double *)op)[i] = keep ? ((const double *)xp)[xo] * c->scale : 0.0;
+            else st(dt, op + i * (int64_t)es, keep ? ld(dt, xp + xo * (int64_t)es) * (double)sf : 0.0);
+            if (!flat) nditer_next(&it);
+        }
+    }
+}
+
+typedef struct dback_ctx {
+    tensor *g, *out;
+    const uint8_t *mask;
+    double scale;
+} dback_ctx;
+
+static void dback_range(void *p, int64_t lo, int64_t hi)
+{
+    dback_ctx *c = p;
+    tensor *g = c->g;
+    em_dtype dt = g->dtype;
+    size_t es = t_esize(g);
+    const char *gp = t_ptr(g);
+    char *op = t_ptr(c->out);
+    nditer it;
+    nditer_init(&it, g->ndim, g->shape, 1, (const int64_t *[]){g->stride});
+    nditer_seek(&it, lo);
+    for (int64_t i = lo; i < hi; i++) {
+        if (dt == EM_F32) ((float *)op)[i] = c->mask[i] ? ((const float *)gp)[it.off[0]] * (float)c->scale : 0.0f;
+        else st(dt, op + i * (int64_t)es, c->mask[i] ? ld(dt, gp + it.off[0] * (int64_t)es) * c->scale : 0.0);
+        nditer_next(&it);
+    }
+}
+
+/* d dropout = g * mask / (1-p) */
+static em_status dropout_backward(node *n, tensor *g)
+{
+    tensor *gx = t_new(g->dtype, g->ndim, g->shape);
+    if (!gx) return em_last_status();
+    dback_ctx c = {g, gx, n->saved, n->dp[0]};
+    parallel_for(t_numel(g), 1 << 14, dback_range, &c);
+    return ag_accum(n->in[0], gx);
+}
+
+static tensor *t_dropout(tensor *t, double p, bool training, em_rng *rng)
+{
+    if (!t) return NULL;
+    if (!(p >= 0.0 && p <= 1.0)) return em_fail(EM_ERR_ARG, "dropout: p = %g is not in [0, 1]", p);
+    if (!chk_float("dropout", t)) return NULL;
+    if (!training || p == 0.0) return t;
+    if (!rng) rng = em_default_rng();
+    int64_t n = t_numel(t), blocks = (n + 3) / 4;
+    bool grad = ag_needed(1, &t);
+    tensor *out = t_new(t->dtype, t->ndim, t->shape);
+    uint8_t *mask = grad && out ? scope_alloc((size_t)(n ? n : 1)) : NULL;
+    if (!out || (grad && !mask)) return NULL;
+    double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+    drop_ctx c = {t, out, mask, *rng, p, scale, n};
+    parallel_for(blocks, 1024, drop_range, &c);
+    rng->offset += (uint64_t)blocks;
+    if (grad) {
+        node *nd = ag_record("dropout", dropout_backward, out, 1, &t);
+        if (!nd) return NULL;
+        nd->saved = mask;
+        nd->dp[0] = scale;
+    }
+    return out;
+}
+
+em_tensor *em_dropout(em_tensor *h, double p, bool training, em_rng *rng)
+{
+    tensor *t = t_resolve(h, "dropout");
+    if (!t) return NULL;
+    tensor *r = t_dropout(t, p, training, rng);
+    return r == t ? h : t_handle(r);
+}

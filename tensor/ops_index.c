@@ -1,2 +1,389 @@
-/* ops_index.c */
+/* ops_index.c — ops driven by integer index tensors: embedding (a row
+ * lookup), index_select (pick slices along a dim) and scatter_add (add
+ * values at indexed positions, torch.scatter_add), with their backwards
+ * (index-add of the gradient rows; gather of the gradient).
+ *
+ * Every index value is checked before anything is allocated: a bad one fails
+ * with EM_ERR_INDEX naming the op, the value, its position and the range. */
+#include <stdio.h>
+
 #include "tensor_impl.h"
+
+/* ---- index checks ------------------------------------------------------------- */
+
+/* Checks that every value of idx (EM_I32, any strides) lies in [0, limit).
+ * `range` completes the message: "for 65 rows". */
+static bool check_index(const char *op, const tensor *idx, int64_t limit, const char *range)
+{
+    int64_t n = t_numel(idx);
+    const int32_t *p = t_ptr(idx);
+    nditer it;
+    nditer_init(&it, idx->ndim, idx->shape, 1, (const int64_t *[]){idx->stride});
+    for (int64_t i = 0; i < n; i++) {
+        int32_t v = p[it.off[0]];
+        if (v < 0 || v >= limit) {
+            if (idx->ndim <= 1)
+                em_fail(EM_ERR_INDEX, "%s: index %d at position %lld is out of range %s", op, (int)v, (long long)i,
+                        range);
+            else
+                em_fail(EM_ERR_INDEX, "%s: index %d at position %s is out of range %s", op, (int)v,
+                        shp_of(idx->ndim, it.idx), range);
+            return false;
+        }
+        nditer_next(&it);
+    }
+    return true;
+}
+
+/* ---- index_select / embedding forward: out (outer, K, inner) from t (outer, S, inner) */
+
+typedef struct sel_ctx {
+    tensor *t, *out;
+    const int32_t *idx; /* K values, contiguous */
+    int64_t K, inner;
+    int d;              /* the indexed dim of t */
+    bool inner_contig;  /* t's dims after d are row-major contiguous */
+} sel_ctx;
+
+/* Element offset of t[o (flat over dims < d), v, 0...] */
+static int64_t sel_src_offset(const sel_ctx *c, int64_t o, int64_t v)
+{
+    const tensor *t = c->t;
+    int64_t off = v * t->stride[c->d];
+    for (int i = c->d - 1; i >= 0; i--) {
+        off += (o % t->shape[i]) * t->stride[i];
+        o /= t->shape[i];
+    }
+    return off;
+}
+
+static void select_range(void *p, int64_t lo, int64_t hi)
+{
+    sel_ctx *c = p;
+    const tensor *t = c->t;
+    size_t es = t_esize(t);
+    const char *src = t_ptr(t);
+    char *dst = t_ptr(c->out);
+    int nin = t->ndim - c->d - 1;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t o = r / c->K, k = r % c->K;
+        const char *s = src + sel_src_offset(c, o, c->idx[k]) * (int64_t)es;
+        char *dr = dst + r * c->inner * (int64_t)es;
+        if (c->inner_contig) {
+            memcpy(dr, s, (size_t)c->inner * es);
+            continue;
+        }
+        nditer it;
+        nditer_init(&it, nin, t->shape + c->d + 1, 1, (const int64_t *[]){t->stride + c->d + 1});
+        for (int64_t j = 0; j < c->inner; j++) {
+            memcpy(dr + j * (int64_t)es, s + it.off[0] * (int64_t)es, es);
+            nditer_next(&it);
+        }
+    }
+}
+
+/* Copies idx (EM_I32, any strides) into a contiguous int32 array. */
+static void load_index(const tensor *idx, int32_t *dst)
+{
+    const int32_t *p = t_ptr(idx);
+    nditer it;
+    nditer_init(&it, idx->ndim, idx->shape, 1, (const int64_t *[]){idx->stride});
+    for (int64_t i = 0, n = t_numel(idx); i < n; i++) {
+        dst[i] = p[it.off[0]];
+        nditer_next(&it);
+    }
+}
+
+/* Gathers slices of t along dim d into out (shape of t with dim d = K). The
+ * caller has checked the indices. */
+static bool select_kernel(tensor *t, int d, const tensor *idx, tensor *out)
+{
+    int64_t K = t_numel(idx), outer = 1, inner = 1;
+    for (int i = 0; i < d; i++) outer *= t->shape[i];
+    for (int i = d + 1; i < t->ndim; i++) inner *= t->shape[i];
+    if (outer * K * inner == 0) return true;
+    size_t m = tmp_mark();
+    int32_t *iv = tmp_alloc(sizeof(int32_t) * (size_t)K);
+    if (!iv) return false;
+    load_index(idx, iv);
+    bool ic = true;
+    int64_t s = 1;
+    for (int i = t->ndim - 1; i > d; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != s) ic = false;
+        s *= t->shape[i];
+    }
+    sel_ctx c = {t, out, iv, K, inner, d, ic};
+    int64_t rows = outer * K;
+    parallel_for(rows, (1 << 14) / inner + 1, select_range, &c);
+    tmp_release(m);
+    return true;
+}
+
+/* ---- index-add (the backward of selection) -------------------------------------
+ * acc (outer, S, inner) += g (outer, K, inner) at rows idx; acc and g contiguous,
+ * both f32 or both f64. Tasks are (outer row, block of columns), so no two
+ * tasks write the same element and the sums do not depend on thread count. */
+
+enum { ADD_BLOCK = 256 };
+
+typedef struct iadd_ctx {
+    tensor *acc, *g;
+    const int32_t *idx;
+    int64_t S, K, inner, nblk;
+} iadd_ctx;
+
+static void index_add_range(void *p, int64_t lo, int64_t hi)
+{
+    iadd_ctx *c = p;
+    for (int64_t task = lo; task < hi; task++) {
+        int64_t o = task / c->nblk, b = task % c->nblk;
+        int64_t c0 = b * ADD_BLOCK, c1 = c0 + ADD_BLOCK < c->inner ? c0 + ADD_BLOCK : c->inner;
+        if (c->acc->dtype == EM_F32) {
+            float *a = (float *)t_ptr(c->acc) + o * c->S * c->inner;
+            const float *g = (const float *)t_ptr(c->g) + o * c->K * c->inner;
+            for (int64_t k = 0; k < c->K; k++) {
+                float *ar = a + c->idx[k] * c->inner;
+                const float *gr = g + k * c->inner;
+                for (int64_t j = c0; j < c1; j++) ar[j] += gr[j];
+            }
+        } else {
+            double *a = (double *)t_ptr(c->acc) + o * c->S * c->inner;
+            const double *g = (const double *)t_ptr(c->g) + o * c->K * c->inner;
+            for (int64_t k = 0; k < c->K; k++) {
+                double *ar = a + c->idx[k] * c->inner;
+                const double *gr = g + k * c->inner;
+                for (int64_t j = c0; j < c1; j++) ar[j] += gr[j];
+            }
+        }
+    }
+}
+
+/* The gradient of x = selection from `in` (shape `in`) along d by idx, given
+ * the gradient g of the selection. Duplicated indices accumulate. */
+static em_status index_add_backward(tensor *in, int d, const tensor *idx, tensor *g)
+{
+    em_dtype ct = in->dtype == EM_F64 ? EM_F64 : EM_F32;
+    tensor *gc = g->dtype == ct ? t_contig(g) : t_cast(g, ct);
+    tensor *acc = gc ? t_zeros(ct, in->ndim, in->shape) : NULL;
+    if (!acc) return em_last_status();
+    int64_t K = t_numel(idx), outer = 1, inner = 1;
+    for (int i = 0; i < d; i++) outer *= in->shape[i];
+    for (int i = d + 1; i < in->ndim; i++) inner *= in->shape[i];
+    if (outer * K * inner > 0) {
+        size_t m = tmp_mark();
+        int32_t *iv = tmp_alloc(sizeof(int32_t) * (size_t)K);
+        if (!iv) return em_last_status();
+        load_index(idx, iv);
+        int64_t nblk = (inner + ADD_BLOCK - 1) / ADD_BLOCK;
+        iadd_ctx c = {acc, gc, iv, in->shape[d], K, inner, nblk};
+        parallel_for(outer * nblk, 1 + (1 << 14) / (K * (inner < ADD_BLOCK ? inner : ADD_BLOCK) + 1), index_add_range,
+                     &c);
+        tmp_release(m);
+    }
+    tensor *gx = ct == in->dtype ? acc : t_cast(acc, in->dtype);
+    return gx ? ag_accum(in, gx) : em_last_status();
+}
+
+/* d index_select = index_add of g into zeros(t) along dim */
+static em_status select_backward(node *n, tensor *g)
+{
+    return index_add_backward(n->in[0], (int)n->ip[0], n->in[1], g);
+}
+
+/* d embedding: dW[idx[p]] += g[p]; g (...,C) seen as (P,C) */
+static em_status embedding_backward(node *n, tensor *g)
+{
+    int64_t shape[2] = {t_numel(n->in[1]), n->in[0]->shape[1]};
+    tensor *g2 = t_reshape(g, 2, shape);
+    return g2 ? index_add_backward(n->in[0], 0, n->in[1], g2) : em_last_status();
+}
+
+static bool chk_index_dtype(const char *op, const tensor *idx)
+{
+    if (idx->dtype == EM_I32) return true;
+    em_fail(EM_ERR_DTYPE, "%s: indices must be i32, got %s%s", op, em_dtype_name(idx->dtype), shp(idx));
+    return false;
+}
+
+static tensor *t_index_select(tensor *t, int dim, tensor *idx)
+{
+    if (!t || !idx) return NULL;
+    int d = t_dim("index_select", dim, t->ndim, 0);
+    if (d < 0 || !chk_index_dtype("index_select", idx)) return NULL;
+    if (idx->ndim != 1)
+        return em_fail(EM_ERR_SHAPE, "index_select: indices must be 1-D, got %s", shp(idx));
+    char range[96];
+    snprintf(range, sizeof range, "for dim %d of size %lld (shape %s)", dim, (long long)t->shape[d], shp(t));
+    if (!check_index("index_select", idx, t->shape[d], range)) return NULL;
+    int64_t shape[EM_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[d] = idx->shape[0];
+    tensor *out = t_new(t->dtype, t->ndim, shape);
+    if (!out || !select_kernel(t, d, idx, out)) return NULL;
+    tensor *in[2] = {t, idx};
+    if (ag_needed(1, &t)) {
+        node *n = ag_record("index_select", select_backward, out, 2, in);
+        if (!n) return NULL;
+        n->ip[0] = d;
+    }
+    return out;
+}
+
+static tensor *t_embedding(tensor *w, tensor *idx)
+{
+    if (!w || !idx) return NULL;
+    if (w->ndim != 2) return em_fail(EM_ERR_SHAPE, "embedding: weight must be 2-D (V,C), got %s", shp(w));
+    if (!chk_index_dtype("embedding", idx)) return NULL;
+    if (idx->ndim + 1 > EM_MAX_DIMS)
+        return em_fail(EM_ERR_SHAPE, "embedding: indices %s have too many dims for a (...,C) result", shp(idx));
+    char range[64];
+    snprintf(range, sizeof range, "for %lld rows", (long long)w->shape[0]);
+    if (!check_index("embedding", idx, w->shape[0], range)) return NULL;
+    int64_t shape[EM_MAX_DIMS];
+    memcpy(shape, idx->shape, sizeof(int64_t) * (size_t)idx->ndim);
+    shape[idx->ndim] = w->shape[1];
+    tensor *out = t_new(w->dtype, idx->ndim + 1, shape);
+    if (!out || !select_kernel(w, 0, idx, out)) return NULL;
+    tensor *in[2] = {w, idx};
+    if (ag_needed(1, &w) && !ag_record("embedding", embedding_backward, out, 2, in)) return NULL;
+    return out;
+}
+
+/* ---- scatter_add / gather ---------------------------------------------------------
+ * Both walk the positions of index with dim d removed (R of them); for each
+ * they run along d serially. Different positions touch different output
+ * elements, so the parallel split is race-free and deterministic. */
+
+typedef struct scat_ctx {
+    tensor *out, *index, *src; /* gather: out = result, src = g */
+    int d, nr;
+    int64_t L;                 /* index->shape[d] */
+    int64_t rshape[EM_MAX_DIMS], ro[EM_MAX_DIMS], ri[EM_MAX_DIMS], rs[EM_MAX_DIMS];
+} scat_ctx;
+
+static void scat_init(scat_ctx *c, tensor *out, tensor *index, tensor *src, int d)
+{
+    *c = (scat_ctx){.out = out, .index = index, .src = src, .d = d, .L = index->shape[d]};
+    for (int i = 0; i < index->ndim; i++) {
+        if (i == d) continue;
+        c->rshape[c->nr] = index->shape[i];
+        c->ro[c->nr] = out->stride[i];
+        c->ri[c->nr] = index->stride[i];
+        c->rs[c->nr++] = src->stride[i];
+    }
+}
+
+/* out[.., index[p], ..] += src[p] */
+static void scatter_range(void *p, int64_t lo, int64_t hi)
+{
+    scat_ctx *c = p;
+    em_dtype dt = c->out->dtype;
+    size_t es = t_esize(c->out);
+    char *o = t_ptr(c->out);
+    const char *s = t_ptr(c->src);
+    const int32_t *ix = t_ptr(c->index);
+    int64_t osd = c->out->stride[c->d], isd = c->index->stride[c->d], ssd = c->src->stride[c->d];
+    nditer it;
+    nditer_init(&it, c->nr, c->rshape, 3, (const int64_t *[]){c->ro, c->ri, c->rs});
+    nditer_seek(&it, lo);
+    for (int64_t r = lo; r < hi; r++) {
+        for (int64_t j = 0; j < c->L; j++) {
+            int64_t oo = it.off[0] + ix[it.off[1] + j * isd] * osd, so = it.off[2] + j * ssd;
+            if (dt == EM_F32) ((float *)o)[oo] += ((const float *)s)[so];
+            else if (dt == EM_F64) ((double *)o)[oo] += ((const double *)s)[so];
+            else st(dt, o + oo * (int64_t)es, ld(dt, o + oo * (int64_t)es) + ld(dt, s + so * (int64_t)es));
+        }
+        nditer_next(&it);
+    }
+}
+
+/* out[p] = src[.., index[p], ..] (out has index's shape) */
+static void gather_range(void *p, int64_t lo, int64_t hi)
+{
+    scat_ctx *c = p;
+    size_t es = t_esize(c->out);
+    char *o = t_ptr(c->out);
+    const char *s = t_ptr(c->src);
+    const int32_t *ix = t_ptr(c->index);
+    int64_t osd = c->out->stride[c->d], isd = c->index->stride[c->d], ssd = c->src->stride[c->d];
+    nditer it;
+    nditer_init(&it, c->nr, c->rshape, 3, (const int64_t *[]){c->ro, c->ri, c->rs});
+    nditer_seek(&it, lo);
+    for (int64_t r = lo; r < hi; r++) {
+        for (int64_t j = 0; j < c->L; j++)
+            memcpy(o + (it.off[0] + j * osd) * (int64_t)es,
+                   s + (it.off[2] + ix[it.off[1] + j * isd] * ssd) * (int64_t)es, es);
+        nditer_next(&it);
+    }
+}
+
+static int64_t scat_grain(int64_t L) { return (1 << 13) / (L + 1) + 1; }
+
+/* d scatter_add: dt = g ; dsrc = gather(g, dim, index) */
+static em_status scatter_backward(node *n, tensor *g)
+{
+    tensor *t = n->in[0], *index = n->in[1], *src = n->in[2];
+    em_status s;
+    if (t->requires_grad && (s = ag_accum(t, g))) return s;
+    if (!src->requires_grad) return EM_OK;
+    tensor *gs = t_new(g->dtype, index->ndim, index->shape);
+    if (!gs) return em_last_status();
+    scat_ctx c;
+    scat_init(&c, gs, index, g, (int)n->ip[0]);
+    /* gather_range reads g through c.rs and writes gs through c.ro */
+    parallel_for(shape_numel(c.nr, c.rshape), scat_grain(c.L), gather_range, &c);
+    return ag_accum(src, gs);
+}
+
+static tensor *t_scatter_add(tensor *t, int dim, tensor *index, tensor *src)
+{
+    const char *op = "scatter_add";
+    if (!t || !index || !src) return NULL;
+    int d = t_dim(op, dim, t->ndim, 0);
+    if (d < 0 || !chk_index_dtype(op, index) || !chk_same_dtype(op, t, src)) return NULL;
+    if (t->dtype == EM_BOOL) return em_fail(EM_ERR_DTYPE, "%s: does not take bool tensors (%s)", op, shp(t));
+    if (index->ndim != t->ndim)
+        return em_fail(EM_ERR_SHAPE, "%s: index %s must have as many dims as the input %s", op, shp(index), shp(t));
+    if (src->ndim != index->ndim || memcmp(src->shape, index->shape, sizeof(int64_t) * (size_t)index->ndim))
+        return em_fail(EM_ERR_SHAPE, "%s: src %s and index %s must have the same shape", op, shp(src), shp(index));
+    for (int i = 0; i < t->ndim; i++)
+        if (i != d && index->shape[i] > t->shape[i])
+            return em_fail(EM_ERR_SHAPE, "%s: index %s is larger than the input %s in dim %d", op, shp(index),
+                           shp(t), i);
+    char range[96];
+    snprintf(range, sizeof range, "for dim %d of size %lld (input %s)", dim, (long long)t->shape[d], shp(t));
+    if (!check_index(op, index, t->shape[d], range)) return NULL;
+    tensor *out = t_clone(t);
+    if (!out) return NULL;
+    scat_ctx c;
+    scat_init(&c, out, index, src, d);
+    parallel_for(shape_numel(c.nr, c.rshape), scat_grain(c.L), scatter_range, &c);
+    tensor *in[3] = {t, index, src};
+    if (ag_needed(3, in)) {
+        node *n = ag_record(op, scatter_backward, out, 3, in);
+        if (!n) return NULL;
+        n->ip[0] = d;
+    }
+    return out;
+}
+
+/* ---- public wrappers ------------------------------------------------------------------ */
+
+em_tensor *em_embedding(em_tensor *weight, em_tensor *idx)
+{
+    tensor *w = t_resolve(weight, "embedding"), *i = w ? t_resolve(idx, "embedding") : NULL;
+    return i ? t_handle(t_embedding(w, i)) : NULL;
+}
+
+em_tensor *em_index_select(em_tensor *t, int dim, em_tensor *idx)
+{
+    tensor *x = t_resolve(t, "index_select"), *i = x ? t_resolve(idx, "index_select") : NULL;
+    return i ? t_handle(t_index_select(x, dim, i)) : NULL;
+}
+
+em_tensor *em_scatter_add(em_tensor *t, int dim, em_tensor *index, em_tensor *src)
+{
+    tensor *x = t_resolve(t, "scatter_add"), *i = x ? t_resolve(index, "scatter_add") : NULL;
+    tensor *s = i ? t_resolve(src, "scatter_add") : NULL;
+    return s ? t_handle(t_scatter_add(x, dim, i, s)) : NULL;
+}
