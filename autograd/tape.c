@@ -46,22 +46,30 @@ bool ag_needed(int nin, tensor *const *in)
     return false;
 }
 
+/* On failure the op's output is dropped here, so no op leaks it. */
 node *ag_record(const char *op, backward_fn fn, tensor *out, int nin, tensor *const *in)
 {
+    node *n = NULL;
     if (em_scope_depth() == 0)
-        return em_fail(EM_ERR_SCOPE,
-                       "%s: recording a gradient needs an open step scope (em_scope_begin), or run it "
-                       "under em_set_grad_enabled(false)",
-                       op);
-    if (tape_len == tape_cap) {
+        em_fail(EM_ERR_SCOPE,
+                "%s: recording a gradient needs an open step scope (em_scope_begin), or run it "
+                "under em_set_grad_enabled(false)",
+                op);
+    else if (tape_len == tape_cap) {
         int64_t cap = tape_cap ? tape_cap * 2 : 1024;
         node **nt = realloc(tape, (size_t)cap * sizeof *nt);
-        if (!nt) return em_fail(EM_ERR_OOM, "%s: out of memory growing the tape", op);
-        tape = nt;
-        tape_cap = cap;
+        if (nt) {
+            tape = nt;
+            tape_cap = cap;
+        } else {
+            em_fail(EM_ERR_OOM, "%s: out of memory growing the tape", op);
+        }
     }
-    node *n = scope_alloc(sizeof *n + (size_t)nin * sizeof(tensor *));
-    if (!n) return NULL;
+    if (em_scope_depth() && tape_len < tape_cap) n = scope_alloc(sizeof *n + (size_t)nin * sizeof(tensor *));
+    if (!n) {
+        t_drop(out);
+        return NULL;
+    }
     memset(n, 0, sizeof *n);
     n->op = op;
     n->backward = fn;

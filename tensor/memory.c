@@ -30,6 +30,7 @@ typedef struct slot {
 static slot *pages[MAX_PAGES];
 static uint32_t n_slots;    /* slots handed out so far (all pages) */
 static uint32_t free_head;  /* 1-based */
+static int64_t n_live;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static slot *slot_at(uint32_t i) { return &pages[i / SLOTS_PER_PAGE][i % SLOTS_PER_PAGE]; }
@@ -66,6 +67,7 @@ static tensor *slot_take(void)
     s->t.gen = gen;
     s->t.slot = idx;
     s->live = true;
+    n_live++;
     pthread_mutex_unlock(&slot_lock);
     return &s->t;
 }
@@ -75,6 +77,7 @@ static void slot_give(tensor *t)
     pthread_mutex_lock(&slot_lock);
     slot *s = (slot *)t;
     s->live = false;
+    n_live--;
     t->gen++;
     if (t->gen == 0) t->gen = 1;
     s->next_free = free_head;
@@ -114,6 +117,14 @@ tensor *t_resolve(const em_tensor *h, const char *op)
 }
 
 bool em_is_alive(const em_tensor *h) { return h && lookup(h); }
+
+int64_t em_live_tensors(void)
+{
+    pthread_mutex_lock(&slot_lock);
+    int64_t n = n_live;
+    pthread_mutex_unlock(&slot_lock);
+    return n;
+}
 
 /* ---- arenas ------------------------------------------------------------------ */
 

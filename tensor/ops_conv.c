@@ -240,6 +240,7 @@ static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding
     void *col = col_is_image(&g) ? NULL : tmp_alloc((size_t)(ckk * ohw) * es);
     if (!xp || !wp || (b && !bp) || (!col && !col_is_image(&g))) {
         tmp_release(m);
+        t_drop(acc_t);
         return NULL;
     }
     for (int64_t i = 0; i < g.N; i++) {
@@ -256,6 +257,7 @@ static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding
     }
     tmp_release(m);
     tensor *out = ct == x->dtype ? acc_t : t_cast(acc_t, x->dtype);
+    if (out != acc_t) t_drop(acc_t);
     tensor *in[3] = {x, w, b};
     int nin = b ? 3 : 2;
     if (out && ag_needed(nin, in)) {
@@ -399,12 +401,14 @@ static tensor *t_pool(const char *op, bool is_max, tensor *x, int kernel, int st
     c.y = t_ptr(y);
     if (!c.x) {
         tmp_release(m);
+        t_drop(y);
         return NULL;
     }
     int64_t work = c.g.KH * c.g.KW * c.g.OH * c.g.OW + 1;
     parallel_for(c.g.N * c.g.C, 1 + (1 << 14) / work, is_max ? maxpool_range : avgpool_range, &c);
     tmp_release(m);
     tensor *out = ct == x->dtype ? y : t_cast(y, x->dtype);
+    if (out != y) t_drop(y);
     if (out && grad) {
         node *n = ag_record(op, pool_backward, out, 1, &x);
         if (!n) return NULL;

@@ -95,7 +95,8 @@ void th_f32_matches_f64(const char *file, int line, const char *what, th_graph_f
                         em_tensor **inputs, double tol);
 #define F32_MATCHES_F64(what, f, ctx, n, inputs, tol)                                      \
     th_f32_matches_f64(__FILE__, __LINE__, (what), (f), (ctx), (n), (inputs), (tol))
-/* A non-contiguous tensor with the values of t: t is copied into the
+/* (Call inside a scope, or its intermediates outlive it.)
+ * A non-contiguous tensor with the values of t: t is copied into the
  * transpose of a bigger buffer and a view returned (same shape as t). */
 em_tensor *th_noncontig(em_tensor *t);
 

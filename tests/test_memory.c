@@ -72,3 +72,39 @@ TEST(test_steady_state_step_does_not_allocate)
     CHECK(em_arena_system_allocs() == before);
     em_free(w);
 }
+
+/* Ops run with no scope open make persistent results; whatever they make for
+ * their own use must not outlive them. */
+TEST(test_ops_outside_scope_leave_only_their_result)
+{
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(4, 6), NULL);
+    em_tensor *xt = em_transpose(x, 0, 1);
+    int64_t base = em_live_tensors();
+    em_tensor *r = em_reshape(xt, EM_SHAPE(24)); /* needs a copy */
+    CHECK(em_live_tensors() == base + 1);
+    em_free(r);
+    em_tensor *h = em_cast(x, EM_F16);
+    base = em_live_tensors();
+    em_tensor *img = em_reshape(h, EM_SHAPE(1, 1, 4, 6));
+    em_tensor *w = em_ones(EM_F16, EM_SHAPE(2, 1, 3, 3));
+    base = em_live_tensors();
+    em_tensor *c = em_conv2d(img, w, NULL, 1, 1);
+    em_tensor *p = em_max_pool2d(img, 2, 2, 0);
+    CHECK_NOTNULL(c);
+    CHECK_NOTNULL(p);
+    CHECK(em_live_tensors() == base + 2);
+    em_free(c);
+    em_free(p);
+    /* a failed recording (no scope) drops the op's output */
+    em_set_requires_grad(x, true);
+    base = em_live_tensors();
+    CHECK(em_mul(x, x) == NULL);
+    CHECK(em_narrow(x, 0, 0, 1) == NULL);
+    CHECK(em_live_tensors() == base);
+    em_free(w);
+    em_free(img);
+    em_free(h);
+    em_free(xt);
+    em_free(x);
+    CHECK(em_live_tensors() == 0);
+}

@@ -141,6 +141,9 @@ em_status em_free(em_tensor *t);
 size_t em_arena_reserved(void);
 /* Number of times the arena has asked the system for memory. */
 uint64_t em_arena_system_allocs(void);
+/* Tensors alive now on all threads (persistent + scoped, views included):
+ * a leak check for tests and long-running programs. */
+int64_t em_live_tensors(void);
 
 /* ---- creation ------------------------------------------------------------
  * New contiguous tensors, owned by the current scope (or persistent). NULL and
