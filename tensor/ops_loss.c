@@ -12,6 +12,8 @@ em_dtype rows_dtype(em_dtype dt);
 const void *rows_in(tensor *t, int d);
 void *rows_out(tensor *out, int d);
 void rows_done(tensor *out, int d, void *p);
+float rows_max_f32(const float *x, int64_t n);
+double rows_expsum_f32(const float *x, float shift, float *y, int64_t n);
 
 typedef struct ce_ctx {
     bool f64;
@@ -28,10 +30,9 @@ typedef struct ce_ctx {
 /* log sum_j exp(x_j) = m + log sum_j exp(x_j - m), m = max_j x_j */
 static double lse_f32(const float *x, int64_t C)
 {
-    float m = -INFINITY;
-    for (int64_t j = 0; j < C; j++) m = x[j] > m || x[j] != x[j] ? x[j] : m;
+    float m = rows_max_f32(x, C), scratch[512];
     double s = 0;
-    for (int64_t j = 0; j < C; j++) s += expf(x[j] - m);
+    for (int64_t j = 0; j < C; j += 512) s += rows_expsum_f32(x + j, m, scratch, C - j < 512 ? C - j : 512);
     return m + log(s);
 }
 
@@ -92,8 +93,17 @@ static void ce_bwd(void *p, int64_t lo, int64_t hi)
         } else {
             const float *x = (const float *)c->x + r * C;
             float *d = (float *)c->dx + r * C;
-            float l = (float)c->lse[r], s = (float)c->scale;
-            for (int64_t j = 0; j < C; j++) d[j] = skip ? 0 : (expf(x[j] - l) - (float)(j == t)) * s;
+            if (skip) {
+                memset(d, 0, sizeof(float) * (size_t)C);
+                continue;
+            }
+            /* exp(x - lse) as exp(x - m) * exp(m - lse): a float lse would
+             * lose bits when the logits are large */
+            float m = rows_max_f32(x, C);
+            rows_expsum_f32(x, m, d, C);
+            float f = (float)(exp((double)m - c->lse[r]) * c->scale);
+            for (int64_t j = 0; j < C; j++) d[j] *= f;
+            d[t] -= (float)c->scale;
         }
     }
 }

@@ -34,7 +34,80 @@ typedef struct norm_ctx {
     double *mean, *rstd;       /* per row */
     int64_t nparts;            /* backward: row ranges, each with partials */
     double *dw, *db;           /* nparts * C each, or NULL */
+    const float *ones, *zeros; /* f32: (C) stand-ins for a missing weight / bias */
 } norm_ctx;
+
+enum { LANES = 8 };
+
+/* f32 row statistics: s1 = sum (x - k), s2 = sum (x - k)^2, in double lanes */
+static void stats_f32(const float *x, int64_t C, double k, double *s1, double *s2)
+{
+    double a[LANES] = {0}, q[LANES] = {0}, t1 = 0, t2 = 0;
+    int64_t j = 0;
+    for (; j + LANES <= C; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            double d = x[j + l] - k;
+            a[l] += d;
+            q[l] += d * d;
+        }
+    for (; j < C; j++) {
+        double d = x[j] - k;
+        t1 += d;
+        t2 += d * d;
+    }
+    for (int l = 0; l < LANES; l++) {
+        t1 += a[l];
+        t2 += q[l];
+    }
+    *s1 = t1;
+    *s2 = t2;
+}
+
+/* (C) floats equal to v in the temp arena (NULL on OOM). */
+static const float *const_row(int64_t C, float v)
+{
+    float *p = tmp_alloc(sizeof(float) * (size_t)(C + 1));
+    if (p)
+        for (int64_t j = 0; j < C; j++) p[j] = v;
+    return p;
+}
+
+/* One f32 row of the backward (see norm_bwd); adds into dw/db when given. */
+static void bwd_row_f32(const norm_ctx *c, int64_t r, double *dw, double *db)
+{
+    int64_t C = c->C;
+    const float *x = (const float *)c->x + r * C, *g = (const float *)c->g + r * C;
+    const float *w = c->w ? c->w : c->ones;
+    float mf = (float)c->mean[r], rf = (float)c->rstd[r];
+    double a[LANES] = {0}, q[LANES] = {0}, sg = 0, sgx = 0;
+    int64_t j = 0;
+    for (; j + LANES <= C; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float xh = (x[j + l] - mf) * rf, gw = g[j + l] * w[j + l];
+            a[l] += gw;
+            q[l] += (double)gw * xh;
+        }
+    for (; j < C; j++) {
+        float xh = (x[j] - mf) * rf, gw = g[j] * w[j];
+        sg += gw;
+        sgx += (double)gw * xh;
+    }
+    for (int l = 0; l < LANES; l++) {
+        sg += a[l];
+        sgx += q[l];
+    }
+    if (dw)
+        for (j = 0; j < C; j++) dw[j] += (double)g[j] * ((x[j] - mf) * rf);
+    if (db)
+        for (j = 0; j < C; j++) db[j] += g[j];
+    if (!c->dx) return;
+    float af = c->rms ? 0 : (float)(sg / (double)C), bf = (float)(sgx / (double)C);
+    float *dx = (float *)c->dx + r * C;
+    for (j = 0; j < C; j++) {
+        float xh = (x[j] - mf) * rf;
+        dx[j] = rf * (g[j] * w[j] - af - xh * bf);
+    }
+}
 
 /* layer_norm: y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps);
  * rms_norm:   y = x * rstd * w,              rstd = 1/sqrt(mean(x^2) + eps) */
@@ -48,15 +121,25 @@ static void norm_fwd(void *p, int64_t lo, int64_t hi)
         /* one pass: sums of (x - k) and (x - k)^2 with k = the first element,
          * which keeps the variance free of cancellation when |mean| >> std */
         double k = c->rms || C == 0 ? 0 : at(c->x, f, o), s1 = 0, s2 = 0;
-        for (int64_t j = 0; j < C; j++) {
-            double d = at(c->x, f, o + j) - k;
-            s1 += d;
-            s2 += d * d;
+        if (!f) {
+            stats_f32((const float *)c->x + o, C, k, &s1, &s2);
+        } else {
+            for (int64_t j = 0; j < C; j++) {
+                double d = at(c->x, f, o + j) - k;
+                s1 += d;
+                s2 += d * d;
+            }
         }
         double m1 = s1 / (double)C, var = s2 / (double)C - (c->rms ? 0 : m1 * m1);
         double mean = c->rms ? 0 : k + m1, rstd = 1.0 / sqrt((var > 0 ? var : 0) + c->eps);
         c->mean[r] = mean;
         c->rstd[r] = rstd;
+        if (!f) {
+            const float *x = (const float *)c->x + o, *w = c->w ? c->w : c->ones, *b = c->b ? c->b : c->zeros;
+            float *y = (float *)c->y + o, mf = (float)mean, rf = (float)rstd;
+            for (int64_t j = 0; j < C; j++) y[j] = (x[j] - mf) * rf * w[j] + b[j];
+            continue;
+        }
         for (int64_t j = 0; j < C; j++) {
             double v = (at(c->x, f, o + j) - mean) * rstd;
             if (c->w) v *= at(c->w, f, j);
@@ -83,6 +166,10 @@ static void norm_bwd(void *p, int64_t lo, int64_t hi)
         }
         int64_t r0 = c->rows * q / c->nparts, r1 = c->rows * (q + 1) / c->nparts;
         for (int64_t r = r0; r < r1; r++) {
+            if (!f) {
+                bwd_row_f32(c, r, dw, db);
+                continue;
+            }
             int64_t o = r * C;
             double mean = c->mean[r], rstd = c->rstd[r], sg = 0, sgx = 0;
             for (int64_t j = 0; j < C; j++) {
@@ -134,7 +221,7 @@ static em_status norm_backward(node *n, tensor *g)
     size_t m = tmp_mark(), part_bytes = sizeof(double) * (size_t)(c.nparts * C + 1);
     bool ok = (c.x = rows_in(x, last)) && (c.g = rows_in(g, last)) && (!w || (c.w = rows_in(w, 0))) &&
               (!dx || (c.dx = rows_out(dx, last))) && (!need_w || (c.dw = tmp_alloc(part_bytes))) &&
-              (!need_b || (c.db = tmp_alloc(part_bytes)));
+              (!need_b || (c.db = tmp_alloc(part_bytes))) && (c.f64 || (c.ones = const_row(C, 1)));
     tensor *dw = NULL, *db = NULL;
     if (ok) {
         parallel_for(c.nparts, 1, norm_bwd, &c);
@@ -190,7 +277,7 @@ static tensor *norm_impl(const char *op, bool rms, tensor *x, tensor *w, tensor 
     norm_ctx c = {.rms = rms, .f64 = rows_dtype(x->dtype) == EM_F64, .rows = rows, .C = C, .eps = eps,
                   .mean = stats, .rstd = stats + rows};
     bool ok = stats && (c.x = rows_in(x, last)) && (!w || (c.w = rows_in(w, 0))) && (!b || (c.b = rows_in(b, 0))) &&
-              (c.y = rows_out(y, last));
+              (c.y = rows_out(y, last)) && (c.f64 || ((c.ones = const_row(C, 1)) && (c.zeros = const_row(C, 0))));
     if (ok) {
         parallel_for(rows, (1 << 14) / (C + 1) + 1, norm_fwd, &c);
         rows_done(y, last, c.y);

@@ -5,7 +5,8 @@
  * "rows" helpers below give them that: a tensor that already is so is used
  * in place; otherwise it is gathered into the temp arena (dim moved last,
  * f16/bf16 widened to f32) and results are scattered back. ops_norm.c and
- * ops_loss.c use the same helpers. Rows are split across threads. */
+ * ops_loss.c use the same helpers, and ops_loss.c the f32 row primitives
+ * (max, exp-and-sum with a vectorisable exp). Rows are split across threads. */
 #include "tensor_impl.h"
 
 /* ---- rows: a tensor seen as contiguous rows along one dim ------------------------- */
@@ -80,6 +81,68 @@ void rows_done(tensor *out, int d, void *p)
     copy_strided(&h, &b);
 }
 
+/* ---- f32 row primitives (also used by ops_loss.c) ------------------------------------ */
+
+float rows_max_f32(const float *x, int64_t n);
+double rows_expsum_f32(const float *x, float shift, float *y, int64_t n);
+
+enum { LANES = 8 };
+
+/* exp(x) for f32 in a form the compiler vectorises: x = k*ln2 + r with
+ * |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (error ~1 ulp),
+ * times 2^k built in the exponent bits. Below -87 it is 0 (no denormals),
+ * above 88.72 inf; NaN stays NaN. */
+static inline float vexpf(float x)
+{
+    float xc = x < -87.0f ? -87.0f : x > 88.72f ? 88.72f : x;
+    /* k = round(x / ln2), by the 1.5*2^23 trick (vectorises, unlike rintf) */
+    float k = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* in [-126, 128] */
+    /* r = x - k*ln2, with ln2 split into a part exact in few bits and the rest */
+    float r = xc - k * 0.693359375f + k * 2.12194440e-4f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f +
+              r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
+    int32_t bits = ((int32_t)k + 126) << 23; /* 2^(k-1): k = 128 stays finite */
+    float half_scale;
+    memcpy(&half_scale, &bits, sizeof half_scale);
+    float v = p * half_scale * 2.0f;
+    v = x < -87.0f ? 0.0f : v;
+    v = x > 88.72f ? INFINITY : v;
+    return x != x ? x : v;
+}
+
+/* max of n floats (-inf for n == 0), in lanes. NaNs may be skipped: callers
+ * go on to exp(x - max), which turns any NaN into a NaN result anyway. */
+float rows_max_f32(const float *x, int64_t n)
+{
+    float mx[LANES];
+    for (int k = 0; k < LANES; k++) mx[k] = -INFINITY;
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) {
+            float v = x[i + k];
+            mx[k] = v > mx[k] ? v : mx[k];
+        }
+    for (; i < n; i++) mx[0] = x[i] > mx[0] ? x[i] : mx[0];
+    float m = mx[0];
+    for (int k = 1; k < LANES; k++) m = mx[k] > m ? mx[k] : m;
+    return m;
+}
+
+/* y_j = exp(x_j - shift) for n floats; returns sum_j y_j (double lanes).
+ * y may not be NULL: callers without an output pass scratch, in pieces. */
+double rows_expsum_f32(const float *x, float shift, float *y, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) y[j] = vexpf(x[j] - shift);
+    double acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) acc[k] += y[i + k];
+    double s = 0;
+    for (; i < n; i++) s += y[i];
+    for (int k = 0; k < LANES; k++) s += acc[k];
+    return s;
+}
+
 /* ---- kernels ---------------------------------------------------------------------- */
 
 typedef struct sm_ctx {
@@ -97,14 +160,8 @@ static void sm_fwd_f32(void *p, int64_t lo, int64_t hi)
     for (int64_t r = lo; r < hi; r++) {
         const float *x = (const float *)c->x + r * n;
         float *y = (float *)c->out + r * n;
-        float m = -INFINITY;
-        for (int64_t j = 0; j < n; j++) m = x[j] > m || x[j] != x[j] ? x[j] : m;
-        double s = 0;
-        for (int64_t j = 0; j < n; j++) {
-            float e = expf(x[j] - m);
-            if (!c->log) y[j] = e;
-            s += e;
-        }
+        float m = rows_max_f32(x, n);
+        double s = rows_expsum_f32(x, m, y, n); /* log: y is scratch here */
         if (c->log) {
             float ls = (float)log(s);
             for (int64_t j = 0; j < n; j++) y[j] = x[j] - m - ls;
@@ -152,10 +209,12 @@ static void sm_bwd_f32(void *p, int64_t lo, int64_t hi)
         double s = 0;
         if (c->log) {
             for (int64_t j = 0; j < n; j++) s += g[j];
-            for (int64_t j = 0; j < n; j++) dx[j] = g[j] - expf(y[j]) * (float)s;
+            float sf = (float)s;
+            for (int64_t j = 0; j < n; j++) dx[j] = g[j] - vexpf(y[j]) * sf;
         } else {
             for (int64_t j = 0; j < n; j++) s += (double)g[j] * y[j];
-            for (int64_t j = 0; j < n; j++) dx[j] = y[j] * (g[j] - (float)s);
+            float sf = (float)s;
+            for (int64_t j = 0; j < n; j++) dx[j] = y[j] * (g[j] - sf);
         }
     }
 }

@@ -1,5 +1,7 @@
 /* test_softmax.c — softmax and log_softmax: values against numpy references
  * along every dim, stability on huge logits, gradients, dtypes, errors. */
+#include <stdlib.h>
+
 #include "fixtures/reduce_ref.h"
 #include "harness.h"
 
@@ -98,6 +100,38 @@ TEST(test_softmax_of_scalar_is_one)
     em_scope_end(s);
 }
 
+/* The f32 backward agrees with the f64 one: gradients of sum(f(x) * cot)
+ * for f64 inputs and f32 copies differ by less than tol. */
+static void grad_f32_matches_f64(th_graph_fn f, void *ctx, int n, em_tensor **in64, double tol)
+{
+    em_tensor *in32[3];
+    for (int i = 0; i < n; i++) {
+        bool prev = em_set_grad_enabled(false);
+        in32[i] = em_cast(in64[i], EM_F32);
+        em_set_grad_enabled(prev);
+        CHECK_OK(em_set_requires_grad(in64[i], true));
+        CHECK_OK(em_set_requires_grad(in32[i], true));
+    }
+    em_scope s = em_scope_begin();
+    em_tensor *o64 = f(in64, ctx), *o32 = f(in32, ctx);
+    CHECK_NOTNULL(o64);
+    CHECK_NOTNULL(o32);
+    em_rng r = em_rng_new(77);
+    em_tensor *cot = em_randn(EM_F64, em_ndim(o64), em_shape(o64), &r);
+    CHECK_OK(em_backward(em_sum(em_mul(o64, cot), 0, NULL, false), NULL));
+    CHECK_OK(em_backward(em_sum(em_mul(o32, em_cast(cot, EM_F32)), 0, NULL, false), NULL));
+    for (int i = 0; i < n; i++) {
+        CHECK(em_dtype_of(em_grad(in32[i])) == EM_F32);
+        double d = th_max_abs_diff(em_grad(in32[i]), em_grad(in64[i]));
+        if (!(d < tol)) th_fail(__FILE__, __LINE__, "input %d: f32 gradient differs from f64 by %g", i, d);
+    }
+    em_scope_end(s);
+    for (int i = 0; i < n; i++) {
+        CHECK_OK(em_zero_grad(in64[i]));
+        em_free(in32[i]);
+    }
+}
+
 static em_tensor *f_softmax(em_tensor **x, void *ctx) { return em_softmax(x[0], *(int *)ctx); }
 static em_tensor *f_log_softmax(em_tensor **x, void *ctx) { return em_log_softmax(x[0], *(int *)ctx); }
 
@@ -112,6 +146,41 @@ static void grad_cases(const char *what, th_graph_fn f)
     }
     em_free(x);
     em_free(nc);
+}
+
+/* f32 kernels (vectorised exp) against f64, large logits included */
+TEST(test_softmax_f32_gradient_matches_f64)
+{
+    em_rng r = em_rng_new(10);
+    em_scope s = em_scope_begin();
+    em_tensor *x = em_keep(em_mul_scalar(em_randn(EM_F64, EM_SHAPE(6, 300), &r), 8.0));
+    em_tensor *big = em_keep(em_add_scalar(x, 1000.0));
+    em_scope_end(s);
+    for (int d = 0; d < 2; d++) {
+        grad_f32_matches_f64(f_softmax, &d, 1, &x, 1e-5);
+        grad_f32_matches_f64(f_log_softmax, &d, 1, &x, 1e-4);
+        grad_f32_matches_f64(f_softmax, &d, 1, &big, 1e-5);
+    }
+    em_free(x);
+    em_free(big);
+}
+
+/* The vectorised f32 exp keeps softmax accurate over a wide range of logits. */
+TEST(test_softmax_f32_is_accurate_over_a_wide_range)
+{
+    em_scope s = em_scope_begin();
+    em_tensor *x = em_arange(-90, 10, 0.1, EM_F64);
+    int64_t n = em_numel(x);
+    double *a = malloc(sizeof(double) * (size_t)n), *b = malloc(sizeof(double) * (size_t)n);
+    CHECK_OK(em_to_array(em_softmax(x, 0), EM_F64, a));
+    CHECK_OK(em_to_array(em_softmax(em_cast(x, EM_F32), 0), EM_F64, b));
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (a[i] > 1e-30) worst = fmax(worst, fabs(b[i] - a[i]) / a[i]);
+    free(a);
+    free(b);
+    CHECK(worst < 1e-5);
+    em_scope_end(s);
 }
 
 TEST(test_softmax_gradient_matches_finite_difference) { grad_cases("softmax", f_softmax); }
