@@ -1,2 +1,225 @@
-/* ops_loss.c */
+/* ops_loss.c — cross-entropy: fused, stable log-softmax + negative
+ * log-likelihood, mean over the targets that are not ignore_index.
+ *
+ * Targets are range-checked before anything is allocated. The forward saves
+ * each row's log-sum-exp and the targets in the node (scope arena); the
+ * backward writes (softmax - onehot) * g / count directly, zero rows for
+ * ignored targets. f16/bf16 logits are computed in f32. */
 #include "tensor_impl.h"
+
+/* From ops_softmax.c: contiguous f32/f64 rows of a tensor along a dim. */
+em_dtype rows_dtype(em_dtype dt);
+const void *rows_in(tensor *t, int d);
+void *rows_out(tensor *out, int d);
+void rows_done(tensor *out, int d, void *p);
+float rows_max_f32(const float *x, int64_t n);
+double rows_expsum_f32(const float *x, float shift, float *y, int64_t n);
+
+typedef struct ce_ctx {
+    bool f64;
+    int64_t rows, C, nparts, ignore;
+    const void *x;       /* logits rows (rows, C) */
+    const int32_t *tgt;  /* (rows) */
+    double *lse;         /* (rows) log-sum-exp per row */
+    double *part_loss;   /* forward: per part */
+    int64_t *part_count;
+    void *dx;            /* backward: (rows, C) */
+    double scale;        /* backward: g / count */
+} ce_ctx;
+
+/* log sum_j exp(x_j) = m + log sum_j exp(x_j - m), m = max_j x_j */
+static double lse_f32(const float *x, int64_t C)
+{
+    float m = rows_max_f32(x, C), scratch[512];
+    double s = 0;
+    for (int64_t j = 0; j < C; j += 512) s += rows_expsum_f32(x + j, m, scratch, C - j < 512 ? C - j : 512);
+    return m + log(s);
+}
+
+static double lse_f64(const double *x, int64_t C)
+{
+    double m = -INFINITY;
+    for (int64_t j = 0; j < C; j++) m = x[j] > m || x[j] != x[j] ? x[j] : m;
+    double s = 0;
+    for (int64_t j = 0; j < C; j++) s += exp(x[j] - m);
+    return m + log(s);
+}
+
+/* loss_r = lse_r - x[r, t_r]; part q sums its rows' losses and counts them. */
+static void ce_fwd(void *p, int64_t lo, int64_t hi)
+{
+    ce_ctx *c = p;
+    for (int64_t q = lo; q < hi; q++) {
+        double loss = 0;
+        int64_t count = 0;
+        int64_t r0 = c->rows * q / c->nparts, r1 = c->rows * (q + 1) / c->nparts;
+        for (int64_t r = r0; r < r1; r++) {
+            int64_t t = c->tgt[r];
+            if (t == c->ignore) {
+                c->lse[r] = 0;
+                continue;
+            }
+            double l, xt;
+            if (c->f64) {
+                const double *x = (const double *)c->x + r * c->C;
+                l = lse_f64(x, c->C);
+                xt = x[t];
+            } else {
+                const float *x = (const float *)c->x + r * c->C;
+                l = lse_f32(x, c->C);
+                xt = x[t];
+            }
+            c->lse[r] = l;
+            loss += l - xt;
+            count++;
+        }
+        c->part_loss[q] = loss;
+        c->part_count[q] = count;
+    }
+}
+
+/* d loss / d x[r, j] = (exp(x[r, j] - lse_r) - [j == t_r]) * g / count; 0 for ignored rows */
+static void ce_bwd(void *p, int64_t lo, int64_t hi)
+{
+    ce_ctx *c = p;
+    int64_t C = c->C;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t t = c->tgt[r];
+        bool skip = t == c->ignore;
+        if (c->f64) {
+            const double *x = (const double *)c->x + r * C;
+            double *d = (double *)c->dx + r * C;
+            for (int64_t j = 0; j < C; j++) d[j] = skip ? 0 : (exp(x[j] - c->lse[r]) - (j == t)) * c->scale;
+        } else {
+            const float *x = (const float *)c->x + r * C;
+            float *d = (float *)c->dx + r * C;
+            if (skip) {
+                memset(d, 0, sizeof(float) * (size_t)C);
+                continue;
+            }
+            /* exp(x - lse) as exp(x - m) * exp(m - lse): a float lse would
+             * lose bits when the logits are large */
+            float m = rows_max_f32(x, C);
+            rows_expsum_f32(x, m, d, C);
+            float f = (float)(exp((double)m - c->lse[r]) * c->scale);
+            for (int64_t j = 0; j < C; j++) d[j] *= f;
+            d[t] -= (float)c->scale;
+        }
+    }
+}
+
+typedef struct ce_saved {
+    double *lse;
+    int32_t *tgt;
+    int64_t count;
+} ce_saved;
+
+static em_status ce_backward(node *n, tensor *g)
+{
+    tensor *x = n->in[0];
+    ce_saved *sv = n->saved;
+    int last = x->ndim - 1;
+    int64_t C = x->shape[last];
+    tensor *dx = t_new(x->dtype, x->ndim, x->shape);
+    if (!dx) return em_last_status();
+    double gv = ld(g->dtype, t_ptr(g));
+    ce_ctx c = {.f64 = rows_dtype(x->dtype) == EM_F64, .rows = C ? t_numel(x) / C : 0, .C = C,
+                .ignore = n->ip[0], .tgt = sv->tgt, .lse = sv->lse, .scale = gv / (double)sv->count};
+    size_t m = tmp_mark();
+    bool ok = (c.x = rows_in(x, last)) && (c.dx = rows_out(dx, last));
+    if (ok) {
+        parallel_for(c.rows, (1 << 14) / (C + 1) + 1, ce_bwd, &c);
+        rows_done(dx, last, c.dx);
+    }
+    tmp_release(m);
+    return ok ? ag_accum(x, dx) : em_last_status();
+}
+
+/* Every target in [0, C) or equal to ignore; the first bad one is reported
+ * with its position. */
+static bool chk_targets(const tensor *tg, int64_t C, int64_t ignore)
+{
+    int64_t n = t_numel(tg);
+    nditer it;
+    nditer_init(&it, tg->ndim, tg->shape, 1, (const int64_t *[]){tg->stride});
+    const int32_t *p = t_ptr(tg);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = p[it.off[0]];
+        if (v != ignore && (v < 0 || v >= C)) {
+            em_fail(EM_ERR_INDEX,
+                    "cross_entropy: target %lld at position %s (flat %lld) is out of range for C = %lld classes "
+                    "(valid: 0..%lld, or ignore_index %lld)",
+                    (long long)v, shp_of(tg->ndim, it.idx), (long long)i, (long long)C, (long long)C - 1,
+                    (long long)ignore);
+            return false;
+        }
+        nditer_next(&it);
+    }
+    return true;
+}
+
+static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
+{
+    const char *op = "cross_entropy";
+    if (!chk_float(op, x)) return NULL;
+    if (!chk_dtype(op, tg, EM_I32, "targets")) return NULL;
+    if (x->ndim < 1) return em_fail(EM_ERR_SHAPE, "%s: logits must have a class dim (...,C), got %s", op, shp(x));
+    if (tg->ndim != x->ndim - 1 || memcmp(tg->shape, x->shape, sizeof(int64_t) * (size_t)tg->ndim))
+        return em_fail(EM_ERR_SHAPE, "%s: targets %s must have the shape of logits %s without the last dim, %s", op,
+                       shp(tg), shp(x), shp_of(x->ndim - 1, x->shape));
+    int last = x->ndim - 1;
+    int64_t C = x->shape[last], rows = t_numel(tg);
+    if (!chk_targets(tg, C, ignore)) return NULL;
+    bool rec = ag_needed(1, &x);
+    if (rec && em_scope_depth() == 0)
+        return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)", op);
+    tensor *out = t_new(x->dtype, 0, NULL);
+    if (!out) return NULL;
+    ce_saved *sv = rec ? scope_alloc(sizeof *sv) : NULL;
+    if (rec && !sv) return NULL;
+    size_t m = tmp_mark();
+    size_t lbytes = sizeof(double) * (size_t)(rows + 1), tbytes = sizeof(int32_t) * (size_t)(rows + 1);
+    ce_ctx c = {.f64 = rows_dtype(x->dtype) == EM_F64, .rows = rows, .C = C, .ignore = ignore};
+    int64_t per = (1 << 14) / (C + 1) + 1;
+    c.nparts = rows / per < em_num_threads() ? rows / per : em_num_threads();
+    if (c.nparts < 1) c.nparts = 1;
+    bool ok = (c.lse = rec ? scope_alloc(lbytes) : tmp_alloc(lbytes)) &&
+              (c.tgt = rec ? scope_alloc(tbytes) : tmp_alloc(tbytes)) &&
+              (c.part_loss = tmp_alloc(sizeof(double) * (size_t)c.nparts)) &&
+              (c.part_count = tmp_alloc(sizeof(int64_t) * (size_t)c.nparts)) && (c.x = rows_in(x, last));
+    if (ok) {
+        /* targets copied out contiguous: the node keeps them for the backward */
+        int32_t *tv = (int32_t *)c.tgt;
+        tensor th = *tg;
+        storage s = {tv, (size_t)rows * sizeof(int32_t), 1, true};
+        th.st = &s;
+        th.offset = 0;
+        t_contig_strides(th.ndim, th.shape, th.stride);
+        copy_strided(&th, tg);
+        parallel_for(c.nparts, 1, ce_fwd, &c);
+        double loss = 0;
+        int64_t count = 0;
+        for (int64_t q = 0; q < c.nparts; q++) {
+            loss += c.part_loss[q];
+            count += c.part_count[q];
+        }
+        st(out->dtype, t_ptr(out), loss / (double)count); /* NaN when every target is ignored */
+        if (sv) *sv = (ce_saved){c.lse, tv, count};
+    }
+    tmp_release(m);
+    if (!ok) return NULL;
+    if (rec) {
+        node *nd = ag_record(op, ce_backward, out, 1, &x);
+        if (!nd) return NULL;
+        nd->saved = sv;
+        nd->ip[0] = ignore;
+    }
+    return out;
+}
+
+em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets, int ignore_index)
+{
+    tensor *x = t_resolve(logits, "cross_entropy");
+    tensor *t = x ? t_resolve(targets, "cross_entropy") : NULL;
+    return t ? t_handle(cross_entropy(x, t, ignore_index)) : NULL;
+}

@@ -1,2 +1,314 @@
-/* ops_norm.c */
+/* ops_norm.c — layer_norm and rms_norm over the last dim C, fused.
+ *
+ * Forward: one pass per row gathers the statistics (shifted sums, in
+ * double), a second writes y. mean and rstd per row are saved in the node
+ * (scope arena) for the backward, which computes dx, dweight and dbias in one
+ * fused kernel (rows split across threads, each with its own dweight/dbias
+ * partial sums, added up at the end). f16/bf16 are computed in f32. */
 #include "tensor_impl.h"
+
+/* From ops_softmax.c: contiguous f32/f64 rows of a tensor along a dim. */
+em_dtype rows_dtype(em_dtype dt);
+const void *rows_in(tensor *t, int d);
+void *rows_out(tensor *out, int d);
+void rows_done(tensor *out, int d, void *p);
+
+/* Element i of a contiguous f32 or f64 buffer, as double. */
+static inline double at(const void *p, bool f64, int64_t i)
+{
+    return f64 ? ((const double *)p)[i] : ((const float *)p)[i];
+}
+
+static inline void put(void *p, bool f64, int64_t i, double v)
+{
+    if (f64) ((double *)p)[i] = v;
+    else ((float *)p)[i] = (float)v;
+}
+
+typedef struct norm_ctx {
+    bool rms, f64;
+    int64_t rows, C;
+    double eps;
+    const void *x, *w, *b, *g; /* contiguous; w, b may be NULL */
+    void *y, *dx;
+    double *mean, *rstd;       /* per row */
+    int64_t nparts;            /* backward: row ranges, each with partials */
+    double *dw, *db;           /* nparts * C each, or NULL */
+    const float *ones, *zeros; /* f32: (C) stand-ins for a missing weight / bias */
+} norm_ctx;
+
+enum { LANES = 8 };
+
+/* f32 row statistics: s1 = sum (x - k), s2 = sum (x - k)^2, in double lanes */
+static void stats_f32(const float *x, int64_t C, double k, double *s1, double *s2)
+{
+    double a[LANES] = {0}, q[LANES] = {0}, t1 = 0, t2 = 0;
+    int64_t j = 0;
+    for (; j + LANES <= C; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            double d = x[j + l] - k;
+            a[l] += d;
+            q[l] += d * d;
+        }
+    for (; j < C; j++) {
+        double d = x[j] - k;
+        t1 += d;
+        t2 += d * d;
+    }
+    for (int l = 0; l < LANES; l++) {
+        t1 += a[l];
+        t2 += q[l];
+    }
+    *s1 = t1;
+    *s2 = t2;
+}
+
+/* (C) floats equal to v in the temp arena (NULL on OOM). */
+static const float *const_row(int64_t C, float v)
+{
+    float *p = tmp_alloc(sizeof(float) * (size_t)(C + 1));
+    if (p)
+        for (int64_t j = 0; j < C; j++) p[j] = v;
+    return p;
+}
+
+/* One f32 row of the backward (see norm_bwd); adds into dw/db when given. */
+static void bwd_row_f32(const norm_ctx *c, int64_t r, double *dw, double *db)
+{
+    int64_t C = c->C;
+    const float *x = (const float *)c->x + r * C, *g = (const float *)c->g + r * C;
+    const float *w = c->w ? c->w : c->ones;
+    float mf = (float)c->mean[r], rf = (float)c->rstd[r];
+    double a[LANES] = {0}, q[LANES] = {0}, sg = 0, sgx = 0;
+    int64_t j = 0;
+    for (; j + LANES <= C; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float xh = (x[j + l] - mf) * rf, gw = g[j + l] * w[j + l];
+            a[l] += gw;
+            q[l] += (double)gw * xh;
+        }
+    for (; j < C; j++) {
+        float xh = (x[j] - mf) * rf, gw = g[j] * w[j];
+        sg += gw;
+        sgx += (double)gw * xh;
+    }
+    for (int l = 0; l < LANES; l++) {
+        sg += a[l];
+        sgx += q[l];
+    }
+    if (dw)
+        for (j = 0; j < C; j++) dw[j] += (double)g[j] * ((x[j] - mf) * rf);
+    if (db)
+        for (j = 0; j < C; j++) db[j] += g[j];
+    if (!c->dx) return;
+    float af = c->rms ? 0 : (float)(sg / (double)C), bf = (float)(sgx / (double)C);
+    float *dx = (float *)c->dx + r * C;
+    for (j = 0; j < C; j++) {
+        float xh = (x[j] - mf) * rf;
+        dx[j] = rf * (g[j] * w[j] - af - xh * bf);
+    }
+}
+
+/* layer_norm: y = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps);
+ * rms_norm:   y = x * rstd * w,              rstd = 1/sqrt(mean(x^2) + eps) */
+static void norm_fwd(void *p, int64_t lo, int64_t hi)
+{
+    norm_ctx *c = p;
+    int64_t C = c->C;
+    bool f = c->f64;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t o = r * C;
+        /* one pass: sums of (x - k) and (x - k)^2 with k = the first element,
+         * which keeps the variance free of cancellation when |mean| >> std */
+        double k = c->rms || C == 0 ? 0 : at(c->x, f, o), s1 = 0, s2 = 0;
+        if (!f) {
+            stats_f32((const float *)c->x + o, C, k, &s1, &s2);
+        } else {
+            for (int64_t j = 0; j < C; j++) {
+                double d = at(c->x, f, o + j) - k;
+                s1 += d;
+                s2 += d * d;
+            }
+        }
+        double m1 = s1 / (double)C, var = s2 / (double)C - (c->rms ? 0 : m1 * m1);
+        double mean = c->rms ? 0 : k + m1, rstd = 1.0 / sqrt((var > 0 ? var : 0) + c->eps);
+        c->mean[r] = mean;
+        c->rstd[r] = rstd;
+        if (!f) {
+            const float *x = (const float *)c->x + o, *w = c->w ? c->w : c->ones, *b = c->b ? c->b : c->zeros;
+            float *y = (float *)c->y + o, mf = (float)mean, rf = (float)rstd;
+            for (int64_t j = 0; j < C; j++) y[j] = (x[j] - mf) * rf * w[j] + b[j];
+            continue;
+        }
+        for (int64_t j = 0; j < C; j++) {
+            double v = (at(c->x, f, o + j) - mean) * rstd;
+            if (c->w) v *= at(c->w, f, j);
+            if (c->b) v += at(c->b, f, j);
+            put(c->y, f, o + j, v);
+        }
+    }
+}
+
+/* With xh = (x - mean)*rstd and gw = g*w (g without weight):
+ * layer_norm: dx = rstd * (gw - mean(gw) - xh * mean(gw*xh))
+ * rms_norm:   dx = rstd * (gw - xh * mean(gw*xh))
+ * dw = sum over rows g*xh, db = sum over rows g. Item q is a range of rows. */
+static void norm_bwd(void *p, int64_t lo, int64_t hi)
+{
+    norm_ctx *c = p;
+    int64_t C = c->C;
+    bool f = c->f64;
+    for (int64_t q = lo; q < hi; q++) {
+        double *dw = c->dw ? c->dw + q * C : NULL, *db = c->db ? c->db + q * C : NULL;
+        for (int64_t j = 0; j < C; j++) {
+            if (dw) dw[j] = 0;
+            if (db) db[j] = 0;
+        }
+        int64_t r0 = c->rows * q / c->nparts, r1 = c->rows * (q + 1) / c->nparts;
+        for (int64_t r = r0; r < r1; r++) {
+            if (!f) {
+                bwd_row_f32(c, r, dw, db);
+                continue;
+            }
+            int64_t o = r * C;
+            double mean = c->mean[r], rstd = c->rstd[r], sg = 0, sgx = 0;
+            for (int64_t j = 0; j < C; j++) {
+                double gv = at(c->g, f, o + j), xh = (at(c->x, f, o + j) - mean) * rstd;
+                double gw = c->w ? gv * at(c->w, f, j) : gv;
+                sg += gw;
+                sgx += gw * xh;
+                if (dw) dw[j] += gv * xh;
+                if (db) db[j] += gv;
+            }
+            double a = c->rms ? 0 : sg / (double)C, bb = sgx / (double)C;
+            if (!c->dx) continue;
+            for (int64_t j = 0; j < C; j++) {
+                double gv = at(c->g, f, o + j), xh = (at(c->x, f, o + j) - mean) * rstd;
+                double gw = c->w ? gv * at(c->w, f, j) : gv;
+                put(c->dx, f, o + j, rstd * (gw - a - xh * bb));
+            }
+        }
+    }
+}
+
+/* A (C) vector of doubles summed over nparts partials, as a tensor of dt. */
+static tensor *sum_partials(const double *part, int64_t nparts, int64_t C, em_dtype dt)
+{
+    tensor *t = t_new(dt, 1, (const int64_t[]){C});
+    if (!t) return NULL;
+    for (int64_t j = 0; j < C; j++) {
+        double s = 0;
+        for (int64_t q = 0; q < nparts; q++) s += part[q * C + j];
+        st(dt, (char *)t_ptr(t) + j * (int64_t)t_esize(t), s);
+    }
+    return t;
+}
+
+static em_status norm_backward(node *n, tensor *g)
+{
+    tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
+    int last = x->ndim - 1;
+    int64_t C = x->shape[last], rows = C ? t_numel(x) / C : 0;
+    bool need_w = w && w->requires_grad, need_b = b && b->requires_grad;
+    tensor *dx = x->requires_grad ? t_new(x->dtype, x->ndim, x->shape) : NULL;
+    if (x->requires_grad && !dx) return em_last_status();
+    const double *saved = n->saved;
+    norm_ctx c = {.rms = n->ip[0] != 0, .f64 = rows_dtype(x->dtype) == EM_F64, .rows = rows, .C = C,
+                  .mean = (double *)saved, .rstd = (double *)saved + rows};
+    int64_t per = (1 << 14) / (C + 1) + 1;
+    c.nparts = rows / per < em_num_threads() ? rows / per : em_num_threads();
+    if (c.nparts < 1) c.nparts = 1;
+    size_t m = tmp_mark(), part_bytes = sizeof(double) * (size_t)(c.nparts * C + 1);
+    bool ok = (c.x = rows_in(x, last)) && (c.g = rows_in(g, last)) && (!w || (c.w = rows_in(w, 0))) &&
+              (!dx || (c.dx = rows_out(dx, last))) && (!need_w || (c.dw = tmp_alloc(part_bytes))) &&
+              (!need_b || (c.db = tmp_alloc(part_bytes))) && (c.f64 || (c.ones = const_row(C, 1)));
+    tensor *dw = NULL, *db = NULL;
+    if (ok) {
+        parallel_for(c.nparts, 1, norm_bwd, &c);
+        if (dx) rows_done(dx, last, c.dx);
+        dw = need_w ? sum_partials(c.dw, c.nparts, C, w->dtype) : NULL;
+        db = need_b ? sum_partials(c.db, c.nparts, C, b->dtype) : NULL;
+    }
+    tmp_release(m);
+    em_status s = EM_OK;
+    if (!ok || (need_w && !dw) || (need_b && !db)) return em_last_status();
+    if (dx && (s = ag_accum(x, dx))) return s;
+    if (dw && (s = ag_accum(w, dw))) return s;
+    if (db && (s = ag_accum(b, db))) return s;
+    return EM_OK;
+}
+
+/* weight / bias must be (C) of x's dtype */
+static bool chk_param(const char *op, const char *what, const tensor *p, const tensor *x)
+{
+    if (!p) return true;
+    int64_t C = x->shape[x->ndim - 1];
+    if (p->ndim != 1 || p->shape[0] != C) {
+        em_fail(EM_ERR_SHAPE, "%s: %s is %s, expected (%lld,) to match the last dim of x %s", op, what, shp(p),
+                (long long)C, shp(x));
+        return false;
+    }
+    if (p->dtype != x->dtype) {
+        em_fail(EM_ERR_DTYPE, "%s: %s is %s%s but x is %s%s", op, what, em_dtype_name(p->dtype), shp(p),
+                em_dtype_name(x->dtype), shp(x));
+        return false;
+    }
+    return true;
+}
+
+static tensor *norm_impl(const char *op, bool rms, tensor *x, tensor *w, tensor *b, double eps)
+{
+    if (!chk_float(op, x)) return NULL;
+    if (x->ndim < 1) return em_fail(EM_ERR_SHAPE, "%s: x must have at least 1 dim, got %s", op, shp(x));
+    if (!chk_param(op, "weight", w, x) || !chk_param(op, "bias", b, x)) return NULL;
+    if (!(eps >= 0) || isinf(eps)) return em_fail(EM_ERR_ARG, "%s: eps must be finite and >= 0, got %g", op, eps);
+    int64_t C = x->shape[x->ndim - 1];
+    int64_t rows = C ? t_numel(x) / C : 0;
+    tensor *in[3] = {x, w, b};
+    int nin = rms ? 2 : 3;
+    bool rec = ag_needed(nin, in);
+    if (rec && em_scope_depth() == 0)
+        return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)", op);
+    tensor *y = t_new(x->dtype, x->ndim, x->shape);
+    if (!y) return NULL;
+    size_t m = tmp_mark(), nstat = sizeof(double) * (size_t)(2 * rows + 1);
+    double *stats = rec ? scope_alloc(nstat) : tmp_alloc(nstat);
+    int last = x->ndim - 1;
+    norm_ctx c = {.rms = rms, .f64 = rows_dtype(x->dtype) == EM_F64, .rows = rows, .C = C, .eps = eps,
+                  .mean = stats, .rstd = stats + rows};
+    bool ok = stats && (c.x = rows_in(x, last)) && (!w || (c.w = rows_in(w, 0))) && (!b || (c.b = rows_in(b, 0))) &&
+              (c.y = rows_out(y, last)) && (c.f64 || ((c.ones = const_row(C, 1)) && (c.zeros = const_row(C, 0))));
+    if (ok) {
+        parallel_for(rows, (1 << 14) / (C + 1) + 1, norm_fwd, &c);
+        rows_done(y, last, c.y);
+    }
+    tmp_release(m);
+    if (!ok) return NULL;
+    if (rec) {
+        node *nd = ag_record(op, norm_backward, y, nin, in);
+        if (!nd) return NULL;
+        nd->saved = stats;
+        nd->ip[0] = rms;
+    }
+    return y;
+}
+
+em_tensor *em_layer_norm(em_tensor *x, em_tensor *weight, em_tensor *bias, double eps)
+{
+    tensor *xt = t_resolve(x, "layer_norm");
+    if (!xt) return NULL;
+    tensor *w = weight ? t_resolve(weight, "layer_norm") : NULL;
+    if (weight && !w) return NULL;
+    tensor *b = bias ? t_resolve(bias, "layer_norm") : NULL;
+    if (bias && !b) return NULL;
+    return t_handle(norm_impl("layer_norm", false, xt, w, b, eps));
+}
+
+em_tensor *em_rms_norm(em_tensor *x, em_tensor *weight, double eps)
+{
+    tensor *xt = t_resolve(x, "rms_norm");
+    if (!xt) return NULL;
+    tensor *w = weight ? t_resolve(weight, "rms_norm") : NULL;
+    if (weight && !w) return NULL;
+    return t_handle(norm_impl("rms_norm", true, xt, w, NULL, eps));
+}

@@ -1,19 +1,28 @@
-/* ops_reduce.c — reductions over dims: sum (more to come in this file). */
+/* ops_reduce.c — reductions over dims: sum, mean, max/min (torch.amax/amin)
+ * and argmax.
+ *
+ * Every reduction splits the input's dims into kept dims (the output's
+ * positions) and reduced dims (walked for each output element). sum has two
+ * fast contiguous-f32 paths for the shapes training hits most: row sums over
+ * trailing dims, (rows,inner)->(rows), and column sums over leading dims,
+ * (R,C)->(C) (the bias gradient); the rest goes through one strided kernel.
+ * f32 sums accumulate in double lanes, so summing 1e6 ones is exact and
+ * long sums do not drift. Empty reductions: sum 0, mean NaN, max/min/argmax an error. */
 #include "tensor_impl.h"
 
 /* Parses (ndims, dims) into a mask of reduced dims; all dims when ndims==0. */
 static bool reduce_mask(const char *op, const tensor *t, int ndims, const int *dims, bool *mask)
 {
     for (int i = 0; i < t->ndim; i++) mask[i] = ndims == 0;
-    if (ndims && !dims) {
-        em_fail(EM_ERR_ARG, "%s: dims is NULL but ndims is %d", op, ndims);
+    if (ndims < 0 || (ndims && !dims)) {
+        em_fail(EM_ERR_ARG, "%s: bad dims list (ndims %d, dims %s)", op, ndims, dims ? "given" : "NULL");
         return false;
     }
     for (int i = 0; i < ndims; i++) {
         int d = t_dim(op, dims[i], t->ndim, 0);
         if (d < 0) return false;
         if (mask[d]) {
-            em_fail(EM_ERR_ARG, "%s: dim %d is listed twice", op, dims[i]);
+            em_fail(EM_ERR_ARG, "%s: dim %d is listed twice (tensor %s)", op, dims[i], shp(t));
             return false;
         }
         mask[d] = true;
@@ -21,92 +30,426 @@ static bool reduce_mask(const char *op, const tensor *t, int ndims, const int *d
     return true;
 }
 
-typedef struct red_ctx {
-    tensor *t, *out;
-    int nk, nr;                           /* kept dims, reduced dims */
-    int64_t kshape[EM_MAX_DIMS], kstride[EM_MAX_DIMS], ostride[EM_MAX_DIMS];
+/* The split of t's dims into kept (k) and reduced (r) ones, and the output
+ * shape (reduced dims dropped, or 1 with keepdim). */
+typedef struct red_geo {
+    bool mask[EM_MAX_DIMS];
+    int nk, nr, on;
+    int64_t kshape[EM_MAX_DIMS], kstride[EM_MAX_DIMS];
     int64_t rshape[EM_MAX_DIMS], rstride[EM_MAX_DIMS];
-} red_ctx;
+    int64_t oshape[EM_MAX_DIMS];
+    int64_t bits;   /* bit i set: dim i reduced */
+    int64_t kn, rn; /* output elements, elements per output */
+} red_geo;
 
-static void sum_range(void *p, int64_t lo, int64_t hi)
+static bool red_setup(const char *op, const tensor *t, int ndims, const int *dims, bool keepdim, red_geo *g)
 {
-    red_ctx *c = p;
+    memset(g, 0, sizeof *g);
+    if (!reduce_mask(op, t, ndims, dims, g->mask)) return false;
+    for (int i = 0; i < t->ndim; i++) {
+        if (g->mask[i]) {
+            g->bits |= (int64_t)1 << i;
+            g->rshape[g->nr] = t->shape[i];
+            g->rstride[g->nr++] = t->stride[i];
+            if (keepdim) g->oshape[g->on++] = 1;
+        } else {
+            g->kshape[g->nk] = t->shape[i];
+            g->kstride[g->nk++] = t->stride[i];
+            g->oshape[g->on++] = t->shape[i];
+        }
+    }
+    g->kn = shape_numel(g->nk, g->kshape);
+    g->rn = shape_numel(g->nr, g->rshape);
+    return true;
+}
+
+/* max/min/argmax have no value for an empty reduction. */
+static bool chk_nonempty(const char *op, const tensor *t, const red_geo *g)
+{
+    if (g->rn > 0) return true;
+    for (int i = 0; i < t->ndim; i++)
+        if (g->mask[i] && t->shape[i] == 0) {
+            em_fail(EM_ERR_SHAPE, "%s: cannot reduce over an empty dim: dim %d of %s has size 0", op, i, shp(t));
+            return false;
+        }
+    em_fail(EM_ERR_SHAPE, "%s: cannot reduce an empty tensor %s", op, shp(t));
+    return false;
+}
+
+/* ---- sum / mean -------------------------------------------------------------------- */
+
+enum { LANES = 8 };
+
+/* Sum of n contiguous floats in LANES double accumulators (vectorisable:
+ * each lane is its own chain), added up at the end. */
+static double sum_f32(const float *x, int64_t n)
+{
+    double acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) acc[k] += x[i + k];
+    double total = 0;
+    for (; i < n; i++) total += x[i];
+    for (int k = 0; k < LANES; k++) total += acc[k];
+    return total;
+}
+
+typedef struct sum_ctx {
+    tensor *t, *out;
+    const red_geo *g;
+    double scale;     /* 1 for sum, 1/count for mean */
+    int64_t inner;    /* row path: elements per row; column path: columns */
+    int64_t rows;     /* column path: rows summed */
+    int64_t nch;      /* row path: chunks per row (few long rows) */
+    int64_t nparts;   /* column path: row ranges */
+    double *partial;  /* scratch made before the parallel call */
+} sum_ctx;
+
+/* (rows,inner) -> (rows): one output per row. */
+static void sum_rows_f32(void *p, int64_t lo, int64_t hi)
+{
+    sum_ctx *c = p;
+    const float *x = t_ptr(c->t);
+    float *o = t_ptr(c->out);
+    for (int64_t r = lo; r < hi; r++) o[r] = (float)(sum_f32(x + r * c->inner, c->inner) * c->scale);
+}
+
+/* Few long rows: task i is chunk i % nch of row i / nch, into partial[i]. */
+static void sum_chunks_f32(void *p, int64_t lo, int64_t hi)
+{
+    sum_ctx *c = p;
+    const float *x = t_ptr(c->t);
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t r = i / c->nch, k = i % c->nch;
+        int64_t a = c->inner * k / c->nch, b = c->inner * (k + 1) / c->nch;
+        c->partial[i] = sum_f32(x + r * c->inner + a, b - a);
+    }
+}
+
+/* (R,C) -> (C): part q adds its range of rows into partial[q*C ..]. */
+static void sum_cols_f32(void *p, int64_t lo, int64_t hi)
+{
+    sum_ctx *c = p;
+    const float *x = t_ptr(c->t);
+    int64_t C = c->inner;
+    for (int64_t q = lo; q < hi; q++) {
+        double *acc = c->partial + q * C;
+        for (int64_t j = 0; j < C; j++) acc[j] = 0;
+        int64_t r0 = c->rows * q / c->nparts, r1 = c->rows * (q + 1) / c->nparts;
+        for (int64_t r = r0; r < r1; r++) {
+            const float *row = x + r * C;
+            for (int64_t j = 0; j < C; j++) acc[j] += row[j];
+        }
+    }
+}
+
+/* Any strides, any dtype: a double accumulator per output element. */
+static void sum_strided(void *p, int64_t lo, int64_t hi)
+{
+    sum_ctx *c = p;
+    const red_geo *g = c->g;
+    em_dtype dt = c->t->dtype;
     size_t es = t_esize(c->t), os = t_esize(c->out);
     const char *base = t_ptr(c->t);
-    int64_t rn = shape_numel(c->nr, c->rshape);
     nditer ko;
-    nditer_init(&ko, c->nk, c->kshape, 1, (const int64_t *[]){c->kstride});
+    nditer_init(&ko, g->nk, g->kshape, 1, (const int64_t *[]){g->kstride});
     nditer_seek(&ko, lo);
     for (int64_t i = lo; i < hi; i++) {
         double acc = 0;
         nditer ri;
-        nditer_init(&ri, c->nr, c->rshape, 1, (const int64_t *[]){c->rstride});
+        nditer_init(&ri, g->nr, g->rshape, 1, (const int64_t *[]){g->rstride});
         const char *b = base + ko.off[0] * (int64_t)es;
-        if (c->t->dtype == EM_F32) {
-            for (int64_t j = 0; j < rn; j++) {
+        if (dt == EM_F32) {
+            for (int64_t j = 0; j < g->rn; j++) {
                 acc += ((const float *)b)[ri.off[0]];
                 nditer_next(&ri);
             }
+        } else if (dt == EM_F64) {
+            for (int64_t j = 0; j < g->rn; j++) {
+                acc += ((const double *)b)[ri.off[0]];
+                nditer_next(&ri);
+            }
         } else {
-            for (int64_t j = 0; j < rn; j++) {
-                acc += ld(c->t->dtype, b + ri.off[0] * (int64_t)es);
+            for (int64_t j = 0; j < g->rn; j++) {
+                acc += ld(dt, b + ri.off[0] * (int64_t)es);
                 nditer_next(&ri);
             }
         }
-        st(c->out->dtype, (char *)t_ptr(c->out) + i * (int64_t)os, acc);
+        st(c->out->dtype, (char *)t_ptr(c->out) + i * (int64_t)os, acc * c->scale);
         nditer_next(&ko);
     }
 }
 
-/* g has the kept shape (keepdim or not); expand it back over the input. */
+/* Runs the sum of t over g into out (values times scale). */
+static em_status sum_kernel(tensor *t, tensor *out, const red_geo *g, double scale)
+{
+    sum_ctx c = {.t = t, .out = out, .g = g, .scale = scale};
+    int nd = t->ndim, first = nd, last = -1;
+    for (int i = 0; i < nd; i++)
+        if (g->mask[i]) {
+            if (first == nd) first = i;
+            last = i;
+        }
+    bool contiguous_mask = last < 0 || last - first + 1 == g->nr;
+    bool suffix = contiguous_mask && (last == nd - 1 || nd == 0);
+    bool prefix = contiguous_mask && first == 0 && last < nd - 1 && g->nr > 0;
+    bool fast = t->dtype == EM_F32 && out->dtype == EM_F32 && t_is_contig(t) && g->kn > 0;
+    int nt = em_num_threads();
+    if (fast && suffix) {
+        c.inner = g->rn;
+        if (g->kn >= nt || g->rn < (1 << 16)) {
+            parallel_for(g->kn, (1 << 15) / (g->rn + 1) + 1, sum_rows_f32, &c);
+            return EM_OK;
+        }
+        c.nch = nt;
+        size_t m = tmp_mark();
+        c.partial = tmp_alloc(sizeof(double) * (size_t)(g->kn * c.nch));
+        if (!c.partial) return em_last_status();
+        parallel_for(g->kn * c.nch, 1, sum_chunks_f32, &c);
+        float *o = t_ptr(out);
+        for (int64_t r = 0; r < g->kn; r++) {
+            double s = 0;
+            for (int64_t k = 0; k < c.nch; k++) s += c.partial[r * c.nch + k];
+            o[r] = (float)(s * scale);
+        }
+        tmp_release(m);
+        return EM_OK;
+    }
+    if (fast && prefix) {
+        c.inner = g->kn;
+        c.rows = g->rn;
+        int64_t per = (1 << 15) / g->kn + 1; /* rows worth one part */
+        c.nparts = c.rows / per < nt ? c.rows / per : nt;
+        if (c.nparts < 1) c.nparts = 1;
+        size_t m = tmp_mark();
+        c.partial = tmp_alloc(sizeof(double) * (size_t)(c.nparts * g->kn));
+        if (!c.partial) return em_last_status();
+        parallel_for(c.nparts, 1, sum_cols_f32, &c);
+        float *o = t_ptr(out);
+        for (int64_t j = 0; j < g->kn; j++) {
+            double s = 0;
+            for (int64_t q = 0; q < c.nparts; q++) s += c.partial[q * g->kn + j];
+            o[j] = (float)(s * scale);
+        }
+        tmp_release(m);
+        return EM_OK;
+    }
+    parallel_for(g->kn, g->rn >= 4096 ? 1 : 4096 / (g->rn + 1) + 1, sum_strided, &c);
+    return EM_OK;
+}
+
+/* d sum = g broadcast back over the reduced dims; d mean = that / count.
+ * g has the kept shape (keepdim or not). */
 static em_status sum_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
     int64_t ks[EM_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++) ks[i] = (n->ip[0] >> i) & 1 ? 1 : x->shape[i];
-    tensor *gx = t_expand(t_reshape(g, x->ndim, ks), x->ndim, x->shape);
+    tensor *gs = n->dp[0] == 1.0 ? g : t_mul_scalar(g, n->dp[0]);
+    tensor *gx = gs ? t_expand(t_reshape(gs, x->ndim, ks), x->ndim, x->shape) : NULL;
     return gx ? ag_accum(x, gx) : em_last_status();
+}
+
+static tensor *sum_like(const char *op, tensor *t, int ndims, const int *dims, bool keepdim, bool mean)
+{
+    if (!t) return NULL;
+    red_geo g;
+    if (!red_setup(op, t, ndims, dims, keepdim, &g)) return NULL;
+    if (mean && !em_dtype_is_float(t->dtype))
+        return em_fail(EM_ERR_DTYPE, "mean: needs a float tensor, got %s%s (cast it first)", em_dtype_name(t->dtype),
+                       shp(t));
+    if (t->dtype == EM_BOOL)
+        return em_fail(EM_ERR_DTYPE, "%s: does not take bool tensors (%s); cast first", op, shp(t));
+    /* integer sums accumulate in i32 like their inputs (u8 widens to i32) */
+    em_dtype odt = t->dtype == EM_U8 ? EM_I32 : t->dtype;
+    tensor *out = t_new(odt, g.on, g.oshape);
+    if (!out) return NULL;
+    /* mean of nothing is 0/0 = NaN */
+    double scale = mean ? (g.rn ? 1.0 / (double)g.rn : NAN) : 1.0;
+    if (sum_kernel(t, out, &g, scale)) return NULL;
+    if (ag_needed(1, &t)) {
+        node *nd = ag_record(op, sum_backward, out, 1, &t);
+        if (!nd) return NULL;
+        nd->ip[0] = g.bits;
+        nd->dp[0] = scale;
+    }
+    return out;
 }
 
 tensor *t_sum(tensor *t, int ndims, const int *dims, bool keepdim)
 {
-    if (!t) return NULL;
-    bool mask[EM_MAX_DIMS];
-    if (!reduce_mask("sum", t, ndims, dims, mask)) return NULL;
-    if (t->dtype == EM_BOOL) return em_fail(EM_ERR_DTYPE, "sum: does not take bool tensors (%s); cast first", shp(t));
-    red_ctx c = {.t = t};
-    int64_t oshape[EM_MAX_DIMS];
-    int on = 0;
-    int64_t bits = 0;
-    for (int i = 0; i < t->ndim; i++) {
-        if (mask[i]) {
-            bits |= (int64_t)1 << i;
-            c.rshape[c.nr] = t->shape[i];
-            c.rstride[c.nr++] = t->stride[i];
-            if (keepdim) oshape[on++] = 1;
+    return sum_like("sum", t, ndims, dims, keepdim, false);
+}
+
+static tensor *t_mean(tensor *t, int ndims, const int *dims, bool keepdim)
+{
+    return sum_like("mean", t, ndims, dims, keepdim, true);
+}
+
+/* ---- max / min / argmax ------------------------------------------------------------ */
+
+typedef enum { EXT_MAX, EXT_MIN, EXT_ARGMAX } ext_kind;
+
+/* v beats the best so far m: strictly larger (smaller), or the first NaN
+ * (NaN propagates, as in PyTorch). Ties keep the first. */
+static inline bool beats(ext_kind k, double v, double m)
+{
+    if (v != v) return m == m;
+    return k == EXT_MIN ? v < m : v > m;
+}
+
+typedef struct ext_ctx {
+    ext_kind k;
+    tensor *t, *out;
+    const red_geo *g;
+} ext_ctx;
+
+static void ext_range(void *p, int64_t lo, int64_t hi)
+{
+    ext_ctx *c = p;
+    const red_geo *g = c->g;
+    em_dtype dt = c->t->dtype;
+    int64_t es = (int64_t)t_esize(c->t), os = (int64_t)t_esize(c->out);
+    const char *base = t_ptr(c->t);
+    nditer ko;
+    nditer_init(&ko, g->nk, g->kshape, 1, (const int64_t *[]){g->kstride});
+    nditer_seek(&ko, lo);
+    for (int64_t i = lo; i < hi; i++) {
+        nditer ri;
+        nditer_init(&ri, g->nr, g->rshape, 1, (const int64_t *[]){g->rstride});
+        const char *b = base + ko.off[0] * es;
+        double m = ld(dt, b);
+        int64_t at = 0;
+        for (int64_t j = 0; j < g->rn; j++) {
+            double v = dt == EM_F32 ? ((const float *)b)[ri.off[0]] : ld(dt, b + ri.off[0] * es);
+            if (beats(c->k, v, m)) {
+                m = v;
+                at = j;
+            }
+            nditer_next(&ri);
+        }
+        char *o = (char *)t_ptr(c->out) + i * os;
+        if (c->k == EXT_ARGMAX) *(int32_t *)o = (int32_t)at;
+        else st(c->out->dtype, o, m);
+        nditer_next(&ko);
+    }
+}
+
+/* Backward of max/min: per output, count the inputs equal to it (ties), and
+ * give each of them g/count. Input, gradient and result strides per kept and
+ * reduced dim are precomputed. */
+typedef struct ext_bw_ctx {
+    tensor *x, *y, *g, *gx;
+    int nk, nr;
+    int64_t kshape[EM_MAX_DIMS], rshape[EM_MAX_DIMS];
+    int64_t kx[EM_MAX_DIMS], kg[EM_MAX_DIMS], kgx[EM_MAX_DIMS];
+    int64_t rx[EM_MAX_DIMS], rgx[EM_MAX_DIMS];
+} ext_bw_ctx;
+
+static void ext_bw_range(void *p, int64_t lo, int64_t hi)
+{
+    ext_bw_ctx *c = p;
+    em_dtype xt = c->x->dtype, gt = c->g->dtype, ot = c->gx->dtype;
+    int64_t xs = (int64_t)t_esize(c->x), gs = (int64_t)t_esize(c->g), ys = (int64_t)t_esize(c->y),
+            os = (int64_t)t_esize(c->gx);
+    const char *xb = t_ptr(c->x), *gb = t_ptr(c->g), *yb = t_ptr(c->y);
+    char *ob = t_ptr(c->gx);
+    int64_t rn = shape_numel(c->nr, c->rshape);
+    nditer ko;
+    nditer_init(&ko, c->nk, c->kshape, 3, (const int64_t *[]){c->kx, c->kg, c->kgx});
+    nditer_seek(&ko, lo);
+    for (int64_t i = lo; i < hi; i++) {
+        double y = ld(c->y->dtype, yb + i * ys), gv = ld(gt, gb + ko.off[1] * gs);
+        nditer ri;
+        nditer_init(&ri, c->nr, c->rshape, 2, (const int64_t *[]){c->rx, c->rgx});
+        int64_t cnt = 0;
+        for (int64_t j = 0; j < rn; j++) {
+            cnt += ld(xt, xb + (ko.off[0] + ri.off[0]) * xs) == y;
+            nditer_next(&ri);
+        }
+        double share = cnt ? gv / (double)cnt : 0;
+        nditer_seek(&ri, 0);
+        for (int64_t j = 0; j < rn; j++) {
+            bool hit = ld(xt, xb + (ko.off[0] + ri.off[0]) * xs) == y;
+            st(ot, ob + (ko.off[2] + ri.off[1]) * os, hit ? share : 0.0);
+            nditer_next(&ri);
+        }
+        nditer_next(&ko);
+    }
+}
+
+/* d amax = g / (number of ties) at the elements equal to the result, else 0 */
+static em_status ext_backward(node *n, tensor *g)
+{
+    tensor *x = n->in[0];
+    tensor *gx = t_new(x->dtype, x->ndim, x->shape);
+    if (!gx) return em_last_status();
+    ext_bw_ctx c = {.x = x, .y = n->out, .g = g, .gx = gx};
+    bool keep = g->ndim == x->ndim;
+    for (int i = 0; i < x->ndim; i++) {
+        if ((n->ip[0] >> i) & 1) {
+            c.rshape[c.nr] = x->shape[i];
+            c.rx[c.nr] = x->stride[i];
+            c.rgx[c.nr++] = gx->stride[i];
         } else {
-            c.kshape[c.nk] = t->shape[i];
-            c.kstride[c.nk++] = t->stride[i];
-            oshape[on++] = t->shape[i];
+            c.kshape[c.nk] = x->shape[i];
+            c.kx[c.nk] = x->stride[i];
+            c.kgx[c.nk] = gx->stride[i];
+            c.kg[c.nk] = keep ? g->stride[i] : g->stride[c.nk];
+            c.nk++;
         }
     }
-    /* integer sums accumulate in i32 like their inputs (u8 widens to i32) */
-    em_dtype odt = t->dtype == EM_U8 ? EM_I32 : t->dtype;
-    tensor *out = t_new(odt, on, oshape);
+    int64_t kn = shape_numel(c.nk, c.kshape), rn = shape_numel(c.nr, c.rshape);
+    parallel_for(kn, rn >= 4096 ? 1 : 4096 / (rn + 1) + 1, ext_bw_range, &c);
+    return ag_accum(x, gx);
+}
+
+static tensor *extreme(const char *op, ext_kind k, tensor *t, int ndims, const int *dims, bool keepdim)
+{
+    if (!t) return NULL;
+    red_geo g;
+    if (!red_setup(op, t, ndims, dims, keepdim, &g)) return NULL;
+    if (!chk_nonempty(op, t, &g)) return NULL;
+    tensor *out = t_new(k == EXT_ARGMAX ? EM_I32 : t->dtype, g.on, g.oshape);
     if (!out) return NULL;
-    c.out = out;
-    int64_t n = t_numel(out), rn = shape_numel(c.nr, c.rshape);
-    parallel_for(n, rn >= 4096 ? 1 : 4096 / (rn + 1) + 1, sum_range, &c);
-    if (ag_needed(1, &t)) {
-        node *nd = ag_record("sum", sum_backward, out, 1, &t);
+    ext_ctx c = {.k = k, .t = t, .out = out, .g = &g};
+    parallel_for(g.kn, g.rn >= 4096 ? 1 : 4096 / (g.rn + 1) + 1, ext_range, &c);
+    if (k != EXT_ARGMAX && ag_needed(1, &t)) {
+        node *nd = ag_record(op, ext_backward, out, 1, &t);
         if (!nd) return NULL;
-        nd->ip[0] = bits;
+        nd->ip[0] = g.bits;
     }
     return out;
 }
+
+/* ---- public wrappers ------------------------------------------------------------------ */
 
 em_tensor *em_sum(em_tensor *h, int ndims, const int *dims, bool keepdim)
 {
     tensor *t = t_resolve(h, "sum");
     return t ? t_handle(t_sum(t, ndims, dims, keepdim)) : NULL;
+}
+
+em_tensor *em_mean(em_tensor *h, int ndims, const int *dims, bool keepdim)
+{
+    tensor *t = t_resolve(h, "mean");
+    return t ? t_handle(t_mean(t, ndims, dims, keepdim)) : NULL;
+}
+
+em_tensor *em_max(em_tensor *h, int ndims, const int *dims, bool keepdim)
+{
+    tensor *t = t_resolve(h, "max");
+    return t ? t_handle(extreme("max", EXT_MAX, t, ndims, dims, keepdim)) : NULL;
+}
+
+em_tensor *em_min(em_tensor *h, int ndims, const int *dims, bool keepdim)
+{
+    tensor *t = t_resolve(h, "min");
+    return t ? t_handle(extreme("min", EXT_MIN, t, ndims, dims, keepdim)) : NULL;
+}
+
+em_tensor *em_argmax(em_tensor *h, int dim, bool keepdim)
+{
+    tensor *t = t_resolve(h, "argmax");
+    return t ? t_handle(extreme("argmax", EXT_ARGMAX, t, 1, &dim, keepdim)) : NULL;
 }

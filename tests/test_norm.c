@@ -1,2 +1,197 @@
-/* test_norm.c */
+/* test_norm.c — layer_norm and rms_norm: values against numpy references,
+ * normalised statistics, accuracy under a large offset, gradients with and
+ * without weight/bias, dtypes, errors. */
+#include "fixtures/reduce_ref.h"
 #include "harness.h"
+
+static em_tensor *nx(em_dtype dt) { return th_tensor(dt, EM_SHAPE(3, 5), REF_NX); }
+static em_tensor *nw(em_dtype dt) { return th_tensor(dt, EM_SHAPE(5), REF_NW); }
+static em_tensor *nb(em_dtype dt) { return th_tensor(dt, EM_SHAPE(5), REF_NB); }
+
+TEST(test_layer_norm_matches_reference)
+{
+    em_scope s = em_scope_begin();
+    em_tensor *y = em_layer_norm(nx(EM_F64), nw(EM_F64), nb(EM_F64), 1e-5);
+    CHECK(em_dtype_of(y) == EM_F64 && em_ndim(y) == 2);
+    th_check_values(__FILE__, __LINE__, y, REF_LAYER_NORM, 1e-12);
+    th_check_values(__FILE__, __LINE__, em_layer_norm(nx(EM_F64), NULL, NULL, 1e-5), REF_LAYER_NORM_PLAIN, 1e-12);
+    th_check_values(__FILE__, __LINE__, em_layer_norm(nx(EM_F32), nw(EM_F32), nb(EM_F32), 1e-5), REF_LAYER_NORM,
+                    1e-5);
+    em_scope_end(s);
+}
+
+TEST(test_rms_norm_matches_reference)
+{
+    em_scope s = em_scope_begin();
+    th_check_values(__FILE__, __LINE__, em_rms_norm(nx(EM_F64), nw(EM_F64), 1e-6), REF_RMS_NORM, 1e-12);
+    th_check_values(__FILE__, __LINE__, em_rms_norm(nx(EM_F32), nw(EM_F32), 1e-6), REF_RMS_NORM, 1e-5);
+    /* without weight it is the weighted result divided by the weight */
+    em_tensor *plain = em_rms_norm(nx(EM_F64), NULL, 1e-6);
+    th_check_values(__FILE__, __LINE__, em_mul(plain, nw(EM_F64)), REF_RMS_NORM, 1e-12);
+    em_scope_end(s);
+}
+
+TEST(test_layer_norm_rows_have_zero_mean_and_unit_variance)
+{
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(4);
+    em_tensor *x = em_add_scalar(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(4, 8, 768), &r), 3.0), 2.0);
+    em_tensor *y = em_layer_norm(x, NULL, NULL, 0.0);
+    em_tensor *mean = em_mean(y, 1, (int[]){-1}, false);
+    em_tensor *var = em_mean(em_mul(y, y), 1, (int[]){-1}, false);
+    CHECK(th_max_abs_diff(mean, em_zeros(EM_F32, EM_SHAPE(4, 8))) < 1e-5);
+    CHECK(th_max_abs_diff(var, em_ones(EM_F32, EM_SHAPE(4, 8))) < 1e-4);
+    em_tensor *ms = em_mean(em_mul(em_rms_norm(x, NULL, 0.0), em_rms_norm(x, NULL, 0.0)), 1, (int[]){-1}, false);
+    CHECK(th_max_abs_diff(ms, em_ones(EM_F32, EM_SHAPE(4, 8))) < 1e-4);
+    em_scope_end(s);
+}
+
+/* A naive E[x^2] - E[x]^2 loses everything at an offset of 1e8. */
+TEST(test_layer_norm_is_accurate_under_a_large_offset)
+{
+    em_scope s = em_scope_begin();
+    em_tensor *x = th_tensor(EM_F64, EM_SHAPE(1, 4), (double[]){1e8 + 1, 1e8 + 2, 1e8 + 3, 1e8 + 4});
+    double k = 1 / sqrt(1.25);
+    CHECK_VALUES(em_layer_norm(x, NULL, NULL, 0.0), 1e-7, -1.5 * k, -0.5 * k, 0.5 * k, 1.5 * k);
+    em_scope_end(s);
+}
+
+TEST(test_norms_of_noncontiguous_input_give_the_same_values)
+{
+    em_scope s = em_scope_begin();
+    em_tensor *x = th_noncontig(nx(EM_F64)), *w = th_noncontig(nw(EM_F64)), *b = th_noncontig(nb(EM_F64));
+    CHECK(!em_is_contiguous(x) && !em_is_contiguous(w));
+    th_check_values(__FILE__, __LINE__, em_layer_norm(x, w, b, 1e-5), REF_LAYER_NORM, 1e-12);
+    th_check_values(__FILE__, __LINE__, em_rms_norm(x, w, 1e-6), REF_RMS_NORM, 1e-12);
+    em_scope_end(s);
+}
+
+TEST(test_norms_of_half_dtypes_keep_the_dtype)
+{
+    em_scope s = em_scope_begin();
+    em_dtype dts[] = {EM_F16, EM_BF16};
+    for (int k = 0; k < 2; k++) {
+        em_tensor *y = em_layer_norm(nx(dts[k]), nw(dts[k]), nb(dts[k]), 1e-5);
+        em_tensor *z = em_rms_norm(nx(dts[k]), nw(dts[k]), 1e-6);
+        CHECK(em_dtype_of(y) == dts[k] && em_dtype_of(z) == dts[k]);
+        th_check_values(__FILE__, __LINE__, y, REF_LAYER_NORM, 0.05);
+        th_check_values(__FILE__, __LINE__, z, REF_RMS_NORM, 0.05);
+    }
+    em_scope_end(s);
+}
+
+/* The f32 backward agrees with the f64 one: gradients of sum(f(x) * cot)
+ * for f64 inputs and f32 copies differ by less than tol. */
+static void grad_f32_matches_f64(th_graph_fn f, void *ctx, int n, em_tensor **in64, double tol)
+{
+    em_tensor *in32[3];
+    for (int i = 0; i < n; i++) {
+        bool prev = em_set_grad_enabled(false);
+        in32[i] = em_cast(in64[i], EM_F32);
+        em_set_grad_enabled(prev);
+        CHECK_OK(em_set_requires_grad(in64[i], true));
+        CHECK_OK(em_set_requires_grad(in32[i], true));
+    }
+    em_scope s = em_scope_begin();
+    em_tensor *o64 = f(in64, ctx), *o32 = f(in32, ctx);
+    CHECK_NOTNULL(o64);
+    CHECK_NOTNULL(o32);
+    em_rng r = em_rng_new(77);
+    em_tensor *cot = em_randn(EM_F64, em_ndim(o64), em_shape(o64), &r);
+    CHECK_OK(em_backward(em_sum(em_mul(o64, cot), 0, NULL, false), NULL));
+    CHECK_OK(em_backward(em_sum(em_mul(o32, em_cast(cot, EM_F32)), 0, NULL, false), NULL));
+    for (int i = 0; i < n; i++) {
+        CHECK(em_dtype_of(em_grad(in32[i])) == EM_F32);
+        double d = th_max_abs_diff(em_grad(in32[i]), em_grad(in64[i]));
+        if (!(d < tol)) th_fail(__FILE__, __LINE__, "input %d: f32 gradient differs from f64 by %g", i, d);
+    }
+    em_scope_end(s);
+    for (int i = 0; i < n; i++) {
+        CHECK_OK(em_zero_grad(in64[i]));
+        em_free(in32[i]);
+    }
+}
+
+static em_tensor *f_ln_wb(em_tensor **x, void *ctx) { (void)ctx; return em_layer_norm(x[0], x[1], x[2], 1e-5); }
+static em_tensor *f_ln_w(em_tensor **x, void *ctx) { (void)ctx; return em_layer_norm(x[0], x[1], NULL, 1e-5); }
+static em_tensor *f_ln(em_tensor **x, void *ctx) { (void)ctx; return em_layer_norm(x[0], NULL, NULL, 1e-5); }
+static em_tensor *f_rms_w(em_tensor **x, void *ctx) { (void)ctx; return em_rms_norm(x[0], x[1], 1e-6); }
+static em_tensor *f_rms(em_tensor **x, void *ctx) { (void)ctx; return em_rms_norm(x[0], NULL, 1e-6); }
+
+/* x (2,3,6), weight and bias (6): f64 gradcheck, non-contiguous too, and f32. */
+static void grad_case(const char *what, th_graph_fn f, int n)
+{
+    em_rng r = em_rng_new(21);
+    em_tensor *in[3] = {em_randn(EM_F64, EM_SHAPE(2, 3, 6), &r), em_randn(EM_F64, EM_SHAPE(6), &r),
+                        em_randn(EM_F64, EM_SHAPE(6), &r)};
+    GRADCHECK(what, f, NULL, n, in);
+    F32_MATCHES_F64(what, f, NULL, n, in, 1e-5);
+    em_tensor *nc[3] = {th_noncontig(in[0]), th_noncontig(in[1]), th_noncontig(in[2])};
+    GRADCHECK(what, f, NULL, n, nc);
+    for (int i = 0; i < 3; i++) {
+        em_free(in[i]);
+        em_free(nc[i]);
+    }
+}
+
+TEST(test_layer_norm_gradient_matches_finite_difference) { grad_case("layer_norm", f_ln_wb, 3); }
+TEST(test_layer_norm_weight_only_gradient_matches_finite_difference) { grad_case("layer_norm(w)", f_ln_w, 2); }
+TEST(test_layer_norm_plain_gradient_matches_finite_difference) { grad_case("layer_norm()", f_ln, 1); }
+TEST(test_rms_norm_gradient_matches_finite_difference) { grad_case("rms_norm", f_rms_w, 2); }
+TEST(test_rms_norm_plain_gradient_matches_finite_difference) { grad_case("rms_norm()", f_rms, 1); }
+
+TEST(test_norms_f32_gradient_matches_f64)
+{
+    em_rng r = em_rng_new(12);
+    em_scope s = em_scope_begin();
+    em_tensor *x = em_keep(em_add_scalar(em_randn(EM_F64, EM_SHAPE(2, 50, 96), &r), 3.0));
+    em_scope_end(s);
+    em_tensor *in[3] = {x,
+                        em_randn(EM_F64, EM_SHAPE(96), &r), em_randn(EM_F64, EM_SHAPE(96), &r)};
+    grad_f32_matches_f64(f_ln_wb, NULL, 3, in, 1e-4);
+    grad_f32_matches_f64(f_ln, NULL, 1, in, 1e-4);
+    grad_f32_matches_f64(f_rms_w, NULL, 2, in, 1e-4);
+    grad_f32_matches_f64(f_rms, NULL, 1, in, 1e-4);
+    for (int i = 0; i < 3; i++) em_free(in[i]);
+}
+
+/* Rows split across threads each keep their own weight/bias partial sums. */
+TEST(test_layer_norm_parameter_gradients_sum_over_many_rows)
+{
+    em_set_num_threads(4);
+    em_tensor *w = em_ones(EM_F32, EM_SHAPE(16)), *b = em_zeros(EM_F32, EM_SHAPE(16));
+    CHECK_OK(em_set_requires_grad(w, true));
+    CHECK_OK(em_set_requires_grad(b, true));
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(8);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(5000, 16), &r);
+    em_tensor *y = em_layer_norm(x, w, b, 1e-5);
+    CHECK_OK(em_backward(em_sum(y, 0, NULL, false), NULL));
+    /* d/db = number of rows; d/dw = sum of xhat over rows (matches a direct sum) */
+    CHECK(th_max_abs_diff(em_grad(b), em_full(EM_F32, EM_SHAPE(16), 5000)) < 1e-3);
+    em_tensor *xhat = em_layer_norm(em_detach(x), NULL, NULL, 1e-5);
+    CHECK(th_max_abs_diff(em_grad(w), em_sum(xhat, 1, (int[]){0}, false)) < 1e-3);
+    em_scope_end(s);
+    em_free(w);
+    em_free(b);
+}
+
+TEST(test_norms_reject_bad_weight_and_bias)
+{
+    em_scope s = em_scope_begin();
+    em_tensor *x = em_zeros(EM_F32, EM_SHAPE(2, 5));
+    em_tensor *w4 = em_ones(EM_F32, EM_SHAPE(4)), *w5 = em_ones(EM_F32, EM_SHAPE(5));
+    CHECK_ERR(em_layer_norm(x, w4, NULL, 1e-5), EM_ERR_SHAPE,
+              "layer_norm: weight is (4,), expected (5,) to match the last dim of x (2,5)");
+    CHECK_ERR(em_layer_norm(x, w5, em_ones(EM_F32, EM_SHAPE(1, 5)), 1e-5), EM_ERR_SHAPE,
+              "layer_norm: bias is (1,5), expected (5,)");
+    CHECK_ERR(em_layer_norm(x, w5, em_ones(EM_F64, EM_SHAPE(5)), 1e-5), EM_ERR_DTYPE,
+              "layer_norm: bias is f64(5,) but x is f32(2,5)");
+    CHECK_ERR(em_rms_norm(x, w4, 1e-5), EM_ERR_SHAPE, "rms_norm: weight is (4,), expected (5,)");
+    CHECK_ERR(em_rms_norm(em_zeros(EM_I32, EM_SHAPE(2, 5)), NULL, 1e-5), EM_ERR_DTYPE,
+              "rms_norm: needs a float tensor, got i32(2,5)");
+    CHECK_ERR(em_layer_norm(em_scalar(EM_F32, 1), NULL, NULL, 1e-5), EM_ERR_SHAPE,
+              "layer_norm: x must have at least 1 dim");
+    CHECK_ERR(em_layer_norm(x, NULL, NULL, -1), EM_ERR_ARG, "layer_norm: eps must be finite and >= 0, got -1");
+    em_scope_end(s);
+}
