@@ -5,15 +5,8 @@
  * each row's log-sum-exp and the targets in the node (scope arena); the
  * backward writes (softmax - onehot) * g / count directly, zero rows for
  * ignored targets. f16/bf16 logits are computed in f32. */
-#include "tensor_impl.h"
+#include "rows_impl.h"
 
-/* From ops_softmax.c: contiguous f32/f64 rows of a tensor along a dim. */
-em_dtype rows_dtype(em_dtype dt);
-const void *rows_in(tensor *t, int d);
-void *rows_out(tensor *out, int d);
-void rows_done(tensor *out, int d, void *p);
-float rows_max_f32(const float *x, int64_t n);
-double rows_expsum_f32(const float *x, float shift, float *y, int64_t n);
 
 typedef struct ce_ctx {
     bool f64;

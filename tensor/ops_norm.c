@@ -5,13 +5,8 @@
  * (scope arena) for the backward, which computes dx, dweight and dbias in one
  * fused kernel (rows split across threads, each with its own dweight/dbias
  * partial sums, added up at the end). f16/bf16 are computed in f32. */
-#include "tensor_impl.h"
+#include "rows_impl.h"
 
-/* From ops_softmax.c: contiguous f32/f64 rows of a tensor along a dim. */
-em_dtype rows_dtype(em_dtype dt);
-const void *rows_in(tensor *t, int d);
-void *rows_out(tensor *out, int d);
-void rows_done(tensor *out, int d, void *p);
 
 /* Element i of a contiguous f32 or f64 buffer, as double. */
 static inline double at(const void *p, bool f64, int64_t i)

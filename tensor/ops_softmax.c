@@ -7,15 +7,10 @@
  * f16/bf16 widened to f32) and results are scattered back. ops_norm.c and
  * ops_loss.c use the same helpers, and ops_loss.c the f32 row primitives
  * (max, exp-and-sum with a vectorisable exp). Rows are split across threads. */
-#include "tensor_impl.h"
+#include "rows_impl.h"
 
 /* ---- rows: a tensor seen as contiguous rows along one dim ------------------------- */
 
-/* Shared with ops_norm.c and ops_loss.c (declared there). */
-em_dtype rows_dtype(em_dtype dt);
-const void *rows_in(tensor *t, int d);
-void *rows_out(tensor *out, int d);
-void rows_done(tensor *out, int d, void *p);
 
 /* The dtype a kernel computes in: f64 for f64, else f32. */
 em_dtype rows_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
@@ -82,9 +77,6 @@ void rows_done(tensor *out, int d, void *p)
 }
 
 /* ---- f32 row primitives (also used by ops_loss.c) ------------------------------------ */
-
-float rows_max_f32(const float *x, int64_t n);
-double rows_expsum_f32(const float *x, float shift, float *y, int64_t n);
 
 enum { LANES = 8 };
 
