@@ -3,193 +3,153 @@
  *
  * Forward, per head (b,h):  S = q k^T * scale (T,T), P = softmax(S) row-wise
  * over j <= i (0 above the diagonal), O = P v. P (B,H,T,T) is kept in the
- * step scope for backward. Heads run in parallel (parallel_for over B*H), each
- * with plain loops written so the innermost loop is a contiguous axpy the
- * compiler vectorises: S rows are built from k transposed into scratch.
- * f32 and f64 have their own kernels; f16/bf16 go through f32. */
+ * step scope for backward. The products are GEMMs (sgemm/dgemm) per head,
+ * called from the calling thread so OpenBLAS's threads do the parallel work;
+ * query rows go in blocks of ROW_BLOCK so the keys after a block's last row
+ * (all masked) are never multiplied. The row-wise softmax and its backward
+ * run on ember's pool (parallel_for over rows), between the GEMMs, never
+ * inside them. f32 and f64 are computed as they are; f16/bf16 through f32. */
+#include <cblas.h>
+#include <limits.h>
+
 #include "tensor_impl.h"
 
-typedef struct attn_ctx {
-    int64_t T, D;
-    double scale;
-    const void *q, *k, *v; /* (BH,T,D), contiguous, compute dtype */
-    void *o;               /* forward: (BH,T,D) */
-    void *p;               /* (BH,T,T) probabilities */
-    void *tr;              /* scratch (BH,D,T): k (forward) or v (backward) transposed */
-    const void *go;        /* backward: dO (BH,T,D) */
-    void *gq, *gk, *gv;    /* backward: (BH,T,D) */
-    void *row;             /* backward scratch (BH,T) */
-} attn_ctx;
+enum { ROW_BLOCK = 256 }; /* query rows per GEMM block: keys past the block's last row are skipped */
 
-/* ---- forward kernels ---------------------------------------------------------- */
+static const char *at(const void *p, int64_t off, size_t es) { return (const char *)p + off * (int64_t)es; }
 
-/* s_ij = scale q_i.k_j (j <= i); p_i = softmax(s_i); o_i = sum_j p_ij v_j */
-static void fwd_f32(void *ctx, int64_t lo, int64_t hi)
+/* C (m,n) = alpha op(A) op(B) + beta C, row-major, in compute dtype ct. */
+static void gemm(em_dtype ct, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void *A,
+                 int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
 {
-    attn_ctx *c = ctx;
-    int64_t T = c->T, D = c->D;
-    float scale = (float)c->scale;
-    for (int64_t h = lo; h < hi; h++) {
-        const float *q = (const float *)c->q + h * T * D, *k = (const float *)c->k + h * T * D;
-        const float *v = (const float *)c->v + h * T * D;
-        float *o = (float *)c->o + h * T * D, *P = (float *)c->p + h * T * T, *kt = (float *)c->tr + h * D * T;
-        for (int64_t j = 0; j < T; j++)
-            for (int64_t d = 0; d < D; d++) kt[d * T + j] = k[j * D + d];
-        for (int64_t i = 0; i < T; i++) {
-            float *s = P + i * T, *oi = o + i * D;
-            for (int64_t j = 0; j <= i; j++) s[j] = 0.0f;
-            for (int64_t d = 0; d < D; d++) {
-                float qd = q[i * D + d] * scale;
-                const float *kr = kt + d * T;
-                for (int64_t j = 0; j <= i; j++) s[j] += qd * kr[j];
-            }
-            float m = s[0], sum = 0.0f;
+    if (m == 0 || n == 0) return;
+    CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
+    if (ct == EM_F32)
+        cblas_sgemm(CblasRowMajor, a, b, (int)m, (int)n, (int)k, (float)alpha, A, (int)lda, B, (int)ldb, (float)beta,
+                    C, (int)ldc);
+    else
+        cblas_dgemm(CblasRowMajor, a, b, (int)m, (int)n, (int)k, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* The row pass of one head: rows [lo,hi) of the (T,T) matrices. */
+typedef struct rows_ctx {
+    int64_t T;
+    bool f64;
+    double scale;
+    void *p;  /* forward: S in, P out; backward: P */
+    void *ds; /* backward: dP in, dS * scale out */
+} rows_ctx;
+
+/* e^x for x <= 0 in f32, written so the compiler vectorises a loop of it
+ * (libm's expf is a call per element): x = n ln2 + r with |r| <= ln2/2,
+ * e^r by its Taylor series to r^6 (relative error ~1e-7), 2^n by building
+ * the exponent bits. Below -87 the result is clamped at e^-87 (~1.6e-38),
+ * which vanishes against the row's largest term, 1. */
+static inline float exp_nonpos(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest: adding 1.5*2^23 drops the fraction */
+    float r = x - n * 0.693145752f - n * 1.42860677e-6f; /* ln2 split in two for exactness */
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    union {
+        int32_t i;
+        float f;
+    } two_n = {.i = ((int32_t)n + 127) << 23};
+    return p * two_n.f;
+}
+
+/* p_ij = exp(s_ij - max_j s_ij) / sum, over j <= i; 0 for j > i */
+static void softmax_rows(void *ctx, int64_t lo, int64_t hi)
+{
+    rows_ctx *c = ctx;
+    int64_t T = c->T;
+    for (int64_t i = lo; i < hi; i++) {
+        if (!c->f64) {
+            float *s = (float *)c->p + i * T, m = s[0], sum = 0.0f;
             for (int64_t j = 1; j <= i; j++) m = s[j] > m ? s[j] : m;
-            for (int64_t j = 0; j <= i; j++) {
-                s[j] = expf(s[j] - m);
-                sum += s[j];
-            }
+            for (int64_t j = 0; j <= i; j++) s[j] = exp_nonpos(s[j] - m);
+            for (int64_t j = 0; j <= i; j++) sum += s[j];
             float inv = 1.0f / sum;
             for (int64_t j = 0; j <= i; j++) s[j] *= inv;
             for (int64_t j = i + 1; j < T; j++) s[j] = 0.0f;
-            for (int64_t d = 0; d < D; d++) oi[d] = 0.0f;
-            for (int64_t j = 0; j <= i; j++) {
-                float pj = s[j];
-                const float *vj = v + j * D;
-                for (int64_t d = 0; d < D; d++) oi[d] += pj * vj[d];
-            }
-        }
-    }
-}
-
-static void fwd_f64(void *ctx, int64_t lo, int64_t hi)
-{
-    attn_ctx *c = ctx;
-    int64_t T = c->T, D = c->D;
-    double scale = c->scale;
-    for (int64_t h = lo; h < hi; h++) {
-        const double *q = (const double *)c->q + h * T * D, *k = (const double *)c->k + h * T * D;
-        const double *v = (const double *)c->v + h * T * D;
-        double *o = (double *)c->o + h * T * D, *P = (double *)c->p + h * T * T, *kt = (double *)c->tr + h * D * T;
-        for (int64_t j = 0; j < T; j++)
-            for (int64_t d = 0; d < D; d++) kt[d * T + j] = k[j * D + d];
-        for (int64_t i = 0; i < T; i++) {
-            double *s = P + i * T, *oi = o + i * D;
-            for (int64_t j = 0; j <= i; j++) s[j] = 0.0;
-            for (int64_t d = 0; d < D; d++) {
-                double qd = q[i * D + d] * scale;
-                const double *kr = kt + d * T;
-                for (int64_t j = 0; j <= i; j++) s[j] += qd * kr[j];
-            }
-            double m = s[0], sum = 0.0;
+        } else {
+            double *s = (double *)c->p + i * T, m = s[0], sum = 0.0;
             for (int64_t j = 1; j <= i; j++) m = s[j] > m ? s[j] : m;
-            for (int64_t j = 0; j <= i; j++) {
-                s[j] = exp(s[j] - m);
-                sum += s[j];
-            }
+            for (int64_t j = 0; j <= i; j++) sum += (s[j] = exp(s[j] - m));
             double inv = 1.0 / sum;
             for (int64_t j = 0; j <= i; j++) s[j] *= inv;
             for (int64_t j = i + 1; j < T; j++) s[j] = 0.0;
-            for (int64_t d = 0; d < D; d++) oi[d] = 0.0;
-            for (int64_t j = 0; j <= i; j++) {
-                double pj = s[j];
-                const double *vj = v + j * D;
-                for (int64_t d = 0; d < D; d++) oi[d] += pj * vj[d];
-            }
         }
     }
 }
 
-/* ---- backward kernels ----------------------------------------------------------
- * dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dP * P));
- * dQ = dS K * scale;  dK = dS^T Q * scale   (all restricted to j <= i) */
-
-static void bwd_f32(void *ctx, int64_t lo, int64_t hi)
+/* ds_ij = p_ij (dp_ij - sum_j dp_ij p_ij) * scale over j <= i; 0 for j > i */
+static void dsoftmax_rows_f32(void *ctx, int64_t lo, int64_t hi)
 {
-    attn_ctx *c = ctx;
-    int64_t T = c->T, D = c->D;
+    rows_ctx *c = ctx;
+    int64_t T = c->T;
     float scale = (float)c->scale;
-    for (int64_t h = lo; h < hi; h++) {
-        int64_t off = h * T * D;
-        const float *q = (const float *)c->q + off, *k = (const float *)c->k + off, *v = (const float *)c->v + off;
-        const float *go = (const float *)c->go + off, *P = (const float *)c->p + h * T * T;
-        float *gq = (float *)c->gq + off, *gk = (float *)c->gk + off, *gv = (float *)c->gv + off;
-        float *vt = (float *)c->tr + h * D * T, *dp = (float *)c->row + h * T;
-        for (int64_t j = 0; j < T; j++)
-            for (int64_t d = 0; d < D; d++) vt[d * T + j] = v[j * D + d];
-        for (int64_t x = 0; x < T * D; x++) gk[x] = gv[x] = 0.0f;
-        for (int64_t i = 0; i < T; i++) {
-            const float *pi = P + i * T, *goi = go + i * D, *qi = q + i * D;
-            float *gqi = gq + i * D;
-            for (int64_t j = 0; j <= i; j++) {
-                float pij = pi[j];
-                float *gvj = gv + j * D;
-                for (int64_t d = 0; d < D; d++) gvj[d] += pij * goi[d];
-            }
-            for (int64_t j = 0; j <= i; j++) dp[j] = 0.0f;
-            for (int64_t d = 0; d < D; d++) {
-                float g = goi[d];
-                const float *vr = vt + d * T;
-                for (int64_t j = 0; j <= i; j++) dp[j] += g * vr[j];
-            }
-            float r = 0.0f;
-            for (int64_t j = 0; j <= i; j++) r += dp[j] * pi[j];
-            for (int64_t d = 0; d < D; d++) gqi[d] = 0.0f;
-            for (int64_t j = 0; j <= i; j++) {
-                float ds = pi[j] * (dp[j] - r) * scale;
-                const float *kj = k + j * D;
-                float *gkj = gk + j * D;
-                for (int64_t d = 0; d < D; d++) {
-                    gqi[d] += ds * kj[d];
-                    gkj[d] += ds * qi[d];
-                }
-            }
-        }
+    for (int64_t i = lo; i < hi; i++) {
+        const float *p = (const float *)c->p + i * T;
+        float *d = (float *)c->ds + i * T, r = 0.0f;
+        for (int64_t j = 0; j <= i; j++) r += d[j] * p[j];
+        for (int64_t j = 0; j <= i; j++) d[j] = p[j] * (d[j] - r) * scale;
+        for (int64_t j = i + 1; j < T; j++) d[j] = 0.0f;
     }
 }
 
-static void bwd_f64(void *ctx, int64_t lo, int64_t hi)
+static void dsoftmax_rows_f64(void *ctx, int64_t lo, int64_t hi)
 {
-    attn_ctx *c = ctx;
-    int64_t T = c->T, D = c->D;
-    double scale = c->scale;
-    for (int64_t h = lo; h < hi; h++) {
-        int64_t off = h * T * D;
-        const double *q = (const double *)c->q + off, *k = (const double *)c->k + off;
-        const double *v = (const double *)c->v + off;
-        const double *go = (const double *)c->go + off, *P = (const double *)c->p + h * T * T;
-        double *gq = (double *)c->gq + off, *gk = (double *)c->gk + off, *gv = (double *)c->gv + off;
-        double *vt = (double *)c->tr + h * D * T, *dp = (double *)c->row + h * T;
-        for (int64_t j = 0; j < T; j++)
-            for (int64_t d = 0; d < D; d++) vt[d * T + j] = v[j * D + d];
-        for (int64_t x = 0; x < T * D; x++) gk[x] = gv[x] = 0.0;
-        for (int64_t i = 0; i < T; i++) {
-            const double *pi = P + i * T, *goi = go + i * D, *qi = q + i * D;
-            double *gqi = gq + i * D;
-            for (int64_t j = 0; j <= i; j++) {
-                double pij = pi[j];
-                double *gvj = gv + j * D;
-                for (int64_t d = 0; d < D; d++) gvj[d] += pij * goi[d];
-            }
-            for (int64_t j = 0; j <= i; j++) dp[j] = 0.0;
-            for (int64_t d = 0; d < D; d++) {
-                double g = goi[d];
-                const double *vr = vt + d * T;
-                for (int64_t j = 0; j <= i; j++) dp[j] += g * vr[j];
-            }
-            double r = 0.0;
-            for (int64_t j = 0; j <= i; j++) r += dp[j] * pi[j];
-            for (int64_t d = 0; d < D; d++) gqi[d] = 0.0;
-            for (int64_t j = 0; j <= i; j++) {
-                double ds = pi[j] * (dp[j] - r) * scale;
-                const double *kj = k + j * D;
-                double *gkj = gk + j * D;
-                for (int64_t d = 0; d < D; d++) {
-                    gqi[d] += ds * kj[d];
-                    gkj[d] += ds * qi[d];
-                }
-            }
-        }
+    rows_ctx *c = ctx;
+    int64_t T = c->T;
+    for (int64_t i = lo; i < hi; i++) {
+        const double *p = (const double *)c->p + i * T;
+        double *d = (double *)c->ds + i * T, r = 0.0;
+        for (int64_t j = 0; j <= i; j++) r += d[j] * p[j];
+        for (int64_t j = 0; j <= i; j++) d[j] = p[j] * (d[j] - r) * c->scale;
+        for (int64_t j = i + 1; j < T; j++) d[j] = 0.0;
+    }
+}
+
+/* One head, forward. q, k, v, o (T,D); P (T,T). Per block of query rows
+ * [i0,i1): S = q[i0:i1] k[0:i1]^T * scale; then P = masked softmax(S) by rows;
+ * then o[i0:i1] = P[i0:i1, 0:i1] v[0:i1]. */
+static void head_forward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, const void *k,
+                         const void *v, void *o, void *P)
+{
+    size_t es = em_dtype_size(ct);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
+        gemm(ct, false, true, i1 - i0, i1, D, scale, at(q, i0 * D, es), D, k, D, 0.0, (void *)at(P, i0 * T, es), T);
+    }
+    rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .p = P};
+    parallel_for(T, 32, softmax_rows, &rc);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
+        gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, D, 0.0, (void *)at(o, i0 * D, es), D);
+    }
+}
+
+/* One head, backward, blocks of query rows as in forward:
+ * dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dP * P));
+ * dQ = dS K * scale;  dK = dS^T Q * scale.  ds: (T,T) scratch. */
+static void head_backward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, const void *k,
+                          const void *v, const void *P, const void *go, void *gq, void *gk, void *gv, void *ds)
+{
+    size_t es = em_dtype_size(ct);
+    memset(gk, 0, (size_t)(T * D) * es);
+    memset(gv, 0, (size_t)(T * D) * es);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
+        gemm(ct, true, false, i1, D, m, 1.0, at(P, i0 * T, es), T, at(go, i0 * D, es), D, 1.0, gv, D);
+        gemm(ct, false, true, m, i1, D, 1.0, at(go, i0 * D, es), D, v, D, 0.0, (void *)at(ds, i0 * T, es), T);
+    }
+    rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .scale = scale, .p = (void *)P, .ds = ds};
+    parallel_for(T, 32, ct == EM_F32 ? dsoftmax_rows_f32 : dsoftmax_rows_f64, &rc);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
+        gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, D, 0.0, (void *)at(gq, i0 * D, es), D);
+        gemm(ct, true, false, i1, D, m, 1.0, at(ds, i0 * T, es), T, at(q, i0 * D, es), D, 1.0, gk, D);
     }
 }
 
@@ -222,21 +182,19 @@ static em_status attention_backward(node *n, tensor *g)
     for (int i = 0; i < 3; i++)
         if (!(grads[i] = t_new(ct, 4, q->shape))) return em_last_status();
     size_t mk = tmp_mark();
-    attn_ctx c = {.T = T, .D = D, .scale = n->dp[0], .p = n->saved};
-    c.q = as_compute(n->in[0], ct);
-    c.k = as_compute(n->in[1], ct);
-    c.v = as_compute(n->in[2], ct);
-    c.go = as_compute(g, ct);
-    c.tr = tmp_alloc((size_t)(BH * D * T) * es + 1);
-    c.row = tmp_alloc((size_t)(BH * T) * es + 1);
-    if (!c.q || !c.k || !c.v || !c.go || !c.tr || !c.row) {
+    const char *qc = as_compute(n->in[0], ct), *kc = as_compute(n->in[1], ct), *vc = as_compute(n->in[2], ct);
+    const char *gc = as_compute(g, ct);
+    void *ds = tmp_alloc((size_t)(T * T) * es + 1);
+    if (!qc || !kc || !vc || !gc || !ds) {
         tmp_release(mk);
         return em_last_status();
     }
-    c.gq = t_ptr(grads[0]);
-    c.gk = t_ptr(grads[1]);
-    c.gv = t_ptr(grads[2]);
-    parallel_for(BH, 1, ct == EM_F32 ? bwd_f32 : bwd_f64, &c);
+    for (int64_t h = 0; h < BH && D > 0; h++) { /* D == 0: the gradients are empty */
+        int64_t off = h * T * D;
+        head_backward(ct, T, D, n->dp[0], at(qc, off, es), at(kc, off, es), at(vc, off, es),
+                      at(n->saved, h * T * T, es), at(gc, off, es), (void *)at(t_ptr(grads[0]), off, es),
+                      (void *)at(t_ptr(grads[1]), off, es), (void *)at(t_ptr(grads[2]), off, es), ds);
+    }
     tmp_release(mk);
     for (int i = 0; i < 3; i++) {
         tensor *x = n->in[i];
@@ -273,6 +231,8 @@ static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
         return em_fail(EM_ERR_SCOPE, "attention: recording a gradient needs an open step scope (em_scope_begin), "
                                      "or run it under em_set_grad_enabled(false)");
     int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3];
+    if (T > INT_MAX || D > INT_MAX)
+        return em_fail(EM_ERR_UNSUPPORTED, "attention: T or D beyond BLAS's int range: q is %s", shp(q));
     if (scale <= 0) scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
     em_dtype dt = q->dtype, ct = compute_dtype(dt);
     size_t es = em_dtype_size(ct);
@@ -285,22 +245,22 @@ static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
     if (need && !P) return NULL;
 
     size_t mk = tmp_mark();
-    attn_ctx c = {.T = T, .D = D, .scale = scale, .p = P};
-    if (!c.p) c.p = tmp_alloc((size_t)(BH * T * T) * es + 1);
-    c.q = as_compute(q, ct);
-    c.k = as_compute(k, ct);
-    c.v = as_compute(v, ct);
-    c.o = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * es + 1);
-    c.tr = tmp_alloc((size_t)(BH * D * T) * es + 1);
-    if (!c.p || !c.q || !c.k || !c.v || !c.o || !c.tr) {
+    if (!P) P = tmp_alloc((size_t)(BH * T * T) * es + 1);
+    const char *qc = as_compute(q, ct), *kc = as_compute(k, ct), *vc = as_compute(v, ct);
+    char *o = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * es + 1);
+    if (!P || !qc || !kc || !vc || !o) {
         tmp_release(mk);
         return NULL;
     }
-    parallel_for(BH, 1, ct == EM_F32 ? fwd_f32 : fwd_f64, &c);
-    if (dt != ct) convert_n(dt, t_ptr(out), ct, c.o, t_numel(out));
+    for (int64_t h = 0; h < BH && D > 0; h++) {
+        int64_t off = h * T * D;
+        head_forward(ct, T, D, scale, at(qc, off, es), at(kc, off, es), at(vc, off, es), o + off * (int64_t)es,
+                     (void *)at(P, h * T * T, es));
+    }
+    if (dt != ct) convert_n(dt, t_ptr(out), ct, o, t_numel(out));
     tmp_release(mk);
     if (n) {
-        n->saved = P;
+        n->saved = P; /* from the scope arena: lives as long as the tape */
         n->dp[0] = scale;
     }
     return out;

@@ -83,6 +83,66 @@ TEST(test_attention_equals_composed_reference)
     em_scope_end(s);
 }
 
+/* Gradients of sum(o * go) by the textbook formulas, with plain loops, for
+ * one head: q, k, v, go (T,D) -> dq, dk, dv (T,D). */
+static void loop_backward(int64_t T, int64_t D, double scale, const double *q, const double *k, const double *v,
+                          const double *go, double *dq, double *dk, double *dv)
+{
+    double *P = calloc((size_t)(T * T), sizeof(double)), *dS = calloc((size_t)(T * T), sizeof(double));
+    for (int64_t i = 0; i < T; i++) {
+        double m = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; j++) {
+            double s = 0;
+            for (int64_t d = 0; d < D; d++) s += q[i * D + d] * k[j * D + d];
+            P[i * T + j] = s * scale;
+            m = fmax(m, s * scale);
+        }
+        for (int64_t j = 0; j <= i; j++) sum += (P[i * T + j] = exp(P[i * T + j] - m));
+        for (int64_t j = 0; j <= i; j++) P[i * T + j] /= sum;
+        double r = 0;
+        for (int64_t j = 0; j <= i; j++) {
+            double dp = 0;
+            for (int64_t d = 0; d < D; d++) dp += go[i * D + d] * v[j * D + d];
+            dS[i * T + j] = dp;
+            r += dp * P[i * T + j];
+        }
+        for (int64_t j = 0; j <= i; j++) dS[i * T + j] = P[i * T + j] * (dS[i * T + j] - r);
+    }
+    memset(dq, 0, sizeof(double) * (size_t)(T * D));
+    memset(dk, 0, sizeof(double) * (size_t)(T * D));
+    memset(dv, 0, sizeof(double) * (size_t)(T * D));
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t j = 0; j <= i; j++)
+            for (int64_t d = 0; d < D; d++) {
+                dv[j * D + d] += P[i * T + j] * go[i * D + d];
+                dq[i * D + d] += dS[i * T + j] * k[j * D + d] * scale;
+                dk[j * D + d] += dS[i * T + j] * q[i * D + d] * scale;
+            }
+    free(P);
+    free(dS);
+}
+
+/* T = 300 spans two of the op's blocks of query rows. */
+TEST(test_attention_long_sequence_matches_references)
+{
+    enum { T = 300, D = 3 };
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(28);
+    em_tensor *x[4];
+    for (int i = 0; i < 4; i++) x[i] = em_randn(EM_F64, EM_SHAPE(1, 1, T, D), &r);
+    for (int i = 0; i < 3; i++) CHECK_OK(em_set_requires_grad(x[i], true));
+    em_tensor *o = em_attention_causal(x[0], x[1], x[2], 0.0);
+    CHECK(th_max_abs_diff(o, composed_reference(x[0], x[1], x[2], 1.0 / sqrt(3.0))) < 1e-12);
+    CHECK_OK(em_backward(o, x[3]));
+    static double v[4][T * D], want[3][T * D];
+    for (int i = 0; i < 4; i++) em_to_array(x[i], EM_F64, v[i]);
+    loop_backward(T, D, 1.0 / sqrt(3.0), v[0], v[1], v[2], v[3], want[0], want[1], want[2]);
+    for (int i = 0; i < 3; i++) th_check_values(__FILE__, __LINE__, em_grad(x[i]), want[i], 1e-10);
+    em_tensor *o32 = em_attention_causal(em_cast(x[0], EM_F32), em_cast(x[1], EM_F32), em_cast(x[2], EM_F32), 0.0);
+    CHECK(th_max_abs_diff(o32, o) < 1e-5);
+    em_scope_end(s);
+}
+
 TEST(test_attention_is_causal)
 {
     em_scope s = em_scope_begin();
