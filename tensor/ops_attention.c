@@ -1,2 +1,274 @@
-/* ops_attention.c */
+/* ops_attention.c — causal scaled-dot-product attention as one op:
+ * q, k, v (B,H,T,D) -> (B,H,T,D), position i attending to positions j <= i.
+ *
+ * Forward, per head (b,h):  S = q k^T * scale (T,T), P = softmax(S) row-wise
+ * over j <= i (0 above the diagonal), O = P v. P (B,H,T,T) is kept in the
+ * step scope for backward. The products are GEMMs (sgemm/dgemm) per head,
+ * called from the calling thread so OpenBLAS's threads do the parallel work;
+ * query rows go in blocks of ROW_BLOCK so the keys after a block's last row
+ * (all masked) are never multiplied. The row-wise softmax and its backward
+ * run on ember's pool (parallel_for over rows), between the GEMMs, never
+ * inside them. f32 and f64 are computed as they are; f16/bf16 through f32. */
+#include <cblas.h>
+#include <limits.h>
+
 #include "tensor_impl.h"
+
+enum { ROW_BLOCK = 256 }; /* query rows per GEMM block: keys past the block's last row are skipped */
+
+static const char *at(const void *p, int64_t off, size_t es) { return (const char *)p + off * (int64_t)es; }
+
+/* C (m,n) = alpha op(A) op(B) + beta C, row-major, in compute dtype ct. */
+static void gemm(em_dtype ct, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void *A,
+                 int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
+{
+    if (m == 0 || n == 0) return;
+    CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
+    if (ct == EM_F32)
+        cblas_sgemm(CblasRowMajor, a, b, (int)m, (int)n, (int)k, (float)alpha, A, (int)lda, B, (int)ldb, (float)beta,
+                    C, (int)ldc);
+    else
+        cblas_dgemm(CblasRowMajor, a, b, (int)m, (int)n, (int)k, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* The row pass of one head: rows [lo,hi) of the (T,T) matrices. */
+typedef struct rows_ctx {
+    int64_t T;
+    bool f64;
+    double scale;
+    void *p;  /* forward: S in, P out; backward: P */
+    void *ds; /* backward: dP in, dS * scale out */
+} rows_ctx;
+
+/* e^x for x <= 0 in f32, written so the compiler vectorises a loop of it
+ * (libm's expf is a call per element): x = n ln2 + r with |r| <= ln2/2,
+ * e^r by its Taylor series to r^6 (relative error ~1e-7), 2^n by building
+ * the exponent bits. Below -87 the result is clamped at e^-87 (~1.6e-38),
+ * which vanishes against the row's largest term, 1. */
+static inline float exp_nonpos(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest: adding 1.5*2^23 drops the fraction */
+    float r = x - n * 0.693145752f - n * 1.42860677e-6f; /* ln2 split in two for exactness */
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    union {
+        int32_t i;
+        float f;
+    } two_n = {.i = ((int32_t)n + 127) << 23};
+    return p * two_n.f;
+}
+
+/* p_ij = exp(s_ij - max_j s_ij) / sum, over j <= i; 0 for j > i */
+static void softmax_rows(void *ctx, int64_t lo, int64_t hi)
+{
+    rows_ctx *c = ctx;
+    int64_t T = c->T;
+    for (int64_t i = lo; i < hi; i++) {
+        if (!c->f64) {
+            float *s = (float *)c->p + i * T, m = s[0], sum = 0.0f;
+            for (int64_t j = 1; j <= i; j++) m = s[j] > m ? s[j] : m;
+            for (int64_t j = 0; j <= i; j++) s[j] = exp_nonpos(s[j] - m);
+            for (int64_t j = 0; j <= i; j++) sum += s[j];
+            float inv = 1.0f / sum;
+            for (int64_t j = 0; j <= i; j++) s[j] *= inv;
+            for (int64_t j = i + 1; j < T; j++) s[j] = 0.0f;
+        } else {
+            double *s = (double *)c->p + i * T, m = s[0], sum = 0.0;
+            for (int64_t j = 1; j <= i; j++) m = s[j] > m ? s[j] : m;
+            for (int64_t j = 0; j <= i; j++) sum += (s[j] = exp(s[j] - m));
+            double inv = 1.0 / sum;
+            for (int64_t j = 0; j <= i; j++) s[j] *= inv;
+            for (int64_t j = i + 1; j < T; j++) s[j] = 0.0;
+        }
+    }
+}
+
+/* ds_ij = p_ij (dp_ij - sum_j dp_ij p_ij) * scale over j <= i; 0 for j > i */
+static void dsoftmax_rows_f32(void *ctx, int64_t lo, int64_t hi)
+{
+    rows_ctx *c = ctx;
+    int64_t T = c->T;
+    float scale = (float)c->scale;
+    for (int64_t i = lo; i < hi; i++) {
+        const float *p = (const float *)c->p + i * T;
+        float *d = (float *)c->ds + i * T, r = 0.0f;
+        for (int64_t j = 0; j <= i; j++) r += d[j] * p[j];
+        for (int64_t j = 0; j <= i; j++) d[j] = p[j] * (d[j] - r) * scale;
+        for (int64_t j = i + 1; j < T; j++) d[j] = 0.0f;
+    }
+}
+
+static void dsoftmax_rows_f64(void *ctx, int64_t lo, int64_t hi)
+{
+    rows_ctx *c = ctx;
+    int64_t T = c->T;
+    for (int64_t i = lo; i < hi; i++) {
+        const double *p = (const double *)c->p + i * T;
+        double *d = (double *)c->ds + i * T, r = 0.0;
+        for (int64_t j = 0; j <= i; j++) r += d[j] * p[j];
+        for (int64_t j = 0; j <= i; j++) d[j] = p[j] * (d[j] - r) * c->scale;
+        for (int64_t j = i + 1; j < T; j++) d[j] = 0.0;
+    }
+}
+
+/* One head, forward. q, k, v, o (T,D); P (T,T). Per block of query rows
+ * [i0,i1): S = q[i0:i1] k[0:i1]^T * scale; then P = masked softmax(S) by rows;
+ * then o[i0:i1] = P[i0:i1, 0:i1] v[0:i1]. */
+static void head_forward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, const void *k,
+                         const void *v, void *o, void *P)
+{
+    size_t es = em_dtype_size(ct);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
+        gemm(ct, false, true, i1 - i0, i1, D, scale, at(q, i0 * D, es), D, k, D, 0.0, (void *)at(P, i0 * T, es), T);
+    }
+    rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .p = P};
+    parallel_for(T, 32, softmax_rows, &rc);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
+        gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, D, 0.0, (void *)at(o, i0 * D, es), D);
+    }
+}
+
+/* One head, backward, blocks of query rows as in forward:
+ * dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dP * P));
+ * dQ = dS K * scale;  dK = dS^T Q * scale.  ds: (T,T) scratch. */
+static void head_backward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, const void *k,
+                          const void *v, const void *P, const void *go, void *gq, void *gk, void *gv, void *ds)
+{
+    size_t es = em_dtype_size(ct);
+    memset(gk, 0, (size_t)(T * D) * es);
+    memset(gv, 0, (size_t)(T * D) * es);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
+        gemm(ct, true, false, i1, D, m, 1.0, at(P, i0 * T, es), T, at(go, i0 * D, es), D, 1.0, gv, D);
+        gemm(ct, false, true, m, i1, D, 1.0, at(go, i0 * D, es), D, v, D, 0.0, (void *)at(ds, i0 * T, es), T);
+    }
+    rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .scale = scale, .p = (void *)P, .ds = ds};
+    parallel_for(T, 32, ct == EM_F32 ? dsoftmax_rows_f32 : dsoftmax_rows_f64, &rc);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
+        gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, D, 0.0, (void *)at(gq, i0 * D, es), D);
+        gemm(ct, true, false, i1, D, m, 1.0, at(ds, i0 * T, es), T, at(q, i0 * D, es), D, 1.0, gk, D);
+    }
+}
+
+/* ---- plumbing ------------------------------------------------------------------ */
+
+static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
+
+/* t's values as contiguous compute-dtype elements: t's own memory when it
+ * already is that, else a copy in temp scratch. NULL on OOM. */
+static const void *as_compute(tensor *t, em_dtype ct)
+{
+    if (t->dtype == ct && t_is_contig(t)) return t_ptr(t);
+    void *buf = tmp_alloc((size_t)t_numel(t) * em_dtype_size(ct) + 1);
+    if (!buf) return NULL;
+    storage s = {.data = buf, .nbytes = (size_t)t_numel(t) * em_dtype_size(ct)};
+    tensor h = {.dtype = ct, .ndim = t->ndim, .st = &s};
+    memcpy(h.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    t_contig_strides(t->ndim, t->shape, h.stride);
+    copy_strided(&h, t);
+    return buf;
+}
+
+static em_status attention_backward(node *n, tensor *g)
+{
+    tensor *q = n->in[0];
+    em_dtype ct = compute_dtype(q->dtype);
+    int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3];
+    size_t es = em_dtype_size(ct);
+    tensor *grads[3];
+    for (int i = 0; i < 3; i++)
+        if (!(grads[i] = t_new(ct, 4, q->shape))) return em_last_status();
+    size_t mk = tmp_mark();
+    const char *qc = as_compute(n->in[0], ct), *kc = as_compute(n->in[1], ct), *vc = as_compute(n->in[2], ct);
+    const char *gc = as_compute(g, ct);
+    void *ds = tmp_alloc((size_t)(T * T) * es + 1);
+    if (!qc || !kc || !vc || !gc || !ds) {
+        tmp_release(mk);
+        return em_last_status();
+    }
+    for (int64_t h = 0; h < BH && D > 0; h++) { /* D == 0: the gradients are empty */
+        int64_t off = h * T * D;
+        head_backward(ct, T, D, n->dp[0], at(qc, off, es), at(kc, off, es), at(vc, off, es),
+                      at(n->saved, h * T * T, es), at(gc, off, es), (void *)at(t_ptr(grads[0]), off, es),
+                      (void *)at(t_ptr(grads[1]), off, es), (void *)at(t_ptr(grads[2]), off, es), ds);
+    }
+    tmp_release(mk);
+    for (int i = 0; i < 3; i++) {
+        tensor *x = n->in[i];
+        if (!x->requires_grad) continue;
+        tensor *gx = x->dtype == ct ? grads[i] : t_cast(grads[i], x->dtype);
+        if (!gx) return em_last_status();
+        em_status s = ag_accum(x, gx);
+        if (s) return s;
+    }
+    return EM_OK;
+}
+
+static bool same_shape(const tensor *a, const tensor *b)
+{
+    return a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim);
+}
+
+static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
+{
+    if (!q || !k || !v) return NULL;
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
+        return em_fail(EM_ERR_SHAPE, "attention: q, k, v must be 4-D (B,H,T,D): q is %s, k is %s, v is %s", shp(q),
+                       shp(k), shp(v));
+    if (!same_shape(q, k) || !same_shape(q, v))
+        return em_fail(EM_ERR_SHAPE, "attention: q, k, v must have the same shape: q is %s, k is %s, v is %s",
+                       shp(q), shp(k), shp(v));
+    if (!chk_same_dtype("attention", q, k) || !chk_same_dtype("attention", q, v) || !chk_float("attention", q))
+        return NULL;
+    if (isnan(scale) || isinf(scale))
+        return em_fail(EM_ERR_ARG, "attention: scale must be finite, got %g (<= 0 means 1/sqrt(D))", scale);
+    tensor *in[3] = {q, k, v};
+    bool need = ag_needed(3, in);
+    if (need && em_scope_depth() == 0)
+        return em_fail(EM_ERR_SCOPE, "attention: recording a gradient needs an open step scope (em_scope_begin), "
+                                     "or run it under em_set_grad_enabled(false)");
+    int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3];
+    if (T > INT_MAX || D > INT_MAX)
+        return em_fail(EM_ERR_UNSUPPORTED, "attention: T or D beyond BLAS's int range: q is %s", shp(q));
+    if (scale <= 0) scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
+    em_dtype dt = q->dtype, ct = compute_dtype(dt);
+    size_t es = em_dtype_size(ct);
+    tensor *out = t_new(dt, 4, q->shape);
+    if (!out) return NULL;
+    node *n = need ? ag_record("attention_causal", attention_backward, out, 3, in) : NULL;
+    if (need && !n) return NULL;
+    /* P lives as long as the tape when it is saved, else only for this call */
+    void *P = need ? scope_alloc((size_t)(BH * T * T) * es + 1) : NULL;
+    if (need && !P) return NULL;
+
+    size_t mk = tmp_mark();
+    if (!P) P = tmp_alloc((size_t)(BH * T * T) * es + 1);
+    const char *qc = as_compute(q, ct), *kc = as_compute(k, ct), *vc = as_compute(v, ct);
+    char *o = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * es + 1);
+    if (!P || !qc || !kc || !vc || !o) {
+        tmp_release(mk);
+        return NULL;
+    }
+    for (int64_t h = 0; h < BH && D > 0; h++) {
+        int64_t off = h * T * D;
+        head_forward(ct, T, D, scale, at(qc, off, es), at(kc, off, es), at(vc, off, es), o + off * (int64_t)es,
+                     (void *)at(P, h * T * T, es));
+    }
+    if (dt != ct) convert_n(dt, t_ptr(out), ct, o, t_numel(out));
+    tmp_release(mk);
+    if (n) {
+        n->saved = P; /* from the scope arena: lives as long as the tape */
+        n->dp[0] = scale;
+    }
+    return out;
+}
+
+em_tensor *em_attention_causal(em_tensor *q, em_tensor *k, em_tensor *v, double scale)
+{
+    tensor *x = t_resolve(q, "attention"), *y = x ? t_resolve(k, "attention") : NULL;
+    tensor *z = y ? t_resolve(v, "attention") : NULL;
+    return z ? t_handle(attention_causal(x, y, z, scale)) : NULL;
+}

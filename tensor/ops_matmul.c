@@ -1,2 +1,223 @@
-/* ops_matmul.c */
+/* ops_matmul.c — batched matrix product a (...,M,K) @ b (...,K,N) -> (...,M,N)
+ * on BLAS: shape/dtype checks, forward, backward.
+ *
+ * f32 goes to cblas_sgemm and f64 to cblas_dgemm; f16/bf16 are converted to
+ * f32 scratch, multiplied and converted back (integers likewise through f64).
+ * An operand whose last two dims are a row-major matrix (strides (ld,1)) or a
+ * transposed one (strides (1,ld)) is handed to BLAS as it is, with the
+ * matching transpose flag; only other layouts are copied. Batch dims
+ * broadcast (NumPy rules) and are looped over, one GEMM per batch element;
+ * the threads come from OpenBLAS inside each call. When b has no batch dims
+ * and a's batch dims and rows are one evenly strided run (a linear layer on
+ * (B,T,C)), the whole product is a single GEMM of (B*T,K) @ (K,N). */
+#include <cblas.h>
+#include <limits.h>
+
 #include "tensor_impl.h"
+
+/* An operand as BLAS sees it: data in the compute dtype, its geometry, and
+ * how its last two dims map onto a BLAS matrix. */
+typedef struct operand {
+    const char *data;       /* element 0, compute dtype */
+    int ndim;
+    int64_t shape[EM_MAX_DIMS];
+    int64_t stride[EM_MAX_DIMS];
+    CBLAS_TRANSPOSE trans;
+    int64_t ld;
+} operand;
+
+/* The BLAS view of a (R,C) matrix with strides (sr,sc): row-major as is, or
+ * the transpose of a row-major (C,R) one; false when neither fits. */
+static bool blas_layout(int64_t R, int64_t C, int64_t sr, int64_t sc, CBLAS_TRANSPOSE *tr, int64_t *ld)
+{
+    int64_t c1 = C > 1 ? C : 1, r1 = R > 1 ? R : 1;
+    if ((C <= 1 || sc == 1) && (R <= 1 || sr >= c1)) {
+        *tr = CblasNoTrans;
+        *ld = R <= 1 ? c1 : sr;
+    } else if ((R <= 1 || sr == 1) && (C <= 1 || sc >= r1)) {
+        *tr = CblasTrans;
+        *ld = C <= 1 ? r1 : sc;
+    } else {
+        return false;
+    }
+    return *ld <= INT_MAX;
+}
+
+/* A header over scratch memory, for copy_strided to write into. */
+static void scratch_header(tensor *h, storage *s, em_dtype dt, int ndim, const int64_t *shape, void *data)
+{
+    memset(h, 0, sizeof *h);
+    memset(s, 0, sizeof *s);
+    s->data = data;
+    s->nbytes = (size_t)shape_numel(ndim, shape) * em_dtype_size(dt);
+    h->dtype = dt;
+    h->ndim = ndim;
+    memcpy(h->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    t_contig_strides(ndim, shape, h->stride);
+    h->st = s;
+}
+
+/* Fills op for t in compute dtype ct, copying t into temp scratch only when
+ * its dtype differs or its matrix layout suits BLAS neither way. */
+static bool prepare(operand *op, tensor *t, em_dtype ct)
+{
+    int n = t->ndim;
+    op->ndim = n;
+    memcpy(op->shape, t->shape, sizeof(int64_t) * (size_t)n);
+    if (t->dtype == ct &&
+        blas_layout(t->shape[n - 2], t->shape[n - 1], t->stride[n - 2], t->stride[n - 1], &op->trans, &op->ld)) {
+        op->data = t_ptr(t);
+        memcpy(op->stride, t->stride, sizeof(int64_t) * (size_t)n);
+        return true;
+    }
+    void *buf = tmp_alloc((size_t)t_numel(t) * em_dtype_size(ct) + 1);
+    if (!buf) return false;
+    tensor h;
+    storage s;
+    scratch_header(&h, &s, ct, n, t->shape, buf);
+    copy_strided(&h, t);
+    op->data = buf;
+    memcpy(op->stride, h.stride, sizeof(int64_t) * (size_t)n);
+    blas_layout(t->shape[n - 2], t->shape[n - 1], h.stride[n - 2], h.stride[n - 1], &op->trans, &op->ld);
+    return true;
+}
+
+/* op's strides over the output's batch dims (nb of them, sizes bs): 0 where
+ * op is missing the dim or broadcasts along it. */
+static void batch_strides(const operand *op, int nb, const int64_t *bs, int64_t *out)
+{
+    for (int i = 0; i < nb; i++) {
+        int j = op->ndim - 2 - nb + i;
+        out[i] = (j < 0 || (op->shape[j] == 1 && bs[i] != 1)) ? 0 : op->stride[j];
+    }
+}
+
+/* c (M,N) row-major, ldc = N  <-  op(a) (M,K) @ op(b) (K,N) */
+static void gemm(em_dtype ct, const operand *a, const char *ap, const operand *b, const char *bp, char *cp,
+                 int64_t M, int64_t N, int64_t K)
+{
+    int ldc = (int)(N > 1 ? N : 1);
+    if (ct == EM_F32)
+        cblas_sgemm(CblasRowMajor, a->trans, b->trans, (int)M, (int)N, (int)K, 1.0f, (const float *)ap, (int)a->ld,
+                    (const float *)bp, (int)b->ld, 0.0f, (float *)cp, ldc);
+    else
+        cblas_dgemm(CblasRowMajor, a->trans, b->trans, (int)M, (int)N, (int)K, 1.0, (const double *)ap, (int)a->ld,
+                    (const double *)bp, (int)b->ld, 0.0, (double *)cp, ldc);
+}
+
+/* True when a's batch dims and its M rows form one run of stride a->ld (so
+ * a is a (rows,K) row-major matrix), and b repeats over every batch dim. */
+static bool folds_into_one_gemm(const operand *a, const int64_t *sa, const int64_t *sb, int nb, const int64_t *bs,
+                                int64_t M)
+{
+    if (a->trans != CblasNoTrans) return false;
+    int64_t want = a->ld * M;
+    for (int i = nb - 1; i >= 0; i--) {
+        if (bs[i] == 1) continue;
+        if (sb[i] != 0 || sa[i] != want) return false;
+        want *= bs[i];
+    }
+    return true;
+}
+
+/* Runs the products into c (contiguous, compute dtype, out's shape). */
+static void matmul_kernel(em_dtype ct, const operand *a, const operand *b, char *c, int nb, const int64_t *bs,
+                          int64_t M, int64_t N, int64_t K)
+{
+    size_t es = em_dtype_size(ct);
+    int64_t nbatch = shape_numel(nb, bs);
+    int64_t sa[EM_MAX_DIMS], sb[EM_MAX_DIMS];
+    batch_strides(a, nb, bs, sa);
+    batch_strides(b, nb, bs, sb);
+    if (M == 0 || N == 0 || nbatch == 0) return;
+    if (K == 0) {
+        memset(c, 0, (size_t)(nbatch * M * N) * es);
+        return;
+    }
+    if (nbatch == 1 || (folds_into_one_gemm(a, sa, sb, nb, bs, M) && nbatch * M <= INT_MAX)) {
+        gemm(ct, a, a->data, b, b->data, c, nbatch * M, N, K);
+        return;
+    }
+    nditer it;
+    nditer_init(&it, nb, bs, 2, (const int64_t *[]){sa, sb});
+    for (int64_t i = 0; i < nbatch; i++) {
+        gemm(ct, a, a->data + it.off[0] * (int64_t)es, b, b->data + it.off[1] * (int64_t)es,
+             c + (size_t)(i * M * N) * es, M, N, K);
+        nditer_next(&it);
+    }
+}
+
+/* dA = g @ B^T, dB = A^T @ g, each summed over the batch dims it broadcast
+ * along. When b is a plain (K,N) matrix, dB is one GEMM over all rows. */
+static em_status matmul_backward(node *n, tensor *g)
+{
+    tensor *a = n->in[0], *b = n->in[1];
+    em_status s;
+    if (a->requires_grad) {
+        tensor *ga = t_matmul(g, t_transpose(b, -1, -2));
+        ga = ga ? ag_sum_to(ga, a->ndim, a->shape) : NULL;
+        if (!ga) return em_last_status();
+        if ((s = ag_accum(a, ga))) return s;
+    }
+    if (b->requires_grad) {
+        tensor *gb;
+        if (b->ndim == 2 && a->ndim > 2) {
+            int64_t K = a->shape[a->ndim - 1], N = g->shape[g->ndim - 1];
+            tensor *a2 = t_reshape(a, 2, (int64_t[]){-1, K}), *g2 = t_reshape(g, 2, (int64_t[]){-1, N});
+            gb = a2 && g2 ? t_matmul(t_transpose(a2, 0, 1), g2) : NULL;
+        } else {
+            gb = t_matmul(t_transpose(a, -1, -2), g);
+            gb = gb ? ag_sum_to(gb, b->ndim, b->shape) : NULL;
+        }
+        if (!gb) return em_last_status();
+        if ((s = ag_accum(b, gb))) return s;
+    }
+    return EM_OK;
+}
+
+tensor *t_matmul(tensor *a, tensor *b)
+{
+    if (!a || !b) return NULL;
+    if (a->ndim < 2 || b->ndim < 2)
+        return em_fail(EM_ERR_SHAPE, "matmul: operands must be at least 2-D: a is %s, b is %s (unsqueeze a vector)",
+                       shp(a), shp(b));
+    if (!chk_same_dtype("matmul", a, b)) return NULL;
+    if (a->dtype == EM_BOOL)
+        return em_fail(EM_ERR_DTYPE, "matmul: does not take bool tensors (%s and %s)", shp(a), shp(b));
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    if (b->shape[b->ndim - 2] != K)
+        return em_fail(EM_ERR_SHAPE, "matmul: inner dims differ: a is %s, b is %s", shp(a), shp(b));
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+        return em_fail(EM_ERR_UNSUPPORTED, "matmul: dims beyond BLAS's int range: a is %s, b is %s", shp(a), shp(b));
+    int nb;
+    int64_t shape[EM_MAX_DIMS];
+    if (bcast_shape("matmul", a->ndim - 2, a->shape, b->ndim - 2, b->shape, &nb, shape))
+        return em_fail(EM_ERR_SHAPE, "matmul: batch dims do not broadcast: a is %s, b is %s", shp(a), shp(b));
+    shape[nb] = M;
+    shape[nb + 1] = N;
+    em_dtype dt = a->dtype;
+    em_dtype ct = dt == EM_F32 || dt == EM_F16 || dt == EM_BF16 ? EM_F32 : EM_F64;
+    tensor *out = t_new(dt, nb + 2, shape);
+    if (!out) return NULL;
+
+    size_t mk = tmp_mark();
+    operand oa, ob;
+    char *c = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * em_dtype_size(ct) + 1);
+    if (!c || !prepare(&oa, a, ct) || !prepare(&ob, b, ct)) {
+        tmp_release(mk);
+        return NULL;
+    }
+    matmul_kernel(ct, &oa, &ob, c, nb, shape, M, N, K);
+    if (dt != ct) convert_n(dt, t_ptr(out), ct, c, t_numel(out));
+    tmp_release(mk);
+
+    tensor *in[2] = {a, b};
+    if (ag_needed(2, in) && !ag_record("matmul", matmul_backward, out, 2, in)) return NULL;
+    return out;
+}
+
+em_tensor *em_matmul(em_tensor *a, em_tensor *b)
+{
+    tensor *x = t_resolve(a, "matmul"), *y = x ? t_resolve(b, "matmul") : NULL;
+    return y ? t_handle(t_matmul(x, y)) : NULL;
+}

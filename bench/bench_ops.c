@@ -1,0 +1,286 @@
+/* bench_ops.c — CPU throughput of ember's core ops against the hardware's
+ * reference points, in one run:
+ *   (a) em_matmul vs raw cblas_sgemm on GPT-2 GEMM shapes, GFLOP/s;
+ *   (b) elementwise ops and layer_norm vs memcpy of the same bytes, GB/s;
+ *   (c) whether OpenBLAS's threads and ember's pool get in each other's way:
+ *       em_matmul and em_add alone and alternating, per thread setting.
+ * Every number is the median over repetitions after a warm-up; ember and the
+ * reference are timed interleaved in the same run. Each ember repetition runs
+ * in its own step scope, so the arena is reused and nothing grows.
+ * Usage: bench_ops [reps]   (default 9, at least 7) */
+#include <cblas.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ember/ember.h"
+
+/* Ops another part of ember may not provide yet, and OpenBLAS's thread
+ * controls (absent from other BLAS libraries): resolved when present. */
+#pragma weak em_layer_norm
+#pragma weak em_gelu_tanh
+#pragma weak openblas_set_num_threads
+#pragma weak openblas_get_num_threads
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_ops: %s failed: %s\n", what, em_last_error());
+    exit(1);
+}
+
+static void blas_threads(int n)
+{
+    if (openblas_set_num_threads) openblas_set_num_threads(n);
+}
+
+static int blas_thread_count(void) { return openblas_get_num_threads ? openblas_get_num_threads() : -1; }
+
+enum { MAX_REPS = 128 };
+
+/* ---- (a) GEMM ------------------------------------------------------------------ */
+
+static void bench_matmul(int reps)
+{
+    static const int64_t rows[3] = {256, 512, 1024};
+    static const int64_t kn[3][2] = {{768, 768}, {768, 3072}, {3072, 768}};
+    printf("\n(a) matmul f32, (M,K) @ (K,N), median of %d, GFLOP/s\n", reps);
+    printf("%6s %6s %6s  %10s %10s %8s\n", "M", "K", "N", "ember", "sgemm", "ratio");
+    em_rng rng = em_rng_new(1);
+    for (int s = 0; s < 3; s++)
+        for (int r = 0; r < 3; r++) {
+            int64_t M = rows[r], K = kn[s][0], N = kn[s][1];
+            em_tensor *a = em_randn(EM_F32, EM_SHAPE(M, K), &rng), *b = em_randn(EM_F32, EM_SHAPE(K, N), &rng);
+            float *c = malloc(sizeof(float) * (size_t)(M * N));
+            if (!a || !b || !c) die("matmul setup");
+            const float *ap = em_data(a), *bp = em_data(b);
+            double te[MAX_REPS], tr[MAX_REPS];
+            for (int i = -2; i < reps; i++) {
+                em_scope sc = em_scope_begin();
+                double t0 = now();
+                if (!em_matmul(a, b)) die("em_matmul");
+                double t1 = now();
+                em_scope_end(sc);
+                double t2 = now();
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, ap, (int)K, bp,
+                            (int)N, 0.0f, c, (int)N);
+                double t3 = now();
+                if (i >= 0) {
+                    te[i] = t1 - t0;
+                    tr[i] = t3 - t2;
+                }
+            }
+            double flop = 2.0 * (double)M * (double)K * (double)N;
+            double ge = flop / median(te, reps) * 1e-9, gr = flop / median(tr, reps) * 1e-9;
+            printf("%6lld %6lld %6lld  %10.1f %10.1f %8.3f\n", (long long)M, (long long)K, (long long)N, ge, gr,
+                   ge / gr);
+            fflush(stdout);
+            free(c);
+            em_free(a);
+            em_free(b);
+        }
+}
+
+/* ---- (b) memory-bound ops ------------------------------------------------------ */
+
+typedef struct copy_part {
+    char *dst;
+    const char *src;
+    size_t n;
+} copy_part;
+
+static void *copy_main(void *p)
+{
+    copy_part *c = p;
+    memcpy(c->dst, c->src, c->n);
+    return NULL;
+}
+
+/* memcpy split over nt threads (the caller takes the first part), the same
+ * thread count ember's pool uses. */
+static void par_memcpy(char *dst, const char *src, size_t n, int nt)
+{
+    enum { MAX_PARTS = 64 };
+    pthread_t th[MAX_PARTS];
+    copy_part parts[MAX_PARTS];
+    if (nt > MAX_PARTS) nt = MAX_PARTS;
+    for (int i = 0; i < nt; i++) {
+        size_t lo = n * (size_t)i / (size_t)nt, hi = n * (size_t)(i + 1) / (size_t)nt;
+        parts[i] = (copy_part){dst + lo, src + lo, hi - lo};
+    }
+    int started = 1;
+    for (; started < nt; started++)
+        if (pthread_create(&th[started], NULL, copy_main, &parts[started])) break;
+    copy_main(&parts[0]);
+    for (int i = started; i < nt; i++) copy_main(&parts[i]); /* parts no thread took */
+    for (int i = 1; i < started; i++) pthread_join(th[i], NULL);
+}
+
+typedef enum { EW_ADD, EW_MUL_SCALAR, EW_GELU_TANH, EW_LAYER_NORM } ew_op;
+
+static em_tensor *run_ew(ew_op op, em_tensor *x, em_tensor *y, em_tensor *w, em_tensor *bias)
+{
+    switch (op) {
+    case EW_ADD: return em_add(x, y);
+    case EW_MUL_SCALAR: return em_mul_scalar(x, 1.5);
+    case EW_GELU_TANH: return em_gelu_tanh(x);
+    default: return em_layer_norm(x, w, bias, 1e-5);
+    }
+}
+
+static void bench_elementwise(int reps)
+{
+    const int64_t R = 8192, C = 768; /* (B*T, C) of GPT-2 small, 24 MiB in f32 */
+    size_t nbytes = sizeof(float) * (size_t)(R * C);
+    printf("\n(b) memory-bound ops, f32 (%lld,%lld), median of %d; GB/s counts bytes read + written\n",
+           (long long)R, (long long)C, reps);
+    int nt = em_num_threads();
+    printf("memcpy: one thread, and split over %d threads (ember's pool size); ratio = op / memcpy(%d)\n", nt, nt);
+    printf("%-14s %10s %10s %10s %8s\n", "op", "GB/s", "memcpy(1)", "memcpy(n)", "ratio");
+    em_rng rng = em_rng_new(2);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(R, C), &rng), *y = em_randn(EM_F32, EM_SHAPE(R, C), &rng);
+    em_tensor *w = em_ones(EM_F32, EM_SHAPE(C)), *bias = em_zeros(EM_F32, EM_SHAPE(C));
+    char *src = malloc(nbytes), *dst = malloc(nbytes);
+    if (!x || !y || !w || !bias || !src || !dst) die("elementwise setup");
+    memset(src, 1, nbytes);
+    memset(dst, 2, nbytes);
+    static const char *names[4] = {"add", "mul_scalar", "gelu_tanh", "layer_norm"};
+    /* tensors read per op besides the one written */
+    static const double reads[4] = {2, 1, 1, 1};
+    for (int op = 0; op < 4; op++) {
+        if ((op == EW_GELU_TANH && !em_gelu_tanh) || (op == EW_LAYER_NORM && !em_layer_norm)) {
+            printf("%-14s %10s\n", names[op], "(not in this build yet)");
+            continue;
+        }
+        double to[MAX_REPS], tm[MAX_REPS], tp[MAX_REPS];
+        for (int i = -2; i < reps; i++) {
+            em_scope sc = em_scope_begin();
+            double t0 = now();
+            if (!run_ew((ew_op)op, x, y, w, bias)) die(names[op]);
+            double t1 = now();
+            em_scope_end(sc);
+            double t2 = now();
+            memcpy(dst, src, nbytes);
+            double t3 = now();
+            par_memcpy(dst, src, nbytes, nt);
+            double t4 = now();
+            if (i >= 0) {
+                to[i] = t1 - t0;
+                tm[i] = t3 - t2;
+                tp[i] = t4 - t3;
+            }
+        }
+        double go = (reads[op] + 1) * (double)nbytes / median(to, reps) * 1e-9;
+        double gm = 2.0 * (double)nbytes / median(tm, reps) * 1e-9;
+        double gp = 2.0 * (double)nbytes / median(tp, reps) * 1e-9;
+        printf("%-14s %10.2f %10.2f %10.2f %8.3f\n", names[op], go, gm, gp, go / gp);
+        fflush(stdout);
+    }
+    free(src);
+    free(dst);
+    em_free(x);
+    em_free(y);
+    em_free(w);
+    em_free(bias);
+}
+
+/* ---- (c) OpenBLAS threads vs ember's pool -------------------------------------- */
+
+/* Median milliseconds of em_matmul(a, b) and of em_add(x, x) per iteration,
+ * each either run alone in a loop (alt false) or alternating with the other. */
+static void mix_time(bool alt, em_tensor *a, em_tensor *b, em_tensor *x, int iters, double *mm_ms, double *add_ms)
+{
+    double tm[MAX_REPS], ta[MAX_REPS];
+    for (int pass = 0; pass < (alt ? 1 : 2); pass++)
+        for (int i = -3; i < iters; i++) {
+            em_scope sc = em_scope_begin();
+            double t0 = now();
+            if ((alt || pass == 0) && !em_matmul(a, b)) die("em_matmul");
+            double t1 = now();
+            if ((alt || pass == 1) && !em_add(x, x)) die("em_add");
+            double t2 = now();
+            em_scope_end(sc);
+            if (i >= 0 && (alt || pass == 0)) tm[i] = t1 - t0;
+            if (i >= 0 && (alt || pass == 1)) ta[i] = t2 - t1;
+        }
+    *mm_ms = median(tm, iters) * 1e3;
+    *add_ms = median(ta, iters) * 1e3;
+}
+
+/* The four settings are measured round-robin (ROUNDS rounds of `iters`
+ * iterations each) and the median over rounds reported, so that drift in the
+ * machine's speed hits every setting alike. */
+static void bench_interference(int iters)
+{
+    enum { ROUNDS = 5, NCFG = 4 };
+    printf("\n(c) OpenBLAS threads vs ember pool: em_matmul (512,768)@(768,768) and em_add (4096,768),\n"
+           "    each timed alone (in a loop of itself) and alternating (matmul, add, matmul, ...);\n"
+           "    ms, median over %d interleaved rounds of the median of %d iterations\n", ROUNDS, iters);
+    printf("%8s %8s  %9s %9s %6s  %9s %9s %6s  %8s\n", "blas_thr", "pool_thr", "mm alone", "mm alt", "slow",
+           "add alone", "add alt", "slow", "alt sum");
+    if (!openblas_set_num_threads) {
+        printf("    (BLAS is not OpenBLAS: thread count not settable)\n");
+        return;
+    }
+    em_rng rng = em_rng_new(3);
+    em_tensor *a = em_randn(EM_F32, EM_SHAPE(512, 768), &rng), *b = em_randn(EM_F32, EM_SHAPE(768, 768), &rng);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(4096, 768), &rng);
+    if (!a || !b || !x) die("interference setup");
+    int blas0 = blas_thread_count(), pool0 = em_num_threads();
+    double res[NCFG][4][ROUNDS]; /* mm alone, mm alt, add alone, add alt */
+    for (int r = 0; r < ROUNDS; r++)
+        for (int c = 0; c < NCFG; c++) {
+            blas_threads(c / 2 + 1);
+            em_set_num_threads(c % 2 + 1);
+            mix_time(false, a, b, x, iters, &res[c][0][r], &res[c][2][r]);
+            mix_time(true, a, b, x, iters, &res[c][1][r], &res[c][3][r]);
+        }
+    for (int c = 0; c < NCFG; c++) {
+        double m[4];
+        for (int k = 0; k < 4; k++) m[k] = median(res[c][k], ROUNDS);
+        printf("%8d %8d  %9.3f %9.3f %5.2fx  %9.3f %9.3f %5.2fx  %8.3f\n", c / 2 + 1, c % 2 + 1, m[0], m[1],
+               m[1] / m[0], m[2], m[3], m[3] / m[2], m[1] + m[3]);
+    }
+    blas_threads(blas0 > 0 ? blas0 : 1);
+    em_set_num_threads(pool0);
+    em_free(a);
+    em_free(b);
+    em_free(x);
+}
+
+int main(int argc, char **argv)
+{
+    int reps = argc > 1 ? atoi(argv[1]) : 9;
+    if (reps < 7) reps = 7;
+    if (reps > MAX_REPS / 2) reps = MAX_REPS / 2;
+    const char *eb = getenv("OPENBLAS_NUM_THREADS"), *ee = getenv("EMBER_NUM_THREADS");
+    printf("ember bench_ops: ember pool threads %d (EMBER_NUM_THREADS=%s), OpenBLAS threads %d "
+           "(OPENBLAS_NUM_THREADS=%s)\n",
+           em_num_threads(), ee ? ee : "unset", blas_thread_count(), eb ? eb : "unset");
+    double t0 = now();
+    bench_matmul(reps);
+    bench_elementwise(reps);
+    bench_interference(reps * 2);
+    printf("\ntotal %.1f s\n", now() - t0);
+    return 0;
+}
