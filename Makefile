@@ -3,7 +3,7 @@
 #   make test [T=x]    plain + ASan/UBSan builds, run the suite in both
 #                      (T: only tests whose name contains one of its words)
 #   make build         set up and build build/
-#   make bench [B=x]   build, run the benchmarks (build/bench/ember-bench)
+#   make bench [B=x]   build, run the benchmarks (build/bench/bench_ops)
 #   make setup         check/install the system packages the build needs
 #   make clean         remove the build directories
 BUILD ?= build

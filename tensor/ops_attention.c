@@ -13,6 +13,7 @@
 #include <limits.h>
 
 #include "tensor_impl.h"
+#include "vmath_impl.h"
 
 enum { ROW_BLOCK = 256 }; /* query rows per GEMM block: keys past the block's last row are skipped */
 
@@ -40,24 +41,6 @@ typedef struct rows_ctx {
     void *ds; /* backward: dP in, dS * scale out */
 } rows_ctx;
 
-/* e^x for x <= 0 in f32, written so the compiler vectorises a loop of it
- * (libm's expf is a call per element): x = n ln2 + r with |r| <= ln2/2,
- * e^r by its Taylor series to r^6 (relative error ~1e-7), 2^n by building
- * the exponent bits. Below -87 the result is clamped at e^-87 (~1.6e-38),
- * which vanishes against the row's largest term, 1. */
-static inline float exp_nonpos(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest: adding 1.5*2^23 drops the fraction */
-    float r = x - n * 0.693145752f - n * 1.42860677e-6f; /* ln2 split in two for exactness */
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-    union {
-        int32_t i;
-        float f;
-    } two_n = {.i = ((int32_t)n + 127) << 23};
-    return p * two_n.f;
-}
-
 /* p_ij = exp(s_ij - max_j s_ij) / sum, over j <= i; 0 for j > i */
 static void softmax_rows(void *ctx, int64_t lo, int64_t hi)
 {
@@ -67,7 +50,7 @@ static void softmax_rows(void *ctx, int64_t lo, int64_t hi)
         if (!c->f64) {
             float *s = (float *)c->p + i * T, m = s[0], sum = 0.0f;
             for (int64_t j = 1; j <= i; j++) m = s[j] > m ? s[j] : m;
-            for (int64_t j = 0; j <= i; j++) s[j] = exp_nonpos(s[j] - m);
+            for (int64_t j = 0; j <= i; j++) s[j] = vexpf(s[j] - m);
             for (int64_t j = 0; j <= i; j++) sum += s[j];
             float inv = 1.0f / sum;
             for (int64_t j = 0; j <= i; j++) s[j] *= inv;

@@ -8,6 +8,7 @@
  * ops_loss.c use the same helpers, and ops_loss.c the f32 row primitives
  * (max, exp-and-sum with a vectorisable exp). Rows are split across threads. */
 #include "rows_impl.h"
+#include "vmath_impl.h"
 
 /* ---- rows: a tensor seen as contiguous rows along one dim ------------------------- */
 
@@ -79,28 +80,6 @@ void rows_done(tensor *out, int d, void *p)
 /* ---- f32 row primitives (also used by ops_loss.c) ------------------------------------ */
 
 enum { LANES = 8 };
-
-/* exp(x) for f32 in a form the compiler vectorises: x = k*ln2 + r with
- * |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (error ~1 ulp),
- * times 2^k built in the exponent bits. Below -87 it is 0 (no denormals),
- * above 88.72 inf; NaN stays NaN. */
-static inline float vexpf(float x)
-{
-    float xc = x < -87.0f ? -87.0f : x > 88.72f ? 88.72f : x;
-    /* k = round(x / ln2), by the 1.5*2^23 trick (vectorises, unlike rintf) */
-    float k = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* in [-126, 128] */
-    /* r = x - k*ln2, with ln2 split into a part exact in few bits and the rest */
-    float r = xc - k * 0.693359375f + k * 2.12194440e-4f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f +
-              r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
-    int32_t bits = ((int32_t)k + 126) << 23; /* 2^(k-1): k = 128 stays finite */
-    float half_scale;
-    memcpy(&half_scale, &bits, sizeof half_scale);
-    float v = p * half_scale * 2.0f;
-    v = x < -87.0f ? 0.0f : v;
-    v = x > 88.72f ? INFINITY : v;
-    return x != x ? x : v;
-}
 
 /* max of n floats (-inf for n == 0), in lanes. NaNs may be skipped: callers
  * go on to exp(x - max), which turns any NaN into a NaN result anyway. */

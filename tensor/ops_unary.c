@@ -6,6 +6,7 @@
  * backward kernel gx = g * f'(x, y) that reads the saved input x and output y
  * (whichever the derivative is cheaper from). */
 #include "tensor_impl.h"
+#include "vmath_impl.h"
 
 typedef enum {
     U_POW, U_EXP, U_LOG, U_SQRT, U_RSQRT, U_ABS, U_TANH, U_SIGMOID, U_RELU, U_GELU, U_GELU_TANH, U_SILU
@@ -27,12 +28,7 @@ static inline double sigm(double x)
     double e = exp(x);
     return e / (1.0 + e);
 }
-static inline float sigmf(float x)
-{
-    if (x >= 0) return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
-}
+static inline float sigmf(float x) { return vsigmoidf(x); }
 
 static inline double fwd(unop k, double x, double p)
 {
@@ -56,16 +52,16 @@ static inline float fwdf(unop k, float x, float p)
 {
     switch (k) {
     case U_POW: return powf(x, p);
-    case U_EXP: return expf(x);
+    case U_EXP: return vexpf(x);
     case U_LOG: return logf(x);
     case U_SQRT: return sqrtf(x);
     case U_RSQRT: return 1.0f / sqrtf(x);
     case U_ABS: return fabsf(x);
-    case U_TANH: return tanhf(x);
+    case U_TANH: return vtanhf(x);
     case U_SIGMOID: return sigmf(x);
     case U_RELU: return x > 0 ? x : 0.0f;
     case U_GELU: return 0.5f * x * (1.0f + erff(x * (float)INV_SQRT2));
-    case U_GELU_TANH: return 0.5f * x * (1.0f + tanhf((float)GELU_K * (x + (float)GELU_C * x * x * x)));
+    case U_GELU_TANH: return 0.5f * x * (1.0f + vtanhf((float)GELU_K * (x + (float)GELU_C * x * x * x)));
     default: return x * sigmf(x);
     }
 }
@@ -111,7 +107,7 @@ static inline float derivf(unop k, float x, float y, float p)
     case U_GELU:
         return 0.5f * (1.0f + erff(x * (float)INV_SQRT2)) + x * (float)INV_SQRT_2PI * expf(-0.5f * x * x);
     case U_GELU_TANH: {
-        float t = tanhf((float)GELU_K * (x + (float)GELU_C * x * x * x));
+        float t = vtanhf((float)GELU_K * (x + (float)GELU_C * x * x * x));
         return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * (float)GELU_K * (1.0f + 3.0f * (float)GELU_C * x * x);
     }
     default: {

@@ -297,3 +297,25 @@ TEST(test_cuda_device_count_is_zero_without_cuda)
     CHECK(n >= 0);
     if (!em_build().cuda) CHECK(n == 0);
 }
+
+TEST(test_cli_demo_loss_falls)
+{
+    run_result *r = run_ember("demo", "--steps", "100", NULL);
+    CHECK_EXIT(r, 0);
+    const char *p = strstr(r->out, "\nloss ");
+    CHECK(p != NULL);
+    double first = 0, last = 0;
+    CHECK(sscanf(p + 1, "loss %lf -> %lf", &first, &last) == 2);
+    CHECK(first > 1.0);       /* about ln 3 at the start */
+    CHECK(last < 0.5 * first); /* and clearly lower after 100 steps */
+}
+
+TEST(test_cli_demo_rejects_bad_flag_and_value)
+{
+    run_result *r = run_ember("demo", "--bogus", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--bogus") != NULL);
+    r = run_ember("demo", "--steps", "0", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--steps") != NULL);
+}

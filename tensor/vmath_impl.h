@@ -1,0 +1,46 @@
+/* vmath_impl.h — f32 exp, tanh and sigmoid written so that the compiler
+ * vectorises a loop of them (libm's versions are a call per element). Used by
+ * the contiguous-f32 fast paths of the unary ops, softmax, cross-entropy and
+ * attention; the general paths and f64 use libm. */
+#ifndef EMBER_VMATH_IMPL_H
+#define EMBER_VMATH_IMPL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* e^x: x = k ln2 + r with |r| <= ln2/2, e^r by its degree-7 Taylor
+ * polynomial (relative error ~1 ulp), 2^k built in the exponent bits. Below
+ * -87 it returns 0 (no subnormals), above 88.72 inf; NaN stays NaN. */
+static inline float vexpf(float x)
+{
+    float xc = x < -87.0f ? -87.0f : x > 88.72f ? 88.72f : x;
+    /* k = round(x / ln2) by adding and removing 1.5*2^23 (rintf does not vectorise) */
+    float k = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* in [-126, 128] */
+    /* r = x - k ln2, with ln2 split into a part exact in few bits and the rest */
+    float r = xc - k * 0.693359375f + k * 2.12194440e-4f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f +
+              r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
+    int32_t bits = ((int32_t)k + 126) << 23; /* 2^(k-1), so k = 128 stays finite */
+    float half_scale;
+    memcpy(&half_scale, &bits, sizeof half_scale);
+    float v = p * half_scale * 2.0f;
+    v = x < -87.0f ? 0.0f : v;
+    v = x > 88.72f ? INFINITY : v;
+    return x != x ? x : v;
+}
+
+/* tanh x = sign(x) (1 - 2/(e^{2|x|} + 1)); below |x| = 1/8 that loses
+ * relative accuracy, so there its odd Taylor series to x^7 is used. */
+static inline float vtanhf(float x)
+{
+    float a = fabsf(x), x2 = x * x;
+    float t = copysignf(1.0f - 2.0f / (vexpf(2.0f * a) + 1.0f), x);
+    float s = x * (1.0f + x2 * (-1.0f / 3 + x2 * (2.0f / 15 + x2 * (-17.0f / 315))));
+    return a < 0.125f ? s : t;
+}
+
+/* sigma(x) = 1 / (1 + e^-x): e^-x overflowing to inf gives exactly 0. */
+static inline float vsigmoidf(float x) { return 1.0f / (1.0f + vexpf(-x)); }
+
+#endif
