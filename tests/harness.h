@@ -95,6 +95,11 @@ void th_f32_matches_f64(const char *file, int line, const char *what, th_graph_f
                         em_tensor **inputs, double tol);
 #define F32_MATCHES_F64(what, f, ctx, n, inputs, tol)                                      \
     th_f32_matches_f64(__FILE__, __LINE__, (what), (f), (ctx), (n), (inputs), (tol))
+/* The backward in f32 agrees with f64: gradients of sum(f(x) * cot) for the
+ * f64 inputs and for f32 copies of them differ by less than tol (absolute). */
+void th_grad_f32_matches_f64(const char *file, int line, th_graph_fn f, void *ctx, int n, em_tensor **in64,
+                             double tol);
+#define GRAD_F32_MATCHES_F64(f, ctx, n, in64, tol) th_grad_f32_matches_f64(__FILE__, __LINE__, (f), (ctx), (n), (in64), (tol))
 /* (Call inside a scope, or its intermediates outlive it.)
  * A non-contiguous tensor with the values of t: t is copied into the
  * transpose of a bigger buffer and a view returned (same shape as t). */

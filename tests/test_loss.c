@@ -85,38 +85,6 @@ TEST(test_cross_entropy_gradient_matches_finite_difference)
     em_free(c2.targets);
 }
 
-/* The f32 backward agrees with the f64 one: gradients of sum(f(x) * cot)
- * for f64 inputs and f32 copies differ by less than tol. */
-static void grad_f32_matches_f64(th_graph_fn f, void *ctx, int n, em_tensor **in64, double tol)
-{
-    em_tensor *in32[3];
-    for (int i = 0; i < n; i++) {
-        bool prev = em_set_grad_enabled(false);
-        in32[i] = em_cast(in64[i], EM_F32);
-        em_set_grad_enabled(prev);
-        CHECK_OK(em_set_requires_grad(in64[i], true));
-        CHECK_OK(em_set_requires_grad(in32[i], true));
-    }
-    em_scope s = em_scope_begin();
-    em_tensor *o64 = f(in64, ctx), *o32 = f(in32, ctx);
-    CHECK_NOTNULL(o64);
-    CHECK_NOTNULL(o32);
-    em_rng r = em_rng_new(77);
-    em_tensor *cot = em_randn(EM_F64, em_ndim(o64), em_shape(o64), &r);
-    CHECK_OK(em_backward(em_sum(em_mul(o64, cot), 0, NULL, false), NULL));
-    CHECK_OK(em_backward(em_sum(em_mul(o32, em_cast(cot, EM_F32)), 0, NULL, false), NULL));
-    for (int i = 0; i < n; i++) {
-        CHECK(em_dtype_of(em_grad(in32[i])) == EM_F32);
-        double d = th_max_abs_diff(em_grad(in32[i]), em_grad(in64[i]));
-        if (!(d < tol)) th_fail(__FILE__, __LINE__, "input %d: f32 gradient differs from f64 by %g", i, d);
-    }
-    em_scope_end(s);
-    for (int i = 0; i < n; i++) {
-        CHECK_OK(em_zero_grad(in64[i]));
-        em_free(in32[i]);
-    }
-}
-
 /* f32 backward against f64, with logits around 1e4 (a float log-sum-exp
  * would lose the low bits there) */
 TEST(test_cross_entropy_f32_gradient_matches_f64)
@@ -130,7 +98,7 @@ TEST(test_cross_entropy_f32_gradient_matches_f64)
     int32_t tv[16];
     for (int i = 0; i < 16; i++) tv[i] = i % 5 == 4 ? IGNORE : i * 17;
     ce_case c = {em_from_data(EM_I32, EM_SHAPE(16), tv)};
-    grad_f32_matches_f64(f_ce, &c, 1, &x, 5e-7);
+    GRAD_F32_MATCHES_F64(f_ce, &c, 1, &x, 5e-7);
     em_free(x);
     em_free(c.targets);
 }

@@ -80,38 +80,6 @@ TEST(test_norms_of_half_dtypes_keep_the_dtype)
     em_scope_end(s);
 }
 
-/* The f32 backward agrees with the f64 one: gradients of sum(f(x) * cot)
- * for f64 inputs and f32 copies differ by less than tol. */
-static void grad_f32_matches_f64(th_graph_fn f, void *ctx, int n, em_tensor **in64, double tol)
-{
-    em_tensor *in32[3];
-    for (int i = 0; i < n; i++) {
-        bool prev = em_set_grad_enabled(false);
-        in32[i] = em_cast(in64[i], EM_F32);
-        em_set_grad_enabled(prev);
-        CHECK_OK(em_set_requires_grad(in64[i], true));
-        CHECK_OK(em_set_requires_grad(in32[i], true));
-    }
-    em_scope s = em_scope_begin();
-    em_tensor *o64 = f(in64, ctx), *o32 = f(in32, ctx);
-    CHECK_NOTNULL(o64);
-    CHECK_NOTNULL(o32);
-    em_rng r = em_rng_new(77);
-    em_tensor *cot = em_randn(EM_F64, em_ndim(o64), em_shape(o64), &r);
-    CHECK_OK(em_backward(em_sum(em_mul(o64, cot), 0, NULL, false), NULL));
-    CHECK_OK(em_backward(em_sum(em_mul(o32, em_cast(cot, EM_F32)), 0, NULL, false), NULL));
-    for (int i = 0; i < n; i++) {
-        CHECK(em_dtype_of(em_grad(in32[i])) == EM_F32);
-        double d = th_max_abs_diff(em_grad(in32[i]), em_grad(in64[i]));
-        if (!(d < tol)) th_fail(__FILE__, __LINE__, "input %d: f32 gradient differs from f64 by %g", i, d);
-    }
-    em_scope_end(s);
-    for (int i = 0; i < n; i++) {
-        CHECK_OK(em_zero_grad(in64[i]));
-        em_free(in32[i]);
-    }
-}
-
 static em_tensor *f_ln_wb(em_tensor **x, void *ctx) { (void)ctx; return em_layer_norm(x[0], x[1], x[2], 1e-5); }
 static em_tensor *f_ln_w(em_tensor **x, void *ctx) { (void)ctx; return em_layer_norm(x[0], x[1], NULL, 1e-5); }
 static em_tensor *f_ln(em_tensor **x, void *ctx) { (void)ctx; return em_layer_norm(x[0], NULL, NULL, 1e-5); }
@@ -148,10 +116,10 @@ TEST(test_norms_f32_gradient_matches_f64)
     em_scope_end(s);
     em_tensor *in[3] = {x,
                         em_randn(EM_F64, EM_SHAPE(96), &r), em_randn(EM_F64, EM_SHAPE(96), &r)};
-    grad_f32_matches_f64(f_ln_wb, NULL, 3, in, 1e-4);
-    grad_f32_matches_f64(f_ln, NULL, 1, in, 1e-4);
-    grad_f32_matches_f64(f_rms_w, NULL, 2, in, 1e-4);
-    grad_f32_matches_f64(f_rms, NULL, 1, in, 1e-4);
+    GRAD_F32_MATCHES_F64(f_ln_wb, NULL, 3, in, 1e-4);
+    GRAD_F32_MATCHES_F64(f_ln, NULL, 1, in, 1e-4);
+    GRAD_F32_MATCHES_F64(f_rms_w, NULL, 2, in, 1e-4);
+    GRAD_F32_MATCHES_F64(f_rms, NULL, 1, in, 1e-4);
     for (int i = 0; i < 3; i++) em_free(in[i]);
 }
 

@@ -100,38 +100,6 @@ TEST(test_softmax_of_scalar_is_one)
     em_scope_end(s);
 }
 
-/* The f32 backward agrees with the f64 one: gradients of sum(f(x) * cot)
- * for f64 inputs and f32 copies differ by less than tol. */
-static void grad_f32_matches_f64(th_graph_fn f, void *ctx, int n, em_tensor **in64, double tol)
-{
-    em_tensor *in32[3];
-    for (int i = 0; i < n; i++) {
-        bool prev = em_set_grad_enabled(false);
-        in32[i] = em_cast(in64[i], EM_F32);
-        em_set_grad_enabled(prev);
-        CHECK_OK(em_set_requires_grad(in64[i], true));
-        CHECK_OK(em_set_requires_grad(in32[i], true));
-    }
-    em_scope s = em_scope_begin();
-    em_tensor *o64 = f(in64, ctx), *o32 = f(in32, ctx);
-    CHECK_NOTNULL(o64);
-    CHECK_NOTNULL(o32);
-    em_rng r = em_rng_new(77);
-    em_tensor *cot = em_randn(EM_F64, em_ndim(o64), em_shape(o64), &r);
-    CHECK_OK(em_backward(em_sum(em_mul(o64, cot), 0, NULL, false), NULL));
-    CHECK_OK(em_backward(em_sum(em_mul(o32, em_cast(cot, EM_F32)), 0, NULL, false), NULL));
-    for (int i = 0; i < n; i++) {
-        CHECK(em_dtype_of(em_grad(in32[i])) == EM_F32);
-        double d = th_max_abs_diff(em_grad(in32[i]), em_grad(in64[i]));
-        if (!(d < tol)) th_fail(__FILE__, __LINE__, "input %d: f32 gradient differs from f64 by %g", i, d);
-    }
-    em_scope_end(s);
-    for (int i = 0; i < n; i++) {
-        CHECK_OK(em_zero_grad(in64[i]));
-        em_free(in32[i]);
-    }
-}
-
 static em_tensor *f_softmax(em_tensor **x, void *ctx) { return em_softmax(x[0], *(int *)ctx); }
 static em_tensor *f_log_softmax(em_tensor **x, void *ctx) { return em_log_softmax(x[0], *(int *)ctx); }
 
@@ -157,9 +125,9 @@ TEST(test_softmax_f32_gradient_matches_f64)
     em_tensor *big = em_keep(em_add_scalar(x, 1000.0));
     em_scope_end(s);
     for (int d = 0; d < 2; d++) {
-        grad_f32_matches_f64(f_softmax, &d, 1, &x, 1e-5);
-        grad_f32_matches_f64(f_log_softmax, &d, 1, &x, 1e-4);
-        grad_f32_matches_f64(f_softmax, &d, 1, &big, 1e-5);
+        GRAD_F32_MATCHES_F64(f_softmax, &d, 1, &x, 1e-5);
+        GRAD_F32_MATCHES_F64(f_log_softmax, &d, 1, &x, 1e-4);
+        GRAD_F32_MATCHES_F64(f_softmax, &d, 1, &big, 1e-5);
     }
     em_free(x);
     em_free(big);

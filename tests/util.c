@@ -159,3 +159,34 @@ void th_f32_matches_f64(const char *file, int line, const char *what, th_graph_f
     if (worst > tol * fmax(scale, 1.0))
         th_fail(file, line, "%s: f32 differs from f64 by %.3g (scale %.3g, tol %g)", what, worst, scale, tol);
 }
+
+void th_grad_f32_matches_f64(const char *file, int line, th_graph_fn f, void *ctx, int n, em_tensor **in64,
+                             double tol)
+{
+    em_tensor *in32[16];
+    if (n > 16) th_fail(file, line, "too many inputs");
+    for (int i = 0; i < n; i++) {
+        bool prev = em_set_grad_enabled(false);
+        in32[i] = em_cast(in64[i], EM_F32);
+        em_set_grad_enabled(prev);
+        CHECK_OK(em_set_requires_grad(in64[i], true));
+        CHECK_OK(em_set_requires_grad(in32[i], true));
+    }
+    em_scope s = em_scope_begin();
+    em_tensor *o64 = f(in64, ctx), *o32 = f(in32, ctx);
+    if (!o64 || !o32) th_fail(file, line, "forward failed: %s", em_last_error());
+    em_rng r = em_rng_new(77);
+    em_tensor *cot = em_randn(EM_F64, em_ndim(o64), em_shape(o64), &r);
+    CHECK_OK(em_backward(em_sum(em_mul(o64, cot), 0, NULL, false), NULL));
+    CHECK_OK(em_backward(em_sum(em_mul(o32, em_cast(cot, EM_F32)), 0, NULL, false), NULL));
+    for (int i = 0; i < n; i++) {
+        if (em_dtype_of(em_grad(in32[i])) != EM_F32) th_fail(file, line, "input %d: f32 gradient is not f32", i);
+        double d = th_max_abs_diff(em_grad(in32[i]), em_grad(in64[i]));
+        if (!(d < tol)) th_fail(file, line, "input %d: f32 gradient differs from f64 by %g", i, d);
+    }
+    em_scope_end(s);
+    for (int i = 0; i < n; i++) {
+        CHECK_OK(em_zero_grad(in64[i]));
+        em_free(in32[i]);
+    }
+}
