@@ -29,8 +29,8 @@ test:
 	@bash scripts/run_tests.sh $(T)
 
 bench: build
-	@if [ -x $(BUILD)/bench/ember-bench ]; then ./$(BUILD)/bench/ember-bench $(B); \
-	else echo "bench: no benchmark binary yet ($(BUILD)/bench/ember-bench is not built by bench/meson.build)" >&2; exit 1; fi
+	@if [ -x $(BUILD)/bench/bench_ops ]; then ./$(BUILD)/bench/bench_ops $(B); \
+	else echo "bench: no benchmark binary yet ($(BUILD)/bench/bench_ops is not built by bench/meson.build)" >&2; exit 1; fi
 
 clean:
 	rm -rf build build-asan $(filter-out build build-asan,$(BUILD))

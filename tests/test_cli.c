@@ -103,7 +103,7 @@ TEST(test_cli_env_prints_avx2_blas_and_cuda_lines)
 TEST(test_cli_env_reports_cuda_as_built_or_not)
 {
     run_result *r = run_ember("env", NULL);
-    CHECK(strstr(r->out, em_build().cuda ? "CUDA           built in" : "CUDA           not built") != NULL);
+    CHECK(strstr(r->out, em_build().cuda ? "CUDA           toolkit found" : "CUDA           not built") != NULL);
 }
 
 TEST(test_cli_env_json_is_one_object_with_version)

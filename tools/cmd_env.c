@@ -91,10 +91,10 @@ static void print_text(const env_info *e)
     else
         printf("BLAS threads   unknown\n");
     if (e->build.cuda)
-        printf("CUDA           built in, %d device%s visible\n", e->cuda_devices,
-               e->cuda_devices == 1 ? "" : "s");
+        printf("CUDA           toolkit found at build time (no GPU kernels yet), %d device%s visible\n",
+               e->cuda_devices, e->cuda_devices == 1 ? "" : "s");
     else
-        printf("CUDA           not built\n");
+        printf("CUDA           not built (no toolkit found, or -Dcuda=disabled)\n");
     if (e->build.nccl)
         printf("NCCL           built in%s\n", e->cuda_devices > 0 ? "" : " (no CUDA device to use it)");
     else
