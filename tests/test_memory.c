@@ -56,21 +56,47 @@ TEST(test_view_of_persistent_keeps_storage_alive)
     CHECK_OK(em_free(v));
 }
 
+/* A transformer-shaped step: embedding, layer_norm, attention, matmul,
+ * gelu, cross-entropy, backward. After two warm-up steps the arena asks the
+ * system for nothing more and no tensor outlives its step. */
 TEST(test_steady_state_step_does_not_allocate)
 {
-    em_tensor *w = em_randn(EM_F32, EM_SHAPE(64, 64), NULL);
-    em_set_requires_grad(w, true);
-    uint64_t before = 0;
-    for (int step = 0; step < 5; step++) {
-        if (step == 2) before = em_arena_system_allocs();
+    enum { B = 2, T = 8, C = 16, H = 2, V = 11 };
+    em_rng r = em_rng_new(3);
+    em_tensor *wte = em_randn(EM_F32, EM_SHAPE(V, C), &r), *wqkv = em_randn(EM_F32, EM_SHAPE(C, 3 * C), &r);
+    em_tensor *ln_w = em_ones(EM_F32, EM_SHAPE(C)), *ln_b = em_zeros(EM_F32, EM_SHAPE(C));
+    em_tensor *params[] = {wte, wqkv, ln_w, ln_b};
+    for (int i = 0; i < 4; i++) CHECK_OK(em_set_requires_grad(params[i], true));
+    uint64_t allocs = 0;
+    int64_t live = 0;
+    for (int step = 0; step < 6; step++) {
+        if (step == 2) {
+            allocs = em_arena_system_allocs();
+            live = em_live_tensors();
+        }
         em_scope s = em_scope_begin();
-        em_tensor *x = em_randn(EM_F32, EM_SHAPE(16, 64), NULL);
-        em_tensor *y = em_mul(em_add(x, em_sum(w, 1, (int[]){0}, true)), x);
-        CHECK_OK(em_backward(em_sum(y, 0, NULL, false), NULL));
+        em_tensor *idx = em_randint(0, V, EM_I32, EM_SHAPE(B, T), &r);
+        em_tensor *tgt = em_randint(0, V, EM_I32, EM_SHAPE(B, T), &r);
+        em_tensor *x = em_layer_norm(em_embedding(wte, idx), ln_w, ln_b, 1e-5);      /* (B,T,C) */
+        em_tensor *qkv = em_matmul(x, wqkv);                                         /* (B,T,3C) */
+        em_tensor *parts[3];
+        CHECK(em_split(qkv, C, 2, parts, 3) == 3);
+        for (int i = 0; i < 3; i++) /* (B,T,C) -> (B,H,T,C/H) */
+            parts[i] = em_transpose(em_reshape(parts[i], EM_SHAPE(B, T, H, C / H)), 1, 2);
+        em_tensor *att = em_attention_causal(parts[0], parts[1], parts[2], 0);
+        em_tensor *y = em_gelu_tanh(em_reshape(em_transpose(att, 1, 2), EM_SHAPE(B, T, C)));
+        em_tensor *logits = em_matmul(y, em_transpose(wte, 0, 1));                  /* (B,T,V) */
+        em_tensor *loss = em_cross_entropy(logits, tgt, -100);
+        CHECK_NOTNULL(loss);
+        CHECK_OK(em_backward(loss, NULL));
         em_scope_end(s);
+        for (int i = 0; i < 4; i++) CHECK_OK(em_zero_grad(params[i]));
     }
-    CHECK(em_arena_system_allocs() == before);
-    em_free(w);
+    CHECK(allocs > 0); /* the step did use the arena */
+    CHECK(em_arena_system_allocs() == allocs);
+    CHECK(em_live_tensors() == live);
+    for (int i = 0; i < 4; i++) em_free(params[i]);
+    CHECK(em_live_tensors() == 0);
 }
 
 /* Ops run with no scope open make persistent results; whatever they make for
