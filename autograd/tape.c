@@ -124,7 +124,8 @@ em_status em_set_grad_buffer(em_tensor *h, em_tensor *bh)
     tensor *t = t_resolve(h, "em_set_grad_buffer"), *b = t_resolve(bh, "em_set_grad_buffer");
     if (!t || !b) return em_last_status();
     if (t->grad_fn) return em_err(EM_ERR_AUTOGRAD, "em_set_grad_buffer: %s is not a leaf", shp(t));
-    if (b->dtype != t->dtype || b->ndim != t->ndim || memcmp(b->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
+    if (b->dtype != t->dtype || b->ndim != t->ndim ||
+        memcmp(b->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
         return em_err(EM_ERR_SHAPE, "em_set_grad_buffer: buffer %s%s does not match tensor %s%s",
                       em_dtype_name(b->dtype), shp(b), em_dtype_name(t->dtype), shp(t));
     if (!t_is_contig(b) || b->depth != 0)
@@ -141,7 +142,8 @@ em_status em_zero_grad(em_tensor *h)
     if (!t) return em_last_status();
     if (t->grad) {
         tensor *g = t->grad;
-        if (t_is_contig(g)) memset(t_ptr(g), 0, (size_t)t_numel(g) * t_esize(g));
+        if (t_is_contig(g))
+            memset(t_ptr(g), 0, (size_t)t_numel(g) * t_esize(g));
         else {
             tensor *z = t_zeros_like(g);
             if (!z) return em_last_status();
@@ -210,7 +212,8 @@ static void add_into(tensor *dst, tensor *src)
     char *dp = t_ptr(dst);
     const char *sp = t_ptr(src);
     for (int64_t i = 0; i < n; i++) {
-        st(dst->dtype, dp + (size_t)i * ds, ld(dst->dtype, dp + (size_t)i * ds) + ld(src->dtype, sp + it.off[0] * (int64_t)ss));
+        st(dst->dtype, dp + (size_t)i * ds,
+           ld(dst->dtype, dp + (size_t)i * ds) + ld(src->dtype, sp + it.off[0] * (int64_t)ss));
         nditer_next(&it);
     }
 }
@@ -219,8 +222,8 @@ em_status ag_accum(tensor *t, tensor *g)
 {
     if (!t->requires_grad) return EM_OK;
     if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
-        return em_err(EM_ERR_AUTOGRAD, "backward: gradient %s does not match tensor %s (op '%s')", shp(g), shp(t),
-                      t->grad_fn ? t->grad_fn->op : "leaf");
+        return em_err(EM_ERR_AUTOGRAD, "backward: gradient %s does not match tensor %s (op '%s')", shp(g),
+                      shp(t), t->grad_fn ? t->grad_fn->op : "leaf");
     if (!t->grad) {
         bool leaf = !t->grad_fn;
         tensor *ng = leaf ? t_new_persistent(t->dtype, t->ndim, t->shape) : t_new_like(t);
@@ -273,8 +276,10 @@ static void mark_reachable(node *root_node, tensor *root)
         for (int k = 0; k < n->nin; k++) {
             tensor *x = n->in[k];
             if (!x || !x->requires_grad) continue;
-            if (x->grad_fn) x->grad_fn->reachable = true;
-            else x->pending++;
+            if (x->grad_fn)
+                x->grad_fn->reachable = true;
+            else
+                x->pending++;
         }
     }
 }

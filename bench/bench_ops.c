@@ -68,7 +68,8 @@ static void bench_matmul(int reps)
     for (int s = 0; s < 3; s++)
         for (int r = 0; r < 3; r++) {
             int64_t M = rows[r], K = kn[s][0], N = kn[s][1];
-            em_tensor *a = em_randn(EM_F32, EM_SHAPE(M, K), &rng), *b = em_randn(EM_F32, EM_SHAPE(K, N), &rng);
+            em_tensor *a = em_randn(EM_F32, EM_SHAPE(M, K), &rng),
+                      *b = em_randn(EM_F32, EM_SHAPE(K, N), &rng);
             float *c = malloc(sizeof(float) * (size_t)(M * N));
             if (!a || !b || !c) die("matmul setup");
             const float *ap = em_data(a), *bp = em_data(b);
@@ -80,8 +81,8 @@ static void bench_matmul(int reps)
                 double t1 = now();
                 em_scope_end(sc);
                 double t2 = now();
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, ap, (int)K, bp,
-                            (int)N, 0.0f, c, (int)N);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, ap,
+                            (int)K, bp, (int)N, 0.0f, c, (int)N);
                 double t3 = now();
                 if (i >= 0) {
                     te[i] = t1 - t0;
@@ -90,8 +91,8 @@ static void bench_matmul(int reps)
             }
             double flop = 2.0 * (double)M * (double)K * (double)N;
             double ge = flop / median(te, reps) * 1e-9, gr = flop / median(tr, reps) * 1e-9;
-            printf("%6lld %6lld %6lld  %10.1f %10.1f %8.3f\n", (long long)M, (long long)K, (long long)N, ge, gr,
-                   ge / gr);
+            printf("%6lld %6lld %6lld  %10.1f %10.1f %8.3f\n", (long long)M, (long long)K, (long long)N, ge,
+                   gr, ge / gr);
             fflush(stdout);
             free(c);
             em_free(a);
@@ -153,7 +154,8 @@ static void bench_elementwise(int reps)
     printf("\n(b) memory-bound ops, f32 (%lld,%lld), median of %d; GB/s counts bytes read + written\n",
            (long long)R, (long long)C, reps);
     int nt = em_num_threads();
-    printf("memcpy: one thread, and split over %d threads (ember's pool size); ratio = op / memcpy(%d)\n", nt, nt);
+    printf("memcpy: one thread, and split over %d threads (ember's pool size); ratio = op / memcpy(%d)\n", nt,
+           nt);
     printf("%-14s %10s %10s %10s %8s\n", "op", "GB/s", "memcpy(1)", "memcpy(n)", "ratio");
     em_rng rng = em_rng_new(2);
     em_tensor *x = em_randn(EM_F32, EM_SHAPE(R, C), &rng), *y = em_randn(EM_F32, EM_SHAPE(R, C), &rng);
@@ -202,7 +204,8 @@ static void bench_elementwise(int reps)
 
 /* Median milliseconds of em_matmul(a, b) and of em_add(x, x) per iteration,
  * each either run alone in a loop (alt false) or alternating with the other. */
-static void mix_time(bool alt, em_tensor *a, em_tensor *b, em_tensor *x, int iters, double *mm_ms, double *add_ms)
+static void mix_time(bool alt, em_tensor *a, em_tensor *b, em_tensor *x, int iters, double *mm_ms,
+                     double *add_ms)
 {
     double tm[MAX_REPS], ta[MAX_REPS];
     for (int pass = 0; pass < (alt ? 1 : 2); pass++)
@@ -229,7 +232,8 @@ static void bench_interference(int iters)
     enum { ROUNDS = 5, NCFG = 4 };
     printf("\n(c) OpenBLAS threads vs ember pool: em_matmul (512,768)@(768,768) and em_add (4096,768),\n"
            "    each timed alone (in a loop of itself) and alternating (matmul, add, matmul, ...);\n"
-           "    ms, median over %d interleaved rounds of the median of %d iterations\n", ROUNDS, iters);
+           "    ms, median over %d interleaved rounds of the median of %d iterations\n",
+           ROUNDS, iters);
     printf("%8s %8s  %9s %9s %6s  %9s %9s %6s  %8s\n", "blas_thr", "pool_thr", "mm alone", "mm alt", "slow",
            "add alone", "add alt", "slow", "alt sum");
     if (!openblas_set_num_threads) {
@@ -237,7 +241,8 @@ static void bench_interference(int iters)
         return;
     }
     em_rng rng = em_rng_new(3);
-    em_tensor *a = em_randn(EM_F32, EM_SHAPE(512, 768), &rng), *b = em_randn(EM_F32, EM_SHAPE(768, 768), &rng);
+    em_tensor *a = em_randn(EM_F32, EM_SHAPE(512, 768), &rng),
+              *b = em_randn(EM_F32, EM_SHAPE(768, 768), &rng);
     em_tensor *x = em_randn(EM_F32, EM_SHAPE(4096, 768), &rng);
     if (!a || !b || !x) die("interference setup");
     int blas0 = blas_thread_count(), pool0 = em_num_threads();

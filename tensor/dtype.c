@@ -39,14 +39,14 @@ uint16_t em_f32_to_f16(float x)
     uint32_t u = f2u(x);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u;          /* NaN */
-    if (a >= 0x477ff000u) return sign | 0x7c00u;         /* rounds to >= 65520: inf */
-    if (a < 0x38800000u) {                               /* below 2^-14: subnormal or 0 */
+    if (a > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00u; /* rounds to >= 65520: inf */
+    if (a < 0x38800000u) {                       /* below 2^-14: subnormal or 0 */
         /* value = a_float; f16 subnormal unit is 2^-24. Round m * 2^(e) to units. */
-        if (a < 0x33000000u) return sign;                /* < 2^-25: rounds to 0 */
-        uint32_t e = a >> 23;                            /* biased f32 exponent */
-        uint32_t m = (a & 0x7fffffu) | 0x800000u;        /* 24-bit significand */
-        uint32_t shift = 126 - e;                        /* so that m >> shift is in 2^-24 units */
+        if (a < 0x33000000u) return sign;         /* < 2^-25: rounds to 0 */
+        uint32_t e = a >> 23;                     /* biased f32 exponent */
+        uint32_t m = (a & 0x7fffffu) | 0x800000u; /* 24-bit significand */
+        uint32_t shift = 126 - e;                 /* so that m >> shift is in 2^-24 units */
         uint32_t q = m >> shift;
         uint32_t rem = m & ((1u << shift) - 1);
         uint32_t half = 1u << (shift - 1);

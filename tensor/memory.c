@@ -22,14 +22,14 @@
 enum { SLOTS_PER_PAGE = 4096, MAX_PAGES = 1 << 14 };
 
 typedef struct slot {
-    tensor t;          /* first, so &slot->t == (tensor *)slot */
+    tensor t;           /* first, so &slot->t == (tensor *)slot */
     uint32_t next_free; /* 1-based index of the next free slot, 0 = none */
     bool live;
 } slot;
 
 static slot *pages[MAX_PAGES];
-static uint32_t n_slots;    /* slots handed out so far (all pages) */
-static uint32_t free_head;  /* 1-based */
+static uint32_t n_slots;   /* slots handed out so far (all pages) */
+static uint32_t free_head; /* 1-based */
 static int64_t n_live;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -135,8 +135,8 @@ typedef struct chunk {
 } chunk;
 
 typedef struct arena {
-    chunk *head;    /* first chunk */
-    chunk *cur;     /* chunk being carved */
+    chunk *head; /* first chunk */
+    chunk *cur;  /* chunk being carved */
     size_t reserved;
     uint64_t sys_allocs;
 } arena;
@@ -171,8 +171,10 @@ static void *arena_alloc(arena *a, size_t n)
         nc->used = 0;
         a->reserved += cap;
         a->sys_allocs++;
-        if (c) c->next = nc;
-        else a->head = nc;
+        if (c)
+            c->next = nc;
+        else
+            a->head = nc;
         a->cur = nc;
     }
 }
@@ -197,8 +199,8 @@ enum { MAX_SCOPES = 64 };
 typedef struct scope_frame {
     uint64_t id;
     mark m;
-    tensor *tensors;     /* made in this scope, newest first */
-    int64_t tape_len;    /* tape length at begin */
+    tensor *tensors;  /* made in this scope, newest first */
+    int64_t tape_len; /* tape length at begin */
 } scope_frame;
 
 static _Thread_local arena scope_arena;
@@ -353,11 +355,14 @@ tensor *t_new(em_dtype dt, int ndim, const int64_t *shape)
                            shp_of(ndim, shape));
     int64_t n = shape_numel(ndim, shape);
     size_t nbytes = (size_t)n * em_dtype_size(dt);
-    if (n > ((int64_t)1 << 40)) return em_fail(EM_ERR_OOM, "tensor: shape %s is too large", shp_of(ndim, shape));
+    if (n > ((int64_t)1 << 40))
+        return em_fail(EM_ERR_OOM, "tensor: shape %s is too large", shp_of(ndim, shape));
     storage *s;
     if (depth) {
         s = arena_alloc(&scope_arena, sizeof(storage) + nbytes + 64);
-        if (!s) return em_fail(EM_ERR_OOM, "tensor: out of memory for %s %s", em_dtype_name(dt), shp_of(ndim, shape));
+        if (!s)
+            return em_fail(EM_ERR_OOM, "tensor: out of memory for %s %s", em_dtype_name(dt),
+                           shp_of(ndim, shape));
         s->data = (char *)s + 64; /* arena blocks are 64-aligned, so is data */
         s->in_arena = true;
         s->refcount = 1;
@@ -367,7 +372,8 @@ tensor *t_new(em_dtype dt, int ndim, const int64_t *shape)
         if (!s || !d) {
             free(s);
             free(d);
-            return em_fail(EM_ERR_OOM, "tensor: out of memory for %s %s", em_dtype_name(dt), shp_of(ndim, shape));
+            return em_fail(EM_ERR_OOM, "tensor: out of memory for %s %s", em_dtype_name(dt),
+                           shp_of(ndim, shape));
         }
         s->data = d;
         s->in_arena = false;

@@ -26,10 +26,11 @@ static void gemm(em_dtype ct, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
     if (m == 0 || n == 0) return;
     CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
     if (ct == EM_F32)
-        cblas_sgemm(CblasRowMajor, a, b, (int)m, (int)n, (int)k, (float)alpha, A, (int)lda, B, (int)ldb, (float)beta,
-                    C, (int)ldc);
+        cblas_sgemm(CblasRowMajor, a, b, (int)m, (int)n, (int)k, (float)alpha, A, (int)lda, B, (int)ldb,
+                    (float)beta, C, (int)ldc);
     else
-        cblas_dgemm(CblasRowMajor, a, b, (int)m, (int)n, (int)k, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+        cblas_dgemm(CblasRowMajor, a, b, (int)m, (int)n, (int)k, alpha, A, (int)lda, B, (int)ldb, beta, C,
+                    (int)ldc);
 }
 
 /* The row pass of one head: rows [lo,hi) of the (T,T) matrices. */
@@ -103,13 +104,15 @@ static void head_forward(em_dtype ct, int64_t T, int64_t D, double scale, const 
     size_t es = em_dtype_size(ct);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
-        gemm(ct, false, true, i1 - i0, i1, D, scale, at(q, i0 * D, es), D, k, D, 0.0, (void *)at(P, i0 * T, es), T);
+        gemm(ct, false, true, i1 - i0, i1, D, scale, at(q, i0 * D, es), D, k, D, 0.0,
+             (void *)at(P, i0 * T, es), T);
     }
     rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .p = P};
     parallel_for(T, 32, softmax_rows, &rc);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
-        gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, D, 0.0, (void *)at(o, i0 * D, es), D);
+        gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, D, 0.0,
+             (void *)at(o, i0 * D, es), D);
     }
 }
 
@@ -117,7 +120,8 @@ static void head_forward(em_dtype ct, int64_t T, int64_t D, double scale, const 
  * dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dP * P));
  * dQ = dS K * scale;  dK = dS^T Q * scale.  ds: (T,T) scratch. */
 static void head_backward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, const void *k,
-                          const void *v, const void *P, const void *go, void *gq, void *gk, void *gv, void *ds)
+                          const void *v, const void *P, const void *go, void *gq, void *gk, void *gv,
+                          void *ds)
 {
     size_t es = em_dtype_size(ct);
     memset(gk, 0, (size_t)(T * D) * es);
@@ -131,7 +135,8 @@ static void head_backward(em_dtype ct, int64_t T, int64_t D, double scale, const
     parallel_for(T, 32, ct == EM_F32 ? dsoftmax_rows_f32 : dsoftmax_rows_f64, &rc);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
-        gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, D, 0.0, (void *)at(gq, i0 * D, es), D);
+        gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, D, 0.0, (void *)at(gq, i0 * D, es),
+             D);
         gemm(ct, true, false, i1, D, m, 1.0, at(ds, i0 * T, es), T, at(q, i0 * D, es), D, 1.0, gk, D);
     }
 }
@@ -199,20 +204,22 @@ static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
 {
     if (!q || !k || !v) return NULL;
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
-        return em_fail(EM_ERR_SHAPE, "attention: q, k, v must be 4-D (B,H,T,D): q is %s, k is %s, v is %s", shp(q),
-                       shp(k), shp(v));
+        return em_fail(EM_ERR_SHAPE, "attention: q, k, v must be 4-D (B,H,T,D): q is %s, k is %s, v is %s",
+                       shp(q), shp(k), shp(v));
     if (!same_shape(q, k) || !same_shape(q, v))
         return em_fail(EM_ERR_SHAPE, "attention: q, k, v must have the same shape: q is %s, k is %s, v is %s",
                        shp(q), shp(k), shp(v));
-    if (!chk_same_dtype("attention", q, k) || !chk_same_dtype("attention", q, v) || !chk_float("attention", q))
+    if (!chk_same_dtype("attention", q, k) || !chk_same_dtype("attention", q, v) ||
+        !chk_float("attention", q))
         return NULL;
     if (isnan(scale) || isinf(scale))
         return em_fail(EM_ERR_ARG, "attention: scale must be finite, got %g (<= 0 means 1/sqrt(D))", scale);
     tensor *in[3] = {q, k, v};
     bool need = ag_needed(3, in);
     if (need && em_scope_depth() == 0)
-        return em_fail(EM_ERR_SCOPE, "attention: recording a gradient needs an open step scope (em_scope_begin), "
-                                     "or run it under em_set_grad_enabled(false)");
+        return em_fail(EM_ERR_SCOPE,
+                       "attention: recording a gradient needs an open step scope (em_scope_begin), "
+                       "or run it under em_set_grad_enabled(false)");
     int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3];
     if (T > INT_MAX || D > INT_MAX)
         return em_fail(EM_ERR_UNSUPPORTED, "attention: T or D beyond BLAS's int range: q is %s", shp(q));
@@ -237,8 +244,8 @@ static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
     }
     for (int64_t h = 0; h < BH && D > 0; h++) {
         int64_t off = h * T * D;
-        head_forward(ct, T, D, scale, at(qc, off, es), at(kc, off, es), at(vc, off, es), o + off * (int64_t)es,
-                     (void *)at(P, h * T * T, es));
+        head_forward(ct, T, D, scale, at(qc, off, es), at(kc, off, es), at(vc, off, es),
+                     o + off * (int64_t)es, (void *)at(P, h * T * T, es));
     }
     if (dt != ct) convert_n(dt, t_ptr(out), ct, o, t_numel(out));
     tmp_release(mk);

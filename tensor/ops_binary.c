@@ -44,10 +44,18 @@ static void bin_flat_f32(void *p, int64_t lo, int64_t hi)
     const float *x = t_ptr(c->a), *y = t_ptr(c->b);
     float *o = t_ptr(c->out);
     switch (c->k) {
-    case OP_ADD: for (int64_t i = lo; i < hi; i++) o[i] = x[i] + y[i]; break;
-    case OP_SUB: for (int64_t i = lo; i < hi; i++) o[i] = x[i] - y[i]; break;
-    case OP_MUL: for (int64_t i = lo; i < hi; i++) o[i] = x[i] * y[i]; break;
-    case OP_DIV: for (int64_t i = lo; i < hi; i++) o[i] = x[i] / y[i]; break;
+    case OP_ADD:
+        for (int64_t i = lo; i < hi; i++) o[i] = x[i] + y[i];
+        break;
+    case OP_SUB:
+        for (int64_t i = lo; i < hi; i++) o[i] = x[i] - y[i];
+        break;
+    case OP_MUL:
+        for (int64_t i = lo; i < hi; i++) o[i] = x[i] * y[i];
+        break;
+    case OP_DIV:
+        for (int64_t i = lo; i < hi; i++) o[i] = x[i] / y[i];
+        break;
     }
 }
 
@@ -133,8 +141,8 @@ static tensor *binary(binop k, tensor *a, tensor *b)
     if (!a || !b) return NULL;
     if (!chk_same_dtype(name, a, b)) return NULL;
     if (a->dtype == EM_BOOL || (k == OP_DIV && !em_dtype_is_float(a->dtype)))
-        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s and %s)", name, em_dtype_name(a->dtype),
-                       shp(a), shp(b));
+        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s and %s)", name,
+                       em_dtype_name(a->dtype), shp(a), shp(b));
     int nd;
     int64_t shape[EM_MAX_DIMS];
     if (bcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
@@ -211,7 +219,8 @@ static tensor *affine(const char *name, tensor *a, double m, double s)
 {
     if (!a) return NULL;
     if (a->dtype == EM_BOOL || (a->dtype == EM_U8 && m < 0))
-        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s)", name, em_dtype_name(a->dtype), shp(a));
+        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s)", name, em_dtype_name(a->dtype),
+                       shp(a));
     tensor *out = t_new_like(a);
     if (!out) return NULL;
     affine_ctx c = {out, a, m, s};

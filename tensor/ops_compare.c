@@ -82,9 +82,9 @@ static tensor *compare(cmpop k, tensor *a, tensor *b)
 /* ---- where / masked_fill ------------------------------------------------------------ */
 
 typedef struct sel_ctx {
-    tensor *out, *cond, *a, *b;       /* a or b NULL: that side is `fill` */
+    tensor *out, *cond, *a, *b; /* a or b NULL: that side is `fill` */
     int64_t sc[EM_MAX_DIMS], sa[EM_MAX_DIMS], sb[EM_MAX_DIMS];
-    unsigned char fill[8];            /* a value encoded in out's dtype */
+    unsigned char fill[8]; /* a value encoded in out's dtype */
 } sel_ctx;
 
 /* out[i] = cond ? a : b — a byte copy, as out, a and b share a dtype */
@@ -101,7 +101,8 @@ static void sel_range(void *p, int64_t lo, int64_t hi)
     nditer_seek(&it, lo);
     if (o->dtype == EM_F32 && ap && bp) {
         for (int64_t i = lo; i < hi; i++) {
-            ((float *)op)[i] = cp[it.off[0]] ? ((const float *)ap)[it.off[1]] : ((const float *)bp)[it.off[2]];
+            ((float *)op)[i] =
+                cp[it.off[0]] ? ((const float *)ap)[it.off[1]] : ((const float *)bp)[it.off[2]];
             nditer_next(&it);
         }
         return;
@@ -133,8 +134,10 @@ static void mask_range(void *p, int64_t lo, int64_t hi)
     nditer_init(&it, g->ndim, g->shape, 2, (const int64_t *[]){g->stride, c->sm});
     nditer_seek(&it, lo);
     for (int64_t i = lo; i < hi; i++) {
-        if ((mp[it.off[1]] != 0) == c->keep) memcpy(op + i * (int64_t)es, gp + it.off[0] * (int64_t)es, es);
-        else memset(op + i * (int64_t)es, 0, es);
+        if ((mp[it.off[1]] != 0) == c->keep)
+            memcpy(op + i * (int64_t)es, gp + it.off[0] * (int64_t)es, es);
+        else
+            memset(op + i * (int64_t)es, 0, es);
         nditer_next(&it);
     }
 }
@@ -174,8 +177,8 @@ static tensor *t_where(tensor *cond, tensor *a, tensor *b)
     int64_t s1[EM_MAX_DIMS], shape[EM_MAX_DIMS];
     if (bcast_shape("where", a->ndim, a->shape, b->ndim, b->shape, &n1, s1) ||
         bcast_shape("where", cond->ndim, cond->shape, n1, s1, &nd, shape))
-        return em_fail(EM_ERR_SHAPE, "where: cond %s, a %s and b %s do not broadcast together", shp(cond), shp(a),
-                       shp(b));
+        return em_fail(EM_ERR_SHAPE, "where: cond %s, a %s and b %s do not broadcast together", shp(cond),
+                       shp(a), shp(b));
     tensor *out = t_new(a->dtype, nd, shape);
     if (!out) return NULL;
     sel_ctx c = {.out = out, .cond = cond, .a = a, .b = b};
@@ -204,7 +207,8 @@ static tensor *t_masked_fill(tensor *a, tensor *mask, double value)
     int64_t shape[EM_MAX_DIMS];
     if (bcast_shape("masked_fill", a->ndim, a->shape, mask->ndim, mask->shape, &nd, shape) || nd != a->ndim ||
         memcmp(shape, a->shape, sizeof(int64_t) * (size_t)nd))
-        return em_fail(EM_ERR_SHAPE, "masked_fill: mask %s does not broadcast to a's shape %s", shp(mask), shp(a));
+        return em_fail(EM_ERR_SHAPE, "masked_fill: mask %s does not broadcast to a's shape %s", shp(mask),
+                       shp(a));
     tensor *out = t_new_like(a);
     if (!out) return NULL;
     sel_ctx c = {.out = out, .cond = mask, .a = NULL, .b = a}; /* mask ? fill : a */

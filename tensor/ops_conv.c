@@ -25,14 +25,18 @@ static inline double rd(const void *p, bool dbl, int64_t i)
 
 static inline void wr(void *p, bool dbl, int64_t i, double v)
 {
-    if (dbl) ((double *)p)[i] = v;
-    else ((float *)p)[i] = (float)v;
+    if (dbl)
+        ((double *)p)[i] = v;
+    else
+        ((float *)p)[i] = (float)v;
 }
 
 static inline void acc(void *p, bool dbl, int64_t i, double v)
 {
-    if (dbl) ((double *)p)[i] += v;
-    else ((float *)p)[i] += (float)v;
+    if (dbl)
+        ((double *)p)[i] += v;
+    else
+        ((float *)p)[i] += (float)v;
 }
 
 /* t's values as contiguous elements of dtype ct: t's own data when it already
@@ -108,7 +112,8 @@ static void col2im_range(void *p, int64_t lo, int64_t hi)
                     for (int64_t ow = 0; ow < g->OW; ow++) {
                         int64_t iw = ow * g->s - g->p + kw;
                         if (iw >= 0 && iw < g->W)
-                            acc(dx, g->dbl, (ch * g->H + ih) * g->W + iw, rd(c->col, g->dbl, r * ohw + oh * g->OW + ow));
+                            acc(dx, g->dbl, (ch * g->H + ih) * g->W + iw,
+                                rd(c->col, g->dbl, r * ohw + oh * g->OW + ow));
                     }
                 }
             }
@@ -138,15 +143,25 @@ static void gemm(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t K, co
     if (dbl)
         cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0, A, lda, B, ldb, beta, C, (int)N);
     else
-        cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0f, A, lda, B, ldb, (float)beta, C, (int)N);
+        cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0f, A, lda, B, ldb, (float)beta, C,
+                    (int)N);
 }
 
 /* ---- conv2d ------------------------------------------------------------------------ */
 
 static void conv_geom(geom *g, const tensor *x, const tensor *w, int64_t s, int64_t p)
 {
-    *g = (geom){x->shape[0], x->shape[1], x->shape[2], x->shape[3], w->shape[0], w->shape[2], w->shape[3],
-                out_size(x->shape[2], w->shape[2], s, p), out_size(x->shape[3], w->shape[3], s, p), s, p,
+    *g = (geom){x->shape[0],
+                x->shape[1],
+                x->shape[2],
+                x->shape[3],
+                w->shape[0],
+                w->shape[2],
+                w->shape[3],
+                out_size(x->shape[2], w->shape[2], s, p),
+                out_size(x->shape[3], w->shape[3], s, p),
+                s,
+                p,
                 x->dtype == EM_F64};
 }
 
@@ -168,7 +183,8 @@ static em_status conv_backward(node *n, tensor *gout)
     const void *gp = as_ct(gout, ct), *xp = dw ? as_ct(x, ct) : NULL, *wp = dx ? as_ct(w, ct) : NULL;
     void *col = dw && !col_is_image(&g) ? tmp_alloc((size_t)(ckk * ohw) * es) : NULL;
     void *dcol = dx && !col_is_image(&g) ? tmp_alloc((size_t)(ckk * ohw) * es) : NULL;
-    if (!gp || (dw && !xp) || (dx && !wp) || (dw && !col && !col_is_image(&g)) || (dx && !dcol && !col_is_image(&g))) {
+    if (!gp || (dw && !xp) || (dx && !wp) || (dw && !col && !col_is_image(&g)) ||
+        (dx && !dcol && !col_is_image(&g))) {
         tmp_release(m);
         return em_last_status();
     }
@@ -219,15 +235,15 @@ static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding
         return em_fail(EM_ERR_SHAPE, "conv2d: input %s has %lld channels but weight %s expects %lld", shp(x),
                        (long long)x->shape[1], shp(w), (long long)w->shape[1]);
     if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
-        return em_fail(EM_ERR_SHAPE, "conv2d: bias %s must be (%lld,) for weight %s", shp(b), (long long)w->shape[0],
-                       shp(w));
+        return em_fail(EM_ERR_SHAPE, "conv2d: bias %s must be (%lld,) for weight %s", shp(b),
+                       (long long)w->shape[0], shp(w));
     if (stride < 1 || padding < 0)
         return em_fail(EM_ERR_ARG, "conv2d: stride %d must be >= 1 and padding %d >= 0", stride, padding);
     geom g;
     conv_geom(&g, x, w, stride, padding);
     if (x->shape[2] + 2 * padding < g.KH || x->shape[3] + 2 * padding < g.KW || g.KH < 1 || g.KW < 1)
-        return em_fail(EM_ERR_SHAPE, "conv2d: kernel %lldx%lld does not fit input %s with padding %d", (long long)g.KH,
-                       (long long)g.KW, shp(x), padding);
+        return em_fail(EM_ERR_SHAPE, "conv2d: kernel %lldx%lld does not fit input %s with padding %d",
+                       (long long)g.KH, (long long)g.KW, shp(x), padding);
     int64_t ckk = g.C * g.KH * g.KW, ohw = g.OH * g.OW;
     if (ckk > INT_MAX || ohw > INT_MAX || g.O > INT_MAX)
         return em_fail(EM_ERR_SHAPE, "conv2d: input %s with weight %s is too large for gemm", shp(x), shp(w));
@@ -273,11 +289,11 @@ static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding
  * Ranges are (n,c) planes. Padding counts as -inf for max, 0 for avg. */
 
 typedef struct pool_ctx {
-    geom g;           /* C = channels, KH = KW = kernel */
-    const void *x;    /* (N,C,H,W) contiguous compute dtype */
-    void *y;          /* (N,C,OH,OW) */
-    int32_t *arg;     /* max: h*W+w of the chosen element, or NULL */
-    const void *gy;   /* backward: gradient of y */
+    geom g;         /* C = channels, KH = KW = kernel */
+    const void *x;  /* (N,C,H,W) contiguous compute dtype */
+    void *y;        /* (N,C,OH,OW) */
+    int32_t *arg;   /* max: h*W+w of the chosen element, or NULL */
+    const void *gy; /* backward: gradient of y */
 } pool_ctx;
 
 static void maxpool_range(void *p, int64_t lo, int64_t hi)
@@ -339,8 +355,10 @@ static void avgpool_range(void *p, int64_t lo, int64_t hi)
                     for (int64_t kw = 0; kw < g->KW; kw++) {
                         int64_t iw = ow * g->s - g->p + kw;
                         if (iw < 0 || iw >= g->W) continue;
-                        if (c->gy) acc(c->y, g->dbl, xb + ih * g->W + iw, gv);
-                        else s += rd(c->x, g->dbl, xb + ih * g->W + iw);
+                        if (c->gy)
+                            acc(c->y, g->dbl, xb + ih * g->W + iw, gv);
+                        else
+                            s += rd(c->x, g->dbl, xb + ih * g->W + iw);
                     }
                 }
                 if (!c->gy) wr(c->y, g->dbl, yb + oh * g->OW + ow, s * inv);
@@ -350,8 +368,18 @@ static void avgpool_range(void *p, int64_t lo, int64_t hi)
 
 static void pool_geom(geom *g, const tensor *x, int64_t k, int64_t s, int64_t p)
 {
-    *g = (geom){x->shape[0], x->shape[1], x->shape[2], x->shape[3], x->shape[1], k, k,
-                out_size(x->shape[2], k, s, p), out_size(x->shape[3], k, s, p), s, p, x->dtype == EM_F64};
+    *g = (geom){x->shape[0],
+                x->shape[1],
+                x->shape[2],
+                x->shape[3],
+                x->shape[1],
+                k,
+                k,
+                out_size(x->shape[2], k, s, p),
+                out_size(x->shape[3], k, s, p),
+                s,
+                p,
+                x->dtype == EM_F64};
 }
 
 static em_status pool_backward(node *n, tensor *gout)
@@ -381,15 +409,15 @@ static tensor *t_pool(const char *op, bool is_max, tensor *x, int kernel, int st
 {
     if (!chk_float(op, x) || !chk_4d(op, x, "input")) return NULL;
     if (kernel < 1 || stride < 1 || padding < 0)
-        return em_fail(EM_ERR_ARG, "%s: kernel %d and stride %d must be >= 1, padding %d >= 0", op, kernel, stride,
-                       padding);
+        return em_fail(EM_ERR_ARG, "%s: kernel %d and stride %d must be >= 1, padding %d >= 0", op, kernel,
+                       stride, padding);
     if (padding > kernel / 2)
         return em_fail(EM_ERR_ARG, "%s: padding %d must be at most half the kernel %d", op, padding, kernel);
     pool_ctx c = {0};
     pool_geom(&c.g, x, kernel, stride, padding);
     if (x->shape[2] + 2 * padding < kernel || x->shape[3] + 2 * padding < kernel)
-        return em_fail(EM_ERR_SHAPE, "%s: kernel %d does not fit input %s with padding %d", op, kernel, shp(x),
-                       padding);
+        return em_fail(EM_ERR_SHAPE, "%s: kernel %d does not fit input %s with padding %d", op, kernel,
+                       shp(x), padding);
     em_dtype ct = c.g.dbl ? EM_F64 : EM_F32;
     bool grad = ag_needed(1, &x);
     int64_t ny = c.g.N * c.g.C * c.g.OH * c.g.OW;

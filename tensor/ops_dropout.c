@@ -41,9 +41,12 @@ static void drop_range(void *p, int64_t lo, int64_t hi)
             bool keep = unif(w[j]) >= c->p;
             int64_t xo = flat ? i : it.off[0];
             if (c->mask) c->mask[i] = keep;
-            if (dt == EM_F32) ((float *)op)[i] = keep ? ((const float *)xp)[xo] * sf : 0.0f;
-            else if (dt == EM_F64) ((double *)op)[i] = keep ? ((const double *)xp)[xo] * c->scale : 0.0;
-            else st(dt, op + i * (int64_t)es, keep ? ld(dt, xp + xo * (int64_t)es) * (double)sf : 0.0);
+            if (dt == EM_F32)
+                ((float *)op)[i] = keep ? ((const float *)xp)[xo] * sf : 0.0f;
+            else if (dt == EM_F64)
+                ((double *)op)[i] = keep ? ((const double *)xp)[xo] * c->scale : 0.0;
+            else
+                st(dt, op + i * (int64_t)es, keep ? ld(dt, xp + xo * (int64_t)es) * (double)sf : 0.0);
             if (!flat) nditer_next(&it);
         }
     }
@@ -67,8 +70,10 @@ static void dback_range(void *p, int64_t lo, int64_t hi)
     nditer_init(&it, g->ndim, g->shape, 1, (const int64_t *[]){g->stride});
     nditer_seek(&it, lo);
     for (int64_t i = lo; i < hi; i++) {
-        if (dt == EM_F32) ((float *)op)[i] = c->mask[i] ? ((const float *)gp)[it.off[0]] * (float)c->scale : 0.0f;
-        else st(dt, op + i * (int64_t)es, c->mask[i] ? ld(dt, gp + it.off[0] * (int64_t)es) * c->scale : 0.0);
+        if (dt == EM_F32)
+            ((float *)op)[i] = c->mask[i] ? ((const float *)gp)[it.off[0]] * (float)c->scale : 0.0f;
+        else
+            st(dt, op + i * (int64_t)es, c->mask[i] ? ld(dt, gp + it.off[0] * (int64_t)es) * c->scale : 0.0);
         nditer_next(&it);
     }
 }

@@ -23,8 +23,8 @@ static bool check_index(const char *op, const tensor *idx, int64_t limit, const 
         int32_t v = p[it.off[0]];
         if (v < 0 || v >= limit) {
             if (idx->ndim <= 1)
-                em_fail(EM_ERR_INDEX, "%s: index %d at position %lld is out of range %s", op, (int)v, (long long)i,
-                        range);
+                em_fail(EM_ERR_INDEX, "%s: index %d at position %lld is out of range %s", op, (int)v,
+                        (long long)i, range);
             else
                 em_fail(EM_ERR_INDEX, "%s: index %d at position %s is out of range %s", op, (int)v,
                         shp_of(idx->ndim, it.idx), range);
@@ -41,8 +41,8 @@ typedef struct sel_ctx {
     tensor *t, *out;
     const int32_t *idx; /* K values, contiguous */
     int64_t K, inner;
-    int d;              /* the indexed dim of t */
-    bool inner_contig;  /* t's dims after d are row-major contiguous */
+    int d;             /* the indexed dim of t */
+    bool inner_contig; /* t's dims after d are row-major contiguous */
 } sel_ctx;
 
 /* Element offset of t[o (flat over dims < d), v, 0...] */
@@ -176,8 +176,8 @@ static em_status index_add_backward(tensor *in, int d, const tensor *idx, tensor
         load_index(idx, iv);
         int64_t nblk = (inner + ADD_BLOCK - 1) / ADD_BLOCK;
         iadd_ctx c = {acc, gc, iv, in->shape[d], K, inner, nblk};
-        parallel_for(outer * nblk, 1 + (1 << 14) / (K * (inner < ADD_BLOCK ? inner : ADD_BLOCK) + 1), index_add_range,
-                     &c);
+        parallel_for(outer * nblk, 1 + (1 << 14) / (K * (inner < ADD_BLOCK ? inner : ADD_BLOCK) + 1),
+                     index_add_range, &c);
         tmp_release(m);
     }
     tensor *gx = ct == in->dtype ? acc : t_cast(acc, in->dtype);
@@ -210,8 +210,7 @@ static tensor *t_index_select(tensor *t, int dim, tensor *idx)
     if (!t || !idx) return NULL;
     int d = t_dim("index_select", dim, t->ndim, 0);
     if (d < 0 || !chk_index_dtype("index_select", idx)) return NULL;
-    if (idx->ndim != 1)
-        return em_fail(EM_ERR_SHAPE, "index_select: indices must be 1-D, got %s", shp(idx));
+    if (idx->ndim != 1) return em_fail(EM_ERR_SHAPE, "index_select: indices must be 1-D, got %s", shp(idx));
     char range[96];
     snprintf(range, sizeof range, "for dim %d of size %lld (shape %s)", dim, (long long)t->shape[d], shp(t));
     if (!check_index("index_select", idx, t->shape[d], range)) return NULL;
@@ -235,7 +234,8 @@ static tensor *t_embedding(tensor *w, tensor *idx)
     if (w->ndim != 2) return em_fail(EM_ERR_SHAPE, "embedding: weight must be 2-D (V,C), got %s", shp(w));
     if (!chk_index_dtype("embedding", idx)) return NULL;
     if (idx->ndim + 1 > EM_MAX_DIMS)
-        return em_fail(EM_ERR_SHAPE, "embedding: indices %s have too many dims for a (...,C) result", shp(idx));
+        return em_fail(EM_ERR_SHAPE, "embedding: indices %s have too many dims for a (...,C) result",
+                       shp(idx));
     char range[64];
     snprintf(range, sizeof range, "for %lld rows", (long long)w->shape[0]);
     if (!check_index("embedding", idx, w->shape[0], range)) return NULL;
@@ -257,7 +257,7 @@ static tensor *t_embedding(tensor *w, tensor *idx)
 typedef struct scat_ctx {
     tensor *out, *index, *src; /* gather: out = result, src = g */
     int d, nr;
-    int64_t L;                 /* index->shape[d] */
+    int64_t L; /* index->shape[d] */
     int64_t rshape[EM_MAX_DIMS], ro[EM_MAX_DIMS], ri[EM_MAX_DIMS], rs[EM_MAX_DIMS];
 } scat_ctx;
 
@@ -289,9 +289,12 @@ static void scatter_range(void *p, int64_t lo, int64_t hi)
     for (int64_t r = lo; r < hi; r++) {
         for (int64_t j = 0; j < c->L; j++) {
             int64_t oo = it.off[0] + ix[it.off[1] + j * isd] * osd, so = it.off[2] + j * ssd;
-            if (dt == EM_F32) ((float *)o)[oo] += ((const float *)s)[so];
-            else if (dt == EM_F64) ((double *)o)[oo] += ((const double *)s)[so];
-            else st(dt, o + oo * (int64_t)es, ld(dt, o + oo * (int64_t)es) + ld(dt, s + so * (int64_t)es));
+            if (dt == EM_F32)
+                ((float *)o)[oo] += ((const float *)s)[so];
+            else if (dt == EM_F64)
+                ((double *)o)[oo] += ((const double *)s)[so];
+            else
+                st(dt, o + oo * (int64_t)es, ld(dt, o + oo * (int64_t)es) + ld(dt, s + so * (int64_t)es));
         }
         nditer_next(&it);
     }
@@ -343,9 +346,11 @@ static tensor *t_scatter_add(tensor *t, int dim, tensor *index, tensor *src)
     if (d < 0 || !chk_index_dtype(op, index) || !chk_same_dtype(op, t, src)) return NULL;
     if (t->dtype == EM_BOOL) return em_fail(EM_ERR_DTYPE, "%s: does not take bool tensors (%s)", op, shp(t));
     if (index->ndim != t->ndim)
-        return em_fail(EM_ERR_SHAPE, "%s: index %s must have as many dims as the input %s", op, shp(index), shp(t));
+        return em_fail(EM_ERR_SHAPE, "%s: index %s must have as many dims as the input %s", op, shp(index),
+                       shp(t));
     if (src->ndim != index->ndim || memcmp(src->shape, index->shape, sizeof(int64_t) * (size_t)index->ndim))
-        return em_fail(EM_ERR_SHAPE, "%s: src %s and index %s must have the same shape", op, shp(src), shp(index));
+        return em_fail(EM_ERR_SHAPE, "%s: src %s and index %s must have the same shape", op, shp(src),
+                       shp(index));
     for (int i = 0; i < t->ndim; i++)
         if (i != d && index->shape[i] > t->shape[i])
             return em_fail(EM_ERR_SHAPE, "%s: index %s is larger than the input %s in dim %d", op, shp(index),

@@ -18,8 +18,8 @@ static bool chk_list(const char *op, int n, tensor *const *ts)
         if (!ts[i]) return false; /* keeps the error resolve set */
     for (int i = 1; i < n; i++)
         if (ts[i]->dtype != ts[0]->dtype) {
-            em_fail(EM_ERR_DTYPE, "%s: tensor %d is %s%s but tensor 0 is %s%s", op, i, em_dtype_name(ts[i]->dtype),
-                    shp(ts[i]), em_dtype_name(ts[0]->dtype), shp(ts[0]));
+            em_fail(EM_ERR_DTYPE, "%s: tensor %d is %s%s but tensor 0 is %s%s", op, i,
+                    em_dtype_name(ts[i]->dtype), shp(ts[i]), em_dtype_name(ts[0]->dtype), shp(ts[0]));
             return false;
         }
     return true;
@@ -75,8 +75,10 @@ static tensor *t_concat(int n, tensor *const *ts, int dim)
         bool ok = ts[i]->ndim == nd;
         for (int k = 0; ok && k < nd; k++) ok = k == d || ts[i]->shape[k] == ts[0]->shape[k];
         if (!ok)
-            return em_fail(EM_ERR_SHAPE, "concat: tensor %d has shape %s but tensor 0 has %s; shapes must match "
-                           "except in dim %d", i, shp(ts[i]), shp(ts[0]), dim);
+            return em_fail(EM_ERR_SHAPE,
+                           "concat: tensor %d has shape %s but tensor 0 has %s; shapes must match "
+                           "except in dim %d",
+                           i, shp(ts[i]), shp(ts[0]), dim);
         shape[d] += ts[i]->shape[d];
     }
     tensor *out = t_new(ts[0]->dtype, nd, shape);
@@ -116,12 +118,14 @@ static tensor *t_stack(int n, tensor *const *ts, int dim)
 {
     if (!chk_list("stack", n, ts)) return NULL;
     int nd = ts[0]->ndim;
-    if (nd >= EM_MAX_DIMS) return em_fail(EM_ERR_SHAPE, "stack: inputs %s already have %d dims", shp(ts[0]), nd);
+    if (nd >= EM_MAX_DIMS)
+        return em_fail(EM_ERR_SHAPE, "stack: inputs %s already have %d dims", shp(ts[0]), nd);
     int d = t_dim("stack", dim, nd, 1);
     if (d < 0) return NULL;
     for (int i = 1; i < n; i++)
         if (ts[i]->ndim != nd || memcmp(ts[i]->shape, ts[0]->shape, sizeof(int64_t) * (size_t)nd))
-            return em_fail(EM_ERR_SHAPE, "stack: tensor %d has shape %s but tensor 0 has %s; all must be equal", i,
+            return em_fail(EM_ERR_SHAPE,
+                           "stack: tensor %d has shape %s but tensor 0 has %s; all must be equal", i,
                            shp(ts[i]), shp(ts[0]));
     int64_t shape[EM_MAX_DIMS];
     for (int i = 0, j = 0; i <= nd; i++) shape[i] = i == d ? n : ts[0]->shape[j++];
@@ -143,11 +147,13 @@ static tensor *t_stack(int n, tensor *const *ts, int dim)
 
 /* Pieces of `size` along d (the last may be smaller) as narrow views; out
  * has room for max_out. */
-static int split_views(const char *op, tensor *t, int64_t size, int d, int64_t count, tensor **out, int max_out)
+static int split_views(const char *op, tensor *t, int64_t size, int d, int64_t count, tensor **out,
+                       int max_out)
 {
     if (count > max_out)
         return em_err(EM_ERR_ARG, "%s: %s gives %lld pieces along dim %d but max_out is %d", op, shp(t),
-                      (long long)count, d, max_out), -1;
+                      (long long)count, d, max_out),
+               -1;
     int64_t S = t->shape[d];
     for (int i = 0; i < count; i++) {
         int64_t start = (int64_t)i * size < S ? (int64_t)i * size : S;
@@ -185,7 +191,8 @@ static int t_chunk(tensor *t, int chunks, int dim, tensor **out, int max_out)
 static bool resolve_list(const char *op, int n, em_tensor *const *hs, tensor **ts)
 {
     if (n <= 0 || !hs) {
-        em_fail(EM_ERR_ARG, "%s: needs at least one tensor, got n = %d%s", op, n, hs ? "" : " (array is NULL)");
+        em_fail(EM_ERR_ARG, "%s: needs at least one tensor, got n = %d%s", op, n,
+                hs ? "" : " (array is NULL)");
         return false;
     }
     for (int i = 0; i < n; i++)
@@ -210,7 +217,8 @@ em_tensor *em_stack(int n, em_tensor *const *ts, int dim) { return join(t_stack,
 typedef int (*split_fn)(tensor *, int64_t, int, tensor **, int);
 
 /* Runs f into a temporary array of internal pointers, then hands out handles. */
-static int split_pub(split_fn f, const char *op, em_tensor *h, int64_t arg, int dim, em_tensor **out, int max_out)
+static int split_pub(split_fn f, const char *op, em_tensor *h, int64_t arg, int dim, em_tensor **out,
+                     int max_out)
 {
     tensor *t = t_resolve(h, op);
     if (!t) return -1;

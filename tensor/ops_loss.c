@@ -7,17 +7,16 @@
  * ignored targets. f16/bf16 logits are computed in f32. */
 #include "rows_impl.h"
 
-
 typedef struct ce_ctx {
     bool f64;
     int64_t rows, C, nparts, ignore;
-    const void *x;       /* logits rows (rows, C) */
-    const int32_t *tgt;  /* (rows) */
-    double *lse;         /* (rows) log-sum-exp per row */
-    double *part_loss;   /* forward: per part */
+    const void *x;      /* logits rows (rows, C) */
+    const int32_t *tgt; /* (rows) */
+    double *lse;        /* (rows) log-sum-exp per row */
+    double *part_loss;  /* forward: per part */
     int64_t *part_count;
-    void *dx;            /* backward: (rows, C) */
-    double scale;        /* backward: g / count */
+    void *dx;     /* backward: (rows, C) */
+    double scale; /* backward: g / count */
 } ce_ctx;
 
 /* log sum_j exp(x_j) = m + log sum_j exp(x_j - m), m = max_j x_j */
@@ -116,8 +115,13 @@ static em_status ce_backward(node *n, tensor *g)
     tensor *dx = t_new(x->dtype, x->ndim, x->shape);
     if (!dx) return em_last_status();
     double gv = ld(g->dtype, t_ptr(g));
-    ce_ctx c = {.f64 = rows_dtype(x->dtype) == EM_F64, .rows = C ? t_numel(x) / C : 0, .C = C,
-                .ignore = n->ip[0], .tgt = sv->tgt, .lse = sv->lse, .scale = gv / (double)sv->count};
+    ce_ctx c = {.f64 = rows_dtype(x->dtype) == EM_F64,
+                .rows = C ? t_numel(x) / C : 0,
+                .C = C,
+                .ignore = n->ip[0],
+                .tgt = sv->tgt,
+                .lse = sv->lse,
+                .scale = gv / (double)sv->count};
     size_t m = tmp_mark();
     bool ok = (c.x = rows_in(x, last)) && (c.dx = rows_out(dx, last));
     if (ok) {
@@ -139,11 +143,12 @@ static bool chk_targets(const tensor *tg, int64_t C, int64_t ignore)
     for (int64_t i = 0; i < n; i++) {
         int64_t v = p[it.off[0]];
         if (v != ignore && (v < 0 || v >= C)) {
-            em_fail(EM_ERR_INDEX,
-                    "cross_entropy: target %lld at position %s (flat %lld) is out of range for C = %lld classes "
-                    "(valid: 0..%lld, or ignore_index %lld)",
-                    (long long)v, shp_of(tg->ndim, it.idx), (long long)i, (long long)C, (long long)C - 1,
-                    (long long)ignore);
+            em_fail(
+                EM_ERR_INDEX,
+                "cross_entropy: target %lld at position %s (flat %lld) is out of range for C = %lld classes "
+                "(valid: 0..%lld, or ignore_index %lld)",
+                (long long)v, shp_of(tg->ndim, it.idx), (long long)i, (long long)C, (long long)C - 1,
+                (long long)ignore);
             return false;
         }
         nditer_next(&it);
@@ -156,16 +161,19 @@ static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
     const char *op = "cross_entropy";
     if (!chk_float(op, x)) return NULL;
     if (!chk_dtype(op, tg, EM_I32, "targets")) return NULL;
-    if (x->ndim < 1) return em_fail(EM_ERR_SHAPE, "%s: logits must have a class dim (...,C), got %s", op, shp(x));
+    if (x->ndim < 1)
+        return em_fail(EM_ERR_SHAPE, "%s: logits must have a class dim (...,C), got %s", op, shp(x));
     if (tg->ndim != x->ndim - 1 || memcmp(tg->shape, x->shape, sizeof(int64_t) * (size_t)tg->ndim))
-        return em_fail(EM_ERR_SHAPE, "%s: targets %s must have the shape of logits %s without the last dim, %s", op,
+        return em_fail(EM_ERR_SHAPE,
+                       "%s: targets %s must have the shape of logits %s without the last dim, %s", op,
                        shp(tg), shp(x), shp_of(x->ndim - 1, x->shape));
     int last = x->ndim - 1;
     int64_t C = x->shape[last], rows = t_numel(tg);
     if (!chk_targets(tg, C, ignore)) return NULL;
     bool rec = ag_needed(1, &x);
     if (rec && em_scope_depth() == 0)
-        return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)", op);
+        return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)",
+                       op);
     tensor *out = t_new(x->dtype, 0, NULL);
     if (!out) return NULL;
     ce_saved *sv = rec ? scope_alloc(sizeof *sv) : NULL;

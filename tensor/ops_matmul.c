@@ -18,7 +18,7 @@
 /* An operand as BLAS sees it: data in the compute dtype, its geometry, and
  * how its last two dims map onto a BLAS matrix. */
 typedef struct operand {
-    const char *data;       /* element 0, compute dtype */
+    const char *data; /* element 0, compute dtype */
     int ndim;
     int64_t shape[EM_MAX_DIMS];
     int64_t stride[EM_MAX_DIMS];
@@ -64,8 +64,8 @@ static bool prepare(operand *op, tensor *t, em_dtype ct)
     int n = t->ndim;
     op->ndim = n;
     memcpy(op->shape, t->shape, sizeof(int64_t) * (size_t)n);
-    if (t->dtype == ct &&
-        blas_layout(t->shape[n - 2], t->shape[n - 1], t->stride[n - 2], t->stride[n - 1], &op->trans, &op->ld)) {
+    if (t->dtype == ct && blas_layout(t->shape[n - 2], t->shape[n - 1], t->stride[n - 2], t->stride[n - 1],
+                                      &op->trans, &op->ld)) {
         op->data = t_ptr(t);
         memcpy(op->stride, t->stride, sizeof(int64_t) * (size_t)n);
         return true;
@@ -98,17 +98,17 @@ static void gemm(em_dtype ct, const operand *a, const char *ap, const operand *b
 {
     int ldc = (int)(N > 1 ? N : 1);
     if (ct == EM_F32)
-        cblas_sgemm(CblasRowMajor, a->trans, b->trans, (int)M, (int)N, (int)K, 1.0f, (const float *)ap, (int)a->ld,
-                    (const float *)bp, (int)b->ld, 0.0f, (float *)cp, ldc);
+        cblas_sgemm(CblasRowMajor, a->trans, b->trans, (int)M, (int)N, (int)K, 1.0f, (const float *)ap,
+                    (int)a->ld, (const float *)bp, (int)b->ld, 0.0f, (float *)cp, ldc);
     else
-        cblas_dgemm(CblasRowMajor, a->trans, b->trans, (int)M, (int)N, (int)K, 1.0, (const double *)ap, (int)a->ld,
-                    (const double *)bp, (int)b->ld, 0.0, (double *)cp, ldc);
+        cblas_dgemm(CblasRowMajor, a->trans, b->trans, (int)M, (int)N, (int)K, 1.0, (const double *)ap,
+                    (int)a->ld, (const double *)bp, (int)b->ld, 0.0, (double *)cp, ldc);
 }
 
 /* True when a's batch dims and its M rows form one run of stride a->ld (so
  * a is a (rows,K) row-major matrix), and b repeats over every batch dim. */
-static bool folds_into_one_gemm(const operand *a, const int64_t *sa, const int64_t *sb, int nb, const int64_t *bs,
-                                int64_t M)
+static bool folds_into_one_gemm(const operand *a, const int64_t *sa, const int64_t *sb, int nb,
+                                const int64_t *bs, int64_t M)
 {
     if (a->trans != CblasNoTrans) return false;
     int64_t want = a->ld * M;
@@ -179,8 +179,9 @@ tensor *t_matmul(tensor *a, tensor *b)
 {
     if (!a || !b) return NULL;
     if (a->ndim < 2 || b->ndim < 2)
-        return em_fail(EM_ERR_SHAPE, "matmul: operands must be at least 2-D: a is %s, b is %s (unsqueeze a vector)",
-                       shp(a), shp(b));
+        return em_fail(EM_ERR_SHAPE,
+                       "matmul: operands must be at least 2-D: a is %s, b is %s (unsqueeze a vector)", shp(a),
+                       shp(b));
     if (!chk_same_dtype("matmul", a, b)) return NULL;
     if (a->dtype == EM_BOOL)
         return em_fail(EM_ERR_DTYPE, "matmul: does not take bool tensors (%s and %s)", shp(a), shp(b));
@@ -188,7 +189,8 @@ tensor *t_matmul(tensor *a, tensor *b)
     if (b->shape[b->ndim - 2] != K)
         return em_fail(EM_ERR_SHAPE, "matmul: inner dims differ: a is %s, b is %s", shp(a), shp(b));
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
-        return em_fail(EM_ERR_UNSUPPORTED, "matmul: dims beyond BLAS's int range: a is %s, b is %s", shp(a), shp(b));
+        return em_fail(EM_ERR_UNSUPPORTED, "matmul: dims beyond BLAS's int range: a is %s, b is %s", shp(a),
+                       shp(b));
     int nb;
     int64_t shape[EM_MAX_DIMS];
     if (bcast_shape("matmul", a->ndim - 2, a->shape, b->ndim - 2, b->shape, &nb, shape))

@@ -7,7 +7,6 @@
  * partial sums, added up at the end). f16/bf16 are computed in f32. */
 #include "rows_impl.h"
 
-
 /* Element i of a contiguous f32 or f64 buffer, as double. */
 static inline double at(const void *p, bool f64, int64_t i)
 {
@@ -16,8 +15,10 @@ static inline double at(const void *p, bool f64, int64_t i)
 
 static inline void put(void *p, bool f64, int64_t i, double v)
 {
-    if (f64) ((double *)p)[i] = v;
-    else ((float *)p)[i] = (float)v;
+    if (f64)
+        ((double *)p)[i] = v;
+    else
+        ((float *)p)[i] = (float)v;
 }
 
 typedef struct norm_ctx {
@@ -208,8 +209,12 @@ static em_status norm_backward(node *n, tensor *g)
     tensor *dx = x->requires_grad ? t_new(x->dtype, x->ndim, x->shape) : NULL;
     if (x->requires_grad && !dx) return em_last_status();
     const double *saved = n->saved;
-    norm_ctx c = {.rms = n->ip[0] != 0, .f64 = rows_dtype(x->dtype) == EM_F64, .rows = rows, .C = C,
-                  .mean = (double *)saved, .rstd = (double *)saved + rows};
+    norm_ctx c = {.rms = n->ip[0] != 0,
+                  .f64 = rows_dtype(x->dtype) == EM_F64,
+                  .rows = rows,
+                  .C = C,
+                  .mean = (double *)saved,
+                  .rstd = (double *)saved + rows};
     int64_t per = (1 << 14) / (C + 1) + 1;
     c.nparts = rows / per < em_num_threads() ? rows / per : em_num_threads();
     if (c.nparts < 1) c.nparts = 1;
@@ -239,8 +244,8 @@ static bool chk_param(const char *op, const char *what, const tensor *p, const t
     if (!p) return true;
     int64_t C = x->shape[x->ndim - 1];
     if (p->ndim != 1 || p->shape[0] != C) {
-        em_fail(EM_ERR_SHAPE, "%s: %s is %s, expected (%lld,) to match the last dim of x %s", op, what, shp(p),
-                (long long)C, shp(x));
+        em_fail(EM_ERR_SHAPE, "%s: %s is %s, expected (%lld,) to match the last dim of x %s", op, what,
+                shp(p), (long long)C, shp(x));
         return false;
     }
     if (p->dtype != x->dtype) {
@@ -256,23 +261,31 @@ static tensor *norm_impl(const char *op, bool rms, tensor *x, tensor *w, tensor 
     if (!chk_float(op, x)) return NULL;
     if (x->ndim < 1) return em_fail(EM_ERR_SHAPE, "%s: x must have at least 1 dim, got %s", op, shp(x));
     if (!chk_param(op, "weight", w, x) || !chk_param(op, "bias", b, x)) return NULL;
-    if (!(eps >= 0) || isinf(eps)) return em_fail(EM_ERR_ARG, "%s: eps must be finite and >= 0, got %g", op, eps);
+    if (!(eps >= 0) || isinf(eps))
+        return em_fail(EM_ERR_ARG, "%s: eps must be finite and >= 0, got %g", op, eps);
     int64_t C = x->shape[x->ndim - 1];
     int64_t rows = C ? t_numel(x) / C : 0;
     tensor *in[3] = {x, w, b};
     int nin = rms ? 2 : 3;
     bool rec = ag_needed(nin, in);
     if (rec && em_scope_depth() == 0)
-        return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)", op);
+        return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)",
+                       op);
     tensor *y = t_new(x->dtype, x->ndim, x->shape);
     if (!y) return NULL;
     size_t m = tmp_mark(), nstat = sizeof(double) * (size_t)(2 * rows + 1);
     double *stats = rec ? scope_alloc(nstat) : tmp_alloc(nstat);
     int last = x->ndim - 1;
-    norm_ctx c = {.rms = rms, .f64 = rows_dtype(x->dtype) == EM_F64, .rows = rows, .C = C, .eps = eps,
-                  .mean = stats, .rstd = stats + rows};
-    bool ok = stats && (c.x = rows_in(x, last)) && (!w || (c.w = rows_in(w, 0))) && (!b || (c.b = rows_in(b, 0))) &&
-              (c.y = rows_out(y, last)) && (c.f64 || ((c.ones = const_row(C, 1)) && (c.zeros = const_row(C, 0))));
+    norm_ctx c = {.rms = rms,
+                  .f64 = rows_dtype(x->dtype) == EM_F64,
+                  .rows = rows,
+                  .C = C,
+                  .eps = eps,
+                  .mean = stats,
+                  .rstd = stats + rows};
+    bool ok = stats && (c.x = rows_in(x, last)) && (!w || (c.w = rows_in(w, 0))) &&
+              (!b || (c.b = rows_in(b, 0))) && (c.y = rows_out(y, last)) &&
+              (c.f64 || ((c.ones = const_row(C, 1)) && (c.zeros = const_row(C, 0))));
     if (ok) {
         parallel_for(rows, (1 << 14) / (C + 1) + 1, norm_fwd, &c);
         rows_done(y, last, c.y);

@@ -69,7 +69,8 @@ static bool chk_nonempty(const char *op, const tensor *t, const red_geo *g)
     if (g->rn > 0) return true;
     for (int i = 0; i < t->ndim; i++)
         if (g->mask[i] && t->shape[i] == 0) {
-            em_fail(EM_ERR_SHAPE, "%s: cannot reduce over an empty dim: dim %d of %s has size 0", op, i, shp(t));
+            em_fail(EM_ERR_SHAPE, "%s: cannot reduce over an empty dim: dim %d of %s has size 0", op, i,
+                    shp(t));
             return false;
         }
     em_fail(EM_ERR_SHAPE, "%s: cannot reduce an empty tensor %s", op, shp(t));
@@ -97,12 +98,12 @@ static double sum_f32(const float *x, int64_t n)
 typedef struct sum_ctx {
     tensor *t, *out;
     const red_geo *g;
-    double scale;     /* 1 for sum, 1/count for mean */
-    int64_t inner;    /* row path: elements per row; column path: columns */
-    int64_t rows;     /* column path: rows summed */
-    int64_t nch;      /* row path: chunks per row (few long rows) */
-    int64_t nparts;   /* column path: row ranges */
-    double *partial;  /* scratch made before the parallel call */
+    double scale;    /* 1 for sum, 1/count for mean */
+    int64_t inner;   /* row path: elements per row; column path: columns */
+    int64_t rows;    /* column path: rows summed */
+    int64_t nch;     /* row path: chunks per row (few long rows) */
+    int64_t nparts;  /* column path: row ranges */
+    double *partial; /* scratch made before the parallel call */
 } sum_ctx;
 
 /* (rows,inner) -> (rows): one output per row. */
@@ -256,8 +257,8 @@ static tensor *sum_like(const char *op, tensor *t, int ndims, const int *dims, b
     red_geo g;
     if (!red_setup(op, t, ndims, dims, keepdim, &g)) return NULL;
     if (mean && !em_dtype_is_float(t->dtype))
-        return em_fail(EM_ERR_DTYPE, "mean: needs a float tensor, got %s%s (cast it first)", em_dtype_name(t->dtype),
-                       shp(t));
+        return em_fail(EM_ERR_DTYPE, "mean: needs a float tensor, got %s%s (cast it first)",
+                       em_dtype_name(t->dtype), shp(t));
     if (t->dtype == EM_BOOL)
         return em_fail(EM_ERR_DTYPE, "%s: does not take bool tensors (%s); cast first", op, shp(t));
     /* integer sums accumulate in i32 like their inputs (u8 widens to i32) */
@@ -329,8 +330,10 @@ static void ext_range(void *p, int64_t lo, int64_t hi)
             nditer_next(&ri);
         }
         char *o = (char *)t_ptr(c->out) + i * os;
-        if (c->k == EXT_ARGMAX) *(int32_t *)o = (int32_t)at;
-        else st(c->out->dtype, o, m);
+        if (c->k == EXT_ARGMAX)
+            *(int32_t *)o = (int32_t)at;
+        else
+            st(c->out->dtype, o, m);
         nditer_next(&ko);
     }
 }

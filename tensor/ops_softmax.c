@@ -12,7 +12,6 @@
 
 /* ---- rows: a tensor seen as contiguous rows along one dim ------------------------- */
 
-
 /* The dtype a kernel computes in: f64 for f64, else f32. */
 em_dtype rows_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
 
@@ -216,12 +215,14 @@ static em_status softmax_backward(node *n, tensor *g)
     if (!dx) return em_last_status();
     int64_t len = x->ndim ? x->shape[d] : 1, rows = len ? t_numel(x) / len : 0;
     size_t m = tmp_mark();
-    sm_ctx c = {.y = rows_in(y, d), .g = rows_in(g, d), .out = rows_out(dx, d), .n = len, .log = n->ip[1] != 0};
+    sm_ctx c = {
+        .y = rows_in(y, d), .g = rows_in(g, d), .out = rows_out(dx, d), .n = len, .log = n->ip[1] != 0};
     if (!c.y || !c.g || !c.out) {
         tmp_release(m);
         return em_last_status();
     }
-    parallel_for(rows, (1 << 14) / (len + 1) + 1, rows_dtype(x->dtype) == EM_F32 ? sm_bwd_f32 : sm_bwd_f64, &c);
+    parallel_for(rows, (1 << 14) / (len + 1) + 1, rows_dtype(x->dtype) == EM_F32 ? sm_bwd_f32 : sm_bwd_f64,
+                 &c);
     rows_done(dx, d, c.out);
     tmp_release(m);
     return ag_accum(x, dx);
@@ -243,7 +244,8 @@ static tensor *softmax_impl(const char *op, tensor *x, int dim, bool log)
         tmp_release(m);
         return NULL;
     }
-    parallel_for(rows, (1 << 14) / (len + 1) + 1, rows_dtype(x->dtype) == EM_F32 ? sm_fwd_f32 : sm_fwd_f64, &c);
+    parallel_for(rows, (1 << 14) / (len + 1) + 1, rows_dtype(x->dtype) == EM_F32 ? sm_fwd_f32 : sm_fwd_f64,
+                 &c);
     rows_done(y, d, c.out);
     tmp_release(m);
     if (ag_needed(1, &x)) {

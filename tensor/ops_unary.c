@@ -9,12 +9,23 @@
 #include "vmath_impl.h"
 
 typedef enum {
-    U_POW, U_EXP, U_LOG, U_SQRT, U_RSQRT, U_ABS, U_TANH, U_SIGMOID, U_RELU, U_GELU, U_GELU_TANH, U_SILU
+    U_POW,
+    U_EXP,
+    U_LOG,
+    U_SQRT,
+    U_RSQRT,
+    U_ABS,
+    U_TANH,
+    U_SIGMOID,
+    U_RELU,
+    U_GELU,
+    U_GELU_TANH,
+    U_SILU
 } unop;
 static const char *unop_name[] = {"pow_scalar", "exp",     "log",  "sqrt", "rsqrt",     "abs",
                                   "tanh",       "sigmoid", "relu", "gelu", "gelu_tanh", "silu"};
 
-#define GELU_K 0.7978845608028654   /* sqrt(2/pi) */
+#define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
 #define GELU_C 0.044715
 #define INV_SQRT2 0.7071067811865476
 #define INV_SQRT_2PI 0.3989422804014327
@@ -42,9 +53,9 @@ static inline double fwd(unop k, double x, double p)
     case U_TANH: return tanh(x);
     case U_SIGMOID: return sigm(x);
     case U_RELU: return x > 0 ? x : 0.0;
-    case U_GELU: return 0.5 * x * (1.0 + erf(x * INV_SQRT2));                 /* x Phi(x) */
+    case U_GELU: return 0.5 * x * (1.0 + erf(x * INV_SQRT2)); /* x Phi(x) */
     case U_GELU_TANH: return 0.5 * x * (1.0 + tanh(GELU_K * (x + GELU_C * x * x * x)));
-    default: return x * sigm(x);                                              /* silu */
+    default: return x * sigm(x); /* silu */
     }
 }
 
@@ -70,24 +81,22 @@ static inline float fwdf(unop k, float x, float p)
 static inline double deriv(unop k, double x, double y, double p)
 {
     switch (k) {
-    case U_POW: return p == 0 ? 0.0 : p * pow(x, p - 1);                      /* d x^p = p x^(p-1) */
-    case U_EXP: return y;                                                     /* d e^x = e^x */
-    case U_LOG: return 1.0 / x;                                               /* d log x = 1/x */
-    case U_SQRT: return 0.5 / y;                                              /* d sqrt x = 1/(2 sqrt x) */
-    case U_RSQRT: return -0.5 * y * y * y;                                    /* d x^-1/2 = -x^-3/2 / 2 */
-    case U_ABS: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;                      /* sign(x), 0 at 0 */
-    case U_TANH: return 1.0 - y * y;                                          /* d tanh = 1 - y^2 */
-    case U_SIGMOID: return y * (1.0 - y);                                     /* d sigma = y (1 - y) */
-    case U_RELU: return x > 0 ? 1.0 : 0.0;                                    /* 0 at 0 */
-    case U_GELU:                                                              /* Phi(x) + x phi(x) */
+    case U_POW: return p == 0 ? 0.0 : p * pow(x, p - 1); /* d x^p = p x^(p-1) */
+    case U_EXP: return y;                                /* d e^x = e^x */
+    case U_LOG: return 1.0 / x;                          /* d log x = 1/x */
+    case U_SQRT: return 0.5 / y;                         /* d sqrt x = 1/(2 sqrt x) */
+    case U_RSQRT: return -0.5 * y * y * y;               /* d x^-1/2 = -x^-3/2 / 2 */
+    case U_ABS: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; /* sign(x), 0 at 0 */
+    case U_TANH: return 1.0 - y * y;                     /* d tanh = 1 - y^2 */
+    case U_SIGMOID: return y * (1.0 - y);                /* d sigma = y (1 - y) */
+    case U_RELU: return x > 0 ? 1.0 : 0.0;               /* 0 at 0 */
+    case U_GELU:                                         /* Phi(x) + x phi(x) */
         return 0.5 * (1.0 + erf(x * INV_SQRT2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x);
-    case U_GELU_TANH: {                                                       /* u = k(x + c x^3), t = tanh u */
+    case U_GELU_TANH: { /* u = k(x + c x^3), t = tanh u */
         double t = tanh(GELU_K * (x + GELU_C * x * x * x));
         return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_C * x * x);
     }
-    default: {                                                                /* d x s(x) = s (1 + x (1 - s)) */
-        double s = sigm(x);
-        return s * (1.0 + x * (1.0 - s));
+    default: { /* d x s(x) = s (1 + x (1 - s)) */ double s = sigm(x); return s * (1.0 + x * (1.0 - s));
     }
     }
 }
@@ -108,7 +117,8 @@ static inline float derivf(unop k, float x, float y, float p)
         return 0.5f * (1.0f + erff(x * (float)INV_SQRT2)) + x * (float)INV_SQRT_2PI * expf(-0.5f * x * x);
     case U_GELU_TANH: {
         float t = vtanhf((float)GELU_K * (x + (float)GELU_C * x * x * x));
-        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * (float)GELU_K * (1.0f + 3.0f * (float)GELU_C * x * x);
+        return 0.5f * (1.0f + t) +
+               0.5f * x * (1.0f - t * t) * (float)GELU_K * (1.0f + 3.0f * (float)GELU_C * x * x);
     }
     default: {
         float s = sigmf(x);
@@ -130,18 +140,42 @@ typedef struct un_ctx {
 static void fwd_flat_f32(unop k, const float *x, float *o, int64_t lo, int64_t hi, float p)
 {
     switch (k) {
-    case U_POW: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_POW, x[i], p); break;
-    case U_EXP: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_EXP, x[i], p); break;
-    case U_LOG: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_LOG, x[i], p); break;
-    case U_SQRT: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_SQRT, x[i], p); break;
-    case U_RSQRT: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_RSQRT, x[i], p); break;
-    case U_ABS: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_ABS, x[i], p); break;
-    case U_TANH: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_TANH, x[i], p); break;
-    case U_SIGMOID: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_SIGMOID, x[i], p); break;
-    case U_RELU: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_RELU, x[i], p); break;
-    case U_GELU: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_GELU, x[i], p); break;
-    case U_GELU_TANH: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_GELU_TANH, x[i], p); break;
-    case U_SILU: for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_SILU, x[i], p); break;
+    case U_POW:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_POW, x[i], p);
+        break;
+    case U_EXP:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_EXP, x[i], p);
+        break;
+    case U_LOG:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_LOG, x[i], p);
+        break;
+    case U_SQRT:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_SQRT, x[i], p);
+        break;
+    case U_RSQRT:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_RSQRT, x[i], p);
+        break;
+    case U_ABS:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_ABS, x[i], p);
+        break;
+    case U_TANH:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_TANH, x[i], p);
+        break;
+    case U_SIGMOID:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_SIGMOID, x[i], p);
+        break;
+    case U_RELU:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_RELU, x[i], p);
+        break;
+    case U_GELU:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_GELU, x[i], p);
+        break;
+    case U_GELU_TANH:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_GELU_TANH, x[i], p);
+        break;
+    case U_SILU:
+        for (int64_t i = lo; i < hi; i++) o[i] = fwdf(U_SILU, x[i], p);
+        break;
     }
 }
 

@@ -108,13 +108,16 @@ static tensor *reshape_impl(const char *op, tensor *t, int ndim, const int64_t *
         out = t_view_of(c, ndim, ns, nst, 0);
         t_drop(c); /* the view holds the storage */
     } else {
-        return em_fail(EM_ERR_SHAPE, "%s: %s with strides %s cannot be viewed as %s; use reshape (copies)", op,
-                       shp(t), shp_of(t->ndim, t->stride), shp_of(ndim, ns));
+        return em_fail(EM_ERR_SHAPE, "%s: %s with strides %s cannot be viewed as %s; use reshape (copies)",
+                       op, shp(t), shp_of(t->ndim, t->stride), shp_of(ndim, ns));
     }
     return record1(out, t, op, reshape_backward);
 }
 
-tensor *t_reshape(tensor *t, int ndim, const int64_t *shape) { return reshape_impl("reshape", t, ndim, shape, true); }
+tensor *t_reshape(tensor *t, int ndim, const int64_t *shape)
+{
+    return reshape_impl("reshape", t, ndim, shape, true);
+}
 
 /* ---- transpose / permute ------------------------------------------------------- */
 
@@ -136,7 +139,9 @@ tensor *t_permute(tensor *t, const int *dims)
     for (int i = 0; i < t->ndim; i++) {
         d[i] = t_dim("permute", dims[i], t->ndim, 0);
         if (d[i] < 0) return NULL;
-        if (seen[d[i]]) return em_fail(EM_ERR_ARG, "permute: dim %d repeated; dims must be a permutation of 0..%d", dims[i], t->ndim - 1);
+        if (seen[d[i]])
+            return em_fail(EM_ERR_ARG, "permute: dim %d repeated; dims must be a permutation of 0..%d",
+                           dims[i], t->ndim - 1);
         seen[d[i]] = true;
         shape[i] = t->shape[d[i]];
         stride[i] = t->stride[d[i]];
@@ -243,7 +248,9 @@ tensor *t_expand(tensor *t, int ndim, const int64_t *shape)
         int j = i - lead;
         int64_t want = shape[i];
         if (j < 0) {
-            if (want < 0) return em_fail(EM_ERR_SHAPE, "expand: -1 is not allowed for a new leading dim (%s to %s)", shp(t), shp_of(ndim, shape));
+            if (want < 0)
+                return em_fail(EM_ERR_SHAPE, "expand: -1 is not allowed for a new leading dim (%s to %s)",
+                               shp(t), shp_of(ndim, shape));
             ns[i] = want;
             nst[i] = 0;
         } else if (want == -1 || want == t->shape[j]) {
@@ -268,7 +275,8 @@ tensor *t_squeeze(tensor *t, int dim)
     int d = t_dim("squeeze", dim, t->ndim, 0);
     if (d < 0) return NULL;
     if (t->shape[d] != 1)
-        return em_fail(EM_ERR_SHAPE, "squeeze: dim %d of %s has size %lld, not 1", dim, shp(t), (long long)t->shape[d]);
+        return em_fail(EM_ERR_SHAPE, "squeeze: dim %d of %s has size %lld, not 1", dim, shp(t),
+                       (long long)t->shape[d]);
     int64_t shape[EM_MAX_DIMS], stride[EM_MAX_DIMS];
     for (int i = 0, j = 0; i < t->ndim; i++)
         if (i != d) {
@@ -283,7 +291,8 @@ tensor *t_unsqueeze(tensor *t, int dim)
     if (!t) return NULL;
     int d = t_dim("unsqueeze", dim, t->ndim, 1);
     if (d < 0) return NULL;
-    if (t->ndim >= EM_MAX_DIMS) return em_fail(EM_ERR_SHAPE, "unsqueeze: %s already has %d dims", shp(t), EM_MAX_DIMS);
+    if (t->ndim >= EM_MAX_DIMS)
+        return em_fail(EM_ERR_SHAPE, "unsqueeze: %s already has %d dims", shp(t), EM_MAX_DIMS);
     int64_t shape[EM_MAX_DIMS], stride[EM_MAX_DIMS];
     for (int i = 0, j = 0; i <= t->ndim; i++) {
         if (i == d) {
@@ -318,10 +327,7 @@ tensor *t_cast(tensor *t, em_dtype dt)
     return record1(out, t, "cast", cast_backward);
 }
 
-static tensor *t_copy(tensor *t)
-{
-    return t ? record1(t_clone(t), t, "copy", identity_backward) : NULL;
-}
+static tensor *t_copy(tensor *t) { return t ? record1(t_clone(t), t, "copy", identity_backward) : NULL; }
 
 /* ---- public wrappers ------------------------------------------------------------------------ */
 

@@ -68,12 +68,13 @@ static void draw_range(void *p, int64_t lo, int64_t hi)
             for (int j = 0; j < 4; j++) v[j] = (double)(c->low + (int64_t)(w[j] % range));
         }
         int64_t n = t_numel(c->t);
-        for (int j = 0; j < 4 && blk * 4 + j < n; j++) st(c->t->dtype, base + (size_t)(blk * 4 + j) * es, v[j]);
+        for (int j = 0; j < 4 && blk * 4 + j < n; j++)
+            st(c->t->dtype, base + (size_t)(blk * 4 + j) * es, v[j]);
     }
 }
 
-static em_tensor *draw(const char *op, em_dtype dt, int ndim, const int64_t *shape, em_rng *rng, draw_kind kind,
-                       int64_t low, int64_t high)
+static em_tensor *draw(const char *op, em_dtype dt, int ndim, const int64_t *shape, em_rng *rng,
+                       draw_kind kind, int64_t low, int64_t high)
 {
     if (kind != DRAW_INT && !em_dtype_is_float(dt))
         return em_fail(EM_ERR_DTYPE, "%s: needs a float dtype, got %s", op, em_dtype_name(dt));

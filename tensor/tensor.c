@@ -77,15 +77,20 @@ char *em_describe(const em_tensor *h, char *buf, size_t n)
 {
     if (!n) return buf;
     tensor *t = h ? t_resolve(h, "em_describe") : NULL;
-    if (!t) snprintf(buf, n, h ? "<stale>" : "<null>");
-    else snprintf(buf, n, "%s%s", em_dtype_name(t->dtype), shp(t));
+    if (!t)
+        snprintf(buf, n, h ? "<stale>" : "<null>");
+    else
+        snprintf(buf, n, "%s%s", em_dtype_name(t->dtype), shp(t));
     return buf;
 }
 
 /* ---- creation --------------------------------------------------------------- */
 
 em_tensor *em_empty(em_dtype dt, int ndim, const int64_t *shape) { return t_handle(t_new(dt, ndim, shape)); }
-em_tensor *em_zeros(em_dtype dt, int ndim, const int64_t *shape) { return t_handle(t_zeros(dt, ndim, shape)); }
+em_tensor *em_zeros(em_dtype dt, int ndim, const int64_t *shape)
+{
+    return t_handle(t_zeros(dt, ndim, shape));
+}
 
 em_tensor *em_full(em_dtype dt, int ndim, const int64_t *shape, double value)
 {
@@ -140,9 +145,11 @@ em_status em_copy_into(em_tensor *dh, const em_tensor *sh)
     if (!d || !s) return em_last_status();
     int nd;
     int64_t shape[EM_MAX_DIMS];
-    if (bcast_shape("em_copy_into", d->ndim, d->shape, s->ndim, s->shape, &nd, shape)) return em_last_status();
+    if (bcast_shape("em_copy_into", d->ndim, d->shape, s->ndim, s->shape, &nd, shape))
+        return em_last_status();
     if (nd != d->ndim || shape_numel(nd, shape) != t_numel(d))
-        return em_err(EM_ERR_SHAPE, "em_copy_into: source %s does not broadcast to destination %s", shp(s), shp(d));
+        return em_err(EM_ERR_SHAPE, "em_copy_into: source %s does not broadcast to destination %s", shp(s),
+                      shp(d));
     int64_t bs[EM_MAX_DIMS];
     bcast_strides(s, nd, shape, bs);
     tensor view = *s; /* a stack copy with broadcast geometry, never handed out */
@@ -209,7 +216,8 @@ double em_item(const em_tensor *h)
     tensor *t = t_resolve(h, "em_item");
     if (!t) return NAN;
     if (t_numel(t) != 1)
-        return em_fail(EM_ERR_SHAPE, "em_item: needs exactly one element, got %s%s", em_dtype_name(t->dtype), shp(t)),
+        return em_fail(EM_ERR_SHAPE, "em_item: needs exactly one element, got %s%s", em_dtype_name(t->dtype),
+                       shp(t)),
                NAN;
     return ld(t->dtype, t_ptr(t));
 }

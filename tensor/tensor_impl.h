@@ -49,17 +49,17 @@ struct tensor {
     storage *st;
 
     /* identity and lifetime */
-    uint32_t slot;       /* index in the slot table */
-    uint32_t gen;        /* a handle is valid while its gen equals this */
-    int depth;           /* scope depth at creation; 0 = persistent */
-    tensor *scope_next;  /* tensors of the same scope, newest first */
+    uint32_t slot;      /* index in the slot table */
+    uint32_t gen;       /* a handle is valid while its gen equals this */
+    int depth;          /* scope depth at creation; 0 = persistent */
+    tensor *scope_next; /* tensors of the same scope, newest first */
 
     /* autograd */
     bool requires_grad;
-    node *grad_fn;       /* the node that produced it; NULL for leaves */
-    tensor *grad;        /* leaf: persistent; non-leaf: temporary of a walk */
-    bool grad_external;  /* grad set by em_set_grad_buffer: not ours to free */
-    int pending;         /* leaf uses left in the running backward */
+    node *grad_fn;      /* the node that produced it; NULL for leaves */
+    tensor *grad;       /* leaf: persistent; non-leaf: temporary of a walk */
+    bool grad_external; /* grad set by em_set_grad_buffer: not ours to free */
+    int pending;        /* leaf uses left in the running backward */
     hook_entry *hooks;
 };
 
@@ -74,11 +74,11 @@ struct node {
     int nin;
     tensor **in;
     tensor *out;
-    void *saved;       /* op-specific, from the scope arena (ag_alloc) */
-    int64_t ip[8];     /* small integer parameters */
-    double dp[4];      /* small float parameters */
-    int64_t index;     /* position on the tape */
-    bool reachable;    /* set during a backward walk */
+    void *saved;    /* op-specific, from the scope arena (ag_alloc) */
+    int64_t ip[8];  /* small integer parameters */
+    double dp[4];   /* small float parameters */
+    int64_t index;  /* position on the tape */
+    bool reachable; /* set during a backward walk */
 };
 
 /* ---- errors ---------------------------------------------------------------
@@ -103,11 +103,10 @@ tensor *t_new(em_dtype dt, int ndim, const int64_t *shape);
 tensor *t_zeros(em_dtype dt, int ndim, const int64_t *shape);
 tensor *t_new_like(const tensor *t);
 /* Like t_new, but persistent whatever scope is open (caller frees: t_free). */
-tensor *t_new_persistent(em_dtype dt, int ndim, const int64_t *shape);   /* same dtype and shape, contiguous */
+tensor *t_new_persistent(em_dtype dt, int ndim, const int64_t *shape); /* same dtype and shape, contiguous */
 tensor *t_zeros_like(const tensor *t);
 /* A header over base's storage with the given geometry (no checks). */
-tensor *t_view_of(tensor *base, int ndim, const int64_t *shape, const int64_t *stride,
-                  int64_t offset);
+tensor *t_view_of(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
 /* Contiguous copy of t (no autograd). */
 tensor *t_clone(tensor *t);
 /* t if contiguous, else a contiguous copy (no autograd). */
@@ -179,8 +178,8 @@ static inline void nditer_next(nditer *it)
 /* ---- broadcasting ----------------------------------------------------------
  * The broadcast shape of a and b into (ndim, shape); EM_ERR_SHAPE naming op
  * and both shapes when they do not fit. */
-em_status bcast_shape(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb,
-                      int *ndim, int64_t *shape);
+em_status bcast_shape(const char *op, int na, const int64_t *sa, int nb, const int64_t *sb, int *ndim,
+                      int64_t *shape);
 /* t's strides seen from an output of (ndim, shape): stride 0 where t
  * broadcasts (t must broadcast to it). */
 void bcast_strides(const tensor *t, int ndim, const int64_t *shape, int64_t *stride);

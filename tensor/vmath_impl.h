@@ -19,8 +19,11 @@ static inline float vexpf(float x)
     float k = (xc * 1.44269504f + 12582912.0f) - 12582912.0f; /* in [-126, 128] */
     /* r = x - k ln2, with ln2 split into a part exact in few bits and the rest */
     float r = xc - k * 0.693359375f + k * 2.12194440e-4f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f +
-              r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
+    float p =
+        1.0f +
+        r * (1.0f + r * (0.5f + r * (1.6666667e-1f +
+                                     r * (4.1666668e-2f +
+                                          r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
     int32_t bits = ((int32_t)k + 126) << 23; /* 2^(k-1), so k = 128 stays finite */
     float half_scale;
     memcpy(&half_scale, &bits, sizeof half_scale);

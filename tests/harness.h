@@ -23,48 +23,52 @@
 
 typedef void (*th_fn)(void);
 void th_register(const char *name, th_fn fn, const char *file);
-_Noreturn void th_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+_Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 _Noreturn void th_skip(const char *reason);
 
-#define TEST(name)                                                                        \
-    static void name(void);                                                               \
-    __attribute__((constructor)) static void th_reg_##name(void) { th_register(#name, name, __FILE__); } \
+#define TEST(name)                                                                                           \
+    static void name(void);                                                                                  \
+    __attribute__((constructor)) static void th_reg_##name(void) { th_register(#name, name, __FILE__); }     \
     static void name(void)
 
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) th_fail(__FILE__, __LINE__, "CHECK(%s) failed; last error: %s", #cond, em_last_error()); \
+#define CHECK(cond)                                                                                          \
+    do {                                                                                                     \
+        if (!(cond))                                                                                         \
+            th_fail(__FILE__, __LINE__, "CHECK(%s) failed; last error: %s", #cond, em_last_error());         \
     } while (0)
 
-#define CHECK_NEAR(got, want, tol)                                                        \
-    do {                                                                                  \
-        double th_g = (double)(got), th_w = (double)(want), th_t = (double)(tol);         \
-        if (!(fabs(th_g - th_w) <= th_t))                                                 \
-            th_fail(__FILE__, __LINE__, "%s = %.10g, want %.10g (tol %g)", #got, th_g, th_w, th_t); \
+#define CHECK_NEAR(got, want, tol)                                                                           \
+    do {                                                                                                     \
+        double th_g = (double)(got), th_w = (double)(want), th_t = (double)(tol);                            \
+        if (!(fabs(th_g - th_w) <= th_t))                                                                    \
+            th_fail(__FILE__, __LINE__, "%s = %.10g, want %.10g (tol %g)", #got, th_g, th_w, th_t);          \
     } while (0)
 
-#define CHECK_OK(status_expr)                                                             \
-    do {                                                                                  \
-        em_status th_s = (status_expr);                                                   \
-        if (th_s != EM_OK) th_fail(__FILE__, __LINE__, "%s returned %s: %s", #status_expr, em_status_name(th_s), em_last_error()); \
+#define CHECK_OK(status_expr)                                                                                \
+    do {                                                                                                     \
+        em_status th_s = (status_expr);                                                                      \
+        if (th_s != EM_OK)                                                                                   \
+            th_fail(__FILE__, __LINE__, "%s returned %s: %s", #status_expr, em_status_name(th_s),            \
+                    em_last_error());                                                                        \
     } while (0)
 
-#define CHECK_NOTNULL(expr)                                                               \
-    do {                                                                                  \
-        if (!(expr)) th_fail(__FILE__, __LINE__, "%s is NULL: %s", #expr, em_last_error()); \
+#define CHECK_NOTNULL(expr)                                                                                  \
+    do {                                                                                                     \
+        if (!(expr)) th_fail(__FILE__, __LINE__, "%s is NULL: %s", #expr, em_last_error());                  \
     } while (0)
 
 /* expr must fail (return NULL or a non-OK status) with status `want`, and the
  * message must contain `sub`. */
-#define CHECK_ERR(expr, want, sub)                                                        \
-    do {                                                                                  \
-        em_clear_error();                                                                 \
-        (void)(expr);                                                                     \
-        if (em_last_status() != (want))                                                   \
-            th_fail(__FILE__, __LINE__, "%s: want status %s, got %s (\"%s\")", #expr,   \
-                    em_status_name(want), em_status_name(em_last_status()), em_last_error()); \
-        if (!strstr(em_last_error(), (sub)))                                              \
-            th_fail(__FILE__, __LINE__, "%s: message \"%s\" lacks \"%s\"", #expr, em_last_error(), (sub)); \
+#define CHECK_ERR(expr, want, sub)                                                                           \
+    do {                                                                                                     \
+        em_clear_error();                                                                                    \
+        (void)(expr);                                                                                        \
+        if (em_last_status() != (want))                                                                      \
+            th_fail(__FILE__, __LINE__, "%s: want status %s, got %s (\"%s\")", #expr, em_status_name(want),  \
+                    em_status_name(em_last_status()), em_last_error());                                      \
+        if (!strstr(em_last_error(), (sub)))                                                                 \
+            th_fail(__FILE__, __LINE__, "%s: message \"%s\" lacks \"%s\"", #expr, em_last_error(), (sub));   \
     } while (0)
 
 #define SKIP(reason) th_skip(reason)
@@ -74,7 +78,7 @@ _Noreturn void th_skip(const char *reason);
 double th_max_abs_diff(em_tensor *a, em_tensor *b);
 /* Checks every element of t against want[] (numel entries) within tol. */
 void th_check_values(const char *file, int line, em_tensor *t, const double *want, double tol);
-#define CHECK_VALUES(t, tol, ...)                                                         \
+#define CHECK_VALUES(t, tol, ...)                                                                            \
     th_check_values(__FILE__, __LINE__, (t), (const double[]){__VA_ARGS__}, (tol))
 /* A tensor of doubles converted to dtype dt. */
 em_tensor *th_tensor(em_dtype dt, int ndim, const int64_t *shape, const double *vals);
@@ -87,19 +91,20 @@ em_tensor *th_tensor(em_dtype dt, int ndim, const int64_t *shape, const double *
 typedef em_tensor *(*th_graph_fn)(em_tensor **inputs, void *ctx);
 void th_gradcheck(const char *file, int line, const char *what, th_graph_fn f, void *ctx, int n,
                   em_tensor **inputs, double eps, double atol, double rtol);
-#define GRADCHECK(what, f, ctx, n, inputs)                                                \
+#define GRADCHECK(what, f, ctx, n, inputs)                                                                   \
     th_gradcheck(__FILE__, __LINE__, (what), (f), (ctx), (n), (inputs), 1e-6, 1e-7, 1e-5)
 /* Runs f on f64 inputs and on f32 copies of them; fails if the f32 result
  * differs from the f64 one by more than tol (relative to max |f64|). */
 void th_f32_matches_f64(const char *file, int line, const char *what, th_graph_fn f, void *ctx, int n,
                         em_tensor **inputs, double tol);
-#define F32_MATCHES_F64(what, f, ctx, n, inputs, tol)                                      \
+#define F32_MATCHES_F64(what, f, ctx, n, inputs, tol)                                                        \
     th_f32_matches_f64(__FILE__, __LINE__, (what), (f), (ctx), (n), (inputs), (tol))
 /* The backward in f32 agrees with f64: gradients of sum(f(x) * cot) for the
  * f64 inputs and for f32 copies of them differ by less than tol (absolute). */
 void th_grad_f32_matches_f64(const char *file, int line, th_graph_fn f, void *ctx, int n, em_tensor **in64,
                              double tol);
-#define GRAD_F32_MATCHES_F64(f, ctx, n, in64, tol) th_grad_f32_matches_f64(__FILE__, __LINE__, (f), (ctx), (n), (in64), (tol))
+#define GRAD_F32_MATCHES_F64(f, ctx, n, in64, tol)                                                           \
+    th_grad_f32_matches_f64(__FILE__, __LINE__, (f), (ctx), (n), (in64), (tol))
 /* (Call inside a scope, or its intermediates outlive it.)
  * A non-contiguous tensor with the values of t: t is copied into the
  * transpose of a bigger buffer and a view returned (same shape as t). */

@@ -105,7 +105,8 @@ int main(int argc, char **argv)
         char msg[2200];
         size_t got = 0;
         ssize_t r;
-        while (got < sizeof msg - 1 && (r = read(fds[0], msg + got, sizeof msg - 1 - got)) > 0) got += (size_t)r;
+        while (got < sizeof msg - 1 && (r = read(fds[0], msg + got, sizeof msg - 1 - got)) > 0)
+            got += (size_t)r;
         msg[got] = '\0';
         close(fds[0]);
         int status = 0;

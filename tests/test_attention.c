@@ -3,8 +3,8 @@
  * dtypes, non-contiguous inputs, errors. */
 #include <stdlib.h>
 
-#include "harness.h"
 #include "fixtures/matmul_ref.h"
+#include "harness.h"
 
 typedef struct att_args {
     double scale;
@@ -62,7 +62,8 @@ TEST(test_attention_first_position_returns_first_value)
 {
     em_scope s = em_scope_begin();
     em_rng r = em_rng_new(21);
-    em_tensor *q = em_randn(EM_F32, EM_SHAPE(1, 1, 4, 3), &r), *k = em_randn(EM_F32, EM_SHAPE(1, 1, 4, 3), &r);
+    em_tensor *q = em_randn(EM_F32, EM_SHAPE(1, 1, 4, 3), &r),
+              *k = em_randn(EM_F32, EM_SHAPE(1, 1, 4, 3), &r);
     em_tensor *v = em_randn(EM_F32, EM_SHAPE(1, 1, 4, 3), &r);
     em_tensor *o = em_attention_causal(q, k, v, 0.0);
     CHECK(th_max_abs_diff(em_narrow(o, 2, 0, 1), em_narrow(v, 2, 0, 1)) == 0);
@@ -73,7 +74,8 @@ TEST(test_attention_equals_composed_reference)
 {
     em_scope s = em_scope_begin();
     em_rng r = em_rng_new(22);
-    em_tensor *q = em_randn(EM_F64, EM_SHAPE(2, 3, 7, 5), &r), *k = em_randn(EM_F64, EM_SHAPE(2, 3, 7, 5), &r);
+    em_tensor *q = em_randn(EM_F64, EM_SHAPE(2, 3, 7, 5), &r),
+              *k = em_randn(EM_F64, EM_SHAPE(2, 3, 7, 5), &r);
     em_tensor *v = em_randn(EM_F64, EM_SHAPE(2, 3, 7, 5), &r);
     em_tensor *want = composed_reference(q, k, v, 1.0 / sqrt(5.0));
     CHECK(th_max_abs_diff(em_attention_causal(q, k, v, 0.0), want) < 1e-12);
@@ -85,8 +87,8 @@ TEST(test_attention_equals_composed_reference)
 
 /* Gradients of sum(o * go) by the textbook formulas, with plain loops, for
  * one head: q, k, v, go (T,D) -> dq, dk, dv (T,D). */
-static void loop_backward(int64_t T, int64_t D, double scale, const double *q, const double *k, const double *v,
-                          const double *go, double *dq, double *dk, double *dv)
+static void loop_backward(int64_t T, int64_t D, double scale, const double *q, const double *k,
+                          const double *v, const double *go, double *dq, double *dk, double *dv)
 {
     double *P = calloc((size_t)(T * T), sizeof(double)), *dS = calloc((size_t)(T * T), sizeof(double));
     for (int64_t i = 0; i < T; i++) {
@@ -138,7 +140,8 @@ TEST(test_attention_long_sequence_matches_references)
     for (int i = 0; i < 4; i++) em_to_array(x[i], EM_F64, v[i]);
     loop_backward(T, D, 1.0 / sqrt(3.0), v[0], v[1], v[2], v[3], want[0], want[1], want[2]);
     for (int i = 0; i < 3; i++) th_check_values(__FILE__, __LINE__, em_grad(x[i]), want[i], 1e-10);
-    em_tensor *o32 = em_attention_causal(em_cast(x[0], EM_F32), em_cast(x[1], EM_F32), em_cast(x[2], EM_F32), 0.0);
+    em_tensor *o32 =
+        em_attention_causal(em_cast(x[0], EM_F32), em_cast(x[1], EM_F32), em_cast(x[2], EM_F32), 0.0);
     CHECK(th_max_abs_diff(o32, o) < 1e-5);
     em_scope_end(s);
 }
@@ -147,7 +150,8 @@ TEST(test_attention_is_causal)
 {
     em_scope s = em_scope_begin();
     em_rng r = em_rng_new(23);
-    em_tensor *q = em_randn(EM_F32, EM_SHAPE(1, 2, 6, 4), &r), *k = em_randn(EM_F32, EM_SHAPE(1, 2, 6, 4), &r);
+    em_tensor *q = em_randn(EM_F32, EM_SHAPE(1, 2, 6, 4), &r),
+              *k = em_randn(EM_F32, EM_SHAPE(1, 2, 6, 4), &r);
     em_tensor *v = em_randn(EM_F32, EM_SHAPE(1, 2, 6, 4), &r);
     em_tensor *o1 = em_attention_causal(q, k, v, 0.0);
     /* change the keys and values of tokens 4 and 5 */
@@ -192,7 +196,8 @@ TEST(test_attention_gradient_only_for_inputs_that_require_it)
 {
     em_scope s = em_scope_begin();
     em_rng r = em_rng_new(26);
-    em_tensor *q = em_randn(EM_F64, EM_SHAPE(1, 1, 3, 2), &r), *k = em_randn(EM_F64, EM_SHAPE(1, 1, 3, 2), &r);
+    em_tensor *q = em_randn(EM_F64, EM_SHAPE(1, 1, 3, 2), &r),
+              *k = em_randn(EM_F64, EM_SHAPE(1, 1, 3, 2), &r);
     em_tensor *v = em_randn(EM_F64, EM_SHAPE(1, 1, 3, 2), &r);
     CHECK_OK(em_set_requires_grad(v, true));
     em_tensor *o = em_attention_causal(q, k, v, 0.0);
@@ -255,7 +260,8 @@ TEST(test_attention_rejects_bad_dtypes_and_scale)
     em_scope s = em_scope_begin();
     em_tensor *a = em_zeros(EM_F32, EM_SHAPE(1, 1, 2, 2)), *b = em_zeros(EM_F64, EM_SHAPE(1, 1, 2, 2));
     em_tensor *i = em_zeros(EM_I32, EM_SHAPE(1, 1, 2, 2));
-    CHECK_ERR(em_attention_causal(a, b, a, 0.0), EM_ERR_DTYPE, "attention: dtypes differ: f32(1,1,2,2) and f64");
+    CHECK_ERR(em_attention_causal(a, b, a, 0.0), EM_ERR_DTYPE,
+              "attention: dtypes differ: f32(1,1,2,2) and f64");
     CHECK_ERR(em_attention_causal(i, i, i, 0.0), EM_ERR_DTYPE, "attention: needs a float tensor, got i32");
     CHECK_ERR(em_attention_causal(a, a, a, NAN), EM_ERR_ARG, "attention: scale must be finite");
     em_scope_end(s);

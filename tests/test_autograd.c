@@ -4,7 +4,10 @@
 #include "harness.h"
 
 /* y = sum(a*a + a*b) ; dy/da = 2a + b, dy/db = a */
-static em_tensor *quad(em_tensor *a, em_tensor *b) { return em_sum(em_add(em_mul(a, a), em_mul(a, b)), 0, NULL, false); }
+static em_tensor *quad(em_tensor *a, em_tensor *b)
+{
+    return em_sum(em_add(em_mul(a, a), em_mul(a, b)), 0, NULL, false);
+}
 
 TEST(test_backward_computes_leaf_gradients)
 {

@@ -10,10 +10,26 @@ TEST(test_add_broadcasts_row_over_matrix)
     em_scope_end(s);
 }
 
-static em_tensor *f_add(em_tensor **x, void *ctx) { (void)ctx; return em_add(x[0], x[1]); }
-static em_tensor *f_sub(em_tensor **x, void *ctx) { (void)ctx; return em_sub(x[0], x[1]); }
-static em_tensor *f_mul(em_tensor **x, void *ctx) { (void)ctx; return em_mul(x[0], x[1]); }
-static em_tensor *f_div(em_tensor **x, void *ctx) { (void)ctx; return em_div(x[0], x[1]); }
+static em_tensor *f_add(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_add(x[0], x[1]);
+}
+static em_tensor *f_sub(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_sub(x[0], x[1]);
+}
+static em_tensor *f_mul(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_mul(x[0], x[1]);
+}
+static em_tensor *f_div(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_div(x[0], x[1]);
+}
 static em_tensor *f_scalars(em_tensor **x, void *ctx)
 {
     (void)ctx;

@@ -103,7 +103,8 @@ TEST(test_cli_env_prints_avx2_blas_and_cuda_lines)
 TEST(test_cli_env_reports_cuda_as_built_or_not)
 {
     run_result *r = run_ember("env", NULL);
-    CHECK(strstr(r->out, em_build().cuda ? "CUDA           toolkit found" : "CUDA           not built") != NULL);
+    CHECK(strstr(r->out, em_build().cuda ? "CUDA           toolkit found" : "CUDA           not built") !=
+          NULL);
 }
 
 TEST(test_cli_env_json_is_one_object_with_version)
@@ -306,7 +307,7 @@ TEST(test_cli_demo_loss_falls)
     CHECK(p != NULL);
     double first = 0, last = 0;
     CHECK(sscanf(p + 1, "loss %lf -> %lf", &first, &last) == 2);
-    CHECK(first > 1.0);       /* about ln 3 at the start */
+    CHECK(first > 1.0);        /* about ln 3 at the start */
     CHECK(last < 0.5 * first); /* and clearly lower after 100 steps */
 }
 

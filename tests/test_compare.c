@@ -62,7 +62,8 @@ TEST(test_comparisons_noncontiguous_match_contiguous)
 {
     em_scope s = em_scope_begin();
     em_rng r = em_rng_new(3);
-    em_tensor *a = em_randint(0, 3, EM_F32, EM_SHAPE(4, 5), &r), *b = em_randint(0, 3, EM_F32, EM_SHAPE(4, 5), &r);
+    em_tensor *a = em_randint(0, 3, EM_F32, EM_SHAPE(4, 5), &r),
+              *b = em_randint(0, 3, EM_F32, EM_SHAPE(4, 5), &r);
     em_tensor *na = th_noncontig(a), *nb = th_noncontig(b);
     CHECK(!em_is_contiguous(na));
     em_tensor *(*ops[])(em_tensor *, em_tensor *) = {em_eq, em_ne, em_lt, em_le, em_gt, em_ge};
@@ -73,7 +74,8 @@ TEST(test_comparisons_noncontiguous_match_contiguous)
     }
     /* a transposed view against a contiguous tensor of the transposed shape */
     em_tensor *at = em_transpose(a, 0, 1), *atc = em_contiguous(at);
-    CHECK(th_max_abs_diff(em_le(at, em_transpose(b, 0, 1)), em_le(atc, em_contiguous(em_transpose(b, 0, 1)))) == 0);
+    CHECK(th_max_abs_diff(em_le(at, em_transpose(b, 0, 1)),
+                          em_le(atc, em_contiguous(em_transpose(b, 0, 1)))) == 0);
     em_scope_end(s);
 }
 
@@ -109,7 +111,10 @@ TEST(test_comparison_rejects_broadcast_mismatch)
 
 /* ---- where ------------------------------------------------------------------------ */
 
-static em_tensor *bools(int ndim, const int64_t *shape, const double *v) { return th_tensor(EM_BOOL, ndim, shape, v); }
+static em_tensor *bools(int ndim, const int64_t *shape, const double *v)
+{
+    return th_tensor(EM_BOOL, ndim, shape, v);
+}
 
 TEST(test_where_selects_elementwise)
 {
@@ -126,15 +131,16 @@ TEST(test_where_selects_elementwise)
 TEST(test_where_broadcasts_three_ways)
 {
     em_scope s = em_scope_begin();
-    em_tensor *c = bools(EM_SHAPE(2, 1), (double[]){1, 0});           /* (2,1) */
+    em_tensor *c = bools(EM_SHAPE(2, 1), (double[]){1, 0});                /* (2,1) */
     em_tensor *a = th_tensor(EM_F64, EM_SHAPE(1, 3), (double[]){1, 2, 3}); /* (1,3) */
-    em_tensor *b = em_scalar(EM_F64, -9);                              /* () */
+    em_tensor *b = em_scalar(EM_F64, -9);                                  /* () */
     em_tensor *r = em_where(c, a, b);
     CHECK(em_ndim(r) == 2 && em_size(r, 0) == 2 && em_size(r, 1) == 3);
     CHECK_VALUES(r, 0, 1, 2, 3, -9, -9, -9);
     /* cond decides the shape alone: (2,2,1) with a (3) and b (1) -> (2,2,3) */
     em_tensor *c3 = bools(EM_SHAPE(2, 2, 1), (double[]){0, 1, 1, 0});
-    em_tensor *r3 = em_where(c3, th_tensor(EM_F64, EM_SHAPE(3), (double[]){1, 2, 3}), em_ones(EM_F64, EM_SHAPE(1)));
+    em_tensor *r3 =
+        em_where(c3, th_tensor(EM_F64, EM_SHAPE(3), (double[]){1, 2, 3}), em_ones(EM_F64, EM_SHAPE(1)));
     CHECK(em_ndim(r3) == 3 && em_numel(r3) == 12);
     CHECK_VALUES(r3, 0, 1, 1, 1, 1, 2, 3, 1, 2, 3, 1, 1, 1);
     em_scope_end(s);
@@ -236,7 +242,8 @@ TEST(test_where_rejects_shapes_that_do_not_broadcast)
 {
     em_scope s = em_scope_begin();
     em_tensor *c = em_zeros(EM_BOOL, EM_SHAPE(4)), *a = em_zeros(EM_F32, EM_SHAPE(2, 3));
-    CHECK_ERR(em_where(c, a, a), EM_ERR_SHAPE, "where: cond (4,), a (2,3) and b (2,3) do not broadcast together");
+    CHECK_ERR(em_where(c, a, a), EM_ERR_SHAPE,
+              "where: cond (4,), a (2,3) and b (2,3) do not broadcast together");
     em_tensor *c2 = em_zeros(EM_BOOL, EM_SHAPE(3));
     CHECK_ERR(em_where(c2, a, em_zeros(EM_F32, EM_SHAPE(2))), EM_ERR_SHAPE,
               "where: cond (3,), a (2,3) and b (2,) do not broadcast together");
@@ -305,7 +312,8 @@ TEST(test_masked_fill_rejects_non_bool_mask)
 {
     em_scope s = em_scope_begin();
     em_tensor *a = em_zeros(EM_F32, EM_SHAPE(2));
-    CHECK_ERR(em_masked_fill(a, em_zeros(EM_U8, EM_SHAPE(2)), 0), EM_ERR_DTYPE, "masked_fill: mask must be bool, got u8(2,)");
+    CHECK_ERR(em_masked_fill(a, em_zeros(EM_U8, EM_SHAPE(2)), 0), EM_ERR_DTYPE,
+              "masked_fill: mask must be bool, got u8(2,)");
     em_scope_end(s);
 }
 

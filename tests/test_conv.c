@@ -13,10 +13,12 @@ static em_tensor *randn(int ndim, const int64_t *shape, uint64_t seed)
 static void check_ref(const char *file, int line, em_tensor *y, const double *want, int64_t n, double tol)
 {
     if (!y) th_fail(file, line, "result is NULL: %s", em_last_error());
-    if (em_numel(y) != n) th_fail(file, line, "result has %lld elements, want %lld", (long long)em_numel(y), (long long)n);
+    if (em_numel(y) != n)
+        th_fail(file, line, "result has %lld elements, want %lld", (long long)em_numel(y), (long long)n);
     th_check_values(file, line, y, want, tol);
 }
-#define CHECK_REF(y, want, tol) check_ref(__FILE__, __LINE__, (y), (want), (int64_t)(sizeof(want) / sizeof(want[0])), (tol))
+#define CHECK_REF(y, want, tol)                                                                              \
+    check_ref(__FILE__, __LINE__, (y), (want), (int64_t)(sizeof(want) / sizeof(want[0])), (tol))
 
 /* ---- conv2d values ------------------------------------------------------------------------- */
 
@@ -25,10 +27,12 @@ TEST(test_conv2d_matches_numpy_with_stride2_padding1_and_bias)
     em_scope s = em_scope_begin();
     for (int k = 0; k < 2; k++) {
         em_dtype dt = k ? EM_F32 : EM_F64;
-        em_tensor *x = th_tensor(dt, EM_SHAPE(2, 3, 5, 5), conv1_x), *w = th_tensor(dt, EM_SHAPE(4, 3, 3, 3), conv1_w);
+        em_tensor *x = th_tensor(dt, EM_SHAPE(2, 3, 5, 5), conv1_x),
+                  *w = th_tensor(dt, EM_SHAPE(4, 3, 3, 3), conv1_w);
         em_tensor *b = th_tensor(dt, EM_SHAPE(4), conv1_b);
         em_tensor *y = em_conv2d(x, w, b, 2, 1);
-        CHECK(em_ndim(y) == 4 && em_size(y, 0) == 2 && em_size(y, 1) == 4 && em_size(y, 2) == 3 && em_size(y, 3) == 3);
+        CHECK(em_ndim(y) == 4 && em_size(y, 0) == 2 && em_size(y, 1) == 4 && em_size(y, 2) == 3 &&
+              em_size(y, 3) == 3);
         CHECK(em_dtype_of(y) == dt);
         CHECK_REF(y, conv1_y, k ? 1e-5 : 1e-12);
     }
@@ -38,7 +42,8 @@ TEST(test_conv2d_matches_numpy_with_stride2_padding1_and_bias)
 TEST(test_conv2d_matches_numpy_with_nonsquare_kernel_and_no_bias)
 {
     em_scope s = em_scope_begin();
-    em_tensor *x = th_tensor(EM_F64, EM_SHAPE(1, 2, 4, 5), conv2_x), *w = th_tensor(EM_F64, EM_SHAPE(3, 2, 2, 3), conv2_w);
+    em_tensor *x = th_tensor(EM_F64, EM_SHAPE(1, 2, 4, 5), conv2_x),
+              *w = th_tensor(EM_F64, EM_SHAPE(3, 2, 2, 3), conv2_w);
     em_tensor *y = em_conv2d(x, w, NULL, 1, 0);
     CHECK(em_size(y, 2) == 3 && em_size(y, 3) == 3);
     CHECK_REF(y, conv2_y, 1e-12);
@@ -48,7 +53,8 @@ TEST(test_conv2d_matches_numpy_with_nonsquare_kernel_and_no_bias)
 TEST(test_conv2d_matches_numpy_with_1x1_kernel)
 {
     em_scope s = em_scope_begin();
-    em_tensor *x = th_tensor(EM_F32, EM_SHAPE(2, 3, 2, 3), conv3_x), *w = th_tensor(EM_F32, EM_SHAPE(2, 3, 1, 1), conv3_w);
+    em_tensor *x = th_tensor(EM_F32, EM_SHAPE(2, 3, 2, 3), conv3_x),
+              *w = th_tensor(EM_F32, EM_SHAPE(2, 3, 1, 1), conv3_w);
     CHECK_REF(em_conv2d(x, w, th_tensor(EM_F32, EM_SHAPE(2), conv3_b), 1, 0), conv3_y, 1e-5);
     em_scope_end(s);
 }
@@ -56,7 +62,8 @@ TEST(test_conv2d_matches_numpy_with_1x1_kernel)
 TEST(test_conv2d_noncontiguous_inputs_give_same_values)
 {
     em_scope s = em_scope_begin();
-    em_tensor *x = th_tensor(EM_F64, EM_SHAPE(2, 3, 5, 5), conv1_x), *w = th_tensor(EM_F64, EM_SHAPE(4, 3, 3, 3), conv1_w);
+    em_tensor *x = th_tensor(EM_F64, EM_SHAPE(2, 3, 5, 5), conv1_x),
+              *w = th_tensor(EM_F64, EM_SHAPE(4, 3, 3, 3), conv1_w);
     em_tensor *b = th_tensor(EM_F64, EM_SHAPE(4), conv1_b);
     CHECK_REF(em_conv2d(th_noncontig(x), th_noncontig(w), th_noncontig(b), 2, 1), conv1_y, 1e-12);
     /* an NHWC buffer seen as NCHW through permute */
@@ -70,7 +77,8 @@ TEST(test_conv2d_noncontiguous_inputs_give_same_values)
 TEST(test_conv2d_half_precision_close_to_f32)
 {
     em_scope s = em_scope_begin();
-    em_tensor *x = th_tensor(EM_F32, EM_SHAPE(2, 3, 5, 5), conv1_x), *w = th_tensor(EM_F32, EM_SHAPE(4, 3, 3, 3), conv1_w);
+    em_tensor *x = th_tensor(EM_F32, EM_SHAPE(2, 3, 5, 5), conv1_x),
+              *w = th_tensor(EM_F32, EM_SHAPE(4, 3, 3, 3), conv1_w);
     em_tensor *b = th_tensor(EM_F32, EM_SHAPE(4), conv1_b);
     em_tensor *y32 = em_conv2d(x, w, b, 2, 1);
     em_dtype dts[2] = {EM_F16, EM_BF16};
@@ -105,7 +113,8 @@ TEST(test_conv2d_gradient_matches_finite_difference_stride2_padding1_bias)
 {
     em_scope s = em_scope_begin();
     conv_case c = {2, 1};
-    em_tensor *in[3] = {randn(EM_SHAPE(2, 2, 5, 6), 1), randn(EM_SHAPE(3, 2, 3, 3), 2), randn(EM_SHAPE(3), 3)};
+    em_tensor *in[3] = {randn(EM_SHAPE(2, 2, 5, 6), 1), randn(EM_SHAPE(3, 2, 3, 3), 2),
+                        randn(EM_SHAPE(3), 3)};
     GRADCHECK("conv2d", f_conv_bias, &c, 3, in);
     F32_MATCHES_F64("conv2d", f_conv_bias, &c, 3, in, 1e-5);
     em_tensor *nc[3] = {th_noncontig(in[0]), th_noncontig(in[1]), th_noncontig(in[2])};
@@ -143,7 +152,8 @@ TEST(test_conv2d_gradient_only_for_inputs_that_need_it)
 TEST(test_conv2d_half_precision_backward_close_to_f32)
 {
     em_scope s = em_scope_begin();
-    em_tensor *x = th_tensor(EM_F32, EM_SHAPE(2, 3, 5, 5), conv1_x), *w = th_tensor(EM_F32, EM_SHAPE(4, 3, 3, 3), conv1_w);
+    em_tensor *x = th_tensor(EM_F32, EM_SHAPE(2, 3, 5, 5), conv1_x),
+              *w = th_tensor(EM_F32, EM_SHAPE(4, 3, 3, 3), conv1_w);
     em_tensor *xb = em_cast(x, EM_BF16), *wb = em_cast(w, EM_BF16);
     em_tensor *leaves[4] = {x, w, xb, wb};
     for (int i = 0; i < 4; i++) CHECK_OK(em_set_requires_grad(leaves[i], true));
@@ -170,7 +180,8 @@ TEST(test_conv2d_rejects_empty_output_bad_bias_and_bad_args)
 {
     em_scope s = em_scope_begin();
     em_tensor *x = em_zeros(EM_F32, EM_SHAPE(1, 1, 2, 2)), *w = em_zeros(EM_F32, EM_SHAPE(1, 1, 3, 3));
-    CHECK_ERR(em_conv2d(x, w, NULL, 1, 0), EM_ERR_SHAPE, "conv2d: kernel 3x3 does not fit input (1,1,2,2) with padding 0");
+    CHECK_ERR(em_conv2d(x, w, NULL, 1, 0), EM_ERR_SHAPE,
+              "conv2d: kernel 3x3 does not fit input (1,1,2,2) with padding 0");
     CHECK(em_conv2d(x, w, NULL, 1, 1) != NULL); /* padding 1 makes it fit */
     CHECK_ERR(em_conv2d(x, w, em_zeros(EM_F32, EM_SHAPE(2)), 1, 1), EM_ERR_SHAPE,
               "conv2d: bias (2,) must be (1,) for weight (1,1,3,3)");
@@ -185,9 +196,11 @@ TEST(test_conv2d_rejects_bad_dtypes)
 {
     em_scope s = em_scope_begin();
     em_tensor *x = em_zeros(EM_F32, EM_SHAPE(1, 1, 4, 4)), *w = em_zeros(EM_F64, EM_SHAPE(1, 1, 3, 3));
-    CHECK_ERR(em_conv2d(x, w, NULL, 1, 0), EM_ERR_DTYPE, "conv2d: dtypes differ: f32(1,1,4,4) and f64(1,1,3,3)");
-    CHECK_ERR(em_conv2d(em_zeros(EM_I32, EM_SHAPE(1, 1, 4, 4)), em_zeros(EM_I32, EM_SHAPE(1, 1, 3, 3)), NULL, 1, 0),
-              EM_ERR_DTYPE, "conv2d: needs a float tensor, got i32(1,1,4,4)");
+    CHECK_ERR(em_conv2d(x, w, NULL, 1, 0), EM_ERR_DTYPE,
+              "conv2d: dtypes differ: f32(1,1,4,4) and f64(1,1,3,3)");
+    CHECK_ERR(
+        em_conv2d(em_zeros(EM_I32, EM_SHAPE(1, 1, 4, 4)), em_zeros(EM_I32, EM_SHAPE(1, 1, 3, 3)), NULL, 1, 0),
+        EM_ERR_DTYPE, "conv2d: needs a float tensor, got i32(1,1,4,4)");
     em_scope_end(s);
 }
 
@@ -215,8 +228,8 @@ TEST(test_avg_pool2d_matches_numpy_counting_padding)
         CHECK_REF(em_avg_pool2d(th_noncontig(x), 3, 2, 1), avgpool_y, k ? 1e-5 : 1e-12);
     }
     /* corner window of a ones image with padding 1: 4 of 9 cells are real */
-    CHECK_VALUES(em_avg_pool2d(em_ones(EM_F32, EM_SHAPE(1, 1, 2, 2)), 3, 1, 1), 1e-7, 4.0 / 9, 4.0 / 9, 4.0 / 9,
-                 4.0 / 9);
+    CHECK_VALUES(em_avg_pool2d(em_ones(EM_F32, EM_SHAPE(1, 1, 2, 2)), 3, 1, 1), 1e-7, 4.0 / 9, 4.0 / 9,
+                 4.0 / 9, 4.0 / 9);
     em_scope_end(s);
 }
 
@@ -293,8 +306,10 @@ TEST(test_pools_reject_bad_arguments)
 {
     em_scope s = em_scope_begin();
     em_tensor *x = em_zeros(EM_F32, EM_SHAPE(1, 1, 2, 2));
-    CHECK_ERR(em_max_pool2d(x, 3, 1, 0), EM_ERR_SHAPE, "max_pool2d: kernel 3 does not fit input (1,1,2,2) with padding 0");
-    CHECK_ERR(em_avg_pool2d(x, 2, 1, 2), EM_ERR_ARG, "avg_pool2d: padding 2 must be at most half the kernel 2");
+    CHECK_ERR(em_max_pool2d(x, 3, 1, 0), EM_ERR_SHAPE,
+              "max_pool2d: kernel 3 does not fit input (1,1,2,2) with padding 0");
+    CHECK_ERR(em_avg_pool2d(x, 2, 1, 2), EM_ERR_ARG,
+              "avg_pool2d: padding 2 must be at most half the kernel 2");
     CHECK_ERR(em_max_pool2d(x, 2, 0, 0), EM_ERR_ARG, "max_pool2d: kernel 2 and stride 0 must be >= 1");
     CHECK_ERR(em_avg_pool2d(em_zeros(EM_F32, EM_SHAPE(2, 2)), 2, 1, 0), EM_ERR_SHAPE,
               "avg_pool2d: input must be 4-D (N,C,H,W), got (2,2)");

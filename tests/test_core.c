@@ -21,7 +21,8 @@ TEST(test_ones_full_and_scalar_fill_values)
     em_tensor *f = em_full(EM_I32, EM_SHAPE(2, 2), -7.9);
     CHECK(em_dtype_of(f) == EM_I32);
     CHECK_VALUES(f, 0, -7, -7, -7, -7);
-    CHECK_VALUES(em_full(EM_F16, EM_SHAPE(2), 0.1), 0, em_f16_to_f32(em_f32_to_f16(0.1f)), em_f16_to_f32(em_f32_to_f16(0.1f)));
+    CHECK_VALUES(em_full(EM_F16, EM_SHAPE(2), 0.1), 0, em_f16_to_f32(em_f32_to_f16(0.1f)),
+                 em_f16_to_f32(em_f32_to_f16(0.1f)));
     em_tensor *sc = em_scalar(EM_F32, 2.5);
     CHECK(em_ndim(sc) == 0 && em_numel(sc) == 1);
     CHECK_NEAR(em_item(sc), 2.5, 0);
@@ -94,7 +95,8 @@ TEST(test_get_and_set_reject_out_of_range_index)
               "em_get: index 3 is out of range for dim 1 of size 3 (shape (2,3))");
     CHECK_ERR(em_get(t, (int64_t[]){-1, 0}), EM_ERR_INDEX, "em_get: index -1 is out of range for dim 0");
     CHECK(em_set(t, (int64_t[]){2, 0}, 1) == EM_ERR_INDEX);
-    CHECK_ERR(em_set(t, (int64_t[]){2, 0}, 1), EM_ERR_INDEX, "em_set: index 2 is out of range for dim 0 of size 2");
+    CHECK_ERR(em_set(t, (int64_t[]){2, 0}, 1), EM_ERR_INDEX,
+              "em_set: index 2 is out of range for dim 0 of size 2");
     CHECK_VALUES(t, 0, 0, 0, 0, 0, 0, 5); /* the failed set wrote nothing */
     CHECK_ERR(em_item(t), EM_ERR_SHAPE, "em_item: needs exactly one element, got f32(2,3)");
     em_scope_end(s);
@@ -114,20 +116,20 @@ TEST(test_f16_conversion_bit_patterns)
     CHECK(em_f32_to_f16(1.0f) == 0x3C00);
     CHECK(em_f32_to_f16(-2.0f) == 0xC000);
     CHECK(em_f32_to_f16(0.0f) == 0x0000 && em_f32_to_f16(-0.0f) == 0x8000);
-    CHECK(em_f32_to_f16(65504.0f) == 0x7BFF);        /* largest finite */
-    CHECK(em_f32_to_f16(65519.0f) == 0x7BFF);        /* below the midpoint to 2^16: rounds down */
-    CHECK(em_f32_to_f16(65520.0f) == 0x7C00);        /* the midpoint ties to even = inf */
+    CHECK(em_f32_to_f16(65504.0f) == 0x7BFF); /* largest finite */
+    CHECK(em_f32_to_f16(65519.0f) == 0x7BFF); /* below the midpoint to 2^16: rounds down */
+    CHECK(em_f32_to_f16(65520.0f) == 0x7C00); /* the midpoint ties to even = inf */
     CHECK(em_f32_to_f16(1e10f) == 0x7C00 && em_f32_to_f16(-1e10f) == 0xFC00);
     CHECK(em_f32_to_f16(INFINITY) == 0x7C00);
-    CHECK(em_f32_to_f16(ldexpf(1, -14)) == 0x0400); /* smallest normal */
-    CHECK(em_f32_to_f16(ldexpf(1, -24)) == 0x0001); /* smallest subnormal */
-    CHECK(em_f32_to_f16(ldexpf(1, -25)) == 0x0000); /* half of it: tie to even 0 */
-    CHECK(em_f32_to_f16(ldexpf(3, -26)) == 0x0001); /* 0.75 units: up */
-    CHECK(em_f32_to_f16(ldexpf(3, -25)) == 0x0002); /* 1.5 units: tie to even 2 */
-    CHECK(em_f32_to_f16(ldexpf(5, -25)) == 0x0002); /* 2.5 units: tie to even 2 */
-    CHECK(em_f32_to_f16(ldexpf(1023, -24)) == 0x03FF); /* largest subnormal */
-    CHECK(em_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3C00);     /* tie: 1.0 (even) */
-    CHECK(em_f32_to_f16(1.0f + ldexpf(3, -11)) == 0x3C02);     /* tie: 1 + 2^-9 (even) */
+    CHECK(em_f32_to_f16(ldexpf(1, -14)) == 0x0400);                         /* smallest normal */
+    CHECK(em_f32_to_f16(ldexpf(1, -24)) == 0x0001);                         /* smallest subnormal */
+    CHECK(em_f32_to_f16(ldexpf(1, -25)) == 0x0000);                         /* half of it: tie to even 0 */
+    CHECK(em_f32_to_f16(ldexpf(3, -26)) == 0x0001);                         /* 0.75 units: up */
+    CHECK(em_f32_to_f16(ldexpf(3, -25)) == 0x0002);                         /* 1.5 units: tie to even 2 */
+    CHECK(em_f32_to_f16(ldexpf(5, -25)) == 0x0002);                         /* 2.5 units: tie to even 2 */
+    CHECK(em_f32_to_f16(ldexpf(1023, -24)) == 0x03FF);                      /* largest subnormal */
+    CHECK(em_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3C00);                  /* tie: 1.0 (even) */
+    CHECK(em_f32_to_f16(1.0f + ldexpf(3, -11)) == 0x3C02);                  /* tie: 1 + 2^-9 (even) */
     CHECK(em_f32_to_f16(1.0f + ldexpf(1, -11) + ldexpf(1, -20)) == 0x3C01); /* past the tie: up */
     CHECK(em_f32_to_f16(ldexpf(2047, -25)) == 0x0400); /* largest subnormal + rounding carries into normal */
 }
@@ -144,7 +146,8 @@ TEST(test_f16_to_f32_is_exact)
     /* every finite f16 survives the round trip f16 -> f32 -> f16 */
     for (uint32_t h = 0; h < 0x10000; h++) {
         if ((h & 0x7C00) == 0x7C00) continue;
-        if (em_f32_to_f16(em_f16_to_f32((uint16_t)h)) != h) th_fail(__FILE__, __LINE__, "f16 0x%04x does not round trip", h);
+        if (em_f32_to_f16(em_f16_to_f32((uint16_t)h)) != h)
+            th_fail(__FILE__, __LINE__, "f16 0x%04x does not round trip", h);
     }
 }
 
@@ -164,14 +167,14 @@ TEST(test_bf16_conversion_bit_patterns)
 {
     CHECK(em_f32_to_bf16(1.0f) == 0x3F80);
     CHECK(em_f32_to_bf16(-2.0f) == 0xC000);
-    CHECK(em_f32_to_bf16(1.0f + ldexpf(1, -8)) == 0x3F80);   /* tie: 1.0 (even) */
-    CHECK(em_f32_to_bf16(1.0f + ldexpf(3, -8)) == 0x3F82);   /* tie: 1 + 2^-6 (even) */
+    CHECK(em_f32_to_bf16(1.0f + ldexpf(1, -8)) == 0x3F80);                  /* tie: 1.0 (even) */
+    CHECK(em_f32_to_bf16(1.0f + ldexpf(3, -8)) == 0x3F82);                  /* tie: 1 + 2^-6 (even) */
     CHECK(em_f32_to_bf16(1.0f + ldexpf(1, -8) + ldexpf(1, -20)) == 0x3F81); /* past the tie */
-    CHECK(em_f32_to_bf16(bits_f32(0x7F7FFFFFu)) == 0x7F80);  /* FLT_MAX rounds up to inf */
-    CHECK(em_f32_to_bf16(bits_f32(0x7F7F7FFFu)) == 0x7F7F);  /* just below the midpoint stays finite */
+    CHECK(em_f32_to_bf16(bits_f32(0x7F7FFFFFu)) == 0x7F80);                 /* FLT_MAX rounds up to inf */
+    CHECK(em_f32_to_bf16(bits_f32(0x7F7F7FFFu)) == 0x7F7F); /* just below the midpoint stays finite */
     CHECK(em_f32_to_bf16(INFINITY) == 0x7F80 && em_f32_to_bf16(-INFINITY) == 0xFF80);
-    CHECK(em_f32_to_bf16(bits_f32(0x00010000u)) == 0x0001);  /* subnormals keep their top bits */
-    CHECK(em_f32_to_bf16(bits_f32(0x00008000u)) == 0x0000);  /* tie to even: 0 */
+    CHECK(em_f32_to_bf16(bits_f32(0x00010000u)) == 0x0001); /* subnormals keep their top bits */
+    CHECK(em_f32_to_bf16(bits_f32(0x00008000u)) == 0x0000); /* tie to even: 0 */
     CHECK(em_bf16_to_f32(0x3F80) == 1.0f && em_bf16_to_f32(0x4049) == bits_f32(0x40490000u));
 }
 
@@ -315,8 +318,8 @@ TEST(test_randint_stays_in_range_and_hits_every_value)
         int seen[16] = {0};
         for (int i = 0; i < 5000; i++) {
             if (!(v[i] >= (double)lows[k] && v[i] < (double)highs[k] && v[i] == floor(v[i])))
-                th_fail(__FILE__, __LINE__, "%s randint value %g outside [%lld, %lld)", em_dtype_name(dts[k]), v[i],
-                        (long long)lows[k], (long long)highs[k]);
+                th_fail(__FILE__, __LINE__, "%s randint value %g outside [%lld, %lld)", em_dtype_name(dts[k]),
+                        v[i], (long long)lows[k], (long long)highs[k]);
             seen[(int)(v[i] - (double)lows[k])]++;
         }
         for (int j = 0; j < highs[k] - lows[k]; j++) CHECK(seen[j] > 500);
@@ -329,9 +332,12 @@ TEST(test_random_rejects_bad_dtypes_and_ranges)
     em_scope s = em_scope_begin();
     CHECK_ERR(em_rand(EM_I32, EM_SHAPE(2), NULL), EM_ERR_DTYPE, "em_rand: needs a float dtype, got i32");
     CHECK_ERR(em_randn(EM_BOOL, EM_SHAPE(2), NULL), EM_ERR_DTYPE, "em_randn: needs a float dtype, got bool");
-    CHECK_ERR(em_randint(0, 2, EM_BOOL, EM_SHAPE(2), NULL), EM_ERR_DTYPE, "em_randint: dtype bool cannot hold random integers");
-    CHECK_ERR(em_randint(5, 5, EM_I32, EM_SHAPE(2), NULL), EM_ERR_ARG, "em_randint: empty or too wide range [5, 5)");
-    CHECK_ERR(em_randint(5, 1, EM_I32, EM_SHAPE(2), NULL), EM_ERR_ARG, "em_randint: empty or too wide range [5, 1)");
+    CHECK_ERR(em_randint(0, 2, EM_BOOL, EM_SHAPE(2), NULL), EM_ERR_DTYPE,
+              "em_randint: dtype bool cannot hold random integers");
+    CHECK_ERR(em_randint(5, 5, EM_I32, EM_SHAPE(2), NULL), EM_ERR_ARG,
+              "em_randint: empty or too wide range [5, 5)");
+    CHECK_ERR(em_randint(5, 1, EM_I32, EM_SHAPE(2), NULL), EM_ERR_ARG,
+              "em_randint: empty or too wide range [5, 1)");
     em_rng r = em_rng_new(0);
     CHECK(em_rand(EM_F32, EM_SHAPE(-1), &r) == NULL);
     CHECK(r.offset == 0); /* a failed draw does not advance the generator */

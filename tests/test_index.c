@@ -3,7 +3,10 @@
  * index range checks. */
 #include "harness.h"
 
-static em_tensor *idx_of(int ndim, const int64_t *shape, const double *v) { return th_tensor(EM_I32, ndim, shape, v); }
+static em_tensor *idx_of(int ndim, const int64_t *shape, const double *v)
+{
+    return th_tensor(EM_I32, ndim, shape, v);
+}
 
 static em_tensor *randn(int ndim, const int64_t *shape, uint64_t seed)
 {
@@ -73,7 +76,8 @@ TEST(test_embedding_backward_counts_each_use_of_a_row)
     for (int i = 0; i < 2000; i++) count[iv[i]] += 1;
     em_tensor *g = em_grad(w);
     for (int64_t row = 0; row < 50; row++)
-        for (int64_t col = 0; col < 300; col += 299) CHECK_NEAR(em_get(g, (int64_t[]){row, col}), count[row], 0);
+        for (int64_t col = 0; col < 300; col += 299)
+            CHECK_NEAR(em_get(g, (int64_t[]){row, col}), count[row], 0);
     em_scope_end(s);
 }
 
@@ -96,7 +100,8 @@ TEST(test_embedding_rejects_out_of_range_index)
     em_scope s = em_scope_begin();
     em_tensor *w = em_zeros(EM_F32, EM_SHAPE(65, 8));
     em_tensor *idx = idx_of(EM_SHAPE(5), (double[]){0, 1, 64, 70, 2});
-    CHECK_ERR(em_embedding(w, idx), EM_ERR_INDEX, "embedding: index 70 at position 3 is out of range for 65 rows");
+    CHECK_ERR(em_embedding(w, idx), EM_ERR_INDEX,
+              "embedding: index 70 at position 3 is out of range for 65 rows");
     em_tensor *idx2 = idx_of(EM_SHAPE(2, 2), (double[]){0, 1, 65, 2});
     CHECK_ERR(em_embedding(w, idx2), EM_ERR_INDEX, "embedding: index 65 at position (1,0) is out of range");
     em_scope_end(s);
@@ -115,7 +120,8 @@ TEST(test_embedding_rejects_bad_dtype_and_shape)
 {
     em_scope s = em_scope_begin();
     em_tensor *w = em_zeros(EM_F32, EM_SHAPE(4, 2));
-    CHECK_ERR(em_embedding(w, em_zeros(EM_F32, EM_SHAPE(3))), EM_ERR_DTYPE, "embedding: indices must be i32, got f32(3,)");
+    CHECK_ERR(em_embedding(w, em_zeros(EM_F32, EM_SHAPE(3))), EM_ERR_DTYPE,
+              "embedding: indices must be i32, got f32(3,)");
     CHECK_ERR(em_embedding(em_zeros(EM_F32, EM_SHAPE(4)), em_zeros(EM_I32, EM_SHAPE(3))), EM_ERR_SHAPE,
               "embedding: weight must be 2-D (V,C), got (4,)");
     em_scope_end(s);
@@ -127,15 +133,16 @@ TEST(test_index_select_picks_slices_along_dim)
 {
     em_scope s = em_scope_begin();
     em_tensor *t = em_reshape(em_arange(0, 12, 1, EM_F64), EM_SHAPE(3, 4));
-    CHECK_VALUES(em_index_select(t, 1, idx_of(EM_SHAPE(3), (double[]){3, 0, 3})), 0, 3, 0, 3, 7, 4, 7, 11, 8, 11);
+    CHECK_VALUES(em_index_select(t, 1, idx_of(EM_SHAPE(3), (double[]){3, 0, 3})), 0, 3, 0, 3, 7, 4, 7, 11, 8,
+                 11);
     CHECK_VALUES(em_index_select(t, 0, idx_of(EM_SHAPE(2), (double[]){2, 0})), 0, 8, 9, 10, 11, 0, 1, 2, 3);
     CHECK_VALUES(em_index_select(t, -1, idx_of(EM_SHAPE(1), (double[]){1})), 0, 1, 5, 9);
     em_tensor *e = em_index_select(t, 0, em_zeros(EM_I32, EM_SHAPE(0)));
     CHECK(em_size(e, 0) == 0 && em_size(e, 1) == 4);
     /* integer tensors and a transposed (non-contiguous) input */
     em_tensor *ti = em_cast(t, EM_I32);
-    CHECK_VALUES(em_index_select(em_transpose(ti, 0, 1), 1, idx_of(EM_SHAPE(2), (double[]){2, 2})), 0, 8, 8, 9, 9,
-                 10, 10, 11, 11);
+    CHECK_VALUES(em_index_select(em_transpose(ti, 0, 1), 1, idx_of(EM_SHAPE(2), (double[]){2, 2})), 0, 8, 8,
+                 9, 9, 10, 10, 11, 11);
     em_scope_end(s);
 }
 
@@ -181,8 +188,10 @@ TEST(test_index_select_rejects_bad_index_shape_dtype_and_dim)
     em_tensor *t = em_zeros(EM_F32, EM_SHAPE(3, 4));
     CHECK_ERR(em_index_select(t, 0, em_zeros(EM_I32, EM_SHAPE(2, 1))), EM_ERR_SHAPE,
               "index_select: indices must be 1-D, got (2,1)");
-    CHECK_ERR(em_index_select(t, 0, em_zeros(EM_U8, EM_SHAPE(2))), EM_ERR_DTYPE, "index_select: indices must be i32");
-    CHECK_ERR(em_index_select(t, 2, em_zeros(EM_I32, EM_SHAPE(2))), EM_ERR_ARG, "index_select: dim 2 is out of range");
+    CHECK_ERR(em_index_select(t, 0, em_zeros(EM_U8, EM_SHAPE(2))), EM_ERR_DTYPE,
+              "index_select: indices must be i32");
+    CHECK_ERR(em_index_select(t, 2, em_zeros(EM_I32, EM_SHAPE(2))), EM_ERR_ARG,
+              "index_select: dim 2 is out of range");
     em_scope_end(s);
 }
 
@@ -266,8 +275,9 @@ TEST(test_scatter_add_rejects_mismatched_shapes_and_dtypes)
               "scatter_add: index (6,) must have as many dims as the input (3,3)");
     CHECK_ERR(em_scatter_add(t, 0, em_zeros(EM_I32, EM_SHAPE(2, 4)), em_ones(EM_F32, EM_SHAPE(2, 4))),
               EM_ERR_SHAPE, "scatter_add: index (2,4) is larger than the input (3,3) in dim 1");
-    CHECK_ERR(em_scatter_add(t, 0, i23, em_ones(EM_F64, EM_SHAPE(2, 3))), EM_ERR_DTYPE, "scatter_add: dtypes differ");
-    CHECK_ERR(em_scatter_add(t, 0, em_zeros(EM_F32, EM_SHAPE(2, 3)), em_ones(EM_F32, EM_SHAPE(2, 3))), EM_ERR_DTYPE,
-              "scatter_add: indices must be i32");
+    CHECK_ERR(em_scatter_add(t, 0, i23, em_ones(EM_F64, EM_SHAPE(2, 3))), EM_ERR_DTYPE,
+              "scatter_add: dtypes differ");
+    CHECK_ERR(em_scatter_add(t, 0, em_zeros(EM_F32, EM_SHAPE(2, 3)), em_ones(EM_F32, EM_SHAPE(2, 3))),
+              EM_ERR_DTYPE, "scatter_add: indices must be i32");
     em_scope_end(s);
 }

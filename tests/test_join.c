@@ -47,7 +47,8 @@ TEST(test_concat_gradient_matches_finite_difference)
 {
     em_scope s = em_scope_begin();
     int dim = 1;
-    em_tensor *in[3] = {randn(EM_SHAPE(2, 1, 3), 3), randn(EM_SHAPE(2, 3, 3), 4), randn(EM_SHAPE(2, 2, 3), 5)};
+    em_tensor *in[3] = {randn(EM_SHAPE(2, 1, 3), 3), randn(EM_SHAPE(2, 3, 3), 4),
+                        randn(EM_SHAPE(2, 2, 3), 5)};
     GRADCHECK("concat", f_concat, &dim, 3, in);
     F32_MATCHES_F64("concat", f_concat, &dim, 3, in, 1e-7);
     em_tensor *nc[3] = {th_noncontig(in[0]), th_noncontig(in[1]), th_noncontig(in[2])};
@@ -80,7 +81,8 @@ TEST(test_concat_rejects_mismatched_inputs)
               "concat: tensor 1 has shape (6,)");
     CHECK_ERR(em_concat(2, (em_tensor *[]){a, em_zeros(EM_F64, EM_SHAPE(2, 3))}, 0), EM_ERR_DTYPE,
               "concat: tensor 1 is f64(2,3) but tensor 0 is f32(2,3)");
-    CHECK_ERR(em_concat(0, (em_tensor *[]){a}, 0), EM_ERR_ARG, "concat: needs at least one tensor, got n = 0");
+    CHECK_ERR(em_concat(0, (em_tensor *[]){a}, 0), EM_ERR_ARG,
+              "concat: needs at least one tensor, got n = 0");
     CHECK_ERR(em_concat(1, (em_tensor *[]){a}, 2), EM_ERR_ARG, "concat: dim 2 is out of range");
     CHECK_ERR(em_concat(2, (em_tensor *[]){a, NULL}, 0), EM_ERR_ARG, "concat");
     em_scope_end(s);
@@ -216,12 +218,14 @@ TEST(test_split_and_chunk_reject_bad_arguments)
     em_scope s = em_scope_begin();
     em_tensor *t = em_zeros(EM_F32, EM_SHAPE(4, 6));
     em_tensor *p[2];
-    CHECK_ERR(em_split(t, 2, 1, p, 2), EM_ERR_ARG, "split: (4,6) gives 3 pieces along dim 1 but max_out is 2");
+    CHECK_ERR(em_split(t, 2, 1, p, 2), EM_ERR_ARG,
+              "split: (4,6) gives 3 pieces along dim 1 but max_out is 2");
     CHECK(em_split(t, 2, 1, p, 2) == -1);
     CHECK_ERR(em_split(t, 0, 1, p, 2), EM_ERR_ARG, "split: size 0 must be >= 1");
     CHECK_ERR(em_split(t, 2, 2, p, 2), EM_ERR_ARG, "split: dim 2 is out of range");
     CHECK_ERR(em_split(t, 2, 0, NULL, 2), EM_ERR_ARG, "split: out is NULL");
-    CHECK_ERR(em_chunk(t, 3, 1, p, 2), EM_ERR_ARG, "chunk: (4,6) gives 3 pieces along dim 1 but max_out is 2");
+    CHECK_ERR(em_chunk(t, 3, 1, p, 2), EM_ERR_ARG,
+              "chunk: (4,6) gives 3 pieces along dim 1 but max_out is 2");
     CHECK_ERR(em_chunk(t, 0, 1, p, 2), EM_ERR_ARG, "chunk: chunks 0 must be >= 1");
     CHECK_ERR(em_chunk(t, 2, -3, p, 2), EM_ERR_ARG, "chunk: dim -3 is out of range");
     em_scope_end(s);

@@ -92,8 +92,9 @@ TEST(test_cross_entropy_f32_gradient_matches_f64)
     em_rng r = em_rng_new(13);
     em_scope s = em_scope_begin();
     /* logits exact in f32, so only the kernels differ */
-    em_tensor *x = em_keep(em_cast(em_cast(em_add_scalar(em_mul_scalar(em_randn(EM_F64, EM_SHAPE(16, 300), &r), 4.0),
-                                                        1e4), EM_F32), EM_F64));
+    em_tensor *x = em_keep(em_cast(
+        em_cast(em_add_scalar(em_mul_scalar(em_randn(EM_F64, EM_SHAPE(16, 300), &r), 4.0), 1e4), EM_F32),
+        EM_F64));
     em_scope_end(s);
     int32_t tv[16];
     for (int i = 0; i < 16; i++) tv[i] = i % 5 == 4 ? IGNORE : i * 17;
@@ -151,8 +152,9 @@ TEST(test_cross_entropy_rejects_bad_dtypes_and_shapes)
     em_tensor *x = em_zeros(EM_F32, EM_SHAPE(2, 3, 5));
     CHECK_ERR(em_cross_entropy(x, em_zeros(EM_F32, EM_SHAPE(2, 3)), IGNORE), EM_ERR_DTYPE,
               "cross_entropy: targets must be i32, got f32(2,3)");
-    CHECK_ERR(em_cross_entropy(x, em_zeros(EM_I32, EM_SHAPE(3)), IGNORE), EM_ERR_SHAPE,
-              "cross_entropy: targets (3,) must have the shape of logits (2,3,5) without the last dim, (2,3)");
+    CHECK_ERR(
+        em_cross_entropy(x, em_zeros(EM_I32, EM_SHAPE(3)), IGNORE), EM_ERR_SHAPE,
+        "cross_entropy: targets (3,) must have the shape of logits (2,3,5) without the last dim, (2,3)");
     CHECK_ERR(em_cross_entropy(x, em_zeros(EM_I32, EM_SHAPE(2, 3, 5)), IGNORE), EM_ERR_SHAPE,
               "cross_entropy: targets (2,3,5)");
     CHECK_ERR(em_cross_entropy(em_zeros(EM_I32, EM_SHAPE(2, 5)), em_zeros(EM_I32, EM_SHAPE(2)), IGNORE),

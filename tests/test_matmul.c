@@ -1,9 +1,13 @@
 /* test_matmul.c — matmul: values against numpy, batch broadcasting, transposed
  * and strided operands, reduced-precision dtypes, gradients, errors. */
-#include "harness.h"
 #include "fixtures/matmul_ref.h"
+#include "harness.h"
 
-static em_tensor *f_matmul(em_tensor **x, void *ctx) { (void)ctx; return em_matmul(x[0], x[1]); }
+static em_tensor *f_matmul(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_matmul(x[0], x[1]);
+}
 
 /* a (M,K) @ b (K,N) by plain loops in double, for comparisons. */
 static em_tensor *naive_matmul(em_tensor *a, em_tensor *b)
@@ -24,7 +28,8 @@ static em_tensor *naive_matmul(em_tensor *a, em_tensor *b)
 TEST(test_matmul_2d_matches_numpy)
 {
     em_scope s = em_scope_begin();
-    em_tensor *a = em_from_data(EM_F64, EM_SHAPE(3, 4), mm2_a), *b = em_from_data(EM_F64, EM_SHAPE(4, 2), mm2_b);
+    em_tensor *a = em_from_data(EM_F64, EM_SHAPE(3, 4), mm2_a),
+              *b = em_from_data(EM_F64, EM_SHAPE(4, 2), mm2_b);
     em_tensor *c = em_matmul(a, b);
     CHECK_NOTNULL(c);
     CHECK(em_ndim(c) == 2 && em_size(c, 0) == 3 && em_size(c, 1) == 2);
@@ -51,7 +56,8 @@ TEST(test_matmul_batched_broadcast_matches_numpy)
     em_tensor *b = em_from_data(EM_F64, EM_SHAPE(3, 3, 2), mmb_b);
     em_tensor *c = em_matmul(a, b);
     CHECK_NOTNULL(c);
-    CHECK(em_ndim(c) == 4 && em_size(c, 0) == 2 && em_size(c, 1) == 3 && em_size(c, 2) == 2 && em_size(c, 3) == 2);
+    CHECK(em_ndim(c) == 4 && em_size(c, 0) == 2 && em_size(c, 1) == 3 && em_size(c, 2) == 2 &&
+          em_size(c, 3) == 2);
     th_check_values(__FILE__, __LINE__, c, mmb_out, 1e-12);
     th_check_values(__FILE__, __LINE__, em_matmul(em_cast(a, EM_F32), em_cast(b, EM_F32)), mmb_out, 1e-5);
     em_scope_end(s);
@@ -285,6 +291,7 @@ TEST(test_matmul_rejects_batch_dims_that_do_not_broadcast)
 {
     em_scope s = em_scope_begin();
     em_tensor *a = em_zeros(EM_F32, EM_SHAPE(2, 3, 4)), *b = em_zeros(EM_F32, EM_SHAPE(3, 4, 5));
-    CHECK_ERR(em_matmul(a, b), EM_ERR_SHAPE, "matmul: batch dims do not broadcast: a is (2,3,4), b is (3,4,5)");
+    CHECK_ERR(em_matmul(a, b), EM_ERR_SHAPE,
+              "matmul: batch dims do not broadcast: a is (2,3,4), b is (3,4,5)");
     em_scope_end(s);
 }

@@ -77,15 +77,15 @@ TEST(test_steady_state_step_does_not_allocate)
         em_scope s = em_scope_begin();
         em_tensor *idx = em_randint(0, V, EM_I32, EM_SHAPE(B, T), &r);
         em_tensor *tgt = em_randint(0, V, EM_I32, EM_SHAPE(B, T), &r);
-        em_tensor *x = em_layer_norm(em_embedding(wte, idx), ln_w, ln_b, 1e-5);      /* (B,T,C) */
-        em_tensor *qkv = em_matmul(x, wqkv);                                         /* (B,T,3C) */
+        em_tensor *x = em_layer_norm(em_embedding(wte, idx), ln_w, ln_b, 1e-5); /* (B,T,C) */
+        em_tensor *qkv = em_matmul(x, wqkv);                                    /* (B,T,3C) */
         em_tensor *parts[3];
         CHECK(em_split(qkv, C, 2, parts, 3) == 3);
         for (int i = 0; i < 3; i++) /* (B,T,C) -> (B,H,T,C/H) */
             parts[i] = em_transpose(em_reshape(parts[i], EM_SHAPE(B, T, H, C / H)), 1, 2);
         em_tensor *att = em_attention_causal(parts[0], parts[1], parts[2], 0);
         em_tensor *y = em_gelu_tanh(em_reshape(em_transpose(att, 1, 2), EM_SHAPE(B, T, C)));
-        em_tensor *logits = em_matmul(y, em_transpose(wte, 0, 1));                  /* (B,T,V) */
+        em_tensor *logits = em_matmul(y, em_transpose(wte, 0, 1)); /* (B,T,V) */
         em_tensor *loss = em_cross_entropy(logits, tgt, -100);
         CHECK_NOTNULL(loss);
         CHECK_OK(em_backward(loss, NULL));

@@ -14,9 +14,10 @@ TEST(test_layer_norm_matches_reference)
     em_tensor *y = em_layer_norm(nx(EM_F64), nw(EM_F64), nb(EM_F64), 1e-5);
     CHECK(em_dtype_of(y) == EM_F64 && em_ndim(y) == 2);
     th_check_values(__FILE__, __LINE__, y, REF_LAYER_NORM, 1e-12);
-    th_check_values(__FILE__, __LINE__, em_layer_norm(nx(EM_F64), NULL, NULL, 1e-5), REF_LAYER_NORM_PLAIN, 1e-12);
-    th_check_values(__FILE__, __LINE__, em_layer_norm(nx(EM_F32), nw(EM_F32), nb(EM_F32), 1e-5), REF_LAYER_NORM,
-                    1e-5);
+    th_check_values(__FILE__, __LINE__, em_layer_norm(nx(EM_F64), NULL, NULL, 1e-5), REF_LAYER_NORM_PLAIN,
+                    1e-12);
+    th_check_values(__FILE__, __LINE__, em_layer_norm(nx(EM_F32), nw(EM_F32), nb(EM_F32), 1e-5),
+                    REF_LAYER_NORM, 1e-5);
     em_scope_end(s);
 }
 
@@ -41,7 +42,8 @@ TEST(test_layer_norm_rows_have_zero_mean_and_unit_variance)
     em_tensor *var = em_mean(em_mul(y, y), 1, (int[]){-1}, false);
     CHECK(th_max_abs_diff(mean, em_zeros(EM_F32, EM_SHAPE(4, 8))) < 1e-5);
     CHECK(th_max_abs_diff(var, em_ones(EM_F32, EM_SHAPE(4, 8))) < 1e-4);
-    em_tensor *ms = em_mean(em_mul(em_rms_norm(x, NULL, 0.0), em_rms_norm(x, NULL, 0.0)), 1, (int[]){-1}, false);
+    em_tensor *ms =
+        em_mean(em_mul(em_rms_norm(x, NULL, 0.0), em_rms_norm(x, NULL, 0.0)), 1, (int[]){-1}, false);
     CHECK(th_max_abs_diff(ms, em_ones(EM_F32, EM_SHAPE(4, 8))) < 1e-4);
     em_scope_end(s);
 }
@@ -80,11 +82,31 @@ TEST(test_norms_of_half_dtypes_keep_the_dtype)
     em_scope_end(s);
 }
 
-static em_tensor *f_ln_wb(em_tensor **x, void *ctx) { (void)ctx; return em_layer_norm(x[0], x[1], x[2], 1e-5); }
-static em_tensor *f_ln_w(em_tensor **x, void *ctx) { (void)ctx; return em_layer_norm(x[0], x[1], NULL, 1e-5); }
-static em_tensor *f_ln(em_tensor **x, void *ctx) { (void)ctx; return em_layer_norm(x[0], NULL, NULL, 1e-5); }
-static em_tensor *f_rms_w(em_tensor **x, void *ctx) { (void)ctx; return em_rms_norm(x[0], x[1], 1e-6); }
-static em_tensor *f_rms(em_tensor **x, void *ctx) { (void)ctx; return em_rms_norm(x[0], NULL, 1e-6); }
+static em_tensor *f_ln_wb(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_layer_norm(x[0], x[1], x[2], 1e-5);
+}
+static em_tensor *f_ln_w(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_layer_norm(x[0], x[1], NULL, 1e-5);
+}
+static em_tensor *f_ln(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_layer_norm(x[0], NULL, NULL, 1e-5);
+}
+static em_tensor *f_rms_w(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_rms_norm(x[0], x[1], 1e-6);
+}
+static em_tensor *f_rms(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_rms_norm(x[0], NULL, 1e-6);
+}
 
 /* x (2,3,6), weight and bias (6): f64 gradcheck, non-contiguous too, and f32. */
 static void grad_case(const char *what, th_graph_fn f, int n)
@@ -103,7 +125,10 @@ static void grad_case(const char *what, th_graph_fn f, int n)
 }
 
 TEST(test_layer_norm_gradient_matches_finite_difference) { grad_case("layer_norm", f_ln_wb, 3); }
-TEST(test_layer_norm_weight_only_gradient_matches_finite_difference) { grad_case("layer_norm(w)", f_ln_w, 2); }
+TEST(test_layer_norm_weight_only_gradient_matches_finite_difference)
+{
+    grad_case("layer_norm(w)", f_ln_w, 2);
+}
 TEST(test_layer_norm_plain_gradient_matches_finite_difference) { grad_case("layer_norm()", f_ln, 1); }
 TEST(test_rms_norm_gradient_matches_finite_difference) { grad_case("rms_norm", f_rms_w, 2); }
 TEST(test_rms_norm_plain_gradient_matches_finite_difference) { grad_case("rms_norm()", f_rms, 1); }
@@ -114,8 +139,7 @@ TEST(test_norms_f32_gradient_matches_f64)
     em_scope s = em_scope_begin();
     em_tensor *x = em_keep(em_add_scalar(em_randn(EM_F64, EM_SHAPE(2, 50, 96), &r), 3.0));
     em_scope_end(s);
-    em_tensor *in[3] = {x,
-                        em_randn(EM_F64, EM_SHAPE(96), &r), em_randn(EM_F64, EM_SHAPE(96), &r)};
+    em_tensor *in[3] = {x, em_randn(EM_F64, EM_SHAPE(96), &r), em_randn(EM_F64, EM_SHAPE(96), &r)};
     GRAD_F32_MATCHES_F64(f_ln_wb, NULL, 3, in, 1e-4);
     GRAD_F32_MATCHES_F64(f_ln, NULL, 1, in, 1e-4);
     GRAD_F32_MATCHES_F64(f_rms_w, NULL, 2, in, 1e-4);
@@ -160,6 +184,7 @@ TEST(test_norms_reject_bad_weight_and_bias)
               "rms_norm: needs a float tensor, got i32(2,5)");
     CHECK_ERR(em_layer_norm(em_scalar(EM_F32, 1), NULL, NULL, 1e-5), EM_ERR_SHAPE,
               "layer_norm: x must have at least 1 dim");
-    CHECK_ERR(em_layer_norm(x, NULL, NULL, -1), EM_ERR_ARG, "layer_norm: eps must be finite and >= 0, got -1");
+    CHECK_ERR(em_layer_norm(x, NULL, NULL, -1), EM_ERR_ARG,
+              "layer_norm: eps must be finite and >= 0, got -1");
     em_scope_end(s);
 }

@@ -187,7 +187,8 @@ static em_tensor *f_min(em_tensor **x, void *ctx)
 /* GRADCHECK and F32_MATCHES_F64 over several dims sets, contiguous and not. */
 static void grad_cases(const char *what, th_graph_fn f)
 {
-    red_case cases[] = {{1, {1}, false}, {2, {0, 2}, true}, {1, {-1}, false}, {0, {0}, false}, {2, {0, 1}, false}};
+    red_case cases[] = {
+        {1, {1}, false}, {2, {0, 2}, true}, {1, {-1}, false}, {0, {0}, false}, {2, {0, 1}, false}};
     em_rng r = em_rng_new(11);
     em_tensor *x = em_randn(EM_F64, EM_SHAPE(3, 4, 5), &r);
     em_tensor *nc = th_noncontig(x);
@@ -213,8 +214,8 @@ TEST(test_mean_over_dim_matches_reference)
     em_tensor *m = em_mean(ref_x(EM_F64), 1, (int[]){2}, false);
     check_shape(m, EM_SHAPE(2, 3));
     th_check_values(__FILE__, __LINE__, m, REF_MEAN_D2, 1e-12);
-    th_check_values(__FILE__, __LINE__, em_mean(th_noncontig(ref_x(EM_F32)), 1, (int[]){2}, false), REF_MEAN_D2,
-                    1e-6);
+    th_check_values(__FILE__, __LINE__, em_mean(th_noncontig(ref_x(EM_F32)), 1, (int[]){2}, false),
+                    REF_MEAN_D2, 1e-6);
     CHECK_NEAR(em_item(em_mean(ref_x(EM_F64), 0, NULL, false)), (-4.5219 + 1.8223 + 7.901) / 24, 1e-12);
     em_scope_end(s);
 }
@@ -312,7 +313,8 @@ TEST(test_max_min_argmax_of_empty_dim_are_errors)
 {
     em_scope s = em_scope_begin();
     em_tensor *x = em_zeros(EM_F32, EM_SHAPE(2, 0));
-    CHECK_ERR(em_max(x, 1, (int[]){1}, false), EM_ERR_SHAPE, "max: cannot reduce over an empty dim: dim 1 of (2,0)");
+    CHECK_ERR(em_max(x, 1, (int[]){1}, false), EM_ERR_SHAPE,
+              "max: cannot reduce over an empty dim: dim 1 of (2,0)");
     CHECK_ERR(em_min(x, 0, NULL, false), EM_ERR_SHAPE, "min: cannot reduce over an empty dim");
     CHECK_ERR(em_argmax(x, -1, false), EM_ERR_SHAPE, "argmax: cannot reduce over an empty dim");
     /* reducing a non-empty dim of an empty tensor is fine: an empty result */
@@ -329,6 +331,7 @@ TEST(test_reductions_reject_bad_dims)
     CHECK_ERR(em_max(x, 1, (int[]){-3}, false), EM_ERR_ARG, "max: dim -3 is out of range");
     CHECK_ERR(em_argmax(x, 5, false), EM_ERR_ARG, "argmax: dim 5 is out of range");
     CHECK_ERR(em_sum(x, 2, NULL, false), EM_ERR_ARG, "sum: bad dims list");
-    CHECK_ERR(em_sum(em_zeros(EM_BOOL, EM_SHAPE(2)), 0, NULL, false), EM_ERR_DTYPE, "sum: does not take bool");
+    CHECK_ERR(em_sum(em_zeros(EM_BOOL, EM_SHAPE(2)), 0, NULL, false), EM_ERR_DTYPE,
+              "sum: does not take bool");
     em_scope_end(s);
 }

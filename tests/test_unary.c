@@ -166,8 +166,8 @@ TEST(test_pow_scalar_zero_power_gives_ones_and_zero_gradient)
 TEST(test_unary_f32_gradient_matches_f64_gradient)
 {
     /* backward in f32 (fast path) agrees with backward in f64 for every op */
-    const uop *ops[] = {&OP_EXP, &OP_LOG, &OP_SQRT, &OP_RSQRT, &OP_ABS, &OP_TANH, &OP_SIGMOID,
-                        &OP_RELU, &OP_GELU, &OP_GELU_TANH, &OP_SILU, &OP_POW3, &OP_POW2_5, &OP_POW_M1_5};
+    const uop *ops[] = {&OP_EXP,  &OP_LOG,  &OP_SQRT,      &OP_RSQRT, &OP_ABS,  &OP_TANH,   &OP_SIGMOID,
+                        &OP_RELU, &OP_GELU, &OP_GELU_TANH, &OP_SILU,  &OP_POW3, &OP_POW2_5, &OP_POW_M1_5};
     for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
         const double *in = ops[k]->pos ? POS_IN : REAL_IN;
         em_tensor *x64 = th_tensor(EM_F64, EM_SHAPE(12), in), *x32 = th_tensor(EM_F32, EM_SHAPE(12), in);
@@ -178,7 +178,8 @@ TEST(test_unary_f32_gradient_matches_f64_gradient)
         CHECK_OK(em_backward(em_sum(apply(ops[k], x32), 0, NULL, false), NULL));
         double scale = max_abs(em_grad(x64));
         double diff = th_max_abs_diff(em_grad(x64), em_grad(x32));
-        if (!(diff <= 2e-6 * fmax(scale, 1.0))) th_fail(__FILE__, __LINE__, "%s: f32 grad off by %g", ops[k]->name, diff);
+        if (!(diff <= 2e-6 * fmax(scale, 1.0)))
+            th_fail(__FILE__, __LINE__, "%s: f32 grad off by %g", ops[k]->name, diff);
         em_scope_end(s);
         em_free(x64);
         em_free(x32);
@@ -189,8 +190,10 @@ TEST(test_unary_f32_gradient_matches_f64_gradient)
 
 TEST(test_unary_half_dtypes_compute_in_f32_and_keep_dtype)
 {
-    const uop *ops[] = {&OP_EXP, &OP_TANH, &OP_SIGMOID, &OP_RELU, &OP_GELU, &OP_GELU_TANH, &OP_SILU, &OP_ABS, &OP_POW3};
-    const double *want[] = {ref_exp, ref_tanh, ref_sigmoid, ref_relu, ref_gelu, ref_gelu_tanh, ref_silu, ref_abs, ref_pow3};
+    const uop *ops[] = {&OP_EXP,       &OP_TANH, &OP_SIGMOID, &OP_RELU, &OP_GELU,
+                        &OP_GELU_TANH, &OP_SILU, &OP_ABS,     &OP_POW3};
+    const double *want[] = {ref_exp,       ref_tanh, ref_sigmoid, ref_relu, ref_gelu,
+                            ref_gelu_tanh, ref_silu, ref_abs,     ref_pow3};
     em_dtype dts[] = {EM_F16, EM_BF16};
     em_scope s = em_scope_begin();
     for (int d = 0; d < 2; d++) {
@@ -300,14 +303,16 @@ TEST(test_float_unary_ops_reject_integer_input)
     CHECK_ERR(em_gelu_tanh(i), EM_ERR_DTYPE, "gelu_tanh:");
     CHECK_ERR(em_silu(i), EM_ERR_DTYPE, "silu:");
     CHECK_ERR(em_pow_scalar(i, 2), EM_ERR_DTYPE, "pow_scalar:");
-    CHECK_ERR(em_exp(em_zeros(EM_U8, EM_SHAPE(2, 2))), EM_ERR_DTYPE, "exp: needs a float tensor, got u8(2,2)");
+    CHECK_ERR(em_exp(em_zeros(EM_U8, EM_SHAPE(2, 2))), EM_ERR_DTYPE,
+              "exp: needs a float tensor, got u8(2,2)");
     em_scope_end(s);
 }
 
 TEST(test_abs_rejects_bool)
 {
     em_scope s = em_scope_begin();
-    CHECK_ERR(em_abs(em_zeros(EM_BOOL, EM_SHAPE(2))), EM_ERR_DTYPE, "abs: does not take bool tensors, got bool(2,)");
+    CHECK_ERR(em_abs(em_zeros(EM_BOOL, EM_SHAPE(2))), EM_ERR_DTYPE,
+              "abs: does not take bool tensors, got bool(2,)");
     em_scope_end(s);
 }
 

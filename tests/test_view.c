@@ -98,7 +98,8 @@ TEST(test_view_rejects_layout_that_needs_a_copy)
 {
     em_scope s = em_scope_begin();
     em_tensor *t = em_transpose(iota(EM_F32, EM_SHAPE(2, 3)), 0, 1);
-    CHECK_ERR(em_view(t, EM_SHAPE(6)), EM_ERR_SHAPE, "view: (3,2) with strides (1,3) cannot be viewed as (6,)");
+    CHECK_ERR(em_view(t, EM_SHAPE(6)), EM_ERR_SHAPE,
+              "view: (3,2) with strides (1,3) cannot be viewed as (6,)");
     /* but a view that keeps dims apart is fine */
     em_tensor *v = em_view(t, EM_SHAPE(3, 2, 1));
     CHECK(v && em_shares_storage(v, t));
@@ -113,8 +114,10 @@ TEST(test_reshape_infers_one_minus_one)
     CHECK(shape_is(em_reshape(a, EM_SHAPE(4, -1)), EM_SHAPE(4, 6)));
     CHECK(shape_is(em_reshape(a, EM_SHAPE(2, -1, 2)), EM_SHAPE(2, 6, 2)));
     CHECK(shape_is(em_view(a, EM_SHAPE(-1)), EM_SHAPE(24)));
-    CHECK_ERR(em_reshape(a, EM_SHAPE(-1, -1)), EM_ERR_SHAPE, "reshape: more than one -1 in target shape (-1,-1)");
-    CHECK_ERR(em_reshape(a, EM_SHAPE(5, -1)), EM_ERR_SHAPE, "reshape: cannot reshape (2,3,4) (24 elements) to (5,-1)");
+    CHECK_ERR(em_reshape(a, EM_SHAPE(-1, -1)), EM_ERR_SHAPE,
+              "reshape: more than one -1 in target shape (-1,-1)");
+    CHECK_ERR(em_reshape(a, EM_SHAPE(5, -1)), EM_ERR_SHAPE,
+              "reshape: cannot reshape (2,3,4) (24 elements) to (5,-1)");
     em_scope_end(s);
 }
 
@@ -234,7 +237,8 @@ TEST(test_view_succeeds_exactly_when_strides_exist)
             char vs[128], vt[128], tt[128];
             th_fail(__FILE__, __LINE__, "trial %d: view of %s strides %s as %s: got %s, want %s (%s)", trial,
                     fmt_dims(em_ndim(v), em_shape(v), vs), fmt_dims(em_ndim(v), em_strides(v), vt),
-                    fmt_dims(tn, ts, tt), w ? "a view" : "an error", want ? "a view" : "an error", em_last_error());
+                    fmt_dims(tn, ts, tt), w ? "a view" : "an error", want ? "a view" : "an error",
+                    em_last_error());
         }
         if (w) {
             double got[256];
@@ -301,11 +305,11 @@ TEST(test_slice_with_step_and_negative_bounds)
 {
     em_scope s = em_scope_begin();
     em_tensor *a = em_arange(0, 10, 1, EM_F32);
-    CHECK_VALUES(em_slice(a, 0, 1, 8, 3), 0, 1, 4, 7);        /* a[1:8:3] */
-    CHECK_VALUES(em_slice(a, 0, -7, -1, 2), 0, 3, 5, 7);      /* a[-7:-1:2] */
-    CHECK_VALUES(em_slice(a, 0, -100, 100, 4), 0, 0, 4, 8);   /* clamped */
+    CHECK_VALUES(em_slice(a, 0, 1, 8, 3), 0, 1, 4, 7);      /* a[1:8:3] */
+    CHECK_VALUES(em_slice(a, 0, -7, -1, 2), 0, 3, 5, 7);    /* a[-7:-1:2] */
+    CHECK_VALUES(em_slice(a, 0, -100, 100, 4), 0, 0, 4, 8); /* clamped */
     CHECK_VALUES(em_slice(a, 0, 8, 100, 1), 0, 8, 9);
-    CHECK(em_numel(em_slice(a, 0, 6, 2, 1)) == 0);            /* start > end: empty */
+    CHECK(em_numel(em_slice(a, 0, 6, 2, 1)) == 0); /* start > end: empty */
     CHECK(em_numel(em_slice(a, 0, 10, 12, 1)) == 0);
     em_tensor *m = iota(EM_F32, EM_SHAPE(3, 4));
     CHECK_VALUES(em_slice(m, -1, 0, 4, 2), 0, 0, 2, 4, 6, 8, 10);
@@ -327,7 +331,8 @@ TEST(test_expand_broadcasts_with_zero_strides)
     CHECK_VALUES(em_expand(a, EM_SHAPE(-1, 2)), 0, 1, 1, 2, 2, 3, 3);
     CHECK_ERR(em_expand(a, EM_SHAPE(4, 3)), EM_ERR_SHAPE, "expand: (3,1) does not broadcast to (4,3)");
     CHECK_ERR(em_expand(a, EM_SHAPE(3)), EM_ERR_SHAPE, "expand: cannot expand (3,1) to 1 dims");
-    CHECK_ERR(em_expand(a, EM_SHAPE(-1, 3, 2)), EM_ERR_SHAPE, "expand: -1 is not allowed for a new leading dim");
+    CHECK_ERR(em_expand(a, EM_SHAPE(-1, 3, 2)), EM_ERR_SHAPE,
+              "expand: -1 is not allowed for a new leading dim");
     em_scope_end(s);
 }
 
@@ -372,22 +377,46 @@ TEST(test_contiguous_returns_same_handle_or_a_copy)
 
 /* ---- gradients through each view ------------------------------------------------------------ */
 
-static em_tensor *f_reshape(em_tensor **x, void *c) { (void)c; return em_reshape(x[0], EM_SHAPE(4, -1)); }
+static em_tensor *f_reshape(em_tensor **x, void *c)
+{
+    (void)c;
+    return em_reshape(x[0], EM_SHAPE(4, -1));
+}
 static em_tensor *f_reshape_copy(em_tensor **x, void *c)
 {
     (void)c;
     return em_reshape(em_transpose(x[0], 0, 1), EM_SHAPE(-1));
 }
-static em_tensor *f_view(em_tensor **x, void *c) { (void)c; return em_view(x[0], EM_SHAPE(2, 2, 3)); }
-static em_tensor *f_flatten(em_tensor **x, void *c) { (void)c; return em_flatten(x[0]); }
-static em_tensor *f_transpose(em_tensor **x, void *c) { (void)c; return em_transpose(x[0], 0, 1); }
+static em_tensor *f_view(em_tensor **x, void *c)
+{
+    (void)c;
+    return em_view(x[0], EM_SHAPE(2, 2, 3));
+}
+static em_tensor *f_flatten(em_tensor **x, void *c)
+{
+    (void)c;
+    return em_flatten(x[0]);
+}
+static em_tensor *f_transpose(em_tensor **x, void *c)
+{
+    (void)c;
+    return em_transpose(x[0], 0, 1);
+}
 static em_tensor *f_permute(em_tensor **x, void *c)
 {
     (void)c;
     return em_permute(em_reshape(x[0], EM_SHAPE(2, 2, 3)), (int[]){2, 0, 1});
 }
-static em_tensor *f_narrow(em_tensor **x, void *c) { (void)c; return em_narrow(x[0], 1, 1, 2); }
-static em_tensor *f_slice(em_tensor **x, void *c) { (void)c; return em_slice(x[0], 0, -3, 4, 2); }
+static em_tensor *f_narrow(em_tensor **x, void *c)
+{
+    (void)c;
+    return em_narrow(x[0], 1, 1, 2);
+}
+static em_tensor *f_slice(em_tensor **x, void *c)
+{
+    (void)c;
+    return em_slice(x[0], 0, -3, 4, 2);
+}
 static em_tensor *f_expand(em_tensor **x, void *c)
 {
     (void)c;
@@ -398,9 +427,21 @@ static em_tensor *f_squeeze(em_tensor **x, void *c)
     (void)c;
     return em_squeeze(em_unsqueeze(em_squeeze(em_narrow(x[0], 0, 2, 1), 0), -1), 1);
 }
-static em_tensor *f_contiguous(em_tensor **x, void *c) { (void)c; return em_contiguous(em_transpose(x[0], 0, 1)); }
-static em_tensor *f_cast64(em_tensor **x, void *c) { (void)c; return em_cast(x[0], EM_F64); }
-static em_tensor *f_copy(em_tensor **x, void *c) { (void)c; return em_copy(x[0]); }
+static em_tensor *f_contiguous(em_tensor **x, void *c)
+{
+    (void)c;
+    return em_contiguous(em_transpose(x[0], 0, 1));
+}
+static em_tensor *f_cast64(em_tensor **x, void *c)
+{
+    (void)c;
+    return em_cast(x[0], EM_F64);
+}
+static em_tensor *f_copy(em_tensor **x, void *c)
+{
+    (void)c;
+    return em_copy(x[0]);
+}
 /* views used twice: the gradients of both uses add up */
 static em_tensor *f_two_views(em_tensor **x, void *c)
 {
@@ -446,7 +487,8 @@ TEST(test_slice_gradient_scatters_into_zeros)
     CHECK_OK(em_set_requires_grad(x, true));
     em_scope s = em_scope_begin();
     em_tensor *y = em_slice(x, 0, 1, 6, 2); /* elements 1, 3, 5 */
-    CHECK_OK(em_backward(em_sum(em_mul(y, th_tensor(EM_F32, EM_SHAPE(3), (double[]){1, 2, 3})), 0, NULL, false), NULL));
+    CHECK_OK(em_backward(
+        em_sum(em_mul(y, th_tensor(EM_F32, EM_SHAPE(3), (double[]){1, 2, 3})), 0, NULL, false), NULL));
     em_scope_end(s);
     CHECK_VALUES(em_grad(x), 0, 0, 1, 0, 2, 0, 3);
     em_free(x);
@@ -478,8 +520,8 @@ TEST(test_cast_between_all_dtypes)
             CHECK_OK(em_to_array(d, EM_F64, got));
             for (int i = 0; i < 5; i++)
                 if (got[i] != want[i])
-                    th_fail(__FILE__, __LINE__, "cast %s -> %s: element %d = %g, want %g", em_dtype_name(from),
-                            em_dtype_name(to), i, got[i], want[i]);
+                    th_fail(__FILE__, __LINE__, "cast %s -> %s: element %d = %g, want %g",
+                            em_dtype_name(from), em_dtype_name(to), i, got[i], want[i]);
         }
     }
     em_scope_end(s);
@@ -512,7 +554,8 @@ TEST(test_cast_to_bool_is_nonzero_and_back_is_zero_or_one)
     CHECK_VALUES(b, 0, 0, 0, 1, 1, 1, 1);
     CHECK(((unsigned char *)em_data(b))[3] == 1); /* stored as byte 1 */
     CHECK_VALUES(em_cast(b, EM_I32), 0, 0, 0, 1, 1, 1, 1);
-    CHECK_VALUES(em_cast(em_cast(th_tensor(EM_I32, EM_SHAPE(2), (double[]){-3, 0}), EM_BOOL), EM_F32), 0, 1, 0);
+    CHECK_VALUES(em_cast(em_cast(th_tensor(EM_I32, EM_SHAPE(2), (double[]){-3, 0}), EM_BOOL), EM_F32), 0, 1,
+                 0);
     em_scope_end(s);
 }
 

@@ -8,7 +8,8 @@ double th_max_abs_diff(em_tensor *a, em_tensor *b)
 {
     int64_t n = em_numel(a);
     if (n != em_numel(b)) return INFINITY;
-    double *x = malloc(sizeof(double) * (size_t)(n ? n : 1)), *y = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    double *x = malloc(sizeof(double) * (size_t)(n ? n : 1)),
+           *y = malloc(sizeof(double) * (size_t)(n ? n : 1));
     em_to_array(a, EM_F64, x);
     em_to_array(b, EM_F64, y);
     double m = 0;
@@ -74,7 +75,8 @@ void th_gradcheck(const char *file, int line, const char *what, th_graph_fn f, v
                   em_tensor **inputs, double eps, double atol, double rtol)
 {
     for (int i = 0; i < n; i++) {
-        if (em_dtype_of(inputs[i]) != EM_F64) th_fail(file, line, "%s: gradcheck input %d is not f64", what, i);
+        if (em_dtype_of(inputs[i]) != EM_F64)
+            th_fail(file, line, "%s: gradcheck input %d is not f64", what, i);
         if (!em_requires_grad(inputs[i])) CHECK_OK(em_set_requires_grad(inputs[i], true));
         CHECK_OK(em_zero_grad(inputs[i]));
     }
@@ -88,7 +90,8 @@ void th_gradcheck(const char *file, int line, const char *what, th_graph_fn f, v
     em_to_array(cot, EM_F64, cotv);
     em_tensor *loss = em_sum(em_mul(out, cot), 0, NULL, false);
     if (!loss) th_fail(file, line, "%s: loss failed: %s", what, em_last_error());
-    if (em_backward(loss, NULL) != EM_OK) th_fail(file, line, "%s: backward failed: %s", what, em_last_error());
+    if (em_backward(loss, NULL) != EM_OK)
+        th_fail(file, line, "%s: backward failed: %s", what, em_last_error());
     em_scope_end(s);
 
     bool prev = em_set_grad_enabled(false);
@@ -119,8 +122,8 @@ void th_gradcheck(const char *file, int line, const char *what, th_graph_fn f, v
                 double a = ga[j];
                 free(ga);
                 free(cotv);
-                th_fail(file, line, "%s: d/d input %d element %lld: autograd %.10g, finite difference %.10g", what,
-                        i, (long long)j, a, num);
+                th_fail(file, line, "%s: d/d input %d element %lld: autograd %.10g, finite difference %.10g",
+                        what, i, (long long)j, a, num);
             }
         }
         free(ga);
@@ -146,7 +149,8 @@ void th_f32_matches_f64(const char *file, int line, const char *what, th_graph_f
     if (em_dtype_of(o32) != EM_F32 && em_dtype_is_float(em_dtype_of(o64)))
         th_fail(file, line, "%s: f32 inputs gave a %s result", what, em_dtype_name(em_dtype_of(o32)));
     int64_t no = em_numel(o64);
-    double *a = malloc(sizeof(double) * (size_t)(no ? no : 1)), *b = malloc(sizeof(double) * (size_t)(no ? no : 1));
+    double *a = malloc(sizeof(double) * (size_t)(no ? no : 1)),
+           *b = malloc(sizeof(double) * (size_t)(no ? no : 1));
     em_to_array(o64, EM_F64, a);
     em_to_array(o32, EM_F64, b);
     double scale = 1e-30, worst = 0;
@@ -180,7 +184,8 @@ void th_grad_f32_matches_f64(const char *file, int line, th_graph_fn f, void *ct
     CHECK_OK(em_backward(em_sum(em_mul(o64, cot), 0, NULL, false), NULL));
     CHECK_OK(em_backward(em_sum(em_mul(o32, em_cast(cot, EM_F32)), 0, NULL, false), NULL));
     for (int i = 0; i < n; i++) {
-        if (em_dtype_of(em_grad(in32[i])) != EM_F32) th_fail(file, line, "input %d: f32 gradient is not f32", i);
+        if (em_dtype_of(em_grad(in32[i])) != EM_F32)
+            th_fail(file, line, "input %d: f32 gradient is not f32", i);
         double d = th_max_abs_diff(em_grad(in32[i]), em_grad(in64[i]));
         if (!(d < tol)) th_fail(file, line, "input %d: f32 gradient differs from f64 by %g", i, d);
     }

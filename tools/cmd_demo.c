@@ -60,9 +60,12 @@ int cmd_demo(int argc, char **argv)
     double lr = 0.2, momentum = 0.9;
     unsigned long long seed = 1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--lr") && i + 1 < argc) lr = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+        if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--lr") && i + 1 < argc)
+            lr = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
         else {
             fprintf(stderr, "ember demo: unknown or incomplete flag '%s'\n", argv[i]);
             return usage();
@@ -82,9 +85,12 @@ int cmd_demo(int argc, char **argv)
 
     /* the model: 2 -> 64 -> 64 -> 3, ReLU */
     param ps[] = {
-        {"fc1.weight", init_weight(IN, HIDDEN, &rng), NULL}, {"fc1.bias", em_zeros(EM_F32, EM_SHAPE(HIDDEN)), NULL},
-        {"fc2.weight", init_weight(HIDDEN, HIDDEN, &rng), NULL}, {"fc2.bias", em_zeros(EM_F32, EM_SHAPE(HIDDEN)), NULL},
-        {"fc3.weight", init_weight(HIDDEN, CLASSES, &rng), NULL}, {"fc3.bias", em_zeros(EM_F32, EM_SHAPE(CLASSES)), NULL},
+        {"fc1.weight", init_weight(IN, HIDDEN, &rng), NULL},
+        {"fc1.bias", em_zeros(EM_F32, EM_SHAPE(HIDDEN)), NULL},
+        {"fc2.weight", init_weight(HIDDEN, HIDDEN, &rng), NULL},
+        {"fc2.bias", em_zeros(EM_F32, EM_SHAPE(HIDDEN)), NULL},
+        {"fc3.weight", init_weight(HIDDEN, CLASSES, &rng), NULL},
+        {"fc3.bias", em_zeros(EM_F32, EM_SHAPE(CLASSES)), NULL},
     };
     int np = (int)(sizeof ps / sizeof ps[0]);
     int64_t n_params = 0;
@@ -93,7 +99,8 @@ int cmd_demo(int argc, char **argv)
         ps[i].velocity = calloc((size_t)em_numel(ps[i].w), sizeof(float));
         n_params += em_numel(ps[i].w);
     }
-    printf("ember demo: MLP %d-%d-%d-%d (%lld parameters) on %d spiral points, %d classes; SGD lr %g momentum %g\n",
+    printf("ember demo: MLP %d-%d-%d-%d (%lld parameters) on %d spiral points, %d classes; SGD lr %g "
+           "momentum %g\n",
            IN, HIDDEN, HIDDEN, CLASSES, (long long)n_params, N, CLASSES, lr, momentum);
 
     struct timespec t0, t1;
@@ -134,7 +141,9 @@ int cmd_demo(int argc, char **argv)
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-    if (!rc) printf("loss %.4f -> %.4f in %d steps (%.2f s, %.2f ms/step)\n", first, last, steps, secs, 1e3 * secs / steps);
+    if (!rc)
+        printf("loss %.4f -> %.4f in %d steps (%.2f s, %.2f ms/step)\n", first, last, steps, secs,
+               1e3 * secs / steps);
     for (int i = 0; i < np; i++) {
         free(ps[i].velocity);
         em_free(ps[i].w);

@@ -2,8 +2,8 @@
 #ifndef EMBER_H
 #define EMBER_H
 
-#include "tensor.h"
 #include "autograd.h"
 #include "runtime.h"
+#include "tensor.h"
 
 #endif

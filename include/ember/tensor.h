@@ -78,9 +78,9 @@ const char *em_status_name(em_status s);
 em_status em_set_error(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- dtypes --------------------------------------------------------------- */
-size_t em_dtype_size(em_dtype dt);       /* bytes per element; 0 if invalid */
-const char *em_dtype_name(em_dtype dt);  /* "f32", ...; "?" if invalid */
-bool em_dtype_is_float(em_dtype dt);     /* f32, f64, f16, bf16 */
+size_t em_dtype_size(em_dtype dt);      /* bytes per element; 0 if invalid */
+const char *em_dtype_name(em_dtype dt); /* "f32", ...; "?" if invalid */
+bool em_dtype_is_float(em_dtype dt);    /* f32, f64, f16, bf16 */
 
 /* Scalar conversions. Both round to nearest, ties to even; NaN stays NaN,
  * overflow goes to infinity. */
@@ -92,22 +92,21 @@ float em_bf16_to_f32(uint16_t h);
 /* ---- shapes ----------------------------------------------------------------
  * EM_SHAPE(2, 3) expands to the two arguments `ndim, shape` that creation
  * functions take:  em_zeros(EM_F32, EM_SHAPE(2, 3)). */
-#define EM_SHAPE(...)                                                         \
-    (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                \
-        (const int64_t[]) { __VA_ARGS__ }
+#define EM_SHAPE(...)                                                                                        \
+    (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]) { __VA_ARGS__ }
 
 /* ---- metadata (all accept a live handle; on a bad handle they set the last
  * error and return 0 / NULL / -1 as said) ----------------------------------- */
-int em_ndim(const em_tensor *t);                   /* -1 on a bad handle */
-int64_t em_size(const em_tensor *t, int dim);      /* dim may be negative; -1 on error */
-const int64_t *em_shape(const em_tensor *t);       /* ndim entries; owned by t */
-const int64_t *em_strides(const em_tensor *t);     /* in elements; owned by t */
-int64_t em_offset(const em_tensor *t);             /* storage offset, in elements */
-int64_t em_numel(const em_tensor *t);              /* -1 on a bad handle */
-em_dtype em_dtype_of(const em_tensor *t);          /* EM_NUM_DTYPES on a bad handle */
+int em_ndim(const em_tensor *t);               /* -1 on a bad handle */
+int64_t em_size(const em_tensor *t, int dim);  /* dim may be negative; -1 on error */
+const int64_t *em_shape(const em_tensor *t);   /* ndim entries; owned by t */
+const int64_t *em_strides(const em_tensor *t); /* in elements; owned by t */
+int64_t em_offset(const em_tensor *t);         /* storage offset, in elements */
+int64_t em_numel(const em_tensor *t);          /* -1 on a bad handle */
+em_dtype em_dtype_of(const em_tensor *t);      /* EM_NUM_DTYPES on a bad handle */
 em_device em_device_of(const em_tensor *t);
 bool em_is_contiguous(const em_tensor *t);
-bool em_is_alive(const em_tensor *t);              /* false for stale handles; sets no error */
+bool em_is_alive(const em_tensor *t); /* false for stale handles; sets no error */
 bool em_shares_storage(const em_tensor *a, const em_tensor *b);
 /* Pointer to element 0 (storage + offset). Writable; valid while t lives.
  * Only meaningful as a flat array when em_is_contiguous(t). */
@@ -117,8 +116,8 @@ char *em_describe(const em_tensor *t, char *buf, size_t n);
 
 /* ---- lifetimes ------------------------------------------------------------ */
 typedef struct em_scope {
-    int depth;       /* 1 for the outermost scope */
-    uint64_t id;     /* unique per begin, checked by em_scope_end */
+    int depth;   /* 1 for the outermost scope */
+    uint64_t id; /* unique per begin, checked by em_scope_end */
 } em_scope;
 
 /* Opens a step scope on the calling thread. Tensors, autograd nodes and
@@ -189,8 +188,7 @@ void em_manual_seed(uint64_t seed);
 em_tensor *em_rand(em_dtype dt, int ndim, const int64_t *shape, em_rng *rng);  /* U[0,1) */
 em_tensor *em_randn(em_dtype dt, int ndim, const int64_t *shape, em_rng *rng); /* N(0,1) */
 /* Integers uniform in [low, high). i32, u8 or any float dtype. */
-em_tensor *em_randint(int64_t low, int64_t high, em_dtype dt, int ndim, const int64_t *shape,
-                      em_rng *rng);
+em_tensor *em_randint(int64_t low, int64_t high, em_dtype dt, int ndim, const int64_t *shape, em_rng *rng);
 /* Four 32-bit words of Philox4x32-10 for (key, counter); for kernels. */
 void em_philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo, uint32_t out[4]);
 
@@ -212,7 +210,7 @@ em_tensor *em_slice(em_tensor *t, int dim, int64_t start, int64_t end, int64_t s
 /* Broadcast to shape (size-1 dims stretch with stride 0; new dims on the left;
  * -1 keeps a size). */
 em_tensor *em_expand(em_tensor *t, int ndim, const int64_t *shape);
-em_tensor *em_squeeze(em_tensor *t, int dim); /* dim must have size 1 */
+em_tensor *em_squeeze(em_tensor *t, int dim);   /* dim must have size 1 */
 em_tensor *em_unsqueeze(em_tensor *t, int dim); /* dim in [-ndim-1, ndim] */
 /* t itself (the same handle) if contiguous, else a contiguous copy. */
 em_tensor *em_contiguous(em_tensor *t);
