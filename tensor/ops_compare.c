@@ -6,20 +6,9 @@
 typedef enum { C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE } cmpop;
 static const char *cmpop_name[] = {"eq", "ne", "lt", "le", "gt", "ge"};
 
-/* NaN compares unequal to everything, as IEEE says */
+/* NaN compares unequal to everything, as IEEE says. f32 operands widen to
+ * double exactly, so one function serves every dtype. */
 static inline bool cmp(cmpop k, double x, double y)
-{
-    switch (k) {
-    case C_EQ: return x == y;
-    case C_NE: return x != y;
-    case C_LT: return x < y;
-    case C_LE: return x <= y;
-    case C_GT: return x > y;
-    default: return x >= y;
-    }
-}
-
-static inline bool cmpf(cmpop k, float x, float y)
 {
     switch (k) {
     case C_EQ: return x == y;
@@ -44,7 +33,7 @@ static void cmp_range(void *p, int64_t lo, int64_t hi)
     uint8_t *o = t_ptr(c->out);
     if (c->flat) {
         const float *x = t_ptr(c->a), *y = t_ptr(c->b);
-        for (int64_t i = lo; i < hi; i++) o[i] = cmpf(c->k, x[i], y[i]);
+        for (int64_t i = lo; i < hi; i++) o[i] = cmp(c->k, x[i], y[i]);
         return;
     }
     em_dtype dt = c->a->dtype;
