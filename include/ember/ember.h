@@ -4,6 +4,9 @@
 
 #include "autograd.h"
 #include "runtime.h"
+#include "nn.h"
+#include "optim.h"
+#include "data.h"
 #include "tensor.h"
 
 #endif

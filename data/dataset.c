@@ -1,0 +1,2 @@
+/* dataset.c — placeholder until its issue-3 work lands. */
+#include "../tensor/tensor_impl.h"
