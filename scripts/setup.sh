@@ -5,6 +5,8 @@
 # `sudo apt-get install` line is printed and the script exits 1.
 # A package counts as present when its tool/pkg-config module is found (so a
 # pip-installed meson or a hand-built OpenBLAS is fine) or dpkg says so.
+#
+# usage: setup.sh [demo]   (demo: also the word list `make demo` trains on)
 set -euo pipefail
 
 MIN_MESON=0.63 # meson.build's meson_version
@@ -18,12 +20,15 @@ present() {
         gcc) command -v gcc >/dev/null 2>&1 && return 0 ;;
         libopenblas-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openblas && return 0 ;;
         zlib1g-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists zlib && return 0 ;;
+        wamerican) [ -s /usr/share/dict/american-english ] && return 0 ;;
     esac
     command -v dpkg >/dev/null 2>&1 && dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed'
 }
 
 missing=()
-for pkg in meson ninja-build pkg-config gcc libopenblas-dev zlib1g-dev; do
+wanted=(meson ninja-build pkg-config gcc libopenblas-dev zlib1g-dev)
+[ "${1:-}" = demo ] && wanted+=(wamerican)
+for pkg in "${wanted[@]}"; do
     present "$pkg" || missing+=("$pkg")
 done
 
