@@ -1,2 +1,400 @@
-/* loader.c — placeholder until its issue-3 work lands. */
+/* loader.c — batches from a dataset: per-epoch seeded shuffle, drop_last,
+ * a resumable position {epoch, batch}, and background prefetch; plus the
+ * random-window sampler for language models.
+ *
+ * Prefetch. One worker thread walks the same batch sequence the caller will
+ * ask for (epoch by epoch, computing each epoch's permutation itself) and
+ * writes each batch into a slot of a ring of plain C buffers; the caller's
+ * em_loader_next copies the head slot into tensors it makes itself (tensor
+ * handles are only ever made by the calling thread). One mutex guards the
+ * ring indices; `not_empty` wakes the caller, `not_full` the worker. A slot
+ * between head and head+count belongs to the caller, the others to the
+ * worker, so the copies themselves run unlocked. Seek and free stop the
+ * worker (flag + broadcast + join) and, for seek, start a new one. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "../tensor/tensor_impl.h"
+#include "ember/data.h"
+
+typedef struct slot {
+    uint8_t *x, *y;       /* (B, x_field...) and (B, y_field...) */
+    int64_t epoch, batch; /* which batch this is */
+    int64_t size;
+    em_status status;
+    char msg[512];
+} slot;
+
+/* A permutation cache: order of epoch `epoch` (NULL order = identity). */
+typedef struct order {
+    int64_t *perm;
+    int64_t epoch;
+} order;
+
+struct em_loader {
+    em_dataset *ds;
+    em_loader_config cfg;
+    int64_t n, nb;
+    size_t xbytes, ybytes; /* one example */
+    em_loader_pos pos;     /* the caller's next batch */
+    order own;             /* the caller's permutation (no-prefetch path) */
+
+    /* prefetch */
+    slot *ring;
+    int cap, head, count;
+    bool running, stop;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t not_empty, not_full;
+    em_loader_pos wpos; /* the worker's next batch */
+    order wown;         /* the worker's permutation */
+};
+
+/* ---- batch order ------------------------------------------------------------------ */
+
+/* Fisher-Yates over 0..n-1: for i = n-1 .. 1 swap i with j uniform in [0, i],
+ * j from Philox(key seed, counter (epoch, i)) scaled by a 64x64 multiply. */
+static void shuffle_order(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch)
+{
+    for (int64_t i = 0; i < n; i++) perm[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        uint32_t w[4];
+        em_philox4x32(seed, (uint64_t)epoch, (uint64_t)i, w);
+        uint64_t r = (uint64_t)w[0] | (uint64_t)w[1] << 32;
+        int64_t j = (int64_t)(((unsigned __int128)r * (uint64_t)(i + 1)) >> 64);
+        int64_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+/* Writes batch pos of the sequence into x and y (contiguous, size examples);
+ * the dataset's status on failure (its message on the calling thread). */
+static em_status fill_batch(em_loader *l, order *o, em_loader_pos pos, uint8_t *x, uint8_t *y, int64_t *size)
+{
+    int64_t B = l->cfg.batch_size, start = pos.batch * B;
+    *size = l->n - start < B ? l->n - start : B;
+    if (o->perm && o->epoch != pos.epoch) {
+        shuffle_order(o->perm, l->n, l->cfg.seed, pos.epoch);
+        o->epoch = pos.epoch;
+    }
+    for (int64_t j = 0; j < *size; j++) {
+        int64_t idx = o->perm ? o->perm[start + j] : start + j;
+        em_status s = l->ds->get(l->ds->user, idx, x + (size_t)j * l->xbytes, y + (size_t)j * l->ybytes);
+        if (s != EM_OK) {
+            if (em_last_status() == EM_OK)
+                em_err(s, "em_loader_next: dataset get(%lld) failed", (long long)idx);
+            return s;
+        }
+    }
+    return EM_OK;
+}
+
+/* ---- the prefetch worker ------------------------------------------------------------- */
+
+static void *worker_main(void *arg)
+{
+    em_loader *l = arg;
+    for (;;) {
+        if (l->wpos.batch == l->nb) l->wpos = (em_loader_pos){l->wpos.epoch + 1, 0};
+        pthread_mutex_lock(&l->mu);
+        while (l->count == l->cap && !l->stop) pthread_cond_wait(&l->not_full, &l->mu);
+        if (l->stop) {
+            pthread_mutex_unlock(&l->mu);
+            return NULL;
+        }
+        slot *s = &l->ring[(l->head + l->count) % l->cap];
+        pthread_mutex_unlock(&l->mu);
+
+        em_clear_error();
+        s->epoch = l->wpos.epoch;
+        s->batch = l->wpos.batch;
+        s->status = fill_batch(l, &l->wown, l->wpos, s->x, s->y, &s->size);
+        snprintf(s->msg, sizeof s->msg, "%s", s->status == EM_OK ? "" : em_last_error());
+
+        pthread_mutex_lock(&l->mu);
+        l->count++;
+        pthread_cond_signal(&l->not_empty);
+        if (s->status != EM_OK) { /* park until stopped: the caller restarts us */
+            while (!l->stop) pthread_cond_wait(&l->not_full, &l->mu);
+            pthread_mutex_unlock(&l->mu);
+            return NULL;
+        }
+        pthread_mutex_unlock(&l->mu);
+        l->wpos.batch++;
+    }
+}
+
+static void stop_worker(em_loader *l)
+{
+    if (!l->running) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = true;
+    pthread_cond_broadcast(&l->not_full);
+    pthread_cond_broadcast(&l->not_empty);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+    l->running = false;
+    l->stop = false;
+    l->head = l->count = 0;
+}
+
+/* Starts the worker at the caller's position (no thread when there is
+ * nothing to prefetch). */
+static em_status start_worker(em_loader *l)
+{
+    if (l->cap == 0 || l->nb == 0) return EM_OK;
+    l->wpos = l->pos;
+    l->head = l->count = 0;
+    l->stop = false;
+    int rc = pthread_create(&l->thread, NULL, worker_main, l);
+    if (rc != 0)
+        return em_err(EM_ERR_UNSUPPORTED, "em_loader: cannot start the prefetch thread: %s", strerror(rc));
+    l->running = true;
+    return EM_OK;
+}
+
+/* ---- the loader ----------------------------------------------------------------------- */
+
+/* dtype known, 0 <= ndim < EM_MAX_DIMS (room for the batch dim), dims >= 0 */
+static bool field_valid(const em_field *f)
+{
+    if ((unsigned)f->dtype >= EM_NUM_DTYPES || f->ndim < 0 || f->ndim >= EM_MAX_DIMS) return false;
+    for (int d = 0; d < f->ndim; d++)
+        if (f->shape[d] < 0) return false;
+    return true;
+}
+
+em_loader *em_loader_new(em_dataset *ds, const em_loader_config *cfg)
+{
+    if (!ds || !cfg) return em_fail(EM_ERR_ARG, "em_loader_new: dataset and config must not be NULL");
+    if (!ds->len || !ds->get) return em_fail(EM_ERR_ARG, "em_loader_new: dataset has no len or get");
+    if (cfg->batch_size < 1)
+        return em_fail(EM_ERR_ARG, "em_loader_new: batch_size must be >= 1, got %lld",
+                       (long long)cfg->batch_size);
+    if (cfg->prefetch < 0)
+        return em_fail(EM_ERR_ARG, "em_loader_new: prefetch must be >= 0, got %d", cfg->prefetch);
+    if (!field_valid(&ds->x_field) || !field_valid(&ds->y_field))
+        return em_fail(EM_ERR_ARG,
+                       "em_loader_new: dataset has an invalid x or y field (x ndim %d, y ndim %d)",
+                       ds->x_field.ndim, ds->y_field.ndim);
+    size_t xb = em_field_bytes(&ds->x_field), yb = em_field_bytes(&ds->y_field);
+    int64_t n = ds->len(ds->user);
+    if (n < 0) return em_fail(EM_ERR_ARG, "em_loader_new: dataset length is %lld", (long long)n);
+
+    em_loader *l = calloc(1, sizeof *l);
+    if (!l) return em_fail(EM_ERR_OOM, "em_loader_new: out of memory");
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->not_empty, NULL);
+    pthread_cond_init(&l->not_full, NULL);
+    l->ds = ds;
+    l->cfg = *cfg;
+    l->n = n;
+    l->nb = cfg->drop_last ? n / cfg->batch_size : (n + cfg->batch_size - 1) / cfg->batch_size;
+    l->xbytes = xb;
+    l->ybytes = yb;
+    l->own.epoch = l->wown.epoch = -1;
+    bool ok = true;
+    if (cfg->shuffle) {
+        l->own.perm = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+        ok = l->own.perm != NULL;
+        if (cfg->prefetch > 0) {
+            l->wown.perm = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+            ok = ok && l->wown.perm;
+        }
+    }
+    if (ok && cfg->prefetch > 0) {
+        size_t B = (size_t)cfg->batch_size;
+        l->ring = calloc((size_t)cfg->prefetch, sizeof(slot));
+        ok = l->ring != NULL;
+        for (int k = 0; ok && k < cfg->prefetch; k++) {
+            l->ring[k].x = malloc(B * xb + 1);
+            l->ring[k].y = malloc(B * yb + 1);
+            ok = l->ring[k].x && l->ring[k].y;
+            l->cap = k + 1; /* slots to free */
+        }
+    }
+    if (!ok) {
+        em_loader_free(l);
+        return em_fail(EM_ERR_OOM, "em_loader_new: out of memory for %d prefetch batches of %lld",
+                       cfg->prefetch, (long long)cfg->batch_size);
+    }
+    if (start_worker(l) != EM_OK) {
+        em_status s = em_last_status();
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", em_last_error());
+        em_loader_free(l);
+        em_err(s, "%s", msg);
+        return NULL;
+    }
+    return l;
+}
+
+void em_loader_free(em_loader *l)
+{
+    if (!l) return;
+    stop_worker(l);
+    for (int k = 0; l->ring && k < l->cap; k++) {
+        free(l->ring[k].x);
+        free(l->ring[k].y);
+    }
+    free(l->ring);
+    free(l->own.perm);
+    free(l->wown.perm);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->not_empty);
+    pthread_cond_destroy(&l->not_full);
+    free(l);
+}
+
+int64_t em_loader_num_batches(const em_loader *l)
+{
+    if (!l) {
+        em_err(EM_ERR_ARG, "em_loader_num_batches: loader is NULL");
+        return -1;
+    }
+    return l->nb;
+}
+
+em_loader_pos em_loader_position(const em_loader *l)
+{
+    if (!l) {
+        em_err(EM_ERR_ARG, "em_loader_position: loader is NULL");
+        return (em_loader_pos){-1, -1};
+    }
+    return l->pos;
+}
+
+em_status em_loader_seek(em_loader *l, em_loader_pos pos)
+{
+    if (!l) return em_err(EM_ERR_ARG, "em_loader_seek: loader is NULL");
+    if (pos.epoch < 0 || pos.batch < 0 || pos.batch > l->nb)
+        return em_err(EM_ERR_ARG,
+                      "em_loader_seek: position {epoch %lld, batch %lld} outside epochs >= 0, batches "
+                      "[0, %lld]",
+                      (long long)pos.epoch, (long long)pos.batch, (long long)l->nb);
+    stop_worker(l);
+    l->pos = pos;
+    return start_worker(l);
+}
+
+/* Batch tensors (size, field...) in the caller's scope. */
+static tensor *batch_tensor(const em_field *f, int64_t size)
+{
+    int64_t shape[EM_MAX_DIMS];
+    shape[0] = size;
+    for (int d = 0; d < f->ndim; d++) shape[d + 1] = f->shape[d];
+    return t_new(f->dtype, f->ndim + 1, shape);
+}
+
+bool em_loader_next(em_loader *l, em_batch *b)
+{
+    if (b) *b = (em_batch){0};
+    if (!l || !b) {
+        em_err(EM_ERR_ARG, "em_loader_next: loader and batch must not be NULL");
+        return false;
+    }
+    if (l->pos.batch >= l->nb) { /* end of the epoch; the worker has moved on already */
+        l->pos = (em_loader_pos){l->pos.epoch + 1, 0};
+        em_clear_error();
+        return false;
+    }
+    int64_t B = l->cfg.batch_size, start = l->pos.batch * B;
+    int64_t size = l->n - start < B ? l->n - start : B;
+    tensor *x = batch_tensor(&l->ds->x_field, size);
+    tensor *y = x ? batch_tensor(&l->ds->y_field, size) : NULL;
+    if (!x || !y) {
+        t_drop(x);
+        return false;
+    }
+    if (!l->running) {
+        int64_t got;
+        if (fill_batch(l, &l->own, l->pos, t_ptr(x), t_ptr(y), &got) != EM_OK) {
+            t_drop(x);
+            t_drop(y);
+            return false;
+        }
+    } else {
+        pthread_mutex_lock(&l->mu);
+        while (l->count == 0) pthread_cond_wait(&l->not_empty, &l->mu);
+        slot *s = &l->ring[l->head];
+        pthread_mutex_unlock(&l->mu);
+        if (s->epoch != l->pos.epoch || s->batch != l->pos.batch || s->size != size || s->status != EM_OK) {
+            em_status st = s->status != EM_OK ? s->status : EM_ERR_ARG;
+            char msg[512];
+            if (s->status != EM_OK)
+                snprintf(msg, sizeof msg, "%s", s->msg);
+            else
+                snprintf(msg, sizeof msg,
+                         "em_loader_next: prefetched batch {%lld, %lld} is not the expected "
+                         "{%lld, %lld}",
+                         (long long)s->epoch, (long long)s->batch, (long long)l->pos.epoch,
+                         (long long)l->pos.batch);
+            t_drop(x);
+            t_drop(y);
+            stop_worker(l); /* and restart at the same position: the next call retries this batch */
+            if (start_worker(l) == EM_OK) em_err(st, "%s", msg);
+            return false;
+        }
+        memcpy(t_ptr(x), s->x, (size_t)size * l->xbytes);
+        memcpy(t_ptr(y), s->y, (size_t)size * l->ybytes);
+        pthread_mutex_lock(&l->mu);
+        l->head = (l->head + 1) % l->cap;
+        l->count--;
+        pthread_cond_signal(&l->not_full);
+        pthread_mutex_unlock(&l->mu);
+    }
+    l->pos.batch++;
+    *b = (em_batch){t_handle(x), t_handle(y), size};
+    return true;
+}
+
+/* ---- the random-window sampler ------------------------------------------------------------ */
+
+em_status em_window_sampler_init(em_window_sampler *s, const em_tokens *tokens, int64_t B, int64_t T,
+                                 uint64_t seed)
+{
+    if (!s || !tokens || (!tokens->data && tokens->n > 0))
+        return em_err(EM_ERR_ARG, "em_window_sampler_init: sampler and tokens must not be NULL");
+    if (B < 1 || T < 1)
+        return em_err(EM_ERR_ARG, "em_window_sampler_init: B and T must be >= 1, got B %lld, T %lld",
+                      (long long)B, (long long)T);
+    if (tokens->n < T + 1)
+        return em_err(EM_ERR_ARG, "em_window_sampler_init: %lld tokens is shorter than T + 1 = %lld",
+                      (long long)tokens->n, (long long)(T + 1));
+    *s = (em_window_sampler){em_tokens_view(tokens->data, tokens->n, tokens->type), B, T, em_rng_new(seed)};
+    return EM_OK;
+}
+
+em_status em_window_sampler_next(em_window_sampler *s, em_batch *b)
+{
+    if (b) *b = (em_batch){0};
+    if (!s || !b) return em_err(EM_ERR_ARG, "em_window_sampler_next: sampler and batch must not be NULL");
+    int64_t B = s->batch, T = s->block, n = s->tokens.n;
+    if (B < 1 || T < 1 || !s->tokens.data || n < T + 1)
+        return em_err(EM_ERR_ARG, "em_window_sampler_next: sampler not set up (B %lld, T %lld, %lld tokens)",
+                      (long long)B, (long long)T, (long long)n);
+    tensor *x = t_new(EM_I32, 2, (int64_t[]){B, T});
+    tensor *y = x ? t_new(EM_I32, 2, (int64_t[]){B, T}) : NULL;
+    if (!x || !y) {
+        t_drop(x);
+        return em_last_status();
+    }
+    int32_t *px = t_ptr(x), *py = t_ptr(y);
+    uint64_t starts = (uint64_t)(n - T); /* s in [0, n - T - 1] */
+    for (int64_t r = 0; r < B; r++) {
+        uint32_t w[4];
+        em_philox4x32(s->rng.seed, 0, s->rng.offset + (uint64_t)r, w);
+        uint64_t u = (uint64_t)w[0] | (uint64_t)w[1] << 32;
+        int64_t st0 = (int64_t)(((unsigned __int128)u * starts) >> 64);
+        /* x[r] = tokens[s .. s+T), y[r] = tokens[s+1 .. s+T+1) */
+        for (int64_t t = 0; t < T; t++) {
+            px[r * T + t] = (int32_t)em_tokens_at(&s->tokens, st0 + t);
+            py[r * T + t] = (int32_t)em_tokens_at(&s->tokens, st0 + t + 1);
+        }
+    }
+    s->rng.offset += (uint64_t)B;
+    *b = (em_batch){t_handle(x), t_handle(y), B};
+    return EM_OK;
+}
