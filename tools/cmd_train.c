@@ -1,0 +1,356 @@
+/* cmd_train.c — `ember train`: trains a character-level GPT on a text file.
+ *
+ * The loop is nanoGPT's: random windows of block+1 characters from the
+ * first 90% of the file, AdamW with decay on matrices only, linear warm-up
+ * then cosine decay of the learning rate, global-norm clipping, and an
+ * evaluation on both splits every --eval-every steps (and at the end) that
+ * prints `eval step=N train_loss=X val_loss=Y`. It writes DIR/model.safetensors,
+ * DIR/config (model shape and vocabulary) and DIR/metrics.jsonl. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "ember/ember.h"
+#include "train_config.h"
+
+typedef struct train_opts {
+    const char *data, *out;
+    em_gpt_config model;
+    int64_t batch, iters, warmup, eval_every, eval_iters, log_every;
+    double lr, min_lr, weight_decay, beta1, beta2, grad_clip;
+    uint64_t seed;
+    bool bytes;
+} train_opts;
+
+static int usage(FILE *f)
+{
+    fprintf(f, "usage: ember train --data FILE.txt [options]\n"
+               "  --out DIR          where model.safetensors, config, metrics.jsonl go (default out)\n"
+               "  --layers N --heads N --embd N --block N   model shape (default 4 4 128 64)\n"
+               "  --batch N --iters N                        (default 12, 2000)\n"
+               "  --lr X --min-lr X --warmup N               AdamW lr, cosine to min-lr after warm-up\n"
+               "                                             (default 1e-3, 1e-4, 100)\n"
+               "  --weight-decay X --beta1 X --beta2 X       (default 0.1, 0.9, 0.99)\n"
+               "  --grad-clip X --dropout X --seed N         (default 1.0, 0, 1337)\n"
+               "  --eval-every N --eval-iters N --log-every N (default 250, 200, 10)\n"
+               "  --bytes                                    byte vocabulary instead of the file's characters\n");
+    return f == stderr ? 2 : 0;
+}
+
+/* Parses a flag value: an integer (>= min) or a float (>= 0). */
+static bool parse_int(const char *flag, const char *s, int64_t min, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || end == s || v < min) {
+        fprintf(stderr, "ember train: %s needs an integer >= %lld, got '%s'\n", flag, (long long)min, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_real(const char *flag, const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || !(v >= 0) || isinf(v)) {
+        fprintf(stderr, "ember train: %s needs a number >= 0, got '%s'\n", flag, s);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static int parse_args(int argc, char **argv, train_opts *o)
+{
+    *o = (train_opts){.out = "out",
+                      .model = {.n_layer = 4, .n_head = 4, .n_embd = 128, .block_size = 64, .bias = true},
+                      .batch = 12,
+                      .iters = 2000,
+                      .warmup = 100,
+                      .eval_every = 250,
+                      .eval_iters = 200,
+                      .log_every = 10,
+                      .lr = 1e-3,
+                      .min_lr = 1e-4,
+                      .weight_decay = 0.1,
+                      .beta1 = 0.9,
+                      .beta2 = 0.99,
+                      .grad_clip = 1.0,
+                      .seed = 1337};
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) return usage(stdout) - 1; /* -1: done, exit 0 */
+        if (!strcmp(f, "--bytes")) {
+            o->bytes = true;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "ember train: %s needs a value\n", f);
+            return 2;
+        }
+        const char *v = argv[++i];
+        int64_t n;
+        bool ok = true;
+        if (!strcmp(f, "--data")) o->data = v;
+        else if (!strcmp(f, "--out")) o->out = v;
+        else if (!strcmp(f, "--layers")) ok = parse_int(f, v, 1, &n) && ((o->model.n_layer = (int)n), true);
+        else if (!strcmp(f, "--heads")) ok = parse_int(f, v, 1, &n) && ((o->model.n_head = (int)n), true);
+        else if (!strcmp(f, "--embd")) ok = parse_int(f, v, 1, &n) && ((o->model.n_embd = (int)n), true);
+        else if (!strcmp(f, "--block")) ok = parse_int(f, v, 1, &n) && ((o->model.block_size = (int)n), true);
+        else if (!strcmp(f, "--batch")) ok = parse_int(f, v, 1, &o->batch);
+        else if (!strcmp(f, "--iters")) ok = parse_int(f, v, 0, &o->iters);
+        else if (!strcmp(f, "--warmup")) ok = parse_int(f, v, 0, &o->warmup);
+        else if (!strcmp(f, "--eval-every")) ok = parse_int(f, v, 1, &o->eval_every);
+        else if (!strcmp(f, "--eval-iters")) ok = parse_int(f, v, 1, &o->eval_iters);
+        else if (!strcmp(f, "--log-every")) ok = parse_int(f, v, 1, &o->log_every);
+        else if (!strcmp(f, "--seed")) ok = parse_int(f, v, 0, &n) && ((o->seed = (uint64_t)n), true);
+        else if (!strcmp(f, "--lr")) ok = parse_real(f, v, &o->lr);
+        else if (!strcmp(f, "--min-lr")) ok = parse_real(f, v, &o->min_lr);
+        else if (!strcmp(f, "--weight-decay")) ok = parse_real(f, v, &o->weight_decay);
+        else if (!strcmp(f, "--beta1")) ok = parse_real(f, v, &o->beta1);
+        else if (!strcmp(f, "--beta2")) ok = parse_real(f, v, &o->beta2);
+        else if (!strcmp(f, "--grad-clip")) ok = parse_real(f, v, &o->grad_clip);
+        else if (!strcmp(f, "--dropout")) ok = parse_real(f, v, &o->model.dropout);
+        else {
+            fprintf(stderr, "ember train: unknown flag '%s'\n", f);
+            usage(stderr);
+            return 2;
+        }
+        if (!ok) return 2;
+    }
+    if (!o->data) {
+        fprintf(stderr, "ember train: --data FILE is required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (o->beta1 >= 1 || o->beta2 >= 1 || o->model.dropout >= 1) {
+        fprintf(stderr, "ember train: --beta1, --beta2 and --dropout must be below 1\n");
+        return 2;
+    }
+    if (o->model.n_embd % o->model.n_head) {
+        fprintf(stderr, "ember train: --embd %d is not a multiple of --heads %d\n", o->model.n_embd, o->model.n_head);
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- the run ------------------------------------------------------------------ */
+
+typedef struct run {
+    train_opts o;
+    em_text *text;
+    em_tokens train, val;
+    em_gpt *gpt;
+    em_optimizer *opt;
+    em_tensor **params;
+    int n_params;
+    em_window_sampler sampler, eval_sampler[2];
+    FILE *metrics;
+    char path[4096];
+} run;
+
+static const char *in_out(run *r, const char *name)
+{
+    snprintf(r->path, sizeof r->path, "%s/%s", r->o.out, name);
+    return r->path;
+}
+
+/* Mean loss over eval_iters random batches of each split, in eval mode. */
+static em_status evaluate(run *r, double loss[2])
+{
+    bool prev = em_set_grad_enabled(false);
+    em_module_train(r->gpt->m, false);
+    em_status s = EM_OK;
+    for (int split = 0; split < 2 && !s; split++) {
+        double sum = 0;
+        for (int64_t i = 0; i < r->o.eval_iters && !s; i++) {
+            em_scope sc = em_scope_begin();
+            em_batch b;
+            s = em_window_sampler_next(&r->eval_sampler[split], &b);
+            em_tensor *l = s ? NULL : em_gpt_loss(r->gpt, b.x, b.y);
+            if (!s && !l) s = em_last_status();
+            if (!s) sum += em_item(l);
+            em_scope_end(sc);
+        }
+        loss[split] = sum / (double)r->o.eval_iters;
+    }
+    em_module_train(r->gpt->m, true);
+    em_set_grad_enabled(prev);
+    return s;
+}
+
+static em_status save(run *r)
+{
+    em_status s = em_module_save(r->gpt->m, in_out(r, "model.safetensors"));
+    return s ? s : run_config_write(in_out(r, "config"), &r->gpt->cfg, &r->text->vocab);
+}
+
+/* One optimisation step; *loss gets the batch loss. */
+static em_status train_step(run *r, double lr, double *loss, double *norm)
+{
+    em_status s = em_optim_set_lr(r->opt, -1, lr);
+    em_scope sc = em_scope_begin();
+    em_batch b;
+    if (!s) s = em_window_sampler_next(&r->sampler, &b);
+    em_tensor *l = s ? NULL : em_gpt_loss(r->gpt, b.x, b.y);
+    if (!s && !l) s = em_last_status();
+    if (!s) {
+        *loss = em_item(l);
+        s = em_backward(l, NULL);
+    }
+    em_scope_end(sc);
+    if (!s && r->o.grad_clip > 0) *norm = em_clip_grad_norm(r->n_params, r->params, r->o.grad_clip, &s);
+    if (!s) s = em_optim_step(r->opt);
+    if (!s) s = em_optim_zero_grad(r->opt);
+    return s;
+}
+
+static void fmt_eta(double secs, char *buf, size_t n)
+{
+    int t = (int)(secs + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%dh%02dm", t / 3600, t / 60 % 60);
+    else snprintf(buf, n, "%dm%02ds", t / 60, t % 60);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static em_status setup(run *r)
+{
+    train_opts *o = &r->o;
+    r->text = em_text_open(o->data, o->bytes ? EM_TEXT_BYTES : EM_TEXT_CHARS);
+    if (!r->text) return em_last_status();
+    em_status s = em_tokens_split(&r->text->tokens, 0.9, &r->train, &r->val);
+    if (s) return s;
+    o->model.vocab_size = r->text->vocab.size;
+    if (!s) s = em_window_sampler_init(&r->sampler, &r->train, o->batch, o->model.block_size, o->seed);
+    if (!s) s = em_window_sampler_init(&r->eval_sampler[0], &r->train, o->batch, o->model.block_size, o->seed + 1);
+    if (!s) s = em_window_sampler_init(&r->eval_sampler[1], &r->val, o->batch, o->model.block_size, o->seed + 2);
+    if (s) return s;
+    r->gpt = em_gpt_new(&o->model, o->seed);
+    if (!r->gpt || (s = em_module_flatten(r->gpt->m))) return em_last_status();
+    /* AdamW groups: decay matrices (embeddings, linear weights), not biases or norms */
+    r->n_params = em_module_params(r->gpt->m, NULL, 0);
+    em_named *all = malloc(sizeof *all * (size_t)r->n_params);
+    r->params = malloc(sizeof *r->params * (size_t)r->n_params);
+    em_tensor **nodecay = malloc(sizeof *nodecay * (size_t)r->n_params);
+    if (!all || !r->params || !nodecay) {
+        free(all);
+        free(nodecay);
+        return em_set_error(EM_ERR_OOM, "ember train: out of memory");
+    }
+    em_module_params(r->gpt->m, all, r->n_params);
+    int nd = 0, nn = 0;
+    for (int i = 0; i < r->n_params; i++) {
+        if (em_ndim(all[i].t) >= 2) r->params[nd++] = all[i].t;
+        else nodecay[nn++] = all[i].t;
+    }
+    memcpy(r->params + nd, nodecay, sizeof *nodecay * (size_t)nn);
+    em_adam_config ac = em_adamw_defaults();
+    ac.lr = o->lr;
+    ac.beta1 = o->beta1;
+    ac.beta2 = o->beta2;
+    ac.weight_decay = o->weight_decay;
+    r->opt = em_adamw_new(nd, r->params, &ac);
+    if (r->opt && em_optim_add_group(r->opt, nn, r->params + nd, o->lr, 0.0) < 0) s = em_last_status();
+    if (!r->opt) s = em_last_status();
+    free(all);
+    free(nodecay);
+    if (s) return s;
+    if (mkdir(o->out, 0777) != 0 && errno != EEXIST)
+        return em_set_error(EM_ERR_IO, "ember train: cannot create --out %s: %s", o->out, strerror(errno));
+    r->metrics = fopen(in_out(r, "metrics.jsonl"), "w");
+    if (!r->metrics) return em_set_error(EM_ERR_IO, "ember train: cannot write %s: %s", r->path, strerror(errno));
+    return EM_OK;
+}
+
+static void teardown(run *r)
+{
+    if (r->metrics) fclose(r->metrics);
+    em_optim_free(r->opt);
+    free(r->params);
+    if (r->gpt) em_gpt_free(r->gpt);
+    em_text_free(r->text);
+}
+
+int cmd_train(int argc, char **argv)
+{
+    run r = {0};
+    int rc = parse_args(argc, argv, &r.o);
+    if (rc) return rc < 0 ? 0 : rc;
+    train_opts *o = &r.o;
+    em_status s = setup(&r);
+    if (s) {
+        fprintf(stderr, "ember train: %s\n", em_last_error());
+        teardown(&r);
+        return 1;
+    }
+    em_lr_schedule sched = {.kind = EM_LR_COSINE, .base_lr = o->lr, .min_lr = o->min_lr, .warmup = o->warmup,
+                            .total = o->iters > o->warmup ? o->iters : o->warmup + 1};
+    if ((s = em_lr_schedule_check(&sched))) {
+        fprintf(stderr, "ember train: %s\n", em_last_error());
+        teardown(&r);
+        return 2;
+    }
+    bool tty = isatty(STDOUT_FILENO);
+    printf("ember train: %s, %lld train / %lld val tokens, vocab %d; GPT %d layers, %d heads, %d wide, context %d "
+           "(%.2fM parameters); batch %lld, %lld iterations\n",
+           o->data, (long long)r.train.n, (long long)r.val.n, o->model.vocab_size, o->model.n_layer,
+           o->model.n_head, o->model.n_embd, o->model.block_size, (double)em_module_num_params(r.gpt->m) / 1e6,
+           (long long)o->batch, (long long)o->iters);
+    double t_start = now(), t_last = t_start, loss = NAN, norm = 0;
+    int64_t tokens_per_step = o->batch * o->model.block_size;
+    for (int64_t step = 0; !s; step++) {
+        if (step % o->eval_every == 0 || step == o->iters) {
+            double el[2];
+            if ((s = evaluate(&r, el))) break;
+            if (tty) printf("\r\033[K");
+            printf("eval step=%lld train_loss=%.4f val_loss=%.4f\n", (long long)step, el[0], el[1]);
+            fprintf(r.metrics, "{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f}\n", (long long)step,
+                    el[0], el[1]);
+            fflush(stdout);
+            if ((s = save(&r))) break;
+        }
+        if (step == o->iters) break;
+        double lr = em_lr_at(&sched, step);
+        if ((s = train_step(&r, lr, &loss, &norm))) break;
+        if ((step + 1) % o->log_every == 0 || step + 1 == o->iters) {
+            double t = now(), dt = (t - t_last) / (double)((step % o->log_every) + 1);
+            t_last = t;
+            double tps = (double)tokens_per_step / dt, eta = (double)(o->iters - step - 1) * dt;
+            char etas[32];
+            fmt_eta(eta, etas, sizeof etas);
+            fprintf(r.metrics,
+                    "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"ms_per_step\": %.3f, "
+                    "\"tokens_per_s\": %.1f}\n",
+                    (long long)(step + 1), loss, lr, norm, 1e3 * dt, tps);
+            if (tty)
+                printf("\r\033[Kstep %lld/%lld  loss %.4f  %.0f tok/s  ETA %s", (long long)(step + 1),
+                       (long long)o->iters, loss, tps, etas);
+            else
+                printf("step %lld/%lld loss %.4f lr %.3g %.1f ms/step %.0f tok/s\n", (long long)(step + 1),
+                       (long long)o->iters, loss, lr, 1e3 * dt, tps);
+            fflush(stdout);
+        }
+    }
+    if (s) fprintf(stderr, "%sember train: %s\n", tty ? "\n" : "", em_last_error());
+    else
+        printf("ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl\n",
+               now() - t_start, o->out, o->out, o->out);
+    teardown(&r);
+    return s ? 1 : 0;
+}

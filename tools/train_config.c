@@ -1,0 +1,108 @@
+/* train_config.c — reads and writes DIR/config (see train_config.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train_config.h"
+
+em_status run_config_write(const char *path, const em_gpt_config *m, const em_vocab *vocab)
+{
+    char *vs = em_vocab_to_string(vocab);
+    if (!vs) return em_last_status();
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        free(vs);
+        return em_set_error(EM_ERR_IO, "config: cannot write %s: %s", tmp, strerror(errno));
+    }
+    fprintf(f, "# ember GPT config, written by `ember train`\n");
+    fprintf(f, "vocab_size: %d\nblock_size: %d\nn_layer: %d\nn_head: %d\nn_embd: %d\n", m->vocab_size,
+            m->block_size, m->n_layer, m->n_head, m->n_embd);
+    fprintf(f, "dropout: %.17g\nbias: %s\nvocab: \"", m->dropout, m->bias ? "true" : "false");
+    for (const char *p = vs; *p; p++) { /* inside YAML double quotes a backslash is written twice */
+        if (*p == '\\') fputs("\\\\", f);
+        else fputc(*p, f);
+    }
+    fprintf(f, "\"\n");
+    free(vs);
+    bool ok = fflush(f) == 0 && ferror(f) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return em_set_error(EM_ERR_IO, "config: cannot write %s: %s", path, strerror(errno));
+    }
+    return EM_OK;
+}
+
+static em_status bad(const char *path, int line, const char *what, const char *key)
+{
+    return em_set_error(EM_ERR_IO, "config: %s line %d: %s '%s'", path, line, what, key);
+}
+
+em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return em_set_error(EM_ERR_IO, "config: cannot read %s: %s", path, strerror(errno));
+    *m = (em_gpt_config){0};
+    char line[2048];
+    int ln = 0, seen = 0;
+    em_status s = EM_OK;
+    while (!s && fgets(line, sizeof line, f)) {
+        ln++;
+        line[strcspn(line, "\n")] = 0;
+        if (!line[0] || line[0] == '#') continue;
+        char *colon = strstr(line, ": ");
+        if (!colon) {
+            s = bad(path, ln, "expected `key: value`, got", line);
+            break;
+        }
+        *colon = 0;
+        const char *key = line, *val = colon + 2;
+        char *end;
+        long iv = strtol(val, &end, 10);
+        bool is_int = end != val && !*end && iv > 0 && iv < (1L << 30);
+        int *ifield = !strcmp(key, "vocab_size") ? &m->vocab_size
+                      : !strcmp(key, "block_size") ? &m->block_size
+                      : !strcmp(key, "n_layer")    ? &m->n_layer
+                      : !strcmp(key, "n_head")     ? &m->n_head
+                      : !strcmp(key, "n_embd")     ? &m->n_embd
+                                                   : NULL;
+        if (ifield) {
+            if (!is_int) s = bad(path, ln, "needs a positive integer:", key);
+            else *ifield = (int)iv, seen++;
+        } else if (!strcmp(key, "dropout")) {
+            m->dropout = strtod(val, &end);
+            if (*end || !(m->dropout >= 0 && m->dropout < 1)) s = bad(path, ln, "needs a number in [0,1):", key);
+            else seen++;
+        } else if (!strcmp(key, "bias")) {
+            if (strcmp(val, "true") && strcmp(val, "false")) s = bad(path, ln, "needs true or false:", key);
+            else m->bias = !strcmp(val, "true"), seen++;
+        } else if (!strcmp(key, "vocab")) {
+            size_t n = strlen(val);
+            if (n < 2 || val[0] != '"' || val[n - 1] != '"') {
+                s = bad(path, ln, "needs a double-quoted string:", key);
+                break;
+            }
+            char *txt = malloc(n), *o = txt;
+            for (const char *p = val + 1; p < val + n - 1; p++) {
+                if (*p == '\\' && p[1] == '\\') p++; /* YAML "\\" is one backslash */
+                *o++ = *p;
+            }
+            *o = 0;
+            s = em_vocab_from_string(txt, vocab);
+            free(txt);
+            if (s) s = bad(path, ln, em_last_error(), key);
+            else seen++;
+        } else {
+            s = bad(path, ln, "unknown key", key);
+        }
+    }
+    fclose(f);
+    if (!s && seen != 8) s = em_set_error(EM_ERR_IO, "config: %s is missing keys (found %d of 8)", path, seen);
+    if (!s && vocab->size != m->vocab_size)
+        s = em_set_error(EM_ERR_IO, "config: %s: vocab_size %d but the vocabulary has %d entries", path,
+                         m->vocab_size, vocab->size);
+    return s;
+}

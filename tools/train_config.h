@@ -1,0 +1,16 @@
+/* train_config.h — DIR/config, the file `ember train` writes beside the
+ * weights and `ember sample` reads: the model's shape and its vocabulary,
+ * as a small YAML document (one `key: value` per line; the vocabulary is a
+ * double-quoted YAML string holding em_vocab_to_string's text). */
+#ifndef EMBER_TOOLS_TRAIN_CONFIG_H
+#define EMBER_TOOLS_TRAIN_CONFIG_H
+
+#include "ember/ember.h"
+
+/* Writes path (atomically: path.tmp then rename). */
+em_status run_config_write(const char *path, const em_gpt_config *model, const em_vocab *vocab);
+/* Reads what run_config_write wrote. Unknown keys, missing keys, bad
+ * numbers or a bad vocabulary give EM_ERR_IO naming the path, line and key. */
+em_status run_config_read(const char *path, em_gpt_config *model, em_vocab *vocab);
+
+#endif
