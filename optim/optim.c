@@ -1,2 +1,470 @@
-/* optim.c — placeholder until its issue-3 work lands. */
-#include "../tensor/tensor_impl.h"
+/* optim.c — SGD, Adam and AdamW (torch.optim semantics): configs and their
+ * checks, construction over persistent leaf parameters, parameter groups, and
+ * em_optim_step with its plain-loop update kernels (f32 and f64; f16/bf16 go
+ * through f32 chunks). State save/load and clipping are in optim_state.c. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "optim_impl.h"
+
+/* ---- configs ------------------------------------------------------------ */
+
+em_sgd_config em_sgd_defaults(void)
+{
+    return (em_sgd_config){.lr = NAN, .momentum = 0, .dampening = 0, .weight_decay = 0, .nesterov = false};
+}
+
+em_adam_config em_adam_defaults(void)
+{
+    return (em_adam_config){.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0};
+}
+
+em_adam_config em_adamw_defaults(void)
+{
+    em_adam_config c = em_adam_defaults();
+    c.weight_decay = 1e-2;
+    return c;
+}
+
+/* "x >= 0" written so that NaN fails it too. */
+static em_status chk_nonneg(const char *fn, const char *field, double v)
+{
+    if (!(v >= 0)) return em_err(EM_ERR_ARG, "%s: %s must be >= 0, got %g", fn, field, v);
+    return EM_OK;
+}
+
+static em_status chk_beta(const char *fn, const char *field, double v)
+{
+    if (!(v >= 0 && v < 1)) return em_err(EM_ERR_ARG, "%s: %s must be in [0, 1), got %g", fn, field, v);
+    return EM_OK;
+}
+
+static em_status chk_sgd(const char *fn, const em_sgd_config *c)
+{
+    if (isnan(c->lr)) return em_err(EM_ERR_ARG, "%s: lr is required (set cfg.lr), got nan", fn);
+    if (chk_nonneg(fn, "lr", c->lr) || chk_nonneg(fn, "momentum", c->momentum) ||
+        chk_nonneg(fn, "weight_decay", c->weight_decay))
+        return EM_ERR_ARG;
+    if (isnan(c->dampening)) return em_err(EM_ERR_ARG, "%s: dampening is nan", fn);
+    if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
+        return em_err(EM_ERR_ARG,
+                      "%s: nesterov needs momentum > 0 and dampening == 0, got momentum=%g dampening=%g", fn,
+                      c->momentum, c->dampening);
+    return EM_OK;
+}
+
+static em_status chk_adam(const char *fn, const em_adam_config *c)
+{
+    if (chk_nonneg(fn, "lr", c->lr) || chk_beta(fn, "beta1", c->beta1) || chk_beta(fn, "beta2", c->beta2) ||
+        chk_nonneg(fn, "eps", c->eps) || chk_nonneg(fn, "weight_decay", c->weight_decay))
+        return EM_ERR_ARG;
+    return EM_OK;
+}
+
+/* ---- construction and groups ---------------------------------------------- */
+
+/* Checks n parameters for a new group of o (o->np existing ones): alive,
+ * float, leaf, requires grad, persistent, each once. */
+static em_status chk_params(const char *fn, const em_optimizer *o, int n, em_tensor *const *params)
+{
+    if (n <= 0 || !params) return em_err(EM_ERR_ARG, "%s: needs at least one parameter, got n=%d", fn, n);
+    for (int i = 0; i < n; i++) {
+        if (!params[i]) return em_err(EM_ERR_ARG, "%s: params[%d] is NULL", fn, i);
+        tensor *t = t_resolve(params[i], fn);
+        if (!t) return em_last_status();
+        if (!em_dtype_is_float(t->dtype))
+            return em_err(EM_ERR_DTYPE, "%s: params[%d] is %s%s; parameters must be float tensors", fn, i,
+                          em_dtype_name(t->dtype), shp(t));
+        if (t->grad_fn)
+            return em_err(EM_ERR_ARG, "%s: params[%d] %s%s is not a leaf (made by op '%s')", fn, i,
+                          em_dtype_name(t->dtype), shp(t), t->grad_fn->op);
+        if (!t->requires_grad)
+            return em_err(EM_ERR_ARG, "%s: params[%d] %s%s does not require grad", fn, i,
+                          em_dtype_name(t->dtype), shp(t));
+        if (t->depth != 0)
+            return em_err(EM_ERR_SCOPE,
+                          "%s: params[%d] %s%s belongs to step scope depth %d; parameters must be persistent",
+                          fn, i, em_dtype_name(t->dtype), shp(t), t->depth);
+        for (int j = 0; j < i; j++)
+            if (t_resolve(params[j], fn) == t)
+                return em_err(EM_ERR_ARG, "%s: params[%d] and params[%d] are the same tensor", fn, j, i);
+        for (int j = 0; o && j < o->np; j++)
+            if (t_resolve(o->p[j].h, fn) == t)
+                return em_err(EM_ERR_ARG,
+                              "%s: params[%d] is already parameter %d (group %d) of the optimizer", fn, i, j,
+                              o->p[j].group);
+    }
+    return EM_OK;
+}
+
+static const char *const field_name[F_COUNT] = {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"};
+
+/* Appends a group (params already checked). */
+static int push_group(em_optimizer *o, const char *fn, int n, em_tensor *const *params, double lr, double wd)
+{
+    if (o->ng == o->cap_g) {
+        int cap = o->cap_g ? 2 * o->cap_g : 4;
+        ogroup *g = realloc(o->g, sizeof *g * (size_t)cap);
+        if (!g) return em_err(EM_ERR_OOM, "%s: out of memory", fn), -1;
+        o->g = g, o->cap_g = cap;
+    }
+    if (o->np + n > o->cap_p) {
+        int cap = o->cap_p ? o->cap_p : 8;
+        while (cap < o->np + n) cap *= 2;
+        oparam *p = realloc(o->p, sizeof *p * (size_t)cap);
+        if (!p) return em_err(EM_ERR_OOM, "%s: out of memory", fn), -1;
+        o->p = p, o->cap_p = cap;
+    }
+    int gi = o->ng++;
+    o->g[gi] = (ogroup){lr, wd};
+    for (int k = 0; k < n; k++) {
+        int i = o->np++;
+        oparam *p = &o->p[i];
+        memset(p, 0, sizeof *p);
+        p->h = params[k];
+        p->group = gi;
+        for (int f = 0; f < F_COUNT; f++)
+            snprintf(p->name[f], sizeof p->name[f], "state.%d.%s", i, field_name[f]);
+    }
+    return gi;
+}
+
+static em_optimizer *opt_new(const char *fn, opt_kind kind, int n, em_tensor *const *params, double lr,
+                             double wd)
+{
+    if (chk_params(fn, NULL, n, params)) return NULL;
+    em_optimizer *o = calloc(1, sizeof *o);
+    if (!o) return em_fail(EM_ERR_OOM, "%s: out of memory", fn);
+    o->kind = kind;
+    o->step = t_new_persistent(EM_F64, 0, NULL);
+    if (o->step) *(double *)t_ptr(o->step) = 0;
+    if (!o->step || push_group(o, fn, n, params, lr, wd) < 0) {
+        em_optim_free(o);
+        return NULL;
+    }
+    return o;
+}
+
+em_optimizer *em_sgd_new(int n, em_tensor *const *params, const em_sgd_config *cfg)
+{
+    const char *fn = "em_sgd_new";
+    if (!cfg)
+        return em_fail(EM_ERR_ARG, "%s: cfg is NULL; SGD has no default lr (use em_sgd_defaults and set lr)",
+                       fn);
+    if (chk_sgd(fn, cfg)) return NULL;
+    em_optimizer *o = opt_new(fn, OPT_SGD, n, params, cfg->lr, cfg->weight_decay);
+    if (o) o->sgd = *cfg;
+    return o;
+}
+
+static em_optimizer *adam_new(const char *fn, opt_kind kind, int n, em_tensor *const *params,
+                              const em_adam_config *cfg)
+{
+    em_adam_config c = cfg ? *cfg : kind == OPT_ADAMW ? em_adamw_defaults() : em_adam_defaults();
+    if (chk_adam(fn, &c)) return NULL;
+    em_optimizer *o = opt_new(fn, kind, n, params, c.lr, c.weight_decay);
+    if (o) o->adam = c;
+    return o;
+}
+
+em_optimizer *em_adam_new(int n, em_tensor *const *params, const em_adam_config *cfg)
+{
+    return adam_new("em_adam_new", OPT_ADAM, n, params, cfg);
+}
+
+em_optimizer *em_adamw_new(int n, em_tensor *const *params, const em_adam_config *cfg)
+{
+    return adam_new("em_adamw_new", OPT_ADAMW, n, params, cfg);
+}
+
+void em_optim_free(em_optimizer *o)
+{
+    if (!o) return;
+    for (int i = 0; i < o->np; i++)
+        for (int f = 0; f < F_COUNT; f++) t_free(o->p[i].f[f]);
+    t_free(o->step);
+    free(o->p);
+    free(o->g);
+    free(o);
+}
+
+int em_optim_add_group(em_optimizer *o, int n, em_tensor *const *params, double lr, double weight_decay)
+{
+    const char *fn = "em_optim_add_group";
+    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn), -1;
+    if (chk_nonneg(fn, "lr", lr) || chk_nonneg(fn, "weight_decay", weight_decay)) return -1;
+    if (chk_params(fn, o, n, params)) return -1;
+    return push_group(o, fn, n, params, lr, weight_decay);
+}
+
+int em_optim_num_groups(const em_optimizer *o) { return o ? o->ng : 0; }
+
+em_status em_optim_set_lr(em_optimizer *o, int group, double lr)
+{
+    const char *fn = "em_optim_set_lr";
+    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
+    if (group < -1 || group >= o->ng)
+        return em_err(EM_ERR_ARG, "%s: group %d out of range (%d groups; -1 = all)", fn, group, o->ng);
+    if (chk_nonneg(fn, "lr", lr)) return EM_ERR_ARG;
+    for (int g = 0; g < o->ng; g++)
+        if (group == -1 || g == group) o->g[g].lr = lr;
+    return EM_OK;
+}
+
+double em_optim_get_lr(const em_optimizer *o, int group)
+{
+    if (!o) return em_err(EM_ERR_ARG, "em_optim_get_lr: optimizer is NULL"), NAN;
+    if (group < 0 || group >= o->ng)
+        return em_err(EM_ERR_ARG, "em_optim_get_lr: group %d out of range (%d groups)", group, o->ng), NAN;
+    return o->g[group].lr;
+}
+
+int64_t em_optim_step_count(const em_optimizer *o) { return o ? (int64_t) * (double *)t_ptr(o->step) : 0; }
+
+em_status em_optim_zero_grad(em_optimizer *o)
+{
+    if (!o) return em_err(EM_ERR_ARG, "em_optim_zero_grad: optimizer is NULL");
+    for (int i = 0; i < o->np; i++)
+        if (!t_resolve(o->p[i].h, "em_optim_zero_grad")) return em_last_status();
+    for (int i = 0; i < o->np; i++) {
+        em_status s = em_zero_grad(o->p[i].h);
+        if (s) return s;
+    }
+    return EM_OK;
+}
+
+/* ---- update kernels ---------------------------------------------------------
+ * One parameter's update coefficients, computed in double once per step (as
+ * torch computes its Python-float scalars) and applied elementwise. */
+typedef struct upd {
+    opt_kind kind;
+    double lr, wd;
+    double mom, damp; /* SGD */
+    bool nesterov, first;
+    double b1, b2, eps, step_size, bc2_sqrt, decay; /* Adam/AdamW */
+} upd;
+
+/* SGD:  d = g + wd p;  buf = first ? d : mom buf + (1-damp) d;
+ *       p -= lr (nesterov ? d + mom buf : buf)   (mom 0: p -= lr d) */
+static void sgd_f32(const upd *u, float *p, const float *g, float *buf, int64_t n)
+{
+    const float lr = (float)u->lr, wd = (float)u->wd, mom = (float)u->mom, omd = (float)(1.0 - u->damp);
+    const bool decay = u->wd != 0, first = u->first, nesterov = u->nesterov;
+    for (int64_t i = 0; i < n; i++) {
+        float d = g[i];
+        if (decay) d += wd * p[i];
+        if (buf) {
+            float b = first ? d : mom * buf[i] + omd * d;
+            buf[i] = b;
+            d = nesterov ? d + mom * b : b;
+        }
+        p[i] -= lr * d;
+    }
+}
+
+static void sgd_f64(const upd *u, double *p, const double *g, double *buf, int64_t n)
+{
+    const double lr = u->lr, wd = u->wd, mom = u->mom, omd = 1.0 - u->damp;
+    const bool first = u->first, nesterov = u->nesterov;
+    for (int64_t i = 0; i < n; i++) {
+        double d = g[i];
+        if (wd != 0) d += wd * p[i];
+        if (buf) {
+            double b = first ? d : mom * buf[i] + omd * d;
+            buf[i] = b;
+            d = nesterov ? d + mom * b : b;
+        }
+        p[i] -= lr * d;
+    }
+}
+
+/* Adam:  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *        p -= step_size m / (sqrt(v) / sqrt(bc2) + eps)
+ * with g += wd p (Adam) or p *= 1 - lr wd first (AdamW). */
+static void adam_f32(const upd *u, float *p, const float *g, float *m, float *v, int64_t n)
+{
+    const float b1 = (float)u->b1, omb1 = (float)(1.0 - u->b1), b2 = (float)u->b2,
+                omb2 = (float)(1.0 - u->b2);
+    const float eps = (float)u->eps, ss = (float)u->step_size, bc2s = (float)u->bc2_sqrt;
+    const float wd = (float)u->wd, decay = (float)u->decay;
+    const bool l2 = u->kind == OPT_ADAM && u->wd != 0, decoupled = u->kind == OPT_ADAMW;
+    for (int64_t i = 0; i < n; i++) {
+        float pi = p[i], gi = g[i];
+        if (decoupled) pi *= decay;
+        if (l2) gi += wd * pi;
+        float mi = b1 * m[i] + omb1 * gi;
+        float vi = b2 * v[i] + omb2 * gi * gi;
+        m[i] = mi, v[i] = vi;
+        p[i] = pi - ss * (mi / (sqrtf(vi) / bc2s + eps));
+    }
+}
+
+static void adam_f64(const upd *u, double *p, const double *g, double *m, double *v, int64_t n)
+{
+    const double b1 = u->b1, omb1 = 1.0 - u->b1, b2 = u->b2, omb2 = 1.0 - u->b2;
+    const double eps = u->eps, ss = u->step_size, bc2s = u->bc2_sqrt, wd = u->wd, decay = u->decay;
+    const bool l2 = u->kind == OPT_ADAM && u->wd != 0, decoupled = u->kind == OPT_ADAMW;
+    for (int64_t i = 0; i < n; i++) {
+        double pi = p[i], gi = g[i];
+        if (decoupled) pi *= decay;
+        if (l2) gi += wd * pi;
+        double mi = b1 * m[i] + omb1 * gi;
+        double vi = b2 * v[i] + omb2 * gi * gi;
+        m[i] = mi, v[i] = vi;
+        p[i] = pi - ss * (mi / (sqrt(vi) / bc2s + eps));
+    }
+}
+
+/* Elements [lo, lo+n) of p and g (compute-dtype arrays) with state from
+ * element lo on. */
+typedef struct upd_job {
+    const upd *u;
+    bool f64;
+    void *p;
+    const void *g;
+    void *s1, *s2; /* SGD: buf, NULL; Adam: m, v */
+} upd_job;
+
+static void *at(void *base, int64_t i, size_t es) { return base ? (char *)base + (size_t)i * es : NULL; }
+
+static void upd_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const upd_job *j = ctx;
+    size_t es = j->f64 ? sizeof(double) : sizeof(float);
+    void *p = at(j->p, lo, es), *s1 = at(j->s1, lo, es), *s2 = at(j->s2, lo, es);
+    const void *g = at((void *)j->g, lo, es);
+    int64_t n = hi - lo;
+    if (j->u->kind == OPT_SGD) {
+        if (j->f64)
+            sgd_f64(j->u, p, g, s1, n);
+        else
+            sgd_f32(j->u, p, g, s1, n);
+    } else if (j->f64)
+        adam_f64(j->u, p, g, s1, s2, n);
+    else
+        adam_f32(j->u, p, g, s1, s2, n);
+}
+
+void opt_gather(const tensor *t, int64_t lo, int64_t n, em_dtype dt, void *dst)
+{
+    size_t es = t_esize(t), ed = em_dtype_size(dt);
+    if (t_is_contig(t)) {
+        convert_n(dt, dst, t->dtype, (const char *)t_ptr(t) + (size_t)lo * es, n);
+        return;
+    }
+    nditer it;
+    nditer_init(&it, t->ndim, t->shape, 1, (const int64_t *[]){t->stride});
+    nditer_seek(&it, lo);
+    for (int64_t k = 0; k < n; k++, nditer_next(&it))
+        st(dt, (char *)dst + (size_t)k * ed, ld(t->dtype, (const char *)t_ptr(t) + it.off[0] * (int64_t)es));
+}
+
+void opt_scatter(tensor *t, int64_t lo, int64_t n, em_dtype dt, const void *src)
+{
+    size_t es = t_esize(t), ed = em_dtype_size(dt);
+    if (t_is_contig(t)) {
+        convert_n(t->dtype, (char *)t_ptr(t) + (size_t)lo * es, dt, src, n);
+        return;
+    }
+    nditer it;
+    nditer_init(&it, t->ndim, t->shape, 1, (const int64_t *[]){t->stride});
+    nditer_seek(&it, lo);
+    for (int64_t k = 0; k < n; k++, nditer_next(&it))
+        st(t->dtype, (char *)t_ptr(t) + it.off[0] * (int64_t)es, ld(dt, (const char *)src + (size_t)k * ed));
+}
+
+enum { CHUNK = 2048 };
+
+/* Applies u to parameter t with gradient g and state s1, s2 (contiguous, of
+ * the compute dtype). Contiguous parameters of the compute dtype are updated
+ * in place in parallel; others through CHUNK-element scratch buffers pb, gb
+ * (8-byte elements) converted to and from it. */
+static void apply(const upd *u, tensor *t, tensor *g, tensor *s1, tensor *s2, void *pb, void *gb)
+{
+    em_dtype cd = opt_state_dtype(t->dtype);
+    int64_t n = t_numel(t);
+    upd_job j = {u, cd == EM_F64, NULL, NULL, s1 ? t_ptr(s1) : NULL, s2 ? t_ptr(s2) : NULL};
+    if (t->dtype == cd && g->dtype == cd && t_is_contig(t) && t_is_contig(g)) {
+        j.p = t_ptr(t);
+        j.g = t_ptr(g);
+        parallel_for(n, 1 << 14, upd_range, &j);
+        return;
+    }
+    size_t es = em_dtype_size(cd);
+    for (int64_t lo = 0; lo < n; lo += CHUNK) {
+        int64_t k = n - lo < CHUNK ? n - lo : CHUNK;
+        opt_gather(t, lo, k, cd, pb);
+        opt_gather(g, lo, k, cd, gb);
+        upd_job c = {u, j.f64, pb, gb, at(j.s1, lo, es), at(j.s2, lo, es)};
+        upd_range(&c, 0, k);
+        opt_scatter(t, lo, k, cd, pb);
+    }
+}
+
+em_status opt_alloc_state(em_optimizer *o, int i, tensor *t)
+{
+    oparam *p = &o->p[i];
+    for (int f = 0; f < F_COUNT; f++) {
+        if (!opt_has_field(o, f) || p->f[f]) continue;
+        tensor *s = f == F_STEP ? t_new_persistent(EM_F64, 0, NULL)
+                                : t_new_persistent(opt_state_dtype(t->dtype), t->ndim, t->shape);
+        if (!s) return em_err(EM_ERR_OOM, "em_optim: out of memory for state of parameter %d %s", i, shp(t));
+        memset(t_ptr(s), 0, (size_t)t_numel(s) * t_esize(s));
+        p->f[f] = s;
+    }
+    return EM_OK;
+}
+
+em_status em_optim_step(em_optimizer *o)
+{
+    const char *fn = "em_optim_step";
+    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
+    /* every handle first: a stale one changes nothing */
+    for (int i = 0; i < o->np; i++)
+        if (!t_resolve(o->p[i].h, fn)) return em_last_status();
+    for (int i = 0; i < o->np; i++) {
+        tensor *t = t_resolve(o->p[i].h, fn), *g = t->grad;
+        if (!g) continue;
+        if (g->dtype != t->dtype || g->ndim != t->ndim ||
+            memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
+            return em_err(EM_ERR_SHAPE, "%s: parameter %d is %s%s but its gradient is %s%s", fn, i,
+                          em_dtype_name(t->dtype), shp(t), em_dtype_name(g->dtype), shp(g));
+        if (opt_alloc_state(o, i, t)) return em_last_status();
+    }
+    size_t mark = tmp_mark();
+    void *pb = tmp_alloc(CHUNK * sizeof(double)), *gb = tmp_alloc(CHUNK * sizeof(double));
+    if (!pb || !gb) {
+        tmp_release(mark);
+        return em_err(EM_ERR_OOM, "%s: out of memory for scratch buffers", fn);
+    }
+    for (int i = 0; i < o->np; i++) {
+        oparam *p = &o->p[i];
+        tensor *t = t_resolve(p->h, fn), *g = t->grad;
+        if (!g) continue;
+        const ogroup *gr = &o->g[p->group];
+        upd u = {.kind = o->kind, .lr = gr->lr, .wd = gr->wd, .first = !p->started};
+        tensor *s1 = NULL, *s2 = NULL;
+        if (o->kind == OPT_SGD) {
+            u.mom = o->sgd.momentum, u.damp = o->sgd.dampening, u.nesterov = o->sgd.nesterov;
+            s1 = p->f[F_MOMENTUM];
+        } else {
+            double *step = t_ptr(p->f[F_STEP]);
+            if (!p->started) { /* fresh state: m = v = 0, step 0 */
+                *step = 0;
+                memset(t_ptr(p->f[F_EXP_AVG]), 0, (size_t)t_numel(t) * t_esize(p->f[F_EXP_AVG]));
+                memset(t_ptr(p->f[F_EXP_AVG_SQ]), 0, (size_t)t_numel(t) * t_esize(p->f[F_EXP_AVG_SQ]));
+            }
+            *step += 1;
+            u.b1 = o->adam.beta1, u.b2 = o->adam.beta2, u.eps = o->adam.eps;
+            u.step_size = gr->lr / (1.0 - pow(u.b1, *step));
+            u.bc2_sqrt = sqrt(1.0 - pow(u.b2, *step));
+            u.decay = 1.0 - gr->lr * gr->wd;
+            s1 = p->f[F_EXP_AVG], s2 = p->f[F_EXP_AVG_SQ];
+        }
+        apply(&u, t, g, s1, s2, pb, gb);
+        p->started = true;
+    }
+    tmp_release(mark);
+    *(double *)t_ptr(o->step) += 1;
+    return EM_OK;
+}

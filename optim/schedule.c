@@ -1,2 +1,56 @@
-/* schedule.c — placeholder until its issue-3 work lands. */
+/* schedule.c — learning-rate schedules as pure functions of the step:
+ * constant, linear warm-up, warm-up then cosine decay (nanoGPT's get_lr), and
+ * step decay (torch StepLR). Formulas in include/ember/optim.h. */
 #include "../tensor/tensor_impl.h"
+#include "ember/optim.h"
+
+em_status em_lr_schedule_check(const em_lr_schedule *s)
+{
+    const char *fn = "em_lr_schedule";
+    if (!s) return em_err(EM_ERR_ARG, "%s: schedule is NULL", fn);
+    if (!(s->base_lr >= 0)) return em_err(EM_ERR_ARG, "%s: base_lr must be >= 0, got %g", fn, s->base_lr);
+    switch (s->kind) {
+    case EM_LR_CONSTANT: return EM_OK;
+    case EM_LR_WARMUP:
+        if (s->warmup < 1)
+            return em_err(EM_ERR_ARG, "%s: warmup must be >= 1 for EM_LR_WARMUP, got %lld", fn,
+                          (long long)s->warmup);
+        return EM_OK;
+    case EM_LR_COSINE:
+        if (s->warmup < 0)
+            return em_err(EM_ERR_ARG, "%s: warmup must be >= 0, got %lld", fn, (long long)s->warmup);
+        if (s->total <= s->warmup)
+            return em_err(EM_ERR_ARG, "%s: total must be > warmup, got total=%lld warmup=%lld", fn,
+                          (long long)s->total, (long long)s->warmup);
+        if (!(s->min_lr >= 0 && s->min_lr <= s->base_lr))
+            return em_err(EM_ERR_ARG, "%s: min_lr must be in [0, base_lr=%g], got %g", fn, s->base_lr,
+                          s->min_lr);
+        return EM_OK;
+    case EM_LR_STEP:
+        if (s->step_size < 1)
+            return em_err(EM_ERR_ARG, "%s: step_size must be >= 1, got %lld", fn, (long long)s->step_size);
+        if (!(s->gamma >= 0)) return em_err(EM_ERR_ARG, "%s: gamma must be >= 0, got %g", fn, s->gamma);
+        return EM_OK;
+    }
+    return em_err(EM_ERR_ARG, "%s: unknown kind %d", fn, (int)s->kind);
+}
+
+double em_lr_at(const em_lr_schedule *s, int64_t step)
+{
+    if (em_lr_schedule_check(s)) return NAN;
+    if (step < 0) return em_err(EM_ERR_ARG, "em_lr_at: step must be >= 0, got %lld", (long long)step), NAN;
+    switch (s->kind) {
+    case EM_LR_CONSTANT: return s->base_lr;
+    case EM_LR_WARMUP: /* lr = base (s+1)/warmup, then base */
+        return step < s->warmup ? s->base_lr * (double)(step + 1) / (double)s->warmup : s->base_lr;
+    case EM_LR_COSINE: { /* lr = min + (1 + cos(pi r))/2 (base - min), r = (s - warmup)/(total - warmup) */
+        if (step < s->warmup) return s->base_lr * (double)(step + 1) / (double)s->warmup;
+        if (step >= s->total) return s->min_lr;
+        double r = (double)(step - s->warmup) / (double)(s->total - s->warmup);
+        return s->min_lr + 0.5 * (1.0 + cos(M_PI * r)) * (s->base_lr - s->min_lr);
+    }
+    case EM_LR_STEP: /* lr = base gamma^floor(s / step_size) */
+        return s->base_lr * pow(s->gamma, (double)(step / s->step_size));
+    }
+    return NAN; /* unreachable: the check rejects unknown kinds */
+}

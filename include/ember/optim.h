@@ -1,5 +1,184 @@
-/* ember/optim.h — optimizers, LR schedules, gradient clipping (issue 3). */
+/* ember/optim.h — optimizers (SGD, Adam, AdamW) with parameter groups and
+ * saveable state, gradient clipping, and learning-rate schedules.
+ *
+ * Semantics are torch.optim's (PyTorch 1.13 / 2.x, single-tensor CPU path,
+ * maximize=False, amsgrad=False, set_to_none=False). Per parameter p with
+ * gradient g, learning rate lr and weight decay wd of p's group:
+ *
+ *   SGD:    g += wd * p
+ *           momentum != 0:  buf = g on p's first step, else
+ *                           buf = momentum * buf + (1 - dampening) * g
+ *                           g = nesterov ? g + momentum * buf : buf
+ *           p -= lr * g
+ *   Adam:   t += 1 (p's own step count);  g += wd * p   (L2 into the gradient)
+ *           m = beta1 * m + (1 - beta1) * g
+ *           v = beta2 * v + (1 - beta2) * g^2
+ *           p -= (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ *   AdamW:  p *= 1 - lr * wd   (decoupled decay, before the update), then the
+ *           Adam update with no wd in the gradient.
+ *
+ * Parameters are persistent float leaf tensors that require grad (f32, f64,
+ * f16, bf16). The optimizer keeps their handles (it does not own them) and
+ * updates their data in place with plain loops, recording nothing on the tape.
+ * f32/f16/bf16 parameters are computed in f32 (f16/bf16 rounded back to
+ * nearest even on store) with f32 state; f64 parameters in f64 with f64 state.
+ * State is persistent, allocated on a parameter's first step, owned by the
+ * optimizer.
+ */
 #ifndef EMBER_OPTIM_H
 #define EMBER_OPTIM_H
+
+#include "nn.h"
 #include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct em_optimizer em_optimizer;
+
+/* ---- configurations --------------------------------------------------------
+ * Fill one from its defaults function and change fields. Every constructor
+ * validates the values (EM_ERR_ARG naming the function, field and value,
+ * e.g. "em_adam_new: beta1 must be in [0, 1), got 1"). */
+typedef struct em_sgd_config {
+    double lr;           /* required: >= 0 (the default is NAN = not set) */
+    double momentum;     /* >= 0; 0 = no momentum buffer */
+    double dampening;    /* any value; must be 0 with nesterov */
+    double weight_decay; /* >= 0; L2 added to the gradient */
+    bool nesterov;       /* needs momentum > 0 and dampening == 0 */
+} em_sgd_config;
+
+typedef struct em_adam_config {
+    double lr;           /* >= 0 */
+    double beta1, beta2; /* each in [0, 1) */
+    double eps;          /* >= 0 */
+    double weight_decay; /* >= 0; Adam: L2 into the gradient; AdamW: decoupled */
+} em_adam_config;
+
+/* torch's defaults: SGD lr NAN (must be set), momentum 0, dampening 0, wd 0,
+ * nesterov false. Adam: lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 0. AdamW:
+ * the same with wd 1e-2. */
+em_sgd_config em_sgd_defaults(void);
+em_adam_config em_adam_defaults(void);
+em_adam_config em_adamw_defaults(void);
+
+/* ---- constructors -----------------------------------------------------------
+ * n >= 1 parameter handles, which become group 0 with cfg's lr and
+ * weight_decay; their index in the optimizer is their position (later groups
+ * continue the numbering). Each must be alive (EM_ERR_SCOPE if stale), a
+ * float dtype (EM_ERR_DTYPE), a leaf that requires grad (EM_ERR_ARG),
+ * persistent (EM_ERR_SCOPE for a tensor of a step scope), and appear once
+ * (EM_ERR_ARG). cfg NULL means the defaults (an error for SGD: lr is
+ * required). Returns NULL with the error set on failure; nothing is kept.
+ * The caller frees the optimizer with em_optim_free, and keeps the
+ * parameters alive for as long as it steps. */
+em_optimizer *em_sgd_new(int n, em_tensor *const *params, const em_sgd_config *cfg);
+em_optimizer *em_adam_new(int n, em_tensor *const *params, const em_adam_config *cfg);
+em_optimizer *em_adamw_new(int n, em_tensor *const *params, const em_adam_config *cfg);
+
+/* Frees the optimizer and its state (not the parameters). NULL is a no-op. */
+void em_optim_free(em_optimizer *o);
+
+/* ---- parameter groups ------------------------------------------------------
+ * Adds n >= 1 parameters as a new group with its own lr and weight_decay
+ * (other hyperparameters come from the constructor's config). Same checks as
+ * the constructors; a parameter already in any group is EM_ERR_ARG. Returns
+ * the group's index (1, 2, ...), or -1 with the error set (the optimizer is
+ * unchanged). Typical use: weight matrices with decay in group 0, biases and
+ * norm gains (1-D) in a group with weight_decay 0. */
+int em_optim_add_group(em_optimizer *o, int n, em_tensor *const *params, double lr, double weight_decay);
+int em_optim_num_groups(const em_optimizer *o);
+/* Sets the lr of one group, or of every group when group is -1 (lr >= 0).
+ * EM_ERR_ARG for a group out of range or a bad lr. */
+em_status em_optim_set_lr(em_optimizer *o, int group, double lr);
+/* The lr of a group; NAN with EM_ERR_ARG if group is out of range. */
+double em_optim_get_lr(const em_optimizer *o, int group);
+
+/* ---- stepping ----------------------------------------------------------------
+ * One update of every parameter that has a gradient (em_grad not NULL);
+ * parameters without one are skipped and their state is untouched. Every
+ * handle is checked first: a freed parameter is EM_ERR_SCOPE and nothing is
+ * modified. Records nothing on the tape. EM_ERR_OOM if state cannot be
+ * allocated (the parameters are then unchanged). */
+em_status em_optim_step(em_optimizer *o);
+/* Zeroes the gradients of all parameters in place (keeps their storage, so
+ * flat gradient buffers stay in use); parameters without one are left so. */
+em_status em_optim_zero_grad(em_optimizer *o);
+/* Number of successful em_optim_step calls (restored by em_optim_load_state). */
+int64_t em_optim_step_count(const em_optimizer *o);
+
+/* ---- state (for checkpoints) -----------------------------------------------
+ * The optimizer's state as named tensors, without files (write them with
+ * em_safetensors_save). Names, for parameter index i (constructor order, then
+ * each added group's order):
+ *   "step"                       0-dim f64: em_optim_step_count
+ *   "state.<i>.step"             0-dim f64: Adam/AdamW, p_i's own step count
+ *   "state.<i>.exp_avg"          Adam/AdamW, p_i's shape: m
+ *   "state.<i>.exp_avg_sq"       Adam/AdamW, p_i's shape: v
+ *   "state.<i>.momentum_buffer"  SGD with momentum, p_i's shape
+ * State tensors are f32 (f64 for f64 parameters). A parameter appears only
+ * once it has state (after its first step with a gradient), with all of its
+ * entries. Learning rates and other hyperparameters are not state (the
+ * program sets them; schedules are functions of the step).
+ * Writes min(count, max) entries to out (out may be NULL with max 0) and
+ * returns the count (-1 on a NULL optimizer). The tensors and names are owned
+ * by the optimizer: valid until the next em_optim_load_state or em_optim_free;
+ * em_optim_step updates their values in place. */
+int em_optim_state(const em_optimizer *o, em_named *out, int max);
+/* Replaces the whole state with n named tensors in the format above (any
+ * order; any float dtype, converted; exact when it is the state's dtype;
+ * EM_ERR_DTYPE for another dtype; step counts must be non-negative integers).
+ * "step" is required; a parameter's entries must all be present or all
+ * absent (absent: the parameter starts fresh). EM_ERR_ARG for an unknown,
+ * duplicate or missing name or a parameter index out of range, EM_ERR_SHAPE
+ * for a shape that is not the parameter's; nothing is modified unless every
+ * check passes. Saving, loading into a fresh optimizer over the same
+ * parameter values and stepping gives bitwise the same parameters as never
+ * stopping. */
+em_status em_optim_load_state(em_optimizer *o, int n, const em_named *state);
+
+/* ---- gradient clipping -------------------------------------------------------
+ * torch.nn.utils.clip_grad_norm_ with norm_type 2: total = sqrt(sum over the
+ * gradients of the n parameters of sum g^2), accumulated in double
+ * (parameters without a gradient are skipped); then every gradient is
+ * multiplied in place by min(1, max_norm / (total + 1e-6)) — so gradients
+ * change only when total + 1e-6 > max_norm. Returns total (0 when no
+ * parameter has a gradient; inf/nan pass through as in torch). On failure
+ * (max_norm < 0 or NaN: EM_ERR_ARG; a stale handle: EM_ERR_SCOPE) returns
+ * NAN and modifies nothing. status (may be NULL) receives EM_OK or the code. */
+double em_clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_status *status);
+
+/* ---- learning-rate schedules (optim/schedule.c) ------------------------------
+ * The lr for step s = 0, 1, 2, ... (the step about to be taken):
+ *   EM_LR_CONSTANT:  base_lr
+ *   EM_LR_WARMUP:    s < warmup: base_lr * (s + 1) / warmup;  else base_lr
+ *   EM_LR_COSINE:    s < warmup: base_lr * (s + 1) / warmup;
+ *                    warmup <= s < total:
+ *                        r = (s - warmup) / (total - warmup)
+ *                        min_lr + 0.5 * (1 + cos(pi * r)) * (base_lr - min_lr)
+ *                    s >= total: min_lr
+ *   EM_LR_STEP:      base_lr * gamma ^ floor(s / step_size)  (torch StepLR)
+ * Use:  em_optim_set_lr(o, -1, em_lr_at(&sched, step)) before each step. */
+typedef enum em_lr_kind { EM_LR_CONSTANT = 0, EM_LR_WARMUP, EM_LR_COSINE, EM_LR_STEP } em_lr_kind;
+
+typedef struct em_lr_schedule {
+    em_lr_kind kind;
+    double base_lr;    /* >= 0 */
+    double min_lr;     /* COSINE: the floor, 0 <= min_lr <= base_lr */
+    int64_t warmup;    /* WARMUP: >= 1; COSINE: >= 0 */
+    int64_t total;     /* COSINE: step where min_lr is reached, > warmup */
+    int64_t step_size; /* STEP: >= 1 */
+    double gamma;      /* STEP: >= 0 */
+} em_lr_schedule;
+
+/* EM_OK, or EM_ERR_ARG naming the field and value that is out of range for
+ * the kind (fields the kind does not use are ignored). */
+em_status em_lr_schedule_check(const em_lr_schedule *s);
+/* The lr at step (>= 0). NAN with EM_ERR_ARG for a bad schedule or step < 0. */
+double em_lr_at(const em_lr_schedule *s, int64_t step);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -1,0 +1,58 @@
+/* optim_impl.h — the inside of an optimizer, shared by optim/optim.c
+ * (construction, groups, the update kernels) and optim/optim_state.c (state
+ * save/load, gradient clipping). */
+#ifndef EMBER_OPTIM_IMPL_H
+#define EMBER_OPTIM_IMPL_H
+
+#include "../tensor/tensor_impl.h"
+#include "ember/optim.h"
+
+typedef enum opt_kind { OPT_SGD = 0, OPT_ADAM, OPT_ADAMW } opt_kind;
+
+/* Per-parameter state fields, in the order em_optim_state lists them. */
+enum { F_STEP = 0, F_EXP_AVG, F_EXP_AVG_SQ, F_MOMENTUM, F_COUNT };
+
+typedef struct oparam {
+    em_tensor *h; /* the caller's handle (not owned) */
+    int group;
+    bool started;       /* has state (stepped once, or loaded) */
+    tensor *f[F_COUNT]; /* state tensors, persistent, NULL until needed */
+    char name[F_COUNT][48];
+} oparam;
+
+typedef struct ogroup {
+    double lr, wd;
+} ogroup;
+
+struct em_optimizer {
+    opt_kind kind;
+    em_sgd_config sgd;   /* OPT_SGD */
+    em_adam_config adam; /* OPT_ADAM, OPT_ADAMW */
+    int np, cap_p;
+    oparam *p;
+    int ng, cap_g;
+    ogroup *g;
+    tensor *step; /* 0-dim f64: completed em_optim_step calls */
+};
+
+/* Which state fields a parameter of o has once started (F_STEP is the
+ * per-parameter step of Adam, not the global "step"). */
+static inline bool opt_has_field(const em_optimizer *o, int f)
+{
+    if (o->kind == OPT_SGD) return f == F_MOMENTUM && o->sgd.momentum != 0;
+    return f == F_STEP || f == F_EXP_AVG || f == F_EXP_AVG_SQ;
+}
+
+/* The dtype state of a parameter of dtype dt is kept in: f64 for f64, else f32. */
+static inline em_dtype opt_state_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
+
+/* Allocates (zeroed) the missing state tensors of parameter i, whose tensor
+ * is t. EM_ERR_OOM on failure (what was allocated stays, unused). */
+em_status opt_alloc_state(em_optimizer *o, int i, tensor *t);
+
+/* Elements [lo, lo+n) of t (row-major order) into / out of a contiguous
+ * array of dtype dt (converted; f16/bf16 rounded to nearest even on store). */
+void opt_gather(const tensor *t, int64_t lo, int64_t n, em_dtype dt, void *dst);
+void opt_scatter(tensor *t, int64_t lo, int64_t n, em_dtype dt, const void *src);
+
+#endif

@@ -1,0 +1,273 @@
+/* optim_state.c — an optimizer's state as named tensors (em_optim_state,
+ * em_optim_load_state) and gradient clipping by global L2 norm
+ * (em_clip_grad_norm, torch.nn.utils.clip_grad_norm_). */
+#include <stdlib.h>
+
+#include "optim_impl.h"
+
+/* ---- state --------------------------------------------------------------- */
+
+int em_optim_state(const em_optimizer *o, em_named *out, int max)
+{
+    if (!o) return em_err(EM_ERR_ARG, "em_optim_state: optimizer is NULL"), -1;
+    int k = 0;
+    if (k < max) out[k] = (em_named){"step", t_handle(o->step)};
+    k++;
+    for (int i = 0; i < o->np; i++) {
+        const oparam *p = &o->p[i];
+        if (!p->started) continue;
+        for (int f = 0; f < F_COUNT; f++) {
+            if (!opt_has_field(o, f)) continue;
+            if (k < max) out[k] = (em_named){p->name[f], t_handle(p->f[f])};
+            k++;
+        }
+    }
+    return k;
+}
+
+/* Parses "state.<i>.<field>" for o: sets *param and *field, or returns false. */
+static bool parse_name(const em_optimizer *o, const char *name, int *param, int *field)
+{
+    if (strncmp(name, "state.", 6) != 0) return false;
+    const char *s = name + 6;
+    if (*s < '0' || *s > '9') return false;
+    char *end;
+    long i = strtol(s, &end, 10);
+    if (*end != '.' || (end - s > 1 && *s == '0')) return false;
+    for (int f = 0; f < F_COUNT; f++) {
+        static const char *const names[F_COUNT] = {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"};
+        if (!strcmp(end + 1, names[f]) && opt_has_field(o, f)) {
+            *param = i > o->np ? o->np : (int)i; /* o->np = out of range */
+            *field = f;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A step count: one finite, non-negative, integral value. */
+static em_status chk_count(const char *fn, const char *name, const tensor *t)
+{
+    if (t_numel(t) != 1 || t->ndim > 1)
+        return em_err(EM_ERR_SHAPE, "%s: '%s' must be a 0-dim tensor, got %s", fn, name, shp(t));
+    double v = ld(t->dtype, t_ptr(t));
+    if (!(v >= 0 && v == floor(v) && v < 9e15))
+        return em_err(EM_ERR_ARG, "%s: '%s' must be a non-negative integer count, got %g", fn, name, v);
+    return EM_OK;
+}
+
+em_status em_optim_load_state(em_optimizer *o, int n, const em_named *state)
+{
+    const char *fn = "em_optim_load_state";
+    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
+    if (n < 0 || (n > 0 && !state)) return em_err(EM_ERR_ARG, "%s: bad state array (n=%d)", fn, n);
+    for (int i = 0; i < o->np; i++)
+        if (!t_resolve(o->p[i].h, fn)) return em_last_status();
+    int full = 0;
+    for (int f = 0; f < F_COUNT; f++)
+        if (opt_has_field(o, f)) full |= 1 << f;
+    int *mask = calloc((size_t)o->np + 1, sizeof *mask); /* [np]: the global "step" */
+    if (!mask) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    em_status s = EM_OK;
+    /* 1. check every entry */
+    for (int k = 0; k < n && !s; k++) {
+        const char *name = state[k].name;
+        if (!name) {
+            s = em_err(EM_ERR_ARG, "%s: state[%d] has no name", fn, k);
+            break;
+        }
+        tensor *t = t_resolve(state[k].t, fn);
+        if (!t) {
+            s = em_last_status();
+            break;
+        }
+        if (!em_dtype_is_float(t->dtype)) {
+            s = em_err(EM_ERR_DTYPE, "%s: '%s' is %s%s; state tensors are float", fn, name,
+                       em_dtype_name(t->dtype), shp(t));
+            break;
+        }
+        int i = o->np, f = F_STEP;
+        if (strcmp(name, "step") != 0 && !parse_name(o, name, &i, &f)) {
+            s = em_err(EM_ERR_ARG, "%s: unknown state name '%s' for this optimizer", fn, name);
+            break;
+        }
+        if (i == o->np && strcmp(name, "step") != 0) {
+            s = em_err(EM_ERR_ARG, "%s: '%s': parameter index out of range (%d parameters)", fn, name, o->np);
+            break;
+        }
+        if (mask[i] & (1 << f)) {
+            s = em_err(EM_ERR_ARG, "%s: '%s' appears twice", fn, name);
+            break;
+        }
+        mask[i] |= 1 << f;
+        if (f == F_STEP) {
+            s = chk_count(fn, name, t);
+        } else {
+            tensor *p = t_resolve(o->p[i].h, fn);
+            if (t->ndim != p->ndim || memcmp(t->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim))
+                s = em_err(EM_ERR_SHAPE, "%s: '%s' is %s but parameter %d is %s", fn, name, shp(t), i,
+                           shp(p));
+        }
+    }
+    if (!s && !(mask[o->np] & (1 << F_STEP))) s = em_err(EM_ERR_ARG, "%s: 'step' is missing", fn);
+    for (int i = 0; i < o->np && !s; i++) {
+        if (mask[i] == 0 || mask[i] == full) continue;
+        for (int f = 0; f < F_COUNT; f++)
+            if ((full & (1 << f)) && !(mask[i] & (1 << f)))
+                s = em_err(EM_ERR_ARG, "%s: '%s' is missing (parameter %d has other state entries)", fn,
+                           o->p[i].name[f], i);
+    }
+    /* 2. allocate what is missing (nothing is modified yet) */
+    for (int i = 0; i < o->np && !s; i++)
+        if (mask[i]) s = opt_alloc_state(o, i, t_resolve(o->p[i].h, fn));
+    if (s) {
+        free(mask);
+        return s;
+    }
+    /* 3. copy */
+    for (int k = 0; k < n; k++) {
+        tensor *t = t_resolve(state[k].t, fn);
+        int i = o->np, f = F_STEP;
+        if (strcmp(state[k].name, "step") != 0) parse_name(o, state[k].name, &i, &f);
+        tensor *dst = i == o->np ? o->step : o->p[i].f[f];
+        if (f == F_STEP)
+            *(double *)t_ptr(dst) = ld(t->dtype, t_ptr(t));
+        else
+            copy_strided(dst, t);
+    }
+    for (int i = 0; i < o->np; i++) o->p[i].started = mask[i] != 0;
+    free(mask);
+    return EM_OK;
+}
+
+/* ---- gradient clipping ---------------------------------------------------- */
+
+enum { BLOCK = 1 << 16, CHUNK = 2048 };
+
+/* Sum of squares of a contiguous f32/f64 array in fixed blocks (so the
+ * result does not depend on the thread count). */
+typedef struct sq_job {
+    const void *x;
+    bool f64;
+    int64_t n;
+    double *part; /* one per block */
+} sq_job;
+
+static void sq_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const sq_job *j = ctx;
+    for (int64_t b = lo; b < hi; b++) {
+        int64_t s = b * BLOCK, e = s + BLOCK < j->n ? s + BLOCK : j->n;
+        double acc = 0;
+        if (j->f64)
+            for (int64_t i = s; i < e; i++) acc += ((const double *)j->x)[i] * ((const double *)j->x)[i];
+        else
+            for (int64_t i = s; i < e; i++)
+                acc += (double)((const float *)j->x)[i] * ((const float *)j->x)[i];
+        j->part[b] = acc;
+    }
+}
+
+/* sum g^2 in double; buf: CHUNK doubles of scratch; part: enough blocks. */
+static double sumsq(tensor *g, double *buf, double *part)
+{
+    int64_t n = t_numel(g);
+    double acc = 0;
+    if (t_is_contig(g) && (g->dtype == EM_F32 || g->dtype == EM_F64)) {
+        int64_t nb = (n + BLOCK - 1) / BLOCK;
+        sq_job j = {t_ptr(g), g->dtype == EM_F64, n, part};
+        parallel_for(nb, 1, sq_range, &j);
+        for (int64_t b = 0; b < nb; b++) acc += part[b];
+        return acc;
+    }
+    for (int64_t lo = 0; lo < n; lo += CHUNK) {
+        int64_t k = n - lo < CHUNK ? n - lo : CHUNK;
+        opt_gather(g, lo, k, EM_F64, buf);
+        for (int64_t i = 0; i < k; i++) acc += buf[i] * buf[i];
+    }
+    return acc;
+}
+
+typedef struct scale_job {
+    void *x;
+    bool f64;
+    double c;
+} scale_job;
+
+static void scale_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const scale_job *j = ctx;
+    if (j->f64)
+        for (int64_t i = lo; i < hi; i++) ((double *)j->x)[i] *= j->c;
+    else {
+        const float c = (float)j->c;
+        for (int64_t i = lo; i < hi; i++) ((float *)j->x)[i] *= c;
+    }
+}
+
+/* g *= c (f32 grads multiply by c rounded to f32, like torch). */
+static void scale(tensor *g, double c, double *buf)
+{
+    int64_t n = t_numel(g);
+    if (t_is_contig(g) && (g->dtype == EM_F32 || g->dtype == EM_F64)) {
+        scale_job j = {t_ptr(g), g->dtype == EM_F64, c};
+        parallel_for(n, 1 << 15, scale_range, &j);
+        return;
+    }
+    for (int64_t lo = 0; lo < n; lo += CHUNK) {
+        int64_t k = n - lo < CHUNK ? n - lo : CHUNK;
+        opt_gather(g, lo, k, EM_F64, buf);
+        for (int64_t i = 0; i < k; i++) buf[i] *= g->dtype == EM_F64 ? c : (double)(float)c;
+        opt_scatter(g, lo, k, EM_F64, buf);
+    }
+}
+
+/* The gradient clipping acts on: a leaf's accumulated gradient, or NULL. */
+static tensor *leaf_grad(tensor *t) { return t->grad_fn ? NULL : t->grad; }
+
+double em_clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_status *status)
+{
+    const char *fn = "em_clip_grad_norm";
+    em_status s = EM_OK;
+    double total = NAN;
+    if (n < 0 || (n > 0 && !params))
+        s = em_err(EM_ERR_ARG, "%s: bad parameter array (n=%d)", fn, n);
+    else if (!(max_norm >= 0))
+        s = em_err(EM_ERR_ARG, "%s: max_norm must be >= 0, got %g", fn, max_norm);
+    for (int i = 0; i < n && !s; i++)
+        if (!t_resolve(params[i], fn)) s = em_last_status();
+    if (s) {
+        if (status) *status = s;
+        return NAN;
+    }
+    int64_t blocks = 1;
+    for (int i = 0; i < n; i++) {
+        tensor *g = leaf_grad(t_resolve(params[i], fn));
+        int64_t b = g ? (t_numel(g) + BLOCK - 1) / BLOCK : 0;
+        if (b > blocks) blocks = b;
+    }
+    size_t m = tmp_mark();
+    double *buf = tmp_alloc(CHUNK * sizeof(double)), *part = tmp_alloc((size_t)blocks * sizeof(double));
+    if (!buf || !part) {
+        tmp_release(m);
+        s = em_err(EM_ERR_OOM, "%s: out of memory for scratch", fn);
+        if (status) *status = s;
+        return NAN;
+    }
+    /* total = sqrt(sum_g sum g^2);  g *= min(1, max_norm / (total + 1e-6)) */
+    double sq = 0;
+    for (int i = 0; i < n; i++) {
+        tensor *g = leaf_grad(t_resolve(params[i], fn));
+        if (g) sq += sumsq(g, buf, part);
+    }
+    total = sqrt(sq);
+    double c = max_norm / (total + 1e-6);
+    if (!(c >= 1.0)) /* NaN too: torch's clamp passes it through */
+        for (int i = 0; i < n; i++) {
+            tensor *g = leaf_grad(t_resolve(params[i], fn));
+            if (g) scale(g, c, buf);
+        }
+    tmp_release(m);
+    if (status) *status = EM_OK;
+    return total;
+}
