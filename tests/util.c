@@ -45,6 +45,7 @@ em_tensor *th_tensor(em_dtype dt, int ndim, const int64_t *shape, const double *
     em_tensor *t = em_from_data(EM_F64, ndim, shape, vals);
     if (!t || dt == EM_F64) return t;
     em_tensor *c = em_cast(t, dt);
+    if (em_scope_depth() == 0) em_free(t); /* persistent intermediate */
     return c;
 }
 
