@@ -5,6 +5,8 @@
 #define EMBER_TOOLS_COMMANDS_H
 
 int cmd_env(int argc, char **argv);  /* tools/cmd_env.c */
-int cmd_demo(int argc, char **argv); /* tools/cmd_demo.c */
+int cmd_demo(int argc, char **argv);   /* tools/cmd_demo.c */
+int cmd_train(int argc, char **argv);  /* tools/cmd_train.c */
+int cmd_sample(int argc, char **argv); /* tools/cmd_sample.c */
 
 #endif

@@ -16,7 +16,9 @@ static const char usage_text[] =
     "commands:\n"
     "  env [--json]         describe this build and machine (CPU features, threads, BLAS, CUDA)\n"
     "  test [substring...]  run the test suite of this build (only tests whose name contains a substring)\n"
-    "  demo                 train a small model and report what happened\n"
+    "  train --data FILE    train a character-level GPT on a text file (ember train --help)\n"
+    "  sample --ckpt DIR    generate text from a model `ember train` wrote (ember sample --help)\n"
+    "  demo                 train a small MLP with the autograd engine and print its falling loss\n"
     "  version              print ember's version\n"
     "  help                 print this text (also --help, -h)\n";
 
@@ -92,6 +94,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "env")) return cmd_env(sub_argc, sub_argv);
     if (!strcmp(cmd, "test")) return cmd_test(sub_argc, sub_argv);
     if (!strcmp(cmd, "demo")) return cmd_demo(sub_argc, sub_argv);
+    if (!strcmp(cmd, "train")) return cmd_train(sub_argc, sub_argv);
+    if (!strcmp(cmd, "sample")) return cmd_sample(sub_argc, sub_argv);
     if (cmd[0] == '-') return bad_usage("unknown flag", cmd);
     return bad_usage("unknown command", cmd);
 }
