@@ -109,6 +109,231 @@ em_status em_module_save(const em_module *m, const char *path);
  * missing/unexpected names). Nothing is modified unless all checks pass. */
 em_status em_module_load(em_module *m, const char *path, bool strict);
 
+/* ---- layers (nn/layers.c) ---------------------------------------------------
+ * Each layer is a plain struct holding its module `m` and direct handles to
+ * its parameters. xxx_new(parent, name, ..., rng) makes the child module
+ * `name` of parent (parent NULL: the layer is a root), registers the
+ * parameters, attaches the struct to the module (it is freed with the root:
+ * em_module_free, never free() it) and returns it; on a bad argument it
+ * returns NULL with EM_ERR_ARG naming the layer and the value, having made
+ * nothing. rng (NULL: the default generator) draws the initial values and
+ * advances. Parameters are persistent, of the dtype set by
+ * em_nn_set_param_dtype (f32 unless changed).
+ *
+ * Forward functions take the struct and input tensors and return a tensor in
+ * the caller's scope (or persistent, with grad mode off, when no scope is
+ * open); a shape or dtype that does not fit fails with EM_ERR_SHAPE /
+ * EM_ERR_DTYPE naming the module ("linear 'h.0.mlp.c_fc': ...") and the
+ * shapes. A NULL input gives NULL, keeping the earlier error. */
+
+/* The float dtype of parameters made by later xxx_new calls on this thread
+ * (like torch.set_default_dtype); returns the previous one. A non-float dtype
+ * is ignored (and returned unchanged). */
+em_dtype em_nn_set_param_dtype(em_dtype dt);
+
+/* y = x @ W^T + b.  weight (out,in) (PyTorch layout), bias (out) or NULL.
+ * Init (PyTorch's default): W, b ~ U(-1/sqrt(in), 1/sqrt(in)).
+ * Forward: x (...,in) -> (...,out); x may be 1-D (in) -> (out). */
+typedef struct em_nn_linear {
+    em_module *m;
+    em_tensor *weight, *bias;
+    int64_t in, out;
+} em_nn_linear;
+em_nn_linear *em_nn_linear_new(em_module *parent, const char *name, int64_t in, int64_t out, bool bias,
+                               em_rng *rng);
+em_tensor *em_nn_linear_forward(em_nn_linear *l, em_tensor *x);
+
+/* y = weight[idx].  weight (num,dim), init N(0,1) (PyTorch's default).
+ * Forward: idx EM_I32 (...) -> (...,dim); an index outside [0,num) fails
+ * with EM_ERR_INDEX. */
+typedef struct em_nn_embedding {
+    em_module *m;
+    em_tensor *weight;
+    int64_t num, dim;
+} em_nn_embedding;
+em_nn_embedding *em_nn_embedding_new(em_module *parent, const char *name, int64_t num, int64_t dim, em_rng *rng);
+em_tensor *em_nn_embedding_forward(em_nn_embedding *e, em_tensor *idx);
+
+/* y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim.
+ * weight ones (dim), bias zeros (dim) or none; eps 1e-5 (the field may be
+ * changed). Forward: x (...,dim) -> (...,dim). */
+typedef struct em_nn_layer_norm {
+    em_module *m;
+    em_tensor *weight, *bias;
+    int64_t dim;
+    double eps;
+} em_nn_layer_norm;
+em_nn_layer_norm *em_nn_layer_norm_new(em_module *parent, const char *name, int64_t dim, bool bias);
+em_tensor *em_nn_layer_norm_forward(em_nn_layer_norm *l, em_tensor *x);
+
+/* y = x / sqrt(mean(x^2) + eps) * weight over the last dim; weight ones
+ * (dim); eps 1e-6 (the field may be changed). x (...,dim) -> (...,dim). */
+typedef struct em_nn_rms_norm {
+    em_module *m;
+    em_tensor *weight;
+    int64_t dim;
+    double eps;
+} em_nn_rms_norm;
+em_nn_rms_norm *em_nn_rms_norm_new(em_module *parent, const char *name, int64_t dim);
+em_tensor *em_nn_rms_norm_forward(em_nn_rms_norm *l, em_tensor *x);
+
+/* Zeroes elements with probability p (scaling the rest by 1/(1-p)) while
+ * the module is training (em_module_train), the identity in eval mode or
+ * when p == 0 (then the input handle itself is returned). p in [0,1). The
+ * mask comes from the layer's own generator `rng`, seeded at creation from
+ * one draw of the rng passed to _new; it advances with every masked call. */
+typedef struct em_nn_dropout {
+    em_module *m;
+    double p;
+    em_rng rng;
+} em_nn_dropout;
+em_nn_dropout *em_nn_dropout_new(em_module *parent, const char *name, double p, em_rng *rng);
+em_tensor *em_nn_dropout_forward(em_nn_dropout *d, em_tensor *x);
+
+/* 2-D convolution. weight (out_ch,in_ch,k,k), bias (out_ch) or none; init
+ * (PyTorch's default) U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in =
+ * in_ch*k*k. Forward: x (N,in_ch,H,W) -> (N,out_ch,OH,OW). */
+typedef struct em_nn_conv2d {
+    em_module *m;
+    em_tensor *weight, *bias;
+    int64_t in_ch, out_ch;
+    int kernel, stride, padding;
+} em_nn_conv2d;
+em_nn_conv2d *em_nn_conv2d_new(em_module *parent, const char *name, int64_t in_ch, int64_t out_ch, int kernel,
+                               int stride, int padding, bool bias, em_rng *rng);
+em_tensor *em_nn_conv2d_forward(em_nn_conv2d *c, em_tensor *x);
+
+/* Max pooling has no parameters and no module: a value struct.
+ *   em_nn_max_pool2d pool = {2, 2, 0};  y = em_nn_max_pool2d_forward(&pool, x);
+ * x (N,C,H,W) -> (N,C,OH,OW); stride 0 means stride = kernel. */
+typedef struct em_nn_max_pool2d {
+    int kernel, stride, padding;
+} em_nn_max_pool2d;
+em_tensor *em_nn_max_pool2d_forward(const em_nn_max_pool2d *p, em_tensor *x);
+
+/* Flattens dims start_dim.. into one (torch.flatten(x, start_dim); nn.Flatten
+ * uses start_dim 1): (N,C,H,W) with start_dim 1 -> (N,C*H*W). A view when the
+ * strides allow, else a copy. Differentiable. */
+em_tensor *em_nn_flatten(em_tensor *x, int start_dim);
+
+/* Mean squared error: mean((pred - target)^2) over all elements, a 0-dim
+ * tensor. pred and target have the same shape and float dtype (EM_ERR_SHAPE
+ * / EM_ERR_DTYPE naming both). Differentiable in both. */
+em_tensor *em_mse_loss(em_tensor *pred, em_tensor *target);
+
+/* The GPT-2 MLP: c_fc Linear C->4C, gelu (tanh approximation), c_proj
+ * Linear 4C->C, dropout. x (...,C) -> (...,C). */
+typedef struct em_nn_mlp {
+    em_module *m;
+    em_nn_linear *c_fc, *c_proj;
+    em_nn_dropout *dropout;
+} em_nn_mlp;
+em_nn_mlp *em_nn_mlp_new(em_module *parent, const char *name, int64_t n_embd, bool bias, double dropout,
+                         em_rng *rng);
+em_tensor *em_nn_mlp_forward(em_nn_mlp *mlp, em_tensor *x);
+
+/* Causal self-attention: c_attn Linear C->3C gives q, k, v (in that order
+ * along the last dim), each split into n_head heads of D = C/n_head;
+ * softmax(q k^T / sqrt(D)) v with position i seeing j <= i; heads merged,
+ * c_proj Linear C->C, resid_dropout. x (B,T,C) -> (B,T,C). n_embd must be a
+ * multiple of n_head. */
+typedef struct em_nn_attention {
+    em_module *m;
+    em_nn_linear *c_attn, *c_proj;
+    em_nn_dropout *resid_dropout;
+    int64_t n_embd, n_head;
+} em_nn_attention;
+em_nn_attention *em_nn_attention_new(em_module *parent, const char *name, int64_t n_embd, int64_t n_head,
+                                     bool bias, double dropout, em_rng *rng);
+em_tensor *em_nn_attention_forward(em_nn_attention *a, em_tensor *x);
+
+/* A pre-LN transformer block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
+ * x (B,T,C) -> (B,T,C). */
+typedef struct em_nn_block {
+    em_module *m;
+    em_nn_layer_norm *ln_1, *ln_2;
+    em_nn_attention *attn;
+    em_nn_mlp *mlp;
+} em_nn_block;
+em_nn_block *em_nn_block_new(em_module *parent, const char *name, int64_t n_embd, int64_t n_head, bool bias,
+                             double dropout, em_rng *rng);
+em_tensor *em_nn_block_forward(em_nn_block *b, em_tensor *x);
+
+/* ---- GPT (nn/gpt.c) -----------------------------------------------------------
+ * GPT-2 as nanoGPT builds it: token (wte) + learned position (wpe)
+ * embeddings, dropout, n_layer pre-LN blocks, ln_f, and logits = x @ wte^T
+ * (the output projection is tied to wte: there is no lm_head parameter).
+ * Parameter names, relative to g->m (the root):
+ *   wte.weight (V,C), wpe.weight (block_size,C),
+ *   h.{i}.ln_1.weight/.bias (C), h.{i}.attn.c_attn.weight (3C,C)/.bias (3C),
+ *   h.{i}.attn.c_proj.weight (C,C)/.bias (C), h.{i}.ln_2.weight/.bias (C),
+ *   h.{i}.mlp.c_fc.weight (4C,C)/.bias (4C), h.{i}.mlp.c_proj.weight (C,4C)/.bias (C),
+ *   ln_f.weight/.bias (C)
+ * (no .bias parameters when cfg.bias is false). Init (GPT-2): every Linear
+ * and Embedding weight ~ N(0, 0.02), the two c_proj weights of each block ~
+ * N(0, 0.02/sqrt(2*n_layer)), biases 0, LayerNorm weights 1. */
+typedef struct em_gpt_config {
+    int64_t vocab_size, block_size, n_layer, n_head, n_embd;
+    double dropout; /* in [0,1) */
+    bool bias;      /* biases in the Linear and LayerNorm layers */
+} em_gpt_config;
+
+typedef struct em_gpt {
+    em_module *m; /* the root: params, train/eval, flatten, save/load */
+    em_gpt_config cfg;
+    em_nn_embedding *wte, *wpe;
+    em_nn_dropout *drop;
+    em_nn_block **h; /* n_layer blocks */
+    em_nn_layer_norm *ln_f;
+} em_gpt;
+
+/* A new model initialised from `seed` (the same seed gives the same weights
+ * and dropout masks). NULL + EM_ERR_ARG naming the field when a size is not
+ * > 0, n_embd is not a multiple of n_head, or dropout is not in [0,1). The
+ * model is in training mode; em_gpt_free frees it and all its tensors. */
+em_gpt *em_gpt_new(const em_gpt_config *cfg, uint64_t seed);
+void em_gpt_free(em_gpt *g); /* NULL is a no-op */
+
+/* idx EM_I32 (B,T), 1 <= T <= block_size (EM_ERR_SHAPE otherwise; a token
+ * outside [0,V) is EM_ERR_INDEX) -> logits (B,T,V), in the caller's scope. */
+em_tensor *em_gpt_forward(em_gpt *g, em_tensor *idx);
+/* Mean cross-entropy of em_gpt_forward(g, idx) against targets EM_I32 (B,T)
+ * (the shape of idx; -1 marks a position to ignore): a 0-dim tensor. */
+em_tensor *em_gpt_loss(em_gpt *g, em_tensor *idx, em_tensor *targets);
+
+/* ---- sampling with a key/value cache ----------------------------------------
+ * The cache holds, per layer, the keys and values of the positions already
+ * run: persistent buffers (n_layer,batch,n_head,block_size,D) for K and V,
+ * and the number of positions filled. It belongs to the model it was made
+ * for and must be freed before it (em_gpt_cache_free). */
+typedef struct em_gpt_cache em_gpt_cache;
+em_gpt_cache *em_gpt_cache_new(em_gpt *g, int64_t batch); /* NULL + EM_ERR_ARG if batch < 1 */
+void em_gpt_cache_reset(em_gpt_cache *c);                 /* forget every position */
+int64_t em_gpt_cache_len(const em_gpt_cache *c);          /* positions filled */
+void em_gpt_cache_free(em_gpt_cache *c);                  /* NULL is a no-op */
+
+/* idx EM_I32 (batch,t): t new tokens at positions len..len+t-1 after the
+ * cached ones. Returns their logits (batch,t,V) in the caller's scope
+ * (persistent if none is open) and appends their keys and values to the
+ * cache. Inference only: runs with grad mode off (restored after) and
+ * without dropout whatever the modules' mode. EM_ERR_SHAPE when len+t would
+ * exceed block_size or idx is not (batch,t); the cache is unchanged on any
+ * error. Same values as em_gpt_forward on the whole sequence, position by
+ * position (up to rounding). */
+em_tensor *em_gpt_forward_cached(em_gpt *g, em_gpt_cache *c, em_tensor *idx);
+
+/* Generates n_new tokens after prompt[0..n_prompt) (n_prompt >= 1, tokens in
+ * [0,V)) and writes the n_prompt + n_new tokens to out. Each new token is
+ * drawn from softmax(logits / temperature) (temperature > 0) restricted to
+ * the top_k largest logits (top_k 0: all; ties at the k-th value are kept),
+ * with one uniform draw from rng (NULL: the default generator) per token, so
+ * a seed gives the same tokens. When the context is longer than block_size
+ * only its last block_size tokens are seen (the cache is recomputed for the
+ * cropped window). Uses no dropout and no autograd; opens its own scopes.
+ * Returns n_prompt + n_new, or -1 with the error set. */
+int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, double temperature, int top_k,
+                  em_rng *rng, int32_t *out);
+
 #ifdef __cplusplus
 }
 #endif
