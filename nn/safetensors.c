@@ -1,2 +1,752 @@
-/* safetensors.c — placeholder until its issue-3 work lands. */
+/* safetensors.c — state dicts in the safetensors format, read and written.
+ *
+ * Layout of a file: u64 little-endian N, N bytes of UTF-8 JSON (the header),
+ * then the data buffer. The header maps each tensor name to
+ * {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the
+ * buffer) plus an optional "__metadata__" object of strings. We write the
+ * header padded with spaces so the buffer starts 8-byte aligned, and the
+ * file goes to PATH.tmp, is fsync'd and renamed over PATH.
+ *
+ * Opening validates everything before returning: the header length against
+ * the file size, the JSON (json.c), every entry's keys, dtype, shape and
+ * offsets, offsets that tile the buffer exactly (no gap, no overlap), and
+ * the metadata. Tensor data is read later with pread, one tensor at a time.
+ * Dtypes that the format names but ember lacks (I64, U16, F8_...) open fine
+ * and fail on get with EM_ERR_DTYPE, except I64 whose values fit in i32.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "../tensor/tensor_impl.h"
+#include "ember/nn.h"
+#include "json_impl.h"
+
+#define ST_MAX_HEADER ((uint64_t)100 << 20) /* as the reference implementation */
+#define ST_SUPPORTED "F32, F64, F16, BF16, I32, U8, BOOL; I64 when its values fit in i32"
+
+/* Every dtype the format names; ember's dtype or -1 where ember has none. */
+static const struct {
+    const char *name;
+    int dt;
+    int size;
+} st_dtypes[] = {
+    {"F32", EM_F32, 4},  {"F64", EM_F64, 8},  {"F16", EM_F16, 2},     {"BF16", EM_BF16, 2},   {"I32", EM_I32, 4},
+    {"U8", EM_U8, 1},    {"BOOL", EM_BOOL, 1}, {"I64", -1, 8},         {"I8", -1, 1},          {"I16", -1, 2},
+    {"U16", -1, 2},      {"U32", -1, 4},       {"U64", -1, 8},         {"F8_E4M3", -1, 1},     {"F8_E5M2", -1, 1},
+};
+#define ST_NDTYPES ((int)(sizeof st_dtypes / sizeof st_dtypes[0]))
+#define ST_I64 7
+
+static const char *st_name_of(em_dtype dt)
+{
+    for (int k = 0; k < ST_NDTYPES; k++)
+        if (st_dtypes[k].dt == (int)dt) return st_dtypes[k].name;
+    return "?";
+}
+
+typedef struct st_entry {
+    char *name;
+    int sdt; /* index into st_dtypes */
+    int ndim;
+    int64_t *shape;
+    uint64_t begin, end; /* relative to the data buffer */
+} st_entry;
+
+struct em_safetensors {
+    char *path;
+    int fd;
+    uint64_t data_start, data_len;
+    int n;
+    st_entry *e;
+    int nmeta;
+    char **mkey, **mval;
+};
+
+static bool host_le(void)
+{
+    const uint16_t one = 1;
+    return *(const unsigned char *)&one == 1;
+}
+
+/* Reverses the bytes of each of n elements of size es (file <-> big-endian host). */
+static void swap_bytes(void *p, int64_t n, size_t es)
+{
+    unsigned char *b = p;
+    for (int64_t i = 0; i < n; i++, b += es)
+        for (size_t k = 0; k < es / 2; k++) {
+            unsigned char c = b[k];
+            b[k] = b[es - 1 - k];
+            b[es - 1 - k] = c;
+        }
+}
+
+/* ---- reading --------------------------------------------------------------- */
+
+static bool read_at(int fd, void *dst, size_t n, uint64_t off)
+{
+    char *p = dst;
+    while (n) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return true;
+}
+
+void em_safetensors_close(em_safetensors *f)
+{
+    if (!f) return;
+    if (f->fd >= 0) close(f->fd);
+    for (int i = 0; i < f->n; i++) {
+        free(f->e[i].name);
+        free(f->e[i].shape);
+    }
+    for (int i = 0; i < f->nmeta; i++) {
+        free(f->mkey[i]);
+        free(f->mval[i]);
+    }
+    free(f->e);
+    free(f->mkey);
+    free(f->mval);
+    free(f->path);
+    free(f);
+}
+
+/* Fills e from the header entry v; false with a message in err. */
+static bool parse_entry(const char *name, const jval *v, uint64_t data_len, st_entry *e, char *err, size_t en)
+{
+    if (v->kind != J_OBJ) {
+        snprintf(err, en, "tensor '%.100s': entry is not an object (header byte %zu)", name, v->pos);
+        return false;
+    }
+    for (int k = 0; k < v->n; k++)
+        if (strcmp(v->keys[k], "dtype") && strcmp(v->keys[k], "shape") && strcmp(v->keys[k], "data_offsets")) {
+            snprintf(err, en, "tensor '%.100s': unknown key '%.40s' (header byte %zu)", name, v->keys[k],
+                     v->v[k].pos);
+            return false;
+        }
+    const jval *dt = json_get(v, "dtype"), *sh = json_get(v, "shape"), *of = json_get(v, "data_offsets");
+    if (!dt || !sh || !of) {
+        snprintf(err, en, "tensor '%.100s': missing \"%s\" (header byte %zu)", name,
+                 !dt ? "dtype" : !sh ? "shape" : "data_offsets", v->pos);
+        return false;
+    }
+    if (dt->kind != J_STR) {
+        snprintf(err, en, "tensor '%.100s': dtype is not a string (header byte %zu)", name, dt->pos);
+        return false;
+    }
+    e->sdt = -1;
+    for (int k = 0; k < ST_NDTYPES; k++)
+        if (!strcmp(dt->s, st_dtypes[k].name)) e->sdt = k;
+    if (e->sdt < 0) {
+        snprintf(err, en, "tensor '%.100s': unknown dtype '%.20s' (header byte %zu)", name, dt->s, dt->pos);
+        return false;
+    }
+    if (sh->kind != J_ARR) {
+        snprintf(err, en, "tensor '%.100s': shape is not an array (header byte %zu)", name, sh->pos);
+        return false;
+    }
+    e->ndim = sh->n;
+    e->shape = malloc(sizeof(int64_t) * (size_t)(sh->n ? sh->n : 1));
+    if (!e->shape) {
+        snprintf(err, en, "out of memory");
+        return false;
+    }
+    uint64_t numel = 1; /* saturates at UINT64_MAX, which matches no offsets */
+    for (int d = 0; d < sh->n; d++) {
+        const jval *x = &sh->v[d];
+        if (x->kind != J_INT || x->i < 0) {
+            snprintf(err, en, "tensor '%.100s': shape entry %d is not a non-negative integer (header byte %zu)",
+                     name, d, x->pos);
+            return false;
+        }
+        e->shape[d] = x->i;
+    }
+    for (int d = 0; d < sh->n; d++) {
+        uint64_t x = (uint64_t)e->shape[d];
+        if (x == 0) {
+            numel = 0;
+            break;
+        }
+        numel = numel > UINT64_MAX / x ? UINT64_MAX : numel * x;
+    }
+    if (of->kind != J_ARR || of->n != 2 || of->v[0].kind != J_INT || of->v[1].kind != J_INT || of->v[0].i < 0 ||
+        of->v[1].i < of->v[0].i) {
+        snprintf(err, en, "tensor '%.100s': data_offsets must be [begin, end] with 0 <= begin <= end (header byte %zu)",
+                 name, of->pos);
+        return false;
+    }
+    e->begin = (uint64_t)of->v[0].i;
+    e->end = (uint64_t)of->v[1].i;
+    if (e->end > data_len) {
+        snprintf(err, en, "tensor '%.100s': data_offsets [%llu, %llu] go beyond the data buffer (%llu bytes)", name,
+                 (unsigned long long)e->begin, (unsigned long long)e->end, (unsigned long long)data_len);
+        return false;
+    }
+    uint64_t es = (uint64_t)st_dtypes[e->sdt].size;
+    uint64_t want = numel > UINT64_MAX / es ? UINT64_MAX : numel * es;
+    if (want != e->end - e->begin) {
+        snprintf(err, en, "tensor '%.100s': %s %s needs %llu bytes but data_offsets [%llu, %llu] hold %llu", name,
+                 st_dtypes[e->sdt].name, e->ndim <= EM_MAX_DIMS ? shp_of(e->ndim, e->shape) : "(>8 dims)",
+                 (unsigned long long)want, (unsigned long long)e->begin, (unsigned long long)e->end,
+                 (unsigned long long)(e->end - e->begin));
+        return false;
+    }
+    return true;
+}
+
+static bool parse_metadata(em_safetensors *f, const jval *m, char *err, size_t en)
+{
+    if (m->kind != J_OBJ) {
+        snprintf(err, en, "__metadata__ is not an object (header byte %zu)", m->pos);
+        return false;
+    }
+    f->mkey = calloc((size_t)(m->n ? m->n : 1), sizeof(char *));
+    f->mval = calloc((size_t)(m->n ? m->n : 1), sizeof(char *));
+    if (!f->mkey || !f->mval) {
+        snprintf(err, en, "out of memory");
+        return false;
+    }
+    for (int k = 0; k < m->n; k++) {
+        if (m->v[k].kind != J_STR) {
+            snprintf(err, en, "__metadata__ value of '%.60s' is not a string (header byte %zu)", m->keys[k],
+                     m->v[k].pos);
+            return false;
+        }
+        f->mkey[k] = strdup(m->keys[k]);
+        f->mval[k] = strdup(m->v[k].s);
+        f->nmeta = k + 1;
+        if (!f->mkey[k] || !f->mval[k]) {
+            snprintf(err, en, "out of memory");
+            return false;
+        }
+    }
+    return true;
+}
+
+static _Thread_local const st_entry *cmp_base;
+static int cmp_begin(const void *a, const void *b)
+{
+    const st_entry *x = &cmp_base[*(const int *)a], *y = &cmp_base[*(const int *)b];
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return (x->end > y->end) - (x->end < y->end);
+}
+
+/* The entries must tile [0, data_len) exactly, in some order. */
+static bool check_tiling(const em_safetensors *f, char *err, size_t en)
+{
+    int *ix = malloc(sizeof *ix * (size_t)(f->n ? f->n : 1));
+    if (!ix) {
+        snprintf(err, en, "out of memory");
+        return false;
+    }
+    for (int i = 0; i < f->n; i++) ix[i] = i;
+    cmp_base = f->e;
+    qsort(ix, (size_t)f->n, sizeof *ix, cmp_begin);
+    uint64_t at = 0;
+    bool ok = true;
+    for (int k = 0; k < f->n && ok; k++) {
+        const st_entry *e = &f->e[ix[k]];
+        if (e->begin < at) {
+            const st_entry *p = &f->e[ix[k - 1]];
+            snprintf(err, en, "tensors '%.80s' [%llu, %llu] and '%.80s' [%llu, %llu] overlap", p->name,
+                     (unsigned long long)p->begin, (unsigned long long)p->end, e->name,
+                     (unsigned long long)e->begin, (unsigned long long)e->end);
+            ok = false;
+        } else if (e->begin > at) {
+            snprintf(err, en, "bytes [%llu, %llu) of the data buffer belong to no tensor", (unsigned long long)at,
+                     (unsigned long long)e->begin);
+            ok = false;
+        }
+        at = e->end;
+    }
+    if (ok && at != f->data_len) {
+        snprintf(err, en, "the data buffer has %llu bytes but the tensors cover %llu", (unsigned long long)f->data_len,
+                 (unsigned long long)at);
+        ok = false;
+    }
+    free(ix);
+    return ok;
+}
+
+/* Reads and validates the header of an open file into f. */
+static bool read_header(em_safetensors *f, char *err, size_t en)
+{
+    struct stat sb;
+    if (fstat(f->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        snprintf(err, en, "not a regular file");
+        return false;
+    }
+    uint64_t size = (uint64_t)sb.st_size;
+    unsigned char lenb[8];
+    if (size < 8 || !read_at(f->fd, lenb, 8, 0)) {
+        snprintf(err, en, "file is too short (%llu bytes) for the 8-byte header length", (unsigned long long)size);
+        return false;
+    }
+    uint64_t n = 0;
+    for (int k = 7; k >= 0; k--) n = n << 8 | lenb[k];
+    if (n > size - 8) {
+        snprintf(err, en, "header length %llu is larger than the file (%llu bytes)", (unsigned long long)n,
+                 (unsigned long long)size);
+        return false;
+    }
+    if (n > ST_MAX_HEADER) {
+        snprintf(err, en, "header length %llu is over the 100 MiB limit", (unsigned long long)n);
+        return false;
+    }
+    char *h = malloc(n ? n : 1);
+    if (!h || !read_at(f->fd, h, n, 8)) {
+        free(h);
+        snprintf(err, en, h ? "cannot read the header" : "out of memory");
+        return false;
+    }
+    f->data_start = 8 + n;
+    f->data_len = size - 8 - n;
+    jval root;
+    char jerr[160];
+    if (!json_parse(h, n, &root, jerr, sizeof jerr)) {
+        free(h);
+        snprintf(err, en, "header JSON: %s", jerr);
+        return false;
+    }
+    free(h);
+    bool ok = true;
+    if (root.kind != J_OBJ) {
+        snprintf(err, en, "header JSON is not an object");
+        ok = false;
+    }
+    f->e = calloc((size_t)(root.n ? root.n : 1), sizeof *f->e);
+    if (ok && !f->e) {
+        snprintf(err, en, "out of memory");
+        ok = false;
+    }
+    for (int k = 0; ok && k < root.n; k++) {
+        if (!strcmp(root.keys[k], "__metadata__")) {
+            ok = parse_metadata(f, &root.v[k], err, en);
+            continue;
+        }
+        st_entry *e = &f->e[f->n++];
+        e->name = strdup(root.keys[k]);
+        if (!e->name) {
+            snprintf(err, en, "out of memory");
+            ok = false;
+        } else if (!e->name[0]) {
+            snprintf(err, en, "a tensor has an empty name (header byte %zu)", root.v[k].pos);
+            ok = false;
+        } else {
+            ok = parse_entry(e->name, &root.v[k], f->data_len, e, err, en);
+        }
+    }
+    json_free(&root);
+    return ok && check_tiling(f, err, en);
+}
+
+em_safetensors *em_safetensors_open(const char *path)
+{
+    if (!path) return em_fail(EM_ERR_ARG, "em_safetensors_open: path is NULL");
+    em_safetensors *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        return em_fail(EM_ERR_OOM, "em_safetensors_open: out of memory");
+    }
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0) {
+        int e = errno;
+        em_safetensors_close(f);
+        return em_fail(EM_ERR_IO, "em_safetensors_open: cannot open '%s': %s", path, strerror(e));
+    }
+    char err[400];
+    if (!read_header(f, err, sizeof err)) {
+        em_safetensors_close(f);
+        return em_fail(EM_ERR_IO, "em_safetensors_open: '%s': %s", path, err);
+    }
+    return f;
+}
+
+int em_safetensors_count(const em_safetensors *f) { return f ? f->n : 0; }
+
+const char *em_safetensors_name(const em_safetensors *f, int i)
+{
+    if (!f) return em_fail(EM_ERR_ARG, "em_safetensors_name: file is NULL");
+    if (i < 0 || i >= f->n)
+        return em_fail(EM_ERR_INDEX, "em_safetensors_name: index %d out of range for %d tensors", i, f->n);
+    return f->e[i].name;
+}
+
+const char *em_safetensors_metadata(const em_safetensors *f, const char *key)
+{
+    if (!f || !key) return NULL;
+    for (int k = 0; k < f->nmeta; k++)
+        if (!strcmp(f->mkey[k], key)) return f->mval[k];
+    return NULL;
+}
+
+static const st_entry *find_entry(const em_safetensors *f, const char *name)
+{
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->e[i].name, name)) return &f->e[i];
+    return NULL;
+}
+
+/* ember's dtype for entry e (I64 reads as i32), or an EM_ERR_DTYPE/SHAPE
+ * error naming op; -1 then. */
+static int entry_dtype(const em_safetensors *f, const st_entry *e, const char *op)
+{
+    if (e->ndim > EM_MAX_DIMS) {
+        em_err(EM_ERR_SHAPE, "%s: '%s': tensor '%s' has %d dims; ember supports at most %d", op, f->path, e->name,
+               e->ndim, EM_MAX_DIMS);
+        return -1;
+    }
+    if (e->sdt == ST_I64) return EM_I32;
+    if (st_dtypes[e->sdt].dt < 0) {
+        em_err(EM_ERR_DTYPE, "%s: '%s': tensor '%s' has dtype %s, which ember does not read (it reads " ST_SUPPORTED ")",
+               op, f->path, e->name, st_dtypes[e->sdt].name);
+        return -1;
+    }
+    return st_dtypes[e->sdt].dt;
+}
+
+/* Reads entry e into a new persistent tensor. */
+static tensor *read_entry(const em_safetensors *f, const st_entry *e, const char *op)
+{
+    int dt = entry_dtype(f, e, op);
+    if (dt < 0) return NULL;
+    tensor *t = t_new_persistent((em_dtype)dt, e->ndim, e->shape);
+    if (!t) return NULL;
+    int64_t n = t_numel(t);
+    size_t es = (size_t)st_dtypes[e->sdt].size;
+    void *buf = e->sdt == ST_I64 ? malloc((size_t)n * 8 + 1) : t_ptr(t);
+    if (!buf) {
+        t_free(t);
+        return em_fail(EM_ERR_OOM, "%s: out of memory reading '%s'", op, e->name);
+    }
+    errno = 0;
+    if (!read_at(f->fd, buf, (size_t)(e->end - e->begin), f->data_start + e->begin)) {
+        if (buf != t_ptr(t)) free(buf);
+        t_free(t);
+        return em_fail(EM_ERR_IO, "%s: '%s': cannot read tensor '%s' (%llu bytes at offset %llu): %s", op, f->path,
+                       e->name, (unsigned long long)(e->end - e->begin),
+                       (unsigned long long)(f->data_start + e->begin), errno ? strerror(errno) : "file shrank");
+    }
+    if (!host_le()) swap_bytes(buf, n, es);
+    if (e->sdt == ST_I64) {
+        int32_t *o = t_ptr(t);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t v;
+            memcpy(&v, (char *)buf + i * 8, 8);
+            if (v < INT32_MIN || v > INT32_MAX) {
+                free(buf);
+                t_free(t);
+                return em_fail(EM_ERR_DTYPE, "%s: '%s': tensor '%s' is I64 and element %lld = %lld does not fit in i32",
+                               op, f->path, e->name, (long long)i, (long long)v);
+            }
+            o[i] = (int32_t)v;
+        }
+        free(buf);
+    } else if (dt == EM_BOOL) {
+        uint8_t *b = t_ptr(t);
+        for (int64_t i = 0; i < n; i++) b[i] = b[i] != 0;
+    }
+    return t;
+}
+
+em_tensor *em_safetensors_get(const em_safetensors *f, const char *name)
+{
+    if (!f || !name) return em_fail(EM_ERR_ARG, "em_safetensors_get: %s is NULL", f ? "name" : "file");
+    const st_entry *e = find_entry(f, name);
+    if (!e) return em_fail(EM_ERR_ARG, "em_safetensors_get: '%s' has no tensor named '%s'", f->path, name);
+    return t_handle(read_entry(f, e, "em_safetensors_get"));
+}
+
+/* ---- writing --------------------------------------------------------------- */
+
+static _Thread_local const em_named *name_base;
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(name_base[*(const int *)a].name, name_base[*(const int *)b].name);
+}
+
+/* Checks names (non-empty, UTF-8, not "__metadata__", unique) and handles. */
+static em_status check_tensors(int n, const em_named *v)
+{
+    for (int i = 0; i < n; i++) {
+        const char *nm = v[i].name;
+        if (!nm || !nm[0])
+            return em_err(EM_ERR_ARG, "em_safetensors_save: tensor %d has %s name", i, nm ? "an empty" : "a NULL");
+        if (!strcmp(nm, "__metadata__"))
+            return em_err(EM_ERR_ARG, "em_safetensors_save: '__metadata__' is reserved and cannot name a tensor");
+        if (!json_utf8_ok((const unsigned char *)nm, strlen(nm)))
+            return em_err(EM_ERR_ARG, "em_safetensors_save: tensor %d: name is not valid UTF-8", i);
+        tensor *t = t_resolve(v[i].t, "em_safetensors_save");
+        if (!t) return em_last_status();
+        if (t->device.type != EM_CPU)
+            return em_err(EM_ERR_DEVICE, "em_safetensors_save: '%s' is not on the CPU", nm);
+    }
+    int *ix = malloc(sizeof *ix * (size_t)(n ? n : 1));
+    if (!ix) return em_err(EM_ERR_OOM, "em_safetensors_save: out of memory");
+    for (int i = 0; i < n; i++) ix[i] = i;
+    name_base = v;
+    qsort(ix, (size_t)n, sizeof *ix, cmp_name);
+    for (int k = 1; k < n; k++)
+        if (!strcmp(v[ix[k - 1]].name, v[ix[k]].name)) {
+            const char *nm = v[ix[k]].name;
+            free(ix);
+            return em_err(EM_ERR_ARG, "em_safetensors_save: two tensors are named '%s'", nm);
+        }
+    free(ix);
+    return EM_OK;
+}
+
+/* The header JSON, padded with spaces so that 8 + its length is a multiple of
+ * 8. meta: the parsed metadata object or NULL. */
+static bool build_header(jbuf *b, int n, const em_named *v, const jval *meta)
+{
+    char num[64];
+    uint64_t off = 0;
+    jb_puts(b, "{");
+    if (meta) {
+        jb_puts(b, "\"__metadata__\":{");
+        for (int k = 0; k < meta->n; k++) {
+            if (k) jb_puts(b, ",");
+            jb_str(b, meta->keys[k]);
+            jb_puts(b, ":");
+            jb_str(b, meta->v[k].s);
+        }
+        jb_puts(b, "}");
+    }
+    for (int i = 0; i < n; i++) {
+        tensor *t = t_resolve(v[i].t, "em_safetensors_save");
+        uint64_t bytes = (uint64_t)t_numel(t) * t_esize(t);
+        if (i || meta) jb_puts(b, ",");
+        jb_str(b, v[i].name);
+        jb_puts(b, ":{\"dtype\":\"");
+        jb_puts(b, st_name_of(t->dtype));
+        jb_puts(b, "\",\"shape\":[");
+        for (int d = 0; d < t->ndim; d++) {
+            snprintf(num, sizeof num, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+            jb_puts(b, num);
+        }
+        snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+                 (unsigned long long)(off + bytes));
+        jb_puts(b, num);
+        off += bytes;
+    }
+    jb_puts(b, "}");
+    while ((8 + b->len) % 8) jb_puts(b, " ");
+    return !b->oom;
+}
+
+static bool write_all(FILE *fp, const void *p, size_t n) { return n == 0 || fwrite(p, 1, n, fp) == n; }
+
+/* Writes t's elements, contiguous and little-endian. */
+static bool write_tensor(FILE *fp, tensor *t)
+{
+    int64_t n = t_numel(t);
+    size_t nbytes = (size_t)n * t_esize(t);
+    if (t_is_contig(t) && host_le()) return write_all(fp, t_ptr(t), nbytes);
+    tensor *c = t_new_persistent(t->dtype, t->ndim, t->shape);
+    if (!c) return false;
+    copy_strided(c, t);
+    if (!host_le()) swap_bytes(t_ptr(c), n, t_esize(c));
+    bool ok = write_all(fp, t_ptr(c), nbytes);
+    t_free(c);
+    return ok;
+}
+
+/* fsync of the directory holding path, so the rename itself is durable
+ * (best effort: some file systems refuse it). */
+static void sync_dir(const char *path)
+{
+    char *dir = strdup(path);
+    if (!dir) return;
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) slash[1] = '\0';
+    else if (slash) *slash = '\0';
+    int fd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+    free(dir);
+}
+
+em_status em_safetensors_save(const char *path, int n, const em_named *tensors, const char *metadata_json)
+{
+    if (!path || !path[0]) return em_err(EM_ERR_ARG, "em_safetensors_save: path is %s", path ? "empty" : "NULL");
+    if (n < 0 || (n > 0 && !tensors))
+        return em_err(EM_ERR_ARG, "em_safetensors_save: '%s': n = %d with tensors %s", path, n,
+                      tensors ? "given" : "NULL");
+    em_status s = check_tensors(n, tensors);
+    if (s) return s;
+    jval meta;
+    bool have_meta = metadata_json != NULL;
+    if (have_meta) {
+        char jerr[160];
+        if (!json_parse(metadata_json, strlen(metadata_json), &meta, jerr, sizeof jerr))
+            return em_err(EM_ERR_ARG, "em_safetensors_save: metadata: %s", jerr);
+        bool flat = meta.kind == J_OBJ;
+        for (int k = 0; flat && k < meta.n; k++) flat = meta.v[k].kind == J_STR;
+        if (!flat) {
+            json_free(&meta);
+            return em_err(EM_ERR_ARG, "em_safetensors_save: metadata must be a flat JSON object of string values");
+        }
+    }
+    jbuf hb = {0};
+    bool built = build_header(&hb, n, tensors, have_meta ? &meta : NULL);
+    if (have_meta) json_free(&meta);
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 5);
+    if (!built || !tmp) {
+        free(hb.p);
+        free(tmp);
+        return em_err(EM_ERR_OOM, "em_safetensors_save: out of memory");
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+
+    const char *step = "create";
+    int err = 0;
+    FILE *fp = fopen(tmp, "wb");
+    if (!fp) {
+        err = errno;
+        free(hb.p);
+        s = em_err(EM_ERR_IO, "em_safetensors_save: cannot create '%s': %s", tmp, strerror(err));
+        free(tmp);
+        return s;
+    }
+    unsigned char lenb[8];
+    for (int k = 0; k < 8; k++) lenb[k] = (unsigned char)((uint64_t)hb.len >> (8 * k));
+    bool ok = write_all(fp, lenb, 8) && write_all(fp, hb.p, hb.len);
+    for (int i = 0; ok && i < n; i++) ok = write_tensor(fp, t_resolve(tensors[i].t, "em_safetensors_save"));
+    free(hb.p);
+    if (!ok) step = "write";
+    if (ok && fflush(fp) != 0) ok = false, step = "flush";
+    if (ok && fsync(fileno(fp)) != 0) ok = false, step = "fsync";
+    if (!ok) err = errno;
+    if (fclose(fp) != 0 && ok) ok = false, step = "close", err = errno;
+    if (ok && rename(tmp, path) != 0) ok = false, step = "rename", err = errno;
+    if (!ok) {
+        unlink(tmp);
+        s = em_err(EM_ERR_IO, "em_safetensors_save: cannot %s '%s': %s", step,
+                   strcmp(step, "rename") ? tmp : path, err ? strerror(err) : "failed");
+        free(tmp);
+        return s;
+    }
+    free(tmp);
+    sync_dir(path);
+    return EM_OK;
+}
+
+/* ---- modules ----------------------------------------------------------------- */
+
+/* Parameters then buffers of m, names relative to m (malloc'd array). */
+static em_named *module_tensors(const em_module *m, int *count)
+{
+    int np = em_module_params(m, NULL, 0), nb = em_module_buffers(m, NULL, 0);
+    em_named *v = malloc(sizeof *v * (size_t)(np + nb + 1));
+    if (!v) return em_fail(EM_ERR_OOM, "module state: out of memory");
+    em_module_params(m, v, np);
+    em_module_buffers(m, v + np, nb);
+    *count = np + nb;
+    return v;
+}
+
+em_status em_module_save(const em_module *m, const char *path)
+{
+    if (!m) return em_err(EM_ERR_ARG, "em_module_save: module is NULL");
+    int n = 0;
+    em_named *v = module_tensors(m, &n);
+    if (!v) return em_last_status();
+    /* "format":"pt" tells Hugging Face loaders the tensors follow PyTorch's
+     * layout conventions, which ember's do. */
+    em_status s = em_safetensors_save(path, n, v, "{\"format\":\"pt\"}");
+    free(v);
+    return s;
+}
+
+/* Appends "'name'" to a list of at most 3 names in buf. */
+static void list_name(char *buf, size_t cap, int *count, const char *name)
+{
+    if (*count < 3) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, cap - len, "%s'%.60s'", *count ? ", " : "", name);
+    } else if (*count == 3) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, cap - len, ", ...");
+    }
+    (*count)++;
+}
+
+em_status em_module_load(em_module *m, const char *path, bool strict)
+{
+    if (!m || !path) return em_err(EM_ERR_ARG, "em_module_load: %s is NULL", m ? "path" : "module");
+    em_safetensors *f = em_safetensors_open(path);
+    if (!f) return em_last_status();
+    int n = 0;
+    em_named *v = module_tensors(m, &n);
+    const st_entry **src = v ? calloc((size_t)(n + 1), sizeof *src) : NULL;
+    tensor **staged = v ? calloc((size_t)(n + 1), sizeof *staged) : NULL;
+    bool *used = calloc((size_t)(f->n + 1), sizeof *used);
+    em_status s = EM_OK;
+    if (!v || !src || !staged || !used) {
+        s = em_err(EM_ERR_OOM, "em_module_load: out of memory");
+        goto done;
+    }
+    /* 1. names: what the module lacks in the file and what the file has extra */
+    char missing[240] = "", extra[240] = "";
+    int nmiss = 0, nextra = 0;
+    for (int i = 0; i < n; i++) {
+        src[i] = find_entry(f, v[i].name);
+        if (src[i]) used[src[i] - f->e] = true;
+        else list_name(missing, sizeof missing, &nmiss, v[i].name);
+    }
+    for (int k = 0; k < f->n; k++)
+        if (!used[k]) list_name(extra, sizeof extra, &nextra, f->e[k].name);
+    if (strict && (nmiss || nextra)) {
+        s = em_err(EM_ERR_ARG, "em_module_load: '%s': %d missing tensor(s)%s%s; %d unexpected%s%s", path, nmiss,
+                   nmiss ? ": " : "", missing, nextra, nextra ? ": " : "", extra);
+        goto done;
+    }
+    /* 2. shapes and readable dtypes */
+    for (int i = 0; i < n; i++) {
+        if (!src[i]) continue;
+        tensor *t = t_resolve(v[i].t, "em_module_load");
+        if (!t) {
+            s = em_last_status();
+            goto done;
+        }
+        if (entry_dtype(f, src[i], "em_module_load") < 0) {
+            s = em_last_status();
+            goto done;
+        }
+        if (src[i]->ndim != t->ndim || memcmp(src[i]->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim)) {
+            s = em_err(EM_ERR_SHAPE, "em_module_load: '%s': '%s' is %s in the file but %s in the module", path,
+                       v[i].name, shp_of(src[i]->ndim, src[i]->shape), shp(t));
+            goto done;
+        }
+    }
+    /* 3. read everything, then 4. copy (cannot fail), so a failed load
+     * changes nothing */
+    for (int i = 0; i < n; i++)
+        if (src[i] && !(staged[i] = read_entry(f, src[i], "em_module_load"))) {
+            s = em_last_status();
+            goto done;
+        }
+    for (int i = 0; i < n; i++)
+        if (staged[i]) copy_strided(t_resolve(v[i].t, "em_module_load"), staged[i]);
+done:
+    for (int i = 0; staged && i < n; i++) t_free(staged[i]);
+    free(staged);
+    free(src);
+    free(used);
+    free(v);
+    em_safetensors_close(f);
+    return s;
+}

@@ -362,15 +362,11 @@ TEST(test_gpt_training_step_allocates_nothing_in_steady_state)
     em_rng r = em_rng_new(8);
     uint64_t allocs = 0;
     int64_t live = 0;
-    double t0 = 0;
     enum { WARM = 2, STEPS = 3 };
     for (int step = 0; step < STEPS; step++) {
         if (step == WARM) {
             allocs = em_arena_system_allocs();
             live = em_live_tensors();
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
         }
         em_scope s = em_scope_begin();
         em_tensor *idx = em_randint(0, 65, EM_I32, EM_SHAPE(12, 64), &r);
@@ -381,10 +377,6 @@ TEST(test_gpt_training_step_allocates_nothing_in_steady_state)
         em_scope_end(s);
         CHECK_OK(em_module_zero_grad(g->m));
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    fprintf(stderr, "    gpt tiny B=12: %.1f ms per forward+backward\n",
-            (ts.tv_sec + ts.tv_nsec * 1e-9 - t0) * 1e3 / (STEPS - WARM));
     CHECK(allocs > 0);
     CHECK(em_arena_system_allocs() == allocs);
     CHECK(em_live_tensors() == live);

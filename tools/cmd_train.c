@@ -138,7 +138,8 @@ static int parse_args(int argc, char **argv, train_opts *o)
         return 2;
     }
     if (o->model.n_embd % o->model.n_head) {
-        fprintf(stderr, "ember train: --embd %d is not a multiple of --heads %d\n", o->model.n_embd, o->model.n_head);
+        fprintf(stderr, "ember train: --embd %lld is not a multiple of --heads %lld\n", (long long)o->model.n_embd,
+                (long long)o->model.n_head);
         return 2;
     }
     return 0;
@@ -307,11 +308,12 @@ int cmd_train(int argc, char **argv)
         return 2;
     }
     bool tty = isatty(STDOUT_FILENO);
-    printf("ember train: %s, %lld train / %lld val tokens, vocab %d; GPT %d layers, %d heads, %d wide, context %d "
-           "(%.2fM parameters); batch %lld, %lld iterations\n",
-           o->data, (long long)r.train.n, (long long)r.val.n, o->model.vocab_size, o->model.n_layer,
-           o->model.n_head, o->model.n_embd, o->model.block_size, (double)em_module_num_params(r.gpt->m) / 1e6,
-           (long long)o->batch, (long long)o->iters);
+    printf("ember train: %s, %lld train / %lld val tokens, vocab %lld; GPT %lld layers, %lld heads, %lld wide, "
+           "context %lld (%.2fM parameters); batch %lld, %lld iterations\n",
+           o->data, (long long)r.train.n, (long long)r.val.n, (long long)o->model.vocab_size,
+           (long long)o->model.n_layer, (long long)o->model.n_head, (long long)o->model.n_embd,
+           (long long)o->model.block_size, (double)em_module_num_params(r.gpt->m) / 1e6, (long long)o->batch,
+           (long long)o->iters);
     double t_start = now(), t_last = t_start, loss = NAN, norm = 0;
     int64_t tokens_per_step = o->batch * o->model.block_size;
     for (int64_t step = 0; !s; step++) {

@@ -18,8 +18,9 @@ em_status run_config_write(const char *path, const em_gpt_config *m, const em_vo
         return em_set_error(EM_ERR_IO, "config: cannot write %s: %s", tmp, strerror(errno));
     }
     fprintf(f, "# ember GPT config, written by `ember train`\n");
-    fprintf(f, "vocab_size: %d\nblock_size: %d\nn_layer: %d\nn_head: %d\nn_embd: %d\n", m->vocab_size,
-            m->block_size, m->n_layer, m->n_head, m->n_embd);
+    fprintf(f, "vocab_size: %lld\nblock_size: %lld\nn_layer: %lld\nn_head: %lld\nn_embd: %lld\n",
+            (long long)m->vocab_size, (long long)m->block_size, (long long)m->n_layer, (long long)m->n_head,
+            (long long)m->n_embd);
     fprintf(f, "dropout: %.17g\nbias: %s\nvocab: \"", m->dropout, m->bias ? "true" : "false");
     for (const char *p = vs; *p; p++) { /* inside YAML double quotes a backslash is written twice */
         if (*p == '\\') fputs("\\\\", f);
@@ -63,7 +64,7 @@ em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
         char *end;
         long iv = strtol(val, &end, 10);
         bool is_int = end != val && !*end && iv > 0 && iv < (1L << 30);
-        int *ifield = !strcmp(key, "vocab_size") ? &m->vocab_size
+        int64_t *ifield = !strcmp(key, "vocab_size") ? &m->vocab_size
                       : !strcmp(key, "block_size") ? &m->block_size
                       : !strcmp(key, "n_layer")    ? &m->n_layer
                       : !strcmp(key, "n_head")     ? &m->n_head
@@ -102,7 +103,7 @@ em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
     fclose(f);
     if (!s && seen != 8) s = em_set_error(EM_ERR_IO, "config: %s is missing keys (found %d of 8)", path, seen);
     if (!s && vocab->size != m->vocab_size)
-        s = em_set_error(EM_ERR_IO, "config: %s: vocab_size %d but the vocabulary has %d entries", path,
-                         m->vocab_size, vocab->size);
+        s = em_set_error(EM_ERR_IO, "config: %s: vocab_size %lld but the vocabulary has %d entries", path,
+                         (long long)m->vocab_size, vocab->size);
     return s;
 }

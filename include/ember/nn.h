@@ -334,6 +334,22 @@ em_tensor *em_gpt_forward_cached(em_gpt *g, em_gpt_cache *c, em_tensor *idx);
 int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, double temperature, int top_k,
                   em_rng *rng, int32_t *out);
 
+/* ---- GPT-2 checkpoints in the Hugging Face layout (nn/gpt_hf.c) ---------- */
+/* Loads a Hugging Face GPT-2 checkpoint (model.safetensors, names with or
+ * without the "transformer." prefix) into gpt_root, whose parameters use
+ * ember's GPT names (wte.weight, wpe.weight, h.{i}.ln_1.weight, ...,
+ * h.{i}.attn.c_attn.weight (3C,C), ..., ln_f.bias). HF stores the Conv1D
+ * weights attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj as (in, out); they
+ * are transposed on load. h.{i}.attn.bias / attn.masked_bias (mask buffers)
+ * are ignored; lm_head.weight, if present, must equal wte.weight (tied).
+ * Dtypes are converted. Fails with EM_ERR_ARG for a missing or unexpected
+ * tensor, EM_ERR_SHAPE for a wrong shape (naming the tensor, its shape and
+ * the expected one; a vocab size, block size or layer count mismatch is
+ * named as such), EM_ERR_IO for an unreadable file. Nothing is modified
+ * unless every check passes (the file's tensors are staged first, so peak
+ * memory is about twice the model). */
+em_status em_gpt_load_hf(em_module *gpt_root, const char *path);
+
 #ifdef __cplusplus
 }
 #endif
