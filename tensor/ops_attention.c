@@ -23,14 +23,7 @@ static const char *at(const void *p, int64_t off, size_t es) { return (const cha
 static void gemm(em_dtype ct, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void *A,
                  int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
 {
-    if (m == 0 || n == 0) return;
-    CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
-    if (ct == EM_F32)
-        cblas_sgemm(CblasRowMajor, a, b, (int)m, (int)n, (int)k, (float)alpha, A, (int)lda, B, (int)ldb,
-                    (float)beta, C, (int)ldc);
-    else
-        cblas_dgemm(CblasRowMajor, a, b, (int)m, (int)n, (int)k, alpha, A, (int)lda, B, (int)ldb, beta, C,
-                    (int)ldc);
+    em_gemm(ct, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* The row pass of one head: rows [lo,hi) of the (T,T) matrices. */

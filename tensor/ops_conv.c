@@ -129,22 +129,11 @@ static void im2col(const geom *g, const void *x, void *col)
     parallel_for(rows, 1 + (1 << 14) / (g->OH * g->OW + 1), im2col_range, &c);
 }
 
-/* C (M,N) = op(A) op(B) + beta C, row-major. Dims were checked to fit int. */
+/* C (M,N) = op(A) op(B) + beta C, row-major, packed (lda, ldb, ldc from the shapes). */
 static void gemm(bool dbl, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, const void *B,
                  double beta, void *C)
 {
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        if (beta == 0.0) memset(C, 0, (size_t)(M * N) * (dbl ? sizeof(double) : sizeof(float)));
-        return;
-    }
-    int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N);
-    enum CBLAS_TRANSPOSE a = ta ? CblasTrans : CblasNoTrans, b = tb ? CblasTrans : CblasNoTrans;
-    if (dbl)
-        cblas_dgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0, A, lda, B, ldb, beta, C, (int)N);
-    else
-        cblas_sgemm(CblasRowMajor, a, b, (int)M, (int)N, (int)K, 1.0f, A, lda, B, ldb, (float)beta, C,
-                    (int)N);
+    em_gemm(dbl ? EM_F64 : EM_F32, ta, tb, M, N, K, 1.0, A, ta ? M : K, B, tb ? K : N, beta, C, N);
 }
 
 /* ---- conv2d ------------------------------------------------------------------------ */

@@ -96,13 +96,8 @@ static void batch_strides(const operand *op, int nb, const int64_t *bs, int64_t 
 static void gemm(em_dtype ct, const operand *a, const char *ap, const operand *b, const char *bp, char *cp,
                  int64_t M, int64_t N, int64_t K)
 {
-    int ldc = (int)(N > 1 ? N : 1);
-    if (ct == EM_F32)
-        cblas_sgemm(CblasRowMajor, a->trans, b->trans, (int)M, (int)N, (int)K, 1.0f, (const float *)ap,
-                    (int)a->ld, (const float *)bp, (int)b->ld, 0.0f, (float *)cp, ldc);
-    else
-        cblas_dgemm(CblasRowMajor, a->trans, b->trans, (int)M, (int)N, (int)K, 1.0, (const double *)ap,
-                    (int)a->ld, (const double *)bp, (int)b->ld, 0.0, (double *)cp, ldc);
+    em_gemm(ct, a->trans == CblasTrans, b->trans == CblasTrans, M, N, K, 1.0, ap, a->ld, bp, b->ld, 0.0, cp,
+            N > 1 ? N : 1);
 }
 
 /* True when a's batch dims and its M rows form one run of stride a->ld (so

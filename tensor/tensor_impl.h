@@ -208,6 +208,13 @@ void *scope_alloc(size_t nbytes);
 typedef void (*range_fn)(void *ctx, int64_t lo, int64_t hi);
 void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx);
 
+/* ---- matrix multiply (tensor/gemm.c) ----------------------------------------
+ * C (M,N) = alpha op(A) @ op(B) + beta C, row-major, f32 or f64; op(X) is X
+ * or its transpose (ta/tb); lda/ldb/ldc are the row strides of A, B, C as
+ * stored. Split over ember's pool; OpenBLAS runs single-threaded inside. */
+void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+             int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+
 /* ---- autograd (autograd/tape.c) -------------------------------------------- */
 /* True when grad mode is on and some input requires grad. */
 bool ag_needed(int nin, tensor *const *in);
