@@ -208,6 +208,15 @@ static void add_into(tensor *dst, tensor *src)
     }
     nditer it;
     nditer_init(&it, src->ndim, src->shape, 1, (const int64_t *[]){src->stride});
+    if (dst->dtype == EM_F32 && src->dtype == EM_F32) {
+        float *d = t_ptr(dst);
+        const float *s = t_ptr(src);
+        for (int64_t i = 0; i < n; i++) {
+            d[i] += s[it.off[0]];
+            nditer_next(&it);
+        }
+        return;
+    }
     size_t ds = t_esize(dst), ss = t_esize(src);
     char *dp = t_ptr(dst);
     const char *sp = t_ptr(src);
@@ -224,12 +233,20 @@ em_status ag_accum(tensor *t, tensor *g)
     if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
         return em_err(EM_ERR_AUTOGRAD, "backward: gradient %s does not match tensor %s (op '%s')", shp(g),
                       shp(t), t->grad_fn ? t->grad_fn->op : "leaf");
-    if (!t->grad) {
-        bool leaf = !t->grad_fn;
+    bool leaf = !t->grad_fn;
+    if (!t->grad && !leaf && g->dtype == t->dtype) {
+        /* a non-leaf's first contribution is adopted, not copied: backward
+         * functions never write into a gradient they are given. It is
+         * copied only if a second contribution has to be added to it. */
+        t->grad = g;
+        t->grad_shared = true;
+    } else if (!t->grad || t->grad_shared) {
         tensor *ng = leaf ? t_new_persistent(t->dtype, t->ndim, t->shape) : t_new_like(t);
         if (!ng) return em_last_status();
-        copy_strided(ng, g);
+        copy_strided(ng, t->grad ? t->grad : g);
+        if (t->grad) add_into(ng, g);
         t->grad = ng;
+        t->grad_shared = false;
     } else {
         add_into(t->grad, g);
     }
@@ -328,11 +345,15 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
         if (!n->reachable || !n->out->grad) continue;
         tensor *gout = n->out->grad;
         n->out->grad = NULL; /* non-leaf grads are temporaries of this walk */
+        n->out->grad_shared = false;
         s = n->backward(n, gout);
         if (s != EM_OK && em_last_status() == EM_OK) em_err(s, "backward of '%s' failed", n->op);
     }
     /* on failure, drop the temporaries the walk left behind */
-    for (int64_t i = rn ? rn->index : -1; i >= 0; i--) tape[i]->out->grad = NULL;
+    for (int64_t i = rn ? rn->index : -1; i >= 0; i--) {
+        tape[i]->out->grad = NULL;
+        tape[i]->out->grad_shared = false;
+    }
     em_set_grad_enabled(prev);
     return s;
 }

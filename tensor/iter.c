@@ -98,8 +98,28 @@ int64_t t_numel(const tensor *t) { return shape_numel(t->ndim, t->shape); }
 typedef struct copy_ctx {
     tensor *dst;
     const tensor *src;
+    int64_t row; /* > 0: copy whole rows of this many elements (both inner dims contiguous) */
 } copy_ctx;
 
+/* Same dtype, inner dim contiguous in both: ranges are rows, one memcpy each. */
+static void copy_rows(void *p, int64_t lo, int64_t hi)
+{
+    copy_ctx *c = p;
+    tensor *d = c->dst;
+    const tensor *s = c->src;
+    size_t es = t_esize(d), bytes = (size_t)c->row * es;
+    char *dp = t_ptr(d);
+    const char *sp = t_ptr(s);
+    nditer it;
+    nditer_init(&it, d->ndim - 1, d->shape, 2, (const int64_t *[]){d->stride, s->stride});
+    nditer_seek(&it, lo);
+    for (int64_t r = lo; r < hi; r++) {
+        memcpy(dp + it.off[0] * (int64_t)es, sp + it.off[1] * (int64_t)es, bytes);
+        nditer_next(&it);
+    }
+}
+
+/* Element by element: typed moves for equal dtypes, conversion otherwise. */
 static void copy_range(void *p, int64_t lo, int64_t hi)
 {
     copy_ctx *c = p;
@@ -111,14 +131,35 @@ static void copy_range(void *p, int64_t lo, int64_t hi)
     nditer it;
     nditer_init(&it, d->ndim, d->shape, 2, (const int64_t *[]){d->stride, s->stride});
     nditer_seek(&it, lo);
-    if (d->dtype == s->dtype) {
-        for (int64_t i = lo; i < hi; i++) {
-            memcpy(dp + it.off[0] * (int64_t)ds, sp + it.off[1] * (int64_t)ss, ds);
-            nditer_next(&it);
-        }
-    } else {
+    if (d->dtype != s->dtype) {
         for (int64_t i = lo; i < hi; i++) {
             st(d->dtype, dp + it.off[0] * (int64_t)ds, ld(s->dtype, sp + it.off[1] * (int64_t)ss));
+            nditer_next(&it);
+        }
+        return;
+    }
+    switch (ds) {
+    case 4:
+        for (int64_t i = lo; i < hi; i++) {
+            ((uint32_t *)dp)[it.off[0]] = ((const uint32_t *)sp)[it.off[1]];
+            nditer_next(&it);
+        }
+        break;
+    case 2:
+        for (int64_t i = lo; i < hi; i++) {
+            ((uint16_t *)dp)[it.off[0]] = ((const uint16_t *)sp)[it.off[1]];
+            nditer_next(&it);
+        }
+        break;
+    case 8:
+        for (int64_t i = lo; i < hi; i++) {
+            ((uint64_t *)dp)[it.off[0]] = ((const uint64_t *)sp)[it.off[1]];
+            nditer_next(&it);
+        }
+        break;
+    default:
+        for (int64_t i = lo; i < hi; i++) {
+            dp[it.off[0]] = sp[it.off[1]];
             nditer_next(&it);
         }
     }
@@ -131,7 +172,14 @@ void copy_strided(tensor *dst, const tensor *src)
         convert_n(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
         return;
     }
-    copy_ctx c = {dst, src};
+    copy_ctx c = {dst, src, 0};
+    int last = dst->ndim - 1;
+    if (dst->dtype == src->dtype && last >= 0 && dst->stride[last] == 1 && src->stride[last] == 1 &&
+        dst->shape[last] >= 16) {
+        c.row = dst->shape[last];
+        parallel_for(n / c.row, (1 << 14) / c.row + 1, copy_rows, &c);
+        return;
+    }
     parallel_for(n, 1 << 14, copy_range, &c);
 }
 

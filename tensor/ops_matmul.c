@@ -156,10 +156,14 @@ static em_status matmul_backward(node *n, tensor *g)
     }
     if (b->requires_grad) {
         tensor *gb;
-        if (b->ndim == 2 && a->ndim > 2) {
+        if (b->ndim == 2 && a->ndim >= 2) {
             int64_t K = a->shape[a->ndim - 1], N = g->shape[g->ndim - 1];
             tensor *a2 = t_reshape(a, 2, (int64_t[]){-1, K}), *g2 = t_reshape(g, 2, (int64_t[]){-1, N});
-            gb = a2 && g2 ? t_matmul(t_transpose(a2, 0, 1), g2) : NULL;
+            /* b = W^T for a contiguous W (N,K) (a Linear layer): compute
+             * dW = g^T a directly, so the gradient reaches W contiguous */
+            bool b_is_wt = b->stride[0] == 1 && b->stride[1] == K && K > 1;
+            if (b_is_wt) gb = a2 && g2 ? t_transpose(t_matmul(t_transpose(g2, 0, 1), a2), 0, 1) : NULL;
+            else gb = a2 && g2 ? t_matmul(t_transpose(a2, 0, 1), g2) : NULL;
         } else {
             gb = t_matmul(t_transpose(a, -1, -2), g);
             gb = gb ? ag_sum_to(gb, b->ndim, b->shape) : NULL;

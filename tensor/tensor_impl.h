@@ -59,6 +59,7 @@ struct tensor {
     node *grad_fn;      /* the node that produced it; NULL for leaves */
     tensor *grad;       /* leaf: persistent; non-leaf: temporary of a walk */
     bool grad_external; /* grad set by em_set_grad_buffer: not ours to free */
+    bool grad_shared;   /* non-leaf grad adopted from a backward function: copy before adding */
     int pending;        /* leaf uses left in the running backward */
     hook_entry *hooks;
 };
