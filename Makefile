@@ -1,5 +1,5 @@
 # Makefile — a thin wrapper over meson/ninja for the common commands.
-#   make demo          set up, build, run `ember demo`
+#   make demo          set up, build, train a small GPT on a word list, sample from it
 #   make test [T=x]    plain + ASan/UBSan builds, run the suite in both
 #                      (T: only tests whose name contains one of its words)
 #   make build         set up and build build/
@@ -23,7 +23,8 @@ build: setup $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
 demo: build
-	./$(BUILD)/ember demo
+	@bash scripts/setup.sh demo
+	@bash scripts/demo.sh
 
 test:
 	@bash scripts/run_tests.sh $(T)

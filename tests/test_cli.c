@@ -28,11 +28,11 @@ static void slurp(FILE *f, char *buf, size_t cap)
  * temporary files (no pipe to fill up) and are read back after it exits. */
 static run_result *run_ember(const char *arg1, ...)
 {
-    const char *argv[16] = {EMBER_BIN};
+    const char *argv[40] = {EMBER_BIN};
     int argc = 1;
     va_list ap;
     va_start(ap, arg1);
-    for (const char *a = arg1; a && argc < 15; a = va_arg(ap, const char *)) argv[argc++] = a;
+    for (const char *a = arg1; a && argc < 39; a = va_arg(ap, const char *)) argv[argc++] = a;
     va_end(ap);
     argv[argc] = NULL;
 
@@ -319,4 +319,124 @@ TEST(test_cli_demo_rejects_bad_flag_and_value)
     r = run_ember("demo", "--steps", "0", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--steps") != NULL);
+}
+
+/* ---- ember train / ember sample ---------------------------------------------- */
+
+/* A small corpus in a fresh temp dir: a repeated rhyme, so a tiny model's
+ * loss clearly falls within a few dozen steps. Writes the dir to `dir`. */
+static void make_corpus(char *dir, size_t n, char *txt, size_t tn)
+{
+    snprintf(dir, n, "/tmp/ember-cli-XXXXXX");
+    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
+    snprintf(txt, tn, "%s/corpus.txt", dir);
+    FILE *f = fopen(txt, "w");
+    for (int i = 0; i < 300; i++) fputs("the cat sat on the mat. the dog sat on the log.\n", f);
+    fclose(f);
+}
+
+static bool file_nonempty(const char *dir, const char *name)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "rb");
+    if (!f) return false;
+    bool ok = fgetc(f) != EOF;
+    fclose(f);
+    return ok;
+}
+
+#define TINY_MODEL "--layers", "1", "--heads", "2", "--embd", "32", "--block", "16", "--batch", "8"
+
+TEST(test_cli_train_writes_model_config_metrics_and_loss_falls)
+{
+    char dir[64], txt[128], out[160];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    run_result *r = run_ember("train", "--data", txt, "--out", out, TINY_MODEL, "--iters", "80", "--eval-every",
+                              "40", "--eval-iters", "4", "--lr", "3e-3", "--warmup", "5", "--log-every", "20", NULL);
+    CHECK_EXIT(r, 0);
+    double tl0, vl0, tl1, vl1;
+    const char *e0 = strstr(r->out, "eval step=0 "), *e1 = strstr(r->out, "eval step=80 ");
+    CHECK(e0 && e1);
+    CHECK(sscanf(e0, "eval step=0 train_loss=%lf val_loss=%lf", &tl0, &vl0) == 2);
+    CHECK(sscanf(e1, "eval step=80 train_loss=%lf val_loss=%lf", &tl1, &vl1) == 2);
+    CHECK(tl0 > 2.5);        /* about ln(vocab) at the start */
+    CHECK(tl1 < tl0 - 1.0);  /* and clearly learned */
+    CHECK(vl1 < vl0 - 1.0);
+    CHECK(strstr(r->out, "step 20/80 loss") != NULL); /* not a terminal: one line per log step */
+    CHECK(file_nonempty(out, "model.safetensors") && file_nonempty(out, "config") &&
+          file_nonempty(out, "metrics.jsonl"));
+    char p[256];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    FILE *f = fopen(p, "r");
+    char line[512];
+    int evals = 0, logs = 0;
+    while (fgets(line, sizeof line, f)) {
+        CHECK(line[0] == '{' && strstr(line, "\"step\": "));
+        evals += strstr(line, "\"val_loss\": ") != NULL;
+        logs += strstr(line, "\"tokens_per_s\": ") != NULL;
+    }
+    fclose(f);
+    CHECK(evals == 3 && logs == 4);
+    /* the weights are a real safetensors file with the GPT's names */
+    snprintf(p, sizeof p, "%s/model.safetensors", out);
+    em_safetensors *st = em_safetensors_open(p);
+    CHECK_NOTNULL(st);
+    em_tensor *wte = em_safetensors_get(st, "wte.weight");
+    CHECK_NOTNULL(wte);
+    CHECK(em_size(wte, 1) == 32);
+    em_free(wte);
+    em_safetensors_close(st);
+
+    /* sample continues the prompt with characters of the corpus */
+    r = run_ember("sample", "--ckpt", out, "--prompt", "the ", "--tokens", "40", "--seed", "3", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(!strncmp(r->out, "the ", 4));
+    CHECK(strlen(r->out) >= 44);
+    for (const char *c = r->out; *c; c++) CHECK(strchr("the catsondgml.\n", *c) != NULL);
+    run_result copy = *r;
+    r = run_ember("sample", "--ckpt", out, "--prompt", "the ", "--tokens", "40", "--seed", "3", NULL);
+    CHECK(!strcmp(copy.out, r->out)); /* same seed, same text */
+    r = run_ember("sample", "--ckpt", out, "--prompt", "xyz", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "'x'") != NULL);
+}
+
+TEST(test_cli_train_rejects_bad_flags_and_files)
+{
+    run_result *r = run_ember("train", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--data") != NULL);
+    r = run_ember("train", "--data", "/nonexistent/corpus.txt", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, "/nonexistent/corpus.txt") != NULL);
+    r = run_ember("train", "--data", "x", "--lr", "fast", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--lr") != NULL && strstr(r->err, "fast") != NULL);
+    r = run_ember("train", "--data", "x", "--embd", "10", "--heads", "3", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--embd 10") != NULL);
+    r = run_ember("train", "--data", "x", "--frobnicate", "1", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--frobnicate") != NULL);
+    r = run_ember("sample", "--ckpt", "/nonexistent/run", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, "/nonexistent/run/config") != NULL);
+    r = run_ember("sample", NULL);
+    CHECK_EXIT(r, 2);
+}
+
+TEST(test_cli_train_rejects_text_shorter_than_a_window)
+{
+    char dir[64], txt[128];
+    snprintf(dir, sizeof dir, "/tmp/ember-cli-XXXXXX");
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(txt, sizeof txt, "%s/short.txt", dir);
+    FILE *f = fopen(txt, "w");
+    fputs("tiny", f);
+    fclose(f);
+    run_result *r = run_ember("train", "--data", txt, "--out", dir, NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(r->err[0] != '\0');
 }
