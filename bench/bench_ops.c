@@ -16,31 +16,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "ember/ember.h"
 
 /* OpenBLAS's thread controls (absent from other BLAS libraries): resolved
  * when present. */
 #pragma weak openblas_set_num_threads
 #pragma weak openblas_get_num_threads
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void die(const char *what)
 {

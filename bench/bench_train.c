@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "ember/ember.h"
 
 typedef struct bench_cfg {
@@ -31,21 +32,8 @@ static const bench_cfg configs[] = {
     {"124m", {.vocab_size = 50257, .block_size = 64, .n_layer = 12, .n_head = 12, .n_embd = 768, .bias = true}, 4, 5},
 };
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Runs `steps` timed steps after 2 warm-up steps; writes the median seconds. */
-static int ember_steps(const bench_cfg *c, int steps, double *median, double *loss)
+/* Runs `steps` timed steps after 2 warm-up steps; writes the median seconds to *median_s. */
+static int ember_steps(const bench_cfg *c, int steps, double *median_s, double *loss)
 {
     em_gpt *g = em_gpt_new(&c->model, 1);
     if (!g || em_module_flatten(g->m)) return 1;
@@ -80,8 +68,7 @@ static int ember_steps(const bench_cfg *c, int steps, double *median, double *lo
             return 1;
         }
     }
-    qsort(t + 2, (size_t)steps, sizeof *t, cmp_double);
-    *median = t[2 + steps / 2];
+    *median_s = median(t + 2, steps);
     free(t);
     em_optim_free(opt);
     free(params);
