@@ -1,0 +1,246 @@
+/* test_examples.c — the programs in examples/ run as a user runs them: the
+ * built binaries (EMBER_BUILD_DIR/examples/...) are started with a few short
+ * runs, and their exit status and printed numbers are checked: the loss goes
+ * down, the accuracy ends above chance, and a bad flag exits 2 naming it. A
+ * binary that was not built is a skip, not a failure. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define GPT_BIN EMBER_BUILD_DIR "/examples/gpt"
+#define CLASSIFIER_BIN EMBER_BUILD_DIR "/examples/classifier"
+
+typedef struct {
+    int status; /* exit code; 128+signal when killed */
+    char out[16384];
+    char err[8192];
+} ex_result;
+
+static void read_back(FILE *f, char *buf, size_t cap)
+{
+    rewind(f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+}
+
+/* Runs `bin` with the NULL-terminated arguments, stdout and stderr into
+ * temporary files; skips the test if the binary is missing. */
+static ex_result *run_example(const char *bin, ...)
+{
+    if (access(bin, X_OK) != 0) SKIP("example binary not built (ninja -C <build> builds examples/)");
+    const char *argv[24] = {bin};
+    int argc = 1;
+    va_list ap;
+    va_start(ap, bin);
+    for (const char *a = va_arg(ap, const char *); a && argc < 23; a = va_arg(ap, const char *))
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+
+    static ex_result r;
+    memset(&r, 0, sizeof r);
+    FILE *out = tmpfile(), *err = tmpfile();
+    if (!out || !err) th_fail(__FILE__, __LINE__, "tmpfile failed");
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) th_fail(__FILE__, __LINE__, "fork failed");
+    if (pid == 0) {
+        dup2(fileno(out), 1);
+        dup2(fileno(err), 2);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    read_back(out, r.out, sizeof r.out);
+    read_back(err, r.err, sizeof r.err);
+    fclose(out);
+    fclose(err);
+    return &r;
+}
+
+#define CHECK_EXIT(r, want)                                                                                  \
+    do {                                                                                                     \
+        if ((r)->status != (want))                                                                           \
+            th_fail(__FILE__, __LINE__, "exit status %d, want %d; stderr: %s", (r)->status, (want),          \
+                    (r)->err);                                                                               \
+    } while (0)
+
+/* The numbers after `key` on every line that has it, in order; returns how
+ * many (at most max). */
+static int numbers_after(const char *text, const char *key, double *out, int max)
+{
+    int n = 0;
+    for (const char *p = strstr(text, key); p && n < max; p = strstr(p, key)) {
+        p += strlen(key);
+        char *end;
+        double v = strtod(p, &end);
+        if (end != p) out[n++] = v;
+    }
+    return n;
+}
+
+/* ---- gpt ---------------------------------------------------------------------- */
+
+TEST(test_example_gpt_trains_and_loss_goes_down)
+{
+    ex_result *r = run_example(GPT_BIN, "--steps", "40", "--every", "10", "--sample", "20", NULL);
+    CHECK_EXIT(r, 0);
+    double loss[16];
+    int n = numbers_after(r->out, "| loss ", loss, 16);
+    if (n != 5)
+        th_fail(__FILE__, __LINE__, "want 5 loss lines (steps 0,10,20,30,39), got %d:\n%s", n, r->out);
+    /* step 0 starts near log(vocab) (35 characters: 3.56); 40 steps take it well below */
+    CHECK(loss[0] > 3.0 && loss[0] < 4.0);
+    if (!(loss[n - 1] < loss[0] - 0.5))
+        th_fail(__FILE__, __LINE__, "loss %.4f -> %.4f did not go down:\n%s", loss[0], loss[n - 1], r->out);
+}
+
+TEST(test_example_gpt_prints_a_sample_of_the_asked_length)
+{
+    ex_result *r = run_example(GPT_BIN, "--steps", "2", "--sample", "20", "--prompt", "An", NULL);
+    CHECK_EXIT(r, 0);
+    const char *s = strstr(r->out, "sample (temperature 0.8):\n");
+    CHECK(s != NULL);
+    s = strchr(s, '\n') + 1;
+    CHECK(!strncmp(s, "An", 2));
+    CHECK(strlen(s) == 2 + 20 + 1); /* the prompt, 20 new characters, the newline */
+}
+
+TEST(test_example_gpt_trains_on_a_data_file)
+{
+    char path[] = "/tmp/ember_gpt_data_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    for (int i = 0; i < 40; i++) fprintf(f, "the cat sat on the mat. the dog sat on the log.\n");
+    fclose(f);
+    ex_result *r =
+        run_example(GPT_BIN, "--data", path, "--steps", "30", "--every", "29", "--sample", "0", NULL);
+    unlink(path);
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->out, "1920 characters, vocabulary of 15") != NULL);
+    double loss[4];
+    CHECK(numbers_after(r->out, "| loss ", loss, 4) == 2);
+    CHECK(loss[1] < loss[0] - 0.5);
+}
+
+TEST(test_example_gpt_rejects_unknown_flag_naming_it)
+{
+    ex_result *r = run_example(GPT_BIN, "--bogus", "3", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--bogus") != NULL);
+    CHECK(strstr(r->err, "usage:") != NULL);
+}
+
+TEST(test_example_gpt_rejects_bad_steps_value)
+{
+    ex_result *r = run_example(GPT_BIN, "--steps", "zero", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--steps must be an integer >= 1, got 'zero'") != NULL);
+}
+
+TEST(test_example_gpt_missing_data_file_fails_naming_it)
+{
+    ex_result *r = run_example(GPT_BIN, "--data", "/nonexistent/ember.txt", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, "/nonexistent/ember.txt") != NULL);
+}
+
+/* ---- classifier ------------------------------------------------------------------ */
+
+/* Runs the classifier for 2 epochs and checks the loss falls and the last test
+ * accuracy is far above chance (3 classes: 33%). */
+static void check_classifier_learns(const char *model)
+{
+    ex_result *r = run_example(CLASSIFIER_BIN, "--model", model, "--epochs", "2", NULL);
+    CHECK_EXIT(r, 0);
+    double loss[8], acc[8];
+    int nl = numbers_after(r->out, "train loss ", loss, 8),
+        na = numbers_after(r->out, "test accuracy ", acc, 8);
+    if (nl != 2 || na != 3) th_fail(__FILE__, __LINE__, "want 2 losses and 3 accuracies:\n%s", r->out);
+    if (!(loss[1] < loss[0])) th_fail(__FILE__, __LINE__, "loss did not go down:\n%s", r->out);
+    if (!(acc[2] > 70))
+        th_fail(__FILE__, __LINE__, "final accuracy %.1f%% not above chance:\n%s", acc[2], r->out);
+}
+
+TEST(test_example_classifier_mlp_learns_the_bars) { check_classifier_learns("mlp"); }
+
+TEST(test_example_classifier_cnn_learns_the_bars) { check_classifier_learns("cnn"); }
+
+TEST(test_example_classifier_rejects_unknown_model)
+{
+    ex_result *r = run_example(CLASSIFIER_BIN, "--model", "rnn", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--model must be mlp or cnn, got 'rnn'") != NULL);
+}
+
+TEST(test_example_classifier_rejects_unknown_flag_naming_it)
+{
+    ex_result *r = run_example(CLASSIFIER_BIN, "--layers", "3", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--layers") != NULL);
+}
+
+TEST(test_example_classifier_missing_mnist_says_which_file)
+{
+    ex_result *r = run_example(CLASSIFIER_BIN, "--mnist", "/nonexistent/mnist", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, "/nonexistent/mnist/train-images-idx3-ubyte") != NULL);
+    CHECK(strstr(r->err, "t10k-labels-idx1-ubyte") != NULL); /* the hint lists all four */
+}
+
+/* An IDX file: magic, big-endian dims, then the u8 data. */
+static void write_idx(const char *dir, const char *name, uint32_t magic, int ndim, const uint32_t *dims,
+                      const uint8_t *data, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) th_fail(__FILE__, __LINE__, "cannot write %s", path);
+    uint32_t words[4] = {magic, dims[0], ndim > 1 ? dims[1] : 0, ndim > 2 ? dims[2] : 0};
+    for (int i = 0; i < 1 + ndim; i++) {
+        uint8_t be[4] = {(uint8_t)(words[i] >> 24), (uint8_t)(words[i] >> 16), (uint8_t)(words[i] >> 8),
+                         (uint8_t)words[i]};
+        fwrite(be, 1, 4, f);
+    }
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+TEST(test_example_classifier_reads_mnist_files)
+{
+    /* a tiny stand-in for MNIST: 40 training and 10 test 8x8 images, labels
+     * 0..9 (uncompressed names: the example also takes files without .gz) */
+    char dir[] = "/tmp/ember_mnist_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    uint8_t images[40 * 64], labels[40];
+    for (int i = 0; i < 40; i++) {
+        labels[i] = (uint8_t)(i % 10);
+        for (int p = 0; p < 64; p++)
+            images[i * 64 + p] = (uint8_t)(p == labels[i] * 6 ? 255 : (p * 7 + i) % 50);
+    }
+    write_idx(dir, "train-images-idx3-ubyte", 0x803, 3, (uint32_t[]){40, 8, 8}, images, sizeof images);
+    write_idx(dir, "train-labels-idx1-ubyte", 0x801, 1, (uint32_t[]){40}, labels, 40);
+    write_idx(dir, "t10k-images-idx3-ubyte", 0x803, 3, (uint32_t[]){10, 8, 8}, images, 10 * 64);
+    write_idx(dir, "t10k-labels-idx1-ubyte", 0x801, 1, (uint32_t[]){10}, labels, 10);
+    ex_result *r = run_example(CLASSIFIER_BIN, "--mnist", dir, "--model", "cnn", "--epochs", "1", NULL);
+    const char *names[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                           "t10k-labels-idx1-ubyte"};
+    for (int i = 0; i < 4; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->out, "40 training and 10 test images of 8x8, 10 classes") != NULL);
+    double acc[4];
+    CHECK(numbers_after(r->out, "test accuracy ", acc, 4) == 2);
+}
