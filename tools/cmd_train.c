@@ -39,7 +39,8 @@ static int usage(FILE *f)
                "  --weight-decay X --beta1 X --beta2 X       (default 0.1, 0.9, 0.99)\n"
                "  --grad-clip X --dropout X --seed N         (default 1.0, 0, 1337)\n"
                "  --eval-every N --eval-iters N --log-every N (default 250, 200, 10)\n"
-               "  --bytes                                    byte vocabulary instead of the file's characters\n");
+               "  --bytes                                    byte vocabulary instead of the file's characters\n"
+               "  --no-bias                                  no biases in Linear and LayerNorm (nanoGPT's default)\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -92,6 +93,10 @@ static int parse_args(int argc, char **argv, train_opts *o)
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) return usage(stdout) - 1; /* -1: done, exit 0 */
         if (!strcmp(f, "--bytes")) {
             o->bytes = true;
+            continue;
+        }
+        if (!strcmp(f, "--no-bias")) {
+            o->model.bias = false;
             continue;
         }
         if (i + 1 >= argc) {
