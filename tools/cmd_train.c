@@ -228,6 +228,20 @@ static void fmt_eta(double secs, char *buf, size_t n)
     else snprintf(buf, n, "%dm%02ds", t / 60, t % 60);
 }
 
+/* One terminal line, redrawn in place: [#####.....] step/iters loss tok/s ETA */
+static void draw_bar(int64_t step, int64_t iters, double loss, double tps, double eta)
+{
+    enum { WIDTH = 24 };
+    char bar[WIDTH + 1], etas[32];
+    int fill = iters ? (int)(WIDTH * step / iters) : WIDTH;
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < fill ? '#' : '.';
+    bar[WIDTH] = 0;
+    fmt_eta(eta, etas, sizeof etas);
+    printf("\r\033[K[%s] %lld/%lld  loss %.4f  %.0f tok/s  ETA %s", bar, (long long)step, (long long)iters, loss,
+           tps, etas);
+    fflush(stdout);
+}
+
 static double now(void)
 {
     struct timespec ts;
@@ -335,7 +349,12 @@ int cmd_train(int argc, char **argv)
         if (step == o->iters) break;
         double lr = em_lr_at(&sched, step);
         if ((s = train_step(&r, lr, &loss, &norm))) break;
-        if ((step + 1) % o->log_every == 0 || step + 1 == o->iters) {
+        bool log_now = (step + 1) % o->log_every == 0 || step + 1 == o->iters;
+        if (tty && !log_now) { /* the bar moves every step on a terminal */
+            double t = now(), dt = (t - t_last) / (double)((step % o->log_every) + 1);
+            draw_bar(step + 1, o->iters, loss, (double)tokens_per_step / dt, (double)(o->iters - step - 1) * dt);
+        }
+        if (log_now) {
             double t = now(), dt = (t - t_last) / (double)((step % o->log_every) + 1);
             t_last = t;
             double tps = (double)tokens_per_step / dt, eta = (double)(o->iters - step - 1) * dt;
@@ -345,9 +364,7 @@ int cmd_train(int argc, char **argv)
                     "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"ms_per_step\": %.3f, "
                     "\"tokens_per_s\": %.1f}\n",
                     (long long)(step + 1), loss, lr, norm, 1e3 * dt, tps);
-            if (tty)
-                printf("\r\033[Kstep %lld/%lld  loss %.4f  %.0f tok/s  ETA %s", (long long)(step + 1),
-                       (long long)o->iters, loss, tps, etas);
+            if (tty) draw_bar(step + 1, o->iters, loss, tps, eta);
             else
                 printf("step %lld/%lld loss %.4f lr %.3g %.1f ms/step %.0f tok/s\n", (long long)(step + 1),
                        (long long)o->iters, loss, lr, 1e3 * dt, tps);
