@@ -334,7 +334,7 @@ int cmd_train(int argc, char **argv)
            (long long)o->model.block_size, (double)em_module_num_params(r.gpt->m) / 1e6, (long long)o->batch,
            (long long)o->iters);
     double t_start = now(), t_last = t_start, loss = NAN, norm = 0;
-    int64_t tokens_per_step = o->batch * o->model.block_size;
+    int64_t tokens_per_step = o->batch * o->model.block_size, since = 0; /* steps timed since t_last */
     for (int64_t step = 0; !s; step++) {
         if (step % o->eval_every == 0 || step == o->iters) {
             double el[2];
@@ -345,21 +345,23 @@ int cmd_train(int argc, char **argv)
                     el[0], el[1]);
             fflush(stdout);
             if ((s = save(&r))) break;
+            t_last = now(); /* step timings leave evaluation out */
+            since = 0;
         }
         if (step == o->iters) break;
         double lr = em_lr_at(&sched, step);
         if ((s = train_step(&r, lr, &loss, &norm))) break;
+        since++;
         bool log_now = (step + 1) % o->log_every == 0 || step + 1 == o->iters;
         if (tty && !log_now) { /* the bar moves every step on a terminal */
-            double t = now(), dt = (t - t_last) / (double)((step % o->log_every) + 1);
+            double dt = (now() - t_last) / (double)since;
             draw_bar(step + 1, o->iters, loss, (double)tokens_per_step / dt, (double)(o->iters - step - 1) * dt);
         }
         if (log_now) {
-            double t = now(), dt = (t - t_last) / (double)((step % o->log_every) + 1);
+            double t = now(), dt = (t - t_last) / (double)since;
             t_last = t;
+            since = 0;
             double tps = (double)tokens_per_step / dt, eta = (double)(o->iters - step - 1) * dt;
-            char etas[32];
-            fmt_eta(eta, etas, sizeof etas);
             fprintf(r.metrics,
                     "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"ms_per_step\": %.3f, "
                     "\"tokens_per_s\": %.1f}\n",
