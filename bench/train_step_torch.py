@@ -45,7 +45,7 @@ class Block(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True) if hasattr(
             F, "scaled_dot_product_attention") else self.attend(q, k, v)
         x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.c_proj2(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x + self.c_proj2(F.gelu(self.c_fc(self.ln_2(x))))  # exact GELU, as nanoGPT
 
     @staticmethod
     def attend(q, k, v):

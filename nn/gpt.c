@@ -112,6 +112,7 @@ em_gpt *em_gpt_new(const em_gpt_config *cfg, uint64_t seed)
         snprintf(name, sizeof name, "%lld", (long long)i);
         h[i] = em_nn_block_new(hm, name, c.n_embd, c.n_head, c.bias, c.dropout, &rng);
         ok = h[i] != NULL;
+        if (ok) h[i]->mlp->gelu_tanh = c.gelu_tanh;
     }
     g->ln_f = ok ? em_nn_layer_norm_new(root, "ln_f", c.n_embd, c.bias) : NULL;
     if (!g->ln_f || gpt2_init(g, &rng)) {
@@ -260,7 +261,7 @@ static em_tensor *block_cached(em_gpt *g, em_gpt_cache *c, int64_t l, em_tensor 
     y = em_reshape(em_transpose(y, 1, 2), EM_SHAPE(B, t, C));
     x = em_add(x, em_nn_linear_forward(b->attn->c_proj, y));
     em_tensor *f = em_nn_linear_forward(b->mlp->c_fc, em_nn_layer_norm_forward(b->ln_2, x));
-    return em_add(x, em_nn_linear_forward(b->mlp->c_proj, em_gelu_tanh(f)));
+    return em_add(x, em_nn_linear_forward(b->mlp->c_proj, b->mlp->gelu_tanh ? em_gelu_tanh(f) : em_gelu(f)));
 }
 
 em_tensor *em_gpt_forward_cached(em_gpt *g, em_gpt_cache *c, em_tensor *idx)

@@ -360,12 +360,12 @@ em_nn_mlp *em_nn_mlp_new(em_module *parent, const char *name, int64_t n_embd, bo
     return l->dropout ? l : abandon(parent, m);
 }
 
-/* y = dropout(c_proj(gelu_tanh(c_fc(x)))): (...,C) -> (...,4C) -> (...,C) */
+/* y = dropout(c_proj(gelu(c_fc(x)))): (...,C) -> (...,4C) -> (...,C) */
 em_tensor *em_nn_mlp_forward(em_nn_mlp *l, em_tensor *x)
 {
     if (!l) return em_fail(EM_ERR_ARG, "em_nn_mlp_forward: layer is NULL");
     em_tensor *h = em_nn_linear_forward(l->c_fc, x);
-    em_tensor *a = em_gelu_tanh(h);
+    em_tensor *a = l->gelu_tanh ? em_gelu_tanh(h) : em_gelu(h);
     drop(h);
     em_tensor *p = em_nn_linear_forward(l->c_proj, a);
     drop(a);

@@ -71,7 +71,7 @@ static inline float fwdf(unop k, float x, float p)
     case U_TANH: return vtanhf(x);
     case U_SIGMOID: return sigmf(x);
     case U_RELU: return x > 0 ? x : 0.0f;
-    case U_GELU: return 0.5f * x * (1.0f + erff(x * (float)INV_SQRT2));
+    case U_GELU: return 0.5f * x * (1.0f + verff(x * (float)INV_SQRT2));
     case U_GELU_TANH: return 0.5f * x * (1.0f + vtanhf((float)GELU_K * (x + (float)GELU_C * x * x * x)));
     default: return x * sigmf(x);
     }
@@ -114,7 +114,7 @@ static inline float derivf(unop k, float x, float y, float p)
     case U_SIGMOID: return y * (1.0f - y);
     case U_RELU: return x > 0 ? 1.0f : 0.0f;
     case U_GELU:
-        return 0.5f * (1.0f + erff(x * (float)INV_SQRT2)) + x * (float)INV_SQRT_2PI * expf(-0.5f * x * x);
+        return 0.5f * (1.0f + verff(x * (float)INV_SQRT2)) + x * (float)INV_SQRT_2PI * vexpf(-0.5f * x * x);
     case U_GELU_TANH: {
         float t = vtanhf((float)GELU_K * (x + (float)GELU_C * x * x * x));
         return 0.5f * (1.0f + t) +
@@ -215,6 +215,13 @@ static void bwd_flat_f32(unop k, const float *x, const float *y, const float *g,
             float v = x[i], t = vtanhf((float)GELU_K * (v + (float)GELU_C * v * v * v));
             o[i] = g[i] * (0.5f * (1.0f + t) +
                            0.5f * v * (1.0f - t * t) * (float)GELU_K * (1.0f + 3.0f * (float)GELU_C * v * v));
+        }
+        break;
+    case U_GELU: /* Phi(x) + x phi(x) */
+        for (int64_t i = lo; i < hi; i++) {
+            float v = x[i];
+            o[i] = g[i] * (0.5f * (1.0f + verff(v * (float)INV_SQRT2)) +
+                           v * (float)INV_SQRT_2PI * vexpf(-0.5f * v * v));
         }
         break;
     case U_RELU:

@@ -12,7 +12,8 @@
 
 static em_gpt_config ref_config(void)
 {
-    return (em_gpt_config){GPT_REF_V, GPT_REF_BLOCK, GPT_REF_LAYERS, GPT_REF_HEADS, GPT_REF_C, 0.0, true};
+    /* the fixture model uses GPT-2's tanh GELU */
+    return (em_gpt_config){GPT_REF_V, GPT_REF_BLOCK, GPT_REF_LAYERS, GPT_REF_HEADS, GPT_REF_C, 0.0, true, true};
 }
 
 /* The reference model: the fixture's weights copied into an em_gpt. */
@@ -115,7 +116,7 @@ static double sd_of(em_tensor *t, double *mean)
 
 TEST(test_gpt_init_is_gpt2_normal_002_with_scaled_residual_projections)
 {
-    em_gpt_config cfg = {2000, 64, 8, 4, 64, 0.0, true};
+    em_gpt_config cfg = {2000, 64, 8, 4, 64, 0.0, true, false};
     em_gpt *g = em_gpt_new(&cfg, 42);
     double mean;
     CHECK_NEAR(sd_of(g->wte->weight, &mean), 0.02, 0.0005);
@@ -357,7 +358,7 @@ TEST(test_gpt_flattened_gives_the_same_gradients)
  * arena for no memory after warm-up and leaves no tensor behind. */
 TEST(test_gpt_training_step_allocates_nothing_in_steady_state)
 {
-    em_gpt_config cfg = {65, 64, 4, 4, 128, 0.0, true};
+    em_gpt_config cfg = {65, 64, 4, 4, 128, 0.0, true, false};
     em_gpt *g = em_gpt_new(&cfg, 7);
     em_rng r = em_rng_new(8);
     uint64_t allocs = 0;

@@ -364,7 +364,8 @@ TEST(test_mse_loss_gradient_matches_finite_difference)
 
 /* ---- MLP, attention, block ------------------------------------------------------------ */
 
-TEST(test_mlp_is_fc_gelu_tanh_proj)
+/* c_fc, GELU (exact by default; the tanh form when asked), c_proj */
+TEST(test_mlp_is_fc_gelu_proj)
 {
     em_rng r = em_rng_new(13);
     em_module *root = em_module_new(NULL, NULL);
@@ -374,12 +375,17 @@ TEST(test_mlp_is_fc_gelu_tanh_proj)
     CHECK(!strcmp(v[0].name, "mlp.c_fc.weight") && !strcmp(v[2].name, "mlp.c_proj.weight"));
     CHECK(em_size(v[0].t, 0) == 32 && em_size(v[0].t, 1) == 8 && em_size(v[2].t, 0) == 8 &&
           em_size(v[2].t, 1) == 32);
+    CHECK(!mlp->gelu_tanh);
     em_scope s = em_scope_begin();
     em_tensor *x = em_randn(EM_F32, EM_SHAPE(2, 3, 8), &r);
     em_tensor *h = em_add(em_matmul(x, em_transpose(mlp->c_fc->weight, 0, 1)), mlp->c_fc->bias);
-    em_tensor *want =
-        em_add(em_matmul(em_gelu_tanh(h), em_transpose(mlp->c_proj->weight, 0, 1)), mlp->c_proj->bias);
-    CHECK(th_max_abs_diff(em_nn_mlp_forward(mlp, x), want) < 1e-6);
+    em_tensor *wt = em_transpose(mlp->c_proj->weight, 0, 1);
+    em_tensor *exact = em_add(em_matmul(em_gelu(h), wt), mlp->c_proj->bias);
+    em_tensor *approx = em_add(em_matmul(em_gelu_tanh(h), wt), mlp->c_proj->bias);
+    CHECK(th_max_abs_diff(em_nn_mlp_forward(mlp, x), exact) < 1e-6);
+    mlp->gelu_tanh = true;
+    CHECK(th_max_abs_diff(em_nn_mlp_forward(mlp, x), approx) < 1e-6);
+    CHECK(th_max_abs_diff(exact, approx) > 1e-6); /* the two forms do differ */
     em_scope_end(s);
     em_module_free(root);
 }

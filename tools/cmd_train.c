@@ -40,7 +40,8 @@ static int usage(FILE *f)
                "  --grad-clip X --dropout X --seed N         (default 1.0, 0, 1337)\n"
                "  --eval-every N --eval-iters N --log-every N (default 250, 200, 10)\n"
                "  --bytes                                    byte vocabulary instead of the file's characters\n"
-               "  --no-bias                                  no biases in Linear and LayerNorm (nanoGPT's default)\n");
+               "  --no-bias                                  no biases in Linear and LayerNorm\n"
+               "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -107,6 +108,11 @@ static int parse_args(int argc, char **argv, train_opts *o)
         int64_t n;
         bool ok = true;
         if (!strcmp(f, "--data")) o->data = v;
+        else if (!strcmp(f, "--gelu")) {
+            ok = !strcmp(v, "exact") || !strcmp(v, "tanh");
+            if (ok) o->model.gelu_tanh = !strcmp(v, "tanh");
+            else fprintf(stderr, "ember train: --gelu needs exact or tanh, got '%s'\n", v);
+        }
         else if (!strcmp(f, "--out")) o->out = v;
         else if (!strcmp(f, "--layers")) ok = parse_int(f, v, 1, &n) && ((o->model.n_layer = (int)n), true);
         else if (!strcmp(f, "--heads")) ok = parse_int(f, v, 1, &n) && ((o->model.n_head = (int)n), true);

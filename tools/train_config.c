@@ -21,7 +21,8 @@ em_status run_config_write(const char *path, const em_gpt_config *m, const em_vo
     fprintf(f, "vocab_size: %lld\nblock_size: %lld\nn_layer: %lld\nn_head: %lld\nn_embd: %lld\n",
             (long long)m->vocab_size, (long long)m->block_size, (long long)m->n_layer, (long long)m->n_head,
             (long long)m->n_embd);
-    fprintf(f, "dropout: %.17g\nbias: %s\nvocab: \"", m->dropout, m->bias ? "true" : "false");
+    fprintf(f, "dropout: %.17g\nbias: %s\ngelu: %s\nvocab: \"", m->dropout, m->bias ? "true" : "false",
+            m->gelu_tanh ? "tanh" : "exact");
     for (const char *p = vs; *p; p++) { /* inside YAML double quotes a backslash is written twice */
         if (*p == '\\') fputs("\\\\", f);
         else fputc(*p, f);
@@ -80,6 +81,9 @@ em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
         } else if (!strcmp(key, "bias")) {
             if (strcmp(val, "true") && strcmp(val, "false")) s = bad(path, ln, "needs true or false:", key);
             else m->bias = !strcmp(val, "true"), seen++;
+        } else if (!strcmp(key, "gelu")) {
+            if (strcmp(val, "exact") && strcmp(val, "tanh")) s = bad(path, ln, "needs exact or tanh:", key);
+            else m->gelu_tanh = !strcmp(val, "tanh"), seen++;
         } else if (!strcmp(key, "vocab")) {
             size_t n = strlen(val);
             if (n < 2 || val[0] != '"' || val[n - 1] != '"') {
@@ -101,7 +105,7 @@ em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
         }
     }
     fclose(f);
-    if (!s && seen != 8) s = em_set_error(EM_ERR_IO, "config: %s is missing keys (found %d of 8)", path, seen);
+    if (!s && seen != 9) s = em_set_error(EM_ERR_IO, "config: %s is missing keys (found %d of 9)", path, seen);
     if (!s && vocab->size != m->vocab_size)
         s = em_set_error(EM_ERR_IO, "config: %s: vocab_size %lld but the vocabulary has %d entries", path,
                          (long long)m->vocab_size, vocab->size);

@@ -1,6 +1,7 @@
 /* train_config.h — DIR/config, the file `ember train` writes beside the
  * weights and `ember sample` reads: the model's shape and its vocabulary,
- * as a small YAML document (one `key: value` per line; the vocabulary is a
+ * as a small YAML document (keys vocab_size, block_size, n_layer, n_head,
+ * n_embd, dropout, bias, gelu (exact|tanh), vocab) (one `key: value` per line; the vocabulary is a
  * double-quoted YAML string holding em_vocab_to_string's text). */
 #ifndef EMBER_TOOLS_TRAIN_CONFIG_H
 #define EMBER_TOOLS_TRAIN_CONFIG_H

@@ -227,6 +227,8 @@ typedef struct em_nn_mlp {
     em_module *m;
     em_nn_linear *c_fc, *c_proj;
     em_nn_dropout *dropout;
+    bool gelu_tanh; /* false (the default): exact GELU, as torch.nn.GELU and nanoGPT;
+                     * true: the tanh approximation of GPT-2 */
 } em_nn_mlp;
 em_nn_mlp *em_nn_mlp_new(em_module *parent, const char *name, int64_t n_embd, bool bias, double dropout,
                          em_rng *rng);
@@ -276,6 +278,8 @@ typedef struct em_gpt_config {
     int64_t vocab_size, block_size, n_layer, n_head, n_embd;
     double dropout; /* in [0,1) */
     bool bias;      /* biases in the Linear and LayerNorm layers */
+    bool gelu_tanh; /* MLP activation: false = exact GELU (nanoGPT, the default), true = the
+                     * tanh approximation (GPT-2; set it to run GPT-2 checkpoints) */
 } em_gpt_config;
 
 typedef struct em_gpt {
@@ -349,6 +353,8 @@ int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, dou
  * unless every check passes (the file's tensors are staged first, so peak
  * memory is about twice the model). */
 em_status em_gpt_load_hf(em_module *gpt_root, const char *path);
+/* (GPT-2 was trained with the tanh GELU: build the model with
+ * em_gpt_config.gelu_tanh = true to reproduce its outputs.) */
 
 #ifdef __cplusplus
 }
