@@ -68,6 +68,9 @@ class GPT(nn.Module):
                 nn.init.normal_(mod.weight, 0.0, 0.02)
             if isinstance(mod, nn.Linear):
                 nn.init.zeros_(mod.bias)
+        for blk in self.h:  # residual projections scaled by 1/sqrt(2 * n_layer)
+            for proj in (blk.c_proj, blk.c_proj2):
+                nn.init.normal_(proj.weight, 0.0, 0.02 / math.sqrt(2 * cfg["n_layer"]))
 
     def forward(self, idx, targets):
         t = idx.shape[1]
