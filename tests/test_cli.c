@@ -425,6 +425,12 @@ TEST(test_cli_train_rejects_bad_flags_and_files)
     CHECK(strstr(r->err, "/nonexistent/run/config") != NULL);
     r = run_ember("sample", NULL);
     CHECK_EXIT(r, 2);
+    r = run_ember("sample", "--ckpt", "x", "--tokens", "1e15", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--tokens") != NULL);
+    r = run_ember("sample", "--ckpt", "x", "--temperature", "0", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--temperature") != NULL);
 }
 
 TEST(test_cli_train_rejects_text_shorter_than_a_window)

@@ -46,7 +46,13 @@ int cmd_sample(int argc, char **argv)
         bool ok = true;
         if (!strcmp(f, "--ckpt")) ckpt = v;
         else if (!strcmp(f, "--prompt")) prompt = v;
-        else if (!strcmp(f, "--tokens")) ok = num(f, v, 0, &tokens);
+        else if (!strcmp(f, "--tokens")) {
+            ok = num(f, v, 0, &tokens);
+            if (ok && tokens > 10000000) {
+                fprintf(stderr, "ember sample: --tokens %s is more than 10000000\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(f, "--temperature")) ok = num(f, v, 1e-6, &temperature);
         else if (!strcmp(f, "--top-k")) ok = num(f, v, 0, &top_k);
         else if (!strcmp(f, "--seed")) ok = num(f, v, 0, &seed);
@@ -77,6 +83,7 @@ int cmd_sample(int argc, char **argv)
     char *text = malloc(np + (size_t)tokens + 1);
     em_gpt *g = ids && text ? em_gpt_new(&cfg, 0) : NULL;
     int rc = 1;
+    if (!ids || !text) em_set_error(EM_ERR_OOM, "out of memory for %zu tokens", np + (size_t)tokens);
     if (!g) {
         fprintf(stderr, "ember sample: %s\n", em_last_error());
         goto done;
