@@ -28,6 +28,15 @@ void em_philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo, uint3
 static _Thread_local em_rng default_rng = {0, 0};
 
 em_rng em_rng_new(uint64_t seed) { return (em_rng){seed, 0}; }
+
+/* splitmix64's finaliser over seed and a golden-ratio multiple of stream */
+uint64_t em_seed_derive(uint64_t seed, uint64_t stream)
+{
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (stream + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
 em_rng *em_default_rng(void) { return &default_rng; }
 void em_manual_seed(uint64_t seed) { default_rng = (em_rng){seed, 0}; }
 

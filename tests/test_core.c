@@ -343,3 +343,16 @@ TEST(test_random_rejects_bad_dtypes_and_ranges)
     CHECK(r.offset == 0); /* a failed draw does not advance the generator */
     em_scope_end(s);
 }
+
+TEST(test_seed_derive_gives_distinct_reproducible_streams)
+{
+    CHECK(em_seed_derive(1337, 1) == em_seed_derive(1337, 1));
+    CHECK(em_seed_derive(1337, 1) != em_seed_derive(1337, 2));
+    CHECK(em_seed_derive(1337, 1) != em_seed_derive(1338, 1));
+    CHECK(em_seed_derive(1337, 0) != 1337);
+    /* the streams' first numbers differ from the seed's own stream */
+    uint32_t a[4], b[4];
+    em_philox4x32(1337, 0, 0, a);
+    em_philox4x32(em_seed_derive(1337, 1), 0, 0, b);
+    CHECK(memcmp(a, b, sizeof a) != 0);
+}

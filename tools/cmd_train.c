@@ -263,9 +263,12 @@ static em_status setup(run *r)
     em_status s = em_tokens_split(&r->text->tokens, 0.9, &r->train, &r->val);
     if (s) return s;
     o->model.vocab_size = r->text->vocab.size;
-    if (!s) s = em_window_sampler_init(&r->sampler, &r->train, o->batch, o->model.block_size, o->seed);
-    if (!s) s = em_window_sampler_init(&r->eval_sampler[0], &r->train, o->batch, o->model.block_size, o->seed + 1);
-    if (!s) s = em_window_sampler_init(&r->eval_sampler[1], &r->val, o->batch, o->model.block_size, o->seed + 2);
+    /* one independent random stream per use: init (the seed itself), training
+     * windows, and the windows of each evaluation split */
+    int64_t T = o->model.block_size;
+    if (!s) s = em_window_sampler_init(&r->sampler, &r->train, o->batch, T, em_seed_derive(o->seed, 1));
+    if (!s) s = em_window_sampler_init(&r->eval_sampler[0], &r->train, o->batch, T, em_seed_derive(o->seed, 2));
+    if (!s) s = em_window_sampler_init(&r->eval_sampler[1], &r->val, o->batch, T, em_seed_derive(o->seed, 3));
     if (s) return s;
     r->gpt = em_gpt_new(&o->model, o->seed);
     if (!r->gpt || (s = em_module_flatten(r->gpt->m))) return em_last_status();

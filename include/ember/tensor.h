@@ -181,6 +181,10 @@ typedef struct em_rng {
     uint64_t offset;
 } em_rng;
 em_rng em_rng_new(uint64_t seed);
+/* A seed for an independent stream `stream` of `seed` (splitmix64 of both):
+ * give each use of randomness in a program (init, data order, dropout,
+ * evaluation) its own stream, so none of them repeats another's numbers. */
+uint64_t em_seed_derive(uint64_t seed, uint64_t stream);
 /* The thread's default generator (seed 0 until em_manual_seed). */
 em_rng *em_default_rng(void);
 void em_manual_seed(uint64_t seed);
