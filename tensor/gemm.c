@@ -81,7 +81,7 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
     }
     /* rows when every part still gets a good block of them (measured faster
      * than column blocks of the same size), else the longer side */
-    bool rows = M >= N || M >= 128 * (int64_t)em_num_threads();
+    bool rows = M >= N || M >= 256 * (int64_t)em_num_threads();
     gemm_job j = {dt, ta, tb, rows, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, 1};
     int64_t span = j.split_rows ? M : N;
     /* below ~2 MFLOP a thread's wake-up costs more than it saves */
