@@ -45,14 +45,16 @@ static void bench_matmul(int reps)
 {
     static const int64_t rows[3] = {256, 512, 1024};
     static const int64_t kn[3][2] = {{768, 768}, {768, 3072}, {3072, 768}};
-    printf("\n(a) matmul f32, (M,K) @ (K,N), median of 3 rounds x %d, GFLOP/s; ember (pool-split GEMM, OpenBLAS\n"
+    printf("\n(a) matmul f32, (M,K) @ (K,N), median of 3 rounds x %d, GFLOP/s; ember (pool-split GEMM, "
+           "OpenBLAS\n"
            "    1 thread per part) vs raw cblas_sgemm with OpenBLAS's own %d threads\n",
            reps, em_num_threads());
     printf("%6s %6s %6s  %10s %10s %8s\n", "M", "K", "N", "ember", "sgemm", "ratio");
     em_rng rng = em_rng_new(1);
     /* half a second of GEMMs first: a new pool worker can share the caller's
      * core until the scheduler moves it, which would land on the first shape */
-    em_tensor *wa = em_randn(EM_F32, EM_SHAPE(512, 768), &rng), *wb = em_randn(EM_F32, EM_SHAPE(768, 768), &rng);
+    em_tensor *wa = em_randn(EM_F32, EM_SHAPE(512, 768), &rng),
+              *wb = em_randn(EM_F32, EM_SHAPE(768, 768), &rng);
     for (double t_end = now() + 0.5; now() < t_end;) {
         em_scope sc = em_scope_begin();
         if (!em_matmul(wa, wb)) die("em_matmul warm-up");
@@ -77,7 +79,7 @@ static void bench_matmul(int reps)
             double te[MAX_REPS * ROUNDS], tr[MAX_REPS * ROUNDS];
             int ne = 0, nr = 0;
             for (int round = 0; round < ROUNDS; round++) {
-                blas_threads(1); /* ember's setting: its pool splits the GEMM */
+                blas_threads(1);    /* ember's setting: its pool splits the GEMM */
                 usleep(100 * 1000); /* let the reference's OpenBLAS workers go idle */
                 for (int i = -1; i < reps; i++) {
                     em_scope sc = em_scope_begin();

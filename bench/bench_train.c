@@ -28,8 +28,14 @@ typedef struct bench_cfg {
 } bench_cfg;
 
 static const bench_cfg configs[] = {
-    {"tiny", {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true}, 12, 20},
-    {"124m", {.vocab_size = 50257, .block_size = 64, .n_layer = 12, .n_head = 12, .n_embd = 768, .bias = true}, 4, 5},
+    {"tiny",
+     {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true},
+     12,
+     20},
+    {"124m",
+     {.vocab_size = 50257, .block_size = 64, .n_layer = 12, .n_head = 12, .n_embd = 768, .bias = true},
+     4,
+     5},
 };
 
 /* Runs `steps` timed steps after 2 warm-up steps; writes the median seconds to *median_s. */
@@ -52,8 +58,10 @@ static int ember_steps(const bench_cfg *c, int steps, double *median_s, double *
     double *t = malloc(sizeof *t * (size_t)(steps + 2));
     for (int i = 0; i < steps + 2; i++) {
         em_scope s = em_scope_begin();
-        em_tensor *x = em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &rng);
-        em_tensor *y = em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &rng);
+        em_tensor *x =
+            em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &rng);
+        em_tensor *y =
+            em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &rng);
         double t0 = now();
         em_tensor *l = em_gpt_loss(g, x, y);
         em_status st = l ? em_backward(l, NULL) : em_last_status();
@@ -106,15 +114,17 @@ static int ember_child(const bench_cfg *c, int steps, double *ms, double *rss_mb
 static double torch_ms(const char *cfg, int threads, int steps, double *rss_mb)
 {
     char cmd[512];
-    snprintf(cmd, sizeof cmd,
-             "/usr/bin/python3 %s/train_step_torch.py --config %s --threads %d --steps %d --warmup 2 2>/dev/null",
-             EMBER_BENCH_DIR, cfg, threads, steps);
+    snprintf(
+        cmd, sizeof cmd,
+        "/usr/bin/python3 %s/train_step_torch.py --config %s --threads %d --steps %d --warmup 2 2>/dev/null",
+        EMBER_BENCH_DIR, cfg, threads, steps);
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
     char line[1024] = {0};
     char *ok = fgets(line, sizeof line, p);
     int rc = pclose(p);
-    const char *m = ok ? strstr(line, "\"ms_per_step\": ") : NULL, *r = ok ? strstr(line, "\"peak_rss_mb\": ") : NULL;
+    const char *m = ok ? strstr(line, "\"ms_per_step\": ") : NULL,
+               *r = ok ? strstr(line, "\"peak_rss_mb\": ") : NULL;
     if (rc != 0 || !m || !r) return -1;
     *rss_mb = atof(r + 15);
     return atof(m + 15);
@@ -146,11 +156,12 @@ int main(int argc, char **argv)
         double tmb = tbest == t1 ? tmb1 : tmb2;
         double tokens = (double)(c->batch * c->model.block_size);
         if (tbest > 0)
-            printf("%-6s %12.1f %12.1f %10.2f %14.0f %14.0f %10.0f   (torch 1 thr %.1f, 2 thr %.1f; loss %.3f)\n",
+            printf("%-6s %12.1f %12.1f %10.2f %14.0f %14.0f %10.0f   (torch 1 thr %.1f, 2 thr %.1f; loss "
+                   "%.3f)\n",
                    c->name, ms, tbest, ms / tbest, tokens / (ms / 1e3), mb, tmb, t1, t2, loss);
         else
-            printf("%-6s %12.1f %12s %10s %14.0f %14.0f %10s   (torch not available; loss %.3f)\n", c->name, ms,
-                   "-", "-", tokens / (ms / 1e3), mb, "-", loss);
+            printf("%-6s %12.1f %12s %10s %14.0f %14.0f %10s   (torch not available; loss %.3f)\n", c->name,
+                   ms, "-", "-", tokens / (ms / 1e3), mb, "-", loss);
         fflush(stdout);
     }
     return rc;

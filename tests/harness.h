@@ -16,6 +16,7 @@
 #define EMBER_TEST_HARNESS_H
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -105,6 +106,23 @@ void th_grad_f32_matches_f64(const char *file, int line, th_graph_fn f, void *ct
                              double tol);
 #define GRAD_F32_MATCHES_F64(f, ctx, n, in64, tol)                                                           \
     th_grad_f32_matches_f64(__FILE__, __LINE__, (f), (ctx), (n), (in64), (tol))
+/* Runs program `bin` with the NULL-terminated arguments after it, stdout and
+ * stderr into temporary files (no pipe to fill up), and returns what
+ * happened (a static result, overwritten by the next call). */
+typedef struct th_run_result {
+    int status; /* exit code; 128+signal when killed */
+    char out[16384];
+    char err[16384];
+} th_run_result;
+th_run_result *th_run(const char *bin, ...);
+th_run_result *th_vrun(const char *bin, va_list ap);
+#define CHECK_EXIT(r, want)                                                                                  \
+    do {                                                                                                     \
+        if ((r)->status != (want))                                                                           \
+            th_fail(__FILE__, __LINE__, "exit status %d, want %d; stderr: %s", (r)->status, (want),          \
+                    (r)->err);                                                                               \
+    } while (0)
+
 /* (Call inside a scope, or its intermediates outlive it.)
  * A non-contiguous tensor with the values of t: t is copied into the
  * transpose of a bigger buffer and a view returned (same shape as t). */

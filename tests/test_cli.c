@@ -10,56 +10,8 @@
 
 #define EMBER_BIN EMBER_BUILD_DIR "/ember"
 
-typedef struct {
-    int status; /* exit code; 128+signal when killed */
-    char out[16384];
-    char err[16384];
-} run_result;
-
-/* whole file `fd` (rewound) into buf, NUL-terminated */
-static void slurp(FILE *f, char *buf, size_t cap)
-{
-    rewind(f);
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-}
-
-/* Runs EMBER_BIN with the NULL-terminated arguments; stdout and stderr go to
- * temporary files (no pipe to fill up) and are read back after it exits. */
-static run_result *run_ember(const char *arg1, ...)
-{
-    const char *argv[40] = {EMBER_BIN};
-    int argc = 1;
-    va_list ap;
-    va_start(ap, arg1);
-    for (const char *a = arg1; a && argc < 39; a = va_arg(ap, const char *)) argv[argc++] = a;
-    va_end(ap);
-    argv[argc] = NULL;
-
-    static run_result r;
-    memset(&r, 0, sizeof r);
-    FILE *out = tmpfile(), *err = tmpfile();
-    if (!out || !err) th_fail(__FILE__, __LINE__, "tmpfile failed");
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) th_fail(__FILE__, __LINE__, "fork failed");
-    if (pid == 0) {
-        dup2(fileno(out), 1);
-        dup2(fileno(err), 2);
-        execv(EMBER_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    slurp(out, r.out, sizeof r.out);
-    slurp(err, r.err, sizeof r.err);
-    fclose(out);
-    fclose(err);
-    if (r.status == 127) th_fail(__FILE__, __LINE__, "could not run %s", EMBER_BIN);
-    return &r;
-}
+/* Runs the ember binary with the NULL-terminated arguments. */
+#define run_ember(...) th_run(EMBER_BIN, __VA_ARGS__)
 
 /* true if some line of text starts with `prefix` */
 static bool has_line(const char *text, const char *prefix)
@@ -70,29 +22,22 @@ static bool has_line(const char *text, const char *prefix)
     return false;
 }
 
-#define CHECK_EXIT(r, want)                                                                                  \
-    do {                                                                                                     \
-        if ((r)->status != (want))                                                                           \
-            th_fail(__FILE__, __LINE__, "exit status %d, want %d; stderr: %s", (r)->status, (want),          \
-                    (r)->err);                                                                               \
-    } while (0)
-
 TEST(test_cli_env_exits_zero)
 {
-    run_result *r = run_ember("env", NULL);
+    th_run_result *r = run_ember("env", NULL);
     CHECK_EXIT(r, 0);
 }
 
 TEST(test_cli_env_prints_version_line)
 {
-    run_result *r = run_ember("env", NULL);
+    th_run_result *r = run_ember("env", NULL);
     CHECK(has_line(r->out, "version"));
     CHECK(strstr(r->out, em_version()) != NULL);
 }
 
 TEST(test_cli_env_prints_avx2_blas_and_cuda_lines)
 {
-    run_result *r = run_ember("env", NULL);
+    th_run_result *r = run_ember("env", NULL);
     CHECK_EXIT(r, 0);
     CHECK(has_line(r->out, "cpu features"));
     CHECK(strstr(r->out, "AVX2 ") != NULL);
@@ -102,14 +47,14 @@ TEST(test_cli_env_prints_avx2_blas_and_cuda_lines)
 
 TEST(test_cli_env_reports_cuda_as_built_or_not)
 {
-    run_result *r = run_ember("env", NULL);
+    th_run_result *r = run_ember("env", NULL);
     CHECK(strstr(r->out, em_build().cuda ? "CUDA           toolkit found" : "CUDA           not built") !=
           NULL);
 }
 
 TEST(test_cli_env_json_is_one_object_with_version)
 {
-    run_result *r = run_ember("env", "--json", NULL);
+    th_run_result *r = run_ember("env", "--json", NULL);
     CHECK_EXIT(r, 0);
     size_t n = strlen(r->out);
     while (n > 0 && r->out[n - 1] == '\n') n--;
@@ -122,7 +67,7 @@ TEST(test_cli_env_json_is_one_object_with_version)
 /* braces balance outside strings and the outer object closes only at the end */
 TEST(test_cli_env_json_braces_balance)
 {
-    run_result *r = run_ember("env", "--json", NULL);
+    th_run_result *r = run_ember("env", "--json", NULL);
     size_t n = strlen(r->out);
     while (n > 0 && r->out[n - 1] == '\n') n--;
     int depth = 0;
@@ -144,7 +89,7 @@ TEST(test_cli_env_json_braces_balance)
 
 TEST(test_cli_unknown_command_exits_2_naming_it)
 {
-    run_result *r = run_ember("nosuchcmd", NULL);
+    th_run_result *r = run_ember("nosuchcmd", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "nosuchcmd") != NULL);
     CHECK(strstr(r->err, "usage:") != NULL);
@@ -152,14 +97,14 @@ TEST(test_cli_unknown_command_exits_2_naming_it)
 
 TEST(test_cli_unknown_top_level_flag_exits_2_naming_it)
 {
-    run_result *r = run_ember("--frobnicate", NULL);
+    th_run_result *r = run_ember("--frobnicate", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--frobnicate") != NULL);
 }
 
 TEST(test_cli_env_unknown_flag_exits_2_naming_it)
 {
-    run_result *r = run_ember("env", "--bogus", NULL);
+    th_run_result *r = run_ember("env", "--bogus", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--bogus") != NULL);
     CHECK(r->out[0] == '\0');
@@ -167,7 +112,7 @@ TEST(test_cli_env_unknown_flag_exits_2_naming_it)
 
 TEST(test_cli_no_arguments_exits_2_with_usage)
 {
-    run_result *r = run_ember(NULL);
+    th_run_result *r = run_ember(NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "usage:") != NULL);
 }
@@ -176,7 +121,7 @@ TEST(test_cli_help_exits_0_listing_subcommands)
 {
     const char *forms[] = {"--help", "help", "-h"};
     for (int i = 0; i < 3; i++) {
-        run_result *r = run_ember(forms[i], NULL);
+        th_run_result *r = run_ember(forms[i], NULL);
         CHECK_EXIT(r, 0);
         CHECK(strstr(r->out, "usage:") != NULL);
         const char *cmds[] = {"env", "test", "demo", "version", "help"};
@@ -191,7 +136,7 @@ TEST(test_cli_help_exits_0_listing_subcommands)
 
 TEST(test_cli_version_prints_library_version)
 {
-    run_result *r = run_ember("version", NULL);
+    th_run_result *r = run_ember("version", NULL);
     CHECK_EXIT(r, 0);
     char want[64];
     snprintf(want, sizeof want, "ember %s\n", em_version());
@@ -200,7 +145,7 @@ TEST(test_cli_version_prints_library_version)
 
 TEST(test_cli_test_rejects_flags)
 {
-    run_result *r = run_ember("test", "--bogus", NULL);
+    th_run_result *r = run_ember("test", "--bogus", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--bogus") != NULL);
 }
@@ -208,7 +153,7 @@ TEST(test_cli_test_rejects_flags)
 TEST(test_cli_test_runs_selected_tests_of_its_build)
 {
     /* runs this very suite, filtered to one test that does not recurse */
-    run_result *r = run_ember("test", "test_cli_version_prints_library_version", NULL);
+    th_run_result *r = run_ember("test", "test_cli_version_prints_library_version", NULL);
     CHECK_EXIT(r, 0);
     CHECK(strstr(r->out, "ok   test_cli_version_prints_library_version") != NULL);
     CHECK(strstr(r->out, "1 passed, 0 failed, 0 skipped") != NULL);
@@ -301,7 +246,7 @@ TEST(test_cuda_device_count_is_zero_without_cuda)
 
 TEST(test_cli_demo_loss_falls)
 {
-    run_result *r = run_ember("demo", "--steps", "100", NULL);
+    th_run_result *r = run_ember("demo", "--steps", "100", NULL);
     CHECK_EXIT(r, 0);
     const char *p = strstr(r->out, "\nloss ");
     CHECK(p != NULL);
@@ -313,7 +258,7 @@ TEST(test_cli_demo_loss_falls)
 
 TEST(test_cli_demo_rejects_bad_flag_and_value)
 {
-    run_result *r = run_ember("demo", "--bogus", NULL);
+    th_run_result *r = run_ember("demo", "--bogus", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--bogus") != NULL);
     r = run_ember("demo", "--steps", "0", NULL);
@@ -353,16 +298,17 @@ TEST(test_cli_train_writes_model_config_metrics_and_loss_falls)
     char dir[64], txt[128], out[160];
     make_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
-    run_result *r = run_ember("train", "--data", txt, "--out", out, TINY_MODEL, "--iters", "80", "--eval-every",
-                              "40", "--eval-iters", "4", "--lr", "3e-3", "--warmup", "5", "--log-every", "20", NULL);
+    th_run_result *r =
+        run_ember("train", "--data", txt, "--out", out, TINY_MODEL, "--iters", "80", "--eval-every", "40",
+                  "--eval-iters", "4", "--lr", "3e-3", "--warmup", "5", "--log-every", "20", NULL);
     CHECK_EXIT(r, 0);
     double tl0, vl0, tl1, vl1;
     const char *e0 = strstr(r->out, "eval step=0 "), *e1 = strstr(r->out, "eval step=80 ");
     CHECK(e0 && e1);
     CHECK(sscanf(e0, "eval step=0 train_loss=%lf val_loss=%lf", &tl0, &vl0) == 2);
     CHECK(sscanf(e1, "eval step=80 train_loss=%lf val_loss=%lf", &tl1, &vl1) == 2);
-    CHECK(tl0 > 2.5);        /* about ln(vocab) at the start */
-    CHECK(tl1 < tl0 - 1.0);  /* and clearly learned */
+    CHECK(tl0 > 2.5);       /* about ln(vocab) at the start */
+    CHECK(tl1 < tl0 - 1.0); /* and clearly learned */
     CHECK(vl1 < vl0 - 1.0);
     CHECK(strstr(r->out, "step 20/80 loss") != NULL); /* not a terminal: one line per log step */
     CHECK(file_nonempty(out, "model.safetensors") && file_nonempty(out, "config") &&
@@ -395,7 +341,7 @@ TEST(test_cli_train_writes_model_config_metrics_and_loss_falls)
     CHECK(!strncmp(r->out, "the ", 4));
     CHECK(strlen(r->out) >= 44);
     for (const char *c = r->out; *c; c++) CHECK(strchr("the catsondgml.\n", *c) != NULL);
-    run_result copy = *r;
+    th_run_result copy = *r;
     r = run_ember("sample", "--ckpt", out, "--prompt", "the ", "--tokens", "40", "--seed", "3", NULL);
     CHECK(!strcmp(copy.out, r->out)); /* same seed, same text */
     r = run_ember("sample", "--ckpt", out, "--prompt", "xyz", NULL);
@@ -405,7 +351,7 @@ TEST(test_cli_train_writes_model_config_metrics_and_loss_falls)
 
 TEST(test_cli_train_rejects_bad_flags_and_files)
 {
-    run_result *r = run_ember("train", NULL);
+    th_run_result *r = run_ember("train", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--data") != NULL);
     r = run_ember("train", "--data", "/nonexistent/corpus.txt", NULL);
@@ -442,7 +388,7 @@ TEST(test_cli_train_rejects_text_shorter_than_a_window)
     FILE *f = fopen(txt, "w");
     fputs("tiny", f);
     fclose(f);
-    run_result *r = run_ember("train", "--data", txt, "--out", dir, NULL);
+    th_run_result *r = run_ember("train", "--data", txt, "--out", dir, NULL);
     CHECK_EXIT(r, 1);
     CHECK(r->err[0] != '\0');
 }

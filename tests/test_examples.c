@@ -14,63 +14,17 @@
 #define GPT_BIN EMBER_BUILD_DIR "/examples/gpt"
 #define CLASSIFIER_BIN EMBER_BUILD_DIR "/examples/classifier"
 
-typedef struct {
-    int status; /* exit code; 128+signal when killed */
-    char out[16384];
-    char err[8192];
-} ex_result;
-
-static void read_back(FILE *f, char *buf, size_t cap)
-{
-    rewind(f);
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-}
-
-/* Runs `bin` with the NULL-terminated arguments, stdout and stderr into
- * temporary files; skips the test if the binary is missing. */
-static ex_result *run_example(const char *bin, ...)
+/* Runs `bin` with the NULL-terminated arguments; skips the test if the
+ * binary is missing. */
+static th_run_result *run_example(const char *bin, ...)
 {
     if (access(bin, X_OK) != 0) SKIP("example binary not built (ninja -C <build> builds examples/)");
-    const char *argv[24] = {bin};
-    int argc = 1;
     va_list ap;
     va_start(ap, bin);
-    for (const char *a = va_arg(ap, const char *); a && argc < 23; a = va_arg(ap, const char *))
-        argv[argc++] = a;
+    th_run_result *r = th_vrun(bin, ap);
     va_end(ap);
-    argv[argc] = NULL;
-
-    static ex_result r;
-    memset(&r, 0, sizeof r);
-    FILE *out = tmpfile(), *err = tmpfile();
-    if (!out || !err) th_fail(__FILE__, __LINE__, "tmpfile failed");
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) th_fail(__FILE__, __LINE__, "fork failed");
-    if (pid == 0) {
-        dup2(fileno(out), 1);
-        dup2(fileno(err), 2);
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    read_back(out, r.out, sizeof r.out);
-    read_back(err, r.err, sizeof r.err);
-    fclose(out);
-    fclose(err);
-    return &r;
+    return r;
 }
-
-#define CHECK_EXIT(r, want)                                                                                  \
-    do {                                                                                                     \
-        if ((r)->status != (want))                                                                           \
-            th_fail(__FILE__, __LINE__, "exit status %d, want %d; stderr: %s", (r)->status, (want),          \
-                    (r)->err);                                                                               \
-    } while (0)
 
 /* The numbers after `key` on every line that has it, in order; returns how
  * many (at most max). */
@@ -90,7 +44,7 @@ static int numbers_after(const char *text, const char *key, double *out, int max
 
 TEST(test_example_gpt_trains_and_loss_goes_down)
 {
-    ex_result *r = run_example(GPT_BIN, "--steps", "40", "--every", "10", "--sample", "20", NULL);
+    th_run_result *r = run_example(GPT_BIN, "--steps", "40", "--every", "10", "--sample", "20", NULL);
     CHECK_EXIT(r, 0);
     double loss[16];
     int n = numbers_after(r->out, "| loss ", loss, 16);
@@ -104,7 +58,7 @@ TEST(test_example_gpt_trains_and_loss_goes_down)
 
 TEST(test_example_gpt_prints_a_sample_of_the_asked_length)
 {
-    ex_result *r = run_example(GPT_BIN, "--steps", "2", "--sample", "20", "--prompt", "An", NULL);
+    th_run_result *r = run_example(GPT_BIN, "--steps", "2", "--sample", "20", "--prompt", "An", NULL);
     CHECK_EXIT(r, 0);
     const char *s = strstr(r->out, "sample (temperature 0.8):\n");
     CHECK(s != NULL);
@@ -121,7 +75,7 @@ TEST(test_example_gpt_trains_on_a_data_file)
     FILE *f = fdopen(fd, "w");
     for (int i = 0; i < 40; i++) fprintf(f, "the cat sat on the mat. the dog sat on the log.\n");
     fclose(f);
-    ex_result *r =
+    th_run_result *r =
         run_example(GPT_BIN, "--data", path, "--steps", "30", "--every", "29", "--sample", "0", NULL);
     unlink(path);
     CHECK_EXIT(r, 0);
@@ -133,7 +87,7 @@ TEST(test_example_gpt_trains_on_a_data_file)
 
 TEST(test_example_gpt_rejects_unknown_flag_naming_it)
 {
-    ex_result *r = run_example(GPT_BIN, "--bogus", "3", NULL);
+    th_run_result *r = run_example(GPT_BIN, "--bogus", "3", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--bogus") != NULL);
     CHECK(strstr(r->err, "usage:") != NULL);
@@ -141,14 +95,14 @@ TEST(test_example_gpt_rejects_unknown_flag_naming_it)
 
 TEST(test_example_gpt_rejects_bad_steps_value)
 {
-    ex_result *r = run_example(GPT_BIN, "--steps", "zero", NULL);
+    th_run_result *r = run_example(GPT_BIN, "--steps", "zero", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--steps must be an integer >= 1, got 'zero'") != NULL);
 }
 
 TEST(test_example_gpt_missing_data_file_fails_naming_it)
 {
-    ex_result *r = run_example(GPT_BIN, "--data", "/nonexistent/ember.txt", NULL);
+    th_run_result *r = run_example(GPT_BIN, "--data", "/nonexistent/ember.txt", NULL);
     CHECK_EXIT(r, 1);
     CHECK(strstr(r->err, "/nonexistent/ember.txt") != NULL);
 }
@@ -159,7 +113,7 @@ TEST(test_example_gpt_missing_data_file_fails_naming_it)
  * accuracy is far above chance (3 classes: 33%). */
 static void check_classifier_learns(const char *model)
 {
-    ex_result *r = run_example(CLASSIFIER_BIN, "--model", model, "--epochs", "2", NULL);
+    th_run_result *r = run_example(CLASSIFIER_BIN, "--model", model, "--epochs", "2", NULL);
     CHECK_EXIT(r, 0);
     double loss[8], acc[8];
     int nl = numbers_after(r->out, "train loss ", loss, 8),
@@ -176,21 +130,21 @@ TEST(test_example_classifier_cnn_learns_the_bars) { check_classifier_learns("cnn
 
 TEST(test_example_classifier_rejects_unknown_model)
 {
-    ex_result *r = run_example(CLASSIFIER_BIN, "--model", "rnn", NULL);
+    th_run_result *r = run_example(CLASSIFIER_BIN, "--model", "rnn", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--model must be mlp or cnn, got 'rnn'") != NULL);
 }
 
 TEST(test_example_classifier_rejects_unknown_flag_naming_it)
 {
-    ex_result *r = run_example(CLASSIFIER_BIN, "--layers", "3", NULL);
+    th_run_result *r = run_example(CLASSIFIER_BIN, "--layers", "3", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--layers") != NULL);
 }
 
 TEST(test_example_classifier_missing_mnist_says_which_file)
 {
-    ex_result *r = run_example(CLASSIFIER_BIN, "--mnist", "/nonexistent/mnist", NULL);
+    th_run_result *r = run_example(CLASSIFIER_BIN, "--mnist", "/nonexistent/mnist", NULL);
     CHECK_EXIT(r, 1);
     CHECK(strstr(r->err, "/nonexistent/mnist/train-images-idx3-ubyte") != NULL);
     CHECK(strstr(r->err, "t10k-labels-idx1-ubyte") != NULL); /* the hint lists all four */
@@ -230,7 +184,7 @@ TEST(test_example_classifier_reads_mnist_files)
     write_idx(dir, "train-labels-idx1-ubyte", 0x801, 1, (uint32_t[]){40}, labels, 40);
     write_idx(dir, "t10k-images-idx3-ubyte", 0x803, 3, (uint32_t[]){10, 8, 8}, images, 10 * 64);
     write_idx(dir, "t10k-labels-idx1-ubyte", 0x801, 1, (uint32_t[]){10}, labels, 10);
-    ex_result *r = run_example(CLASSIFIER_BIN, "--mnist", dir, "--model", "cnn", "--epochs", "1", NULL);
+    th_run_result *r = run_example(CLASSIFIER_BIN, "--mnist", dir, "--model", "cnn", "--epochs", "1", NULL);
     const char *names[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                            "t10k-labels-idx1-ubyte"};
     for (int i = 0; i < 4; i++) {

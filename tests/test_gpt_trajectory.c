@@ -14,7 +14,8 @@ TEST(test_gpt_training_follows_pytorch_step_by_step)
     CHECK_OK(traj_run(NULL, loss));
     for (int s = 0; s < TRAJ_STEPS; s++)
         if (!(fabs(loss[s] - TRAJ_REF_LOSS[s]) < 5e-6 * fabs(TRAJ_REF_LOSS[s])))
-            th_fail(__FILE__, __LINE__, "step %d: ember loss %.7f, PyTorch %.7f", s, loss[s], TRAJ_REF_LOSS[s]);
+            th_fail(__FILE__, __LINE__, "step %d: ember loss %.7f, PyTorch %.7f", s, loss[s],
+                    TRAJ_REF_LOSS[s]);
     CHECK(loss[TRAJ_STEPS - 1] < loss[0] - 1.0); /* and it did learn */
     CHECK(em_live_tensors() == 0);
 }

@@ -14,7 +14,8 @@ enum { TRAJ_STEPS = 40, TRAJ_B = 4, TRAJ_T = 32 };
 
 static const char traj_text[] =
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-    "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, it "
+    "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
+    "it "
     "was the season of Darkness, it was the spring of hope, it was the winter of despair.\n";
 
 /* Runs the training; loss[s] gets step s's loss. If dump_dir is not NULL,
@@ -23,8 +24,12 @@ static em_status traj_run(const char *dump_dir, double *loss)
 {
     em_text *text = em_text_from_memory(traj_text, sizeof traj_text - 1, EM_TEXT_CHARS);
     if (!text) return em_last_status();
-    em_gpt_config cfg = {.vocab_size = text->vocab.size, .block_size = TRAJ_T, .n_layer = 2, .n_head = 2,
-                         .n_embd = 32, .bias = true};
+    em_gpt_config cfg = {.vocab_size = text->vocab.size,
+                         .block_size = TRAJ_T,
+                         .n_layer = 2,
+                         .n_head = 2,
+                         .n_embd = 32,
+                         .bias = true};
     em_gpt *g = em_gpt_new(&cfg, 1337);
     em_status s = g ? em_module_flatten(g->m) : em_last_status();
     char path[512];
@@ -50,7 +55,8 @@ static em_status traj_run(const char *dump_dir, double *loss)
     ac.lr = 3e-3, ac.beta2 = 0.99, ac.weight_decay = 0.1;
     em_optimizer *o = s ? NULL : em_adamw_new(nd, p, &ac);
     if (!s && (!o || em_optim_add_group(o, n - nd, p + nd, 3e-3, 0.0) < 0)) s = em_last_status();
-    em_lr_schedule sched = {.kind = EM_LR_COSINE, .base_lr = 3e-3, .min_lr = 3e-4, .warmup = 5, .total = TRAJ_STEPS};
+    em_lr_schedule sched = {
+        .kind = EM_LR_COSINE, .base_lr = 3e-3, .min_lr = 3e-4, .warmup = 5, .total = TRAJ_STEPS};
     em_window_sampler ws;
     if (!s) s = em_window_sampler_init(&ws, &text->tokens, TRAJ_B, TRAJ_T, 7);
     for (int step = 0; step < TRAJ_STEPS && !s; step++) {

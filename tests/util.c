@@ -1,6 +1,9 @@
 /* util.c — helpers shared by the tests: value checks, finite-difference
  * gradient checks, f32-vs-f64 agreement, non-contiguous copies. */
+#include <stdarg.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -195,4 +198,53 @@ void th_grad_f32_matches_f64(const char *file, int line, th_graph_fn f, void *ct
         CHECK_OK(em_zero_grad(in64[i]));
         em_free(in32[i]);
     }
+}
+
+/* whole temp file f (rewound) into buf, NUL-terminated */
+static void read_back(FILE *f, char *buf, size_t cap)
+{
+    rewind(f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+}
+
+th_run_result *th_vrun(const char *bin, va_list ap)
+{
+    const char *argv[40] = {bin};
+    int argc = 1;
+    for (const char *a = va_arg(ap, const char *); a && argc < 39; a = va_arg(ap, const char *))
+        argv[argc++] = a;
+    argv[argc] = NULL;
+    static th_run_result r;
+    memset(&r, 0, sizeof r);
+    FILE *out = tmpfile(), *err = tmpfile();
+    if (!out || !err) th_fail(__FILE__, __LINE__, "tmpfile failed");
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) th_fail(__FILE__, __LINE__, "fork failed");
+    if (pid == 0) {
+        dup2(fileno(out), 1);
+        dup2(fileno(err), 2);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    read_back(out, r.out, sizeof r.out);
+    read_back(err, r.err, sizeof r.err);
+    fclose(out);
+    fclose(err);
+    if (r.status == 127) th_fail(__FILE__, __LINE__, "could not run %s", bin);
+    return &r;
+}
+
+th_run_result *th_run(const char *bin, ...)
+{
+    va_list ap;
+    va_start(ap, bin);
+    th_run_result *r = th_vrun(bin, ap);
+    va_end(ap);
+    return r;
 }

@@ -12,9 +12,11 @@
 
 static int usage(FILE *f)
 {
-    fprintf(f, "usage: ember sample --ckpt DIR [--prompt S] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
-               "  DIR holds config and model.safetensors from `ember train --out DIR`\n"
-               "  defaults: prompt \"\\n\", 500 tokens, temperature 0.8, top-k 200, seed 1337\n");
+    fprintf(
+        f,
+        "usage: ember sample --ckpt DIR [--prompt S] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+        "  DIR holds config and model.safetensors from `ember train --out DIR`\n"
+        "  defaults: prompt \"\\n\", 500 tokens, temperature 0.8, top-k 200, seed 1337\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -44,18 +46,22 @@ int cmd_sample(int argc, char **argv)
         }
         const char *v = argv[++i];
         bool ok = true;
-        if (!strcmp(f, "--ckpt")) ckpt = v;
-        else if (!strcmp(f, "--prompt")) prompt = v;
+        if (!strcmp(f, "--ckpt"))
+            ckpt = v;
+        else if (!strcmp(f, "--prompt"))
+            prompt = v;
         else if (!strcmp(f, "--tokens")) {
             ok = num(f, v, 0, &tokens);
             if (ok && tokens > 10000000) {
                 fprintf(stderr, "ember sample: --tokens %s is more than 10000000\n", v);
                 return 2;
             }
-        }
-        else if (!strcmp(f, "--temperature")) ok = num(f, v, 1e-6, &temperature);
-        else if (!strcmp(f, "--top-k")) ok = num(f, v, 0, &top_k);
-        else if (!strcmp(f, "--seed")) ok = num(f, v, 0, &seed);
+        } else if (!strcmp(f, "--temperature"))
+            ok = num(f, v, 1e-6, &temperature);
+        else if (!strcmp(f, "--top-k"))
+            ok = num(f, v, 0, &top_k);
+        else if (!strcmp(f, "--seed"))
+            ok = num(f, v, 0, &seed);
         else {
             fprintf(stderr, "ember sample: unknown flag '%s'\n", f);
             return usage(stderr);

@@ -30,18 +30,19 @@ typedef struct train_opts {
 
 static int usage(FILE *f)
 {
-    fprintf(f, "usage: ember train --data FILE.txt [options]\n"
-               "  --out DIR          where model.safetensors, config, metrics.jsonl go (default out)\n"
-               "  --layers N --heads N --embd N --block N   model shape (default 4 4 128 64)\n"
-               "  --batch N --iters N                        (default 12, 2000)\n"
-               "  --lr X --min-lr X --warmup N               AdamW lr, cosine to min-lr after warm-up\n"
-               "                                             (default 1e-3, 1e-4, 100)\n"
-               "  --weight-decay X --beta1 X --beta2 X       (default 0.1, 0.9, 0.99)\n"
-               "  --grad-clip X --dropout X --seed N         (default 1.0, 0, 1337)\n"
-               "  --eval-every N --eval-iters N --log-every N (default 250, 200, 10)\n"
-               "  --bytes                                    byte vocabulary instead of the file's characters\n"
-               "  --no-bias                                  no biases in Linear and LayerNorm\n"
-               "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n");
+    fprintf(f,
+            "usage: ember train --data FILE.txt [options]\n"
+            "  --out DIR          where model.safetensors, config, metrics.jsonl go (default out)\n"
+            "  --layers N --heads N --embd N --block N   model shape (default 4 4 128 64)\n"
+            "  --batch N --iters N                        (default 12, 2000)\n"
+            "  --lr X --min-lr X --warmup N               AdamW lr, cosine to min-lr after warm-up\n"
+            "                                             (default 1e-3, 1e-4, 100)\n"
+            "  --weight-decay X --beta1 X --beta2 X       (default 0.1, 0.9, 0.99)\n"
+            "  --grad-clip X --dropout X --seed N         (default 1.0, 0, 1337)\n"
+            "  --eval-every N --eval-iters N --log-every N (default 250, 200, 10)\n"
+            "  --bytes                                    byte vocabulary instead of the file's characters\n"
+            "  --no-bias                                  no biases in Linear and LayerNorm\n"
+            "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -107,31 +108,52 @@ static int parse_args(int argc, char **argv, train_opts *o)
         const char *v = argv[++i];
         int64_t n;
         bool ok = true;
-        if (!strcmp(f, "--data")) o->data = v;
+        if (!strcmp(f, "--data"))
+            o->data = v;
         else if (!strcmp(f, "--gelu")) {
             ok = !strcmp(v, "exact") || !strcmp(v, "tanh");
-            if (ok) o->model.gelu_tanh = !strcmp(v, "tanh");
-            else fprintf(stderr, "ember train: --gelu needs exact or tanh, got '%s'\n", v);
-        }
-        else if (!strcmp(f, "--out")) o->out = v;
-        else if (!strcmp(f, "--layers")) ok = parse_int(f, v, 1, &n) && ((o->model.n_layer = (int)n), true);
-        else if (!strcmp(f, "--heads")) ok = parse_int(f, v, 1, &n) && ((o->model.n_head = (int)n), true);
-        else if (!strcmp(f, "--embd")) ok = parse_int(f, v, 1, &n) && ((o->model.n_embd = (int)n), true);
-        else if (!strcmp(f, "--block")) ok = parse_int(f, v, 1, &n) && ((o->model.block_size = (int)n), true);
-        else if (!strcmp(f, "--batch")) ok = parse_int(f, v, 1, &o->batch);
-        else if (!strcmp(f, "--iters")) ok = parse_int(f, v, 0, &o->iters);
-        else if (!strcmp(f, "--warmup")) ok = parse_int(f, v, 0, &o->warmup);
-        else if (!strcmp(f, "--eval-every")) ok = parse_int(f, v, 1, &o->eval_every);
-        else if (!strcmp(f, "--eval-iters")) ok = parse_int(f, v, 1, &o->eval_iters);
-        else if (!strcmp(f, "--log-every")) ok = parse_int(f, v, 1, &o->log_every);
-        else if (!strcmp(f, "--seed")) ok = parse_int(f, v, 0, &n) && ((o->seed = (uint64_t)n), true);
-        else if (!strcmp(f, "--lr")) ok = parse_real(f, v, &o->lr);
-        else if (!strcmp(f, "--min-lr")) ok = parse_real(f, v, &o->min_lr);
-        else if (!strcmp(f, "--weight-decay")) ok = parse_real(f, v, &o->weight_decay);
-        else if (!strcmp(f, "--beta1")) ok = parse_real(f, v, &o->beta1);
-        else if (!strcmp(f, "--beta2")) ok = parse_real(f, v, &o->beta2);
-        else if (!strcmp(f, "--grad-clip")) ok = parse_real(f, v, &o->grad_clip);
-        else if (!strcmp(f, "--dropout")) ok = parse_real(f, v, &o->model.dropout);
+            if (ok)
+                o->model.gelu_tanh = !strcmp(v, "tanh");
+            else
+                fprintf(stderr, "ember train: --gelu needs exact or tanh, got '%s'\n", v);
+        } else if (!strcmp(f, "--out"))
+            o->out = v;
+        else if (!strcmp(f, "--layers"))
+            ok = parse_int(f, v, 1, &n) && ((o->model.n_layer = (int)n), true);
+        else if (!strcmp(f, "--heads"))
+            ok = parse_int(f, v, 1, &n) && ((o->model.n_head = (int)n), true);
+        else if (!strcmp(f, "--embd"))
+            ok = parse_int(f, v, 1, &n) && ((o->model.n_embd = (int)n), true);
+        else if (!strcmp(f, "--block"))
+            ok = parse_int(f, v, 1, &n) && ((o->model.block_size = (int)n), true);
+        else if (!strcmp(f, "--batch"))
+            ok = parse_int(f, v, 1, &o->batch);
+        else if (!strcmp(f, "--iters"))
+            ok = parse_int(f, v, 0, &o->iters);
+        else if (!strcmp(f, "--warmup"))
+            ok = parse_int(f, v, 0, &o->warmup);
+        else if (!strcmp(f, "--eval-every"))
+            ok = parse_int(f, v, 1, &o->eval_every);
+        else if (!strcmp(f, "--eval-iters"))
+            ok = parse_int(f, v, 1, &o->eval_iters);
+        else if (!strcmp(f, "--log-every"))
+            ok = parse_int(f, v, 1, &o->log_every);
+        else if (!strcmp(f, "--seed"))
+            ok = parse_int(f, v, 0, &n) && ((o->seed = (uint64_t)n), true);
+        else if (!strcmp(f, "--lr"))
+            ok = parse_real(f, v, &o->lr);
+        else if (!strcmp(f, "--min-lr"))
+            ok = parse_real(f, v, &o->min_lr);
+        else if (!strcmp(f, "--weight-decay"))
+            ok = parse_real(f, v, &o->weight_decay);
+        else if (!strcmp(f, "--beta1"))
+            ok = parse_real(f, v, &o->beta1);
+        else if (!strcmp(f, "--beta2"))
+            ok = parse_real(f, v, &o->beta2);
+        else if (!strcmp(f, "--grad-clip"))
+            ok = parse_real(f, v, &o->grad_clip);
+        else if (!strcmp(f, "--dropout"))
+            ok = parse_real(f, v, &o->model.dropout);
         else {
             fprintf(stderr, "ember train: unknown flag '%s'\n", f);
             usage(stderr);
@@ -149,8 +171,8 @@ static int parse_args(int argc, char **argv, train_opts *o)
         return 2;
     }
     if (o->model.n_embd % o->model.n_head) {
-        fprintf(stderr, "ember train: --embd %lld is not a multiple of --heads %lld\n", (long long)o->model.n_embd,
-                (long long)o->model.n_head);
+        fprintf(stderr, "ember train: --embd %lld is not a multiple of --heads %lld\n",
+                (long long)o->model.n_embd, (long long)o->model.n_head);
         return 2;
     }
     return 0;
@@ -230,8 +252,10 @@ static em_status train_step(run *r, double lr, double *loss, double *norm)
 static void fmt_eta(double secs, char *buf, size_t n)
 {
     int t = (int)(secs + 0.5);
-    if (t >= 3600) snprintf(buf, n, "%dh%02dm", t / 3600, t / 60 % 60);
-    else snprintf(buf, n, "%dm%02ds", t / 60, t % 60);
+    if (t >= 3600)
+        snprintf(buf, n, "%dh%02dm", t / 3600, t / 60 % 60);
+    else
+        snprintf(buf, n, "%dm%02ds", t / 60, t % 60);
 }
 
 /* One terminal line, redrawn in place: [#####.....] step/iters loss tok/s ETA */
@@ -243,8 +267,8 @@ static void draw_bar(int64_t step, int64_t iters, double loss, double tps, doubl
     for (int i = 0; i < WIDTH; i++) bar[i] = i < fill ? '#' : '.';
     bar[WIDTH] = 0;
     fmt_eta(eta, etas, sizeof etas);
-    printf("\r\033[K[%s] %lld/%lld  loss %.4f  %.0f tok/s  ETA %s", bar, (long long)step, (long long)iters, loss,
-           tps, etas);
+    printf("\r\033[K[%s] %lld/%lld  loss %.4f  %.0f tok/s  ETA %s", bar, (long long)step, (long long)iters,
+           loss, tps, etas);
     fflush(stdout);
 }
 
@@ -267,7 +291,8 @@ static em_status setup(run *r)
      * windows, and the windows of each evaluation split */
     int64_t T = o->model.block_size;
     if (!s) s = em_window_sampler_init(&r->sampler, &r->train, o->batch, T, em_seed_derive(o->seed, 1));
-    if (!s) s = em_window_sampler_init(&r->eval_sampler[0], &r->train, o->batch, T, em_seed_derive(o->seed, 2));
+    if (!s)
+        s = em_window_sampler_init(&r->eval_sampler[0], &r->train, o->batch, T, em_seed_derive(o->seed, 2));
     if (!s) s = em_window_sampler_init(&r->eval_sampler[1], &r->val, o->batch, T, em_seed_derive(o->seed, 3));
     if (s) return s;
     r->gpt = em_gpt_new(&o->model, o->seed);
@@ -285,8 +310,10 @@ static em_status setup(run *r)
     em_module_params(r->gpt->m, all, r->n_params);
     int nd = 0, nn = 0;
     for (int i = 0; i < r->n_params; i++) {
-        if (em_ndim(all[i].t) >= 2) r->params[nd++] = all[i].t;
-        else nodecay[nn++] = all[i].t;
+        if (em_ndim(all[i].t) >= 2)
+            r->params[nd++] = all[i].t;
+        else
+            nodecay[nn++] = all[i].t;
     }
     memcpy(r->params + nd, nodecay, sizeof *nodecay * (size_t)nn);
     em_adam_config ac = em_adamw_defaults();
@@ -303,7 +330,8 @@ static em_status setup(run *r)
     if (mkdir(o->out, 0777) != 0 && errno != EEXIST)
         return em_set_error(EM_ERR_IO, "ember train: cannot create --out %s: %s", o->out, strerror(errno));
     r->metrics = fopen(in_out(r, "metrics.jsonl"), "w");
-    if (!r->metrics) return em_set_error(EM_ERR_IO, "ember train: cannot write %s: %s", r->path, strerror(errno));
+    if (!r->metrics)
+        return em_set_error(EM_ERR_IO, "ember train: cannot write %s: %s", r->path, strerror(errno));
     return EM_OK;
 }
 
@@ -328,7 +356,10 @@ int cmd_train(int argc, char **argv)
         teardown(&r);
         return 1;
     }
-    em_lr_schedule sched = {.kind = EM_LR_COSINE, .base_lr = o->lr, .min_lr = o->min_lr, .warmup = o->warmup,
+    em_lr_schedule sched = {.kind = EM_LR_COSINE,
+                            .base_lr = o->lr,
+                            .min_lr = o->min_lr,
+                            .warmup = o->warmup,
                             .total = o->iters > o->warmup ? o->iters : o->warmup + 1};
     if ((s = em_lr_schedule_check(&sched))) {
         fprintf(stderr, "ember train: %s\n", em_last_error());
@@ -336,12 +367,13 @@ int cmd_train(int argc, char **argv)
         return 2;
     }
     bool tty = isatty(STDOUT_FILENO);
-    printf("ember train: %s, %lld train / %lld val tokens, vocab %lld; GPT %lld layers, %lld heads, %lld wide, "
-           "context %lld (%.2fM parameters); batch %lld, %lld iterations\n",
-           o->data, (long long)r.train.n, (long long)r.val.n, (long long)o->model.vocab_size,
-           (long long)o->model.n_layer, (long long)o->model.n_head, (long long)o->model.n_embd,
-           (long long)o->model.block_size, (double)em_module_num_params(r.gpt->m) / 1e6, (long long)o->batch,
-           (long long)o->iters);
+    printf(
+        "ember train: %s, %lld train / %lld val tokens, vocab %lld; GPT %lld layers, %lld heads, %lld wide, "
+        "context %lld (%.2fM parameters); batch %lld, %lld iterations\n",
+        o->data, (long long)r.train.n, (long long)r.val.n, (long long)o->model.vocab_size,
+        (long long)o->model.n_layer, (long long)o->model.n_head, (long long)o->model.n_embd,
+        (long long)o->model.block_size, (double)em_module_num_params(r.gpt->m) / 1e6, (long long)o->batch,
+        (long long)o->iters);
     double t_start = now(), t_last = t_start, loss = NAN, norm = 0;
     int64_t tokens_per_step = o->batch * o->model.block_size, since = 0; /* steps timed since t_last */
     for (int64_t step = 0; !s; step++) {
@@ -350,8 +382,8 @@ int cmd_train(int argc, char **argv)
             if ((s = evaluate(&r, el))) break;
             if (tty) printf("\r\033[K");
             printf("eval step=%lld train_loss=%.4f val_loss=%.4f\n", (long long)step, el[0], el[1]);
-            fprintf(r.metrics, "{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f}\n", (long long)step,
-                    el[0], el[1]);
+            fprintf(r.metrics, "{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f}\n",
+                    (long long)step, el[0], el[1]);
             fflush(stdout);
             if ((s = save(&r))) break;
             t_last = now(); /* step timings leave evaluation out */
@@ -364,25 +396,29 @@ int cmd_train(int argc, char **argv)
         bool log_now = (step + 1) % o->log_every == 0 || step + 1 == o->iters;
         if (tty && !log_now) { /* the bar moves every step on a terminal */
             double dt = (now() - t_last) / (double)since;
-            draw_bar(step + 1, o->iters, loss, (double)tokens_per_step / dt, (double)(o->iters - step - 1) * dt);
+            draw_bar(step + 1, o->iters, loss, (double)tokens_per_step / dt,
+                     (double)(o->iters - step - 1) * dt);
         }
         if (log_now) {
             double t = now(), dt = (t - t_last) / (double)since;
             t_last = t;
             since = 0;
             double tps = (double)tokens_per_step / dt, eta = (double)(o->iters - step - 1) * dt;
-            fprintf(r.metrics,
-                    "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"ms_per_step\": %.3f, "
-                    "\"tokens_per_s\": %.1f}\n",
-                    (long long)(step + 1), loss, lr, norm, 1e3 * dt, tps);
-            if (tty) draw_bar(step + 1, o->iters, loss, tps, eta);
+            fprintf(
+                r.metrics,
+                "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"ms_per_step\": %.3f, "
+                "\"tokens_per_s\": %.1f}\n",
+                (long long)(step + 1), loss, lr, norm, 1e3 * dt, tps);
+            if (tty)
+                draw_bar(step + 1, o->iters, loss, tps, eta);
             else
                 printf("step %lld/%lld loss %.4f lr %.3g %.1f ms/step %.0f tok/s\n", (long long)(step + 1),
                        (long long)o->iters, loss, lr, 1e3 * dt, tps);
             fflush(stdout);
         }
     }
-    if (s) fprintf(stderr, "%sember train: %s\n", tty ? "\n" : "", em_last_error());
+    if (s)
+        fprintf(stderr, "%sember train: %s\n", tty ? "\n" : "", em_last_error());
     else
         printf("ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl\n",
                now() - t_start, o->out, o->out, o->out);

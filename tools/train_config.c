@@ -24,8 +24,10 @@ em_status run_config_write(const char *path, const em_gpt_config *m, const em_vo
     fprintf(f, "dropout: %.17g\nbias: %s\ngelu: %s\nvocab: \"", m->dropout, m->bias ? "true" : "false",
             m->gelu_tanh ? "tanh" : "exact");
     for (const char *p = vs; *p; p++) { /* inside YAML double quotes a backslash is written twice */
-        if (*p == '\\') fputs("\\\\", f);
-        else fputc(*p, f);
+        if (*p == '\\')
+            fputs("\\\\", f);
+        else
+            fputc(*p, f);
     }
     fprintf(f, "\"\n");
     free(vs);
@@ -65,25 +67,33 @@ em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
         char *end;
         long iv = strtol(val, &end, 10);
         bool is_int = end != val && !*end && iv > 0 && iv < (1L << 30);
-        int64_t *ifield = !strcmp(key, "vocab_size") ? &m->vocab_size
-                      : !strcmp(key, "block_size") ? &m->block_size
-                      : !strcmp(key, "n_layer")    ? &m->n_layer
-                      : !strcmp(key, "n_head")     ? &m->n_head
-                      : !strcmp(key, "n_embd")     ? &m->n_embd
-                                                   : NULL;
+        int64_t *ifield = !strcmp(key, "vocab_size")   ? &m->vocab_size
+                          : !strcmp(key, "block_size") ? &m->block_size
+                          : !strcmp(key, "n_layer")    ? &m->n_layer
+                          : !strcmp(key, "n_head")     ? &m->n_head
+                          : !strcmp(key, "n_embd")     ? &m->n_embd
+                                                       : NULL;
         if (ifield) {
-            if (!is_int) s = bad(path, ln, "needs a positive integer:", key);
-            else *ifield = (int)iv, seen++;
+            if (!is_int)
+                s = bad(path, ln, "needs a positive integer:", key);
+            else
+                *ifield = (int)iv, seen++;
         } else if (!strcmp(key, "dropout")) {
             m->dropout = strtod(val, &end);
-            if (*end || !(m->dropout >= 0 && m->dropout < 1)) s = bad(path, ln, "needs a number in [0,1):", key);
-            else seen++;
+            if (*end || !(m->dropout >= 0 && m->dropout < 1))
+                s = bad(path, ln, "needs a number in [0,1):", key);
+            else
+                seen++;
         } else if (!strcmp(key, "bias")) {
-            if (strcmp(val, "true") && strcmp(val, "false")) s = bad(path, ln, "needs true or false:", key);
-            else m->bias = !strcmp(val, "true"), seen++;
+            if (strcmp(val, "true") && strcmp(val, "false"))
+                s = bad(path, ln, "needs true or false:", key);
+            else
+                m->bias = !strcmp(val, "true"), seen++;
         } else if (!strcmp(key, "gelu")) {
-            if (strcmp(val, "exact") && strcmp(val, "tanh")) s = bad(path, ln, "needs exact or tanh:", key);
-            else m->gelu_tanh = !strcmp(val, "tanh"), seen++;
+            if (strcmp(val, "exact") && strcmp(val, "tanh"))
+                s = bad(path, ln, "needs exact or tanh:", key);
+            else
+                m->gelu_tanh = !strcmp(val, "tanh"), seen++;
         } else if (!strcmp(key, "vocab")) {
             size_t n = strlen(val);
             if (n < 2 || val[0] != '"' || val[n - 1] != '"') {
@@ -98,14 +108,17 @@ em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
             *o = 0;
             s = em_vocab_from_string(txt, vocab);
             free(txt);
-            if (s) s = bad(path, ln, em_last_error(), key);
-            else seen++;
+            if (s)
+                s = bad(path, ln, em_last_error(), key);
+            else
+                seen++;
         } else {
             s = bad(path, ln, "unknown key", key);
         }
     }
     fclose(f);
-    if (!s && seen != 9) s = em_set_error(EM_ERR_IO, "config: %s is missing keys (found %d of 9)", path, seen);
+    if (!s && seen != 9)
+        s = em_set_error(EM_ERR_IO, "config: %s is missing keys (found %d of 9)", path, seen);
     if (!s && vocab->size != m->vocab_size)
         s = em_set_error(EM_ERR_IO, "config: %s: vocab_size %lld but the vocabulary has %d entries", path,
                          (long long)m->vocab_size, vocab->size);
