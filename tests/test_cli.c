@@ -335,6 +335,24 @@ TEST(test_cli_train_writes_model_config_metrics_and_loss_falls)
     em_free(wte);
     em_safetensors_close(st);
 
+    /* --init starts a new run from those weights: its first eval equals the last */
+    char init[200], out2[200];
+    snprintf(init, sizeof init, "%s/model.safetensors", out);
+    snprintf(out2, sizeof out2, "%s/again", dir);
+    r = run_ember("train", "--data", txt, "--out", out2, TINY_MODEL, "--iters", "0", "--eval-iters", "4", "--init",
+                  init, NULL);
+    CHECK_EXIT(r, 0);
+    double tl2, vl2;
+    const char *e2 = strstr(r->out, "eval step=0 ");
+    CHECK(e2 && sscanf(e2, "eval step=0 train_loss=%lf val_loss=%lf", &tl2, &vl2) == 2);
+    CHECK(tl2 < tl0 - 1.0); /* trained weights, not a fresh init */
+    r = run_ember("train", "--data", txt, "--out", out2, "--init", txt, NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, txt) != NULL);
+    r = run_ember("train", "--data", txt, "--out", txt, TINY_MODEL, "--iters", "1", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, "is not a directory") != NULL);
+
     /* sample continues the prompt with characters of the corpus */
     r = run_ember("sample", "--ckpt", out, "--prompt", "the ", "--tokens", "40", "--seed", "3", NULL);
     CHECK_EXIT(r, 0);

@@ -20,7 +20,7 @@
 #include "train_config.h"
 
 typedef struct train_opts {
-    const char *data, *out;
+    const char *data, *out, *init;
     em_gpt_config model;
     int64_t batch, iters, warmup, eval_every, eval_iters, log_every;
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip;
@@ -40,6 +40,7 @@ static int usage(FILE *f)
             "  --weight-decay X --beta1 X --beta2 X       (default 0.1, 0.9, 0.99)\n"
             "  --grad-clip X --dropout X --seed N         (default 1.0, 0, 1337)\n"
             "  --eval-every N --eval-iters N --log-every N (default 250, 200, 10)\n"
+            "  --init FILE.safetensors                    start from these weights (names as ember saves them)\n"
             "  --bytes                                    byte vocabulary instead of the file's characters\n"
             "  --no-bias                                  no biases in Linear and LayerNorm\n"
             "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n");
@@ -108,7 +109,8 @@ static int parse_args(int argc, char **argv, train_opts *o)
         const char *v = argv[++i];
         int64_t n;
         bool ok = true;
-        if (!strcmp(f, "--data"))
+        if (!strcmp(f, "--init")) o->init = v;
+        else if (!strcmp(f, "--data"))
             o->data = v;
         else if (!strcmp(f, "--gelu")) {
             ok = !strcmp(v, "exact") || !strcmp(v, "tanh");
@@ -297,6 +299,7 @@ static em_status setup(run *r)
     if (s) return s;
     r->gpt = em_gpt_new(&o->model, o->seed);
     if (!r->gpt || (s = em_module_flatten(r->gpt->m))) return em_last_status();
+    if (o->init && (s = em_module_load(r->gpt->m, o->init, true))) return s;
     /* AdamW groups: decay matrices (embeddings, linear weights), not biases or norms */
     r->n_params = em_module_params(r->gpt->m, NULL, 0);
     em_named *all = malloc(sizeof *all * (size_t)r->n_params);
@@ -305,7 +308,7 @@ static em_status setup(run *r)
     if (!all || !r->params || !nodecay) {
         free(all);
         free(nodecay);
-        return em_set_error(EM_ERR_OOM, "ember train: out of memory");
+        return em_set_error(EM_ERR_OOM, "out of memory");
     }
     em_module_params(r->gpt->m, all, r->n_params);
     int nd = 0, nn = 0;
@@ -327,11 +330,14 @@ static em_status setup(run *r)
     free(all);
     free(nodecay);
     if (s) return s;
+    struct stat sb;
     if (mkdir(o->out, 0777) != 0 && errno != EEXIST)
-        return em_set_error(EM_ERR_IO, "ember train: cannot create --out %s: %s", o->out, strerror(errno));
+        return em_set_error(EM_ERR_IO, "cannot create --out %s: %s", o->out, strerror(errno));
+    if (stat(o->out, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return em_set_error(EM_ERR_IO, "--out %s exists and is not a directory", o->out);
     r->metrics = fopen(in_out(r, "metrics.jsonl"), "w");
     if (!r->metrics)
-        return em_set_error(EM_ERR_IO, "ember train: cannot write %s: %s", r->path, strerror(errno));
+        return em_set_error(EM_ERR_IO, "cannot write %s: %s", r->path, strerror(errno));
     return EM_OK;
 }
 
