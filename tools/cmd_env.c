@@ -87,7 +87,7 @@ static void print_text(const env_info *e)
     printf("threads        %d (ember's pool; set EMBER_NUM_THREADS to change)\n", e->threads);
     printf("BLAS           %s: %s\n", e->build.blas, e->blas_config);
     if (e->blas_threads > 0)
-        printf("BLAS threads   %d (set OPENBLAS_NUM_THREADS to change)\n", e->blas_threads);
+        printf("BLAS threads   %d per call (ember splits each GEMM over its own pool instead)\n", e->blas_threads);
     else
         printf("BLAS threads   unknown\n");
     if (e->build.cuda)
