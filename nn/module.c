@@ -81,8 +81,10 @@ em_module *em_module_new(em_module *parent, const char *name)
     m->training = parent ? parent->training : true;
     if (parent) {
         m->parent = parent;
-        if (parent->last) parent->last->next = m;
-        else parent->first = m;
+        if (parent->last)
+            parent->last->next = m;
+        else
+            parent->first = m;
         parent->last = m;
     }
     return m;
@@ -156,7 +158,8 @@ static bool name_taken(const em_module *m, const char *name)
     return false;
 }
 
-static em_status add_entry(em_module *m, entries *e, const char *what, const char *name, em_tensor *h, bool grad)
+static em_status add_entry(em_module *m, entries *e, const char *what, const char *name, em_tensor *h,
+                           bool grad)
 {
     if (!m) return em_err(EM_ERR_ARG, "em_module_add_%s: module is NULL", what);
     tensor *t = t_resolve(h, what);
@@ -165,10 +168,12 @@ static em_status add_entry(em_module *m, entries *e, const char *what, const cha
         return em_err(EM_ERR_ARG, "em_module_add_%s: name '%s' must be non-empty and without '.'", what,
                       name ? name : "(null)");
     if (name_taken(m, name))
-        return em_err(EM_ERR_ARG, "em_module_add_%s: '%s' already has a member named '%s'", what, m->full, name);
+        return em_err(EM_ERR_ARG, "em_module_add_%s: '%s' already has a member named '%s'", what, m->full,
+                      name);
     if (t->depth != 0)
-        return em_err(EM_ERR_SCOPE, "em_module_add_%s: '%s' is a step-scope tensor; parameters must be persistent",
-                      what, name);
+        return em_err(EM_ERR_SCOPE,
+                      "em_module_add_%s: '%s' is a step-scope tensor; parameters must be persistent", what,
+                      name);
     if (m->parent == NULL && m->flat)
         return em_err(EM_ERR_ARG, "em_module_add_%s: the module is already flattened", what);
     if (grad && !t->requires_grad) {
@@ -214,8 +219,14 @@ static int collect(const em_module *base, const em_module *m, bool params, em_na
     return k;
 }
 
-int em_module_params(const em_module *m, em_named *out, int max) { return m ? collect(m, m, true, out, max, 0) : 0; }
-int em_module_buffers(const em_module *m, em_named *out, int max) { return m ? collect(m, m, false, out, max, 0) : 0; }
+int em_module_params(const em_module *m, em_named *out, int max)
+{
+    return m ? collect(m, m, true, out, max, 0) : 0;
+}
+int em_module_buffers(const em_module *m, em_named *out, int max)
+{
+    return m ? collect(m, m, false, out, max, 0) : 0;
+}
 
 static em_tensor *find(const em_module *base, const em_module *m, const char *name)
 {
@@ -231,7 +242,10 @@ static em_tensor *find(const em_module *base, const em_module *m, const char *na
     return NULL;
 }
 
-em_tensor *em_module_find(const em_module *m, const char *name) { return m && name ? find(m, m, name) : NULL; }
+em_tensor *em_module_find(const em_module *m, const char *name)
+{
+    return m && name ? find(m, m, name) : NULL;
+}
 
 int64_t em_module_num_params(const em_module *m)
 {
@@ -272,20 +286,6 @@ static int64_t align_up(int64_t n, em_dtype dt)
 {
     int64_t per = 64 / (int64_t)em_dtype_size(dt); /* elements per 64 bytes */
     return (n + per - 1) / per * per;
-}
-
-/* Points t (contiguous, persistent) at elements [off, off+numel) of flat. */
-static void repoint(tensor *t, tensor *flat, int64_t off)
-{
-    storage *old = t->st;
-    t->st = flat->st;
-    t->st->refcount++;
-    t->offset = off;
-    t_contig_strides(t->ndim, t->shape, t->stride);
-    if (--old->refcount == 0) {
-        free(old->data);
-        free(old);
-    }
 }
 
 em_status em_module_flatten(em_module *root)
@@ -339,7 +339,7 @@ em_status em_module_flatten(em_module *root)
         }
         copy_strided(dst, t);
         t_free(dst);
-        repoint(t, fp, o);
+        t_repoint(t, fp, o);
         tensor *gv = t_view_of(fg, t->ndim, t->shape, t->stride, o);
         if (!gv) {
             em_set_grad_enabled(prev);

@@ -415,6 +415,16 @@ tensor *t_view_of(tensor *base, int ndim, const int64_t *shape, const int64_t *s
     return t;
 }
 
+void t_repoint(tensor *t, tensor *src, int64_t offset)
+{
+    storage *old = t->st;
+    t->st = src->st;
+    if (!t->st->in_arena) t->st->refcount++;
+    t->offset = offset;
+    t_contig_strides(t->ndim, t->shape, t->stride);
+    storage_release(old);
+}
+
 void t_free(tensor *t)
 {
     if (t) tensor_die(t);

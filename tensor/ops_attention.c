@@ -19,13 +19,6 @@ enum { ROW_BLOCK = 256 }; /* query rows per GEMM block: keys past the block's la
 
 static const char *at(const void *p, int64_t off, size_t es) { return (const char *)p + off * (int64_t)es; }
 
-/* C (m,n) = alpha op(A) op(B) + beta C, row-major, in compute dtype ct. */
-static void gemm(em_dtype ct, bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void *A,
-                 int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
-{
-    em_gemm(ct, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
 /* The row pass of one head: rows [lo,hi) of the (T,T) matrices. */
 typedef struct rows_ctx {
     int64_t T;
@@ -97,15 +90,15 @@ static void head_forward(em_dtype ct, int64_t T, int64_t D, double scale, const 
     size_t es = em_dtype_size(ct);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
-        gemm(ct, false, true, i1 - i0, i1, D, scale, at(q, i0 * D, es), D, k, D, 0.0,
-             (void *)at(P, i0 * T, es), T);
+        em_gemm(ct, false, true, i1 - i0, i1, D, scale, at(q, i0 * D, es), D, k, D, 0.0,
+                (void *)at(P, i0 * T, es), T);
     }
     rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .p = P};
     parallel_for(T, 32, softmax_rows, &rc);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
-        gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, D, 0.0,
-             (void *)at(o, i0 * D, es), D);
+        em_gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, D, 0.0,
+                (void *)at(o, i0 * D, es), D);
     }
 }
 
@@ -121,16 +114,17 @@ static void head_backward(em_dtype ct, int64_t T, int64_t D, double scale, const
     memset(gv, 0, (size_t)(T * D) * es);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
-        gemm(ct, true, false, i1, D, m, 1.0, at(P, i0 * T, es), T, at(go, i0 * D, es), D, 1.0, gv, D);
-        gemm(ct, false, true, m, i1, D, 1.0, at(go, i0 * D, es), D, v, D, 0.0, (void *)at(ds, i0 * T, es), T);
+        em_gemm(ct, true, false, i1, D, m, 1.0, at(P, i0 * T, es), T, at(go, i0 * D, es), D, 1.0, gv, D);
+        em_gemm(ct, false, true, m, i1, D, 1.0, at(go, i0 * D, es), D, v, D, 0.0, (void *)at(ds, i0 * T, es),
+                T);
     }
     rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .scale = scale, .p = (void *)P, .ds = ds};
     parallel_for(T, 32, ct == EM_F32 ? dsoftmax_rows_f32 : dsoftmax_rows_f64, &rc);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
-        gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, D, 0.0, (void *)at(gq, i0 * D, es),
-             D);
-        gemm(ct, true, false, i1, D, m, 1.0, at(ds, i0 * T, es), T, at(q, i0 * D, es), D, 1.0, gk, D);
+        em_gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, D, 0.0, (void *)at(gq, i0 * D, es),
+                D);
+        em_gemm(ct, true, false, i1, D, m, 1.0, at(ds, i0 * T, es), T, at(q, i0 * D, es), D, 1.0, gk, D);
     }
 }
 

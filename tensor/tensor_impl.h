@@ -123,6 +123,9 @@ static inline void *t_ptr(const tensor *t)
 {
     return (char *)t->st->data + (size_t)t->offset * em_dtype_size(t->dtype);
 }
+/* Makes t a contiguous view of src's storage starting at element `offset`
+ * (t keeps its shape, dtype and handle), releasing the storage it had. */
+void t_repoint(tensor *t, tensor *src, int64_t offset);
 /* Frees a persistent tensor (internal counterpart of em_free). */
 void t_free(tensor *t);
 /* Ends an op's temporary: frees it if persistent (the op ran with no scope
