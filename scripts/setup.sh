@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # setup.sh — makes sure this Debian/Ubuntu machine has what ember's build
-# needs: meson, ninja, pkg-config, gcc, OpenBLAS and zlib headers.
+# needs: meson, ninja, pkg-config, gcc, OpenBLAS, zlib and libyaml headers.
 # Missing packages are installed when run as root; otherwise the exact
 # `sudo apt-get install` line is printed and the script exits 1.
 # A package counts as present when its tool/pkg-config module is found (so a
@@ -20,13 +20,14 @@ present() {
         gcc) command -v gcc >/dev/null 2>&1 && return 0 ;;
         libopenblas-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openblas && return 0 ;;
         zlib1g-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists zlib && return 0 ;;
+        libyaml-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists yaml-0.1 && return 0 ;;
         wamerican) [ -s /usr/share/dict/american-english ] && return 0 ;;
     esac
     command -v dpkg >/dev/null 2>&1 && dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed'
 }
 
 missing=()
-wanted=(meson ninja-build pkg-config gcc libopenblas-dev zlib1g-dev)
+wanted=(meson ninja-build pkg-config gcc libopenblas-dev zlib1g-dev libyaml-dev)
 [ "${1:-}" = demo ] && wanted+=(wamerican)
 for pkg in "${wanted[@]}"; do
     present "$pkg" || missing+=("$pkg")

@@ -20,7 +20,8 @@ void em_clear_error(void)
 const char *em_status_name(em_status s)
 {
     static const char *names[] = {"ok",    "bad argument",  "shape", "dtype",       "device",  "index",
-                                  "scope", "out of memory", "io",    "unsupported", "autograd"};
+                                  "scope", "out of memory", "io",    "unsupported", "autograd",
+                                  "distributed", "timeout"};
     if ((unsigned)s < sizeof names / sizeof names[0]) return names[s];
     return "unknown status";
 }

@@ -8,5 +8,7 @@ int cmd_env(int argc, char **argv);  /* tools/cmd_env.c */
 int cmd_demo(int argc, char **argv);   /* tools/cmd_demo.c */
 int cmd_train(int argc, char **argv);  /* tools/cmd_train.c */
 int cmd_sample(int argc, char **argv); /* tools/cmd_sample.c */
+int cmd_launch(int argc, char **argv); /* tools/cmd_launch.c */
+int cmd_config(int argc, char **argv); /* tools/cmd_config.c */
 
 #endif

@@ -18,6 +18,8 @@ static const char usage_text[] =
     "  test [substring...]  run the test suite of this build (only tests whose name contains a substring)\n"
     "  train --data FILE    train a character-level GPT on a text file (ember train --help)\n"
     "  sample --ckpt DIR    generate text from a model `ember train` wrote (ember sample --help)\n"
+    "  launch -n N PROG     run PROG as N processes of one distributed job (ember launch --help)\n"
+    "  config               write the default distributed/training config file (ember config --help)\n"
     "  demo                 train a small MLP with the autograd engine and print its falling loss\n"
     "  version              print ember's version\n"
     "  help                 print this text (also --help, -h)\n";
@@ -96,6 +98,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "demo")) return cmd_demo(sub_argc, sub_argv);
     if (!strcmp(cmd, "train")) return cmd_train(sub_argc, sub_argv);
     if (!strcmp(cmd, "sample")) return cmd_sample(sub_argc, sub_argv);
+    if (!strcmp(cmd, "launch")) return cmd_launch(sub_argc, sub_argv);
+    if (!strcmp(cmd, "config")) return cmd_config(sub_argc, sub_argv);
     if (cmd[0] == '-') return bad_usage("unknown flag", cmd);
     return bad_usage("unknown command", cmd);
 }

@@ -253,6 +253,25 @@ bool em_loader_next(em_loader *l, em_batch *b);
 int64_t em_loader_num_batches(const em_loader *l);
 /* The current position (see em_loader_pos); {-1,-1} + error on NULL. */
 em_loader_pos em_loader_position(const em_loader *l);
+/* Shards the loader over `world` ranks (a distributed sampler), from the
+ * next epoch on (call it before the first batch). Each epoch's order (the
+ * same on every rank: it depends only on seed and epoch) is cut into global
+ * batches of G = batch_size * world examples, or G = batch_size with
+ * split_batches (batch_size % world == 0 then), and rank r gets chunk r of
+ * each global batch, so the ranks' chunks concatenated in rank order are the
+ * global batch. A last global batch shorter than G is, with even_batches,
+ * filled up to G by wrapping around to the start of the epoch's order (the
+ * duplicates are at its end: see em_loader_padding) — so every rank gets
+ * the same number of equal batches; without it, ranks get what is left
+ * (possibly nothing); with drop_last it is dropped. world 1 restores the
+ * plain loader. EM_ERR_ARG on rank outside [0, world) or an indivisible
+ * split. */
+em_status em_loader_set_shard(em_loader *l, int rank, int world, bool split_batches, bool even_batches);
+/* How many examples of the current epoch's last global batch are even_batches
+ * padding (0 when none): gathering that batch from every rank in rank order
+ * and dropping this many rows at the end leaves each example once. */
+int64_t em_loader_padding(const em_loader *l);
+
 /* Moves to pos, so the following batches are exactly those an uninterrupted
  * loader yields from pos. Restarts the prefetch thread there. EM_ERR_ARG if
  * pos.epoch < 0 or pos.batch is outside [0, num_batches]. */
@@ -268,6 +287,7 @@ typedef struct em_window_sampler {
     em_tokens tokens; /* borrowed; must outlive the sampler */
     int64_t batch, block;
     em_rng rng;
+    int rank, world; /* sharding; init sets 0, 1 */
 } em_window_sampler;
 
 /* Sets up *s over tokens (i32 or u16) for B windows of T (+1) tokens with
@@ -275,8 +295,15 @@ typedef struct em_window_sampler {
  * tokens (naming n and T). */
 em_status em_window_sampler_init(em_window_sampler *s, const em_tokens *tokens, int64_t B, int64_t T,
                                  uint64_t seed);
-/* The next B windows into *b (b->size = B). Errors as init (b zeroed). */
+/* The next B windows into *b (b->size = B). Errors as init (b zeroed).
+ * Sharded (em_window_sampler_shard), rank r gets windows r*B/world ..
+ * (r+1)*B/world - 1 of the global draw (b->size = B/world) and rng.offset
+ * still advances by B: the ranks together draw exactly the windows one
+ * unsharded sampler draws. */
 em_status em_window_sampler_next(em_window_sampler *s, em_batch *b);
+/* Shards s over world ranks. EM_ERR_ARG if rank is outside [0, world) or
+ * batch % world != 0 (naming both). */
+em_status em_window_sampler_shard(em_window_sampler *s, int rank, int world);
 
 #ifdef __cplusplus
 }

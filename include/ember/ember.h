@@ -7,6 +7,7 @@
 #include "nn.h"
 #include "optim.h"
 #include "data.h"
+#include "dist.h"
 #include "tensor.h"
 
 #endif

@@ -63,7 +63,9 @@ typedef enum em_status {
     EM_ERR_OOM,         /* out of memory */
     EM_ERR_IO,          /* a file could not be read or written */
     EM_ERR_UNSUPPORTED, /* valid, but not implemented */
-    EM_ERR_AUTOGRAD     /* backward asked for something the tape cannot do */
+    EM_ERR_AUTOGRAD,    /* backward asked for something the tape cannot do */
+    EM_ERR_DIST,        /* a peer failed, refused us, or called a different collective */
+    EM_ERR_TIMEOUT      /* a blocking distributed call ran past its timeout */
 } em_status;
 
 /* ---- errors ---------------------------------------------------------------

@@ -1,0 +1,2 @@
+/* store.c — placeholder; being written for issue 4. */
+#include "ember/dist.h"

@@ -1,0 +1,2 @@
+/* test_shard.c — placeholder; being written for issue 4. */
+#include "harness.h"
