@@ -1,2 +1,423 @@
-/* accelerator.c — placeholder; being written for issue 4. */
+/* accelerator.c — the Accelerator: the few calls a training loop makes so the
+ * same program trains alone or as one rank of many (Hugging Face Accelerate's
+ * Accelerator, in C).
+ *
+ *   em_accelerator *acc = em_accelerator_new(NULL);      config file + env
+ *   em_accel_prepare(acc, model, opt, loader, &sched);   DDP, shards, schedule
+ *   while (em_accel_next(acc, &b)) {
+ *       em_scope s = em_scope_begin();
+ *       em_accel_accumulate(acc);                         sync this micro-step?
+ *       em_accel_backward(acc, loss(model, b));           / grad_accum; buckets
+ *       em_accel_clip_grad_norm(acc, 1.0, NULL);
+ *       em_accel_step(acc);  em_accel_zero_grad(acc);     only when synced
+ *       em_scope_end(s);
+ *   }
+ *
+ * Everything it keeps for a resume (step, micro-step, loader position,
+ * sampler and generator states) is plain numbers, written per rank by
+ * em_accel_save_state beside the model and optimizer state.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "ember/dist.h"
+#include "dist/accel_impl.h"
+#include "tensor/tensor_impl.h"
+
+/* ---- configuration ------------------------------------------------------------ */
+
+static em_status env_int(const char *var, int lo, int *out)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) return EM_OK;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < lo || x > 1 << 30)
+        return em_err(EM_ERR_ARG, "em_accelerator_new: %s='%s' is not an integer >= %d", var, v, lo);
+    *out = (int)x;
+    return EM_OK;
+}
+
+static em_status env_bool(const char *var, bool *out)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) return EM_OK;
+    if (!strcmp(v, "1") || !strcmp(v, "true")) *out = true;
+    else if (!strcmp(v, "0") || !strcmp(v, "false")) *out = false;
+    else return em_err(EM_ERR_ARG, "em_accelerator_new: %s='%s' must be 0, 1, true or false", var, v);
+    return EM_OK;
+}
+
+static em_status env_seconds(const char *var, double *out)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) return EM_OK;
+    char *end;
+    double x = strtod(v, &end);
+    if (*end || !(x > 0))
+        return em_err(EM_ERR_ARG, "em_accelerator_new: %s='%s' is not a positive number of seconds", var, v);
+    *out = x;
+    return EM_OK;
+}
+
+/* defaults < config file < environment < code */
+static em_status resolve_config(const em_accel_config *cfg, em_config *c)
+{
+    *c = em_config_defaults();
+    char buf[4096];
+    const char *path = cfg->config_file;
+    if (!path) {
+        path = em_config_default_path(buf, sizeof buf);
+        if (!path) em_clear_error(); /* no HOME: no file */
+    }
+    em_status s;
+    if (path && (s = em_config_read(path, c, cfg->config_file == NULL)) != EM_OK) return s;
+    const char *mp = getenv("EMBER_MIXED_PRECISION");
+    if (mp && *mp && (s = em_precision_parse(mp, &c->mixed_precision)) != EM_OK)
+        return em_err(s, "em_accelerator_new: EMBER_MIXED_PRECISION='%s' must be no, bf16 or fp16", mp);
+    if ((s = env_int("EMBER_GRAD_ACCUM", 1, &c->grad_accum))) return s;
+    if ((s = env_bool("EMBER_SPLIT_BATCHES", &c->split_batches))) return s;
+    if ((s = env_bool("EMBER_EVEN_BATCHES", &c->even_batches))) return s;
+    if ((s = env_seconds("EMBER_TIMEOUT", &c->timeout_s))) return s;
+    if (cfg->grad_accum < 0)
+        return em_err(EM_ERR_ARG, "em_accelerator_new: grad_accum %d must be >= 0", cfg->grad_accum);
+    if (cfg->grad_accum) c->grad_accum = cfg->grad_accum;
+    if (cfg->mixed_precision != EM_PREC_DEFAULT) c->mixed_precision = cfg->mixed_precision;
+    if (cfg->split_batches) c->split_batches = cfg->split_batches > 0;
+    if (cfg->even_batches) c->even_batches = cfg->even_batches > 0;
+    if (cfg->timeout_s < 0 || cfg->timeout_s != cfg->timeout_s)
+        return em_err(EM_ERR_ARG, "em_accelerator_new: timeout_s %g must be >= 0", cfg->timeout_s);
+    if (cfg->timeout_s > 0) c->timeout_s = cfg->timeout_s;
+    if (c->mixed_precision == EM_PREC_BF16 || c->mixed_precision == EM_PREC_FP16)
+        return em_err(EM_ERR_UNSUPPORTED,
+                      "em_accelerator_new: mixed precision '%s' is not available yet; use 'no' (f32)",
+                      em_precision_name(c->mixed_precision));
+    return EM_OK;
+}
+
+em_accelerator *em_accelerator_new(const em_accel_config *cfg)
+{
+    em_accel_config zero = {0};
+    if (!cfg) cfg = &zero;
+    if (cfg->bucket_mb < 0 || cfg->bucket_mb != cfg->bucket_mb)
+        return em_fail(EM_ERR_ARG, "em_accelerator_new: bucket_mb %g must be >= 0", cfg->bucket_mb);
+    em_config c;
+    if (resolve_config(cfg, &c) != EM_OK) return NULL;
+    /* the group reads its timeout from the environment; hand it the resolved one */
+    char tbuf[64];
+    snprintf(tbuf, sizeof tbuf, "%g", c.timeout_s);
+    if (setenv("EMBER_TIMEOUT", tbuf, 1) != 0)
+        return em_fail(EM_ERR_OOM, "em_accelerator_new: cannot set EMBER_TIMEOUT");
+    em_accelerator *a = calloc(1, sizeof *a);
+    if (!a) return em_fail(EM_ERR_OOM, "em_accelerator_new: out of memory");
+    a->pg = em_pg_from_env();
+    if (!a->pg) {
+        free(a);
+        return NULL;
+    }
+    a->rank = em_pg_rank(a->pg);
+    a->world = em_pg_world(a->pg);
+    a->local_rank = a->rank;
+    a->local_world = a->world;
+    if (env_int("LOCAL_RANK", 0, &a->local_rank) || env_int("LOCAL_WORLD_SIZE", 1, &a->local_world)) {
+        em_accelerator_free(a);
+        return NULL;
+    }
+    a->grad_accum = c.grad_accum;
+    a->split_batches = c.split_batches;
+    a->even_batches = c.even_batches;
+    a->bucket_mb = cfg->bucket_mb;
+    a->find_unused = cfg->find_unused_parameters;
+    return a;
+}
+
+void em_accelerator_free(em_accelerator *a)
+{
+    if (!a) return;
+    em_ddp_free(a->ddp);
+    free(a->params);
+    em_pg_free(a->pg);
+    free(a);
+}
+
+int em_accel_rank(const em_accelerator *a) { return a ? a->rank : -1; }
+int em_accel_world(const em_accelerator *a) { return a ? a->world : -1; }
+int em_accel_local_rank(const em_accelerator *a) { return a ? a->local_rank : -1; }
+bool em_accel_is_main_process(const em_accelerator *a) { return a && a->rank == 0; }
+bool em_accel_is_local_main(const em_accelerator *a) { return a && a->local_rank == 0; }
+int em_accel_grad_accum(const em_accelerator *a) { return a ? a->grad_accum : -1; }
+em_pg *em_accel_pg(const em_accelerator *a) { return a ? a->pg : NULL; }
+bool em_accel_sync_gradients(const em_accelerator *a) { return a && a->sync; }
+int64_t em_accel_step_count(const em_accelerator *a) { return a ? a->steps : -1; }
+
+/* ---- prepare ------------------------------------------------------------------ */
+
+static em_status prepare_model(em_accelerator *a, em_module *model)
+{
+    if (a->model) return em_err(EM_ERR_ARG, "em_accel_prepare: a model is already prepared");
+    em_status s = em_module_flatten(model);
+    if (s) return s;
+    int n = em_module_params(model, NULL, 0);
+    em_named *ps = calloc((size_t)n + 1, sizeof *ps);
+    a->params = calloc((size_t)n + 1, sizeof *a->params);
+    if (!ps || !a->params) {
+        free(ps);
+        return em_err(EM_ERR_OOM, "em_accel_prepare: out of memory");
+    }
+    em_module_params(model, ps, n);
+    for (int i = 0; i < n; i++) a->params[i] = ps[i].t;
+    free(ps);
+    a->nparams = n;
+    if (a->world > 1) {
+        em_ddp_config dc = {.bucket_mb = a->bucket_mb, .find_unused_parameters = a->find_unused};
+        a->ddp = em_ddp_new(a->pg, model, &dc);
+        if (!a->ddp) return em_last_status();
+    }
+    a->model = model;
+    return EM_OK;
+}
+
+em_status em_accel_prepare(em_accelerator *a, em_module *model, em_optimizer *opt, em_loader *loader,
+                           const em_lr_schedule *sched)
+{
+    if (!a) return em_err(EM_ERR_ARG, "em_accel_prepare: accelerator is NULL");
+    em_status s;
+    if (sched && (s = em_lr_schedule_check(sched))) return s;
+    if (model && (s = prepare_model(a, model))) return s;
+    if (loader) {
+        if ((s = em_loader_set_shard(loader, a->rank, a->world, a->split_batches, a->even_batches))) return s;
+        a->loader = loader;
+    }
+    if (opt) a->opt = opt;
+    if (sched) {
+        a->sched = *sched;
+        a->has_sched = true;
+    }
+    return EM_OK;
+}
+
+em_status em_accel_prepare_sampler(em_accelerator *a, em_window_sampler *s)
+{
+    if (!a || !s) return em_err(EM_ERR_ARG, "em_accel_prepare_sampler: %s is NULL", a ? "sampler" : "accelerator");
+    em_status st = em_window_sampler_shard(s, a->rank, a->world);
+    if (st) return st;
+    a->sampler = s;
+    return EM_OK;
+}
+
+em_status em_accel_register_rng(em_accelerator *a, em_rng *rng)
+{
+    if (!a || !rng) return em_err(EM_ERR_ARG, "em_accel_register_rng: %s is NULL", a ? "rng" : "accelerator");
+    if (a->nrngs == MAX_RNGS) return em_err(EM_ERR_ARG, "em_accel_register_rng: at most %d generators", MAX_RNGS);
+    a->rngs[a->nrngs++] = rng;
+    return EM_OK;
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+bool em_accel_next(em_accelerator *a, em_batch *b)
+{
+    if (!a || !a->loader) {
+        if (b) *b = (em_batch){0};
+        em_err(EM_ERR_ARG, "em_accel_next: %s", a ? "no loader was prepared" : "accelerator is NULL");
+        return false;
+    }
+    bool got = em_loader_next(a->loader, b);
+    a->end_of_data = got && em_loader_position(a->loader).batch == em_loader_num_batches(a->loader);
+    return got;
+}
+
+bool em_accel_accumulate(em_accelerator *a)
+{
+    if (!a) return false;
+    if (a->end_of_data) {
+        a->micro = 0;
+        a->sync = true;
+    } else {
+        a->micro++;
+        a->sync = a->micro % a->grad_accum == 0;
+        if (a->sync) a->micro = 0;
+    }
+    return a->sync;
+}
+
+em_status em_accel_backward(em_accelerator *a, em_tensor *loss)
+{
+    if (!a) return em_err(EM_ERR_ARG, "em_accel_backward: accelerator is NULL");
+    if (!loss) return em_last_status() ? em_last_status() : em_err(EM_ERR_ARG, "em_accel_backward: loss is NULL");
+    /* without em_accel_accumulate every micro-step is a sync step */
+    if (a->grad_accum == 1) a->sync = true;
+    em_tensor *l = a->grad_accum > 1 ? em_mul_scalar(loss, 1.0 / a->grad_accum) : loss;
+    if (!l) return em_last_status();
+    if (!a->ddp) return em_backward(l, NULL);
+    em_ddp_set_sync(a->ddp, a->sync);
+    return em_ddp_backward(a->ddp, l, NULL);
+}
+
+double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *status)
+{
+    if (!a || !a->model) {
+        em_status s = em_err(EM_ERR_ARG, "em_accel_clip_grad_norm: %s",
+                             a ? "no model was prepared" : "accelerator is NULL");
+        if (status) *status = s;
+        return NAN;
+    }
+    /* after a synced backward every rank holds the same averaged gradients,
+     * so the local norm is the global one */
+    return em_clip_grad_norm(a->nparams, a->params, max_norm, status);
+}
+
+em_status em_accel_step(em_accelerator *a)
+{
+    if (!a || !a->opt) return em_err(EM_ERR_ARG, "em_accel_step: %s", a ? "no optimizer was prepared" : "accelerator is NULL");
+    if (!a->sync) return EM_OK;
+    em_status s;
+    if (a->has_sched && (s = em_optim_set_lr(a->opt, -1, em_lr_at(&a->sched, a->steps)))) return s;
+    if ((s = em_optim_step(a->opt))) return s;
+    a->steps++;
+    return EM_OK;
+}
+
+em_status em_accel_zero_grad(em_accelerator *a)
+{
+    if (!a || !a->opt) return em_err(EM_ERR_ARG, "em_accel_zero_grad: %s", a ? "no optimizer was prepared" : "accelerator is NULL");
+    if (!a->sync) return EM_OK;
+    return em_optim_zero_grad(a->opt);
+}
+
+/* ---- gathering and friends ---------------------------------------------------- */
+
+em_tensor *em_accel_gather(em_accelerator *a, em_tensor *t)
+{
+    if (!a || !t) return em_fail(EM_ERR_ARG, "em_accel_gather: %s is NULL", a ? "tensor" : "accelerator");
+    int nd = em_ndim(t);
+    if (nd < 0) return NULL;
+    int64_t shape[EM_MAX_DIMS];
+    if (nd == 0) {
+        shape[0] = a->world;
+        nd = 1;
+    } else {
+        memcpy(shape, em_shape(t), (size_t)nd * sizeof *shape);
+        shape[0] *= a->world;
+    }
+    em_tensor *out = em_empty(em_dtype_of(t), nd, shape);
+    if (!out) return NULL;
+    em_scope sc = em_scope_begin(); /* a contiguous copy of t, if one is needed, dies here */
+    em_tensor *in = em_contiguous(t);
+    em_status s = in ? em_all_gather(a->pg, out, in, NULL) : em_last_status();
+    em_scope_end(sc);
+    if (s != EM_OK) {
+        if (!em_scope_depth()) em_free(out);
+        return NULL;
+    }
+    return out;
+}
+
+em_tensor *em_accel_gather_for_metrics(em_accelerator *a, em_tensor *t)
+{
+    em_tensor *all = em_accel_gather(a, t);
+    if (!all || !a->loader || !a->end_of_data) return all;
+    int64_t pad = em_loader_padding(a->loader);
+    if (pad <= 0 || em_ndim(t) == 0) return all;
+    int64_t n = em_shape(all)[0];
+    return em_narrow(all, 0, 0, n - (pad < n ? pad : n));
+}
+
+em_tensor *em_accel_reduce(em_accelerator *a, em_tensor *t, em_reduce_op op)
+{
+    if (!a || !t) return em_fail(EM_ERR_ARG, "em_accel_reduce: %s is NULL", a ? "tensor" : "accelerator");
+    em_tensor *out = em_copy(t);
+    if (!out) return NULL;
+    if (em_all_reduce(a->pg, out, op, NULL) != EM_OK) return NULL;
+    return out;
+}
+
+em_tensor *em_accel_pad_across_processes(em_accelerator *a, em_tensor *t, int dim, double pad_value, bool pad_first)
+{
+    if (!a || !t)
+        return em_fail(EM_ERR_ARG, "em_accel_pad_across_processes: %s is NULL", a ? "tensor" : "accelerator");
+    int nd = em_ndim(t);
+    if (nd < 0) return NULL;
+    if (dim < 0) dim += nd;
+    if (dim < 0 || dim >= nd)
+        return em_fail(EM_ERR_ARG, "em_accel_pad_across_processes: dim %d out of range for %d dims", dim, nd);
+    int64_t one = 1, w = a->world, most = 0;
+    em_scope sc = em_scope_begin();
+    em_tensor *mine = em_full(EM_I32, 1, &one, (double)em_shape(t)[dim]);
+    em_tensor *sizes = mine ? em_empty(EM_I32, 1, &w) : NULL;
+    em_status s = sizes ? em_all_gather(a->pg, sizes, mine, NULL) : em_last_status();
+    for (int r = 0; r < a->world && s == EM_OK; r++) {
+        int64_t v = ((int32_t *)em_data(sizes))[r];
+        if (v > most) most = v;
+    }
+    em_scope_end(sc);
+    if (s != EM_OK) return NULL;
+    int64_t have = em_shape(t)[dim];
+    if (have == most) return em_copy(t);
+    int64_t shape[EM_MAX_DIMS];
+    memcpy(shape, em_shape(t), (size_t)nd * sizeof *shape);
+    shape[dim] = most;
+    em_tensor *out = em_full(em_dtype_of(t), nd, shape, pad_value);
+    em_tensor *dst = out ? em_narrow(out, dim, pad_first ? most - have : 0, have) : NULL;
+    if (!dst || em_copy_into(dst, t) != EM_OK) return NULL;
+    return out;
+}
+
+em_status em_accel_wait_for_everyone(em_accelerator *a)
+{
+    if (!a) return em_err(EM_ERR_ARG, "em_accel_wait_for_everyone: accelerator is NULL");
+    return em_barrier(a->pg, NULL);
+}
+
+void em_accel_print(const em_accelerator *a, const char *fmt, ...)
+{
+    if (!a || a->rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
+
+void em_accel_split_between_processes(const em_accelerator *a, int64_t n, int64_t *start, int64_t *count)
+{
+    int w = a ? a->world : 1, r = a ? a->rank : 0;
+    if (n < 0) n = 0;
+    int64_t base = n / w, extra = n % w;
+    int64_t c = base + (r < extra ? 1 : 0);
+    int64_t s = r * base + (r < extra ? r : extra);
+    if (start) *start = s;
+    if (count) *count = c;
+}
+
+void em_accel_set_trigger(em_accelerator *a)
+{
+    if (a) a->trigger = true;
+}
+
+bool em_accel_check_trigger(em_accelerator *a, em_status *status)
+{
+    em_status s = EM_OK;
+    bool fired = false;
+    if (!a) {
+        s = em_err(EM_ERR_ARG, "em_accel_check_trigger: accelerator is NULL");
+    } else {
+        int64_t one = 1;
+        em_scope sc = em_scope_begin();
+        em_tensor *f = em_full(EM_I32, 1, &one, a->trigger ? 1 : 0);
+        s = f ? em_all_reduce(a->pg, f, EM_RED_MAX, NULL) : em_last_status();
+        if (s == EM_OK) {
+            fired = ((int32_t *)em_data(f))[0] != 0;
+            a->trigger = false;
+        }
+        em_scope_end(sc);
+    }
+    if (status) *status = s;
+    return fired;
+}

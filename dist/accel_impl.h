@@ -1,0 +1,37 @@
+/* accel_impl.h — the Accelerator's state, shared by dist/accelerator.c (the
+ * loop) and dist/accel_state.c (save_state / load_state). */
+#ifndef EMBER_DIST_ACCEL_IMPL_H
+#define EMBER_DIST_ACCEL_IMPL_H
+
+#include "ember/dist.h"
+
+#define MAX_RNGS 16
+
+struct em_accelerator {
+    em_pg *pg;
+    int rank, world, local_rank, local_world;
+    int grad_accum;
+    bool split_batches, even_batches;
+    double bucket_mb;
+    bool find_unused;
+    /* prepared objects (borrowed) */
+    em_module *model;
+    em_ddp *ddp;
+    em_tensor **params;
+    int nparams;
+    em_optimizer *opt;
+    em_loader *loader;
+    em_lr_schedule sched;
+    bool has_sched;
+    em_window_sampler *sampler;
+    em_rng *rngs[MAX_RNGS];
+    int nrngs;
+    /* the loop's state */
+    int64_t micro;     /* micro-steps since the last sync */
+    int64_t steps;     /* optimizer steps taken */
+    bool sync;         /* sync_gradients of the current micro-step */
+    bool end_of_data;  /* the last em_accel_next returned the epoch's last batch */
+    bool trigger;
+};
+
+#endif
