@@ -5,7 +5,7 @@
 
 #include "ember/dist.h"
 
-#define MAX_RNGS 16
+#define MAX_RNGS 256
 
 struct em_accelerator {
     em_pg *pg;

@@ -5,7 +5,13 @@
  * then cosine decay of the learning rate, global-norm clipping, and an
  * evaluation on both splits every --eval-every steps (and at the end) that
  * prints `eval step=N train_loss=X val_loss=Y`. It writes DIR/model.safetensors,
- * DIR/config (model shape and vocabulary) and DIR/metrics.jsonl. */
+ * DIR/config (model shape and vocabulary) and DIR/metrics.jsonl, and the
+ * whole resumable state in DIR/state (em_accel_save_state).
+ *
+ * It runs through the Accelerator, so `ember launch -n N ember train ...`
+ * trains with DDP: --batch is the global batch, each rank draws its share of
+ * the same windows (batch % N == 0), and the result matches one process up
+ * to float reassociation. Rank 0 prints and writes the files. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,9 +26,9 @@
 #include "train_config.h"
 
 typedef struct train_opts {
-    const char *data, *out, *init;
+    const char *data, *out, *init, *resume;
     em_gpt_config model;
-    int64_t batch, iters, warmup, eval_every, eval_iters, log_every;
+    int64_t batch, iters, warmup, eval_every, eval_iters, log_every, grad_accum;
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip;
     uint64_t seed;
     bool bytes;
@@ -34,13 +40,16 @@ static int usage(FILE *f)
             "usage: ember train --data FILE.txt [options]\n"
             "  --out DIR          where model.safetensors, config, metrics.jsonl go (default out)\n"
             "  --layers N --heads N --embd N --block N   model shape (default 4 4 128 64)\n"
-            "  --batch N --iters N                        (default 12, 2000)\n"
+            "  --batch N --iters N                        (default 12, 2000); the batch is global: each of\n"
+            "                                             N processes under `ember launch` takes batch/N\n"
+            "  --grad-accum K                             micro-batches per step (default: config file, 1)\n"
             "  --lr X --min-lr X --warmup N               AdamW lr, cosine to min-lr after warm-up\n"
             "                                             (default 1e-3, 1e-4, 100)\n"
             "  --weight-decay X --beta1 X --beta2 X       (default 0.1, 0.9, 0.99)\n"
             "  --grad-clip X --dropout X --seed N         (default 1.0, 0, 1337)\n"
             "  --eval-every N --eval-iters N --log-every N (default 250, 200, 10)\n"
             "  --init FILE.safetensors                    start from these weights (names as ember saves them)\n"
+            "  --resume DIR                               continue a run from its DIR/state (same flags)\n"
             "  --bytes                                    byte vocabulary instead of the file's characters\n"
             "  --no-bias                                  no biases in Linear and LayerNorm\n"
             "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n");
@@ -110,6 +119,10 @@ static int parse_args(int argc, char **argv, train_opts *o)
         int64_t n;
         bool ok = true;
         if (!strcmp(f, "--init")) o->init = v;
+        else if (!strcmp(f, "--resume"))
+            o->resume = v;
+        else if (!strcmp(f, "--grad-accum"))
+            ok = parse_int(f, v, 1, &o->grad_accum);
         else if (!strcmp(f, "--data"))
             o->data = v;
         else if (!strcmp(f, "--gelu")) {
@@ -184,12 +197,13 @@ static int parse_args(int argc, char **argv, train_opts *o)
 
 typedef struct run {
     train_opts o;
+    em_accelerator *acc;
+    bool main; /* rank 0: prints and writes the files */
     em_text *text;
     em_tokens train, val;
     em_gpt *gpt;
     em_optimizer *opt;
-    em_tensor **params;
-    int n_params;
+    em_lr_schedule sched;
     em_window_sampler sampler, eval_sampler[2];
     FILE *metrics;
     char path[4096];
@@ -201,53 +215,84 @@ static const char *in_out(run *r, const char *name)
     return r->path;
 }
 
-/* Mean loss over eval_iters random batches of each split, in eval mode. */
+/* Mean loss over eval_iters random batches of each split, in eval mode. Each
+ * rank evaluates its share of every batch; the means are averaged over the
+ * ranks (equal shares, so this is the mean over the whole batches). */
 static em_status evaluate(run *r, double loss[2])
 {
     bool prev = em_set_grad_enabled(false);
     em_module_train(r->gpt->m, false);
     em_status s = EM_OK;
+    double local[2] = {0, 0};
     for (int split = 0; split < 2 && !s; split++) {
-        double sum = 0;
         for (int64_t i = 0; i < r->o.eval_iters && !s; i++) {
             em_scope sc = em_scope_begin();
             em_batch b;
             s = em_window_sampler_next(&r->eval_sampler[split], &b);
             em_tensor *l = s ? NULL : em_gpt_loss(r->gpt, b.x, b.y);
             if (!s && !l) s = em_last_status();
-            if (!s) sum += em_item(l);
+            if (!s) local[split] += em_item(l);
             em_scope_end(sc);
         }
-        loss[split] = sum / (double)r->o.eval_iters;
+        local[split] /= (double)r->o.eval_iters;
     }
     em_module_train(r->gpt->m, true);
     em_set_grad_enabled(prev);
+    if (s) return s;
+    em_scope sc = em_scope_begin();
+    em_tensor *t = em_empty(EM_F64, 1, (int64_t[]){2});
+    if (t) memcpy(em_data(t), local, sizeof local);
+    em_tensor *avg = t ? em_accel_reduce(r->acc, t, EM_RED_AVG) : NULL;
+    if (avg) memcpy(loss, em_data(avg), sizeof local);
+    s = avg ? EM_OK : em_last_status();
+    em_scope_end(sc);
     return s;
 }
 
+/* The model and config (rank 0), then every rank's resumable state. */
 static em_status save(run *r)
 {
-    em_status s = em_module_save(r->gpt->m, in_out(r, "model.safetensors"));
-    return s ? s : run_config_write(in_out(r, "config"), &r->gpt->cfg, &r->text->vocab);
+    em_status s = EM_OK;
+    if (r->main) {
+        s = em_module_save(r->gpt->m, in_out(r, "model.safetensors"));
+        if (!s) s = run_config_write(in_out(r, "config"), &r->gpt->cfg, &r->text->vocab);
+    }
+    /* collective: every rank calls it even if rank 0 failed above, and it
+     * fails on every rank if any did */
+    em_status st = em_accel_save_state(r->acc, in_out(r, "state"));
+    return s ? s : st;
 }
 
-/* One optimisation step; *loss gets the batch loss. */
-static em_status train_step(run *r, double lr, double *loss, double *norm)
+/* One optimisation step of grad_accum micro-batches; *loss gets the mean
+ * loss over the step's whole (global) batch. */
+static em_status train_step(run *r, double *loss, double *norm)
 {
-    em_status s = em_optim_set_lr(r->opt, -1, lr);
-    em_scope sc = em_scope_begin();
-    em_batch b;
-    if (!s) s = em_window_sampler_next(&r->sampler, &b);
-    em_tensor *l = s ? NULL : em_gpt_loss(r->gpt, b.x, b.y);
-    if (!s && !l) s = em_last_status();
-    if (!s) {
-        *loss = em_item(l);
-        s = em_backward(l, NULL);
+    em_status s = EM_OK;
+    int k = em_accel_grad_accum(r->acc);
+    double sum = 0;
+    for (int micro = 0; micro < k && !s; micro++) {
+        em_scope sc = em_scope_begin();
+        em_accel_accumulate(r->acc);
+        em_batch b;
+        s = em_window_sampler_next(&r->sampler, &b);
+        em_tensor *l = s ? NULL : em_gpt_loss(r->gpt, b.x, b.y);
+        if (!s && !l) s = em_last_status();
+        if (!s) {
+            sum += em_item(l);
+            s = em_accel_backward(r->acc, l);
+        }
+        em_scope_end(sc);
     }
+    if (!s && r->o.grad_clip > 0) *norm = em_accel_clip_grad_norm(r->acc, r->o.grad_clip, &s);
+    if (!s) s = em_accel_step(r->acc);
+    if (!s) s = em_accel_zero_grad(r->acc);
+    if (s) return s;
+    em_scope sc = em_scope_begin();
+    em_tensor *t = em_scalar(EM_F64, sum / k);
+    em_tensor *avg = t ? em_accel_reduce(r->acc, t, EM_RED_AVG) : NULL;
+    if (avg) *loss = em_item(avg);
+    s = avg ? EM_OK : em_last_status();
     em_scope_end(sc);
-    if (!s && r->o.grad_clip > 0) *norm = em_clip_grad_norm(r->n_params, r->params, r->o.grad_clip, &s);
-    if (!s) s = em_optim_step(r->opt);
-    if (!s) s = em_optim_zero_grad(r->opt);
     return s;
 }
 
@@ -281,9 +326,62 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* AdamW with decay on matrices (embeddings, linear weights), not on biases
+ * or norms, as nanoGPT groups them. */
+static em_status make_optimizer(run *r)
+{
+    int n = em_module_params(r->gpt->m, NULL, 0);
+    em_named *all = malloc(sizeof *all * (size_t)n);
+    em_tensor **decay = malloc(sizeof *decay * (size_t)n), **nodecay = malloc(sizeof *nodecay * (size_t)n);
+    em_status s = EM_OK;
+    if (!all || !decay || !nodecay) {
+        s = em_set_error(EM_ERR_OOM, "out of memory");
+        goto out;
+    }
+    em_module_params(r->gpt->m, all, n);
+    int nd = 0, nn = 0;
+    for (int i = 0; i < n; i++) {
+        if (em_ndim(all[i].t) >= 2)
+            decay[nd++] = all[i].t;
+        else
+            nodecay[nn++] = all[i].t;
+    }
+    em_adam_config ac = em_adamw_defaults();
+    ac.lr = r->o.lr;
+    ac.beta1 = r->o.beta1;
+    ac.beta2 = r->o.beta2;
+    ac.weight_decay = r->o.weight_decay;
+    r->opt = em_adamw_new(nd, decay, &ac);
+    if (!r->opt || em_optim_add_group(r->opt, nn, nodecay, r->o.lr, 0.0) < 0) s = em_last_status();
+out:
+    free(all);
+    free(decay);
+    free(nodecay);
+    return s;
+}
+
+/* Every dropout generator of the model, so a resume continues their masks. */
+static em_status register_dropout_rngs(run *r)
+{
+    em_gpt *g = r->gpt;
+    em_status s = em_accel_register_rng(r->acc, &g->drop->rng);
+    for (int i = 0; i < g->cfg.n_layer && !s; i++) {
+        s = em_accel_register_rng(r->acc, &g->h[i]->attn->resid_dropout->rng);
+        if (!s) s = em_accel_register_rng(r->acc, &g->h[i]->mlp->dropout->rng);
+    }
+    return s;
+}
+
 static em_status setup(run *r)
 {
     train_opts *o = &r->o;
+    r->acc = em_accelerator_new(&(em_accel_config){.grad_accum = (int)o->grad_accum});
+    if (!r->acc) return em_last_status();
+    r->main = em_accel_is_main_process(r->acc);
+    int rank = em_accel_rank(r->acc), world = em_accel_world(r->acc);
+    if (o->batch % world)
+        return em_set_error(EM_ERR_ARG, "--batch %lld is not a multiple of the %d processes", (long long)o->batch,
+                            world);
     r->text = em_text_open(o->data, o->bytes ? EM_TEXT_BYTES : EM_TEXT_CHARS);
     if (!r->text) return em_last_status();
     em_status s = em_tokens_split(&r->text->tokens, 0.9, &r->train, &r->val);
@@ -296,56 +394,41 @@ static em_status setup(run *r)
     if (!s)
         s = em_window_sampler_init(&r->eval_sampler[0], &r->train, o->batch, T, em_seed_derive(o->seed, 2));
     if (!s) s = em_window_sampler_init(&r->eval_sampler[1], &r->val, o->batch, T, em_seed_derive(o->seed, 3));
+    for (int i = 0; i < 2 && !s; i++) {
+        s = em_window_sampler_shard(&r->eval_sampler[i], rank, world);
+        if (!s) s = em_accel_register_rng(r->acc, &r->eval_sampler[i].rng);
+    }
     if (s) return s;
     r->gpt = em_gpt_new(&o->model, o->seed);
     if (!r->gpt || (s = em_module_flatten(r->gpt->m))) return em_last_status();
     if (o->init && (s = em_module_load(r->gpt->m, o->init, true))) return s;
-    /* AdamW groups: decay matrices (embeddings, linear weights), not biases or norms */
-    r->n_params = em_module_params(r->gpt->m, NULL, 0);
-    em_named *all = malloc(sizeof *all * (size_t)r->n_params);
-    r->params = malloc(sizeof *r->params * (size_t)r->n_params);
-    em_tensor **nodecay = malloc(sizeof *nodecay * (size_t)r->n_params);
-    if (!all || !r->params || !nodecay) {
-        free(all);
-        free(nodecay);
-        return em_set_error(EM_ERR_OOM, "out of memory");
+    if ((s = make_optimizer(r))) return s;
+    if (o->model.dropout > 0 && (s = register_dropout_rngs(r))) return s;
+    r->sched = (em_lr_schedule){.kind = EM_LR_COSINE,
+                                .base_lr = o->lr,
+                                .min_lr = o->min_lr,
+                                .warmup = o->warmup,
+                                .total = o->iters > o->warmup ? o->iters : o->warmup + 1};
+    if ((s = em_accel_prepare(r->acc, r->gpt->m, r->opt, NULL, &r->sched))) return s;
+    if ((s = em_accel_prepare_sampler(r->acc, &r->sampler))) return s;
+    if (o->resume && (s = em_accel_load_state(r->acc, o->resume))) return s;
+    if (r->main) {
+        struct stat sb;
+        if (mkdir(o->out, 0777) != 0 && errno != EEXIST)
+            s = em_set_error(EM_ERR_IO, "cannot create --out %s: %s", o->out, strerror(errno));
+        else if (stat(o->out, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            s = em_set_error(EM_ERR_IO, "--out %s exists and is not a directory", o->out);
+        else if (!(r->metrics = fopen(in_out(r, "metrics.jsonl"), o->resume ? "a" : "w")))
+            s = em_set_error(EM_ERR_IO, "cannot write %s: %s", r->path, strerror(errno));
     }
-    em_module_params(r->gpt->m, all, r->n_params);
-    int nd = 0, nn = 0;
-    for (int i = 0; i < r->n_params; i++) {
-        if (em_ndim(all[i].t) >= 2)
-            r->params[nd++] = all[i].t;
-        else
-            nodecay[nn++] = all[i].t;
-    }
-    memcpy(r->params + nd, nodecay, sizeof *nodecay * (size_t)nn);
-    em_adam_config ac = em_adamw_defaults();
-    ac.lr = o->lr;
-    ac.beta1 = o->beta1;
-    ac.beta2 = o->beta2;
-    ac.weight_decay = o->weight_decay;
-    r->opt = em_adamw_new(nd, r->params, &ac);
-    if (r->opt && em_optim_add_group(r->opt, nn, r->params + nd, o->lr, 0.0) < 0) s = em_last_status();
-    if (!r->opt) s = em_last_status();
-    free(all);
-    free(nodecay);
-    if (s) return s;
-    struct stat sb;
-    if (mkdir(o->out, 0777) != 0 && errno != EEXIST)
-        return em_set_error(EM_ERR_IO, "cannot create --out %s: %s", o->out, strerror(errno));
-    if (stat(o->out, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return em_set_error(EM_ERR_IO, "--out %s exists and is not a directory", o->out);
-    r->metrics = fopen(in_out(r, "metrics.jsonl"), "w");
-    if (!r->metrics)
-        return em_set_error(EM_ERR_IO, "cannot write %s: %s", r->path, strerror(errno));
-    return EM_OK;
+    return s;
 }
 
 static void teardown(run *r)
 {
     if (r->metrics) fclose(r->metrics);
+    em_accelerator_free(r->acc);
     em_optim_free(r->opt);
-    free(r->params);
     if (r->gpt) em_gpt_free(r->gpt);
     em_text_free(r->text);
 }
@@ -360,45 +443,49 @@ int cmd_train(int argc, char **argv)
     if (s) {
         fprintf(stderr, "ember train: %s\n", em_last_error());
         teardown(&r);
-        return 1;
+        return s == EM_ERR_ARG ? 2 : 1;
     }
-    em_lr_schedule sched = {.kind = EM_LR_COSINE,
-                            .base_lr = o->lr,
-                            .min_lr = o->min_lr,
-                            .warmup = o->warmup,
-                            .total = o->iters > o->warmup ? o->iters : o->warmup + 1};
-    if ((s = em_lr_schedule_check(&sched))) {
-        fprintf(stderr, "ember train: %s\n", em_last_error());
-        teardown(&r);
-        return 2;
+    bool tty = r.main && isatty(STDOUT_FILENO);
+    int world = em_accel_world(r.acc);
+    int64_t start = em_accel_step_count(r.acc);
+    if (r.main) {
+        printf("ember train: %s, %lld train / %lld val tokens, vocab %lld; GPT %lld layers, %lld heads, %lld "
+               "wide, context %lld (%.2fM parameters); batch %lld",
+               o->data, (long long)r.train.n, (long long)r.val.n, (long long)o->model.vocab_size,
+               (long long)o->model.n_layer, (long long)o->model.n_head, (long long)o->model.n_embd,
+               (long long)o->model.block_size, (double)em_module_num_params(r.gpt->m) / 1e6, (long long)o->batch);
+        if (world > 1) printf(" (%lld on each of %d processes)", (long long)(o->batch / world), world);
+        if (em_accel_grad_accum(r.acc) > 1) printf(" x %d accumulated", em_accel_grad_accum(r.acc));
+        printf(", %lld iterations", (long long)o->iters);
+        if (o->resume) printf(", resuming at step %lld from %s", (long long)start, o->resume);
+        printf("\n");
+        fflush(stdout);
     }
-    bool tty = isatty(STDOUT_FILENO);
-    printf(
-        "ember train: %s, %lld train / %lld val tokens, vocab %lld; GPT %lld layers, %lld heads, %lld wide, "
-        "context %lld (%.2fM parameters); batch %lld, %lld iterations\n",
-        o->data, (long long)r.train.n, (long long)r.val.n, (long long)o->model.vocab_size,
-        (long long)o->model.n_layer, (long long)o->model.n_head, (long long)o->model.n_embd,
-        (long long)o->model.block_size, (double)em_module_num_params(r.gpt->m) / 1e6, (long long)o->batch,
-        (long long)o->iters);
     double t_start = now(), t_last = t_start, loss = NAN, norm = 0;
-    int64_t tokens_per_step = o->batch * o->model.block_size, since = 0; /* steps timed since t_last */
-    for (int64_t step = 0; !s; step++) {
-        if (step % o->eval_every == 0 || step == o->iters) {
+    int64_t tokens_per_step = o->batch * em_accel_grad_accum(r.acc) * o->model.block_size;
+    int64_t since = 0; /* steps timed since t_last */
+    for (int64_t step = start; !s; step++) {
+        /* a resumed run's state was saved right after its evaluation at `start` */
+        bool resumed_here = o->resume && step == start;
+        if ((step % o->eval_every == 0 || step == o->iters) && !resumed_here) {
             double el[2];
             if ((s = evaluate(&r, el))) break;
-            if (tty) printf("\r\033[K");
-            printf("eval step=%lld train_loss=%.4f val_loss=%.4f\n", (long long)step, el[0], el[1]);
-            fprintf(r.metrics, "{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f}\n",
-                    (long long)step, el[0], el[1]);
-            fflush(stdout);
+            if (r.main) {
+                if (tty) printf("\r\033[K");
+                printf("eval step=%lld train_loss=%.4f val_loss=%.4f\n", (long long)step, el[0], el[1]);
+                fprintf(r.metrics, "{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f}\n",
+                        (long long)step, el[0], el[1]);
+                fflush(stdout);
+            }
             if ((s = save(&r))) break;
             t_last = now(); /* step timings leave evaluation out */
             since = 0;
         }
-        if (step == o->iters) break;
-        double lr = em_lr_at(&sched, step);
-        if ((s = train_step(&r, lr, &loss, &norm))) break;
+        if (step >= o->iters) break;
+        double lr = em_lr_at(&r.sched, step);
+        if ((s = train_step(&r, &loss, &norm))) break;
         since++;
+        if (!r.main) continue;
         bool log_now = (step + 1) % o->log_every == 0 || step + 1 == o->iters;
         if (tty && !log_now) { /* the bar moves every step on a terminal */
             double dt = (now() - t_last) / (double)since;
@@ -425,9 +512,9 @@ int cmd_train(int argc, char **argv)
     }
     if (s)
         fprintf(stderr, "%sember train: %s\n", tty ? "\n" : "", em_last_error());
-    else
-        printf("ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl\n",
-               now() - t_start, o->out, o->out, o->out);
+    else if (r.main)
+        printf("ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl, %s/state\n",
+               now() - t_start, o->out, o->out, o->out, o->out);
     teardown(&r);
     return s ? 1 : 0;
 }
