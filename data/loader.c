@@ -439,7 +439,8 @@ em_status em_window_sampler_init(em_window_sampler *s, const em_tokens *tokens, 
     if (tokens->n < T + 1)
         return em_err(EM_ERR_ARG, "em_window_sampler_init: %lld tokens is shorter than T + 1 = %lld",
                       (long long)tokens->n, (long long)(T + 1));
-    *s = (em_window_sampler){em_tokens_view(tokens->data, tokens->n, tokens->type), B, T, em_rng_new(seed), 0, 1};
+    *s = (em_window_sampler){
+        em_tokens_view(tokens->data, tokens->n, tokens->type), B, T, em_rng_new(seed), 0, 1};
     return EM_OK;
 }
 

@@ -453,15 +453,9 @@ static void check_window_shards(int world)
     CHECK(one.rng.offset == CALLS * B);
 }
 
-TEST(test_window_sampler_2_ranks_draw_the_windows_of_one_sampler)
-{
-    check_window_shards(2);
-}
+TEST(test_window_sampler_2_ranks_draw_the_windows_of_one_sampler) { check_window_shards(2); }
 
-TEST(test_window_sampler_3_ranks_draw_the_windows_of_one_sampler)
-{
-    check_window_shards(3);
-}
+TEST(test_window_sampler_3_ranks_draw_the_windows_of_one_sampler) { check_window_shards(3); }
 
 TEST(test_window_sampler_shard_rejects_bad_rank_and_indivisible_batch)
 {

@@ -261,14 +261,15 @@ em_loader_pos em_loader_position(const em_loader *l);
  * only on seed and epoch) is cut into global batches of G = batch_size *
  * world examples, or G = batch_size with split_batches (batch_size % world
  * == 0 then), and rank r gets chunk r of each global batch, so the ranks'
- * chunks concatenated in rank order are the global batch. A last global batch shorter than G is, with even_batches,
- * filled up to G by wrapping around to the start of the epoch's order (the
- * duplicates are at its end: see em_loader_padding) — so every rank gets
- * the same number of equal batches; without it, ranks get what is left
- * (possibly nothing); with drop_last it is dropped. world 1 restores the
- * plain loader (split_batches and even_batches then change nothing).
- * EM_ERR_ARG, naming the values and changing nothing, on rank outside
- * [0, world), an indivisible split, or a position other than batch 0. */
+ * chunks concatenated in rank order are the global batch. A last global
+ * batch shorter than G is, with even_batches, filled up to G by wrapping
+ * around to the start of the epoch's order (the duplicates are at its end:
+ * see em_loader_padding) — so every rank gets the same number of equal
+ * batches; without it, ranks get what is left (possibly nothing); with
+ * drop_last it is dropped. world 1 restores the plain loader (split_batches
+ * and even_batches then change nothing). EM_ERR_ARG, naming the values and
+ * changing nothing, on rank outside [0, world), an indivisible split, or a
+ * position other than batch 0. */
 em_status em_loader_set_shard(em_loader *l, int rank, int world, bool split_batches, bool even_batches);
 /* How many examples of the current epoch's last global batch are even_batches
  * padding (0 when none): gathering that batch from every rank in rank order
