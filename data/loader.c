@@ -1,6 +1,15 @@
 /* loader.c — batches from a dataset: per-epoch seeded shuffle, drop_last,
- * a resumable position {epoch, batch}, and background prefetch; plus the
- * random-window sampler for language models.
+ * a resumable position {epoch, batch}, background prefetch and sharding over
+ * ranks (a distributed sampler); plus the random-window sampler for language
+ * models, which can be sharded too.
+ *
+ * Sharding is arithmetic on the epoch's order, which every rank computes the
+ * same way from (seed, epoch). Positions 0 .. total-1 of the order are cut
+ * into global batches of G examples; rank r's batch b is the chunk of c =
+ * G / world examples at position b*G + r*c (fewer, or none, at the end when
+ * total is not a multiple of G). With even_batches total is rounded up to a
+ * multiple of G and position k >= n reads order[k % n] (the wrap-around
+ * padding); unsharded is world 1, G = c = batch_size.
  *
  * Prefetch. One worker thread walks the same batch sequence the caller will
  * ask for (epoch by epoch, computing each epoch's permutation itself) and
@@ -35,7 +44,11 @@ typedef struct order {
 struct em_loader {
     em_dataset *ds;
     em_loader_config cfg;
-    int64_t n, nb;
+    int64_t n, nb; /* examples; this rank's batches per epoch */
+    /* sharding (see the top of the file): this rank of world; global batch
+     * G, this rank's chunk c of it, positions per epoch, padded duplicates */
+    int rank, world;
+    int64_t G, chunk, total, pad;
     size_t xbytes, ybytes; /* one example */
     em_loader_pos pos;     /* the caller's next batch */
     order own;             /* the caller's permutation (no-prefetch path) */
@@ -69,18 +82,53 @@ static void shuffle_order(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch
     }
 }
 
+/* Sets the batch geometry from n, the config and the shard (rank, world,
+ * split_batches, even_batches; world 1 is the plain loader whatever the
+ * flags): G, chunk, total, pad and this rank's batch count nb. */
+static void set_geometry(em_loader *l, int rank, int world, bool split, bool even)
+{
+    int64_t B = l->cfg.batch_size, n = l->n;
+    l->rank = rank;
+    l->world = world;
+    l->G = world == 1 || split ? B : B * world;
+    l->chunk = l->G / world;
+    int64_t full = n / l->G, rem = n % l->G;
+    l->total = n;
+    l->pad = 0;
+    if (l->cfg.drop_last || rem == 0) {
+        l->total = full * l->G;
+        l->nb = full;
+    } else if (even && world > 1) {
+        l->total = (full + 1) * l->G;
+        l->pad = l->total - n;
+        l->nb = full + 1;
+    } else { /* this rank's chunk of the short last global batch, if it has one */
+        l->nb = full + (rem > (int64_t)rank * l->chunk ? 1 : 0);
+    }
+}
+
+/* This rank's batch `batch` starts at position *start of the epoch's order
+ * and holds the returned number of examples. */
+static int64_t batch_span(const em_loader *l, int64_t batch, int64_t *start)
+{
+    *start = batch * l->G + (int64_t)l->rank * l->chunk;
+    int64_t left = l->total - *start;
+    return left < l->chunk ? left : l->chunk;
+}
+
 /* Writes batch pos of the sequence into x and y (contiguous, size examples);
  * the dataset's status on failure (its message on the calling thread). */
 static em_status fill_batch(em_loader *l, order *o, em_loader_pos pos, uint8_t *x, uint8_t *y, int64_t *size)
 {
-    int64_t B = l->cfg.batch_size, start = pos.batch * B;
-    *size = l->n - start < B ? l->n - start : B;
+    int64_t start;
+    *size = batch_span(l, pos.batch, &start);
     if (o->perm && o->epoch != pos.epoch) {
         shuffle_order(o->perm, l->n, l->cfg.seed, pos.epoch);
         o->epoch = pos.epoch;
     }
     for (int64_t j = 0; j < *size; j++) {
-        int64_t idx = o->perm ? o->perm[start + j] : start + j;
+        int64_t k = (start + j) % l->n; /* k >= n only in even_batches padding: wrap to the start */
+        int64_t idx = o->perm ? o->perm[k] : k;
         em_status s = l->ds->get(l->ds->user, idx, x + (size_t)j * l->xbytes, y + (size_t)j * l->ybytes);
         if (s != EM_OK) {
             if (em_last_status() == EM_OK)
@@ -191,7 +239,7 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_config *cfg)
     l->ds = ds;
     l->cfg = *cfg;
     l->n = n;
-    l->nb = cfg->drop_last ? n / cfg->batch_size : (n + cfg->batch_size - 1) / cfg->batch_size;
+    set_geometry(l, 0, 1, false, false);
     l->xbytes = xb;
     l->ybytes = yb;
     l->own.epoch = l->wown.epoch = -1;
@@ -266,6 +314,35 @@ em_loader_pos em_loader_position(const em_loader *l)
     return l->pos;
 }
 
+em_status em_loader_set_shard(em_loader *l, int rank, int world, bool split_batches, bool even_batches)
+{
+    if (!l) return em_err(EM_ERR_ARG, "em_loader_set_shard: loader is NULL");
+    if (world < 1 || rank < 0 || rank >= world)
+        return em_err(EM_ERR_ARG, "em_loader_set_shard: rank %d outside [0, world %d)", rank, world);
+    if (split_batches && l->cfg.batch_size % world != 0)
+        return em_err(EM_ERR_ARG,
+                      "em_loader_set_shard: split_batches needs batch_size %% world == 0, got batch_size "
+                      "%lld, world %d",
+                      (long long)l->cfg.batch_size, world);
+    if (l->pos.batch != 0)
+        return em_err(EM_ERR_ARG,
+                      "em_loader_set_shard: loader is at {epoch %lld, batch %lld}, not at the start of an "
+                      "epoch (batch 0)",
+                      (long long)l->pos.epoch, (long long)l->pos.batch);
+    stop_worker(l);
+    set_geometry(l, rank, world, split_batches, even_batches);
+    return start_worker(l);
+}
+
+int64_t em_loader_padding(const em_loader *l)
+{
+    if (!l) {
+        em_err(EM_ERR_ARG, "em_loader_padding: loader is NULL");
+        return -1;
+    }
+    return l->pad;
+}
+
 em_status em_loader_seek(em_loader *l, em_loader_pos pos)
 {
     if (!l) return em_err(EM_ERR_ARG, "em_loader_seek: loader is NULL");
@@ -300,8 +377,7 @@ bool em_loader_next(em_loader *l, em_batch *b)
         em_clear_error();
         return false;
     }
-    int64_t B = l->cfg.batch_size, start = l->pos.batch * B;
-    int64_t size = l->n - start < B ? l->n - start : B;
+    int64_t start, size = batch_span(l, l->pos.batch, &start);
     tensor *x = batch_tensor(&l->ds->x_field, size);
     tensor *y = x ? batch_tensor(&l->ds->y_field, size) : NULL;
     if (!x || !y) {
@@ -363,7 +439,8 @@ em_status em_window_sampler_init(em_window_sampler *s, const em_tokens *tokens, 
     if (tokens->n < T + 1)
         return em_err(EM_ERR_ARG, "em_window_sampler_init: %lld tokens is shorter than T + 1 = %lld",
                       (long long)tokens->n, (long long)(T + 1));
-    *s = (em_window_sampler){em_tokens_view(tokens->data, tokens->n, tokens->type), B, T, em_rng_new(seed), 0, 1};
+    *s = (em_window_sampler){
+        em_tokens_view(tokens->data, tokens->n, tokens->type), B, T, em_rng_new(seed), 0, 1};
     return EM_OK;
 }
 
@@ -375,17 +452,24 @@ em_status em_window_sampler_next(em_window_sampler *s, em_batch *b)
     if (B < 1 || T < 1 || !s->tokens.data || n < T + 1)
         return em_err(EM_ERR_ARG, "em_window_sampler_next: sampler not set up (B %lld, T %lld, %lld tokens)",
                       (long long)B, (long long)T, (long long)n);
-    tensor *x = t_new(EM_I32, 2, (int64_t[]){B, T});
-    tensor *y = x ? t_new(EM_I32, 2, (int64_t[]){B, T}) : NULL;
+    if (s->world < 1 || s->rank < 0 || s->rank >= s->world || B % s->world != 0)
+        return em_err(EM_ERR_ARG,
+                      "em_window_sampler_next: bad shard: rank %d of world %d with batch %lld (needs 0 <= "
+                      "rank < world and batch %% world == 0)",
+                      s->rank, s->world, (long long)B);
+    /* this rank's windows r0 .. r0+Bl-1 of the global draw of B */
+    int64_t Bl = B / s->world, r0 = (int64_t)s->rank * Bl;
+    tensor *x = t_new(EM_I32, 2, (int64_t[]){Bl, T});
+    tensor *y = x ? t_new(EM_I32, 2, (int64_t[]){Bl, T}) : NULL;
     if (!x || !y) {
         t_drop(x);
         return em_last_status();
     }
     int32_t *px = t_ptr(x), *py = t_ptr(y);
     uint64_t starts = (uint64_t)(n - T); /* s in [0, n - T - 1] */
-    for (int64_t r = 0; r < B; r++) {
+    for (int64_t r = 0; r < Bl; r++) {
         uint32_t w[4];
-        em_philox4x32(s->rng.seed, 0, s->rng.offset + (uint64_t)r, w);
+        em_philox4x32(s->rng.seed, 0, s->rng.offset + (uint64_t)(r0 + r), w);
         uint64_t u = (uint64_t)w[0] | (uint64_t)w[1] << 32;
         int64_t st0 = (int64_t)(((unsigned __int128)u * starts) >> 64);
         /* x[r] = tokens[s .. s+T), y[r] = tokens[s+1 .. s+T+1) */
@@ -395,6 +479,19 @@ em_status em_window_sampler_next(em_window_sampler *s, em_batch *b)
         }
     }
     s->rng.offset += (uint64_t)B;
-    *b = (em_batch){t_handle(x), t_handle(y), B};
+    *b = (em_batch){t_handle(x), t_handle(y), Bl};
+    return EM_OK;
+}
+
+em_status em_window_sampler_shard(em_window_sampler *s, int rank, int world)
+{
+    if (!s) return em_err(EM_ERR_ARG, "em_window_sampler_shard: sampler is NULL");
+    if (world < 1 || rank < 0 || rank >= world)
+        return em_err(EM_ERR_ARG, "em_window_sampler_shard: rank %d outside [0, world %d)", rank, world);
+    if (s->batch % world != 0)
+        return em_err(EM_ERR_ARG, "em_window_sampler_shard: batch %lld is not divisible by world %d",
+                      (long long)s->batch, world);
+    s->rank = rank;
+    s->world = world;
     return EM_OK;
 }

@@ -249,27 +249,32 @@ void em_loader_free(em_loader *l);
  * error set if the dataset's get fails (the position does not move, so a
  * call retries the same batch) or on a bad argument. */
 bool em_loader_next(em_loader *l, em_batch *b);
-/* Batches per epoch: ceil(n / B), or floor(n / B) with drop_last. */
+/* Batches per epoch: ceil(n / B), or floor(n / B) with drop_last; when
+ * sharded, this rank's batches (see em_loader_set_shard). */
 int64_t em_loader_num_batches(const em_loader *l);
 /* The current position (see em_loader_pos); {-1,-1} + error on NULL. */
 em_loader_pos em_loader_position(const em_loader *l);
 /* Shards the loader over `world` ranks (a distributed sampler), from the
- * next epoch on (call it before the first batch). Each epoch's order (the
- * same on every rank: it depends only on seed and epoch) is cut into global
- * batches of G = batch_size * world examples, or G = batch_size with
- * split_batches (batch_size % world == 0 then), and rank r gets chunk r of
- * each global batch, so the ranks' chunks concatenated in rank order are the
- * global batch. A last global batch shorter than G is, with even_batches,
- * filled up to G by wrapping around to the start of the epoch's order (the
- * duplicates are at its end: see em_loader_padding) — so every rank gets
- * the same number of equal batches; without it, ranks get what is left
- * (possibly nothing); with drop_last it is dropped. world 1 restores the
- * plain loader. EM_ERR_ARG on rank outside [0, world) or an indivisible
- * split. */
+ * current epoch on: call it at the start of an epoch (position batch 0,
+ * e.g. before the first batch; positions and seeks afterwards count this
+ * rank's batches). Each epoch's order (the same on every rank: it depends
+ * only on seed and epoch) is cut into global batches of G = batch_size *
+ * world examples, or G = batch_size with split_batches (batch_size % world
+ * == 0 then), and rank r gets chunk r of each global batch, so the ranks'
+ * chunks concatenated in rank order are the global batch. A last global
+ * batch shorter than G is, with even_batches, filled up to G by wrapping
+ * around to the start of the epoch's order (the duplicates are at its end:
+ * see em_loader_padding) — so every rank gets the same number of equal
+ * batches; without it, ranks get what is left (possibly nothing); with
+ * drop_last it is dropped. world 1 restores the plain loader (split_batches
+ * and even_batches then change nothing). EM_ERR_ARG, naming the values and
+ * changing nothing, on rank outside [0, world), an indivisible split, or a
+ * position other than batch 0. */
 em_status em_loader_set_shard(em_loader *l, int rank, int world, bool split_batches, bool even_batches);
 /* How many examples of the current epoch's last global batch are even_batches
  * padding (0 when none): gathering that batch from every rank in rank order
- * and dropping this many rows at the end leaves each example once. */
+ * and dropping this many rows at the end leaves each example once. The same
+ * on every rank and in every epoch; -1 + error on NULL. */
 int64_t em_loader_padding(const em_loader *l);
 
 /* Moves to pos, so the following batches are exactly those an uninterrupted
@@ -299,7 +304,8 @@ em_status em_window_sampler_init(em_window_sampler *s, const em_tokens *tokens, 
  * Sharded (em_window_sampler_shard), rank r gets windows r*B/world ..
  * (r+1)*B/world - 1 of the global draw (b->size = B/world) and rng.offset
  * still advances by B: the ranks together draw exactly the windows one
- * unsharded sampler draws. */
+ * unsharded sampler draws. EM_ERR_ARG if rank and world (set by hand)
+ * are not a valid shard of batch. */
 em_status em_window_sampler_next(em_window_sampler *s, em_batch *b);
 /* Shards s over world ranks. EM_ERR_ARG if rank is outside [0, world) or
  * batch % world != 0 (naming both). */
