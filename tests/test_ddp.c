@@ -1,2 +1,374 @@
-/* test_ddp.c — placeholder; being written for issue 4. */
+/* test_ddp.c — data parallelism end to end: DDP's gradient averaging, its
+ * checks, and the issue's equivalences, each rank a forked process:
+ *   2 ranks x batch 6  ==  1 rank x batch 12           (20 steps, rel 1e-5)
+ *   accumulation 2 x batch 6  ==  batch 12
+ *   DDP + accumulation  ==  batch 12
+ *   save_state at 10, load_state in a new run, on to 20  ==  20 straight
+ *   (bitwise, 1 and 2 processes).
+ * The training runs go through the Accelerator, as a user program would. */
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dist_util.h"
 #include "harness.h"
+
+/* ---- a small GPT training job ---------------------------------------------------- */
+
+enum { VOCAB = 16, T = 8, NTOK = 4000 };
+
+typedef struct job {
+    int accum;         /* micro-batches per step */
+    int batch;         /* global micro-batch */
+    int steps;         /* train until this many optimizer steps */
+    int save_at;       /* save_state after this step (0: never) */
+    bool resume;       /* load_state from dir first */
+    double bucket_mb;  /* small: many buckets */
+    char dir[256];     /* state directory */
+    char losses[256];  /* rank 0 writes "step loss" lines here */
+    char params[256];  /* rank 0 writes the final flat parameters here */
+} job;
+
+/* A learnable token stream: mostly t+1 mod V, with some noise. */
+static void make_tokens(int32_t *tok)
+{
+    uint32_t x = 12345;
+    tok[0] = 0;
+    for (int i = 1; i < NTOK; i++) {
+        x = x * 1664525u + 1013904223u;
+        tok[i] = (x >> 28) < 3 ? (int32_t)((x >> 8) % VOCAB) : (tok[i - 1] + 1) % VOCAB;
+    }
+}
+
+static em_gpt *small_gpt(uint64_t seed, int64_t embd)
+{
+    em_gpt_config c = {.vocab_size = VOCAB, .block_size = T, .n_layer = 2, .n_head = 2, .n_embd = embd,
+                       .bias = true};
+    return em_gpt_new(&c, seed);
+}
+
+static void write_file(const char *path, const char *mode, const void *p, size_t n)
+{
+    FILE *f = fopen(path, mode);
+    CHECK(f != NULL);
+    CHECK(fwrite(p, 1, n, f) == n);
+    CHECK(fclose(f) == 0);
+}
+
+static void train_job(int rank, int world, void *ctx)
+{
+    (void)world;
+    job *j = ctx;
+    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1); /* no user config */
+    em_accelerator *acc = em_accelerator_new(&(em_accel_config){.grad_accum = j->accum, .bucket_mb = j->bucket_mb});
+    CHECK_NOT_NULL(acc);
+    static int32_t tok[NTOK];
+    make_tokens(tok);
+    em_tokens tokens = em_tokens_view(tok, NTOK, EM_TOK_I32);
+    em_window_sampler sampler;
+    CHECK_OK(em_window_sampler_init(&sampler, &tokens, j->batch, T, 7));
+    em_gpt *g = small_gpt(1234 + (uint64_t)rank, 16); /* different inits: DDP must broadcast rank 0's */
+    CHECK_NOT_NULL(g);
+    int n = em_module_params(g->m, NULL, 0);
+    em_named ps[64];
+    em_tensor *pt[64];
+    CHECK(n <= 64);
+    em_module_params(g->m, ps, n);
+    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+    em_adam_config ac = em_adamw_defaults();
+    ac.lr = 1e-2;
+    em_optimizer *opt = em_adamw_new(n, pt, &ac);
+    CHECK_NOT_NULL(opt);
+    em_lr_schedule sched = {.kind = EM_LR_COSINE, .base_lr = 1e-2, .min_lr = 1e-3, .warmup = 3, .total = 20};
+    CHECK_OK(em_accel_prepare(acc, g->m, opt, NULL, &sched));
+    CHECK_OK(em_accel_prepare_sampler(acc, &sampler));
+    if (j->resume) CHECK_OK(em_accel_load_state(acc, j->dir));
+    for (int64_t step = em_accel_step_count(acc); step < j->steps; step++) {
+        double sum = 0;
+        for (int m = 0; m < j->accum; m++) {
+            em_scope s = em_scope_begin();
+            em_accel_accumulate(acc);
+            em_batch b;
+            CHECK_OK(em_window_sampler_next(&sampler, &b));
+            em_tensor *loss = em_gpt_loss(g, b.x, b.y);
+            CHECK_NOT_NULL(loss);
+            sum += em_item(loss);
+            CHECK_OK(em_accel_backward(acc, loss));
+            em_scope_end(s);
+        }
+        CHECK(em_accel_sync_gradients(acc));
+        em_status st;
+        em_accel_clip_grad_norm(acc, 1.0, &st);
+        CHECK_OK(st);
+        CHECK_OK(em_accel_step(acc));
+        CHECK_OK(em_accel_zero_grad(acc));
+        em_scope s = em_scope_begin();
+        em_tensor *avg = em_accel_reduce(acc, em_scalar(EM_F64, sum / j->accum), EM_RED_AVG);
+        CHECK_NOT_NULL(avg);
+        if (rank == 0 && j->losses[0]) {
+            char line[64];
+            int k = snprintf(line, sizeof line, "%lld %.17g\n", (long long)step, em_item(avg));
+            write_file(j->losses, "a", line, (size_t)k);
+        }
+        em_scope_end(s);
+        if (j->save_at && step + 1 == j->save_at) {
+            CHECK_OK(em_accel_save_state(acc, j->dir));
+            break;
+        }
+    }
+    if (rank == 0 && j->params[0]) {
+        em_tensor *flat = em_module_flat_params(g->m, EM_F32);
+        write_file(j->params, "w", em_data(flat), (size_t)em_numel(flat) * sizeof(float));
+    }
+    em_accelerator_free(acc);
+    em_optim_free(opt);
+    em_gpt_free(g);
+}
+
+static void job_files(job *j, const char *tag)
+{
+    char base[] = "/tmp/ember-ddp-XXXXXX";
+    CHECK(mkdtemp(base) != NULL);
+    snprintf(j->dir, sizeof j->dir, "%s/state", base);
+    snprintf(j->losses, sizeof j->losses, "%s/losses-%s", base, tag);
+    snprintf(j->params, sizeof j->params, "%s/params-%s", base, tag);
+}
+
+static int read_losses(const char *path, double *out, int max)
+{
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    int n = 0;
+    long long step;
+    double v;
+    while (n < max && fscanf(f, "%lld %lf", &step, &v) == 2) {
+        CHECK(step == n);
+        out[n++] = v;
+    }
+    fclose(f);
+    return n;
+}
+
+/* Runs `a` and `b` and checks their 20 losses agree to rel 1e-5. */
+static void check_same_losses(int world_a, job a, int world_b, job b)
+{
+    job_files(&a, "a");
+    job_files(&b, "b");
+    TH_RANKS_ENV(world_a, train_job, &a);
+    TH_RANKS_ENV(world_b, train_job, &b);
+    double la[32], lb[32];
+    int na = read_losses(a.losses, la, 32), nb = read_losses(b.losses, lb, 32);
+    CHECK(na == 20 && nb == 20);
+    for (int i = 0; i < 20; i++) {
+        double rel = fabs(la[i] - lb[i]) / fabs(lb[i]);
+        if (!(rel < 1e-5)) th_fail(__FILE__, __LINE__, "step %d: loss %.9g vs %.9g (rel %.3g)", i, la[i], lb[i], rel);
+    }
+    CHECK(la[19] < la[0] - 0.3); /* and it learned something */
+}
+
+TEST(test_ddp_two_ranks_batch_6_match_one_rank_batch_12)
+{
+    check_same_losses(2, (job){.accum = 1, .batch = 12, .steps = 20, .bucket_mb = 0.002}, 1,
+                      (job){.accum = 1, .batch = 12, .steps = 20});
+}
+
+TEST(test_accumulation_2_x_batch_6_matches_batch_12)
+{
+    check_same_losses(1, (job){.accum = 2, .batch = 6, .steps = 20}, 1, (job){.accum = 1, .batch = 12, .steps = 20});
+}
+
+TEST(test_ddp_with_accumulation_matches_batch_12)
+{
+    check_same_losses(2, (job){.accum = 2, .batch = 6, .steps = 20, .bucket_mb = 0.002}, 1,
+                      (job){.accum = 1, .batch = 12, .steps = 20});
+}
+
+static bool same_bytes(const char *p, const char *q)
+{
+    FILE *a = fopen(p, "rb"), *b = fopen(q, "rb");
+    CHECK(a && b);
+    int ca, cb;
+    long n = 0;
+    do {
+        ca = fgetc(a);
+        cb = fgetc(b);
+        n++;
+    } while (ca == cb && ca != EOF);
+    fclose(a);
+    fclose(b);
+    return ca == cb && n > 1;
+}
+
+static void check_resume_is_exact(int world)
+{
+    job straight = {.accum = 2, .batch = 6, .steps = 20, .bucket_mb = 0.002};
+    job_files(&straight, "straight");
+    straight.losses[0] = 0;
+    TH_RANKS_ENV(world, train_job, &straight);
+    job first = straight, second;
+    job_files(&first, "first");
+    first.save_at = 10;
+    first.params[0] = 0;
+    first.losses[0] = 0;
+    TH_RANKS_ENV(world, train_job, &first);
+    second = first;
+    second.save_at = 0;
+    second.resume = true;
+    snprintf(second.params, sizeof second.params, "%s.resumed", first.dir);
+    TH_RANKS_ENV(world, train_job, &second);
+    if (!same_bytes(straight.params, second.params))
+        th_fail(__FILE__, __LINE__, "world %d: resumed weights differ from the straight run's", world);
+}
+
+TEST(test_resume_at_step_10_gives_bitwise_the_straight_weights_one_process) { check_resume_is_exact(1); }
+
+TEST(test_resume_at_step_10_gives_bitwise_the_straight_weights_two_processes) { check_resume_is_exact(2); }
+
+/* ---- DDP on its own ------------------------------------------------------------------ */
+
+/* rank r's loss is sum(w * x_r) with x_r = r + 1: the averaged gradient is
+ * the mean of 1..world everywhere. */
+static void averages(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)ctx;
+    em_module *m = em_module_new(NULL, NULL);
+    CHECK_NOT_NULL(m);
+    CHECK_OK(em_module_add_param(m, "w", em_zeros(EM_F32, 1, (int64_t[]){5})));
+    CHECK_OK(em_module_add_param(m, "v", em_zeros(EM_F32, 1, (int64_t[]){3})));
+    em_ddp *d = em_ddp_new(pg, m, &(em_ddp_config){.bucket_mb = 1e-5}); /* one parameter per bucket */
+    CHECK_NOT_NULL(d);
+    CHECK(em_ddp_num_buckets(d) == 2);
+    em_scope s = em_scope_begin();
+    em_tensor *w = em_module_find(m, "w"), *v = em_module_find(m, "v");
+    em_tensor *loss = em_add(em_sum(em_mul_scalar(w, rank + 1), 0, NULL, false),
+                             em_sum(em_mul_scalar(v, 2.0 * (rank + 1)), 0, NULL, false));
+    CHECK_OK(em_ddp_backward(d, loss, NULL));
+    double mean = (world + 1) / 2.0;
+    for (int i = 0; i < 5; i++) CHECK_NEAR(((float *)em_data(em_grad(w)))[i], mean, 1e-6);
+    for (int i = 0; i < 3; i++) CHECK_NEAR(((float *)em_data(em_grad(v)))[i], 2 * mean, 1e-6);
+    em_scope_end(s);
+    em_ddp_free(d);
+    em_module_free(m);
+}
+
+TEST(test_ddp_averages_gradients_over_ranks)
+{
+    TH_RANKS(2, EM_TRANSPORT_AUTO, averages, NULL);
+    TH_RANKS(3, EM_TRANSPORT_TCP, averages, NULL);
+}
+
+static void broadcasts(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world;
+    (void)ctx;
+    em_gpt *g = small_gpt(100 + (uint64_t)rank, 16), *ref = small_gpt(100, 16);
+    CHECK_NOT_NULL(g);
+    CHECK_NOT_NULL(ref);
+    em_ddp *d = em_ddp_new(pg, g->m, NULL);
+    CHECK_NOT_NULL(d);
+    CHECK_OK(em_module_flatten(ref->m));
+    em_tensor *a = em_module_flat_params(g->m, EM_F32), *b = em_module_flat_params(ref->m, EM_F32);
+    CHECK(em_numel(a) == em_numel(b));
+    CHECK(memcmp(em_data(a), em_data(b), (size_t)em_numel(a) * 4) == 0);
+    em_ddp_free(d);
+    em_gpt_free(g);
+    em_gpt_free(ref);
+}
+
+TEST(test_ddp_starts_every_rank_from_rank_0_parameters) { TH_RANKS(2, EM_TRANSPORT_AUTO, broadcasts, NULL); }
+
+static void different_models(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world;
+    (void)ctx;
+    em_gpt *g = small_gpt(1, rank == 1 ? 24 : 16);
+    CHECK_NOT_NULL(g);
+    CHECK_ERR(em_ddp_new(pg, g->m, NULL), EM_ERR_DIST, "differ");
+    if (rank == 1) CHECK_ERR(em_ddp_new(pg, g->m, NULL), EM_ERR_DIST, "on rank 1 but");
+    em_gpt_free(g);
+}
+
+TEST(test_ddp_rejects_ranks_with_different_parameter_shapes)
+{
+    TH_RANKS(2, EM_TRANSPORT_AUTO, different_models, NULL);
+}
+
+/* a parameter the loss does not use */
+static void unused(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)rank;
+    (void)world;
+    bool find = ctx != NULL;
+    em_module *m = em_module_new(NULL, NULL);
+    CHECK_OK(em_module_add_param(m, "used", em_full(EM_F32, 1, (int64_t[]){4}, 1.0)));
+    CHECK_OK(em_module_add_param(m, "idle", em_full(EM_F32, 1, (int64_t[]){4}, 1.0)));
+    em_ddp *d = em_ddp_new(pg, m, &(em_ddp_config){.find_unused_parameters = find});
+    CHECK_NOT_NULL(d);
+    for (int round = 0; round < 2; round++) { /* the group stays usable after the error */
+        em_scope s = em_scope_begin();
+        em_tensor *loss = em_sum(em_module_find(m, "used"), 0, NULL, false);
+        if (find)
+            CHECK_OK(em_ddp_backward(d, loss, NULL));
+        else
+            CHECK_ERR(em_ddp_backward(d, loss, NULL), EM_ERR_DIST, "'idle' received no gradient");
+        CHECK_NEAR(((float *)em_data(em_grad(em_module_find(m, "used"))))[0], round + 1, 1e-6);
+        em_scope_end(s);
+    }
+    em_ddp_free(d);
+    em_module_free(m);
+}
+
+TEST(test_ddp_names_a_parameter_without_gradient) { TH_RANKS(2, EM_TRANSPORT_AUTO, unused, NULL); }
+
+TEST(test_ddp_find_unused_parameters_averages_the_rest) { TH_RANKS(2, EM_TRANSPORT_AUTO, unused, (void *)1); }
+
+/* no_sync: local accumulation, then one synced backward averages the sums */
+static void no_sync(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world;
+    (void)ctx;
+    em_module *m = em_module_new(NULL, NULL);
+    CHECK_OK(em_module_add_param(m, "w", em_zeros(EM_F32, 1, (int64_t[]){3})));
+    em_ddp *d = em_ddp_new(pg, m, NULL);
+    em_tensor *w = em_module_find(m, "w");
+    em_scope s = em_scope_begin();
+    em_ddp_set_sync(d, false);
+    CHECK(!em_ddp_sync(d));
+    CHECK_OK(em_ddp_backward(d, em_sum(em_mul_scalar(w, rank + 1), 0, NULL, false), NULL));
+    CHECK_NEAR(((float *)em_data(em_grad(w)))[0], rank + 1, 1e-6); /* not communicated */
+    em_ddp_set_sync(d, true);
+    CHECK_OK(em_ddp_backward(d, em_sum(em_mul_scalar(w, 10.0 * (rank + 1)), 0, NULL, false), NULL));
+    /* ranks hold 11*(r+1) before averaging: mean over r=0,1 is 16.5 */
+    CHECK_NEAR(((float *)em_data(em_grad(w)))[2], 16.5, 1e-5);
+    em_scope_end(s);
+    em_ddp_free(d);
+    em_module_free(m);
+}
+
+TEST(test_ddp_no_sync_accumulates_locally_until_the_synced_backward)
+{
+    TH_RANKS(2, EM_TRANSPORT_AUTO, no_sync, NULL);
+}
+
+TEST(test_ddp_world_of_one_leaves_gradients_alone)
+{
+    em_pg *pg = em_pg_new(&(em_pg_config){.rank = 0, .world = 1});
+    CHECK_NOT_NULL(pg);
+    em_module *m = em_module_new(NULL, NULL);
+    CHECK_OK(em_module_add_param(m, "w", em_zeros(EM_F32, 1, (int64_t[]){2})));
+    em_ddp *d = em_ddp_new(pg, m, NULL);
+    CHECK_NOT_NULL(d);
+    em_scope s = em_scope_begin();
+    CHECK_OK(em_ddp_backward(d, em_sum(em_mul_scalar(em_module_find(m, "w"), 3.0), 0, NULL, false), NULL));
+    CHECK_NEAR(((float *)em_data(em_grad(em_module_find(m, "w"))))[1], 3.0, 0);
+    em_scope_end(s);
+    em_ddp_free(d);
+    em_module_free(m);
+    em_pg_free(pg);
+}
+
+TEST(test_ddp_rejects_null_arguments)
+{
+    CHECK_ERR(em_ddp_new(NULL, NULL, NULL), EM_ERR_ARG, "em_ddp_new");
+    CHECK_ERR(em_ddp_backward(NULL, NULL, NULL), EM_ERR_ARG, "ddp is NULL");
+}
