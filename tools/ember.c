@@ -1,11 +1,8 @@
 /* ember.c — the `ember` command: reads the subcommand and hands the rest of
  * the arguments to it (tools/commands.h). Bad usage exits 2 with a message
  * naming the offending word, then the usage text, on stderr. */
-#include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "commands.h"
 #include "ember/ember.h"
@@ -15,7 +12,7 @@ static const char usage_text[] =
     "\n"
     "commands:\n"
     "  env [--json]         describe this build and machine (CPU features, threads, BLAS, CUDA)\n"
-    "  test [substring...]  run the test suite of this build (only tests whose name contains a substring)\n"
+    "  test [--suite]       2-process self-check of collectives and DDP (--suite: this build's unit tests)\n"
     "  train --data FILE    train a character-level GPT on a text file (ember train --help)\n"
     "  sample --ckpt DIR    generate text from a model `ember train` wrote (ember sample --help)\n"
     "  launch -n N PROG     run PROG as N processes of one distributed job (ember launch --help)\n"
@@ -35,45 +32,6 @@ static int bad_usage(const char *what, const char *word)
 }
 
 static bool is_help(const char *s) { return !strcmp(s, "help") || !strcmp(s, "--help") || !strcmp(s, "-h"); }
-
-/* `ember test`: runs tests/ember-tests of the build directory this binary
- * lives in (found through /proc/self/exe), so build/ember runs build's tests
- * and build-asan/ember the sanitized ones. */
-static int cmd_test(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: ember test [substring...]\n"
-                   "Runs every test whose name contains one of the substrings (all when none),\n"
-                   "each in its own process, and ends with \"N passed, N failed, N skipped\".\n");
-            return 0;
-        }
-        if (argv[i][0] == '-') {
-            fprintf(stderr, "ember test: unknown flag '%s' (arguments are test-name substrings)\n", argv[i]);
-            return 2;
-        }
-    }
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "ember test: cannot find this program's path (/proc/self/exe): %s\n",
-                strerror(errno));
-        return 1;
-    }
-    self[n] = '\0';
-    char *slash = strrchr(self, '/');
-    if (slash) *slash = '\0';
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/tests/ember-tests", self);
-    if (access(path, X_OK) != 0) {
-        fprintf(stderr, "ember test: no test binary at %s (build it with: ninja -C %s)\n", path, self);
-        return 1;
-    }
-    argv[0] = path;
-    execv(path, argv);
-    fprintf(stderr, "ember test: cannot run %s: %s\n", path, strerror(errno));
-    return 1;
-}
 
 int main(int argc, char **argv)
 {
