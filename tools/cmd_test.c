@@ -162,7 +162,7 @@ static int worker(void)
     }
     static const em_dtype dts[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I32};
     for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
-        char what[96];
+        char what[192];
         snprintf(what, sizeof what, "collectives on %s (all_reduce sum/max/min, broadcast, all_gather, "
                  "reduce_scatter, gather, send/recv, async, barrier)", em_dtype_name(dts[i]));
         report(pg, what, check_dtype(pg, dts[i]));
