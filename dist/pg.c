@@ -1,2 +1,635 @@
-/* pg.c — placeholder; being written for issue 4. */
-#include "ember/dist.h"
+/* pg.c — the process group: joining (addresses through the store, a TCP
+ * connection per pair of ranks, authenticated with a secret rank 0 puts in
+ * the store), the communication thread that runs calls in order, the check
+ * that every rank made the same call, and the socket primitives with
+ * deadlines that notice a dead peer. The algorithms are in collectives.c.
+ *
+ * Failure policy: the first failed call breaks the group. Its sockets are
+ * closed at once, so peers blocked on this rank see the connection drop
+ * and fail within moments instead of waiting for their timeout; every
+ * later call fails fast with the first error. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/pg_impl.h"
+#include "tensor/tensor_impl.h"
+
+#define PG_MAGIC 0x656d6267u /* "embg" */
+
+double pg_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int ms_until(double deadline)
+{
+    double left = deadline - pg_now();
+    if (left <= 0) return 0;
+    return left > 1.0 ? 1000 : (int)(left * 1000) + 1;
+}
+
+static const char *kind_name(int k)
+{
+    static const char *names[] = {"?",      "all_reduce", "broadcast", "all_gather", "reduce_scatter",
+                                  "gather", "barrier",    "send",      "recv"};
+    return k >= 1 && k <= CALL_RECV ? names[k] : "?";
+}
+
+static const char *op_name(int op)
+{
+    static const char *names[] = {"sum", "avg", "max", "min"};
+    return op >= 0 && op <= EM_RED_MIN ? names[op] : "?";
+}
+
+void call_describe(const call_header *h, char *buf, size_t n)
+{
+    if (h->kind == CALL_BARRIER) {
+        snprintf(buf, n, "barrier()");
+        return;
+    }
+    int k = snprintf(buf, n, "%s(%s, %lld elements", kind_name(h->kind), em_dtype_name((em_dtype)h->dtype),
+                     (long long)h->count);
+    if (k < 0 || (size_t)k >= n) return;
+    if (h->kind == CALL_ALL_REDUCE || h->kind == CALL_REDUCE_SCATTER)
+        snprintf(buf + k, n - (size_t)k, ", %s)", op_name(h->op));
+    else if (h->kind == CALL_BROADCAST || h->kind == CALL_GATHER)
+        snprintf(buf + k, n - (size_t)k, ", root %d)", h->root);
+    else if (h->kind == CALL_SEND)
+        snprintf(buf + k, n - (size_t)k, ", to rank %d)", h->root);
+    else if (h->kind == CALL_RECV)
+        snprintf(buf + k, n - (size_t)k, ", from rank %d)", h->root);
+    else
+        snprintf(buf + k, n - (size_t)k, ")");
+}
+
+em_status call_fail(call *c, em_status s, const char *fmt, ...)
+{
+    if (c->status != EM_OK) return c->status; /* keep the first reason */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->msg, sizeof c->msg, fmt, ap);
+    va_end(ap);
+    c->status = s;
+    return s;
+}
+
+/* ---- sockets with deadlines ------------------------------------------------------ */
+
+static em_status io_error(em_pg *pg, call *c, int r, const char *what, int err)
+{
+    char desc[160];
+    call_describe(&c->h, desc, sizeof desc);
+    if (err == 0 || err == ECONNRESET || err == EPIPE)
+        return call_fail(c, EM_ERR_DIST, "%s: rank %d lost the connection to rank %d while %s (did rank %d exit?)",
+                         desc, pg->rank, r, what, r);
+    return call_fail(c, EM_ERR_DIST, "%s: rank %d: %s rank %d failed: %s", desc, pg->rank, what, r, strerror(err));
+}
+
+static em_status timed_out(em_pg *pg, call *c, int r, const char *what)
+{
+    char desc[160];
+    call_describe(&c->h, desc, sizeof desc);
+    return call_fail(c, EM_ERR_TIMEOUT, "%s: rank %d waited %g s %s rank %d (is it stuck, or calling something else?)",
+                     desc, pg->rank, pg->timeout, what, r);
+}
+
+em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, int rr, void *rp, size_t rn,
+                        double deadline)
+{
+    const char *s = sp;
+    char *d = rp;
+    size_t sent = 0, got = 0;
+    while (sent < sn || got < rn) {
+        struct pollfd p[2];
+        int np = 0, si = -1, ri = -1;
+        if (sent < sn) {
+            si = np;
+            p[np++] = (struct pollfd){.fd = pg->fd[sr], .events = POLLOUT};
+        }
+        if (got < rn) {
+            ri = np;
+            p[np++] = (struct pollfd){.fd = pg->fd[rr], .events = POLLIN};
+        }
+        int k = poll(p, (nfds_t)np, ms_until(deadline));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return io_error(pg, c, sent < sn ? sr : rr, "waiting on", errno);
+        if (k == 0) {
+            if (pg_now() < deadline) continue;
+            return got < rn ? timed_out(pg, c, rr, "for data from") : timed_out(pg, c, sr, "to send to");
+        }
+        if (ri >= 0 && p[ri].revents) {
+            ssize_t n = recv(pg->fd[rr], d + got, rn - got, MSG_DONTWAIT);
+            if (n == 0) return io_error(pg, c, rr, "receiving from", 0);
+            if (n < 0 && errno != EAGAIN && errno != EINTR) return io_error(pg, c, rr, "receiving from", errno);
+            if (n > 0) got += (size_t)n;
+        }
+        if (si >= 0 && p[si].revents) {
+            if (p[si].revents & (POLLERR | POLLHUP)) return io_error(pg, c, sr, "sending to", 0);
+            ssize_t n = send(pg->fd[sr], s + sent, sn - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (n < 0 && errno != EAGAIN && errno != EINTR) return io_error(pg, c, sr, "sending to", errno);
+            if (n > 0) sent += (size_t)n;
+        }
+    }
+    return EM_OK;
+}
+
+em_status peer_send(em_pg *pg, call *c, int r, const void *p, size_t n, double deadline)
+{
+    return peer_exchange(pg, c, r, p, n, r, NULL, 0, deadline);
+}
+
+em_status peer_recv(em_pg *pg, call *c, int r, void *p, size_t n, double deadline)
+{
+    return peer_exchange(pg, c, r, NULL, 0, r, p, n, deadline);
+}
+
+/* ---- the check ----------------------------------------------------------------------
+ * Non-zero ranks send their header to rank 0 and wait for its verdict (a
+ * 4-byte length, then a message; length 0 = go). Rank 0 compares everyone's
+ * header with its own. */
+static bool same_call(const call_header *a, const call_header *b)
+{
+    if (a->kind != b->kind || a->seq != b->seq) return false;
+    if (a->kind == CALL_BARRIER) return true;
+    if (a->dtype != b->dtype || a->count != b->count) return false;
+    if ((a->kind == CALL_ALL_REDUCE || a->kind == CALL_REDUCE_SCATTER) && a->op != b->op) return false;
+    if ((a->kind == CALL_BROADCAST || a->kind == CALL_GATHER) && a->root != b->root) return false;
+    return true;
+}
+
+static em_status check_call(em_pg *pg, call *c, double deadline)
+{
+    if (pg->rank != 0) {
+        em_status s = peer_send(pg, c, 0, &c->h, sizeof c->h, deadline);
+        uint32_t len = 0;
+        if (!s) s = peer_recv(pg, c, 0, &len, sizeof len, deadline);
+        if (s) return s;
+        if (len == 0) return EM_OK;
+        char msg[512] = "";
+        if (len >= sizeof msg) len = sizeof msg - 1;
+        if ((s = peer_recv(pg, c, 0, msg, len, deadline))) return s;
+        msg[len] = '\0';
+        return call_fail(c, EM_ERR_DIST, "%s", msg);
+    }
+    char msg[512] = "";
+    for (int r = 1; r < pg->world; r++) {
+        call_header h;
+        em_status s = peer_recv(pg, c, r, &h, sizeof h, deadline);
+        if (s) return s;
+        if (!msg[0] && !same_call(&h, &c->h)) {
+            char mine[160], theirs[160];
+            call_describe(&c->h, mine, sizeof mine);
+            call_describe(&h, theirs, sizeof theirs);
+            snprintf(msg, sizeof msg,
+                     "collective mismatch at call #%llu: rank %d called %s but rank 0 called %s%s",
+                     (unsigned long long)c->h.seq, r, theirs, mine,
+                     h.seq != c->h.seq ? " (the ranks have made different numbers of calls)" : "");
+        }
+    }
+    uint32_t len = (uint32_t)strlen(msg);
+    for (int r = 1; r < pg->world; r++) {
+        em_status s = peer_send(pg, c, r, &len, sizeof len, deadline);
+        if (!s && len) s = peer_send(pg, c, r, msg, len, deadline);
+        if (s) return s;
+    }
+    return len ? call_fail(c, EM_ERR_DIST, "%s", msg) : EM_OK;
+}
+
+/* ---- the communication thread -------------------------------------------------------- */
+
+static void break_group(em_pg *pg, const call *c)
+{
+    pg->broken = true;
+    snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", c->msg);
+    for (int r = 0; r < pg->world; r++) /* peers blocked on us notice at once */
+        if (pg->fd[r] >= 0) shutdown(pg->fd[r], SHUT_RDWR);
+}
+
+static void execute(em_pg *pg, call *c)
+{
+    if (pg->broken) {
+        call_fail(c, EM_ERR_DIST, "the process group is broken by an earlier failure: %s", pg->broken_msg);
+        return;
+    }
+    double deadline = pg_now() + pg->timeout;
+    /* point to point needs no check: the pair's own header exchange is it */
+    bool p2p = c->h.kind == CALL_SEND || c->h.kind == CALL_RECV;
+    em_status s = pg->world == 1 || p2p ? EM_OK : check_call(pg, c, deadline);
+    if (!s) s = run_call(pg, c, deadline);
+    if (s) break_group(pg, c);
+}
+
+static void *comm_thread(void *arg)
+{
+    em_pg *pg = arg;
+    pthread_mutex_lock(&pg->mu);
+    for (;;) {
+        while (!pg->head && !pg->stopping) pthread_cond_wait(&pg->cv, &pg->mu);
+        if (!pg->head) break;
+        call *c = pg->head;
+        pthread_mutex_unlock(&pg->mu);
+        execute(pg, c);
+        pthread_mutex_lock(&pg->mu);
+        pg->head = c->next;
+        if (!pg->head) pg->tail = NULL;
+        c->done = true;
+        pthread_cond_broadcast(&pg->cv);
+    }
+    pthread_mutex_unlock(&pg->mu);
+    return NULL;
+}
+
+/* Queues c (world > 1) or runs it here (world 1). */
+static void submit(em_pg *pg, call *c)
+{
+    /* point-to-point calls involve two ranks only: they do not count */
+    c->h.seq = pg->seq;
+    if (c->h.kind != CALL_SEND && c->h.kind != CALL_RECV) pg->seq++;
+    if (pg->world == 1) {
+        execute(pg, c);
+        c->done = true;
+        return;
+    }
+    pthread_mutex_lock(&pg->mu);
+    c->next = NULL;
+    if (pg->tail)
+        pg->tail->next = c;
+    else
+        pg->head = c;
+    pg->tail = c;
+    pthread_cond_broadcast(&pg->cv);
+    pthread_mutex_unlock(&pg->mu);
+}
+
+static em_status finish(em_pg *pg, call *c)
+{
+    if (pg->world > 1) {
+        pthread_mutex_lock(&pg->mu);
+        while (!c->done) pthread_cond_wait(&pg->cv, &pg->mu);
+        pthread_mutex_unlock(&pg->mu);
+    }
+    if (c->status) return em_set_error(c->status, "%s", c->msg);
+    return EM_OK;
+}
+
+em_status em_work_wait(em_work *w)
+{
+    if (!w) return em_err(EM_ERR_ARG, "em_work_wait: work is NULL");
+    em_status s = finish(w->pg, &w->c);
+    free(w);
+    return s;
+}
+
+bool em_work_done(const em_work *w)
+{
+    if (!w) return true;
+    pthread_mutex_lock(&w->pg->mu);
+    bool d = w->c.done;
+    pthread_mutex_unlock(&w->pg->mu);
+    return d;
+}
+
+/* Runs c synchronously (work NULL) or hands back a handle. */
+em_status pg_issue(em_pg *pg, const call *proto, em_work **work);
+em_status pg_issue(em_pg *pg, const call *proto, em_work **work)
+{
+    em_work *w = calloc(1, sizeof *w);
+    if (!w) return em_err(EM_ERR_OOM, "process group: out of memory");
+    w->c = *proto;
+    w->pg = pg;
+    submit(pg, &w->c);
+    if (work) {
+        *work = w;
+        return EM_OK;
+    }
+    return em_work_wait(w);
+}
+
+/* ---- joining ------------------------------------------------------------------------- */
+
+typedef struct hello {
+    uint32_t magic;
+    int32_t rank;
+    uint8_t secret[16];
+} hello;
+
+static int listen_any(int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    socklen_t len = sizeof a;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 64) ||
+        getsockname(fd, (struct sockaddr *)&a, &len)) {
+        close(fd);
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static void tune(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    int buf = 4 << 20;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+static int connect_to(const char *host, int port, double deadline)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1) return -1;
+    while (pg_now() < deadline) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -1;
+        int buf = 4 << 20;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+        close(fd);
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+/* The address peers reach this rank at: EMBER_ADVERTISE_ADDR, else loopback
+ * when MASTER_ADDR is loopback or unset, else MASTER_ADDR's interface is
+ * unknown here, so this host's name must resolve: we use the address the
+ * kernel picks to reach MASTER_ADDR. */
+static void advertise_addr(char *buf, size_t n)
+{
+    const char *adv = getenv("EMBER_ADVERTISE_ADDR");
+    const char *m = getenv("MASTER_ADDR");
+    if (adv && *adv) {
+        snprintf(buf, n, "%s", adv);
+        return;
+    }
+    snprintf(buf, n, "127.0.0.1");
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(9)};
+    if (!m || !*m || inet_pton(AF_INET, m, &a.sin_addr) != 1 || (ntohl(a.sin_addr.s_addr) >> 24) == 127) return;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in me;
+    socklen_t len = sizeof me;
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&me, &len) == 0)
+        inet_ntop(AF_INET, &me.sin_addr, buf, (socklen_t)n);
+    if (fd >= 0) close(fd);
+}
+
+static em_status key_get(em_pg *pg, const char *what, int r, char *out, size_t n)
+{
+    char key[256];
+    snprintf(key, sizeof key, "%s/%s/%d", pg->name, what, r);
+    void *v = NULL;
+    size_t len = 0;
+    em_status s = em_store_get(pg->store, key, &v, &len);
+    if (s) return s;
+    if (len >= n) len = n - 1;
+    memcpy(out, v, len);
+    out[len] = '\0';
+    free(v);
+    return EM_OK;
+}
+
+static em_status join(em_pg *pg)
+{
+    double deadline = pg_now() + pg->timeout;
+    uint8_t secret[16];
+    char key[256], val[256];
+    /* rank 0's secret authenticates the mesh connections */
+    if (pg->rank == 0) {
+        if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret)
+            return em_err(EM_ERR_DIST, "em_pg_new: cannot get random bytes: %s", strerror(errno));
+        snprintf(key, sizeof key, "%s/secret", pg->name);
+        em_status s = em_store_set(pg->store, key, secret, sizeof secret);
+        if (s) return s;
+    } else {
+        snprintf(key, sizeof key, "%s/secret", pg->name);
+        void *v = NULL;
+        size_t len = 0;
+        em_status s = em_store_get(pg->store, key, &v, &len);
+        if (s) return s;
+        if (len != sizeof secret) {
+            free(v);
+            return em_err(EM_ERR_DIST, "em_pg_new: the group's secret in the store is malformed");
+        }
+        memcpy(secret, v, sizeof secret);
+        free(v);
+    }
+    int port, lfd = listen_any(&port);
+    if (lfd < 0) return em_err(EM_ERR_DIST, "em_pg_new: rank %d cannot listen: %s", pg->rank, strerror(errno));
+    char host[128];
+    advertise_addr(host, sizeof host);
+    snprintf(key, sizeof key, "%s/addr/%d", pg->name, pg->rank);
+    snprintf(val, sizeof val, "%s %d", host, port);
+    em_status s = em_store_set(pg->store, key, val, strlen(val));
+    /* connect to every lower rank; accept every higher one */
+    for (int r = 0; r < pg->rank && !s; r++) {
+        char h[128];
+        int p;
+        if ((s = key_get(pg, "addr", r, val, sizeof val))) break;
+        if (sscanf(val, "%127s %d", h, &p) != 2) {
+            s = em_err(EM_ERR_DIST, "em_pg_new: rank %d's address '%s' is malformed", r, val);
+            break;
+        }
+        int fd = connect_to(h, p, deadline);
+        if (fd < 0) {
+            s = em_err(EM_ERR_TIMEOUT, "em_pg_new: rank %d cannot connect to rank %d at %s:%d", pg->rank, r, h, p);
+            break;
+        }
+        hello me = {PG_MAGIC, pg->rank, {0}};
+        memcpy(me.secret, secret, sizeof secret);
+        ssize_t w = send(fd, &me, sizeof me, MSG_NOSIGNAL);
+        if (w != (ssize_t)sizeof me) {
+            close(fd);
+            s = em_err(EM_ERR_DIST, "em_pg_new: rank %d cannot greet rank %d", pg->rank, r);
+            break;
+        }
+        tune(fd);
+        pg->fd[r] = fd;
+    }
+    int need = pg->world - 1 - pg->rank;
+    while (need > 0 && !s) {
+        struct pollfd p = {.fd = lfd, .events = POLLIN};
+        int k = poll(&p, 1, ms_until(deadline));
+        if (k == 0 && pg_now() >= deadline) {
+            char missing[256] = "";
+            for (int r = pg->rank + 1; r < pg->world; r++)
+                if (pg->fd[r] < 0 && strlen(missing) < 200)
+                    snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %d", r);
+            s = em_err(EM_ERR_TIMEOUT, "em_pg_new: rank %d waited %g s for ranks%s to join", pg->rank, pg->timeout,
+                       missing);
+            break;
+        }
+        if (k <= 0) continue;
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        hello h = {0};
+        struct pollfd q = {.fd = fd, .events = POLLIN};
+        if (poll(&q, 1, 2000) != 1 || recv(fd, &h, sizeof h, MSG_WAITALL) != (ssize_t)sizeof h ||
+            h.magic != PG_MAGIC || memcmp(h.secret, secret, sizeof secret) || h.rank <= pg->rank ||
+            h.rank >= pg->world || pg->fd[h.rank] >= 0) {
+            close(fd); /* a stray or forged connection: refused */
+            continue;
+        }
+        tune(fd);
+        pg->fd[h.rank] = fd;
+        need--;
+    }
+    close(lfd);
+    return s;
+}
+
+static void close_all(em_pg *pg)
+{
+    for (int r = 0; pg->fd && r < pg->world; r++)
+        if (pg->fd[r] >= 0) close(pg->fd[r]);
+}
+
+em_pg *em_pg_new(const em_pg_config *cfg)
+{
+    if (!cfg) return em_fail(EM_ERR_ARG, "em_pg_new: config is NULL");
+    if (cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world)
+        return em_fail(EM_ERR_ARG, "em_pg_new: rank %d is outside [0, world %d)", cfg->rank, cfg->world);
+    if (cfg->world > 1 && !cfg->store)
+        return em_fail(EM_ERR_ARG, "em_pg_new: a group of %d ranks needs a store", cfg->world);
+    if (cfg->timeout_s < 0 || cfg->timeout_s != cfg->timeout_s)
+        return em_fail(EM_ERR_ARG, "em_pg_new: timeout_s %g must be >= 0", cfg->timeout_s);
+    if (cfg->transport == EM_TRANSPORT_SHM)
+        return em_fail(EM_ERR_UNSUPPORTED, "em_pg_new: the shared-memory transport is not built yet; use TCP or AUTO");
+    em_pg *pg = calloc(1, sizeof *pg);
+    if (!pg) return em_fail(EM_ERR_OOM, "em_pg_new: out of memory");
+    pg->rank = cfg->rank;
+    pg->world = cfg->world;
+    pg->timeout = cfg->timeout_s > 0 ? cfg->timeout_s : EM_DIST_DEFAULT_TIMEOUT;
+    snprintf(pg->name, sizeof pg->name, "%s", cfg->name ? cfg->name : "pg");
+    pg->store = cfg->store;
+    pg->fd = malloc(sizeof *pg->fd * (size_t)pg->world);
+    if (!pg->fd) {
+        free(pg);
+        return em_fail(EM_ERR_OOM, "em_pg_new: out of memory");
+    }
+    for (int r = 0; r < pg->world; r++) pg->fd[r] = -1;
+    pthread_mutex_init(&pg->mu, NULL);
+    pthread_cond_init(&pg->cv, NULL);
+    if (pg->world > 1) {
+        em_status s = join(pg);
+        if (!s && pthread_create(&pg->thread, NULL, comm_thread, pg) != 0)
+            s = em_err(EM_ERR_DIST, "em_pg_new: cannot start the communication thread");
+        if (s) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", em_last_error());
+            close_all(pg);
+            free(pg->fd);
+            free(pg);
+            em_set_error(s, "%s", msg);
+            return NULL;
+        }
+        pg->thread_started = true;
+    }
+    return pg;
+}
+
+void em_pg_free(em_pg *pg)
+{
+    if (!pg) return;
+    if (pg->thread_started) {
+        pthread_mutex_lock(&pg->mu);
+        pg->stopping = true;
+        pthread_cond_broadcast(&pg->cv);
+        pthread_mutex_unlock(&pg->mu);
+        pthread_join(pg->thread, NULL);
+    }
+    close_all(pg);
+    if (pg->own_store) em_store_close(pg->store);
+    pthread_mutex_destroy(&pg->mu);
+    pthread_cond_destroy(&pg->cv);
+    free(pg->fd);
+    free(pg);
+}
+
+int em_pg_rank(const em_pg *pg) { return pg ? pg->rank : -1; }
+int em_pg_world(const em_pg *pg) { return pg ? pg->world : -1; }
+em_store *em_pg_store(const em_pg *pg) { return pg ? pg->store : NULL; }
+
+/* ---- from the environment -------------------------------------------------------- */
+
+static em_status env_int(const char *var, long lo, long hi, bool required, long *out)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) {
+        if (required) return em_err(EM_ERR_ARG, "em_pg_from_env: %s is not set", var);
+        return EM_OK;
+    }
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < lo || x > hi)
+        return em_err(EM_ERR_ARG, "em_pg_from_env: %s='%s' is not an integer in [%ld, %ld]", var, v, lo, hi);
+    *out = x;
+    return EM_OK;
+}
+
+em_pg *em_pg_from_env(void)
+{
+    long world = 1, rank = 0, port = 0, restart = 0;
+    double timeout = 0;
+    if (env_int("WORLD_SIZE", 1, 1 << 20, false, &world)) return NULL;
+    const char *t = getenv("EMBER_TIMEOUT");
+    if (t && *t) {
+        char *end;
+        timeout = strtod(t, &end);
+        if (*end || !(timeout > 0))
+            return em_fail(EM_ERR_ARG, "em_pg_from_env: EMBER_TIMEOUT='%s' is not a positive number of seconds", t);
+    }
+    em_transport tr = EM_TRANSPORT_AUTO;
+    const char *trs = getenv("EMBER_TRANSPORT");
+    if (trs && *trs) {
+        if (!strcmp(trs, "tcp")) tr = EM_TRANSPORT_TCP;
+        else if (!strcmp(trs, "shm")) tr = EM_TRANSPORT_SHM;
+        else if (strcmp(trs, "auto"))
+            return em_fail(EM_ERR_ARG, "em_pg_from_env: EMBER_TRANSPORT='%s' must be tcp, shm or auto", trs);
+    }
+    if (world == 1) return em_pg_new(&(em_pg_config){.rank = 0, .world = 1, .timeout_s = timeout, .transport = tr});
+    if (env_int("RANK", 0, world - 1, true, &rank) || env_int("MASTER_PORT", 1, 65535, true, &port) ||
+        env_int("EMBER_RESTART_COUNT", 0, 1 << 20, false, &restart))
+        return NULL;
+    const char *addr = getenv("MASTER_ADDR"), *token = getenv("EMBER_STORE_TOKEN");
+    if (!addr || !*addr) return em_fail(EM_ERR_ARG, "em_pg_from_env: MASTER_ADDR is not set");
+    if (!token || !*token)
+        return em_fail(EM_ERR_ARG, "em_pg_from_env: EMBER_STORE_TOKEN is not set (start the job with ember launch)");
+    em_store *st = em_store_connect(addr, (int)port, token, timeout);
+    if (!st) return NULL;
+    char name[64];
+    snprintf(name, sizeof name, "r%ld/pg", restart);
+    em_pg *pg = em_pg_new(&(em_pg_config){.rank = (int)rank, .world = (int)world, .store = st, .name = name,
+                                          .timeout_s = timeout, .transport = tr});
+    if (!pg) {
+        char msg[512];
+        em_status s = em_last_status();
+        snprintf(msg, sizeof msg, "%s", em_last_error());
+        em_store_close(st);
+        em_set_error(s, "%s", msg);
+        return NULL;
+    }
+    pg->own_store = true;
+    return pg;
+}

@@ -1,0 +1,90 @@
+/* pg_impl.h — the process group's internals, shared by dist/pg.c (joining,
+ * the connections, the communication thread, the call check) and
+ * dist/collectives.c (the algorithms).
+ *
+ * Every collective is a `call` run on the group's communication thread, in
+ * the order the calls were made (the same order on every rank). A call
+ * first goes through the check: every rank sends rank 0 a header saying
+ * what it called, rank 0 compares them with its own and answers everyone
+ * with a verdict; only then does data move. The connections are one TCP
+ * socket per pair of ranks (a full mesh); a data step sends to one peer
+ * while it receives from another, polling both, so two ranks sending each
+ * other large messages never deadlock on full socket buffers. */
+#ifndef EMBER_DIST_PG_IMPL_H
+#define EMBER_DIST_PG_IMPL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ember/dist.h"
+
+typedef enum call_kind {
+    CALL_ALL_REDUCE = 1,
+    CALL_BROADCAST,
+    CALL_ALL_GATHER,
+    CALL_REDUCE_SCATTER,
+    CALL_GATHER,
+    CALL_BARRIER,
+    CALL_SEND,
+    CALL_RECV
+} call_kind;
+
+/* What a rank called: the header every rank sends to rank 0. */
+typedef struct call_header {
+    uint64_t seq; /* the group's call count, the same on every rank */
+    int32_t kind, dtype, op, root;
+    int64_t count; /* elements of the (input) tensor */
+} call_header;
+
+typedef struct call {
+    call_header h;
+    void *in, *out; /* raw data: `in` count elements; `out` as the kind needs */
+    struct call *next;
+    em_status status;
+    char msg[512];
+    bool done;
+} call;
+
+struct em_pg {
+    int rank, world;
+    double timeout;
+    char name[128];
+    em_store *store;    /* borrowed, or owned when own_store */
+    bool own_store;
+    int *fd;            /* fd[r]: the socket to rank r (-1 for self) */
+    uint64_t seq;       /* calls made so far (caller side) */
+    bool broken;
+    char broken_msg[512];
+    /* the communication thread and its queue */
+    pthread_t thread;
+    bool thread_started, stopping;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    call *head, *tail;
+};
+
+struct em_work {
+    call c;
+    em_pg *pg;
+};
+
+/* ---- dist/pg.c ---------------------------------------------------------------- */
+/* Text for a call: "all_reduce(f32, 1024 elements, sum)". */
+void call_describe(const call_header *h, char *buf, size_t n);
+/* Fails c with status and message (printf-style). Returns status. */
+em_status call_fail(call *c, em_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Sends / receives exactly n bytes to / from rank r before the call's deadline. */
+em_status peer_send(em_pg *pg, call *c, int r, const void *p, size_t n, double deadline);
+em_status peer_recv(em_pg *pg, call *c, int r, void *p, size_t n, double deadline);
+/* Sends sn bytes to rank sr while receiving rn bytes from rank rr (either may be 0 bytes). */
+em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, int rr, void *rp, size_t rn,
+                        double deadline);
+double pg_now(void);
+
+/* ---- dist/collectives.c --------------------------------------------------------- */
+/* Moves the data of a checked call (on the communication thread). */
+em_status run_call(em_pg *pg, call *c, double deadline);
+
+#endif
