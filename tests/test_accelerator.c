@@ -24,7 +24,7 @@ TEST(test_accelerator_alone_is_a_world_of_one)
     no_user_config();
     unsetenv("WORLD_SIZE");
     em_accelerator *a = em_accelerator_new(NULL);
-    CHECK_NOT_NULL(a);
+    CHECK_NOTNULL(a);
     CHECK(em_accel_world(a) == 1 && em_accel_rank(a) == 0);
     CHECK(em_accel_is_main_process(a) && em_accel_is_local_main(a));
     CHECK(em_accel_grad_accum(a) == 1);
@@ -40,7 +40,7 @@ TEST(test_accelerator_config_precedence_file_then_env_then_code)
     setenv("EMBER_CONFIG_FILE", path, 1);
     unsetenv("EMBER_GRAD_ACCUM");
     em_accelerator *a = em_accelerator_new(NULL);
-    CHECK_NOT_NULL(a);
+    CHECK_NOTNULL(a);
     CHECK(em_accel_grad_accum(a) == 3);
     em_accelerator_free(a);
     setenv("EMBER_GRAD_ACCUM", "2", 1);
@@ -92,7 +92,7 @@ TEST(test_accumulate_syncs_every_k_and_at_the_end_of_the_data)
     no_user_config();
     em_accelerator *a = em_accelerator_new(&(em_accel_config){.grad_accum = 3});
     em_dataset *ds = counting(7);
-    CHECK_NOT_NULL(ds);
+    CHECK_NOTNULL(ds);
     em_loader *l = em_loader_new(ds, &(em_loader_config){.batch_size = 1});
     CHECK_OK(em_accel_prepare(a, NULL, NULL, l, NULL));
     char got[16] = "";
@@ -114,7 +114,7 @@ static void collectives(int rank, int world, void *ctx)
     (void)ctx;
     no_user_config();
     em_accelerator *a = em_accelerator_new(NULL);
-    CHECK_NOT_NULL(a);
+    CHECK_NOTNULL(a);
     CHECK(em_accel_rank(a) == rank && em_accel_world(a) == world);
     CHECK(em_accel_is_main_process(a) == (rank == 0));
     em_scope s = em_scope_begin();
@@ -123,7 +123,7 @@ static void collectives(int rank, int world, void *ctx)
     ((float *)em_data(t))[0] = (float)rank;
     ((float *)em_data(t))[1] = 10.0f * rank;
     em_tensor *g = em_accel_gather(a, t);
-    CHECK_NOT_NULL(g);
+    CHECK_NOTNULL(g);
     CHECK(em_shape(g)[0] == world && em_shape(g)[1] == 2);
     for (int r = 0; r < world; r++) CHECK(((float *)em_data(g))[2 * r + 1] == 10.0f * r);
     /* reduce */
@@ -131,7 +131,7 @@ static void collectives(int rank, int world, void *ctx)
     CHECK_NEAR(em_item(sum), world * (world + 1) / 2.0, 0);
     /* pad across processes: rank r has r+1 rows */
     em_tensor *p = em_accel_pad_across_processes(a, em_full(EM_I32, 1, (int64_t[]){rank + 1}, 7), 0, -1, false);
-    CHECK_NOT_NULL(p);
+    CHECK_NOTNULL(p);
     CHECK(em_shape(p)[0] == world);
     CHECK(((int32_t *)em_data(p))[rank] == 7);
     if (rank + 1 < world) CHECK(((int32_t *)em_data(p))[world - 1] == -1);
@@ -176,7 +176,7 @@ static void metrics(int rank, int world, void *ctx)
     int seen = 0, batches = 0;
     while (em_accel_next(a, &b)) {
         em_tensor *all = em_accel_gather_for_metrics(a, b.x);
-        CHECK_NOT_NULL(all);
+        CHECK_NOTNULL(all);
         int64_t n = em_shape(all)[0];
         for (int64_t i = 0; i < n; i++) CHECK(((float *)em_data(all))[i] == (float)(seen + i));
         seen += (int)n;
@@ -201,7 +201,7 @@ static void world_mismatch(int rank, int world, void *ctx)
     no_user_config();
     const char *dir = ctx;
     em_accelerator *a = em_accelerator_new(NULL);
-    CHECK_NOT_NULL(a);
+    CHECK_NOTNULL(a);
     if (world == 1) {
         CHECK_OK(em_accel_save_state(a, dir));
     } else {
