@@ -11,6 +11,7 @@
 
 #include "harness.h"
 
+double th_ranks_timeout = 10;
 static int rounds; /* groups made by this test process so far */
 
 static double now(void)
@@ -57,7 +58,7 @@ static void run(const char *file, int line, int world, em_transport tr, th_rank_
             if (!st) th_fail(file, line, "rank %d: cannot reach the store: %s", r, em_last_error());
             snprintf(v, sizeof v, "t%d/pg", round);
             em_pg *pg = em_pg_new(&(em_pg_config){.rank = r, .world = world, .store = st, .name = v,
-                                                  .timeout_s = 10, .transport = tr});
+                                                  .timeout_s = th_ranks_timeout, .transport = tr});
             if (!pg) th_fail(file, line, "rank %d: cannot join: %s", r, em_last_error());
             fn(pg, r, world, ctx);
             em_pg_free(pg);

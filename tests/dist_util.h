@@ -22,6 +22,9 @@
 typedef void (*th_rank_fn)(em_pg *pg, int rank, int world, void *ctx);
 typedef void (*th_env_fn)(int rank, int world, void *ctx);
 
+/* The groups' collective timeout in TH_RANKS (seconds; default 10). */
+extern double th_ranks_timeout;
+
 void th_ranks(const char *file, int line, int world, em_transport tr, th_rank_fn fn, void *ctx);
 void th_ranks_env(const char *file, int line, int world, th_env_fn fn, void *ctx);
 #define TH_RANKS(world, tr, fn, ctx) th_ranks(__FILE__, __LINE__, (world), (tr), (fn), (ctx))
