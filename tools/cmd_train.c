@@ -443,7 +443,7 @@ int cmd_train(int argc, char **argv)
     if (s) {
         fprintf(stderr, "ember train: %s\n", em_last_error());
         teardown(&r);
-        return s == EM_ERR_ARG ? 2 : 1;
+        return 1;
     }
     bool tty = r.main && isatty(STDOUT_FILENO);
     int world = em_accel_world(r.acc);
