@@ -26,9 +26,31 @@ static void run(const char *file, int line, int world, em_transport tr, th_rank_
     if (world < 1 || world > 16) th_fail(file, line, "th_ranks: world %d out of range", world);
     char token[40];
     snprintf(token, sizeof token, "test-token-%08x%08x", (unsigned)getpid(), (unsigned)rand());
-    em_store_server *srv = em_store_server_start(NULL, 0, token);
-    if (!srv) th_fail(file, line, "th_ranks: cannot start a store: %s", em_last_error());
-    int port = em_store_server_port(srv), round = ++rounds;
+    /* The store runs in its own child: forking ranks from a process whose
+     * server thread may hold an allocator lock (ASan's) can deadlock them. */
+    int pfd[2];
+    if (pipe(pfd) != 0) th_fail(file, line, "th_ranks: pipe failed");
+    fflush(stdout);
+    fflush(stderr);
+    pid_t store_pid = fork();
+    if (store_pid < 0) th_fail(file, line, "th_ranks: fork failed");
+    if (store_pid == 0) {
+        close(pfd[0]);
+        em_store_server *srv = em_store_server_start(NULL, 0, token);
+        int p = srv ? em_store_server_port(srv) : -1;
+        if (write(pfd[1], &p, sizeof p) != (ssize_t)sizeof p || !srv) _exit(1);
+        for (;;) pause(); /* until the parent kills it */
+    }
+    close(pfd[1]);
+    int port = -1;
+    if (read(pfd[0], &port, sizeof port) != (ssize_t)sizeof port || port <= 0) {
+        close(pfd[0]);
+        kill(store_pid, SIGKILL);
+        waitpid(store_pid, NULL, 0);
+        th_fail(file, line, "th_ranks: cannot start a store");
+    }
+    close(pfd[0]);
+    int round = ++rounds;
     pid_t pids[16];
     for (int r = 0; r < world; r++) {
         fflush(stdout);
@@ -92,7 +114,8 @@ static void run(const char *file, int line, int world, em_transport tr, th_rank_
                     waitpid(pids[r], &status[r], 0);
                     if (first_bad < 0) first_bad = r;
                 }
-            em_store_server_stop(srv);
+            kill(store_pid, SIGKILL);
+            waitpid(store_pid, NULL, 0);
             th_fail(file, line, "rank %d%s did not finish in time (killed)", first_bad,
                     first_bad >= 0 && status[first_bad] != -1 ? "" : "");
         }
@@ -101,7 +124,8 @@ static void run(const char *file, int line, int world, em_transport tr, th_rank_
             nanosleep(&ts, NULL);
         }
     }
-    em_store_server_stop(srv);
+    kill(store_pid, SIGKILL);
+    waitpid(store_pid, NULL, 0);
     if (first_bad >= 0) {
         int st = status[first_bad];
         if (WIFSIGNALED(st))
