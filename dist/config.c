@@ -350,6 +350,11 @@ em_status em_config_read(const char *path, em_config *c, bool missing_ok)
         if (errno == ENOENT && missing_ok) return EM_OK;
         return em_err(EM_ERR_IO, "em_config_read: cannot read %s: %s", path, strerror(errno));
     }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(f);
+        return em_err(EM_ERR_IO, "em_config_read: cannot read %s: it is a directory", path);
+    }
     yaml_parser_t p;
     if (!yaml_parser_initialize(&p)) {
         fclose(f);

@@ -214,6 +214,14 @@ TEST(test_config_read_missing_file_is_io_error_unless_missing_ok)
     CHECK(same_config(&c, &before));
 }
 
+TEST(test_config_read_of_a_directory_is_io_error)
+{
+    tmpdir();
+    em_config c = em_config_defaults();
+    CHECK_ERR(em_config_read(dir, &c, true), EM_ERR_IO, "directory");
+    rmdir_all();
+}
+
 TEST(test_config_write_rejects_bad_values_naming_the_field)
 {
     tmpdir();

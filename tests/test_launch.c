@@ -388,6 +388,29 @@ TEST(test_launch_sigterm_stops_every_worker)
     cleanup();
 }
 
+TEST(test_launch_keeps_ignoring_a_signal_it_was_started_ignoring)
+{
+    setup();
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) { /* as under nohup */
+        int out = open(in_dir("out.txt"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(out, 1);
+        dup2(out, 2);
+        signal(SIGHUP, SIG_IGN);
+        execl(EMBER_BIN, EMBER_BIN, "launch", "-n", "2", "sh", "-c",
+              "echo $$ > $D/w$RANK.pid; sleep 0.5; echo done", (char *)NULL);
+        _exit(126);
+    }
+    wait_pid_file("w0.pid");
+    wait_pid_file("w1.pid");
+    kill(pid, SIGHUP);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    cleanup();
+}
+
 /* ---- restarts ------------------------------------------------------------------------- */
 
 TEST(test_launch_max_restarts_restarts_the_group_with_its_count)
@@ -527,5 +550,33 @@ TEST(test_launch_bad_or_missing_config_file_exits_1_naming_it)
     r = run_ember("launch", "--config-file", in_dir("bad.yaml"), "true", NULL);
     CHECK_EXIT(r, 1);
     CHECK(strstr(r->err, "bad.yaml") && strstr(r->err, "num_procs"));
+    cleanup();
+}
+
+/* ---- with the real store -------------------------------------------------------------- */
+
+#define WORKER_BIN EMBER_BUILD_DIR "/tests/launch_worker"
+
+TEST(test_launch_workers_join_the_store_it_hosts)
+{
+    setup();
+    th_run_result *r = run_ember("launch", "-n", "3", "--master-port", "0", WORKER_BIN, NULL);
+    CHECK_EXIT(r, 0);
+    for (int i = 0; i < 3; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "[rank %d] rank %d of 3 ok (restart 0)", i, i);
+        if (!line_of(r->out, want)) th_fail(__FILE__, __LINE__, "no '%s' in:\n%s\n%s", want, r->out, r->err);
+    }
+    cleanup();
+}
+
+TEST(test_launch_store_outlives_a_restart)
+{
+    setup();
+    th_run_result *r = run_ember("launch", "-n", "2", "--max-restarts", "1", WORKER_BIN, "fail-once", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->err, "rank 1 exited with status 3") != NULL);
+    CHECK(line_of(r->out, "[rank 0] rank 0 of 2 ok (restart 1)") &&
+          line_of(r->out, "[rank 1] rank 1 of 2 ok (restart 1)"));
     cleanup();
 }

@@ -394,7 +394,7 @@ static void plan_worker(const job *j, int i, int restart, env_plan *p)
 }
 
 /* Runs attempts until one succeeds, is interrupted, or the restarts run out. */
-static int run_attempts(const job *j, const char *path, char **argv, int sigfd)
+static int run_attempts(const job *j, const char *path, char **argv, int sigfd, const sigset_t *child_mask)
 {
     const em_config *c = &j->o.cfg;
     int n = c->num_processes;
@@ -422,7 +422,8 @@ static int run_attempts(const job *j, const char *path, char **argv, int sigfd)
                               .envs = envs,
                               .grace_s = j->o.grace_s,
                               .prefix = j->o.prefix,
-                              .sigfd = sigfd};
+                              .sigfd = sigfd,
+                              .child_mask = *child_mask};
             out = launch_run(&g);
         } else {
             fprintf(stderr, "ember launch: out of memory\n");
@@ -489,8 +490,13 @@ int cmd_launch(int argc, char **argv)
      * them before the store's thread starts so that it inherits the mask. */
     sigset_t set, old;
     sigemptyset(&set);
-    int handled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
-    for (int k = 0; k < 4; k++) sigaddset(&set, handled[k]);
+    sigaddset(&set, SIGCHLD);
+    int forwarded[] = {SIGINT, SIGTERM, SIGHUP};
+    for (int k = 0; k < 3; k++) { /* one we were started ignoring (nohup, a background job) stays ignored */
+        struct sigaction sa;
+        if (sigaction(forwarded[k], NULL, &sa) == 0 && sa.sa_handler != SIG_IGN)
+            sigaddset(&set, forwarded[k]);
+    }
     sigprocmask(SIG_BLOCK, &set, &old);
     signal(SIGPIPE, SIG_IGN); /* a closed stdout must not kill us while workers run */
     int sigfd = signalfd(-1, &set, SFD_CLOEXEC);
@@ -510,7 +516,7 @@ int cmd_launch(int argc, char **argv)
         }
         j.port = em_store_server_port(store);
     }
-    rc = run_attempts(&j, path, argv + j.o.prog, sigfd);
+    rc = run_attempts(&j, path, argv + j.o.prog, sigfd, &old);
     em_store_server_stop(store);
     close(sigfd);
     sigprocmask(SIG_SETMASK, &old, NULL);

@@ -254,7 +254,10 @@ static void on_signal(run_state *st, int sig)
         return;
     }
     if (st->stopping) { /* a second Ctrl-C: no more waiting */
-        if (!st->killed) signal_all(st, SIGKILL);
+        if (!st->killed) {
+            fprintf(stderr, "ember launch: got %s again; sending SIGKILL\n", sig_name(sig));
+            signal_all(st, SIGKILL);
+        }
         st->killed = true;
         return;
     }
@@ -283,15 +286,11 @@ launch_outcome launch_run(const launch_group *g)
         return (launch_outcome){.end = LAUNCH_ERROR};
     }
     run_state st = {.g = g, .w = w};
-    sigset_t child_mask; /* ours without the signals the caller blocked for the signalfd */
-    sigprocmask(SIG_SETMASK, NULL, &child_mask);
-    int handled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
-    for (int k = 0; k < 4; k++) sigdelset(&child_mask, handled[k]);
 
     for (int i = 0; i < n; i++) {
         w[i].rank = g->first_rank + i;
         w[i].s[0].fd = w[i].s[1].fd = -1;
-        if (!spawn(g, i, &w[i], &child_mask)) {
+        if (!spawn(g, i, &w[i], &g->child_mask)) {
             st.out = (launch_outcome){.end = LAUNCH_ERROR};
             begin_stop(&st, SIGKILL);
             st.killed = true;

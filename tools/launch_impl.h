@@ -5,6 +5,7 @@
 #ifndef EMBER_TOOLS_LAUNCH_IMPL_H
 #define EMBER_TOOLS_LAUNCH_IMPL_H
 
+#include <signal.h>
 #include <stdbool.h>
 
 /* What one attempt runs: nproc workers of `path` (resolved already) with
@@ -17,7 +18,8 @@ typedef struct launch_group {
     char **const *envs;
     double grace_s; /* SIGTERM, then SIGKILL this long after */
     bool prefix;    /* "[rank N] " before each output line (pipes); false: workers share our stdout/stderr */
-    int sigfd;      /* signalfd for SIGCHLD, SIGINT, SIGTERM, SIGHUP (blocked in the caller) */
+    int sigfd; /* signalfd for SIGCHLD and the signals we forward (SIGINT, SIGTERM, SIGHUP unless ignored) */
+    sigset_t child_mask; /* the signal mask the caller had before blocking those: the workers get it */
 } launch_group;
 
 typedef enum launch_end {
