@@ -150,16 +150,21 @@ static em_status all_reduce(em_pg *pg, call *c, double deadline)
     em_dtype dt = (em_dtype)c->h.dtype;
     int64_t n = c->h.count;
     size_t es = wide_size(dt);
-    /* tmp: a whole message (small path) or one chunk (ring) */
-    char *buf = malloc((size_t)n * es + 1), *tmp = malloc((size_t)n * es + es);
+    bool small = (int64_t)es * n < SMALL_BYTES;
+    /* f32/f64/i32 reduce in the tensor itself (a DDP bucket: no copy in or
+     * out); f16/bf16 go through an f32 copy. tmp holds what one receive
+     * brings: a whole message (small path) or one ring chunk. */
+    bool in_place = dt != EM_F16 && dt != EM_BF16;
+    size_t tmp_elems = small ? (size_t)n : (size_t)(n / pg->world + 1);
+    char *buf = in_place ? c->in : malloc((size_t)n * es + 1), *tmp = malloc(tmp_elems * es + 1);
     if (!buf || !tmp) {
-        free(buf);
+        if (!in_place) free(buf);
         free(tmp);
         return call_fail(c, EM_ERR_OOM, "all_reduce: out of memory for %lld elements", (long long)n);
     }
-    widen(dt, c->in, buf, n);
+    if (!in_place) widen(dt, c->in, buf, n);
     em_status s = EM_OK;
-    if ((int64_t)es * n < SMALL_BYTES) {
+    if (small) {
         if (pg->rank == 0) {
             for (int r = 1; r < pg->world && !s; r++) {
                 s = peer_recv(pg, c, r, tmp, (size_t)n * es, deadline);
@@ -180,8 +185,10 @@ static em_status all_reduce(em_pg *pg, call *c, double deadline)
             s = ring_all_gather(pg, c, buf, n, es, 1, deadline);
         }
     }
-    if (!s) narrow_to(dt, buf, c->in, n);
-    free(buf);
+    if (!in_place) {
+        if (!s) narrow_to(dt, buf, c->in, n);
+        free(buf);
+    }
     free(tmp);
     return s;
 }
