@@ -27,10 +27,12 @@
 
 #include "ember/dist.h"
 #include "dist/accel_impl.h"
+#include "dist/dist_impl.h"
 #include "tensor/tensor_impl.h"
 
 /* ---- configuration ------------------------------------------------------------ */
 
+/* LOCAL_RANK / LOCAL_WORLD_SIZE: an integer >= lo, when set. */
 static em_status env_int(const char *var, int lo, int *out)
 {
     const char *v = getenv(var);
@@ -44,27 +46,16 @@ static em_status env_int(const char *var, int lo, int *out)
     return EM_OK;
 }
 
-static em_status env_bool(const char *var, bool *out)
-{
-    const char *v = getenv(var);
-    if (!v || !*v) return EM_OK;
-    if (!strcmp(v, "1") || !strcmp(v, "true")) *out = true;
-    else if (!strcmp(v, "0") || !strcmp(v, "false")) *out = false;
-    else return em_err(EM_ERR_ARG, "em_accelerator_new: %s='%s' must be 0, 1, true or false", var, v);
-    return EM_OK;
-}
-
-static em_status env_seconds(const char *var, double *out)
-{
-    const char *v = getenv(var);
-    if (!v || !*v) return EM_OK;
-    char *end;
-    double x = strtod(v, &end);
-    if (*end || !(x > 0))
-        return em_err(EM_ERR_ARG, "em_accelerator_new: %s='%s' is not a positive number of seconds", var, v);
-    *out = x;
-    return EM_OK;
-}
+/* The environment's settings are the config file's keys under other names. */
+static const struct {
+    const char *var, *key;
+} env_keys[] = {
+    {"EMBER_MIXED_PRECISION", "mixed_precision"},
+    {"EMBER_GRAD_ACCUM", "gradient_accumulation_steps"},
+    {"EMBER_SPLIT_BATCHES", "split_batches"},
+    {"EMBER_EVEN_BATCHES", "even_batches"},
+    {"EMBER_TIMEOUT", "timeout"},
+};
 
 /* defaults < config file < environment < code */
 static em_status resolve_config(const em_accel_config *cfg, em_config *c)
@@ -78,13 +69,12 @@ static em_status resolve_config(const em_accel_config *cfg, em_config *c)
     }
     em_status s;
     if (path && (s = em_config_read(path, c, cfg->config_file == NULL)) != EM_OK) return s;
-    const char *mp = getenv("EMBER_MIXED_PRECISION");
-    if (mp && *mp && (s = em_precision_parse(mp, &c->mixed_precision)) != EM_OK)
-        return em_err(s, "em_accelerator_new: EMBER_MIXED_PRECISION='%s' must be no, bf16 or fp16", mp);
-    if ((s = env_int("EMBER_GRAD_ACCUM", 1, &c->grad_accum))) return s;
-    if ((s = env_bool("EMBER_SPLIT_BATCHES", &c->split_batches))) return s;
-    if ((s = env_bool("EMBER_EVEN_BATCHES", &c->even_batches))) return s;
-    if ((s = env_seconds("EMBER_TIMEOUT", &c->timeout_s))) return s;
+    for (size_t i = 0; i < sizeof env_keys / sizeof env_keys[0]; i++) {
+        const char *v = getenv(env_keys[i].var);
+        char source[64];
+        snprintf(source, sizeof source, "em_accelerator_new: %s", env_keys[i].var);
+        if (v && *v && (s = config_set(c, env_keys[i].key, v, source)) != EM_OK) return s;
+    }
     if (cfg->grad_accum < 0)
         return em_err(EM_ERR_ARG, "em_accelerator_new: grad_accum %d must be >= 0", cfg->grad_accum);
     if (cfg->grad_accum) c->grad_accum = cfg->grad_accum;

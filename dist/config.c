@@ -100,11 +100,12 @@ static bool parse_int_range(const char *s, long lo, long hi, int *out)
     return true;
 }
 
+/* true/false (any YAML spelling), or 1/0 as the environment carries them */
 static bool parse_bool(const char *s, bool *out)
 {
-    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE"))
+    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE") || !strcmp(s, "1"))
         *out = true;
-    else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE"))
+    else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE") || !strcmp(s, "0"))
         *out = false;
     else
         return false;
@@ -196,6 +197,18 @@ static const config_key keys[] = {
     {"max_restarts", "an integer >= 0", set_restarts},
 };
 enum { NKEYS = sizeof keys / sizeof keys[0] };
+
+em_status config_set(em_config *c, const char *key, const char *value, const char *source)
+{
+    int k = 0;
+    while (k < NKEYS && strcmp(keys[k].name, key)) k++;
+    if (k == NKEYS) return em_err(EM_ERR_ARG, "%s: unknown setting '%s'", source, key);
+    em_config t = *c;
+    if (!keys[k].set(&t, value))
+        return em_err(EM_ERR_ARG, "%s='%s' is not %s", source, value, keys[k].want);
+    *c = t;
+    return EM_OK;
+}
 
 /* The checks that involve more than one field (or that a caller filling the
  * struct in code could break): NULL when c is consistent, else what is

@@ -53,4 +53,11 @@ double dist_store_timeout(const em_store *s);
 /* *exists := whether key is set, without waiting. */
 em_status dist_store_check(em_store *s, const char *key, bool *exists);
 
+/* ---- the config file's keys (dist/config.c) ---- */
+/* Sets config key `key` (a name of the file's format, e.g. "split_batches")
+ * from text, exactly as the file reader would. EM_ERR_ARG "SOURCE='value' is
+ * not <what the key wants>" (source names where the text came from, e.g. an
+ * environment variable); *c is untouched then. */
+em_status config_set(em_config *c, const char *key, const char *value, const char *source);
+
 #endif

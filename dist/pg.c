@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dist/dist_impl.h"
 #include "dist/pg_impl.h"
 #include "tensor/tensor_impl.h"
 
@@ -594,11 +595,10 @@ em_pg *em_pg_from_env(void)
     double timeout = 0;
     if (env_int("WORLD_SIZE", 1, 1 << 20, false, &world)) return NULL;
     const char *t = getenv("EMBER_TIMEOUT");
-    if (t && *t) {
-        char *end;
-        timeout = strtod(t, &end);
-        if (*end || !(timeout > 0))
-            return em_fail(EM_ERR_ARG, "em_pg_from_env: EMBER_TIMEOUT='%s' is not a positive number of seconds", t);
+    if (t && *t) { /* parsed as the config file's `timeout` */
+        em_config c = em_config_defaults();
+        if (config_set(&c, "timeout", t, "em_pg_from_env: EMBER_TIMEOUT")) return NULL;
+        timeout = c.timeout_s;
     }
     em_transport tr = EM_TRANSPORT_AUTO;
     const char *trs = getenv("EMBER_TRANSPORT");
