@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../tensor/fileio_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/data.h"
 
@@ -208,30 +209,14 @@ em_text *em_text_from_memory(const char *data, size_t n, em_text_mode mode)
 em_text *em_text_open(const char *path, em_text_mode mode)
 {
     if (!path) return em_fail(EM_ERR_ARG, "em_text_open: path is NULL");
-    FILE *f = fopen(path, "rb");
-    if (!f) return em_fail(EM_ERR_IO, "em_text_open: cannot open %s: %s", path, strerror(errno));
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return em_fail(EM_ERR_IO, "em_text_open: cannot find the size of %s", path);
-    }
+    char *buf = NULL;
+    size_t size = 0;
+    if (file_read_all(path, (size_t)1 << 40, &buf, &size, "em_text_open")) return NULL;
     if (size == 0) {
-        fclose(f);
+        free(buf);
         return em_fail(EM_ERR_ARG, "em_text_open: %s is empty", path);
     }
-    char *buf = malloc((size_t)size);
-    if (!buf) {
-        fclose(f);
-        return em_fail(EM_ERR_OOM, "em_text_open: out of memory for %ld bytes of %s", size, path);
-    }
-    size_t got = fread(buf, 1, (size_t)size, f);
-    fclose(f);
-    em_text *t = NULL;
-    if (got != (size_t)size)
-        em_fail(EM_ERR_IO, "em_text_open: read %zu of %ld bytes of %s", got, size, path);
-    else
-        t = em_text_from_memory(buf, (size_t)size, mode);
+    em_text *t = em_text_from_memory(buf, size, mode);
     free(buf);
     return t;
 }

@@ -25,6 +25,7 @@
 
 #include "dist/accel_impl.h"
 #include "nn/json_impl.h"
+#include "tensor/fileio_impl.h"
 #include "tensor/tensor_impl.h"
 
 #define STATE_FORMAT "ember-accelerator-state-1"
@@ -70,36 +71,6 @@ static void put_rng(jbuf *b, const char *name, const em_rng *r)
     put_u64(b, key, r->offset, false);
 }
 
-/* Writes data to path via path.tmp + fsync + rename. */
-static em_status write_atomic(const char *path, const char *data, size_t n)
-{
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return em_err(EM_ERR_IO, "em_accel_save_state: cannot create %s: %s", tmp, strerror(errno));
-    size_t done = 0;
-    while (done < n) {
-        ssize_t w = write(fd, data + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = errno;
-            close(fd);
-            unlink(tmp);
-            return em_err(EM_ERR_IO, "em_accel_save_state: cannot write %s: %s", tmp, strerror(e));
-        }
-        done += (size_t)w;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        unlink(tmp);
-        return em_err(EM_ERR_IO, "em_accel_save_state: cannot sync %s: %s", tmp, strerror(errno));
-    }
-    if (rename(tmp, path) != 0) {
-        unlink(tmp);
-        return em_err(EM_ERR_IO, "em_accel_save_state: cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    }
-    return EM_OK;
-}
-
 static em_status save_counters(em_accelerator *a, const char *dir)
 {
     jbuf b = {0};
@@ -132,7 +103,7 @@ static em_status save_counters(em_accelerator *a, const char *dir)
     char file[64], path[4096];
     snprintf(file, sizeof file, "rank_%d.json", a->rank);
     path_in(path, sizeof path, dir, file);
-    em_status s = write_atomic(path, b.p, b.len);
+    em_status s = file_write_atomic(path, b.p, b.len, "em_accel_save_state");
     free(b.p);
     return s;
 }
@@ -213,32 +184,6 @@ static em_status get_rng(const jval *o, const char *path, const char *name, em_r
     return s ? s : get_u64(o, path, key, &r->offset);
 }
 
-static em_status read_file(const char *path, char **out, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return em_err(EM_ERR_IO, "em_accel_load_state: cannot open %s: %s", path, strerror(errno));
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (len < cap) break;
-        if (cap >= (1u << 24)) {
-            free(buf);
-            fclose(f);
-            return em_err(EM_ERR_IO, "em_accel_load_state: %s is too large for a counters file", path);
-        }
-        char *nb = realloc(buf, cap *= 2);
-        if (!nb) free(buf);
-        buf = nb;
-    }
-    fclose(f);
-    if (!buf) return em_err(EM_ERR_OOM, "em_accel_load_state: out of memory");
-    *out = buf;
-    *n = len;
-    return EM_OK;
-}
-
 static em_status read_counters(em_accelerator *a, const char *dir, counters *c)
 {
     char file[64], path[4096];
@@ -246,7 +191,7 @@ static em_status read_counters(em_accelerator *a, const char *dir, counters *c)
     path_in(path, sizeof path, dir, file);
     char *text = NULL;
     size_t n = 0;
-    em_status s = read_file(path, &text, &n);
+    em_status s = file_read_all(path, 1 << 24, &text, &n, "em_accel_load_state");
     if (s) return s;
     jval root;
     char err[128];

@@ -19,6 +19,7 @@
 
 #include "../tensor/tensor_impl.h"
 #include "ember/dist.h"
+#include "tensor/fileio_impl.h"
 
 em_config em_config_defaults(void)
 {
@@ -460,39 +461,21 @@ em_status em_config_write(const char *path, const em_config *c)
     if (check_config(c, why, sizeof why)) return em_err(EM_ERR_ARG, "em_config_write: %s", why);
     em_status s = make_parent(path);
     if (s) return s;
-    char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
-        return em_err(EM_ERR_ARG, "em_config_write: path too long: %.64s...", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) return em_err(EM_ERR_IO, "em_config_write: cannot create %s: %s", tmp, strerror(errno));
-    fchmod(fd, 0644);
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return em_err(EM_ERR_IO, "em_config_write: cannot write %s: %s", tmp, strerror(e));
-    }
-    fputs("# ember config: written by `ember config`, read by `ember launch`, `ember train` and the\n"
-          "# Accelerator; flags and EMBER_* environment variables override it.\n",
-          f);
-    errno = 0;
+    /* the YAML goes to memory first, then to the file in one crash-safe write */
+    static const char head[] =
+        "# ember config: written by `ember config`, read by `ember launch`, `ember train` and the\n"
+        "# Accelerator; flags and EMBER_* environment variables override it.\n";
+    unsigned char text[8192];
+    size_t len = sizeof head - 1, written = 0;
+    memcpy(text, head, len);
     yaml_emitter_t e;
     bool ok = yaml_emitter_initialize(&e);
     if (ok) {
-        yaml_emitter_set_output_file(&e, f);
+        yaml_emitter_set_output_string(&e, text + len, sizeof text - len, &written);
         yaml_emitter_set_unicode(&e, 1);
         ok = emit_config(&e, c) && yaml_emitter_flush(&e);
         yaml_emitter_delete(&e);
     }
-    ok = ok && fflush(f) == 0 && !ferror(f) && fsync(fileno(f)) == 0;
-    int e_no = errno;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        if (ok) e_no = errno;
-        unlink(tmp);
-        return em_err(EM_ERR_IO, "em_config_write: cannot write %s: %s", path,
-                      e_no ? strerror(e_no) : "YAML emitter failed");
-    }
-    return EM_OK;
+    if (!ok) return em_err(EM_ERR_IO, "em_config_write: cannot write %s: the YAML emitter failed", path);
+    return file_write_atomic(path, text, len + written, "em_config_write");
 }

@@ -24,6 +24,7 @@
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
 #include "json_impl.h"
+#include "../tensor/fileio_impl.h"
 
 #define ST_MAX_HEADER ((uint64_t)100 << 20) /* as the reference implementation */
 #define ST_SUPPORTED "F32, F64, F16, BF16, I32, U8, BOOL; I64 when its values fit in i32"
@@ -560,23 +561,6 @@ static bool write_tensor(FILE *fp, tensor *t)
     return ok;
 }
 
-/* fsync of the directory holding path, so the rename itself is durable
- * (best effort: some file systems refuse it). */
-static void sync_dir(const char *path)
-{
-    char *dir = strdup(path);
-    if (!dir) return;
-    char *slash = strrchr(dir, '/');
-    if (slash == dir) slash[1] = '\0';
-    else if (slash) *slash = '\0';
-    int fd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
-    free(dir);
-}
-
 em_status em_safetensors_save(const char *path, int n, const em_named *tensors, const char *metadata_json)
 {
     if (!path || !path[0]) return em_err(EM_ERR_ARG, "em_safetensors_save: path is %s", path ? "empty" : "NULL");
@@ -640,7 +624,7 @@ em_status em_safetensors_save(const char *path, int n, const em_named *tensors, 
         return s;
     }
     free(tmp);
-    sync_dir(path);
+    file_sync_dir(path);
     return EM_OK;
 }
 

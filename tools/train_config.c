@@ -4,18 +4,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/fileio_impl.h"
 #include "train_config.h"
 
 em_status run_config_write(const char *path, const em_gpt_config *m, const em_vocab *vocab)
 {
     char *vs = em_vocab_to_string(vocab);
     if (!vs) return em_last_status();
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len); /* built in memory, written in one crash-safe step */
     if (!f) {
         free(vs);
-        return em_set_error(EM_ERR_IO, "config: cannot write %s: %s", tmp, strerror(errno));
+        return em_set_error(EM_ERR_OOM, "config: out of memory");
     }
     fprintf(f, "# ember GPT config, written by `ember train`\n");
     fprintf(f, "vocab_size: %lld\nblock_size: %lld\nn_layer: %lld\nn_head: %lld\nn_embd: %lld\n",
@@ -31,13 +32,10 @@ em_status run_config_write(const char *path, const em_gpt_config *m, const em_vo
     }
     fprintf(f, "\"\n");
     free(vs);
-    bool ok = fflush(f) == 0 && ferror(f) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        return em_set_error(EM_ERR_IO, "config: cannot write %s: %s", path, strerror(errno));
-    }
-    return EM_OK;
+    bool ok = fclose(f) == 0;
+    em_status s = ok ? file_write_atomic(path, text, len, "config") : em_set_error(EM_ERR_OOM, "config: out of memory");
+    free(text);
+    return s;
 }
 
 static em_status bad(const char *path, int line, const char *what, const char *key)

@@ -1,0 +1,26 @@
+/* fileio_impl.h — whole-file reads and crash-safe writes, for every layer
+ * that saves something small (checkpoint counters, config files) or reads a
+ * file whole. Internal: users never include it.
+ *
+ * file_write_atomic writes to a unique temporary beside the target, fsyncs
+ * it, renames it over the target and fsyncs the directory, so a crash at any
+ * moment leaves either the old file or the new one, never a part. */
+#ifndef EMBER_TENSOR_FILEIO_IMPL_H
+#define EMBER_TENSOR_FILEIO_IMPL_H
+
+#include <stddef.h>
+
+#include "ember/tensor.h"
+
+/* data[0..n) -> path. EM_ERR_IO "fn: cannot write PATH: reason" (the target
+ * untouched, no temporary left) on failure. */
+em_status file_write_atomic(const char *path, const void *data, size_t n, const char *fn);
+/* fsync of the directory holding path, so a rename into it is durable (best
+ * effort: some file systems refuse it). */
+void file_sync_dir(const char *path);
+/* The whole file into *out (malloc'd, NUL-terminated after *n bytes; the
+ * caller frees). EM_ERR_IO "fn: cannot open PATH: reason" / "fn: PATH is
+ * larger than MAX bytes" / read errors; EM_ERR_OOM. */
+em_status file_read_all(const char *path, size_t max, char **out, size_t *n, const char *fn);
+
+#endif
