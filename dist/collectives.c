@@ -24,8 +24,6 @@
 #include "dist/pg_impl.h"
 #include "tensor/tensor_impl.h"
 
-em_status pg_issue(em_pg *pg, const call *proto, em_work **work);
-
 #define SMALL_BYTES (64 * 1024)
 
 /* ---- the wide working type --------------------------------------------------------- */

@@ -27,7 +27,6 @@ typedef struct bucket {
     int first, count;   /* parameters [first, first+count) in registration order */
     int pending;        /* gradients not yet final in this backward */
     em_work *work;      /* the in-flight all-reduce, or NULL */
-    bool launched;
 } bucket;
 
 typedef struct param {
@@ -72,7 +71,6 @@ static void launch_ready(em_ddp *d, bool all)
             b->work = NULL;
             note_error(d, s);
         }
-        b->launched = true;
         d->next_launch++;
     }
 }
@@ -249,7 +247,7 @@ static em_status make_buckets(em_ddp *d, size_t cap)
                 continue;
             }
             /* params of this dtype from i downward, until the bucket is full */
-            int last = i, first = i;
+            int first = i;
             int64_t lo = INT64_MAX, hi = 0;
             size_t bytes = 0;
             int count = 0;
@@ -271,7 +269,6 @@ static em_status make_buckets(em_ddp *d, size_t cap)
                 count++;
                 i--;
             }
-            (void)last;
             bucket *b = &d->buckets[d->nbuckets];
             b->dtype = dts[k];
             b->first = first;
@@ -353,7 +350,6 @@ em_status em_ddp_backward(em_ddp *d, em_tensor *loss, em_tensor *grad_output)
     if (!d->sync) return em_backward(loss, grad_output);
     for (int i = 0; i < d->nbuckets; i++) {
         d->buckets[i].pending = d->buckets[i].count;
-        d->buckets[i].launched = false;
         d->buckets[i].work = NULL;
     }
     for (int i = 0; i < d->nparams; i++) d->params[i].ready = false;

@@ -304,8 +304,6 @@ bool em_work_done(const em_work *w)
     return d;
 }
 
-/* Runs c synchronously (work NULL) or hands back a handle. */
-em_status pg_issue(em_pg *pg, const call *proto, em_work **work);
 em_status pg_issue(em_pg *pg, const call *proto, em_work **work)
 {
     em_work *w = calloc(1, sizeof *w);

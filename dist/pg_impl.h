@@ -82,6 +82,9 @@ em_status peer_recv(em_pg *pg, call *c, int r, void *p, size_t n, double deadlin
 em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, int rr, void *rp, size_t rn,
                         double deadline);
 double pg_now(void);
+/* Runs a copy of proto on the group: synchronously (work NULL) or queued,
+ * handing back a handle. */
+em_status pg_issue(em_pg *pg, const call *proto, em_work **work);
 
 /* ---- dist/collectives.c --------------------------------------------------------- */
 /* Moves the data of a checked call (on the communication thread). */

@@ -116,8 +116,7 @@ static void run(const char *file, int line, int world, em_transport tr, th_rank_
                 }
             kill(store_pid, SIGKILL);
             waitpid(store_pid, NULL, 0);
-            th_fail(file, line, "rank %d%s did not finish in time (killed)", first_bad,
-                    first_bad >= 0 && status[first_bad] != -1 ? "" : "");
+            th_fail(file, line, "rank %d did not finish in time (killed)", first_bad);
         }
         if (left > 0) {
             struct timespec ts = {0, 5 * 1000 * 1000};
