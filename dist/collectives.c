@@ -59,30 +59,34 @@ static void narrow_to(em_dtype dt, const void *src, void *dst, int64_t n)
     }
 }
 
-/* acc[i] = acc[i] op x[i], in the wide type of dt */
+/* acc[i] = acc[i] op x[i], in the wide type of dt. MAX/MIN propagate NaN,
+ * as torch does. The sum loops are plain so the compiler vectorises them. */
 static void combine(em_dtype dt, int op, void *acc, const void *x, int64_t n)
 {
+    bool sum = op == EM_RED_SUM || op == EM_RED_AVG, max = op == EM_RED_MAX;
     if (dt == EM_F64) {
-        double *a = acc;
-        const double *b = x;
-        for (int64_t i = 0; i < n; i++)
-            a[i] = op == EM_RED_MAX ? (b[i] > a[i] || isnan(b[i]) ? b[i] : a[i])
-                   : op == EM_RED_MIN ? (b[i] < a[i] || isnan(b[i]) ? b[i] : a[i])
-                                      : a[i] + b[i];
+        double *restrict a = acc;
+        const double *restrict b = x;
+        if (sum)
+            for (int64_t i = 0; i < n; i++) a[i] += b[i];
+        else
+            for (int64_t i = 0; i < n; i++)
+                a[i] = (max ? b[i] > a[i] : b[i] < a[i]) || isnan(b[i]) ? b[i] : a[i];
     } else if (dt == EM_I32) {
-        int32_t *a = acc;
-        const int32_t *b = x;
-        for (int64_t i = 0; i < n; i++)
-            a[i] = op == EM_RED_MAX   ? (b[i] > a[i] ? b[i] : a[i])
-                   : op == EM_RED_MIN ? (b[i] < a[i] ? b[i] : a[i])
-                                      : (int32_t)((uint32_t)a[i] + (uint32_t)b[i]); /* wraps, as torch */
+        int32_t *restrict a = acc;
+        const int32_t *restrict b = x;
+        if (sum) /* wraps, as torch */
+            for (int64_t i = 0; i < n; i++) a[i] = (int32_t)((uint32_t)a[i] + (uint32_t)b[i]);
+        else
+            for (int64_t i = 0; i < n; i++) a[i] = (max ? b[i] > a[i] : b[i] < a[i]) ? b[i] : a[i];
     } else {
-        float *a = acc;
-        const float *b = x;
-        for (int64_t i = 0; i < n; i++)
-            a[i] = op == EM_RED_MAX ? (b[i] > a[i] || isnan(b[i]) ? b[i] : a[i])
-                   : op == EM_RED_MIN ? (b[i] < a[i] || isnan(b[i]) ? b[i] : a[i])
-                                      : a[i] + b[i];
+        float *restrict a = acc;
+        const float *restrict b = x;
+        if (sum)
+            for (int64_t i = 0; i < n; i++) a[i] += b[i];
+        else
+            for (int64_t i = 0; i < n; i++)
+                a[i] = (max ? b[i] > a[i] : b[i] < a[i]) || isnan(b[i]) ? b[i] : a[i];
     }
 }
 
@@ -95,6 +99,28 @@ static void finish_avg(em_dtype dt, int op, void *acc, int64_t n, int world)
         for (int64_t i = 0; i < n; i++) ((int32_t *)acc)[i] /= world;
     else
         for (int64_t i = 0; i < n; i++) ((float *)acc)[i] /= (float)world;
+}
+
+void reduce_sources(em_dtype dt, int op, int world, void *dst, const void *const *src, int nsrc, int64_t n)
+{
+    enum { BLOCK = 2048 }; /* elements: the accumulator stays in L1 */
+    size_t es = em_dtype_size(dt);
+    bool half = dt == EM_F16 || dt == EM_BF16;
+    _Alignas(64) char acc[BLOCK * 8], x[BLOCK * 4];
+    for (int64_t i = 0; i < n; i += BLOCK) {
+        int64_t m = n - i < BLOCK ? n - i : BLOCK;
+        widen(dt, (const char *)src[0] + i * (int64_t)es, acc, m);
+        for (int k = 1; k < nsrc; k++) {
+            const void *xs = (const char *)src[k] + i * (int64_t)es;
+            if (half) {
+                widen(dt, xs, x, m);
+                xs = x;
+            }
+            combine(dt, op, acc, xs, m);
+        }
+        finish_avg(dt, op, acc, m, world);
+        narrow_to(dt, acc, (char *)dst + i * (int64_t)es, m);
+    }
 }
 
 /* ---- algorithms ---------------------------------------------------------------------- */

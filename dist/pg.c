@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -90,7 +91,7 @@ em_status call_fail(call *c, em_status s, const char *fmt, ...)
 
 /* ---- sockets with deadlines ------------------------------------------------------ */
 
-static em_status io_error(em_pg *pg, call *c, int r, const char *what, int err)
+em_status peer_io_error(em_pg *pg, call *c, int r, const char *what, int err)
 {
     char desc[160];
     call_describe(&c->h, desc, sizeof desc);
@@ -100,7 +101,7 @@ static em_status io_error(em_pg *pg, call *c, int r, const char *what, int err)
     return call_fail(c, EM_ERR_DIST, "%s: rank %d: %s rank %d failed: %s", desc, pg->rank, what, r, strerror(err));
 }
 
-static em_status timed_out(em_pg *pg, call *c, int r, const char *what)
+em_status peer_timed_out(em_pg *pg, call *c, int r, const char *what)
 {
     char desc[160];
     call_describe(&c->h, desc, sizeof desc);
@@ -127,25 +128,37 @@ em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, i
         }
         int k = poll(p, (nfds_t)np, ms_until(deadline));
         if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return io_error(pg, c, sent < sn ? sr : rr, "waiting on", errno);
+        if (k < 0) return peer_io_error(pg, c, sent < sn ? sr : rr, "waiting on", errno);
         if (k == 0) {
             if (pg_now() < deadline) continue;
-            return got < rn ? timed_out(pg, c, rr, "for data from") : timed_out(pg, c, sr, "to send to");
+            return got < rn ? peer_timed_out(pg, c, rr, "for data from") : peer_timed_out(pg, c, sr, "to send to");
         }
         if (ri >= 0 && p[ri].revents) {
             ssize_t n = recv(pg->fd[rr], d + got, rn - got, MSG_DONTWAIT);
-            if (n == 0) return io_error(pg, c, rr, "receiving from", 0);
-            if (n < 0 && errno != EAGAIN && errno != EINTR) return io_error(pg, c, rr, "receiving from", errno);
+            if (n == 0) return peer_io_error(pg, c, rr, "receiving from", 0);
+            if (n < 0 && errno != EAGAIN && errno != EINTR) return peer_io_error(pg, c, rr, "receiving from", errno);
             if (n > 0) got += (size_t)n;
         }
         if (si >= 0 && p[si].revents) {
-            if (p[si].revents & (POLLERR | POLLHUP)) return io_error(pg, c, sr, "sending to", 0);
+            if (p[si].revents & (POLLERR | POLLHUP)) return peer_io_error(pg, c, sr, "sending to", 0);
             ssize_t n = send(pg->fd[sr], s + sent, sn - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (n < 0 && errno != EAGAIN && errno != EINTR) return io_error(pg, c, sr, "sending to", errno);
+            if (n < 0 && errno != EAGAIN && errno != EINTR) return peer_io_error(pg, c, sr, "sending to", errno);
             if (n > 0) sent += (size_t)n;
         }
     }
     return EM_OK;
+}
+
+em_status peer_alive(em_pg *pg, call *c, int r)
+{
+    struct pollfd p = {.fd = pg->fd[r], .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return EM_OK;
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return peer_io_error(pg, c, r, "waiting for", 0);
+    char b;
+    ssize_t n = recv(pg->fd[r], &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return peer_io_error(pg, c, r, "waiting for", 0);
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return peer_io_error(pg, c, r, "waiting for", errno);
+    return EM_OK; /* bytes waiting (a send/recv header): alive */
 }
 
 em_status peer_send(em_pg *pg, call *c, int r, const void *p, size_t n, double deadline)
@@ -172,6 +185,21 @@ static bool same_call(const call_header *a, const call_header *b)
     return true;
 }
 
+void calls_compare(const call_header *hs, int world, char *msg, size_t n)
+{
+    msg[0] = '\0';
+    for (int r = 1; r < world; r++)
+        if (!same_call(&hs[r], &hs[0])) {
+            char mine[160], theirs[160];
+            call_describe(&hs[0], mine, sizeof mine);
+            call_describe(&hs[r], theirs, sizeof theirs);
+            snprintf(msg, n, "collective mismatch at call #%llu: rank %d called %s but rank 0 called %s%s",
+                     (unsigned long long)hs[0].seq, r, theirs, mine,
+                     hs[r].seq != hs[0].seq ? " (the ranks have made different numbers of calls)" : "");
+            return;
+        }
+}
+
 static em_status check_call(em_pg *pg, call *c, double deadline)
 {
     if (pg->rank != 0) {
@@ -186,24 +214,18 @@ static em_status check_call(em_pg *pg, call *c, double deadline)
         msg[len] = '\0';
         return call_fail(c, EM_ERR_DIST, "%s", msg);
     }
+    call_header *hs = malloc(sizeof *hs * (size_t)pg->world);
+    if (!hs) return call_fail(c, EM_ERR_OOM, "collective check: out of memory");
+    hs[0] = c->h;
+    em_status s = EM_OK;
+    for (int r = 1; r < pg->world && !s; r++) s = peer_recv(pg, c, r, &hs[r], sizeof hs[r], deadline);
     char msg[512] = "";
-    for (int r = 1; r < pg->world; r++) {
-        call_header h;
-        em_status s = peer_recv(pg, c, r, &h, sizeof h, deadline);
-        if (s) return s;
-        if (!msg[0] && !same_call(&h, &c->h)) {
-            char mine[160], theirs[160];
-            call_describe(&c->h, mine, sizeof mine);
-            call_describe(&h, theirs, sizeof theirs);
-            snprintf(msg, sizeof msg,
-                     "collective mismatch at call #%llu: rank %d called %s but rank 0 called %s%s",
-                     (unsigned long long)c->h.seq, r, theirs, mine,
-                     h.seq != c->h.seq ? " (the ranks have made different numbers of calls)" : "");
-        }
-    }
+    if (!s) calls_compare(hs, pg->world, msg, sizeof msg);
+    free(hs);
+    if (s) return s;
     uint32_t len = (uint32_t)strlen(msg);
     for (int r = 1; r < pg->world; r++) {
-        em_status s = peer_send(pg, c, r, &len, sizeof len, deadline);
+        s = peer_send(pg, c, r, &len, sizeof len, deadline);
         if (!s && len) s = peer_send(pg, c, r, msg, len, deadline);
         if (s) return s;
     }
@@ -229,8 +251,14 @@ static void execute(em_pg *pg, call *c)
     double deadline = pg_now() + pg->timeout;
     /* point to point needs no check: the pair's own header exchange is it */
     bool p2p = c->h.kind == CALL_SEND || c->h.kind == CALL_RECV;
-    em_status s = pg->world == 1 || p2p ? EM_OK : check_call(pg, c, deadline);
-    if (!s) s = run_call(pg, c, deadline);
+    em_status s;
+    if (pg->shm && !p2p) {
+        s = shm_check(pg, c, deadline);
+        if (!s) s = shm_run(pg, c, deadline);
+    } else {
+        s = pg->world == 1 || p2p ? EM_OK : check_call(pg, c, deadline);
+        if (!s) s = run_call(pg, c, deadline);
+    }
     if (s) break_group(pg, c);
 }
 
@@ -393,6 +421,25 @@ static void advertise_addr(char *buf, size_t n)
     if (fd >= 0) close(fd);
 }
 
+/* What identifies this machine: ranks with the same id can share memory.
+ * The boot id differs between machines (and between boots); containers on
+ * one host share it but maybe not /dev/shm, which the mapping then finds. */
+static void host_id(char *buf, size_t n)
+{
+    char boot[64] = "", host[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+        fclose(f);
+    }
+    boot[strcspn(boot, "\n")] = '\0';
+    if (gethostname(host, sizeof host)) host[0] = '\0';
+    host[sizeof host - 1] = '\0';
+    for (char *p = host; *p; p++)
+        if (*p == ' ') *p = '_';
+    snprintf(buf, n, "%s/%s", boot[0] ? boot : "noboot", host[0] ? host : "nohost");
+}
+
 static em_status key_get(em_pg *pg, const char *what, int r, char *out, size_t n)
 {
     char key[256];
@@ -408,11 +455,67 @@ static em_status key_get(em_pg *pg, const char *what, int r, char *out, size_t n
     return EM_OK;
 }
 
-static em_status join(em_pg *pg)
+/* After the mesh: maps the shared segment when every rank is on this
+ * machine and the transport allows it. Ranks agree through rank 0 (over
+ * the mesh) on whether every one of them mapped it; if not, AUTO stays on
+ * TCP and SHM fails naming the rank. */
+static em_status setup_shm(em_pg *pg, em_transport tr, bool local, double deadline)
+{
+    if (tr == EM_TRANSPORT_TCP) return EM_OK;
+    if (!local || pg->world > SHM_MAX_WORLD) {
+        if (tr == EM_TRANSPORT_AUTO) return EM_OK;
+        if (!local) return em_err(EM_ERR_ARG, "em_pg_new: transport shm needs every rank on one machine; these are not");
+        return em_err(EM_ERR_ARG, "em_pg_new: transport shm takes at most %d ranks, not %d", SHM_MAX_WORLD,
+                      pg->world);
+    }
+    char key[256], name[96] = "", why[512] = "";
+    snprintf(key, sizeof key, "%s/shm", pg->name);
+    em_status s = EM_OK;
+    if (pg->rank == 0) {
+        if (shm_create(pg, name, sizeof name)) snprintf(why, sizeof why, "%s", em_last_error()), name[0] = '\0';
+        if ((s = em_store_set(pg->store, key, name, strlen(name)))) {
+            if (name[0]) shm_unlink(name);
+            shm_unmap(pg);
+            return s;
+        }
+    } else {
+        void *v = NULL;
+        size_t len = 0;
+        if ((s = em_store_get(pg->store, key, &v, &len))) return s;
+        snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), (char *)v);
+        free(v);
+        if (!name[0]) snprintf(why, sizeof why, "rank 0 could not make the segment");
+        else if (shm_map(pg, name)) snprintf(why, sizeof why, "%s", em_last_error());
+    }
+    /* the verdict: -1 = everyone mapped it, else the first rank that did not */
+    call c = {.h = {.kind = CALL_BARRIER}};
+    int32_t bad = pg->shm ? -1 : pg->rank;
+    if (pg->rank == 0) {
+        for (int r = 1; r < pg->world && !s; r++) {
+            uint8_t ok = 0;
+            s = peer_recv(pg, &c, r, &ok, 1, deadline);
+            if (!s && !ok && bad < 0) bad = r;
+        }
+        if (name[0]) shm_unlink(name); /* every rank has it mapped or gave up: the name can go */
+        for (int r = 1; r < pg->world && !s; r++) s = peer_send(pg, &c, r, &bad, sizeof bad, deadline);
+    } else {
+        uint8_t ok = pg->shm != NULL;
+        s = peer_send(pg, &c, 0, &ok, 1, deadline);
+        if (!s) s = peer_recv(pg, &c, 0, &bad, sizeof bad, deadline);
+    }
+    if (s) return em_err(EM_ERR_DIST, "em_pg_new: rank %d, agreeing on shared memory: %s", pg->rank, c.msg);
+    if (bad < 0) return EM_OK;
+    shm_unmap(pg);
+    if (tr == EM_TRANSPORT_AUTO) return EM_OK;
+    if (bad == pg->rank) return em_err(EM_ERR_DIST, "em_pg_new: transport shm: %s", why);
+    return em_err(EM_ERR_DIST, "em_pg_new: transport shm: rank %d could not map the shared segment", (int)bad);
+}
+
+static em_status join(em_pg *pg, em_transport tr)
 {
     double deadline = pg_now() + pg->timeout;
     uint8_t secret[16];
-    char key[256], val[256];
+    char key[256], val[512];
     /* rank 0's secret authenticates the mesh connections */
     if (pg->rank == 0) {
         if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret)
@@ -435,10 +538,11 @@ static em_status join(em_pg *pg)
     }
     int port, lfd = listen_any(&port);
     if (lfd < 0) return em_err(EM_ERR_DIST, "em_pg_new: rank %d cannot listen: %s", pg->rank, strerror(errno));
-    char host[128];
+    char host[128], id[160];
     advertise_addr(host, sizeof host);
+    host_id(id, sizeof id);
     snprintf(key, sizeof key, "%s/addr/%d", pg->name, pg->rank);
-    snprintf(val, sizeof val, "%s %d", host, port);
+    snprintf(val, sizeof val, "%s %d %s", host, port, id);
     em_status s = em_store_set(pg->store, key, val, strlen(val));
     /* connect to every lower rank; accept every higher one */
     for (int r = 0; r < pg->rank && !s; r++) {
@@ -494,7 +598,15 @@ static em_status join(em_pg *pg)
         need--;
     }
     close(lfd);
-    return s;
+    /* one machine? every rank's record names its host */
+    bool local = true;
+    for (int r = 0; r < pg->world && !s; r++) {
+        char h[128], their[160] = "";
+        int p;
+        if ((s = key_get(pg, "addr", r, val, sizeof val))) break;
+        if (sscanf(val, "%127s %d %159s", h, &p, their) != 3 || strcmp(their, id)) local = false;
+    }
+    return s ? s : setup_shm(pg, tr, local, deadline);
 }
 
 static void close_all(em_pg *pg)
@@ -512,8 +624,8 @@ em_pg *em_pg_new(const em_pg_config *cfg)
         return em_fail(EM_ERR_ARG, "em_pg_new: a group of %d ranks needs a store", cfg->world);
     if (cfg->timeout_s < 0 || cfg->timeout_s != cfg->timeout_s)
         return em_fail(EM_ERR_ARG, "em_pg_new: timeout_s %g must be >= 0", cfg->timeout_s);
-    if (cfg->transport == EM_TRANSPORT_SHM)
-        return em_fail(EM_ERR_UNSUPPORTED, "em_pg_new: the shared-memory transport is not built yet; use TCP or AUTO");
+    if (cfg->transport < EM_TRANSPORT_AUTO || cfg->transport > EM_TRANSPORT_SHM)
+        return em_fail(EM_ERR_ARG, "em_pg_new: transport %d is not AUTO, TCP or SHM", (int)cfg->transport);
     em_pg *pg = calloc(1, sizeof *pg);
     if (!pg) return em_fail(EM_ERR_OOM, "em_pg_new: out of memory");
     pg->rank = cfg->rank;
@@ -530,13 +642,14 @@ em_pg *em_pg_new(const em_pg_config *cfg)
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv, NULL);
     if (pg->world > 1) {
-        em_status s = join(pg);
+        em_status s = join(pg, cfg->transport);
         if (!s && pthread_create(&pg->thread, NULL, comm_thread, pg) != 0)
             s = em_err(EM_ERR_DIST, "em_pg_new: cannot start the communication thread");
         if (s) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", em_last_error());
             close_all(pg);
+            shm_unmap(pg);
             free(pg->fd);
             free(pg);
             em_set_error(s, "%s", msg);
@@ -558,6 +671,7 @@ void em_pg_free(em_pg *pg)
         pthread_join(pg->thread, NULL);
     }
     close_all(pg);
+    shm_unmap(pg);
     if (pg->own_store) em_store_close(pg->store);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv);
@@ -567,6 +681,7 @@ void em_pg_free(em_pg *pg)
 
 int em_pg_rank(const em_pg *pg) { return pg ? pg->rank : -1; }
 int em_pg_world(const em_pg *pg) { return pg ? pg->world : -1; }
+em_transport em_pg_transport(const em_pg *pg) { return pg && pg->shm ? EM_TRANSPORT_SHM : EM_TRANSPORT_TCP; }
 em_store *em_pg_store(const em_pg *pg) { return pg ? pg->store : NULL; }
 
 /* ---- from the environment -------------------------------------------------------- */

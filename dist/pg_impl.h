@@ -9,7 +9,11 @@
  * with a verdict; only then does data move. The connections are one TCP
  * socket per pair of ranks (a full mesh); a data step sends to one peer
  * while it receives from another, polling both, so two ranks sending each
- * other large messages never deadlock on full socket buffers. */
+ * other large messages never deadlock on full socket buffers.
+ *
+ * When every rank is on one machine the group also maps a shared-memory
+ * segment (dist/shm.c): collectives then check and move data through it,
+ * and the sockets only carry send/recv and tell a rank that a peer died. */
 #ifndef EMBER_DIST_PG_IMPL_H
 #define EMBER_DIST_PG_IMPL_H
 
@@ -47,8 +51,19 @@ typedef struct call {
     bool done;
 } call;
 
+/* The shared segment as this rank sees it (dist/shm.c). */
+typedef struct shm_seg {
+    void *base;
+    size_t size;
+    struct shm_ctl *ctl; /* one control block per rank */
+    uint8_t *data;       /* world slots of `slot` bytes, each two halves */
+    size_t slot;
+    uint32_t step;       /* the steps this rank has published */
+} shm_seg;
+
 struct em_pg {
     int rank, world;
+    shm_seg *shm;       /* NULL: collectives go over TCP */
     double timeout;
     char name[128];
     em_store *store;    /* borrowed, or owned when own_store */
@@ -82,6 +97,15 @@ em_status peer_recv(em_pg *pg, call *c, int r, void *p, size_t n, double deadlin
 em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, int rr, void *rp, size_t rn,
                         double deadline);
 double pg_now(void);
+/* Failures that name the call, this rank and the peer: a lost connection
+ * (err 0 = closed) and a deadline passed while `what` ("for data from"). */
+em_status peer_io_error(em_pg *pg, call *c, int r, const char *what, int err);
+em_status peer_timed_out(em_pg *pg, call *c, int r, const char *what);
+/* EM_OK while rank r's socket is open; the lost-connection error once it closed. */
+em_status peer_alive(em_pg *pg, call *c, int r);
+/* The verdict on everyone's headers (hs[r] = rank r's), the same text on
+ * every rank that computes it: "" when they agree. */
+void calls_compare(const call_header *hs, int world, char *msg, size_t n);
 /* Runs a copy of proto on the group: synchronously (work NULL) or queued,
  * handing back a handle. */
 em_status pg_issue(em_pg *pg, const call *proto, em_work **work);
@@ -89,5 +113,23 @@ em_status pg_issue(em_pg *pg, const call *proto, em_work **work);
 /* ---- dist/collectives.c --------------------------------------------------------- */
 /* Moves the data of a checked call (on the communication thread). */
 em_status run_call(em_pg *pg, call *c, double deadline);
+/* dst[i] = src[0][i] op src[1][i] op ... (nsrc sources, in that order), in
+ * the wide type of dt and rounded once; AVG divides by `world`. dst may be
+ * one of the sources. */
+void reduce_sources(em_dtype dt, int op, int world, void *dst, const void *const *src, int nsrc, int64_t n);
+
+/* ---- dist/shm.c ------------------------------------------------------------------ */
+#define SHM_MAX_WORLD 64
+/* Bytes of the segment for a group of `world`. */
+size_t shm_bytes(int world);
+/* Rank 0 creates a segment (name written to `name`, n bytes), the others
+ * map the one named. EM_OK, or an error saying why not (the caller may fall
+ * back to TCP). */
+em_status shm_create(em_pg *pg, char *name, size_t n);
+em_status shm_map(em_pg *pg, const char *name);
+void shm_unmap(em_pg *pg);
+/* The call check and the data movement of a collective, through the segment. */
+em_status shm_check(em_pg *pg, call *c, double deadline);
+em_status shm_run(em_pg *pg, call *c, double deadline);
 
 #endif

@@ -110,12 +110,39 @@ static void large(em_pg *pg, int rank, int world, void *ctx)
     check_all(pg, rank, world, 40001);
 }
 
+/* 300001 elements: several shared-memory pieces in every dtype, the last one short */
+static void pieces(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)ctx;
+    check_all(pg, rank, world, 300001);
+}
+
 TEST(test_collectives_every_op_and_dtype_world_1) { TH_RANKS(1, EM_TRANSPORT_AUTO, small_and_odd, NULL); }
-TEST(test_collectives_every_op_and_dtype_world_2) { TH_RANKS(2, EM_TRANSPORT_AUTO, small_and_odd, NULL); }
-TEST(test_collectives_every_op_and_dtype_world_3) { TH_RANKS(3, EM_TRANSPORT_TCP, small_and_odd, NULL); }
-TEST(test_collectives_every_op_and_dtype_world_4) { TH_RANKS(4, EM_TRANSPORT_AUTO, small_and_odd, NULL); }
-TEST(test_collectives_ring_sizes_world_2) { TH_RANKS(2, EM_TRANSPORT_AUTO, large, NULL); }
-TEST(test_collectives_ring_sizes_world_3) { TH_RANKS(3, EM_TRANSPORT_AUTO, large, NULL); }
+TEST(test_collectives_every_op_and_dtype_world_2_tcp) { TH_RANKS(2, EM_TRANSPORT_TCP, small_and_odd, NULL); }
+TEST(test_collectives_every_op_and_dtype_world_2_shm) { TH_RANKS(2, EM_TRANSPORT_SHM, small_and_odd, NULL); }
+TEST(test_collectives_every_op_and_dtype_world_3_tcp) { TH_RANKS(3, EM_TRANSPORT_TCP, small_and_odd, NULL); }
+TEST(test_collectives_every_op_and_dtype_world_3_shm) { TH_RANKS(3, EM_TRANSPORT_SHM, small_and_odd, NULL); }
+TEST(test_collectives_every_op_and_dtype_world_4_tcp) { TH_RANKS(4, EM_TRANSPORT_TCP, small_and_odd, NULL); }
+TEST(test_collectives_every_op_and_dtype_world_4_shm) { TH_RANKS(4, EM_TRANSPORT_SHM, small_and_odd, NULL); }
+TEST(test_collectives_ring_sizes_world_2_tcp) { TH_RANKS(2, EM_TRANSPORT_TCP, large, NULL); }
+TEST(test_collectives_ring_sizes_world_3_tcp) { TH_RANKS(3, EM_TRANSPORT_TCP, large, NULL); }
+TEST(test_collectives_large_world_2_shm) { TH_RANKS(2, EM_TRANSPORT_SHM, large, NULL); }
+TEST(test_collectives_many_pieces_world_2_shm) { TH_RANKS(2, EM_TRANSPORT_SHM, pieces, NULL); }
+TEST(test_collectives_many_pieces_world_3_shm) { TH_RANKS(3, EM_TRANSPORT_SHM, pieces, NULL); }
+
+static void expect_transport(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)rank;
+    (void)world;
+    CHECK(em_pg_transport(pg) == (em_transport)(intptr_t)ctx);
+}
+
+TEST(test_auto_transport_is_shared_memory_on_one_machine)
+{
+    TH_RANKS(2, EM_TRANSPORT_AUTO, expect_transport, (void *)(intptr_t)EM_TRANSPORT_SHM);
+    TH_RANKS(3, EM_TRANSPORT_TCP, expect_transport, (void *)(intptr_t)EM_TRANSPORT_TCP);
+    TH_RANKS(1, EM_TRANSPORT_SHM, expect_transport, (void *)(intptr_t)EM_TRANSPORT_TCP);
+}
 
 /* a 4 MB all_reduce gives bitwise the same bytes on every rank */
 static void identical(em_pg *pg, int rank, int world, void *ctx)
@@ -134,7 +161,8 @@ static void identical(em_pg *pg, int rank, int world, void *ctx)
 
 TEST(test_all_reduce_results_are_bitwise_identical_on_every_rank)
 {
-    TH_RANKS(3, EM_TRANSPORT_AUTO, identical, NULL);
+    TH_RANKS(3, EM_TRANSPORT_TCP, identical, NULL);
+    TH_RANKS(3, EM_TRANSPORT_SHM, identical, NULL);
 }
 
 /* asynchronous calls complete in call order */
@@ -155,7 +183,11 @@ static void async_order(em_pg *pg, int rank, int world, void *ctx)
     }
 }
 
-TEST(test_async_collectives_complete_and_wait_in_any_order) { TH_RANKS(2, EM_TRANSPORT_AUTO, async_order, NULL); }
+TEST(test_async_collectives_complete_and_wait_in_any_order)
+{
+    TH_RANKS(2, EM_TRANSPORT_TCP, async_order, NULL);
+    TH_RANKS(2, EM_TRANSPORT_SHM, async_order, NULL);
+}
 
 /* rank 1 calls broadcast while the others call all_reduce */
 static void mismatch(em_pg *pg, int rank, int world, void *ctx)
@@ -175,7 +207,8 @@ static void mismatch(em_pg *pg, int rank, int world, void *ctx)
 
 TEST(test_mismatched_collective_fails_on_every_rank_naming_both_calls)
 {
-    TH_RANKS(3, EM_TRANSPORT_AUTO, mismatch, NULL);
+    TH_RANKS(3, EM_TRANSPORT_TCP, mismatch, NULL);
+    TH_RANKS(3, EM_TRANSPORT_SHM, mismatch, NULL);
 }
 
 static void dtype_mismatch(em_pg *pg, int rank, int world, void *ctx)
@@ -188,7 +221,11 @@ static void dtype_mismatch(em_pg *pg, int rank, int world, void *ctx)
     em_free(t);
 }
 
-TEST(test_all_reduce_rejects_dtype_mismatch_between_ranks) { TH_RANKS(2, EM_TRANSPORT_AUTO, dtype_mismatch, NULL); }
+TEST(test_all_reduce_rejects_dtype_mismatch_between_ranks)
+{
+    TH_RANKS(2, EM_TRANSPORT_TCP, dtype_mismatch, NULL);
+    TH_RANKS(2, EM_TRANSPORT_SHM, dtype_mismatch, NULL);
+}
 
 /* rank 1 dies; the others fail within moments, never hang */
 static void peer_dies(em_pg *pg, int rank, int world, void *ctx)
@@ -203,7 +240,11 @@ static void peer_dies(em_pg *pg, int rank, int world, void *ctx)
     em_free(t);
 }
 
-TEST(test_a_dead_peer_makes_the_others_fail_not_hang) { TH_RANKS(3, EM_TRANSPORT_AUTO, peer_dies, NULL); }
+TEST(test_a_dead_peer_makes_the_others_fail_not_hang)
+{
+    TH_RANKS(3, EM_TRANSPORT_TCP, peer_dies, NULL);
+    TH_RANKS(3, EM_TRANSPORT_SHM, peer_dies, NULL);
+}
 
 /* one rank never calls: the others time out (1.5 s here) */
 static void silent(em_pg *pg, int rank, int world, void *ctx)
@@ -211,7 +252,7 @@ static void silent(em_pg *pg, int rank, int world, void *ctx)
     (void)world;
     (void)ctx;
     if (rank == 1) {
-        sleep(3);
+        sleep(2);
         return;
     }
     em_status s = em_barrier(pg, NULL);
@@ -222,7 +263,9 @@ static void silent(em_pg *pg, int rank, int world, void *ctx)
 TEST(test_a_collective_that_a_rank_never_joins_times_out)
 {
     th_ranks_timeout = 1.5;
-    TH_RANKS(2, EM_TRANSPORT_AUTO, silent, NULL);
+    TH_RANKS(2, EM_TRANSPORT_TCP, silent, NULL);
+    th_ranks_timeout = 1.5;
+    TH_RANKS(2, EM_TRANSPORT_SHM, silent, NULL);
 }
 
 TEST(test_collectives_reject_bad_arguments)
@@ -240,6 +283,8 @@ TEST(test_collectives_reject_bad_arguments)
     CHECK_ERR(em_all_reduce(pg, tr, EM_RED_SUM, NULL), EM_ERR_ARG, "not contiguous");
     CHECK_ERR(em_pg_new(&(em_pg_config){.rank = 2, .world = 2}), EM_ERR_ARG, "rank 2 is outside");
     CHECK_ERR(em_pg_new(&(em_pg_config){.rank = 0, .world = 2}), EM_ERR_ARG, "needs a store");
+    CHECK_ERR(em_pg_new(&(em_pg_config){.rank = 0, .world = 1, .transport = (em_transport)7}), EM_ERR_ARG,
+              "transport 7 is not AUTO, TCP or SHM");
     em_pg_free(pg);
 }
 

@@ -107,6 +107,11 @@ em_pg *em_pg_from_env(void);
 void em_pg_free(em_pg *pg);
 int em_pg_rank(const em_pg *pg);
 int em_pg_world(const em_pg *pg);
+/* The data path the group's collectives use: EM_TRANSPORT_SHM when every rank
+ * is on this machine and mapped the shared segment (AUTO or SHM asked for),
+ * else EM_TRANSPORT_TCP (also for a group of one, and for send/recv, which
+ * always go over TCP). */
+em_transport em_pg_transport(const em_pg *pg);
 /* The store the group uses (NULL for a group of one); borrowed. */
 em_store *em_pg_store(const em_pg *pg);
 

@@ -1,0 +1,372 @@
+/* shm.c — collectives through a shared-memory segment, for a group whose
+ * ranks are all on one machine.
+ *
+ * The segment (one per group, made by rank 0, mapped by all, unlinked as
+ * soon as everyone has it) holds a control block per rank and a data slot
+ * per rank. A control block has a step counter that only grows: "arrive(v)"
+ * publishes that this rank finished step v (a release store), "wait(q, v)"
+ * waits until rank q's counter reached v (an acquire load). Every rank runs
+ * the same sequence of steps for a call, so the numbers line up.
+ *
+ * The check. Each rank writes the header of its call into its control block
+ * (two header places, used alternately by call number) and arrives; once all
+ * arrived, every rank compares every header with rank 0's and, on a
+ * mismatch, fails with the same message the TCP check gives. Arriving at a
+ * call's check also says "I finished the previous call", so after the check
+ * every slot is free again.
+ *
+ * The data. A slot is two halves; data moves in pieces of half a slot,
+ * alternating halves so a rank can fill piece j while others still read
+ * piece j-1; before refilling a half it waits until everyone read the piece
+ * that was there (piece j-2). all_reduce of piece j on rank r:
+ *     1. copy the piece into my half, except sub-range r (nobody else reads it)
+ *     2. arrive; wait for all
+ *     3. reduce sub-range r over every rank's copy, in rank order, into my
+ *        tensor, and put the result into my half for the others
+ *     4. arrive; wait for all
+ *     5. copy every other sub-range's result from its owner's half
+ *     6. arrive (piece j is read)
+ * Each element is reduced once, by one rank, so every rank ends with the
+ * same bits. Pieces are small enough (L2-sized) that what one rank writes is
+ * still in cache when the other reads it.
+ *
+ * Waiting spins briefly (the peer usually runs on another core), then yields
+ * (it may need this core), then sleeps on a futex on the peer's counter in
+ * short slices, between which it checks the deadline and the peer's socket:
+ * a peer that died, or broke its group, has closed it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/pg_impl.h"
+#include "tensor/tensor_impl.h"
+
+#define SLOT_BYTES ((size_t)1 << 20) /* per rank: two halves of 512 KiB */
+#define TINY_BYTES ((size_t)16 << 10) /* below this, every rank reduces everything */
+#define SPIN_S 20e-6                  /* seconds of spinning, */
+#define YIELD_S 200e-6                /* then of yielding, before sleeping */
+#define SLEEP_NS 1000000L             /* one futex sleep */
+
+typedef struct shm_ctl {
+    _Atomic uint32_t step;     /* steps this rank finished (wraps; compared as a difference) */
+    _Atomic uint32_t sleepers; /* ranks asleep on `step` */
+    call_header hdr[2];        /* this rank's call #seq is in hdr[seq & 1] */
+    char pad[128 - 8 - 2 * sizeof(call_header)];
+} shm_ctl;
+_Static_assert(sizeof(shm_ctl) == 128, "a control block fills two cache lines");
+
+static size_t ctl_bytes(int world) { return ((size_t)world * sizeof(shm_ctl) + 4095) & ~(size_t)4095; }
+
+size_t shm_bytes(int world) { return ctl_bytes(world) + (size_t)world * SLOT_BYTES; }
+
+/* ---- the segment ----------------------------------------------------------------- */
+
+static em_status attach(em_pg *pg, int fd, const char *name)
+{
+    size_t size = shm_bytes(pg->world);
+    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED)
+        return em_err(EM_ERR_DIST, "shared memory: rank %d cannot map %s: %s", pg->rank, name, strerror(errno));
+    shm_seg *s = calloc(1, sizeof *s);
+    if (!s) {
+        munmap(base, size);
+        return em_err(EM_ERR_OOM, "shared memory: out of memory");
+    }
+    *s = (shm_seg){.base = base, .size = size, .ctl = base, .data = (uint8_t *)base + ctl_bytes(pg->world),
+                   .slot = SLOT_BYTES};
+    pg->shm = s;
+    return EM_OK;
+}
+
+em_status shm_create(em_pg *pg, char *name, size_t n)
+{
+    uint8_t r[8];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+        return em_err(EM_ERR_DIST, "shared memory: cannot get random bytes: %s", strerror(errno));
+    snprintf(name, n, "/ember-%d-%02x%02x%02x%02x%02x%02x%02x%02x", (int)getpid(), r[0], r[1], r[2], r[3], r[4],
+             r[5], r[6], r[7]);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return em_err(EM_ERR_DIST, "shared memory: cannot create %s: %s", name, strerror(errno));
+    /* reserve the pages now: a full /dev/shm is an error here, not a SIGBUS later */
+    int e = ftruncate(fd, (off_t)shm_bytes(pg->world)) ? errno : posix_fallocate(fd, 0, (off_t)shm_bytes(pg->world));
+    if (e) {
+        close(fd);
+        shm_unlink(name);
+        return em_err(EM_ERR_DIST, "shared memory: cannot reserve %zu bytes for %s: %s", shm_bytes(pg->world), name,
+                      strerror(e));
+    }
+    em_status s = attach(pg, fd, name);
+    if (s) shm_unlink(name);
+    return s;
+}
+
+em_status shm_map(em_pg *pg, const char *name)
+{
+    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return em_err(EM_ERR_DIST, "shared memory: rank %d cannot open %s: %s", pg->rank, name, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) || (size_t)st.st_size != shm_bytes(pg->world)) {
+        close(fd);
+        return em_err(EM_ERR_DIST, "shared memory: %s is not a segment for %d ranks", name, pg->world);
+    }
+    return attach(pg, fd, name);
+}
+
+void shm_unmap(em_pg *pg)
+{
+    if (!pg->shm) return;
+    munmap(pg->shm->base, pg->shm->size);
+    free(pg->shm);
+    pg->shm = NULL;
+}
+
+/* ---- steps --------------------------------------------------------------------------- */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static bool reached(uint32_t have, uint32_t want) { return (int32_t)(have - want) >= 0; }
+
+static void arrive(em_pg *pg, uint32_t v)
+{
+    shm_ctl *me = &pg->shm->ctl[pg->rank];
+    atomic_store(&me->step, v); /* seq_cst: ordered before the load of sleepers */
+    if (atomic_load(&me->sleepers)) syscall(SYS_futex, &me->step, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    pg->shm->step = v;
+}
+
+static em_status wait_rank(em_pg *pg, call *c, int q, uint32_t v, double deadline)
+{
+    shm_ctl *o = &pg->shm->ctl[q];
+    double start = 0;
+    for (int i = 0;; i++) {
+        if (reached(atomic_load_explicit(&o->step, memory_order_acquire), v)) return EM_OK;
+        if ((i & 63) == 63) {
+            double now = pg_now();
+            if (start == 0) start = now;
+            if (now - start >= YIELD_S) break;
+            if (now - start >= SPIN_S) sched_yield();
+        }
+        cpu_relax();
+    }
+    for (;;) {
+        atomic_fetch_add(&o->sleepers, 1);
+        uint32_t cur = atomic_load(&o->step);
+        if (!reached(cur, v)) {
+            struct timespec ts = {0, SLEEP_NS};
+            syscall(SYS_futex, &o->step, FUTEX_WAIT, cur, &ts, NULL, 0);
+        }
+        atomic_fetch_sub(&o->sleepers, 1);
+        if (reached(atomic_load_explicit(&o->step, memory_order_acquire), v)) return EM_OK;
+        em_status s = peer_alive(pg, c, q);
+        /* it may have arrived and then exited between the two looks */
+        if (s && reached(atomic_load_explicit(&o->step, memory_order_acquire), v)) return EM_OK;
+        if (s) return s;
+        if (pg_now() >= deadline) return peer_timed_out(pg, c, q, "for");
+    }
+}
+
+static em_status wait_all(em_pg *pg, call *c, uint32_t v, double deadline)
+{
+    for (int q = 0; q < pg->world; q++)
+        if (q != pg->rank) {
+            em_status s = wait_rank(pg, c, q, v, deadline);
+            if (s) return s;
+        }
+    return EM_OK;
+}
+
+/* ---- the check ---------------------------------------------------------------------- */
+
+em_status shm_check(em_pg *pg, call *c, double deadline)
+{
+    int w = pg->world;
+    uint32_t v = pg->shm->step + 1;
+    pg->shm->ctl[pg->rank].hdr[c->h.seq & 1] = c->h;
+    arrive(pg, v);
+    em_status s = wait_all(pg, c, v, deadline);
+    if (s) return s;
+    call_header *hs = malloc(sizeof *hs * (size_t)w);
+    if (!hs) return call_fail(c, EM_ERR_OOM, "collective check: out of memory");
+    for (int r = 0; r < w; r++) hs[r] = pg->shm->ctl[r].hdr[c->h.seq & 1];
+    char msg[512];
+    calls_compare(hs, w, msg, sizeof msg);
+    free(hs);
+    return msg[0] ? call_fail(c, EM_ERR_DIST, "%s", msg) : EM_OK;
+}
+
+/* ---- the algorithms ----------------------------------------------------------------- */
+
+static uint8_t *half(const em_pg *pg, int rank, uint32_t j)
+{
+    return pg->shm->data + (size_t)rank * pg->shm->slot + (j & 1) * (pg->shm->slot / 2);
+}
+
+/* Elements of a piece: half a slot (a multiple of 64 bytes in every dtype). */
+static int64_t piece_elems(const em_pg *pg, size_t es) { return (int64_t)(pg->shm->slot / 2 / es); }
+
+/* Sub-range k of m elements split over w ranks: [lo, hi). */
+static int64_t split(int64_t m, int w, int k) { return m * k / w; }
+
+static em_status all_reduce_tiny(em_pg *pg, call *c, double deadline)
+{
+    int w = pg->world;
+    em_dtype dt = (em_dtype)c->h.dtype;
+    size_t bytes = (size_t)c->h.count * em_dtype_size(dt);
+    uint32_t v = pg->shm->step + 1;
+    memcpy(half(pg, pg->rank, 0), c->in, bytes);
+    arrive(pg, v);
+    em_status s = wait_all(pg, c, v, deadline);
+    if (s) return s;
+    const void *src[SHM_MAX_WORLD];
+    for (int k = 0; k < w; k++) src[k] = half(pg, k, 0);
+    reduce_sources(dt, c->h.op, w, c->in, src, w, c->h.count); /* everyone, the same order: the same bits */
+    return EM_OK;
+}
+
+static em_status all_reduce(em_pg *pg, call *c, double deadline)
+{
+    int w = pg->world, me = pg->rank;
+    em_dtype dt = (em_dtype)c->h.dtype;
+    size_t es = em_dtype_size(dt);
+    int64_t n = c->h.count, pe = piece_elems(pg, es);
+    if ((size_t)n * es <= TINY_BYTES) return all_reduce_tiny(pg, c, deadline);
+    uint8_t *t = c->in;
+    uint32_t s0 = pg->shm->step, np = (uint32_t)((n + pe - 1) / pe);
+    const void *src[SHM_MAX_WORLD];
+    em_status s;
+    for (uint32_t j = 0; j < np; j++) {
+        int64_t off = (int64_t)j * pe, m = n - off < pe ? n - off : pe;
+        int64_t lo = split(m, w, me), hi = split(m, w, me + 1);
+        uint32_t a = s0 + 3 * j + 1;
+        if (j >= 2 && (s = wait_all(pg, c, a - 4, deadline))) return s; /* piece j-2 was read */
+        uint8_t *mine = half(pg, me, j), *tj = t + off * (int64_t)es;
+        memcpy(mine, tj, (size_t)lo * es);
+        memcpy(mine + hi * (int64_t)es, tj + hi * (int64_t)es, (size_t)(m - hi) * es);
+        arrive(pg, a);
+        if ((s = wait_all(pg, c, a, deadline))) return s;
+        for (int k = 0; k < w; k++) src[k] = (k == me ? tj : half(pg, k, j)) + lo * (int64_t)es;
+        reduce_sources(dt, c->h.op, w, tj + lo * (int64_t)es, src, w, hi - lo);
+        memcpy(mine + lo * (int64_t)es, tj + lo * (int64_t)es, (size_t)(hi - lo) * es);
+        arrive(pg, a + 1);
+        if ((s = wait_all(pg, c, a + 1, deadline))) return s;
+        for (int k = 0; k < w; k++) {
+            int64_t kl = split(m, w, k), kh = split(m, w, k + 1);
+            if (k != me) memcpy(tj + kl * (int64_t)es, half(pg, k, j) + kl * (int64_t)es, (size_t)(kh - kl) * es);
+        }
+        arrive(pg, a + 2);
+    }
+    return EM_OK;
+}
+
+static em_status broadcast(em_pg *pg, call *c, double deadline)
+{
+    int root = c->h.root;
+    size_t es = em_dtype_size((em_dtype)c->h.dtype);
+    int64_t n = c->h.count, pe = piece_elems(pg, es);
+    uint8_t *t = c->in;
+    uint32_t s0 = pg->shm->step, np = (uint32_t)((n + pe - 1) / pe);
+    em_status s;
+    for (uint32_t j = 0; j < np; j++) {
+        int64_t off = (int64_t)j * pe, m = n - off < pe ? n - off : pe;
+        uint32_t a = s0 + j + 1; /* root: piece j is in; others: piece j is read */
+        if (pg->rank == root) {
+            if (j >= 2 && (s = wait_all(pg, c, a - 2, deadline))) return s;
+            memcpy(half(pg, root, j), t + off * (int64_t)es, (size_t)m * es);
+        } else {
+            if ((s = wait_rank(pg, c, root, a, deadline))) return s;
+            memcpy(t + off * (int64_t)es, half(pg, root, j), (size_t)m * es);
+        }
+        arrive(pg, a);
+    }
+    return EM_OK;
+}
+
+/* all_gather (every rank takes every piece) or gather (only the root does). */
+static em_status gather(em_pg *pg, call *c, bool all, double deadline)
+{
+    int w = pg->world, me = pg->rank;
+    size_t es = em_dtype_size((em_dtype)c->h.dtype);
+    int64_t n = c->h.count, pe = piece_elems(pg, es);
+    uint8_t *in = c->in, *out = c->out;
+    uint32_t s0 = pg->shm->step, np = (uint32_t)((n + pe - 1) / pe);
+    bool takes = all || me == c->h.root;
+    em_status s;
+    if (takes) memmove(out + (size_t)me * (size_t)n * es, in, (size_t)n * es);
+    for (uint32_t j = 0; j < np; j++) {
+        int64_t off = (int64_t)j * pe, m = n - off < pe ? n - off : pe;
+        uint32_t a = s0 + 2 * j + 1; /* a: piece j is in; a + 1: piece j is read */
+        if (j >= 2 && (s = wait_all(pg, c, a - 3, deadline))) return s;
+        memcpy(half(pg, me, j), in + off * (int64_t)es, (size_t)m * es);
+        arrive(pg, a);
+        if (takes) {
+            if ((s = wait_all(pg, c, a, deadline))) return s;
+            for (int k = 0; k < w; k++)
+                if (k != me) memcpy(out + ((int64_t)k * n + off) * (int64_t)es, half(pg, k, j), (size_t)m * es);
+        }
+        arrive(pg, a + 1);
+    }
+    return EM_OK;
+}
+
+/* in: w blocks of m elements; out: the reduction of block `rank`. */
+static em_status reduce_scatter(em_pg *pg, call *c, double deadline)
+{
+    int w = pg->world, me = pg->rank;
+    em_dtype dt = (em_dtype)c->h.dtype;
+    size_t es = em_dtype_size(dt);
+    int64_t m = c->h.count / w, pe = piece_elems(pg, es) / w; /* a piece holds w parts of pe */
+    uint8_t *in = c->in, *out = c->out;
+    uint32_t s0 = pg->shm->step, np = (uint32_t)((m + pe - 1) / pe);
+    const void *src[SHM_MAX_WORLD];
+    em_status s;
+    for (uint32_t j = 0; j < np; j++) {
+        int64_t off = (int64_t)j * pe, len = m - off < pe ? m - off : pe;
+        uint32_t a = s0 + 2 * j + 1;
+        if (j >= 2 && (s = wait_all(pg, c, a - 3, deadline))) return s;
+        uint8_t *mine = half(pg, me, j);
+        for (int k = 0; k < w; k++) /* part k goes to rank k; my own part stays in `in` */
+            if (k != me)
+                memcpy(mine + (int64_t)k * pe * (int64_t)es, in + ((int64_t)k * m + off) * (int64_t)es,
+                       (size_t)len * es);
+        arrive(pg, a);
+        if ((s = wait_all(pg, c, a, deadline))) return s;
+        for (int k = 0; k < w; k++)
+            src[k] = k == me ? in + ((int64_t)me * m + off) * (int64_t)es
+                             : half(pg, k, j) + (int64_t)me * pe * (int64_t)es;
+        reduce_sources(dt, c->h.op, w, out + off * (int64_t)es, src, w, len);
+        arrive(pg, a + 1);
+    }
+    return EM_OK;
+}
+
+em_status shm_run(em_pg *pg, call *c, double deadline)
+{
+    switch (c->h.kind) {
+    case CALL_ALL_REDUCE: return all_reduce(pg, c, deadline);
+    case CALL_BROADCAST: return broadcast(pg, c, deadline);
+    case CALL_ALL_GATHER: return gather(pg, c, true, deadline);
+    case CALL_GATHER: return gather(pg, c, false, deadline);
+    case CALL_REDUCE_SCATTER: return reduce_scatter(pg, c, deadline);
+    default: return EM_OK; /* barrier: the check was the rendezvous */
+    }
+}
