@@ -267,7 +267,7 @@ static void *comm_thread(void *arg)
     em_pg *pg = arg;
     pthread_mutex_lock(&pg->mu);
     for (;;) {
-        while (!pg->head && !pg->stopping) pthread_cond_wait(&pg->cv, &pg->mu);
+        while ((!pg->head || pg->inline_busy) && !pg->stopping) pthread_cond_wait(&pg->cv, &pg->mu);
         if (!pg->head) break;
         call *c = pg->head;
         pthread_mutex_unlock(&pg->mu);
@@ -282,8 +282,10 @@ static void *comm_thread(void *arg)
     return NULL;
 }
 
-/* Queues c (world > 1) or runs it here (world 1). */
-static void submit(em_pg *pg, call *c)
+/* Runs c (world > 1: queued on the communication thread, or, when it is
+ * synchronous and nothing is queued, right here on the caller's thread,
+ * which saves two thread hand-offs per call). */
+static void submit(em_pg *pg, call *c, bool sync)
 {
     /* point-to-point calls involve two ranks only: they do not count */
     c->h.seq = pg->seq;
@@ -294,6 +296,17 @@ static void submit(em_pg *pg, call *c)
         return;
     }
     pthread_mutex_lock(&pg->mu);
+    if (sync && !pg->head && !pg->inline_busy) {
+        pg->inline_busy = true;
+        pthread_mutex_unlock(&pg->mu);
+        execute(pg, c);
+        pthread_mutex_lock(&pg->mu);
+        pg->inline_busy = false;
+        c->done = true;
+        pthread_cond_broadcast(&pg->cv); /* work queued meanwhile may go */
+        pthread_mutex_unlock(&pg->mu);
+        return;
+    }
     c->next = NULL;
     if (pg->tail)
         pg->tail->next = c;
@@ -338,7 +351,7 @@ em_status pg_issue(em_pg *pg, const call *proto, em_work **work)
     if (!w) return em_err(EM_ERR_OOM, "process group: out of memory");
     w->c = *proto;
     w->pg = pg;
-    submit(pg, &w->c);
+    submit(pg, &w->c, work == NULL);
     if (work) {
         *work = w;
         return EM_OK;

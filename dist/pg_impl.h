@@ -75,6 +75,7 @@ struct em_pg {
     /* the communication thread and its queue */
     pthread_t thread;
     bool thread_started, stopping;
+    bool inline_busy;   /* a synchronous call is running on its caller's thread */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     call *head, *tail;
