@@ -3,8 +3,13 @@
  * divide, both message-size algorithms; and the failure cases: a mismatched
  * call fails on every rank naming both calls, a killed peer makes the others
  * fail (not hang), a stray connection is refused, a broken group fails fast. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "dist_util.h"
@@ -267,6 +272,52 @@ TEST(test_a_collective_that_a_rank_never_joins_times_out)
     th_ranks_timeout = 1.5;
     TH_RANKS(2, EM_TRANSPORT_SHM, silent, NULL);
 }
+
+/* Rank 1 first plays a stray peer: it reads rank 0's address from the store
+ * and connects claiming to be rank 1 with a wrong secret. Rank 0 must close
+ * that connection and still form the group with the real rank 1. */
+static void forged_peer(int rank, int world, void *ctx)
+{
+    (void)ctx;
+    if (rank == 1) {
+        em_store *st = em_store_connect(getenv("MASTER_ADDR"), atoi(getenv("MASTER_PORT")),
+                                        getenv("EMBER_STORE_TOKEN"), 10);
+        CHECK_NOTNULL(st);
+        char key[64], host[128];
+        snprintf(key, sizeof key, "r%s/pg/addr/0", getenv("EMBER_RESTART_COUNT"));
+        void *v = NULL;
+        CHECK_OK(em_store_get(st, key, &v, NULL));
+        int port = 0;
+        CHECK(sscanf(v, "%127s %d", host, &port) == 2);
+        free(v);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        CHECK(inet_pton(AF_INET, host, &a.sin_addr) == 1);
+        CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
+        struct {
+            uint32_t magic;
+            int32_t rank;
+            uint8_t secret[16];
+        } hello = {0x656d6267u, 1, "not-the-secret!"};
+        CHECK(send(fd, &hello, sizeof hello, 0) == (ssize_t)sizeof hello);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        CHECK(poll(&p, 1, 5000) == 1);
+        char b;
+        CHECK(recv(fd, &b, 1, 0) == 0); /* closed on us */
+        close(fd);
+        em_store_close(st);
+    }
+    em_pg *pg = em_pg_from_env();
+    CHECK_NOTNULL(pg);
+    int64_t n = 3;
+    em_tensor *t = em_full(EM_F32, 1, &n, rank + 1.0);
+    CHECK_OK(em_all_reduce(pg, t, EM_RED_SUM, NULL));
+    CHECK(((float *)em_data(t))[0] == (float)(world * (world + 1) / 2));
+    em_free(t);
+    em_pg_free(pg);
+}
+
+TEST(test_a_peer_without_the_groups_secret_is_refused) { TH_RANKS_ENV(2, forged_peer, NULL); }
 
 TEST(test_collectives_reject_bad_arguments)
 {
