@@ -4,7 +4,9 @@
  * WORLD_SIZE, EMBER_RESTART_COUNT), meets every other rank at a barrier and
  * checks that each rank published its own key. Prints "rank R of W ok" and
  * exits 0, or prints why and exits 1. With argument "fail-once", rank 1 of
- * restart 0 exits 3 before the barrier. Not a test itself. */
+ * restart 0 exits 3 before the barrier. With argument "group" it then also
+ * joins the process group (em_pg_from_env) and prints the all_reduce sum of
+ * rank + 1 and the transport. Not a test itself. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,5 +55,18 @@ int main(int argc, char **argv)
     }
     printf("rank %d of %d ok (restart %d)\n", rank, world, restart);
     em_store_close(s);
+    if (argc > 1 && !strcmp(argv[1], "group")) {
+        em_pg *pg = em_pg_from_env();
+        int64_t n = 1;
+        em_tensor *t = pg ? em_full(EM_F32, 1, &n, rank + 1.0) : NULL;
+        if (!t || em_all_reduce(pg, t, EM_RED_SUM, NULL)) {
+            fprintf(stderr, "launch_worker: rank %d: %s\n", rank, em_last_error());
+            return 1;
+        }
+        printf("rank %d sum %g over %s\n", rank, ((float *)em_data(t))[0],
+               em_pg_transport(pg) == EM_TRANSPORT_SHM ? "shm" : "tcp");
+        em_free(t);
+        em_pg_free(pg);
+    }
     return 0;
 }

@@ -9,10 +9,13 @@
  * it then reaps) from a live one, and never leaves one behind. */
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <ftw.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -567,6 +570,47 @@ TEST(test_launch_workers_join_the_store_it_hosts)
         snprintf(want, sizeof want, "[rank %d] rank %d of 3 ok (restart 0)", i, i);
         if (!line_of(r->out, want)) th_fail(__FILE__, __LINE__, "no '%s' in:\n%s\n%s", want, r->out, r->err);
     }
+    cleanup();
+}
+
+/* Two launchers on this host playing two machines (--nnodes 2) form one job:
+ * node 1's workers find node 0's store and every rank joins one group. */
+TEST(test_launch_two_nodes_form_one_group)
+{
+    setup();
+    setenv("EMBER_STORE_TOKEN", "two-nodes-0123456789abcdef", 1);
+    setenv("EMBER_TRANSPORT", "tcp", 1); /* what machines apart would use */
+    int fd = socket(AF_INET, SOCK_STREAM, 0); /* a port free now (node 0 binds it next) */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    CHECK(bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    char port[16];
+    snprintf(port, sizeof port, "%d", ntohs(a.sin_port));
+    close(fd);
+    fflush(stdout);
+    pid_t node1 = fork();
+    if (node1 == 0) { /* node 1, output into a file */
+        int out = open(in_dir("node1.out"), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(out, 1);
+        dup2(out, 2);
+        execl(EMBER_BIN, EMBER_BIN, "launch", "-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr",
+              "127.0.0.1", "--master-port", port, WORKER_BIN, "group", (char *)NULL);
+        _exit(127);
+    }
+    th_run_result *r = run_ember("launch", "-n", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr",
+                                 "127.0.0.1", "--master-port", port, WORKER_BIN, "group", NULL);
+    int st = 0;
+    waitpid(node1, &st, 0);
+    unsetenv("EMBER_TRANSPORT");
+    CHECK_EXIT(r, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    static char n1[8192];
+    FILE *f = fopen(in_dir("node1.out"), "r");
+    CHECK_NOTNULL(f);
+    n1[fread(n1, 1, sizeof n1 - 1, f)] = '\0';
+    fclose(f);
+    CHECK(line_of(r->out, "[rank 0] rank 0 sum 10 over tcp") && line_of(r->out, "[rank 1] rank 1 sum 10 over tcp"));
+    CHECK(line_of(n1, "[rank 2] rank 2 sum 10 over tcp") && line_of(n1, "[rank 3] rank 3 sum 10 over tcp"));
     cleanup();
 }
 
