@@ -3,6 +3,7 @@
 #ifndef EMBER_DIST_ACCEL_IMPL_H
 #define EMBER_DIST_ACCEL_IMPL_H
 
+#include "ember/amp.h"
 #include "ember/dist.h"
 
 #define MAX_RNGS 256
@@ -14,6 +15,12 @@ struct em_accelerator {
     bool split_batches, even_batches;
     double bucket_mb;
     bool find_unused;
+    /* mixed precision */
+    em_dtype amp;              /* EM_BF16 / EM_F16 under mixed precision, else EM_F32 */
+    em_grad_scaler *scaler;    /* fp16 only */
+    em_dtype autocast_prev;    /* the thread's setting before prepare turned autocast on */
+    bool autocast_on;
+    bool skipped;              /* the last sync step's optimizer step was skipped (overflow) */
     /* prepared objects (borrowed) */
     em_module *model;
     em_ddp *ddp;

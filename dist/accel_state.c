@@ -88,6 +88,15 @@ static em_status save_counters(em_accelerator *a, const char *dir)
         put_u64(&b, "loader.batch", (uint64_t)p.batch, false);
     }
     if (a->sampler) put_rng(&b, "sampler", &a->sampler->rng);
+    if (a->scaler) { /* the scale as the exact double, and its clean-step count */
+        em_scaler_state ss = em_scaler_get_state(a->scaler);
+        char num[40];
+        snprintf(num, sizeof num, "%.17g", ss.scale);
+        jb_puts(&b, "  \"scaler.scale\": ");
+        jb_str(&b, num);
+        jb_puts(&b, ",\n");
+        put_u64(&b, "scaler.growth_tracker", (uint64_t)ss.growth_tracker, false);
+    }
     put_rng(&b, "default_rng", em_default_rng());
     for (int i = 0; i < a->nrngs; i++) {
         char name[32];
@@ -146,7 +155,8 @@ em_status em_accel_save_state(em_accelerator *a, const char *dir)
 
 typedef struct counters {
     int64_t world, rank, steps, micro, nrngs;
-    bool has_loader, has_sampler;
+    bool has_loader, has_sampler, has_scaler;
+    em_scaler_state scaler;
     em_loader_pos pos;
     em_rng sampler, def, rngs[MAX_RNGS];
 } counters;
@@ -212,6 +222,15 @@ static em_status read_counters(em_accelerator *a, const char *dir, counters *c)
     if (!s) s = get_rng(&root, path, "default_rng", &c->def);
     c->has_loader = json_get(&root, "loader.epoch") != NULL;
     c->has_sampler = json_get(&root, "sampler.seed") != NULL;
+    const jval *sc = json_get(&root, "scaler.scale");
+    c->has_scaler = sc != NULL;
+    if (!s && sc) {
+        char *end = NULL;
+        c->scaler.scale = sc->kind == J_STR ? strtod(sc->s, &end) : 0;
+        if (!end || *end || !(c->scaler.scale > 0))
+            s = em_err(EM_ERR_IO, "em_accel_load_state: %s: \"scaler.scale\" is not a positive number", path);
+        if (!s) s = get_i64(&root, path, "scaler.growth_tracker", &c->scaler.growth_tracker);
+    }
     if (!s && c->has_loader) s = get_i64(&root, path, "loader.epoch", &c->pos.epoch);
     if (!s && c->has_loader) s = get_i64(&root, path, "loader.batch", &c->pos.batch);
     if (!s && c->has_sampler) s = get_rng(&root, path, "sampler", &c->sampler);
@@ -234,6 +253,9 @@ static em_status read_counters(em_accelerator *a, const char *dir, counters *c)
         return em_err(EM_ERR_ARG, "em_accel_load_state: %s was saved with%s a loader and with%s a sampler; this "
                       "run has%s a loader and%s a sampler", path, c->has_loader ? "" : "out",
                       c->has_sampler ? "" : "out", a->loader ? "" : " no", a->sampler ? "" : " no");
+    if (c->has_scaler != (a->scaler != NULL))
+        return em_err(EM_ERR_ARG, "em_accel_load_state: %s was saved %s fp16's loss scaler; this run %s (mixed "
+                      "precision must match)", path, c->has_scaler ? "with" : "without", a->scaler ? "has one" : "has none");
     if (c->micro < 0 || c->micro >= a->grad_accum)
         return em_err(EM_ERR_ARG, "em_accel_load_state: %s: micro-step %lld does not fit gradient accumulation %d",
                       path, (long long)c->micro, a->grad_accum);
@@ -301,6 +323,7 @@ static em_status load_local(em_accelerator *a, const char *dir)
     if (!s && a->loader) s = em_loader_seek(a->loader, c.pos);
     if (s) return s;
     if (a->sampler) a->sampler->rng = c.sampler;
+    if (a->scaler && (s = em_scaler_set_state(a->scaler, c.scaler))) return s;
     *em_default_rng() = c.def;
     for (int i = 0; i < a->nrngs; i++) *a->rngs[i] = c.rngs[i];
     a->steps = c.steps;

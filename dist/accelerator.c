@@ -18,6 +18,7 @@
  * em_accel_save_state beside the model and optimizer state.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,10 +85,6 @@ static em_status resolve_config(const em_accel_config *cfg, em_config *c)
     if (cfg->timeout_s < 0 || cfg->timeout_s != cfg->timeout_s)
         return em_err(EM_ERR_ARG, "em_accelerator_new: timeout_s %g must be >= 0", cfg->timeout_s);
     if (cfg->timeout_s > 0) c->timeout_s = cfg->timeout_s;
-    if (c->mixed_precision == EM_PREC_BF16 || c->mixed_precision == EM_PREC_FP16)
-        return em_err(EM_ERR_UNSUPPORTED,
-                      "em_accelerator_new: mixed precision '%s' is not available yet; use 'no' (f32)",
-                      em_precision_name(c->mixed_precision));
     return EM_OK;
 }
 
@@ -124,12 +121,22 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
     a->even_batches = c.even_batches;
     a->bucket_mb = cfg->bucket_mb;
     a->find_unused = cfg->find_unused_parameters;
+    a->amp = c.mixed_precision == EM_PREC_BF16 ? EM_BF16 : c.mixed_precision == EM_PREC_FP16 ? EM_F16 : EM_F32;
+    if (a->amp == EM_F16 && !(a->scaler = em_grad_scaler_new(&cfg->scaler))) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "em_accelerator_new: %s", em_last_error());
+        em_accelerator_free(a);
+        em_set_error(EM_ERR_ARG, "%s", msg);
+        return NULL;
+    }
     return a;
 }
 
 void em_accelerator_free(em_accelerator *a)
 {
     if (!a) return;
+    if (a->autocast_on) em_autocast_set(a->autocast_prev);
+    em_grad_scaler_free(a->scaler);
     em_ddp_free(a->ddp);
     free(a->params);
     em_pg_free(a->pg);
@@ -145,6 +152,9 @@ int em_accel_grad_accum(const em_accelerator *a) { return a ? a->grad_accum : -1
 em_pg *em_accel_pg(const em_accelerator *a) { return a ? a->pg : NULL; }
 bool em_accel_sync_gradients(const em_accelerator *a) { return a && a->sync; }
 int64_t em_accel_step_count(const em_accelerator *a) { return a ? a->steps : -1; }
+bool em_accel_step_was_skipped(const em_accelerator *a) { return a && a->skipped; }
+em_dtype em_accel_autocast_dtype(const em_accelerator *a) { return a ? a->amp : EM_F32; }
+em_grad_scaler *em_accel_scaler(const em_accelerator *a) { return a ? a->scaler : NULL; }
 
 /* ---- prepare ------------------------------------------------------------------ */
 
@@ -170,6 +180,10 @@ static em_status prepare_model(em_accelerator *a, em_module *model)
         if (!a->ddp) return em_last_status();
     }
     a->model = model;
+    if (a->amp != EM_F32 && !a->autocast_on) { /* the forward passes from here on */
+        a->autocast_prev = em_autocast_set(a->amp);
+        a->autocast_on = true;
+    }
     return EM_OK;
 }
 
@@ -244,6 +258,7 @@ em_status em_accel_backward(em_accelerator *a, em_tensor *loss)
     /* without em_accel_accumulate every micro-step is a sync step */
     if (a->grad_accum == 1) a->sync = true;
     em_tensor *l = a->grad_accum > 1 ? em_mul_scalar(loss, 1.0 / a->grad_accum) : loss;
+    if (l && a->scaler) l = em_scaler_scale(a->scaler, l); /* fp16: keep small gradients representable */
     if (!l) return em_last_status();
     if (!a->ddp) return em_backward(l, NULL);
     em_ddp_set_sync(a->ddp, a->sync);
@@ -258,6 +273,16 @@ double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *st
         if (status) *status = s;
         return NAN;
     }
+    if (status) *status = EM_OK;
+    if (!a->sync) return NAN; /* gradients are still accumulating: nothing to clip yet */
+    if (a->scaler) { /* clip the true gradients: unscale first (once per step) */
+        em_status s = em_scaler_unscale(a->scaler, a->nparams, a->params, a->pg);
+        if (s) {
+            if (status) *status = s;
+            return NAN;
+        }
+        if (em_scaler_found_inf(a->scaler)) return INFINITY; /* this step will be skipped */
+    }
     /* after a synced backward every rank holds the same averaged gradients,
      * so the local norm is the global one */
     return em_clip_grad_norm(a->nparams, a->params, max_norm, status);
@@ -268,6 +293,14 @@ em_status em_accel_step(em_accelerator *a)
     if (!a || !a->opt) return em_err(EM_ERR_ARG, "em_accel_step: %s", a ? "no optimizer was prepared" : "accelerator is NULL");
     if (!a->sync) return EM_OK;
     em_status s;
+    a->skipped = false;
+    if (a->scaler) {
+        /* every rank agreed on found_inf in the unscale: all skip, or none */
+        if ((s = em_scaler_unscale(a->scaler, a->nparams, a->params, a->pg))) return s;
+        a->skipped = em_scaler_found_inf(a->scaler);
+        em_scaler_update(a->scaler);
+        if (a->skipped) return EM_OK; /* no update, and the schedule stays where it is */
+    }
     if (a->has_sched && (s = em_optim_set_lr(a->opt, -1, em_lr_at(&a->sched, a->steps)))) return s;
     if ((s = em_optim_step(a->opt))) return s;
     a->steps++;

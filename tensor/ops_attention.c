@@ -12,6 +12,7 @@
 #include <cblas.h>
 #include <limits.h>
 
+#include "amp/amp_impl.h"
 #include "tensor_impl.h"
 #include "vmath_impl.h"
 
@@ -190,6 +191,8 @@ static bool same_shape(const tensor *a, const tensor *b)
 static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
 {
     if (!q || !k || !v) return NULL;
+    if (!(q = amp_in(AMP_ATTENTION, q)) || !(k = amp_in(AMP_ATTENTION, k)) || !(v = amp_in(AMP_ATTENTION, v)))
+        return NULL;
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
         return em_fail(EM_ERR_SHAPE, "attention: q, k, v must be 4-D (B,H,T,D): q is %s, k is %s, v is %s",
                        shp(q), shp(k), shp(v));

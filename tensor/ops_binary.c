@@ -5,6 +5,7 @@
  * internal tensors, a kernel that is a plain loop (with a fast path for the
  * common contiguous f32 case beside the general strided one), a backward
  * function recorded with ag_record, and a public em_xxx wrapper. */
+#include "amp/amp_impl.h"
 #include "tensor_impl.h"
 
 typedef enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV } binop;
@@ -139,6 +140,8 @@ static tensor *binary(binop k, tensor *a, tensor *b)
 {
     const char *name = binop_name[k];
     if (!a || !b) return NULL;
+    static const amp_op amp_of[] = {[OP_ADD] = AMP_ADD, [OP_SUB] = AMP_SUB, [OP_MUL] = AMP_MUL, [OP_DIV] = AMP_DIV};
+    if (!amp_promote(amp_of[k], &a, &b)) return NULL;
     if (!chk_same_dtype(name, a, b)) return NULL;
     if (a->dtype == EM_BOOL || (k == OP_DIV && !em_dtype_is_float(a->dtype)))
         return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s and %s)", name,

@@ -1,6 +1,7 @@
 /* ops_compare.c — comparisons (eq, ne, lt, le, gt, ge -> EM_BOOL, broadcasting,
  * not differentiable) and selection by a bool mask: where(cond, a, b) and
  * masked_fill(a, mask, value), both differentiable in their float inputs. */
+#include "amp/amp_impl.h"
 #include "tensor_impl.h"
 
 typedef enum { C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE } cmpop;
@@ -160,6 +161,7 @@ static em_status where_backward(node *n, tensor *g)
 static tensor *t_where(tensor *cond, tensor *a, tensor *b)
 {
     if (!cond || !a || !b) return NULL;
+    if (!amp_promote(AMP_WHERE, &a, &b)) return NULL;
     if (!chk_dtype("where", cond, EM_BOOL, "cond")) return NULL;
     if (!chk_same_dtype("where", a, b)) return NULL;
     int n1, nd;

@@ -5,6 +5,7 @@
  * each row's log-sum-exp and the targets in the node (scope arena); the
  * backward writes (softmax - onehot) * g / count directly, zero rows for
  * ignored targets. f16/bf16 logits are computed in f32. */
+#include "amp/amp_impl.h"
 #include "rows_impl.h"
 
 typedef struct ce_ctx {
@@ -159,6 +160,7 @@ static bool chk_targets(const tensor *tg, int64_t C, int64_t ignore)
 static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
 {
     const char *op = "cross_entropy";
+    if (!(x = amp_in(AMP_CROSS_ENTROPY, x))) return NULL;
     if (!chk_float(op, x)) return NULL;
     if (!chk_dtype(op, tg, EM_I32, "targets")) return NULL;
     if (x->ndim < 1)

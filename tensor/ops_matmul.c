@@ -13,6 +13,7 @@
 #include <cblas.h>
 #include <limits.h>
 
+#include "amp/amp_impl.h"
 #include "tensor_impl.h"
 
 /* An operand as BLAS sees it: data in the compute dtype, its geometry, and
@@ -177,6 +178,7 @@ static em_status matmul_backward(node *n, tensor *g)
 tensor *t_matmul(tensor *a, tensor *b)
 {
     if (!a || !b) return NULL;
+    if (!(a = amp_in(AMP_MATMUL, a)) || !(b = amp_in(AMP_MATMUL, b))) return NULL;
     if (a->ndim < 2 || b->ndim < 2)
         return em_fail(EM_ERR_SHAPE,
                        "matmul: operands must be at least 2-D: a is %s, b is %s (unsqueeze a vector)", shp(a),

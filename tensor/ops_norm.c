@@ -5,6 +5,7 @@
  * (scope arena) for the backward, which computes dx, dweight and dbias in one
  * fused kernel (rows split across threads, each with its own dweight/dbias
  * partial sums, added up at the end). f16/bf16 are computed in f32. */
+#include "amp/amp_impl.h"
 #include "rows_impl.h"
 
 /* Element i of a contiguous f32 or f64 buffer, as double. */
@@ -258,6 +259,8 @@ static bool chk_param(const char *op, const char *what, const tensor *p, const t
 
 static tensor *norm_impl(const char *op, bool rms, tensor *x, tensor *w, tensor *b, double eps)
 {
+    amp_op ap = rms ? AMP_RMS_NORM : AMP_LAYER_NORM;
+    if (!(x = amp_in(ap, x)) || (w && !(w = amp_in(ap, w))) || (b && !(b = amp_in(ap, b)))) return NULL;
     if (!chk_float(op, x)) return NULL;
     if (x->ndim < 1) return em_fail(EM_ERR_SHAPE, "%s: x must have at least 1 dim, got %s", op, shp(x));
     if (!chk_param(op, "weight", w, x) || !chk_param(op, "bias", b, x)) return NULL;

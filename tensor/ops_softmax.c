@@ -7,6 +7,7 @@
  * f16/bf16 widened to f32) and results are scattered back. ops_norm.c and
  * ops_loss.c use the same helpers, and ops_loss.c the f32 row primitives
  * (max, exp-and-sum with a vectorisable exp). Rows are split across threads. */
+#include "amp/amp_impl.h"
 #include "rows_impl.h"
 #include "vmath_impl.h"
 
@@ -230,7 +231,7 @@ static em_status softmax_backward(node *n, tensor *g)
 
 static tensor *softmax_impl(const char *op, tensor *x, int dim, bool log)
 {
-    if (!x) return NULL;
+    if (!x || !(x = amp_in(log ? AMP_LOG_SOFTMAX : AMP_SOFTMAX, x))) return NULL;
     if (!chk_float(op, x)) return NULL;
     /* a 0-dim tensor counts as one row of one element */
     int d = t_dim(op, dim, x->ndim ? x->ndim : 1, 0);

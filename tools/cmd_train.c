@@ -32,6 +32,7 @@ typedef struct train_opts {
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip;
     uint64_t seed;
     bool bytes;
+    em_precision_kind precision; /* DEFAULT: the config file / EMBER_MIXED_PRECISION */
 } train_opts;
 
 static int usage(FILE *f)
@@ -43,6 +44,8 @@ static int usage(FILE *f)
             "  --batch N --iters N                        (default 12, 2000); the batch is global: each of\n"
             "                                             N processes under `ember launch` takes batch/N\n"
             "  --grad-accum K                             micro-batches per step (default: config file, 1)\n"
+            "  --mixed-precision no|bf16|fp16             autocast forward passes, f32 master weights; fp16\n"
+            "                                             with dynamic loss scaling (default: config file, no)\n"
             "  --lr X --min-lr X --warmup N               AdamW lr, cosine to min-lr after warm-up\n"
             "                                             (default 1e-3, 1e-4, 100)\n"
             "  --weight-decay X --beta1 X --beta2 X       (default 0.1, 0.9, 0.99)\n"
@@ -123,6 +126,10 @@ static int parse_args(int argc, char **argv, train_opts *o)
             o->resume = v;
         else if (!strcmp(f, "--grad-accum"))
             ok = parse_int(f, v, 1, &o->grad_accum);
+        else if (!strcmp(f, "--mixed-precision")) {
+            ok = em_precision_parse(v, &o->precision) == EM_OK;
+            if (!ok) fprintf(stderr, "ember train: --mixed-precision needs no, bf16 or fp16, got '%s'\n", v);
+        }
         else if (!strcmp(f, "--data"))
             o->data = v;
         else if (!strcmp(f, "--gelu")) {
@@ -375,7 +382,7 @@ static em_status register_dropout_rngs(run *r)
 static em_status setup(run *r)
 {
     train_opts *o = &r->o;
-    r->acc = em_accelerator_new(&(em_accel_config){.grad_accum = (int)o->grad_accum});
+    r->acc = em_accelerator_new(&(em_accel_config){.grad_accum = (int)o->grad_accum, .mixed_precision = o->precision});
     if (!r->acc) return em_last_status();
     r->main = em_accel_is_main_process(r->acc);
     int rank = em_accel_rank(r->acc), world = em_accel_world(r->acc);
@@ -456,6 +463,8 @@ int cmd_train(int argc, char **argv)
                (long long)o->model.block_size, (double)em_module_num_params(r.gpt->m) / 1e6, (long long)o->batch);
         if (world > 1) printf(" (%lld on each of %d processes)", (long long)(o->batch / world), world);
         if (em_accel_grad_accum(r.acc) > 1) printf(" x %d accumulated", em_accel_grad_accum(r.acc));
+        if (em_accel_autocast_dtype(r.acc) != EM_F32)
+            printf(", mixed precision %s", em_accel_autocast_dtype(r.acc) == EM_BF16 ? "bf16" : "fp16");
         printf(", %lld iterations", (long long)o->iters);
         if (o->resume) printf(", resuming at step %lld from %s", (long long)start, o->resume);
         printf("\n");

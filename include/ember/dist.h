@@ -18,6 +18,7 @@
 #ifndef EMBER_DIST_H
 #define EMBER_DIST_H
 
+#include "amp.h"
 #include "data.h"
 #include "nn.h"
 #include "optim.h"
@@ -242,13 +243,14 @@ em_status em_precision_parse(const char *s, em_precision_kind *out);
  * non-zero fields of the em_accel_config given in code. */
 typedef struct em_accel_config {
     int grad_accum;               /* micro-batches per optimizer step; 0 = config/env, else 1 */
-    em_precision_kind mixed_precision; /* DEFAULT = config/env, else NO (bf16/fp16: issue 5) */
+    em_precision_kind mixed_precision; /* DEFAULT = config/env, else NO; see em_accel_prepare */
     int split_batches;            /* 0 = config/env (else off), 1 on, -1 off */
     int even_batches;             /* 0 = config/env (else on), 1 on, -1 off */
     double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT */
     double bucket_mb;             /* 0 = 25 */
     bool find_unused_parameters;
     const char *config_file;      /* NULL = the default path (absent is fine) */
+    em_scaler_config scaler;      /* fp16's loss scaler; zeros = torch's defaults */
 } em_accel_config;
 
 typedef struct em_accelerator em_accelerator;
@@ -269,7 +271,13 @@ em_pg *em_accel_pg(const em_accelerator *a); /* borrowed */
  * (flattened either way); opt: its step/zero_grad go through em_accel_step /
  * em_accel_zero_grad; loader: sharded over ranks (see em_loader_set_shard);
  * sched: stepped with the optimizer (its lr written to every group). The
- * Accelerator borrows all of them: they must outlive it. */
+ * Accelerator borrows all of them: they must outlive it.
+ * Mixed precision (bf16 / fp16): preparing the model turns autocast on in the
+ * calling thread (em_autocast_set, ember/amp.h) until em_accelerator_free, so
+ * the forward passes run under the policy while the parameters stay f32
+ * masters; fp16 also scales the loss in em_accel_backward and unscales in
+ * clip / step, skipping (on every rank alike) a step whose gradients hold
+ * inf or NaN. */
 em_status em_accel_prepare(em_accelerator *a, em_module *model, em_optimizer *opt, em_loader *loader,
                            const em_lr_schedule *sched);
 /* A window sampler is sharded so that the ranks together draw exactly the
@@ -288,17 +296,28 @@ bool em_accel_sync_gradients(const em_accelerator *a);
 /* Like em_loader_next on the prepared loader, and records whether this is
  * the epoch's last batch (for sync_gradients and gather_for_metrics). */
 bool em_accel_next(em_accelerator *a, em_batch *b);
-/* Backward of loss / grad_accum (DDP-synced only when sync_gradients). */
+/* Backward of loss / grad_accum (times the loss scale under fp16), DDP-synced
+ * only when sync_gradients. */
 em_status em_accel_backward(em_accelerator *a, em_tensor *loss);
-/* Global-norm clipping of the model's gradients (when sync_gradients; NAN +
- * nothing changed otherwise... returns the norm, as em_clip_grad_norm). */
+/* Global-norm clipping of the model's gradients, returning their norm before
+ * clipping (as em_clip_grad_norm). Only on sync_gradients micro-steps: NAN
+ * and nothing changed otherwise. Under fp16 it unscales the gradients first
+ * and returns INFINITY without clipping when they overflowed. */
 double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *status);
 /* Optimizer step (and schedule: the lr for the next step) only when
- * sync_gradients; a no-op otherwise. */
+ * sync_gradients; a no-op otherwise. Under fp16: unscales (if clip did not),
+ * skips the step when the gradients overflowed on any rank (the schedule does
+ * not advance) and updates the scale. */
 em_status em_accel_step(em_accelerator *a);
 em_status em_accel_zero_grad(em_accelerator *a);
-/* Optimizer steps taken (the schedule's position). */
+/* Optimizer steps taken (the schedule's position; skipped steps do not count). */
 int64_t em_accel_step_count(const em_accelerator *a);
+/* Whether the last sync step's optimizer step was skipped for an overflow. */
+bool em_accel_step_was_skipped(const em_accelerator *a);
+/* EM_BF16 / EM_F16 under mixed precision, else EM_F32. */
+em_dtype em_accel_autocast_dtype(const em_accelerator *a);
+/* fp16's loss scaler (borrowed), NULL otherwise. */
+em_grad_scaler *em_accel_scaler(const em_accelerator *a);
 
 /* Gathers t (same shape on every rank) along dim 0: (world*n, ...), made in
  * the caller's scope. gather_for_metrics also drops the samples that

@@ -2,6 +2,7 @@
 #ifndef EMBER_H
 #define EMBER_H
 
+#include "amp.h"
 #include "autograd.h"
 #include "runtime.h"
 #include "nn.h"

@@ -1,0 +1,151 @@
+/* scaler.c — dynamic loss scaling for fp16 (torch.amp.GradScaler's rules).
+ *
+ * A step: loss * scale -> backward -> unscale (gradients / scale, noting any
+ * inf/NaN; reduced over the ranks so they agree) -> step unless found_inf
+ * -> update. The update backs off (scale * 0.5) on an overflow and grows
+ * (scale * 2) after growth_interval clean steps in a row. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "amp/amp_impl.h"
+#include "ember/dist.h"
+
+struct em_grad_scaler {
+    em_scaler_config cfg;
+    double scale;
+    int64_t tracker;  /* clean steps since the scale last changed */
+    bool unscaled;    /* this step's gradients were unscaled */
+    bool found_inf;
+};
+
+em_grad_scaler *em_grad_scaler_new(const em_scaler_config *cfg)
+{
+    em_scaler_config c = cfg ? *cfg : (em_scaler_config){0};
+    if (c.init_scale == 0) c.init_scale = 65536.0;
+    if (c.growth_factor == 0) c.growth_factor = 2.0;
+    if (c.backoff_factor == 0) c.backoff_factor = 0.5;
+    if (c.growth_interval == 0) c.growth_interval = 2000;
+    if (!(c.init_scale > 0) || isinf(c.init_scale))
+        return em_fail(EM_ERR_ARG, "em_grad_scaler_new: init_scale %g must be > 0 and finite", c.init_scale);
+    if (!(c.growth_factor >= 1) || isinf(c.growth_factor))
+        return em_fail(EM_ERR_ARG, "em_grad_scaler_new: growth_factor %g must be >= 1 and finite", c.growth_factor);
+    if (!(c.backoff_factor > 0 && c.backoff_factor <= 1))
+        return em_fail(EM_ERR_ARG, "em_grad_scaler_new: backoff_factor %g must be in (0, 1]", c.backoff_factor);
+    if (c.growth_interval < 1)
+        return em_fail(EM_ERR_ARG, "em_grad_scaler_new: growth_interval %d must be >= 1", c.growth_interval);
+    em_grad_scaler *s = calloc(1, sizeof *s);
+    if (!s) return em_fail(EM_ERR_OOM, "em_grad_scaler_new: out of memory");
+    s->cfg = c;
+    s->scale = c.init_scale;
+    return s;
+}
+
+void em_grad_scaler_free(em_grad_scaler *s) { free(s); }
+
+em_tensor *em_scaler_scale(em_grad_scaler *s, em_tensor *loss)
+{
+    if (!s) return em_fail(EM_ERR_ARG, "em_scaler_scale: scaler is NULL");
+    return em_mul_scalar(loss, s->scale);
+}
+
+/* g *= inv in place; true if any element of g is inf or NaN afterwards */
+static bool unscale_one(tensor *g, double inv)
+{
+    int64_t n = t_numel(g);
+    bool bad = false;
+    switch (g->dtype) {
+    case EM_F32: {
+        float *p = t_ptr(g), f = (float)inv;
+        for (int64_t i = 0; i < n; i++) {
+            p[i] *= f;
+            bad |= !isfinite(p[i]);
+        }
+        break;
+    }
+    case EM_F64: {
+        double *p = t_ptr(g);
+        for (int64_t i = 0; i < n; i++) {
+            p[i] *= inv;
+            bad |= !isfinite(p[i]);
+        }
+        break;
+    }
+    default: { /* f16 / bf16 gradients: through f32 */
+        uint16_t *p = t_ptr(g);
+        bool bf = g->dtype == EM_BF16;
+        for (int64_t i = 0; i < n; i++) {
+            float v = (bf ? em_bf16_to_f32(p[i]) : em_f16_to_f32(p[i])) * (float)inv;
+            p[i] = bf ? em_f32_to_bf16(v) : em_f32_to_f16(v);
+            bad |= !isfinite(v);
+        }
+    }
+    }
+    return bad;
+}
+
+em_status em_scaler_unscale(em_grad_scaler *s, int n, em_tensor *const *params, em_pg *pg)
+{
+    if (!s) return em_err(EM_ERR_ARG, "em_scaler_unscale: scaler is NULL");
+    if (n < 0 || (n > 0 && !params)) return em_err(EM_ERR_ARG, "em_scaler_unscale: %d params at NULL", n);
+    if (s->unscaled) return EM_OK; /* once per step */
+    double inv = 1.0 / s->scale;
+    bool bad = false;
+    for (int i = 0; i < n; i++) {
+        em_tensor *gh = params[i] ? em_grad(params[i]) : NULL;
+        if (!gh) continue;
+        tensor *g = t_resolve(gh, "em_scaler_unscale");
+        if (!g) return em_last_status();
+        if (!em_dtype_is_float(g->dtype) || !t_is_contig(g))
+            return em_err(EM_ERR_ARG, "em_scaler_unscale: param %d's gradient %s%s is not a contiguous float tensor",
+                          i, em_dtype_name(g->dtype), shp(g));
+        bad |= unscale_one(g, inv);
+    }
+    if (pg && em_pg_world(pg) > 1) { /* every rank skips the same steps */
+        int64_t one = 1;
+        em_tensor *flag = em_full(EM_F32, 1, &one, bad ? 1.0 : 0.0);
+        if (!flag) return em_last_status();
+        em_status st = em_all_reduce(pg, flag, EM_RED_MAX, NULL);
+        bad = ((float *)em_data(flag))[0] != 0;
+        if (!em_scope_depth()) em_free(flag);
+        if (st) return st;
+    }
+    s->found_inf = bad;
+    s->unscaled = true;
+    return EM_OK;
+}
+
+bool em_scaler_found_inf(const em_grad_scaler *s) { return s && s->found_inf; }
+
+void em_scaler_update(em_grad_scaler *s)
+{
+    if (!s || !s->unscaled) return;
+    if (s->found_inf) {
+        s->scale *= s->cfg.backoff_factor;
+        s->tracker = 0;
+    } else if (++s->tracker >= s->cfg.growth_interval) {
+        s->scale *= s->cfg.growth_factor;
+        s->tracker = 0;
+    }
+    s->unscaled = false;
+    s->found_inf = false;
+}
+
+double em_scaler_get_scale(const em_grad_scaler *s) { return s ? s->scale : NAN; }
+
+em_scaler_state em_scaler_get_state(const em_grad_scaler *s)
+{
+    return s ? (em_scaler_state){s->scale, s->tracker} : (em_scaler_state){NAN, -1};
+}
+
+em_status em_scaler_set_state(em_grad_scaler *s, em_scaler_state st)
+{
+    if (!s) return em_err(EM_ERR_ARG, "em_scaler_set_state: scaler is NULL");
+    if (!(st.scale > 0) || isinf(st.scale) || st.growth_tracker < 0)
+        return em_err(EM_ERR_ARG, "em_scaler_set_state: scale %g must be > 0 and finite, tracker %lld >= 0",
+                      st.scale, (long long)st.growth_tracker);
+    s->scale = st.scale;
+    s->tracker = st.growth_tracker;
+    s->unscaled = false;
+    s->found_inf = false;
+    return EM_OK;
+}
