@@ -32,6 +32,13 @@ typedef struct gemm_job {
 static void gemm_call(const gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
     size_t es = em_dtype_size(j->dt);
+    if (j->dt == EM_BF16) { /* bf16 operands, f32 result (gemm_bf16.c) */
+        const uint16_t *a = (const uint16_t *)j->A + (j->ta ? m0 : m0 * j->lda);
+        const uint16_t *b = (const uint16_t *)j->B + (j->tb ? n0 * j->ldb : n0);
+        gemm_bf16(j->ta, j->tb, m1 - m0, n1 - n0, j->K, a, j->lda, b, j->ldb, (float *)j->C + m0 * j->ldc + n0,
+                  j->ldc);
+        return;
+    }
     /* op(A) rows m0..m1: A is (M,K) with ld lda, or (K,M) when transposed */
     const char *a = j->A + (size_t)(j->ta ? m0 : m0 * j->lda) * es;
     /* op(B) columns n0..n1: B is (K,N), or (N,K) when transposed */
@@ -68,6 +75,7 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
 {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* C = beta C */
+        if (dt == EM_BF16) dt = EM_F32; /* the result is f32 */
         size_t es = em_dtype_size(dt);
         for (int64_t i = 0; i < M; i++) {
             char *row = (char *)C + (size_t)(i * ldc) * es;

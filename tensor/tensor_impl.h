@@ -215,9 +215,17 @@ void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx);
 /* ---- matrix multiply (tensor/gemm.c) ----------------------------------------
  * C (M,N) = alpha op(A) @ op(B) + beta C, row-major, f32 or f64; op(X) is X
  * or its transpose (ta/tb); lda/ldb/ldc are the row strides of A, B, C as
- * stored. Split over ember's pool; OpenBLAS runs single-threaded inside. */
+ * stored. Split over ember's pool; OpenBLAS runs single-threaded inside.
+ * dt = EM_BF16: A and B are bf16 and C is f32, alpha 1 and beta 0 only, and
+ * only when gemm_bf16_fast() (AMX, tensor/gemm_bf16.c). */
 void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+/* Whether bf16 products run natively here (AMX tiles usable by this process). */
+bool gemm_bf16_fast(void);
+/* One thread's C (m,n) f32 = op(A) @ op(B) on bf16 operands; false (nothing
+ * written) when !gemm_bf16_fast() or out of memory. */
+bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B,
+               int64_t ldb, float *C, int64_t ldc);
 
 /* ---- autograd (autograd/tape.c) -------------------------------------------- */
 /* True when grad mode is on and some input requires grad. */

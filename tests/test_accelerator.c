@@ -62,13 +62,6 @@ TEST(test_accelerator_rejects_bad_environment_values)
     CHECK_ERR(em_accelerator_new(NULL), EM_ERR_ARG, "EMBER_SPLIT_BATCHES");
 }
 
-TEST(test_accelerator_says_mixed_precision_is_not_available_yet)
-{
-    no_user_config();
-    CHECK_ERR(em_accelerator_new(&(em_accel_config){.mixed_precision = EM_PREC_BF16}), EM_ERR_UNSUPPORTED,
-              "'bf16'");
-}
-
 /* A dataset of n examples x = (i) f32, y = (i) i32. */
 static int64_t count_len(void *user) { return (int64_t)(intptr_t)user; }
 

@@ -1,0 +1,355 @@
+/* test_amp.c — mixed precision: the autocast policy, casting round trips,
+ * bf16 / f16 matmul against f32, the loss scaler's rules, and the
+ * Accelerator's fp16 / bf16 training (an overflow skipped on every rank with
+ * the weights untouched, the scale's growth, a resume keeping the scale,
+ * a tiny GPT within 2% of f32 with f32 master weights). */
+#include <math.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "dist_util.h"
+#include "harness.h"
+
+static float f32_at(em_tensor *t, int64_t i) { return ((float *)em_data(t))[i]; }
+
+/* ---- the policy ------------------------------------------------------------------ */
+
+TEST(test_autocast_follows_the_policy_table)
+{
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(3);
+    em_tensor *w = em_randn(EM_F32, EM_SHAPE(4, 3), &r), *x = em_randn(EM_F32, EM_SHAPE(2, 4), &r);
+    em_set_requires_grad(w, true);
+    CHECK(em_autocast_dtype() == EM_F32);
+    em_dtype prev = em_autocast_set(EM_BF16);
+    CHECK(prev == EM_F32 && em_autocast_dtype() == EM_BF16);
+    em_tensor *y = em_matmul(x, w); /* LOW: bf16 out */
+    CHECK(em_dtype_of(y) == EM_BF16);
+    em_tensor *p = em_softmax(y, -1); /* F32 */
+    CHECK(em_dtype_of(p) == EM_F32);
+    CHECK(em_dtype_of(em_add(y, x ? em_zeros(EM_F32, EM_SHAPE(2, 3)) : NULL)) == EM_F32); /* PROMOTE */
+    CHECK(em_dtype_of(em_layer_norm(y, NULL, NULL, 1e-5)) == EM_F32);
+    em_tensor *loss = em_sum(em_mul(p, p), 0, NULL, false);
+    CHECK(em_autocast_set(prev) == EM_BF16);
+    CHECK_OK(em_backward(loss, NULL));
+    CHECK(em_dtype_of(em_grad(w)) == EM_F32); /* the master's gradient arrives in f32 */
+    CHECK(em_dtype_of(em_matmul(x, w)) == EM_F32); /* off again */
+    /* a bad dtype keeps the setting */
+    CHECK(em_autocast_set(EM_I32) == EM_F32);
+    CHECK(em_last_status() == EM_ERR_DTYPE && em_autocast_dtype() == EM_F32);
+    em_scope_end(s);
+}
+
+TEST(test_amp_policy_can_be_overridden_per_op)
+{
+    CHECK(em_amp_policy_of("softmax") == EM_AMP_F32 && em_amp_policy_of("matmul") == EM_AMP_LOW);
+    CHECK(em_amp_policy_of("relu") == EM_AMP_NONE);
+    CHECK_ERR(em_amp_set_policy("relu", EM_AMP_F32), EM_ERR_ARG, "'relu' is not an op of the autocast table");
+    CHECK_OK(em_amp_set_policy("matmul", EM_AMP_NONE)); /* matmul left in f32 */
+    em_scope s = em_scope_begin();
+    em_tensor *a = em_ones(EM_F32, EM_SHAPE(2, 2));
+    em_dtype prev = em_autocast_set(EM_F16);
+    CHECK(em_dtype_of(em_matmul(a, a)) == EM_F32);
+    em_autocast_set(prev);
+    em_scope_end(s);
+    CHECK_OK(em_amp_set_policy("matmul", EM_AMP_LOW));
+}
+
+/* ---- casts and products ------------------------------------------------------------ */
+
+TEST(test_casts_round_trip_within_the_dtypes_precision)
+{
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(5);
+    int64_t n = 10000;
+    em_tensor *x = em_mul_scalar(em_randn(EM_F32, 1, &n, &r), 100.0);
+    const em_dtype low[] = {EM_BF16, EM_F16};
+    const double rel[] = {1.0 / 256, 1.0 / 2048}; /* half an ulp: 2^-9 and 2^-12, doubled for safety */
+    for (int d = 0; d < 2; d++) {
+        em_tensor *back = em_cast(em_cast(x, low[d]), EM_F32);
+        double worst = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double e = fabs(f32_at(back, i) - f32_at(x, i)) / fabs(f32_at(x, i));
+            worst = e > worst ? e : worst;
+        }
+        if (!(worst <= rel[d]))
+            th_fail(__FILE__, __LINE__, "%s round trip: worst relative error %g > %g", em_dtype_name(low[d]), worst,
+                    rel[d]);
+        /* exactly representable values survive unchanged, specials too */
+        em_tensor *sp = em_from_data(EM_F32, EM_SHAPE(6), (float[]){0.0f, -0.0f, 1.5f, -2.0f, INFINITY, NAN});
+        em_tensor *b2 = em_cast(em_cast(sp, low[d]), EM_F32);
+        CHECK(f32_at(b2, 0) == 0 && signbit(f32_at(b2, 1)) && f32_at(b2, 2) == 1.5f && f32_at(b2, 3) == -2.0f);
+        CHECK(isinf(f32_at(b2, 4)) && isnan(f32_at(b2, 5)));
+    }
+    em_scope_end(s);
+}
+
+/* (M,K)@(K,N) in dt against f64 on the same (rounded) inputs: the error is the
+ * output's rounding (and f32 accumulation), not the inputs'. */
+static void low_matmul_matches(em_dtype dt, int64_t M, int64_t K, int64_t N, bool trans_b)
+{
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new((uint64_t)(M * 131 + K * 7 + N));
+    em_tensor *a = em_cast(em_randn(EM_F32, EM_SHAPE(M, K), &r), dt);
+    em_tensor *b = trans_b ? em_transpose(em_cast(em_randn(EM_F32, EM_SHAPE(N, K), &r), dt), 0, 1)
+                           : em_cast(em_randn(EM_F32, EM_SHAPE(K, N), &r), dt);
+    em_tensor *got = em_cast(em_matmul(a, b), EM_F32);
+    em_tensor *want = em_matmul(em_cast(a, EM_F64), em_cast(b, EM_F64));
+    CHECK(em_dtype_of(em_matmul(a, b)) == dt);
+    double ulp = dt == EM_BF16 ? 1.0 / 128 : 1.0 / 1024, tol_abs = 1e-4 * sqrt((double)K);
+    for (int64_t i = 0; i < M * N; i++) {
+        double w = ((double *)em_data(want))[i], g = f32_at(got, i);
+        if (!(fabs(g - w) <= ulp * fabs(w) + tol_abs))
+            th_fail(__FILE__, __LINE__, "%s matmul %lldx%lld@%lldx%lld%s: [%lld] = %g, want %g", em_dtype_name(dt),
+                    (long long)M, (long long)K, (long long)K, (long long)N, trans_b ? " (b transposed)" : "",
+                    (long long)i, g, w);
+    }
+    em_scope_end(s);
+}
+
+TEST(test_bf16_and_f16_matmul_match_f64_within_their_rounding)
+{
+    const em_dtype dts[] = {EM_BF16, EM_F16};
+    for (int d = 0; d < 2; d++) {
+        low_matmul_matches(dts[d], 1, 1, 1, false);
+        low_matmul_matches(dts[d], 37, 70, 45, false); /* edges in every direction */
+        low_matmul_matches(dts[d], 37, 70, 45, true);
+        low_matmul_matches(dts[d], 64, 768, 100, true); /* a Linear's shape */
+        low_matmul_matches(dts[d], 33, 31, 600, false); /* past one packed block of columns */
+    }
+}
+
+/* ---- the scaler ------------------------------------------------------------------------ */
+
+TEST(test_scaler_backs_off_on_overflow_and_grows_after_the_interval)
+{
+    CHECK_ERR(em_grad_scaler_new(&(em_scaler_config){.backoff_factor = 2}), EM_ERR_ARG, "backoff_factor 2");
+    CHECK_ERR(em_grad_scaler_new(&(em_scaler_config){.growth_interval = -1}), EM_ERR_ARG, "growth_interval");
+    em_grad_scaler *s = em_grad_scaler_new(&(em_scaler_config){.growth_interval = 2});
+    CHECK_NOTNULL(s);
+    CHECK(em_scaler_get_scale(s) == 65536.0);
+    em_scope sc = em_scope_begin();
+    em_tensor *p = em_ones(EM_F32, EM_SHAPE(3));
+    em_set_requires_grad(p, true);
+    /* a clean step: the gradient comes back divided by the scale */
+    CHECK_OK(em_backward(em_scaler_scale(s, em_sum(em_mul_scalar(p, 2.0), 0, NULL, false)), NULL));
+    CHECK(f32_at(em_grad(p), 0) == 2.0f * 65536.0f);
+    CHECK_OK(em_scaler_unscale(s, 1, &p, NULL));
+    CHECK_OK(em_scaler_unscale(s, 1, &p, NULL)); /* once per step */
+    CHECK(f32_at(em_grad(p), 0) == 2.0f && !em_scaler_found_inf(s));
+    em_scaler_update(s);
+    CHECK(em_scaler_get_scale(s) == 65536.0);
+    /* an overflow: found, and the scale halves */
+    ((float *)em_data(em_grad(p)))[1] = INFINITY;
+    CHECK_OK(em_scaler_unscale(s, 1, &p, NULL));
+    CHECK(em_scaler_found_inf(s));
+    em_scaler_update(s);
+    CHECK(em_scaler_get_scale(s) == 32768.0);
+    /* two clean steps: it doubles */
+    for (int i = 0; i < 2; i++) {
+        ((float *)em_data(em_grad(p)))[1] = 1.0f;
+        CHECK_OK(em_scaler_unscale(s, 1, &p, NULL));
+        em_scaler_update(s);
+    }
+    CHECK(em_scaler_get_scale(s) == 65536.0);
+    CHECK_ERR(em_scaler_set_state(s, (em_scaler_state){-1, 0}), EM_ERR_ARG, "scale -1");
+    CHECK_OK(em_scaler_set_state(s, (em_scaler_state){1024, 1}));
+    CHECK(em_scaler_get_state(s).scale == 1024 && em_scaler_get_state(s).growth_tracker == 1);
+    em_scope_end(sc);
+    em_grad_scaler_free(s);
+}
+
+/* ---- the Accelerator ------------------------------------------------------------------------ */
+
+static void no_user_config(void)
+{
+    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    unsetenv("EMBER_MIXED_PRECISION");
+    unsetenv("EMBER_GRAD_ACCUM");
+}
+
+typedef struct small_run {
+    em_accelerator *acc;
+    em_module *m;
+    em_nn_linear *lin;
+    em_optimizer *opt;
+    em_tensor *params[2];
+} small_run;
+
+static void small_setup(small_run *r, em_precision_kind mp, int growth_interval)
+{
+    r->acc = em_accelerator_new(&(em_accel_config){.mixed_precision = mp, .scaler.growth_interval = growth_interval});
+    CHECK_NOTNULL(r->acc);
+    em_rng rng = em_rng_new(11);
+    r->m = em_module_new(NULL, "m");
+    r->lin = em_nn_linear_new(r->m, "lin", 8, 4, true, &rng);
+    CHECK_NOTNULL(r->lin);
+    r->params[0] = r->lin->weight;
+    r->params[1] = r->lin->bias;
+    em_adam_config ac = em_adamw_defaults();
+    ac.lr = 1e-2;
+    r->opt = em_adamw_new(2, r->params, &ac);
+    CHECK_OK(em_accel_prepare(r->acc, r->m, r->opt, NULL, NULL));
+}
+
+static void small_free(small_run *r)
+{
+    em_accelerator_free(r->acc);
+    em_optim_free(r->opt);
+    em_module_free(r->m);
+}
+
+/* one step; rank `poison` (or -1: none) puts an inf into its gradient after backward */
+static void small_step(small_run *r, int step, int poison)
+{
+    em_scope s = em_scope_begin();
+    em_rng rng = em_rng_new(100 + (uint64_t)step * 10 + (uint64_t)em_accel_rank(r->acc));
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(5, 8), &rng);
+    em_tensor *h = em_nn_linear_forward(r->lin, x), *loss = em_mean(em_mul(h, h), 0, NULL, false);
+    CHECK_OK(em_accel_backward(r->acc, loss));
+    if (em_accel_rank(r->acc) == poison) ((float *)em_data(em_grad(r->params[0])))[3] = INFINITY;
+    em_status st;
+    em_accel_clip_grad_norm(r->acc, 1.0, &st);
+    CHECK_OK(st);
+    CHECK_OK(em_accel_step(r->acc));
+    CHECK_OK(em_accel_zero_grad(r->acc));
+    em_scope_end(s);
+}
+
+static void overflow_everywhere(int rank, int world, void *ctx)
+{
+    (void)rank, (void)world, (void)ctx;
+    no_user_config();
+    small_run r;
+    small_setup(&r, EM_PREC_FP16, 3);
+    CHECK(em_accel_autocast_dtype(r.acc) == EM_F16 && em_autocast_dtype() == EM_F16);
+    CHECK_NOTNULL(em_accel_scaler(r.acc));
+    small_step(&r, 0, -1);
+    CHECK(em_accel_step_count(r.acc) == 1 && !em_accel_step_was_skipped(r.acc));
+    float before[32]; /* the (4,8) weight */
+    memcpy(before, em_data(r.params[0]), sizeof before);
+    small_step(&r, 1, 1); /* only rank 1's gradient overflows */
+    CHECK(em_accel_step_was_skipped(r.acc));
+    CHECK(em_accel_step_count(r.acc) == 1); /* the schedule did not move */
+    CHECK(memcmp(before, em_data(r.params[0]), sizeof before) == 0); /* weights untouched */
+    CHECK(em_scaler_get_scale(em_accel_scaler(r.acc)) == 32768.0);
+    for (int i = 2; i < 5; i++) small_step(&r, i, -1); /* 3 clean steps: the scale doubles */
+    CHECK(em_scaler_get_scale(em_accel_scaler(r.acc)) == 65536.0 && em_accel_step_count(r.acc) == 4);
+    CHECK(em_dtype_of(r.params[0]) == EM_F32); /* the masters stay f32 */
+    small_free(&r);
+    CHECK(em_autocast_dtype() == EM_F32); /* freeing the Accelerator turned autocast off */
+}
+
+TEST(test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank)
+{
+    TH_RANKS_ENV(2, overflow_everywhere, NULL);
+}
+
+TEST(test_fp16_resume_continues_with_the_same_scale)
+{
+    no_user_config();
+    unsetenv("WORLD_SIZE");
+    char dir[] = "/tmp/ember-amp-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    small_run r;
+    small_setup(&r, EM_PREC_FP16, 2000);
+    small_step(&r, 0, -1);
+    small_step(&r, 1, 0); /* an overflow: scale 32768 */
+    small_step(&r, 2, -1);
+    em_scaler_state st = em_scaler_get_state(em_accel_scaler(r.acc));
+    CHECK(st.scale == 32768.0 && st.growth_tracker == 1);
+    CHECK_OK(em_accel_save_state(r.acc, dir));
+    small_free(&r);
+    small_setup(&r, EM_PREC_FP16, 2000);
+    CHECK_OK(em_accel_load_state(r.acc, dir));
+    em_scaler_state back = em_scaler_get_state(em_accel_scaler(r.acc));
+    CHECK(back.scale == st.scale && back.growth_tracker == st.growth_tracker);
+    small_free(&r);
+    /* a run without fp16 refuses the state, saying why */
+    small_setup(&r, EM_PREC_BF16, 0);
+    CHECK_ERR(em_accel_load_state(r.acc, dir), EM_ERR_ARG, "loss scaler");
+    small_free(&r);
+}
+
+/* A tiny GPT on a fixed Markov text: bf16 and fp16 reach f32's validation
+ * loss within 2% after the same steps. */
+static void markov(int32_t *seq, int64_t n, uint64_t seed)
+{
+    em_rng r = em_rng_new(seed);
+    em_tensor *u = em_rand(EM_F32, 1, &n, &r);
+    int32_t s = 0;
+    for (int64_t i = 0; i < n; i++) { /* next = (3 s + 1) mod 16 mostly, else a jump */
+        float v = f32_at(u, i);
+        s = v < 0.8f ? (3 * s + 1) % 16 : (int32_t)(v * 1000) % 16;
+        seq[i] = s;
+    }
+    em_free(u);
+}
+
+static double train_gpt(em_precision_kind mp)
+{
+    no_user_config();
+    unsetenv("WORLD_SIZE");
+    enum { T = 16, B = 8, STEPS = 120, N = 4000 };
+    static int32_t seq[N];
+    markov(seq, N, 9);
+    em_gpt_config cfg = {.vocab_size = 16, .block_size = T, .n_layer = 2, .n_head = 2, .n_embd = 32, .bias = true};
+    em_gpt *g = em_gpt_new(&cfg, 1);
+    CHECK_NOTNULL(g);
+    em_accelerator *acc = em_accelerator_new(&(em_accel_config){.mixed_precision = mp});
+    CHECK_NOTNULL(acc);
+    int n = em_module_params(g->m, NULL, 0);
+    em_named *named = malloc(sizeof *named * (size_t)n);
+    em_tensor **ps = malloc(sizeof *ps * (size_t)n);
+    em_module_params(g->m, named, n);
+    for (int i = 0; i < n; i++) ps[i] = named[i].t;
+    em_adam_config ac = em_adamw_defaults();
+    ac.lr = 3e-3;
+    em_optimizer *opt = em_adamw_new(n, ps, &ac);
+    CHECK_OK(em_accel_prepare(acc, g->m, opt, NULL, NULL));
+    em_rng rng = em_rng_new(21);
+    int32_t xb[B * T], yb[B * T];
+    for (int step = 0; step <= STEPS; step++) {
+        bool eval = step == STEPS;
+        em_scope s = em_scope_begin();
+        for (int b = 0; b < B; b++) { /* train on the first 3/4, evaluate on the rest */
+            em_tensor *u = em_rand(EM_F32, EM_SHAPE(1), &rng);
+            int64_t lo = eval ? 3 * N / 4 + b * 100 : 0, span = eval ? 1 : 3 * N / 4 - T - 1;
+            int64_t st = lo + (eval ? 0 : (int64_t)(f32_at(u, 0) * (float)span));
+            for (int t = 0; t < T; t++) {
+                xb[b * T + t] = seq[st + t];
+                yb[b * T + t] = seq[st + t + 1];
+            }
+        }
+        em_tensor *x = em_from_data(EM_I32, EM_SHAPE(B, T), xb), *y = em_from_data(EM_I32, EM_SHAPE(B, T), yb);
+        em_tensor *loss = em_gpt_loss(g, x, y);
+        CHECK_NOTNULL(loss);
+        if (eval) {
+            double v = em_item(loss);
+            em_scope_end(s);
+            for (int i = 0; i < n; i++) CHECK(em_dtype_of(ps[i]) == EM_F32); /* masters stay f32 */
+            em_accelerator_free(acc);
+            em_optim_free(opt);
+            free(ps);
+            free(named);
+            em_gpt_free(g);
+            return v;
+        }
+        CHECK_OK(em_accel_backward(acc, loss));
+        em_status st;
+        em_accel_clip_grad_norm(acc, 1.0, &st);
+        CHECK_OK(st);
+        CHECK_OK(em_accel_step(acc));
+        CHECK_OK(em_accel_zero_grad(acc));
+        em_scope_end(s);
+    }
+    return NAN;
+}
+
+TEST(test_bf16_and_fp16_training_track_f32_within_2_percent)
+{
+    double f32 = train_gpt(EM_PREC_NO), bf16 = train_gpt(EM_PREC_BF16), fp16 = train_gpt(EM_PREC_FP16);
+    if (!(f32 < 2.0)) th_fail(__FILE__, __LINE__, "f32 did not learn: val loss %g (chance is 2.77)", f32);
+    if (!(fabs(bf16 - f32) <= 0.02 * f32) || !(fabs(fp16 - f32) <= 0.02 * f32))
+        th_fail(__FILE__, __LINE__, "val loss f32 %g, bf16 %g, fp16 %g: not within 2%%", f32, bf16, fp16);
+}
