@@ -75,12 +75,28 @@ em_amp_policy em_amp_policy_of(const char *op)
     return i < 0 ? EM_AMP_NONE : table[i].policy;
 }
 
+/* A cast that keeps a transposed matrix transposed (W^T in a Linear): the
+ * copy then runs along memory instead of across it, and the matmul still
+ * sees a BLAS layout. */
+static tensor *cast_keeping_layout(tensor *t, em_dtype dt)
+{
+    if (t->ndim >= 2 && !t_is_contig(t)) {
+        tensor *tt = t_transpose(t, -1, -2);
+        if (!tt) return NULL;
+        if (t_is_contig(tt)) {
+            tensor *c = t_cast(tt, dt);
+            return c ? t_transpose(c, -1, -2) : NULL;
+        }
+    }
+    return t_cast(t, dt);
+}
+
 tensor *amp_in(amp_op op, tensor *t)
 {
     if (current == EM_F32 || !t || !em_dtype_is_float(t->dtype)) return t;
     switch (table[op].policy) {
-    case EM_AMP_LOW: return t->dtype == EM_F32 || t->dtype == EM_F64 ? t_cast(t, current) : t;
-    case EM_AMP_F32: return t->dtype == EM_F16 || t->dtype == EM_BF16 ? t_cast(t, EM_F32) : t;
+    case EM_AMP_LOW: return t->dtype == EM_F32 || t->dtype == EM_F64 ? cast_keeping_layout(t, current) : t;
+    case EM_AMP_F32: return t->dtype == EM_F16 || t->dtype == EM_BF16 ? cast_keeping_layout(t, EM_F32) : t;
     default: return t;
     }
 }

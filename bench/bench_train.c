@@ -8,7 +8,11 @@
  * and with 2 threads and the better of the two is the reference (when
  * /usr/bin/python3 has torch; otherwise only ember's figures are printed).
  *
- * usage: bench_train [tiny|124m|all] [steps]   (default all; 20 steps tiny, 5 for 124m) */
+ * `bench_train amp` instead times ember's step in f32, bf16 and fp16 (autocast
+ * forward with f32 master weights; fp16 adds the loss scaler's scale, unscale
+ * and update) and reports each against f32 measured in the same run.
+ *
+ * usage: bench_train [amp] [tiny|124m|all] [steps]   (default all; 20 steps tiny, 5 for 124m) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,9 +42,12 @@ static const bench_cfg configs[] = {
      5},
 };
 
+static em_dtype precision = EM_F32; /* autocast dtype of ember's steps (EM_F32: off) */
+
 /* Runs `steps` timed steps after 2 warm-up steps; writes the median seconds to *median_s. */
 static int ember_steps(const bench_cfg *c, int steps, double *median_s, double *loss)
 {
+    em_grad_scaler *scaler = precision == EM_F16 ? em_grad_scaler_new(NULL) : NULL;
     em_gpt *g = em_gpt_new(&c->model, 1);
     if (!g || em_module_flatten(g->m)) return 1;
     int n = em_module_params(g->m, NULL, 0);
@@ -63,10 +70,15 @@ static int ember_steps(const bench_cfg *c, int steps, double *median_s, double *
         em_tensor *y =
             em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &rng);
         double t0 = now();
+        em_dtype prev = em_autocast_set(precision);
         em_tensor *l = em_gpt_loss(g, x, y);
-        em_status st = l ? em_backward(l, NULL) : em_last_status();
+        em_autocast_set(prev);
+        em_tensor *scaled = l && scaler ? em_scaler_scale(scaler, l) : l;
+        em_status st = scaled ? em_backward(scaled, NULL) : em_last_status();
+        if (!st && scaler) st = em_scaler_unscale(scaler, n, params, NULL);
         if (!st) em_clip_grad_norm(n, params, 1.0, &st);
-        if (!st) st = em_optim_step(opt);
+        if (!st && !em_scaler_found_inf(scaler)) st = em_optim_step(opt);
+        em_scaler_update(scaler);
         if (!st) st = em_optim_zero_grad(opt);
         t[i] = now() - t0;
         if (l) *loss = em_item(l);
@@ -78,6 +90,7 @@ static int ember_steps(const bench_cfg *c, int steps, double *median_s, double *
     }
     *median_s = median(t + 2, steps);
     free(t);
+    em_grad_scaler_free(scaler);
     em_optim_free(opt);
     free(params);
     free(named);
@@ -130,8 +143,37 @@ static double torch_ms(const char *cfg, int threads, int steps, double *rss_mb)
     return atof(m + 15);
 }
 
+/* ember alone in f32, bf16 and fp16, each in its own child */
+static int amp_table(const char *which, int steps_arg)
+{
+    printf("bench_train amp: ember's training step under autocast (f32 master weights); median over steps after 2 "
+           "warm-up; threads %d\n",
+           em_num_threads());
+    printf("%-6s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16", "f32/fp16");
+    int rc = 0;
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        const bench_cfg *c = &configs[i];
+        if (strcmp(which, "all") && strcmp(which, c->name)) continue;
+        int steps = steps_arg > 0 ? steps_arg : c->steps;
+        double ms[3], mb, loss;
+        const em_dtype dts[3] = {EM_F32, EM_BF16, EM_F16};
+        for (int d = 0; d < 3; d++) {
+            precision = dts[d];
+            if (ember_child(c, steps, &ms[d], &mb, &loss)) {
+                fprintf(stderr, "bench_train: ember %s in %s failed\n", c->name, em_dtype_name(dts[d]));
+                return 1;
+            }
+        }
+        printf("%-6s %10.1f %10.1f %10.1f %11.2fx %11.2fx\n", c->name, ms[0], ms[1], ms[2], ms[0] / ms[1],
+               ms[0] / ms[2]);
+        fflush(stdout);
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "amp")) return amp_table(argc > 2 ? argv[2] : "all", argc > 3 ? atoi(argv[3]) : 0);
     const char *which = argc > 1 ? argv[1] : "all";
     int steps_arg = argc > 2 ? atoi(argv[2]) : 0;
     printf("bench_train: one training step = forward + backward + clip + AdamW; median over steps after 2 "

@@ -115,6 +115,64 @@ void st(em_dtype dt, void *p, double v)
     }
 }
 
+/* ---- bulk conversions: the loops mixed precision lives on ------------------------
+ * bf16 <-> f32 are written branch-free so the compiler vectorises them (the
+ * same rounding as em_f32_to_bf16, NaN kept quiet); f16 <-> f32 use the F16C
+ * instructions (IEEE round to nearest even, subnormals exact) when the CPU
+ * has them, else the scalar functions above. */
+static void f32_to_bf16_n(uint16_t *restrict d, const float *restrict s, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &s[i], 4);
+        uint32_t r = u + 0x7fffu + ((u >> 16) & 1);
+        uint32_t q = (u | 0x400000u); /* NaN: quiet, no rounding into inf */
+        d[i] = (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u ? q : r) >> 16);
+    }
+}
+
+static void bf16_to_f32_n(float *restrict d, const uint16_t *restrict s, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)s[i] << 16;
+        memcpy(&d[i], &u, 4);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+static bool have_f16c(void)
+{
+    static int known; /* 0 unknown, 1 yes, -1 no */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (!k) {
+        __builtin_cpu_init();
+        k = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx") ? 1 : -1;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k > 0;
+}
+
+__attribute__((target("avx,f16c"))) static void f32_to_f16_hw(uint16_t *d, const float *s, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) d[i] = em_f32_to_f16(s[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void f16_to_f32_hw(float *d, const uint16_t *s, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++) d[i] = em_f16_to_f32(s[i]);
+}
+#else
+static bool have_f16c(void) { return false; }
+static void f32_to_f16_hw(uint16_t *d, const float *s, int64_t n) { (void)d, (void)s, (void)n; }
+static void f16_to_f32_hw(float *d, const uint16_t *s, int64_t n) { (void)d, (void)s, (void)n; }
+#endif
+
 void convert_n(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n)
 {
     size_t so = em_dtype_size(from), sd = em_dtype_size(to);
@@ -123,19 +181,23 @@ void convert_n(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n
         return;
     }
     if (from == EM_F32 && to == EM_BF16) {
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = em_f32_to_bf16(((const float *)src)[i]);
+        f32_to_bf16_n(dst, src, n);
         return;
     }
     if (from == EM_BF16 && to == EM_F32) {
-        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = em_bf16_to_f32(((const uint16_t *)src)[i]);
+        bf16_to_f32_n(dst, src, n);
         return;
     }
     if (from == EM_F32 && to == EM_F16) {
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = em_f32_to_f16(((const float *)src)[i]);
+        if (have_f16c()) f32_to_f16_hw(dst, src, n);
+        else
+            for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = em_f32_to_f16(((const float *)src)[i]);
         return;
     }
     if (from == EM_F16 && to == EM_F32) {
-        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = em_f16_to_f32(((const uint16_t *)src)[i]);
+        if (have_f16c()) f16_to_f32_hw(dst, src, n);
+        else
+            for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = em_f16_to_f32(((const uint16_t *)src)[i]);
         return;
     }
     /* f64 -> f16/bf16 goes through f32, which can round twice; acceptable for

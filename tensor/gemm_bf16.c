@@ -69,19 +69,14 @@ bool gemm_bf16_fast(void)
 static void pack_a(bool ta, const uint16_t *A, int64_t lda, int64_t r0, int64_t rows, int64_t K, int64_t Kp,
                    uint16_t *dst)
 {
-    for (int64_t i = 0; i < 32; i++) {
-        uint16_t *d = dst + i * Kp;
-        if (i >= rows) {
-            memset(d, 0, (size_t)Kp * 2);
-            continue;
-        }
-        if (!ta) {
-            memcpy(d, A + (r0 + i) * lda, (size_t)K * 2);
-        } else {
-            const uint16_t *s = A + r0 + i;
-            for (int64_t k = 0; k < K; k++) d[k] = s[k * lda];
-        }
-        memset(d + K, 0, (size_t)(Kp - K) * 2);
+    memset(dst, 0, (size_t)(32 * Kp) * 2);
+    if (!ta) {
+        for (int64_t i = 0; i < rows; i++) memcpy(dst + i * Kp, A + (r0 + i) * lda, (size_t)K * 2);
+        return;
+    }
+    for (int64_t k = 0; k < K; k++) { /* A stored (K, m): read along its rows */
+        const uint16_t *s = A + k * lda + r0;
+        for (int64_t i = 0; i < rows; i++) dst[i * Kp + k] = s[i];
     }
 }
 
@@ -91,6 +86,17 @@ static void pack_b(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t 
                    uint32_t *dst)
 {
     int64_t groups = (cols + 31) / 32 * 2, pairs = Kp / 2;
+    if (!tb) { /* B stored (K, n): walk it row pair by row pair, along the rows */
+        memset(dst, 0, (size_t)(groups * pairs * 16) * 4);
+        for (int64_t p = 0; p < pairs; p++) {
+            int64_t k = 2 * p;
+            if (k >= K) break;
+            const uint16_t *r0 = B + k * ldb + c0, *r1 = k + 1 < K ? r0 + ldb : NULL;
+            for (int64_t j = 0; j < cols; j++)
+                dst[(j / 16) * pairs * 16 + p * 16 + (j % 16)] = r0[j] | (r1 ? (uint32_t)r1[j] << 16 : 0);
+        }
+        return;
+    }
     for (int64_t g = 0; g < groups; g++) {
         uint32_t *d = dst + g * pairs * 16;
         for (int64_t jj = 0; jj < 16; jj++) {

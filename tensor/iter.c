@@ -165,11 +165,25 @@ static void copy_range(void *p, int64_t lo, int64_t hi)
     }
 }
 
+/* A contiguous conversion split over the pool. */
+static void convert_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const copy_ctx *c = ctx;
+    size_t sd = em_dtype_size(c->dst->dtype), ss = em_dtype_size(c->src->dtype);
+    convert_n(c->dst->dtype, (char *)t_ptr(c->dst) + lo * (int64_t)sd, c->src->dtype,
+              (const char *)t_ptr(c->src) + lo * (int64_t)ss, hi - lo);
+}
+
 void copy_strided(tensor *dst, const tensor *src)
 {
     int64_t n = t_numel(dst);
     if (t_is_contig(dst) && t_is_contig(src) && t_numel(src) == n) {
-        convert_n(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
+        if (n >= 1 << 16 && dst->dtype != src->dtype) {
+            copy_ctx c = {dst, src, 0};
+            parallel_for(n, 1 << 15, convert_range, &c);
+        } else {
+            convert_n(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
+        }
         return;
     }
     copy_ctx c = {dst, src, 0};
