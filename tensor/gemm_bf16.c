@@ -105,19 +105,15 @@ static void pack_b(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t 
                 for (int64_t p = 0; p < pairs; p++) d[p * 16 + jj] = 0;
                 continue;
             }
-            for (int64_t p = 0; p < pairs; p++) {
-                int64_t k = 2 * p;
-                uint32_t lo = 0, hi = 0;
-                if (tb) { /* op(B)(k, j) = B[j][k]: the pair is adjacent */
-                    const uint16_t *s = B + (c0 + j) * ldb;
-                    if (k < K) lo = s[k];
-                    if (k + 1 < K) hi = s[k + 1];
-                } else {
-                    if (k < K) lo = B[k * ldb + c0 + j];
-                    if (k + 1 < K) hi = B[(k + 1) * ldb + c0 + j];
-                }
-                d[p * 16 + jj] = lo | hi << 16;
+            /* op(B)(k, j) = B[j][k]: a pair is two adjacent elements of row j */
+            const uint16_t *s = B + (c0 + j) * ldb;
+            int64_t full = K / 2;
+            for (int64_t p = 0; p < full; p++) {
+                uint32_t v;
+                memcpy(&v, s + 2 * p, 4);
+                d[p * 16 + jj] = v;
             }
+            for (int64_t p = full; p < pairs; p++) d[p * 16 + jj] = 2 * p < K ? s[2 * p] : 0;
         }
     }
 }
