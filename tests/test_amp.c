@@ -119,6 +119,14 @@ TEST(test_bf16_and_f16_matmul_match_f64_within_their_rounding)
     }
 }
 
+TEST(test_bf16_matmul_without_amx_goes_through_f32)
+{
+    setenv("EMBER_NO_AMX", "1", 1); /* read once per process, at the first bf16 product */
+    low_matmul_matches(EM_BF16, 37, 70, 45, true);
+    low_matmul_matches(EM_BF16, 64, 768, 100, false);
+    unsetenv("EMBER_NO_AMX");
+}
+
 /* ---- the scaler ------------------------------------------------------------------------ */
 
 TEST(test_scaler_backs_off_on_overflow_and_grows_after_the_interval)
