@@ -26,16 +26,11 @@ typedef enum amp_op {
     AMP_NUM_OPS
 } amp_op;
 
-/* The autocast dtype of this thread, or EM_F32 when off. */
-em_dtype amp_dtype(void);
 /* t as op's policy wants it under autocast (LOW / F32 casts; otherwise t
  * itself); NULL (error set) if a cast fails. NULL t passes through. */
 tensor *amp_in(amp_op op, tensor *t);
 /* PROMOTE: casts the narrower of two float operands to the wider one when
  * they differ. false (error set) if a cast fails. */
 bool amp_promote(amp_op op, tensor **a, tensor **b);
-/* Backward runs with autocast off: turn it off, returning what to restore. */
-em_dtype amp_suspend(void);
-void amp_resume(em_dtype prev);
 
 #endif

@@ -28,8 +28,6 @@ static struct {
 
 static _Thread_local em_dtype current = EM_F32; /* EM_F32: off */
 
-em_dtype amp_dtype(void) { return current; }
-
 em_dtype em_autocast_set(em_dtype dt)
 {
     em_dtype prev = current;
@@ -43,15 +41,6 @@ em_dtype em_autocast_set(em_dtype dt)
 }
 
 em_dtype em_autocast_dtype(void) { return current; }
-
-em_dtype amp_suspend(void)
-{
-    em_dtype prev = current;
-    current = EM_F32;
-    return prev;
-}
-
-void amp_resume(em_dtype prev) { current = prev; }
 
 static int find(const char *op)
 {

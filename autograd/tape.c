@@ -327,7 +327,7 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
     if (root->grad_fn && em_scope_depth() == 0)
         return em_err(EM_ERR_SCOPE, "em_backward: needs an open step scope for its temporaries");
     bool prev = em_set_grad_enabled(false);
-    em_dtype cast_prev = amp_suspend(); /* backward runs in the dtypes forward chose */
+    em_dtype cast_prev = em_autocast_set(EM_F32); /* backward runs in the dtypes forward chose */
     node *rn = root->grad_fn;
     mark_reachable(rn, root);
     em_status s = EM_OK;
@@ -336,7 +336,7 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
                               : t_new_persistent(root->dtype, root->ndim, root->shape);
         if (!g0) {
             em_set_grad_enabled(prev);
-            amp_resume(cast_prev);
+            em_autocast_set(cast_prev);
             return em_last_status();
         }
         fill_n(g0->dtype, t_ptr(g0), 1.0, 1);
@@ -358,6 +358,6 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
         tape[i]->out->grad_shared = false;
     }
     em_set_grad_enabled(prev);
-    amp_resume(cast_prev);
+    em_autocast_set(cast_prev);
     return s;
 }

@@ -205,12 +205,10 @@ em_status shm_check(em_pg *pg, call *c, double deadline)
     arrive(pg, v);
     em_status s = wait_all(pg, c, v, deadline);
     if (s) return s;
-    call_header *hs = malloc(sizeof *hs * (size_t)w);
-    if (!hs) return call_fail(c, EM_ERR_OOM, "collective check: out of memory");
+    call_header hs[SHM_MAX_WORLD];
     for (int r = 0; r < w; r++) hs[r] = pg->shm->ctl[r].hdr[c->h.seq & 1];
     char msg[512];
     calls_compare(hs, w, msg, sizeof msg);
-    free(hs);
     return msg[0] ? call_fail(c, EM_ERR_DIST, "%s", msg) : EM_OK;
 }
 

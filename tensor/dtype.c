@@ -22,14 +22,16 @@ static float u2f(uint32_t u)
     return f;
 }
 
-/* bf16 is the top half of an f32: round the dropped 16 bits to nearest even. */
-uint16_t em_f32_to_bf16(float x)
+/* bf16 is the top half of an f32: round the dropped 16 bits to nearest even;
+ * a NaN stays a (quiet) NaN instead of rounding into inf. Branch-free, so the
+ * bulk loop below vectorises. */
+static inline uint16_t bf16_round(uint32_t u)
 {
-    uint32_t u = f2u(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
+    uint32_t r = u + 0x7fffu + ((u >> 16) & 1), q = u | 0x400000u;
+    return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u ? q : r) >> 16);
 }
+
+uint16_t em_f32_to_bf16(float x) { return bf16_round(f2u(x)); }
 
 float em_bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
 
@@ -116,19 +118,12 @@ void st(em_dtype dt, void *p, double v)
 }
 
 /* ---- bulk conversions: the loops mixed precision lives on ------------------------
- * bf16 <-> f32 are written branch-free so the compiler vectorises them (the
- * same rounding as em_f32_to_bf16, NaN kept quiet); f16 <-> f32 use the F16C
+ * bf16 <-> f32 vectorise as written (bf16_round is branch-free); f16 <-> f32 use the F16C
  * instructions (IEEE round to nearest even, subnormals exact) when the CPU
  * has them, else the scalar functions above. */
 static void f32_to_bf16_n(uint16_t *restrict d, const float *restrict s, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &s[i], 4);
-        uint32_t r = u + 0x7fffu + ((u >> 16) & 1);
-        uint32_t q = (u | 0x400000u); /* NaN: quiet, no rounding into inf */
-        d[i] = (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u ? q : r) >> 16);
-    }
+    for (int64_t i = 0; i < n; i++) d[i] = bf16_round(f2u(s[i]));
 }
 
 static void bf16_to_f32_n(float *restrict d, const uint16_t *restrict s, int64_t n)
