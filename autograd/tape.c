@@ -144,7 +144,7 @@ em_status em_zero_grad(em_tensor *h)
     if (t->grad) {
         tensor *g = t->grad;
         if (t_is_contig(g))
-            memset(t_ptr(g), 0, (size_t)t_numel(g) * t_esize(g));
+            zero_par(t_ptr(g), (size_t)t_numel(g) * t_esize(g));
         else {
             tensor *z = t_zeros_like(g);
             if (!z) return em_last_status();
@@ -191,20 +191,23 @@ em_tensor *em_detach(em_tensor *h)
 
 /* ---- accumulation ----------------------------------------------------------- */
 
+/* Whether every value of dtype `from` is exactly a value of float dtype `to`. */
+bool widens_exactly(em_dtype from, em_dtype to)
+{
+    if (from == to) return true;
+    switch (to) {
+    case EM_F64: return from == EM_F32 || from == EM_F16 || from == EM_BF16;
+    case EM_F32: return from == EM_F16 || from == EM_BF16;
+    default: return false;
+    }
+}
+
 /* dst += src, elementwise, same shape; dst contiguous. */
 static void add_into(tensor *dst, tensor *src)
 {
     int64_t n = t_numel(dst);
-    if (dst->dtype == EM_F32 && src->dtype == EM_F32 && t_is_contig(src)) {
-        float *d = t_ptr(dst);
-        const float *s = t_ptr(src);
-        for (int64_t i = 0; i < n; i++) d[i] += s[i];
-        return;
-    }
-    if (dst->dtype == EM_F64 && src->dtype == EM_F64 && t_is_contig(src)) {
-        double *d = t_ptr(dst);
-        const double *s = t_ptr(src);
-        for (int64_t i = 0; i < n; i++) d[i] += s[i];
+    if (t_is_contig(src) && widens_exactly(src->dtype, dst->dtype) && (dst->dtype == EM_F32 || dst->dtype == EM_F64)) {
+        add_par(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
         return;
     }
     nditer it;

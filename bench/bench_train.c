@@ -12,7 +12,10 @@
  * forward with f32 master weights; fp16 adds the loss scaler's scale, unscale
  * and update) and reports each against f32 measured in the same run.
  *
- * usage: bench_train [amp] [tiny|124m|all] [steps]   (default all; 20 steps tiny, 5 for 124m) */
+ * usage: bench_train [tiny|124m|all] [steps]   (default all; 20 steps tiny, 5 for 124m)
+ *        bench_train amp [tiny|124m|all] [steps] [dtypes]   (dtypes, e.g. "bf16" or "f32,bf16": run only
+ *        those; a ratio whose side was not run prints nan) */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,8 +146,17 @@ static double torch_ms(const char *cfg, int threads, int steps, double *rss_mb)
     return atof(m + 15);
 }
 
+/* whether the comma-separated `list` holds `name` as a whole item */
+static bool list_has(const char *list, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (!strncmp(p, name, n) && (p[n] == ',' || p[n] == '\0')) return true;
+    return false;
+}
+
 /* ember alone in f32, bf16 and fp16, each in its own child */
-static int amp_table(const char *which, int steps_arg)
+static int amp_table(const char *which, int steps_arg, const char *only)
 {
     printf("bench_train amp: ember's training step under autocast (f32 master weights); median over steps after 2 "
            "warm-up; threads %d\n",
@@ -159,6 +171,8 @@ static int amp_table(const char *which, int steps_arg)
         const em_dtype dts[3] = {EM_F32, EM_BF16, EM_F16};
         for (int d = 0; d < 3; d++) {
             precision = dts[d];
+            ms[d] = 0.0 / 0.0;
+            if (only && !list_has(only, em_dtype_name(dts[d]))) continue;
             if (ember_child(c, steps, &ms[d], &mb, &loss)) {
                 fprintf(stderr, "bench_train: ember %s in %s failed\n", c->name, em_dtype_name(dts[d]));
                 return 1;
@@ -173,7 +187,7 @@ static int amp_table(const char *which, int steps_arg)
 
 int main(int argc, char **argv)
 {
-    if (argc > 1 && !strcmp(argv[1], "amp")) return amp_table(argc > 2 ? argv[2] : "all", argc > 3 ? atoi(argv[3]) : 0);
+    if (argc > 1 && !strcmp(argv[1], "amp")) return amp_table(argc > 2 ? argv[2] : "all", argc > 3 ? atoi(argv[3]) : 0, argc > 4 ? argv[4] : NULL);
     const char *which = argc > 1 ? argv[1] : "all";
     int steps_arg = argc > 2 ? atoi(argv[2]) : 0;
     printf("bench_train: one training step = forward + backward + clip + AdamW; median over steps after 2 "

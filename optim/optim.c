@@ -281,13 +281,18 @@ static void sgd_f64(const upd *u, double *p, const double *g, double *buf, int64
 /* Adam:  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
  *        p -= step_size m / (sqrt(v) / sqrt(bc2) + eps)
  * with g += wd p (Adam) or p *= 1 - lr wd first (AdamW). */
-static void adam_f32(const upd *u, float *p, const float *g, float *m, float *v, int64_t n)
+/* One body per variant, each specialised with constant flags so the loop has
+ * no branches and vectorises (sqrt and division are exact in vector form, so
+ * the results do not change). */
+static inline __attribute__((always_inline)) void adam_f32_body(const upd *u, float *restrict p,
+                                                                const float *restrict g, float *restrict m,
+                                                                float *restrict v, int64_t n, bool l2,
+                                                                bool decoupled)
 {
     const float b1 = (float)u->b1, omb1 = (float)(1.0 - u->b1), b2 = (float)u->b2,
                 omb2 = (float)(1.0 - u->b2);
     const float eps = (float)u->eps, ss = (float)u->step_size, bc2s = (float)u->bc2_sqrt;
     const float wd = (float)u->wd, decay = (float)u->decay;
-    const bool l2 = u->kind == OPT_ADAM && u->wd != 0, decoupled = u->kind == OPT_ADAMW;
     for (int64_t i = 0; i < n; i++) {
         float pi = p[i], gi = g[i];
         if (decoupled) pi *= decay;
@@ -297,6 +302,16 @@ static void adam_f32(const upd *u, float *p, const float *g, float *m, float *v,
         m[i] = mi, v[i] = vi;
         p[i] = pi - ss * (mi / (sqrtf(vi) / bc2s + eps));
     }
+}
+
+static void adam_f32(const upd *u, float *p, const float *g, float *m, float *v, int64_t n)
+{
+    if (u->kind == OPT_ADAMW)
+        adam_f32_body(u, p, g, m, v, n, false, true);
+    else if (u->wd != 0)
+        adam_f32_body(u, p, g, m, v, n, true, false);
+    else
+        adam_f32_body(u, p, g, m, v, n, false, false);
 }
 
 static void adam_f64(const upd *u, double *p, const double *g, double *m, double *v, int64_t n)

@@ -207,11 +207,14 @@ typedef struct scale_job {
 static void scale_range(void *ctx, int64_t lo, int64_t hi)
 {
     const scale_job *j = ctx;
-    if (j->f64)
-        for (int64_t i = lo; i < hi; i++) ((double *)j->x)[i] *= j->c;
-    else {
+    if (j->f64) {
+        double *restrict x = j->x;
+        const double c = j->c;
+        for (int64_t i = lo; i < hi; i++) x[i] *= c;
+    } else {
+        float *restrict x = j->x;
         const float c = (float)j->c;
-        for (int64_t i = lo; i < hi; i++) ((float *)j->x)[i] *= c;
+        for (int64_t i = lo; i < hi; i++) x[i] *= c;
     }
 }
 

@@ -21,6 +21,7 @@ __attribute__((constructor)) static void blas_single_threaded(void)
 
 typedef struct gemm_job {
     em_dtype dt;
+    bool c_bf16; /* dt bf16 only: C is bf16 rather than f32 */
     bool ta, tb, split_rows;
     int64_t M, N, K, lda, ldb, ldc;
     double alpha, beta;
@@ -32,11 +33,11 @@ typedef struct gemm_job {
 static void gemm_call(const gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
     size_t es = em_dtype_size(j->dt);
-    if (j->dt == EM_BF16) { /* bf16 operands, f32 result (gemm_bf16.c) */
+    if (j->dt == EM_BF16) { /* bf16 operands, f32 or bf16 result (gemm_bf16.c) */
         const uint16_t *a = (const uint16_t *)j->A + (j->ta ? m0 : m0 * j->lda);
         const uint16_t *b = (const uint16_t *)j->B + (j->tb ? n0 * j->ldb : n0);
-        gemm_bf16(j->ta, j->tb, m1 - m0, n1 - n0, j->K, a, j->lda, b, j->ldb, (float *)j->C + m0 * j->ldc + n0,
-                  j->ldc);
+        char *c = j->C + (size_t)(m0 * j->ldc + n0) * (j->c_bf16 ? 2 : 4);
+        gemm_bf16(j->ta, j->tb, m1 - m0, n1 - n0, j->K, a, j->lda, b, j->ldb, c, j->c_bf16, j->ldc);
         return;
     }
     /* op(A) rows m0..m1: A is (M,K) with ld lda, or (K,M) when transposed */
@@ -70,6 +71,37 @@ static void gemm_part(void *p, int64_t lo, int64_t hi)
     }
 }
 
+/* j with A, B, C, shapes and scalars set: runs it, split over the pool */
+static void gemm_run(gemm_job *j)
+{
+    int64_t M = j->M, N = j->N;
+    /* rows when every part still gets a good block of them (measured faster
+     * than column blocks of the same size), else the longer side */
+    j->split_rows = M >= N || M >= 256 * (int64_t)em_num_threads();
+    int64_t span = j->split_rows ? M : N;
+    /* below ~2 MFLOP a thread's wake-up costs more than it saves */
+    int64_t parts = M * N * j->K < (1 << 20) ? 1 : em_num_threads();
+    if (parts > span / 16) parts = span / 16 > 0 ? span / 16 : 1;
+    j->parts = parts;
+    if (parts <= 1)
+        gemm_call(j, 0, M, 0, N);
+    else
+        parallel_for(parts, 1, gemm_part, j);
+}
+
+void em_gemm_bf16_out(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                      const void *B, int64_t ldb, void *C, int64_t ldc)
+{
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) { /* an empty sum: +0 */
+        for (int64_t i = 0; i < M; i++) memset((uint16_t *)C + i * ldc, 0, (size_t)N * 2);
+        return;
+    }
+    gemm_job j = {.dt = EM_BF16, .c_bf16 = true, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda,
+                  .ldb = ldb, .ldc = ldc, .alpha = 1, .beta = 0, .A = A, .B = B, .C = C};
+    gemm_run(&j);
+}
+
 void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
 {
@@ -87,17 +119,7 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
         }
         return;
     }
-    /* rows when every part still gets a good block of them (measured faster
-     * than column blocks of the same size), else the longer side */
-    bool rows = M >= N || M >= 256 * (int64_t)em_num_threads();
-    gemm_job j = {dt, ta, tb, rows, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, 1};
-    int64_t span = j.split_rows ? M : N;
-    /* below ~2 MFLOP a thread's wake-up costs more than it saves */
-    int64_t parts = M * N * K < (1 << 20) ? 1 : em_num_threads();
-    if (parts > span / 16) parts = span / 16 > 0 ? span / 16 : 1;
-    j.parts = parts;
-    if (parts <= 1)
-        gemm_call(&j, 0, M, 0, N);
-    else
-        parallel_for(parts, 1, gemm_part, &j);
+    gemm_job j = {.dt = dt, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
+                  .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
+    gemm_run(&j);
 }

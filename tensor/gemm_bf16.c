@@ -7,8 +7,10 @@
  * the CPU and kernel allow it (detected once, at first use) and otherwise
  * go through f32 and sgemm like f16 (tensor/ops_matmul.c).
  *
- * One call computes C (m x n, f32, row stride ldc) = op(A) (m x K) @ op(B)
- * (K x n) for one thread; em_gemm splits bigger products over the pool.
+ * One call computes C (m x n, row stride ldc) = op(A) (m x K) @ op(B)
+ * (K x n) for one thread; em_gemm splits bigger products over the pool. C is
+ * f32, or bf16 rounded from the f32 tile as it leaves the accumulators (so a
+ * bf16 matmul needs no f32 copy of its result).
  *   A is packed row-major into 32-row blocks, K padded with zeros to a
  *     multiple of 32: a tile row is 32 consecutive k of one output row.
  *   B is packed, NC columns at a time, into the pair-interleaved ("VNNI")
@@ -118,15 +120,19 @@ static void pack_b(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t 
     }
 }
 
-/* one 16x16 f32 tile in t (row stride 16) into C rows [0,r), cols [0,c) */
-static void store_part(const float *t, float *C, int64_t ldc, int64_t r, int64_t c)
+/* one 16x16 f32 tile in t (row stride 16) into C rows [0,r), cols [0,c);
+ * C holds f32, or bf16 when c_bf16 */
+static void store_part(const float *t, void *C, bool c_bf16, int64_t ldc, int64_t r, int64_t c)
 {
-    for (int64_t i = 0; i < r; i++) memcpy(C + i * ldc, t + i * 16, (size_t)c * 4);
+    for (int64_t i = 0; i < r; i++)
+        if (c_bf16) convert_n(EM_BF16, (uint16_t *)C + i * ldc, EM_F32, t + i * 16, c);
+        else memcpy((float *)C + i * ldc, t + i * 16, (size_t)c * 4);
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) static void block_32x32(const uint16_t *ap, int64_t Kp, const uint32_t *bp0,
-                                                                      const uint32_t *bp1, float *C, int64_t ldc,
-                                                                      int64_t rows, int64_t cols, float *tmp)
+                                                                      const uint32_t *bp1, void *C, bool c_bf16,
+                                                                      int64_t ldc, int64_t rows, int64_t cols,
+                                                                      float *tmp)
 {
     _tile_zero(0);
     _tile_zero(1);
@@ -142,14 +148,16 @@ __attribute__((target("amx-tile,amx-bf16"))) static void block_32x32(const uint1
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    if (rows >= 32 && cols >= 32) {
-        _tile_stored(0, C, ldc * 4);
-        _tile_stored(1, C + 16, ldc * 4);
-        _tile_stored(2, C + 16 * ldc, ldc * 4);
-        _tile_stored(3, C + 16 * ldc + 16, ldc * 4);
+    if (rows >= 32 && cols >= 32 && !c_bf16) {
+        float *c = C;
+        _tile_stored(0, c, ldc * 4);
+        _tile_stored(1, c + 16, ldc * 4);
+        _tile_stored(2, c + 16 * ldc, ldc * 4);
+        _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
         return;
     }
-    /* an edge block: through a scratch tile, keeping only what is in range */
+    /* bf16 or an edge block: through a scratch tile, keeping what is in range */
+    size_t es = c_bf16 ? 2 : 4;
     for (int q = 0; q < 4; q++) {
         int64_t r0 = q >= 2 ? 16 : 0, c0 = q & 1 ? 16 : 0;
         if (r0 >= rows || c0 >= cols) continue;
@@ -159,7 +167,8 @@ __attribute__((target("amx-tile,amx-bf16"))) static void block_32x32(const uint1
         case 2: _tile_stored(2, tmp, 64); break;
         default: _tile_stored(3, tmp, 64);
         }
-        store_part(tmp, C + r0 * ldc + c0, ldc, rows - r0 < 16 ? rows - r0 : 16, cols - c0 < 16 ? cols - c0 : 16);
+        store_part(tmp, (char *)C + (size_t)(r0 * ldc + c0) * es, c_bf16, ldc, rows - r0 < 16 ? rows - r0 : 16,
+                   cols - c0 < 16 ? cols - c0 : 16);
     }
 }
 
@@ -178,9 +187,10 @@ __attribute__((target("amx-tile,amx-bf16"))) static void tiles_on(void)
 __attribute__((target("amx-tile"))) static void tiles_off(void) { _tile_release(); }
 
 bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B,
-               int64_t ldb, float *C, int64_t ldc)
+               int64_t ldb, void *C, bool c_bf16, int64_t ldc)
 {
     if (!gemm_bf16_fast()) return false;
+    size_t es = c_bf16 ? 2 : 4;
     int64_t Kp = (K + 31) / 32 * 32, mblocks = (m + 31) / 32;
     uint16_t *ap = aligned_alloc(64, (size_t)(mblocks * 32 * Kp) * 2);
     uint32_t *bp = aligned_alloc(64, (size_t)(NC * Kp / 2) * 4);
@@ -203,7 +213,8 @@ bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t
             int64_t rows = m - i * 32;
             for (int64_t j = 0; j < cols; j += 32) {
                 const uint32_t *b0 = bp + (j / 16) * (Kp / 2) * 16, *b1 = b0 + (Kp / 2) * 16;
-                block_32x32(ap + i * 32 * Kp, Kp, b0, b1, C + i * 32 * ldc + c0 + j, ldc, rows, cols - j, tmp);
+                block_32x32(ap + i * 32 * Kp, Kp, b0, b1, (char *)C + (size_t)(i * 32 * ldc + c0 + j) * es, c_bf16,
+                            ldc, rows, cols - j, tmp);
             }
         }
     }
@@ -218,9 +229,10 @@ bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t
 
 bool gemm_bf16_fast(void) { return false; }
 bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B,
-               int64_t ldb, float *C, int64_t ldc)
+               int64_t ldb, void *C, bool c_bf16, int64_t ldc)
 {
-    (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc;
+    (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)c_bf16,
+        (void)ldc;
     return false;
 }
 

@@ -165,25 +165,86 @@ static void copy_range(void *p, int64_t lo, int64_t hi)
     }
 }
 
-/* A contiguous conversion split over the pool. */
+/* ---- bulk kernels over contiguous buffers, split over the pool ---- */
+
+typedef struct bulk_ctx {
+    em_dtype to, from;
+    void *dst;
+    const void *src;
+} bulk_ctx;
+
 static void convert_range(void *ctx, int64_t lo, int64_t hi)
 {
-    const copy_ctx *c = ctx;
-    size_t sd = em_dtype_size(c->dst->dtype), ss = em_dtype_size(c->src->dtype);
-    convert_n(c->dst->dtype, (char *)t_ptr(c->dst) + lo * (int64_t)sd, c->src->dtype,
-              (const char *)t_ptr(c->src) + lo * (int64_t)ss, hi - lo);
+    const bulk_ctx *c = ctx;
+    size_t sd = em_dtype_size(c->to), ss = em_dtype_size(c->from);
+    convert_n(c->to, (char *)c->dst + lo * (int64_t)sd, c->from, (const char *)c->src + lo * (int64_t)ss, hi - lo);
+}
+
+void convert_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n)
+{
+    bulk_ctx c = {to, from, dst, src};
+    if (n >= 1 << 16 && (to != from || n >= 1 << 20))
+        parallel_for(n, 1 << 15, convert_range, &c);
+    else
+        convert_n(to, dst, from, src, n);
+}
+
+static void zero_range(void *ctx, int64_t lo, int64_t hi)
+{
+    memset((char *)((bulk_ctx *)ctx)->dst + lo, 0, (size_t)(hi - lo));
+}
+
+void zero_par(void *dst, size_t bytes)
+{
+    bulk_ctx c = {EM_U8, EM_U8, dst, NULL};
+    if (bytes >= 1 << 22)
+        parallel_for((int64_t)bytes, 1 << 20, zero_range, &c);
+    else
+        memset(dst, 0, bytes);
+}
+
+/* dst (f32 or f64) += src (any float dtype); widening conversions are exact,
+ * so this equals converting src first, then adding */
+static void add_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const bulk_ctx *c = ctx;
+    if (c->to == EM_F32 && c->from == EM_F32) {
+        float *restrict d = (float *)c->dst + lo;
+        const float *restrict s = (const float *)c->src + lo;
+        for (int64_t i = 0; i < hi - lo; i++) d[i] += s[i];
+        return;
+    }
+    if (c->to == EM_F64 && c->from == EM_F64) {
+        double *restrict d = (double *)c->dst + lo;
+        const double *restrict s = (const double *)c->src + lo;
+        for (int64_t i = 0; i < hi - lo; i++) d[i] += s[i];
+        return;
+    }
+    enum { PIECE = 512 };
+    double buf[PIECE]; /* one piece of src in dst's dtype (8-byte elements fit either) */
+    size_t ss = em_dtype_size(c->from), sd = em_dtype_size(c->to);
+    for (int64_t p = lo; p < hi; p += PIECE) {
+        int64_t k = hi - p < PIECE ? hi - p : PIECE;
+        convert_n(c->to, buf, c->from, (const char *)c->src + p * (int64_t)ss, k);
+        bulk_ctx one = {c->to, c->to, (char *)c->dst + p * (int64_t)sd, buf};
+        add_range(&one, 0, k);
+    }
+}
+
+void add_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n)
+{
+    bulk_ctx c = {to, from, dst, src};
+    if (n >= 1 << 16)
+        parallel_for(n, 1 << 15, add_range, &c);
+    else
+        add_range(&c, 0, n);
 }
 
 void copy_strided(tensor *dst, const tensor *src)
 {
     int64_t n = t_numel(dst);
     if (t_is_contig(dst) && t_is_contig(src) && t_numel(src) == n) {
-        if (n >= 1 << 16 && dst->dtype != src->dtype) {
-            copy_ctx c = {dst, src, 0};
-            parallel_for(n, 1 << 15, convert_range, &c);
-        } else {
-            convert_n(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
-        }
+        convert_par(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
         return;
     }
     copy_ctx c = {dst, src, 0};

@@ -95,12 +95,15 @@ static void batch_strides(const operand *op, int nb, const int64_t *bs, int64_t 
     }
 }
 
-/* c (M,N) row-major, ldc = N  <-  op(a) (M,K) @ op(b) (K,N) */
+/* c (M,N) row-major of dtype ct, ldc = N  <-  op(a) (M,K) @ op(b) (K,N) */
 static void gemm(em_dtype ct, const operand *a, const char *ap, const operand *b, const char *bp, char *cp,
                  int64_t M, int64_t N, int64_t K)
 {
-    em_gemm(ct, a->trans == CblasTrans, b->trans == CblasTrans, M, N, K, 1.0, ap, a->ld, bp, b->ld, 0.0, cp,
-            N > 1 ? N : 1);
+    bool ta = a->trans == CblasTrans, tb = b->trans == CblasTrans;
+    if (ct == EM_BF16)
+        em_gemm_bf16_out(ta, tb, M, N, K, ap, a->ld, bp, b->ld, cp, N > 1 ? N : 1);
+    else
+        em_gemm(ct, ta, tb, M, N, K, 1.0, ap, a->ld, bp, b->ld, 0.0, cp, N > 1 ? N : 1);
 }
 
 /* True when a's batch dims and its M rows form one run of stride a->ld (so
@@ -118,19 +121,18 @@ static bool folds_into_one_gemm(const operand *a, const int64_t *sa, const int64
     return true;
 }
 
-/* Runs the products into c (contiguous, out's shape; f32 when ct is bf16,
- * else compute dtype ct). */
+/* Runs the products into c (contiguous, out's shape, compute dtype ct). */
 static void matmul_kernel(em_dtype ct, const operand *a, const operand *b, char *c, int nb, const int64_t *bs,
                           int64_t M, int64_t N, int64_t K)
 {
-    size_t es = em_dtype_size(ct), ces = ct == EM_BF16 ? 4 : es;
+    size_t es = em_dtype_size(ct);
     int64_t nbatch = shape_numel(nb, bs);
     int64_t sa[EM_MAX_DIMS], sb[EM_MAX_DIMS];
     batch_strides(a, nb, bs, sa);
     batch_strides(b, nb, bs, sb);
     if (M == 0 || N == 0 || nbatch == 0) return;
     if (K == 0) {
-        memset(c, 0, (size_t)(nbatch * M * N) * ces);
+        memset(c, 0, (size_t)(nbatch * M * N) * es);
         return;
     }
     if (nbatch == 1 || (folds_into_one_gemm(a, sa, sb, nb, bs, M) && nbatch * M <= INT_MAX)) {
@@ -141,7 +143,7 @@ static void matmul_kernel(em_dtype ct, const operand *a, const operand *b, char 
     nditer_init(&it, nb, bs, 2, (const int64_t *[]){sa, sb});
     for (int64_t i = 0; i < nbatch; i++) {
         gemm(ct, a, a->data + it.off[0] * (int64_t)es, b, b->data + it.off[1] * (int64_t)es,
-             c + (size_t)(i * M * N) * ces, M, N, K);
+             c + (size_t)(i * M * N) * es, M, N, K);
         nditer_next(&it);
     }
 }
@@ -202,24 +204,24 @@ tensor *t_matmul(tensor *a, tensor *b)
     shape[nb] = M;
     shape[nb + 1] = N;
     em_dtype dt = a->dtype;
-    /* the operands' compute dtype: bf16 stays bf16 where AMX multiplies it
-     * (into an f32 result), everything else goes through f32 / f64 */
+    /* the compute dtype: bf16 stays bf16 where AMX multiplies it (f32
+     * accumulation, one rounding of each result), everything else goes
+     * through f32 / f64 */
     em_dtype ct = dt == EM_BF16 && gemm_bf16_fast()                       ? EM_BF16
                   : dt == EM_F32 || dt == EM_F16 || dt == EM_BF16 ? EM_F32
                                                                    : EM_F64;
-    em_dtype rt = ct == EM_BF16 ? EM_F32 : ct; /* the products' dtype */
     tensor *out = t_new(dt, nb + 2, shape);
     if (!out) return NULL;
 
     size_t mk = tmp_mark();
     operand oa, ob;
-    char *c = dt == rt ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * em_dtype_size(rt) + 1);
+    char *c = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * em_dtype_size(ct) + 1);
     if (!c || !prepare(&oa, a, ct) || !prepare(&ob, b, ct)) {
         tmp_release(mk);
         return NULL;
     }
     matmul_kernel(ct, &oa, &ob, c, nb, shape, M, N, K);
-    if (dt != rt) convert_n(dt, t_ptr(out), rt, c, t_numel(out));
+    if (dt != ct) convert_par(dt, t_ptr(out), ct, c, t_numel(out));
     tmp_release(mk);
 
     tensor *in[2] = {a, b};

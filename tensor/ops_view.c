@@ -312,6 +312,9 @@ static em_status identity_backward(node *n, tensor *g) { return ag_accum(n->in[0
 
 static em_status cast_backward(node *n, tensor *g)
 {
+    /* back to a wider dtype (a low-precision copy's gradient reaching its
+     * f32 master): accumulation converts exactly on the way, no copy first */
+    if (widens_exactly(g->dtype, n->in[0]->dtype)) return ag_accum(n->in[0], g);
     tensor *gx = t_cast(g, n->in[0]->dtype);
     return gx ? ag_accum(n->in[0], gx) : em_last_status();
 }

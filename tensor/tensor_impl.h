@@ -146,6 +146,14 @@ double ld(em_dtype dt, const void *p);
 void st(em_dtype dt, void *p, double v);
 /* Converts n contiguous elements between dtypes. */
 void convert_n(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
+/* convert_n split over the pool when n is large. */
+void convert_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
+/* Zeroes `bytes` bytes at dst, split over the pool when large. */
+void zero_par(void *dst, size_t bytes);
+/* dst[i] += src[i] for n contiguous elements, split over the pool when large:
+ * dst f32 or f64, src any float dtype no wider than dst (so the conversion
+ * is exact and the sum is rounded once). */
+void add_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
 /* Fills n contiguous elements of dtype dt with v. */
 void fill_n(em_dtype dt, void *dst, double v, int64_t n);
 /* Copies src into dst elementwise with dtype conversion; shapes must already
@@ -220,12 +228,17 @@ void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx);
  * only when gemm_bf16_fast() (AMX, tensor/gemm_bf16.c). */
 void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+/* C (M,N) bf16 = op(A) @ op(B) on bf16 A and B, accumulated in f32 and
+ * rounded once to bf16 (the same bits as em_gemm(EM_BF16) then a conversion);
+ * only when gemm_bf16_fast(). */
+void em_gemm_bf16_out(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+                      const void *B, int64_t ldb, void *C, int64_t ldc);
 /* Whether bf16 products run natively here (AMX tiles usable by this process). */
 bool gemm_bf16_fast(void);
-/* One thread's C (m,n) f32 = op(A) @ op(B) on bf16 operands; false (nothing
- * written) when !gemm_bf16_fast() or out of memory. */
+/* One thread's C (m,n) = op(A) @ op(B) on bf16 operands, C f32 or (c_bf16)
+ * bf16; false (nothing written) when !gemm_bf16_fast() or out of memory. */
 bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B,
-               int64_t ldb, float *C, int64_t ldc);
+               int64_t ldb, void *C, bool c_bf16, int64_t ldc);
 
 /* ---- autograd (autograd/tape.c) -------------------------------------------- */
 /* True when grad mode is on and some input requires grad. */
@@ -237,6 +250,9 @@ node *ag_record(const char *op, backward_fn fn, tensor *out, int nin, tensor *co
  * fires t's hooks when that was t's last pending use. No-op if t does not
  * require grad. */
 em_status ag_accum(tensor *t, tensor *g);
+/* Whether every value of dtype `from` is exactly a value of float dtype `to`
+ * (f16/bf16 -> f32 -> f64, and any dtype to itself). */
+bool widens_exactly(em_dtype from, em_dtype to);
 /* Sums g (which broadcasts from (ndim, shape)) back down to (ndim, shape). */
 tensor *ag_sum_to(tensor *g, int ndim, const int64_t *shape);
 
