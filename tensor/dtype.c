@@ -22,15 +22,6 @@ static float u2f(uint32_t u)
     return f;
 }
 
-/* bf16 is the top half of an f32: round the dropped 16 bits to nearest even;
- * a NaN stays a (quiet) NaN instead of rounding into inf. Branch-free, so the
- * bulk loop below vectorises. */
-static inline uint16_t bf16_round(uint32_t u)
-{
-    uint32_t r = u + 0x7fffu + ((u >> 16) & 1), q = u | 0x400000u;
-    return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u ? q : r) >> 16);
-}
-
 uint16_t em_f32_to_bf16(float x) { return bf16_round(f2u(x)); }
 
 float em_bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }

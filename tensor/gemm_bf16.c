@@ -124,9 +124,16 @@ static void pack_b(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t 
  * C holds f32, or bf16 when c_bf16 */
 static void store_part(const float *t, void *C, bool c_bf16, int64_t ldc, int64_t r, int64_t c)
 {
-    for (int64_t i = 0; i < r; i++)
-        if (c_bf16) convert_n(EM_BF16, (uint16_t *)C + i * ldc, EM_F32, t + i * 16, c);
-        else memcpy((float *)C + i * ldc, t + i * 16, (size_t)c * 4);
+    if (!c_bf16) {
+        for (int64_t i = 0; i < r; i++) memcpy((float *)C + i * ldc, t + i * 16, (size_t)c * 4);
+        return;
+    }
+    uint32_t u[16 * 16];
+    memcpy(u, t, sizeof u);
+    for (int64_t i = 0; i < r; i++) {
+        uint16_t *d = (uint16_t *)C + i * ldc;
+        for (int64_t k = 0; k < c; k++) d[k] = bf16_round(u[i * 16 + k]);
+    }
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) static void block_32x32(const uint16_t *ap, int64_t Kp, const uint32_t *bp0,
