@@ -60,6 +60,19 @@ static void scratch_header(tensor *h, storage *s, em_dtype dt, int ndim, const i
     h->st = s;
 }
 
+/* Whether t is a contiguous tensor with its last two dims swapped. */
+static bool swapped_contiguous(const tensor *t)
+{
+    int n = t->ndim;
+    if (n < 2 || t->stride[n - 2] != 1 || t->stride[n - 1] != t->shape[n - 2]) return false;
+    int64_t want = t->shape[n - 2] * t->shape[n - 1];
+    for (int i = n - 3; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != want) return false;
+        want *= t->shape[i];
+    }
+    return true;
+}
+
 /* Fills op for t in compute dtype ct, copying t into temp scratch only when
  * its dtype differs or its matrix layout suits BLAS neither way. */
 static bool prepare(operand *op, tensor *t, em_dtype ct)
@@ -75,6 +88,15 @@ static bool prepare(operand *op, tensor *t, em_dtype ct)
     }
     void *buf = tmp_alloc((size_t)t_numel(t) * em_dtype_size(ct) + 1);
     if (!buf) return false;
+    if (t->dtype != ct && swapped_contiguous(t)) {
+        /* a transposed matrix (W^T): convert its memory in order and keep
+         * the transposed layout, which BLAS takes as it is */
+        convert_par(ct, buf, t->dtype, t_ptr(t), t_numel(t));
+        op->data = buf;
+        memcpy(op->stride, t->stride, sizeof(int64_t) * (size_t)n);
+        blas_layout(t->shape[n - 2], t->shape[n - 1], t->stride[n - 2], t->stride[n - 1], &op->trans, &op->ld);
+        return true;
+    }
     tensor h;
     storage s;
     scratch_header(&h, &s, ct, n, t->shape, buf);

@@ -119,6 +119,28 @@ TEST(test_bf16_and_f16_matmul_match_f64_within_their_rounding)
     }
 }
 
+/* A batch of transposed f16/bf16 matrices (converted to f32 in memory order,
+ * keeping the layout) gives the products of the same values in f64. */
+TEST(test_low_precision_batched_transposed_matmul_keeps_the_layout_right)
+{
+    const em_dtype dts[] = {EM_BF16, EM_F16};
+    for (int d = 0; d < 2; d++) {
+        em_scope s = em_scope_begin();
+        em_rng r = em_rng_new(11);
+        em_tensor *a = em_cast(em_randn(EM_F32, EM_SHAPE(3, 5, 7), &r), dts[d]);
+        em_tensor *b = em_transpose(em_cast(em_randn(EM_F32, EM_SHAPE(3, 6, 7), &r), dts[d]), 1, 2);
+        em_tensor *got = em_cast(em_matmul(a, b), EM_F64);
+        em_tensor *want = em_matmul(em_cast(a, EM_F64), em_cast(b, EM_F64));
+        CHECK(got && want);
+        for (int64_t i = 0; i < 3 * 5 * 6; i++) {
+            double w = ((double *)em_data(want))[i], g = ((double *)em_data(got))[i];
+            if (!(fabs(g - w) <= fabs(w) / 128 + 1e-3))
+                th_fail(__FILE__, __LINE__, "%s [%lld] = %g, want %g", em_dtype_name(dts[d]), (long long)i, g, w);
+        }
+        em_scope_end(s);
+    }
+}
+
 TEST(test_bf16_matmul_without_amx_goes_through_f32)
 {
     setenv("EMBER_NO_AMX", "1", 1); /* read once per process, at the first bf16 product */
