@@ -143,8 +143,10 @@ em_status em_zero_grad(em_tensor *h)
     if (!t) return em_last_status();
     if (t->grad) {
         tensor *g = t->grad;
-        if (t_is_contig(g))
-            zero_par(t_ptr(g), (size_t)t_numel(g) * t_esize(g));
+        if (t_is_contig(g)) {
+            em_status s = t_fill_zero(g);
+            if (s) return s;
+        }
         else {
             tensor *z = t_zeros_like(g);
             if (!z) return em_last_status();
@@ -206,6 +208,14 @@ bool widens_exactly(em_dtype from, em_dtype to)
 static void add_into(tensor *dst, tensor *src)
 {
     int64_t n = t_numel(dst);
+#if EM_HAVE_CUDA
+    if (t_on_cuda(dst)) { /* ag_accum checked both are on this device */
+        cu_walk w;
+        cu_walk_of(&w, dst, 2, (const tensor *[]){dst, src});
+        cu_add_into(dst->device.index, &w, dst->dtype, t_ptr(dst), src->dtype, t_ptr(src));
+        return;
+    }
+#endif
     if (t_is_contig(src) && widens_exactly(src->dtype, dst->dtype) && (dst->dtype == EM_F32 || dst->dtype == EM_F64)) {
         add_par(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
         return;
@@ -237,6 +247,9 @@ em_status ag_accum(tensor *t, tensor *g)
     if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
         return em_err(EM_ERR_AUTOGRAD, "backward: gradient %s does not match tensor %s (op '%s')", shp(g),
                       shp(t), t->grad_fn ? t->grad_fn->op : "leaf");
+    if (!em_device_equal(g->device, t->device))
+        return em_err(EM_ERR_DEVICE, "backward: gradient %s is on another device than tensor %s (op '%s')", shp(g),
+                      shp(t), t->grad_fn ? t->grad_fn->op : "leaf");
     bool leaf = !t->grad_fn;
     if (!t->grad && !leaf && g->dtype == t->dtype) {
         /* a non-leaf's first contribution is adopted, not copied: backward
@@ -245,7 +258,7 @@ em_status ag_accum(tensor *t, tensor *g)
         t->grad = g;
         t->grad_shared = true;
     } else if (!t->grad || t->grad_shared) {
-        tensor *ng = leaf ? t_new_persistent(t->dtype, t->ndim, t->shape) : t_new_like(t);
+        tensor *ng = leaf ? t_new_persistent_on(t->device, t->dtype, t->ndim, t->shape) : t_new_like(t);
         if (!ng) return em_last_status();
         copy_strided(ng, t->grad ? t->grad : g);
         if (t->grad) add_into(ng, g);

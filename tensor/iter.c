@@ -240,9 +240,32 @@ void add_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n)
         add_range(&c, 0, n);
 }
 
+#if EM_HAVE_CUDA
+/* w over t's shape with operands ops[0..nops) (their strides; same shape) */
+void cu_walk_of(cu_walk *w, const tensor *t, int nops, const tensor *const *ops)
+{
+    memset(w, 0, sizeof *w);
+    w->ndim = t->ndim;
+    memcpy(w->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    for (int k = 0; k < nops; k++) memcpy(w->stride[k], ops[k]->stride, sizeof(int64_t) * (size_t)t->ndim);
+}
+#endif
+
 void copy_strided(tensor *dst, const tensor *src)
 {
     int64_t n = t_numel(dst);
+#if EM_HAVE_CUDA
+    if (t_on_cuda(dst) || t_on_cuda(src)) {
+        if (!em_device_equal(dst->device, src->device)) {
+            em_err(EM_ERR_DEVICE, "copy: between devices only through em_to (%s and %s)", shp(dst), shp(src));
+            return;
+        }
+        cu_walk w;
+        cu_walk_of(&w, dst, 2, (const tensor *[]){dst, src});
+        cu_copy(dst->device.index, &w, dst->dtype, t_ptr(dst), src->dtype, t_ptr(src));
+        return;
+    }
+#endif
     if (t_is_contig(dst) && t_is_contig(src) && t_numel(src) == n) {
         convert_par(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
         return;
@@ -260,7 +283,7 @@ void copy_strided(tensor *dst, const tensor *src)
 
 tensor *t_clone(tensor *t)
 {
-    tensor *o = t_new(t->dtype, t->ndim, t->shape);
+    tensor *o = t_new_like(t);
     if (!o) return NULL;
     copy_strided(o, t);
     return o;
@@ -272,13 +295,28 @@ tensor *t_contig(tensor *t)
     return t_is_contig(t) ? t : t_clone(t);
 }
 
-tensor *t_new_like(const tensor *t) { return t_new(t->dtype, t->ndim, t->shape); }
+tensor *t_new_like(const tensor *t) { return t_new_on(t->device, t->dtype, t->ndim, t->shape); }
 
-tensor *t_zeros(em_dtype dt, int ndim, const int64_t *shape)
+tensor *t_zeros_on(em_device dev, em_dtype dt, int ndim, const int64_t *shape)
 {
-    tensor *t = t_new(dt, ndim, shape);
-    if (t) memset(t_ptr(t), 0, t->st->nbytes);
+    tensor *t = t_new_on(dev, dt, ndim, shape);
+    if (t && t_fill_zero(t)) return NULL;
     return t;
 }
 
-tensor *t_zeros_like(const tensor *t) { return t_zeros(t->dtype, t->ndim, t->shape); }
+tensor *t_zeros(em_dtype dt, int ndim, const int64_t *shape)
+{
+    return t_zeros_on((em_device){EM_CPU, 0}, dt, ndim, shape);
+}
+
+tensor *t_zeros_like(const tensor *t) { return t_zeros_on(t->device, t->dtype, t->ndim, t->shape); }
+
+em_status t_fill_zero(tensor *t)
+{
+    size_t nbytes = (size_t)t_numel(t) * t_esize(t);
+#if EM_HAVE_CUDA
+    if (t_on_cuda(t)) return cu_fill(t->device.index, EM_U8, t_ptr(t), (int64_t)nbytes, 0.0);
+#endif
+    zero_par(t_ptr(t), nbytes);
+    return EM_OK;
+}

@@ -113,6 +113,10 @@ tensor *t_resolve(const em_tensor *h, const char *op)
                        "%s: tensor handle %p is stale: its step scope has ended or it was freed "
                        "(keep it with em_keep to use it later)",
                        op, (const void *)h);
+    if (t->device.type == EM_CUDA && !cuda_op_ok(op))
+        return em_fail(EM_ERR_DEVICE, "%s: no CUDA kernel for this op yet; %s is on cuda:%d (em_to(t, em_device_cpu()) "
+                                      "moves it to the CPU)",
+                       op, shp(t), t->device.index);
     return t;
 }
 
@@ -231,7 +235,12 @@ static void storage_release(storage *s)
 {
     if (!s || s->in_arena) return;
     if (--s->refcount == 0) {
-        free(s->data);
+#if EM_HAVE_CUDA
+        if (s->dev.type == EM_CUDA)
+            cu_free(s->dev.index, s->data);
+        else
+#endif
+            free(s->data);
         free(s);
     }
 }
@@ -343,7 +352,8 @@ void t_contig_strides(int ndim, const int64_t *shape, int64_t *stride)
     }
 }
 
-tensor *t_new(em_dtype dt, int ndim, const int64_t *shape)
+/* The byte size of a new (dt, shape) tensor; false + error when invalid. */
+static bool new_size(em_dtype dt, int ndim, const int64_t *shape, size_t *nbytes)
 {
     if ((unsigned)dt >= EM_NUM_DTYPES) return em_fail(EM_ERR_DTYPE, "tensor: invalid dtype %d", (int)dt);
     if (ndim < 0 || ndim > EM_MAX_DIMS)
@@ -354,9 +364,46 @@ tensor *t_new(em_dtype dt, int ndim, const int64_t *shape)
             return em_fail(EM_ERR_SHAPE, "tensor: negative size %lld in shape %s", (long long)shape[i],
                            shp_of(ndim, shape));
     int64_t n = shape_numel(ndim, shape);
-    size_t nbytes = (size_t)n * em_dtype_size(dt);
-    if (n > ((int64_t)1 << 40))
-        return em_fail(EM_ERR_OOM, "tensor: shape %s is too large", shp_of(ndim, shape));
+    if (n > ((int64_t)1 << 40)) return em_fail(EM_ERR_OOM, "tensor: shape %s is too large", shp_of(ndim, shape));
+    *nbytes = (size_t)n * em_dtype_size(dt);
+    return true;
+}
+
+tensor *t_new_on(em_device dev, em_dtype dt, int ndim, const int64_t *shape)
+{
+    if (dev.type == EM_CPU) return t_new(dt, ndim, shape);
+#if EM_HAVE_CUDA
+    size_t nbytes;
+    if (!new_size(dt, ndim, shape, &nbytes)) return NULL;
+    /* device storage is never in the scope arena: the tensor's death (its
+     * scope's end, or t_free) gives the block back to the caching allocator */
+    storage *s = malloc(sizeof *s);
+    void *d = s ? cu_alloc(dev.index, nbytes) : NULL;
+    if (!d) {
+        free(s);
+        return s ? NULL : em_fail(EM_ERR_OOM, "tensor: out of memory for a storage header");
+    }
+    *s = (storage){.data = d, .nbytes = nbytes, .dev = dev, .refcount = 1, .in_arena = false};
+    tensor *t = header(dt, ndim, shape);
+    if (!t) {
+        cu_free(dev.index, d);
+        free(s);
+        return NULL;
+    }
+    t->st = s;
+    t->device = dev;
+    t_contig_strides(ndim, shape, t->stride);
+    return t;
+#else
+    (void)dt, (void)ndim, (void)shape;
+    return em_fail(EM_ERR_DEVICE, "tensor: cuda:%d asked for, but this ember was built without CUDA", dev.index);
+#endif
+}
+
+tensor *t_new(em_dtype dt, int ndim, const int64_t *shape)
+{
+    size_t nbytes;
+    if (!new_size(dt, ndim, shape, &nbytes)) return NULL;
     storage *s;
     if (depth) {
         s = arena_alloc(&scope_arena, sizeof(storage) + nbytes + 64);
@@ -364,6 +411,7 @@ tensor *t_new(em_dtype dt, int ndim, const int64_t *shape)
             return em_fail(EM_ERR_OOM, "tensor: out of memory for %s %s", em_dtype_name(dt),
                            shp_of(ndim, shape));
         s->data = (char *)s + 64; /* arena blocks are 64-aligned, so is data */
+        s->dev = (em_device){EM_CPU, 0};
         s->in_arena = true;
         s->refcount = 1;
     } else {
@@ -376,6 +424,7 @@ tensor *t_new(em_dtype dt, int ndim, const int64_t *shape)
                            shp_of(ndim, shape));
         }
         s->data = d;
+        s->dev = (em_device){EM_CPU, 0};
         s->in_arena = false;
         s->refcount = 0;
     }
@@ -396,9 +445,14 @@ tensor *t_new(em_dtype dt, int ndim, const int64_t *shape)
 
 tensor *t_new_persistent(em_dtype dt, int ndim, const int64_t *shape)
 {
+    return t_new_persistent_on((em_device){EM_CPU, 0}, dt, ndim, shape);
+}
+
+tensor *t_new_persistent_on(em_device dev, em_dtype dt, int ndim, const int64_t *shape)
+{
     int saved = depth;
     depth = 0;
-    tensor *t = t_new(dt, ndim, shape);
+    tensor *t = t_new_on(dev, dt, ndim, shape);
     depth = saved;
     return t;
 }

@@ -47,7 +47,7 @@ static void *as_ct(tensor *t, em_dtype ct)
     size_t nb = (size_t)t_numel(t) * em_dtype_size(ct);
     void *buf = tmp_alloc(nb ? nb : 1);
     if (!buf) return NULL;
-    storage s = {buf, nb, 1, true};
+    storage s = {.data = buf, .nbytes = nb, .refcount = 1, .in_arena = true};
     tensor v = *t; /* a stack header, never handed out */
     v.dtype = ct;
     v.offset = 0;

@@ -194,7 +194,7 @@ static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
         /* targets copied out contiguous: the node keeps them for the backward */
         int32_t *tv = (int32_t *)c.tgt;
         tensor th = *tg;
-        storage s = {tv, (size_t)rows * sizeof(int32_t), 1, true};
+        storage s = {.data = tv, .nbytes = (size_t)rows * sizeof(int32_t), .refcount = 1, .in_arena = true};
         th.st = &s;
         th.offset = 0;
         t_contig_strides(th.ndim, th.shape, th.stride);

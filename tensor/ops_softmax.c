@@ -37,7 +37,7 @@ static tensor buf_header(const tensor *like, em_dtype dt, void *p, storage *s)
     h.dtype = dt;
     h.offset = 0;
     t_contig_strides(h.ndim, h.shape, h.stride);
-    *s = (storage){p, (size_t)t_numel(like) * em_dtype_size(dt), 1, true};
+    *s = (storage){.data = p, .nbytes = (size_t)t_numel(like) * em_dtype_size(dt), .refcount = 1, .in_arena = true};
     h.st = s;
     return h;
 }

@@ -172,7 +172,7 @@ tensor *t_transpose(tensor *t, int d0, int d1)
 static em_status slice_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
-    tensor *gx = t_zeros(g->dtype, x->ndim, x->shape);
+    tensor *gx = t_zeros_on(g->device, g->dtype, x->ndim, x->shape);
     if (!gx) return em_last_status();
     int d = (int)n->ip[0];
     int64_t start = n->ip[1], step = n->ip[2];
@@ -323,7 +323,7 @@ tensor *t_cast(tensor *t, em_dtype dt)
 {
     if (!t) return NULL;
     if ((unsigned)dt >= EM_NUM_DTYPES) return em_fail(EM_ERR_DTYPE, "cast: invalid dtype %d", (int)dt);
-    tensor *out = t_new(dt, t->ndim, t->shape);
+    tensor *out = t_new_on(t->device, dt, t->ndim, t->shape);
     if (!out) return NULL;
     copy_strided(out, t);
     if (!em_dtype_is_float(dt)) return out; /* integer results carry no gradient */

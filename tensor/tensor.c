@@ -170,7 +170,7 @@ em_status em_to_array(const em_tensor *h, em_dtype dt, void *dst)
     out.dtype = dt;
     out.offset = 0;
     t_contig_strides(t->ndim, t->shape, out.stride);
-    storage s = {dst, (size_t)t_numel(t) * em_dtype_size(dt), 1, true};
+    storage s = {.data = dst, .nbytes = (size_t)t_numel(t) * em_dtype_size(dt), .refcount = 1, .in_arena = true};
     out.st = &s;
     copy_strided(&out, t);
     return EM_OK;

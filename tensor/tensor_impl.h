@@ -21,12 +21,17 @@
 
 #include "ember/autograd.h"
 #include "ember/tensor.h"
+#include "ember_config.h"
+#if EM_HAVE_CUDA
+#include "cuda_impl.h"
+#endif
 
 typedef struct storage {
     void *data;
     size_t nbytes;
     int refcount;  /* views alive that use it (persistent storage only) */
     bool in_arena; /* carved from a scope arena: freed with the scope */
+    em_device dev; /* where data lives: host memory, or the device's caching allocator */
 } storage;
 
 typedef struct tensor tensor;
@@ -97,14 +102,30 @@ const char *shp_of(int ndim, const int64_t *shape);
  * "op: input is NULL" if there is none) or stale (EM_ERR_SCOPE naming op). */
 tensor *t_resolve(const em_tensor *h, const char *op);
 em_tensor *t_handle(tensor *t); /* NULL stays NULL */
+/* Whether op (a name as passed to t_resolve) takes CUDA tensors
+ * (tensor/device.c); t_resolve refuses a CUDA tensor for any other op. */
+bool cuda_op_ok(const char *op);
 
 /* ---- making tensors ------------------------------------------------------- */
 /* Contiguous, uninitialised, in the current scope (or persistent at depth 0). */
 tensor *t_new(em_dtype dt, int ndim, const int64_t *shape);
 tensor *t_zeros(em_dtype dt, int ndim, const int64_t *shape);
+tensor *t_zeros_on(em_device dev, em_dtype dt, int ndim, const int64_t *shape);
+/* Zeroes contiguous t's elements (on its device). */
+em_status t_fill_zero(tensor *t);
+/* Same dtype, shape and device as t, contiguous, uninitialised. */
 tensor *t_new_like(const tensor *t);
+/* Like t_new on device `dev` (t_new for the CPU). */
+tensor *t_new_on(em_device dev, em_dtype dt, int ndim, const int64_t *shape);
+/* Whether t lives on a CUDA device. */
+static inline bool t_on_cuda(const tensor *t) { return t->device.type == EM_CUDA; }
+/* EM_OK when every non-NULL tensor of in[0..n) is on one device (its device
+ * in *dev); else EM_ERR_DEVICE naming op and the devices. */
+em_status t_same_device(const char *op, int n, tensor *const *in, em_device *dev);
 /* Like t_new, but persistent whatever scope is open (caller frees: t_free). */
-tensor *t_new_persistent(em_dtype dt, int ndim, const int64_t *shape); /* same dtype and shape, contiguous */
+tensor *t_new_persistent(em_dtype dt, int ndim, const int64_t *shape);
+tensor *t_new_persistent_on(em_device dev, em_dtype dt, int ndim, const int64_t *shape);
+/* zeros of t's dtype, shape and device, contiguous */
 tensor *t_zeros_like(const tensor *t);
 /* A header over base's storage with the given geometry (no checks). */
 tensor *t_view_of(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
@@ -166,8 +187,13 @@ void add_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
 /* Fills n contiguous elements of dtype dt with v. */
 void fill_n(em_dtype dt, void *dst, double v, int64_t n);
 /* Copies src into dst elementwise with dtype conversion; shapes must already
- * match (src may have stride-0 dims). */
+ * match (src may have stride-0 dims). Both on one device: on CUDA the copy
+ * is queued and a launch error is left as the thread's last error. */
 void copy_strided(tensor *dst, const tensor *src);
+#if EM_HAVE_CUDA
+/* w over t's shape with the strides of ops[0..nops) */
+void cu_walk_of(cu_walk *w, const tensor *t, int nops, const tensor *const *ops);
+#endif
 
 /* ---- strided iteration -----------------------------------------------------
  * Walks `numel(shape)` positions in row-major order, tracking an element

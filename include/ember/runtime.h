@@ -4,6 +4,10 @@
 #define EMBER_RUNTIME_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,6 +35,36 @@ const char *em_blas_config(void);
 int em_blas_threads(void);
 /* CUDA devices visible at run time; 0 when not built with CUDA or none. */
 int em_cuda_device_count(void);
+
+/* One CUDA device, for `ember env` and bug reports. */
+typedef struct em_cuda_device_info {
+    char name[256];
+    int major, minor;       /* compute capability */
+    int multiprocessors;
+    size_t total_memory;    /* bytes */
+} em_cuda_device_info;
+/* Fills *out for device `index`; EM_ERR_DEVICE when CUDA is not built in
+ * or there is no such device. */
+em_status em_cuda_device_info_of(int index, em_cuda_device_info *out);
+/* Driver and runtime versions as CUDA writes them (12040 = 12.4), and
+ * NCCL's (21905 = 2.19.5); 0 for what is not there. */
+void em_cuda_versions(int *driver, int *runtime, int *nccl);
+/* Waits for all work queued on device `index` (a no-op without CUDA). */
+em_status em_cuda_synchronize(int index);
+/* The caching allocator's figures for device `index`, in bytes: in use by
+ * tensors, held from CUDA (in use + cached), the peak in use since start
+ * or the last reset, and how many times it called cudaMalloc. */
+typedef struct em_cuda_memory {
+    size_t allocated, reserved, peak_allocated;
+    uint64_t device_mallocs;
+} em_cuda_memory;
+em_status em_cuda_memory_stats(int index, em_cuda_memory *out);
+void em_cuda_reset_peak(int index);
+/* Returns cached blocks of device `index` to CUDA. */
+void em_cuda_empty_cache(int index);
+/* TF32 for f32 matmuls on the device (off by default, as in PyTorch). */
+void em_cuda_set_tf32(bool on);
+bool em_cuda_tf32(void);
 
 #ifdef __cplusplus
 }

@@ -107,6 +107,19 @@ int64_t em_offset(const em_tensor *t);         /* storage offset, in elements */
 int64_t em_numel(const em_tensor *t);          /* -1 on a bad handle */
 em_dtype em_dtype_of(const em_tensor *t);      /* EM_NUM_DTYPES on a bad handle */
 em_device em_device_of(const em_tensor *t);
+/* Devices: em_device_cpu() is {EM_CPU, 0}; em_device_cuda(i) is cuda:i
+ * (whether it exists is checked where it is used). */
+em_device em_device_cpu(void);
+em_device em_device_cuda(int index);
+bool em_device_equal(em_device a, em_device b);
+/* "cpu" or "cuda:N" into buf (size >= 16); returns buf. */
+const char *em_device_str(em_device d, char *buf, size_t size);
+/* A copy of t on `dev` (contiguous), or t itself when it is already there.
+ * Differentiable: the gradient goes back to t's device. A host -> device
+ * copy is staged through pinned memory and returns before it lands, so it
+ * overlaps the device's work. Errors: EM_ERR_DEVICE when dev is not a
+ * usable device of this build (no CUDA built in, index out of range). */
+em_tensor *em_to(em_tensor *t, em_device dev);
 bool em_is_contiguous(const em_tensor *t);
 bool em_is_alive(const em_tensor *t); /* false for stale handles; sets no error */
 bool em_shares_storage(const em_tensor *a, const em_tensor *b);

@@ -1,0 +1,143 @@
+/* device.c — devices as the rest of the engine sees them: naming, moving a
+ * tensor between devices (em_to, differentiable), the same-device check ops
+ * run on their inputs, and which ops have CUDA kernels.
+ *
+ * The CUDA op list is the safety net: the CPU kernels read memory through
+ * host pointers, so a CUDA tensor reaching an op without a CUDA path would
+ * crash the process. t_resolve asks cuda_op_ok for every CUDA tensor, and an
+ * op not on the list fails with EM_ERR_DEVICE naming it. An op goes on the
+ * list when its forward and backward both have CUDA paths (and tests). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ember/runtime.h"
+#include "tensor_impl.h"
+
+em_device em_device_cpu(void) { return (em_device){EM_CPU, 0}; }
+em_device em_device_cuda(int index) { return (em_device){EM_CUDA, index}; }
+bool em_device_equal(em_device a, em_device b) { return a.type == b.type && (a.type == EM_CPU || a.index == b.index); }
+
+const char *em_device_str(em_device d, char *buf, size_t size)
+{
+    if (!buf || size == 0) return buf;
+    if (d.type == EM_CPU)
+        snprintf(buf, size, "cpu");
+    else
+        snprintf(buf, size, "cuda:%d", d.index);
+    return buf;
+}
+
+em_status t_same_device(const char *op, int n, tensor *const *in, em_device *dev)
+{
+    const tensor *first = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!in[i]) continue;
+        if (!first) {
+            first = in[i];
+            continue;
+        }
+        if (!em_device_equal(first->device, in[i]->device)) {
+            char a[16], b[16];
+            return em_err(EM_ERR_DEVICE, "%s: inputs on different devices: %s is on %s, %s is on %s (move one with em_to)",
+                          op, shp(first), em_device_str(first->device, a, sizeof a), shp(in[i]),
+                          em_device_str(in[i]->device, b, sizeof b));
+        }
+    }
+    if (dev) *dev = first ? first->device : em_device_cpu();
+    return EM_OK;
+}
+
+/* ---- which ops run on CUDA ----------------------------------------------------------------
+ * Names as the public wrappers pass them to t_resolve. Metadata and lifetime
+ * functions never touch the data, so they take any device. */
+static const char *const cuda_ops[] = {
+    /* metadata, lifetime, autograd plumbing */
+    "em_device_of", "em_is_contiguous", "em_ndim", "em_size", "em_shape", "em_strides", "em_offset", "em_numel",
+    "em_dtype_of", "em_free", "em_keep", "em_data", "em_shares_storage", "em_requires_grad", "em_set_requires_grad",
+    "em_grad", "em_zero_grad", "em_backward", "em_detach", "em_register_grad_hook", "em_clear_grad_hooks",
+    "em_is_leaf", "em_to",
+    /* views and copies: geometry only, or the core copy kernel (expand is
+     * missing: its backward is a sum) */
+    "reshape", "view", "flatten", "transpose", "permute", "squeeze", "unsqueeze", "slice", "narrow", "contiguous",
+    "copy", "cast",
+    /* elementwise, compare, reductions (tensor/ops_elementwise.cu) */
+    /* matmul and attention (tensor/ops_matmul.cu) */
+    /* softmax, losses, norms, embedding, dropout (tensor/ops_nn.cu) */
+    /* optimizers, clipping, scaler, collectives (optim/optim.cu, dist/nccl.c) */
+};
+
+bool cuda_op_ok(const char *op)
+{
+    if (!op) return false;
+    for (size_t i = 0; i < sizeof cuda_ops / sizeof cuda_ops[0]; i++)
+        if (!strcmp(cuda_ops[i], op)) return true;
+    return false;
+}
+
+/* ---- em_to ------------------------------------------------------------------------------ */
+
+static tensor *t_to(tensor *t, em_device dev);
+
+static em_status to_backward(node *n, tensor *g)
+{
+    tensor *gx = t_to(g, n->in[0]->device);
+    return gx ? ag_accum(n->in[0], gx) : em_last_status();
+}
+
+static tensor *t_to(tensor *t, em_device dev)
+{
+    if (!t) return NULL;
+    if (em_device_equal(t->device, dev)) return t;
+    if (dev.type == EM_CUDA && (dev.index < 0 || dev.index >= em_cuda_device_count())) {
+        int n = em_cuda_device_count();
+        return em_fail(EM_ERR_DEVICE, "em_to: cuda:%d does not exist (%d CUDA device%s visible%s)", dev.index, n,
+                       n == 1 ? "" : "s", EM_HAVE_CUDA ? "" : "; this ember was built without CUDA");
+    }
+#if EM_HAVE_CUDA
+    tensor *src = t_contig(t); /* on t's own device */
+    tensor *out = src ? t_new_on(dev, t->dtype, t->ndim, t->shape) : NULL;
+    if (!out) return NULL;
+    if (cu_memcpy(t_ptr(out), dev, t_ptr(src), src->device, (size_t)t_numel(t) * t_esize(t))) return NULL;
+    tensor *in[1] = {t};
+    if (ag_needed(1, in) && !ag_record("to", to_backward, out, 1, in)) return NULL;
+    return out;
+#else
+    return em_fail(EM_ERR_DEVICE, "em_to: this ember was built without CUDA");
+#endif
+}
+
+em_tensor *em_to(em_tensor *h, em_device dev)
+{
+    tensor *t = t_resolve(h, "em_to");
+    return t ? t_handle(t_to(t, dev)) : NULL;
+}
+
+/* ---- the runtime API without CUDA ---------------------------------------------------- */
+#if !EM_HAVE_CUDA
+em_status em_cuda_device_info_of(int index, em_cuda_device_info *out)
+{
+    (void)out;
+    return em_err(EM_ERR_DEVICE, "em_cuda_device_info_of: cuda:%d: this ember was built without CUDA", index);
+}
+void em_cuda_versions(int *driver, int *runtime, int *nccl)
+{
+    if (driver) *driver = 0;
+    if (runtime) *runtime = 0;
+    if (nccl) *nccl = 0;
+}
+em_status em_cuda_synchronize(int index)
+{
+    (void)index;
+    return EM_OK;
+}
+em_status em_cuda_memory_stats(int index, em_cuda_memory *out)
+{
+    (void)out;
+    return em_err(EM_ERR_DEVICE, "em_cuda_memory_stats: cuda:%d: this ember was built without CUDA", index);
+}
+void em_cuda_reset_peak(int index) { (void)index; }
+void em_cuda_empty_cache(int index) { (void)index; }
+static bool tf32;
+void em_cuda_set_tf32(bool on) { tf32 = on; }
+bool em_cuda_tf32(void) { return tf32; }
+#endif

@@ -1,0 +1,2 @@
+// ops_matmul.cu — CUDA kernels (see tensor/cuda_impl.h for the conventions).
+#include "cuda_common.cuh"

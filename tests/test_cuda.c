@@ -1,0 +1,89 @@
+/* test_cuda.c — the CUDA core: devices, em_to, the caching allocator, views
+ * and casts on the device, the refusal of ops without CUDA kernels. Every
+ * test here skips (and says so) where no CUDA device is visible. */
+#include <math.h>
+#include <string.h>
+
+#include "cuda_test.h"
+
+TEST(test_cuda_to_device_and_back_keeps_every_value)
+{
+    CUDA_OR_SKIP();
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(3);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(37, 41), &r);
+    em_tensor *d = em_to(x, em_device_cuda(0));
+    CHECK(d != NULL);
+    CHECK(em_device_of(d).type == EM_CUDA);
+    em_tensor *back = em_to(d, em_device_cpu());
+    CHECK(back != NULL);
+    CHECK(memcmp(em_data(back), em_data(x), 37 * 41 * sizeof(float)) == 0);
+    em_scope_end(s);
+}
+
+TEST(test_cuda_views_and_casts_match_the_cpu)
+{
+    CUDA_OR_SKIP();
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(4);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(5, 6, 7), &r);
+    const em_dtype dts[] = {EM_F32, EM_F64, EM_F16, EM_BF16};
+    for (int k = 0; k < 4; k++) {
+        em_tensor *cpu = em_contiguous(em_cast(em_transpose(x, 0, 2), dts[k]));
+        em_tensor *gpu = em_contiguous(em_cast(em_transpose(em_to(x, em_device_cuda(0)), 0, 2), dts[k]));
+        em_tensor *got = em_to(gpu, em_device_cpu());
+        CHECK(got && cpu);
+        CHECK(memcmp(em_data(got), em_data(cpu), (size_t)em_numel(cpu) * em_dtype_size(dts[k])) == 0);
+    }
+    em_scope_end(s);
+}
+
+TEST(test_cuda_gradient_flows_back_through_to)
+{
+    CUDA_OR_SKIP();
+    em_scope s = em_scope_begin();
+    em_tensor *x = em_full(EM_F32, EM_SHAPE(4, 3), 2.0);
+    CHECK_OK(em_set_requires_grad(x, true));
+    em_tensor *d = em_to(x, em_device_cuda(0));
+    em_tensor *y = em_to(em_reshape(em_transpose(d, 0, 1), 2, (int64_t[]){2, 6}), em_device_cpu());
+    CHECK_OK(em_backward(em_sum(y, 0, NULL, false), NULL));
+    em_tensor *g = em_grad(x);
+    CHECK(g && em_device_of(g).type == EM_CPU);
+    for (int i = 0; i < 12; i++) CHECK(((float *)em_data(g))[i] == 1.0f);
+    em_scope_end(s);
+}
+
+TEST(test_cuda_allocator_reuses_blocks_after_the_first_step)
+{
+    CUDA_OR_SKIP();
+    em_cuda_memory m0, m1;
+    for (int step = 0; step < 3; step++) {
+        em_scope s = em_scope_begin();
+        em_tensor *x = em_to(em_zeros(EM_F32, EM_SHAPE(1024, 1024)), em_device_cuda(0));
+        CHECK(x != NULL);
+        em_scope_end(s);
+        CHECK_OK(em_cuda_memory_stats(0, step == 0 ? &m0 : &m1));
+    }
+    CHECK(m1.device_mallocs == m0.device_mallocs);
+    CHECK(m1.allocated == m0.allocated);
+}
+
+TEST(test_an_op_without_a_cuda_kernel_names_itself)
+{
+    if (em_cuda_device_count() == 0) {
+        /* without a device, asking for one is the error */
+        em_tensor *x = em_zeros(EM_F32, EM_SHAPE(2));
+        CHECK(em_to(x, em_device_cuda(0)) == NULL);
+        CHECK(em_last_status() == EM_ERR_DEVICE);
+        CHECK(strstr(em_last_error(), "cuda:0") != NULL);
+        em_clear_error();
+        em_free(x);
+        return;
+    }
+    em_scope s = em_scope_begin();
+    em_tensor *x = em_to(em_zeros(EM_F32, EM_SHAPE(2, 2)), em_device_cuda(0));
+    CHECK(em_conv2d(x, x, NULL, 1, 0) == NULL);
+    CHECK(em_last_status() == EM_ERR_DEVICE);
+    em_clear_error();
+    em_scope_end(s);
+}

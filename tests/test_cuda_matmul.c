@@ -1,0 +1,2 @@
+/* test_cuda_matmul.c — CUDA kernels against the CPU (skip without a device). */
+#include "cuda_test.h"
