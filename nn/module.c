@@ -288,6 +288,50 @@ static int64_t align_up(int64_t n, em_dtype dt)
     return (n + per - 1) / per * per;
 }
 
+/* t's values into new persistent storage on dev; t then points at it */
+static em_status move_tensor(tensor *t, em_device dev)
+{
+    if (em_device_equal(t->device, dev)) return EM_OK;
+    em_tensor *moved = em_to(t_handle(t), dev); /* contiguous, on dev, in the current scope or persistent */
+    tensor *m = moved ? t_resolve(moved, "em_module_to") : NULL;
+    if (!m) return em_last_status();
+    tensor *home = t_new_persistent_on(dev, t->dtype, t->ndim, t->shape);
+    if (!home) return em_last_status();
+    copy_strided(home, m);
+    if (m->depth == 0) t_free(m);
+    if (t->grad && !t->grad_external) t_free(t->grad);
+    t->grad = NULL;
+    t_repoint(t, home, 0);
+    t_free(home); /* t holds the storage now */
+    return em_last_status();
+}
+
+em_status em_module_to(em_module *root, em_device dev)
+{
+    if (!root) return em_err(EM_ERR_ARG, "em_module_to: module is NULL");
+    if (root->parent) return em_err(EM_ERR_ARG, "em_module_to: '%s' is not a root", root->full);
+    if (root->flat)
+        return em_err(EM_ERR_ARG, "em_module_to: '%s' is already flattened; move it before em_module_flatten "
+                                  "(and before em_accel_prepare)",
+                      root->full);
+    int np = em_module_params(root, NULL, 0), nb = em_module_buffers(root, NULL, 0);
+    em_named *v = malloc(sizeof *v * (size_t)(np + nb + 1));
+    if (!v) return em_err(EM_ERR_OOM, "em_module_to: out of memory");
+    em_module_params(root, v, np);
+    em_module_buffers(root, v + np, nb);
+    bool prev = em_set_grad_enabled(false);
+    em_scope sc = em_scope_begin();
+    em_status s = EM_OK;
+    for (int i = 0; i < np + nb && !s; i++) {
+        tensor *t = t_resolve(v[i].t, "em_module_to");
+        s = t ? move_tensor(t, dev) : em_last_status();
+    }
+    em_scope_end(sc);
+    em_set_grad_enabled(prev);
+    free(v);
+    return s;
+}
+
 em_status em_module_flatten(em_module *root)
 {
     if (!root) return em_err(EM_ERR_ARG, "em_module_flatten: module is NULL");
@@ -303,23 +347,30 @@ em_status em_module_flatten(em_module *root)
     }
     em_module_params(root, v, n);
     int64_t total[EM_NUM_DTYPES] = {0};
+    em_device where[EM_NUM_DTYPES]; /* the device of each dtype's parameters */
     for (int i = 0; i < n; i++) {
         tensor *t = t_resolve(v[i].t, "em_module_flatten");
         if (!t) goto fail;
+        if (total[t->dtype] && !em_device_equal(where[t->dtype], t->device)) {
+            em_err(EM_ERR_DEVICE, "em_module_flatten: %s parameters on two devices ('%s' is on another than the "
+                                  "first); move the whole model with em_module_to",
+                   em_dtype_name(t->dtype), v[i].name);
+            goto fail;
+        }
+        where[t->dtype] = t->device;
         total[t->dtype] += align_up(t_numel(t), t->dtype);
     }
     bool prev = em_set_grad_enabled(false);
     for (int d = 0; d < EM_NUM_DTYPES; d++) {
         if (!total[d]) continue;
-        tensor *fp = t_new_persistent((em_dtype)d, 1, (int64_t[]){total[d]});
-        tensor *fg = fp ? t_new_persistent((em_dtype)d, 1, (int64_t[]){total[d]}) : NULL;
-        if (!fg) {
+        tensor *fp = t_new_persistent_on(where[d], (em_dtype)d, 1, (int64_t[]){total[d]});
+        tensor *fg = fp ? t_new_persistent_on(where[d], (em_dtype)d, 1, (int64_t[]){total[d]}) : NULL;
+        if (!fg || t_fill_zero(fp) || t_fill_zero(fg)) {
             t_drop(fp);
+            t_drop(fg);
             em_set_grad_enabled(prev);
             goto fail;
         }
-        memset(t_ptr(fp), 0, fp->st->nbytes);
-        memset(t_ptr(fg), 0, fg->st->nbytes);
         root->flat_params[d] = t_handle(fp);
         root->flat_grads[d] = t_handle(fg);
     }

@@ -473,6 +473,7 @@ void t_repoint(tensor *t, tensor *src, int64_t offset)
 {
     storage *old = t->st;
     t->st = src->st;
+    t->device = src->device;
     if (!t->st->in_arena) t->st->refcount++;
     t->offset = offset;
     t_contig_strides(t->ndim, t->shape, t->stride);

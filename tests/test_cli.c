@@ -48,8 +48,16 @@ TEST(test_cli_env_prints_avx2_blas_and_cuda_lines)
 TEST(test_cli_env_reports_cuda_as_built_or_not)
 {
     th_run_result *r = run_ember("env", NULL);
-    CHECK(strstr(r->out, em_build().cuda ? "CUDA           toolkit found" : "CUDA           not built") !=
+    CHECK(strstr(r->out, em_build().cuda ? "CUDA           built in; driver " : "CUDA           not built") !=
           NULL);
+    /* one line per visible device, with its compute capability */
+    int n = em_cuda_device_count();
+    for (int i = 0; i < n && i < 8; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "cuda:%d ", i);
+        CHECK(strstr(r->out, want) != NULL);
+    }
+    if (n > 0) CHECK(strstr(r->out, "compute capability") != NULL);
 }
 
 TEST(test_cli_env_json_is_one_object_with_version)

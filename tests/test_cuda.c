@@ -87,3 +87,41 @@ TEST(test_an_op_without_a_cuda_kernel_names_itself)
     em_clear_error();
     em_scope_end(s);
 }
+
+static const em_gpt_config tiny = {.vocab_size = 17, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 16,
+                                   .bias = true};
+
+TEST(test_module_to_a_missing_device_fails_and_leaves_the_model_usable)
+{
+    if (em_cuda_device_count() > 0) SKIP("needs a machine without CUDA devices");
+    em_gpt *g = em_gpt_new(&tiny, 1);
+    CHECK(g != NULL);
+    CHECK(em_module_to(g->m, em_device_cuda(0)) == EM_ERR_DEVICE);
+    em_clear_error();
+    CHECK_OK(em_module_flatten(g->m));
+    em_tensor *fp = em_module_flat_params(g->m, EM_F32);
+    CHECK(fp && em_device_of(fp).type == EM_CPU);
+    em_gpt_free(g);
+}
+
+TEST(test_module_to_cuda_moves_every_parameter_and_the_flat_buffers_follow)
+{
+    CUDA_OR_SKIP();
+    em_gpt *g = em_gpt_new(&tiny, 1);
+    CHECK(g != NULL);
+    int n = em_module_params(g->m, NULL, 0);
+    em_named v[64];
+    CHECK(n <= 64);
+    em_module_params(g->m, v, n);
+    em_scope s = em_scope_begin();
+    em_tensor *before = em_contiguous(em_cast(v[0].t, EM_F32)); /* a CPU copy of the first parameter */
+    CHECK_OK(em_module_to(g->m, em_device_cuda(0)));
+    for (int i = 0; i < n; i++) CHECK(em_device_of(v[i].t).type == EM_CUDA);
+    CHECK_OK(em_module_flatten(g->m));
+    CHECK(em_device_of(em_module_flat_params(g->m, EM_F32)).type == EM_CUDA);
+    CHECK(em_device_of(em_module_flat_grads(g->m, EM_F32)).type == EM_CUDA);
+    em_tensor *after = em_to(v[0].t, em_device_cpu());
+    CHECK(memcmp(em_data(after), em_data(before), (size_t)em_numel(before) * sizeof(float)) == 0);
+    em_scope_end(s);
+    em_gpt_free(g);
+}

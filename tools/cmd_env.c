@@ -28,7 +28,21 @@ typedef struct env_info {
     const char *blas_config;
     int blas_threads;
     int cuda_devices;
+    int cuda_driver, cuda_runtime, nccl_version; /* 0 where absent */
+    em_cuda_device_info dev[8];                  /* the first min(cuda_devices, 8) */
 } env_info;
+
+/* "12.4" from CUDA's 12040 (NCCL: "2.19.5" from 21905), or "none" */
+static const char *cuda_ver(int v, bool nccl, char *buf, size_t n)
+{
+    if (v <= 0)
+        snprintf(buf, n, "none");
+    else if (nccl)
+        snprintf(buf, n, "%d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+    else
+        snprintf(buf, n, "%d.%d", v / 1000, v / 10 % 100);
+    return buf;
+}
 
 /* "model name" from /proc/cpuinfo; else the cpuid brand string; else "unknown" */
 static void cpu_model(char *out, size_t cap)
@@ -67,6 +81,10 @@ static void gather(env_info *e)
     e->blas_config = em_blas_config();
     e->blas_threads = em_blas_threads();
     e->cuda_devices = em_cuda_device_count();
+    em_cuda_versions(&e->cuda_driver, &e->cuda_runtime, &e->nccl_version);
+    for (int i = 0; i < e->cuda_devices && i < 8; i++)
+        if (em_cuda_device_info_of(i, &e->dev[i])) snprintf(e->dev[i].name, sizeof e->dev[i].name, "(unreadable)");
+    em_clear_error();
 }
 
 static const char *yes_no(bool b) { return b ? "yes" : "no"; }
@@ -90,13 +108,20 @@ static void print_text(const env_info *e)
         printf("BLAS threads   %d per call (ember splits each GEMM over its own pool instead)\n", e->blas_threads);
     else
         printf("BLAS threads   unknown\n");
+    char a[32], b[32];
     if (e->build.cuda)
-        printf("CUDA           toolkit found at build time (no GPU kernels yet), %d device%s visible\n",
+        printf("CUDA           built in; driver %s, runtime %s; %d device%s visible\n",
+               cuda_ver(e->cuda_driver, false, a, sizeof a), cuda_ver(e->cuda_runtime, false, b, sizeof b),
                e->cuda_devices, e->cuda_devices == 1 ? "" : "s");
     else
         printf("CUDA           not built (no toolkit found, or -Dcuda=disabled)\n");
+    for (int i = 0; i < e->cuda_devices && i < 8; i++)
+        printf("cuda:%d         %s, compute capability %d.%d, %d SMs, %.1f GiB\n", i, e->dev[i].name,
+               e->dev[i].major, e->dev[i].minor, e->dev[i].multiprocessors,
+               (double)e->dev[i].total_memory / (1 << 30));
     if (e->build.nccl)
-        printf("NCCL           built in%s\n", e->cuda_devices > 0 ? "" : " (no CUDA device to use it)");
+        printf("NCCL           built in, version %s%s\n", cuda_ver(e->nccl_version, true, a, sizeof a),
+               e->cuda_devices > 0 ? "" : " (no CUDA device to use it)");
     else
         printf("NCCL           not built\n");
 }
@@ -143,8 +168,16 @@ static void print_json(const env_info *e)
     printf(", \"config\": ");
     json_str(e->blas_config);
     printf(", \"threads\": %d}", e->blas_threads);
-    printf(", \"cuda\": {\"built\": %s, \"devices\": %d}", tf(e->build.cuda), e->cuda_devices);
-    printf(", \"nccl\": {\"built\": %s}}\n", tf(e->build.nccl));
+    printf(", \"cuda\": {\"built\": %s, \"driver\": %d, \"runtime\": %d, \"devices\": [", tf(e->build.cuda),
+           e->cuda_driver, e->cuda_runtime);
+    for (int i = 0; i < e->cuda_devices && i < 8; i++) {
+        printf("%s{\"name\": ", i ? ", " : "");
+        json_str(e->dev[i].name);
+        printf(", \"capability\": \"%d.%d\", \"multiprocessors\": %d, \"memory_bytes\": %zu}", e->dev[i].major,
+               e->dev[i].minor, e->dev[i].multiprocessors, e->dev[i].total_memory);
+    }
+    printf("]}");
+    printf(", \"nccl\": {\"built\": %s, \"version\": %d}}\n", tf(e->build.nccl), e->nccl_version);
 }
 
 int cmd_env(int argc, char **argv)

@@ -67,10 +67,18 @@ int64_t em_module_num_params(const em_module *m);
 void em_module_train(em_module *m, bool training);
 bool em_module_is_training(const em_module *m);
 
+/* Moves every parameter and buffer of root's subtree to device `dev`
+ * (values kept, gradients dropped); handles stay valid. Call it before
+ * em_module_flatten (and so before em_accel_prepare, which flattens).
+ * Errors: EM_ERR_ARG if root is not a root or is already flattened,
+ * EM_ERR_DEVICE if dev is not usable; on an error part of the model may
+ * have moved, so the model should not be used further. */
+em_status em_module_to(em_module *root, em_device dev);
 /* Moves every parameter of root's subtree into one contiguous persistent
  * buffer per dtype (values kept) and points every gradient into a matching
- * zeroed buffer (em_set_grad_buffer). Handles stay valid. Idempotent.
- * EM_ERR_ARG if root is not a root. */
+ * zeroed buffer (em_set_grad_buffer), on the parameters' device. Handles
+ * stay valid. Idempotent. EM_ERR_ARG if root is not a root; EM_ERR_DEVICE
+ * if parameters of one dtype are on different devices. */
 em_status em_module_flatten(em_module *root);
 /* The flat parameter / gradient buffer of dtype dt (1-D, owned by root), or
  * NULL if root is not flattened or has no parameter of that dtype. */
