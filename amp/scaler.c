@@ -9,6 +9,9 @@
 
 #include "amp/amp_impl.h"
 #include "ember/dist.h"
+#if EM_HAVE_CUDA
+#include "optim/cuda_optim.h"
+#endif
 
 struct em_grad_scaler {
     em_scaler_config cfg;
@@ -90,16 +93,52 @@ em_status em_scaler_unscale(em_grad_scaler *s, int n, em_tensor *const *params, 
     if (s->unscaled) return EM_OK; /* once per step */
     double inv = 1.0 / s->scale;
     bool bad = false;
-    for (int i = 0; i < n; i++) {
+    /* CUDA gradients (all on one device): one kernel each, the inf/NaN flag
+     * in device memory, copied to the host once at the end */
+#if EM_HAVE_CUDA
+    int *found = NULL;
+    em_device fdev = {EM_CPU, 0};
+#endif
+    em_status st = EM_OK;
+    for (int i = 0; i < n && !st; i++) {
         em_tensor *gh = params[i] ? em_grad(params[i]) : NULL;
         if (!gh) continue;
         tensor *g = t_resolve(gh, "em_scaler_unscale");
-        if (!g) return em_last_status();
-        if (!em_dtype_is_float(g->dtype) || !t_is_contig(g))
-            return em_err(EM_ERR_ARG, "em_scaler_unscale: param %d's gradient %s%s is not a contiguous float tensor",
-                          i, em_dtype_name(g->dtype), shp(g));
-        bad |= unscale_one(g, inv);
+        if (!g) {
+            st = em_last_status();
+            break;
+        }
+        if (!em_dtype_is_float(g->dtype) || !t_is_contig(g)) {
+            st = em_err(EM_ERR_ARG, "em_scaler_unscale: param %d's gradient %s%s is not a contiguous float tensor", i,
+                        em_dtype_name(g->dtype), shp(g));
+            break;
+        }
+        if (!t_on_cuda(g)) {
+            bad |= unscale_one(g, inv);
+            continue;
+        }
+#if EM_HAVE_CUDA
+        if (!found) {
+            fdev = g->device;
+            found = cu_alloc(fdev.index, sizeof *found);
+            st = found ? cu_fill(fdev.index, EM_I32, found, 1, 0) : em_last_status();
+        } else if (!em_device_equal(fdev, g->device)) {
+            char a[16], b[16];
+            st = em_err(EM_ERR_DEVICE, "em_scaler_unscale: gradients on %s and %s; the scaler takes one device",
+                        em_device_str(fdev, a, sizeof a), em_device_str(g->device, b, sizeof b));
+        }
+        if (!st) st = cu_unscale(fdev.index, g->dtype, t_ptr(g), t_numel(g), inv, found);
+#endif
     }
+#if EM_HAVE_CUDA
+    if (found) {
+        int f = 0;
+        if (!st) st = cu_memcpy(&f, em_device_cpu(), found, fdev, sizeof f); /* the step's one sync */
+        bad |= f != 0;
+        cu_free(fdev.index, found);
+    }
+#endif
+    if (st) return st;
     if (pg && em_pg_world(pg) > 1) { /* every rank skips the same steps */
         int64_t one = 1;
         em_tensor *flag = em_full(EM_F32, 1, &one, bad ? 1.0 : 0.0);

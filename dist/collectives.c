@@ -16,7 +16,7 @@
  *   all_gather and reduce_scatter use the same ring; broadcast and gather
  *   go directly between the root and each rank.
  * AVG is the sum divided by the world size (integer division toward zero
- * for i32). */
+ * for i32). CUDA tensors take the NCCL path instead (dist/nccl.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -339,21 +339,35 @@ em_status run_call(em_pg *pg, call *c, double deadline)
 
 /* ---- entry points ---------------------------------------------------------------------- */
 
-/* Resolves and checks a tensor argument: its data, element count and dtype. */
-static em_status arg(const char *fn, const char *what, em_tensor *h, void **data, int64_t *n, em_dtype *dt)
+/* Resolves and checks a tensor argument: its data, element count, dtype and
+ * device. CUDA tensors go through NCCL (dist/nccl.c), which also takes u8. */
+static em_status arg(const char *fn, const char *what, em_tensor *h, void **data, int64_t *n, em_dtype *dt,
+                     em_device *dev)
 {
     if (!h) return em_err(EM_ERR_ARG, "%s: %s is NULL", fn, what);
     tensor *t = t_resolve(h, fn);
     if (!t) return em_last_status();
-    if (t->device.type != EM_CPU) return em_err(EM_ERR_DEVICE, "%s: %s is not a CPU tensor", fn, what);
-    if (t->dtype != EM_F32 && t->dtype != EM_F64 && t->dtype != EM_F16 && t->dtype != EM_BF16 && t->dtype != EM_I32)
-        return em_err(EM_ERR_DTYPE, "%s: %s is %s; collectives take f32, f64, f16, bf16 or i32", fn, what,
-                      em_dtype_name(t->dtype));
+    if (t_on_cuda(t) && !EM_HAVE_NCCL)
+        return em_err(EM_ERR_DEVICE, "%s: %s is a CUDA tensor, and this ember was built without NCCL", fn, what);
+    if (t->dtype != EM_F32 && t->dtype != EM_F64 && t->dtype != EM_F16 && t->dtype != EM_BF16 && t->dtype != EM_I32 &&
+        !(t->dtype == EM_U8 && t_on_cuda(t)))
+        return em_err(EM_ERR_DTYPE, "%s: %s is %s; collectives take f32, f64, f16, bf16 or i32 (and u8 on CUDA)", fn,
+                      what, em_dtype_name(t->dtype));
     if (!t_is_contig(t)) return em_err(EM_ERR_ARG, "%s: %s %s is not contiguous", fn, what, shp(t));
     *data = t_ptr(t);
     *n = t_numel(t);
     *dt = t->dtype;
+    *dev = t->device;
     return EM_OK;
+}
+
+/* EM_OK when a and b (the tensors of one call) are on one device. */
+static em_status same_dev(const char *fn, em_device a, em_device b)
+{
+    if (em_device_equal(a, b)) return EM_OK;
+    char x[16], y[16];
+    return em_err(EM_ERR_DEVICE, "%s: in is on %s but out is on %s", fn, em_device_str(a, x, sizeof x),
+                  em_device_str(b, y, sizeof y));
 }
 
 static em_status group(const char *fn, em_pg *pg)
@@ -370,11 +384,17 @@ static em_status rank_arg(const char *fn, const char *what, em_pg *pg, int r)
     return EM_OK;
 }
 
+/* Runs the call: NCCL for CUDA tensors, the TCP/shm algorithms for CPU ones. */
 static em_status issue(em_pg *pg, int kind, em_dtype dt, int op, int root, int64_t count, void *in, void *out,
-                       em_work **work)
+                       em_device dev, em_work **work)
 {
     if (work) *work = NULL;
     call c = {.h = {.kind = kind, .dtype = dt, .op = op, .root = root, .count = count}, .in = in, .out = out};
+#if EM_HAVE_NCCL
+    if (dev.type == EM_CUDA) return nccl_issue(pg, &c, dev.index, work);
+#else
+    (void)dev;
+#endif
     return pg_issue(pg, &c, work);
 }
 
@@ -383,10 +403,11 @@ em_status em_all_reduce(em_pg *pg, em_tensor *t, em_reduce_op op, em_work **work
     void *p;
     int64_t n;
     em_dtype dt;
+    em_device dev;
     em_status s = group("all_reduce", pg);
-    if (!s) s = arg("all_reduce", "tensor", t, &p, &n, &dt);
+    if (!s) s = arg("all_reduce", "tensor", t, &p, &n, &dt, &dev);
     if (!s && (op < EM_RED_SUM || op > EM_RED_MIN)) s = em_err(EM_ERR_ARG, "all_reduce: unknown reduce op %d", (int)op);
-    return s ? s : issue(pg, CALL_ALL_REDUCE, dt, op, 0, n, p, NULL, work);
+    return s ? s : issue(pg, CALL_ALL_REDUCE, dt, op, 0, n, p, NULL, dev, work);
 }
 
 em_status em_broadcast(em_pg *pg, em_tensor *t, int root, em_work **work)
@@ -394,10 +415,11 @@ em_status em_broadcast(em_pg *pg, em_tensor *t, int root, em_work **work)
     void *p;
     int64_t n;
     em_dtype dt;
+    em_device dev;
     em_status s = group("broadcast", pg);
-    if (!s) s = arg("broadcast", "tensor", t, &p, &n, &dt);
+    if (!s) s = arg("broadcast", "tensor", t, &p, &n, &dt, &dev);
     if (!s) s = rank_arg("broadcast", "root", pg, root);
-    return s ? s : issue(pg, CALL_BROADCAST, dt, 0, root, n, p, NULL, work);
+    return s ? s : issue(pg, CALL_BROADCAST, dt, 0, root, n, p, NULL, dev, work);
 }
 
 em_status em_all_gather(em_pg *pg, em_tensor *out, em_tensor *in, em_work **work)
@@ -405,15 +427,17 @@ em_status em_all_gather(em_pg *pg, em_tensor *out, em_tensor *in, em_work **work
     void *pi, *po;
     int64_t ni, no;
     em_dtype di, dout;
+    em_device dvi, dvo;
     em_status s = group("all_gather", pg);
-    if (!s) s = arg("all_gather", "in", in, &pi, &ni, &di);
-    if (!s) s = arg("all_gather", "out", out, &po, &no, &dout);
+    if (!s) s = arg("all_gather", "in", in, &pi, &ni, &di, &dvi);
+    if (!s) s = arg("all_gather", "out", out, &po, &no, &dout, &dvo);
+    if (!s) s = same_dev("all_gather", dvi, dvo);
     if (!s && di != dout)
         s = em_err(EM_ERR_DTYPE, "all_gather: out is %s but in is %s", em_dtype_name(dout), em_dtype_name(di));
     if (!s && no != ni * pg->world)
         s = em_err(EM_ERR_SHAPE, "all_gather: out has %lld elements; it needs world %d x %lld", (long long)no,
                    pg->world, (long long)ni);
-    return s ? s : issue(pg, CALL_ALL_GATHER, di, 0, 0, ni, pi, po, work);
+    return s ? s : issue(pg, CALL_ALL_GATHER, di, 0, 0, ni, pi, po, dvi, work);
 }
 
 em_status em_reduce_scatter(em_pg *pg, em_tensor *out, em_tensor *in, em_reduce_op op, em_work **work)
@@ -421,9 +445,11 @@ em_status em_reduce_scatter(em_pg *pg, em_tensor *out, em_tensor *in, em_reduce_
     void *pi, *po;
     int64_t ni, no;
     em_dtype di, dout;
+    em_device dvi, dvo;
     em_status s = group("reduce_scatter", pg);
-    if (!s) s = arg("reduce_scatter", "in", in, &pi, &ni, &di);
-    if (!s) s = arg("reduce_scatter", "out", out, &po, &no, &dout);
+    if (!s) s = arg("reduce_scatter", "in", in, &pi, &ni, &di, &dvi);
+    if (!s) s = arg("reduce_scatter", "out", out, &po, &no, &dout, &dvo);
+    if (!s) s = same_dev("reduce_scatter", dvi, dvo);
     if (!s && di != dout)
         s = em_err(EM_ERR_DTYPE, "reduce_scatter: out is %s but in is %s", em_dtype_name(dout), em_dtype_name(di));
     if (!s && ni != no * pg->world)
@@ -432,7 +458,7 @@ em_status em_reduce_scatter(em_pg *pg, em_tensor *out, em_tensor *in, em_reduce_
     if (!s && (op < EM_RED_SUM || op > EM_RED_MIN))
         s = em_err(EM_ERR_ARG, "reduce_scatter: unknown reduce op %d", (int)op);
     if (!s && pg->world == 1 && op == EM_RED_AVG) op = EM_RED_SUM;
-    return s ? s : issue(pg, CALL_REDUCE_SCATTER, di, op, 0, ni, pi, po, work);
+    return s ? s : issue(pg, CALL_REDUCE_SCATTER, di, op, 0, ni, pi, po, dvi, work);
 }
 
 em_status em_gather(em_pg *pg, em_tensor *out, em_tensor *in, int root, em_work **work)
@@ -440,24 +466,27 @@ em_status em_gather(em_pg *pg, em_tensor *out, em_tensor *in, int root, em_work 
     void *pi, *po = NULL;
     int64_t ni, no;
     em_dtype di, dout;
+    em_device dvi, dvo;
     em_status s = group("gather", pg);
-    if (!s) s = arg("gather", "in", in, &pi, &ni, &di);
+    if (!s) s = arg("gather", "in", in, &pi, &ni, &di, &dvi);
+    if (!s && dvi.type == EM_CUDA) s = em_err(EM_ERR_UNSUPPORTED, "gather: not available for CUDA tensors (use all_gather)");
     if (!s) s = rank_arg("gather", "root", pg, root);
     if (!s && pg->rank == root) {
-        s = arg("gather", "out (on the root)", out, &po, &no, &dout);
+        s = arg("gather", "out (on the root)", out, &po, &no, &dout, &dvo);
+        if (!s) s = same_dev("gather", dvi, dvo);
         if (!s && di != dout)
             s = em_err(EM_ERR_DTYPE, "gather: out is %s but in is %s", em_dtype_name(dout), em_dtype_name(di));
         if (!s && no != ni * pg->world)
             s = em_err(EM_ERR_SHAPE, "gather: out has %lld elements; it needs world %d x %lld", (long long)no,
                        pg->world, (long long)ni);
     }
-    return s ? s : issue(pg, CALL_GATHER, di, 0, root, ni, pi, po, work);
+    return s ? s : issue(pg, CALL_GATHER, di, 0, root, ni, pi, po, dvi, work);
 }
 
 em_status em_barrier(em_pg *pg, em_work **work)
 {
     em_status s = group("barrier", pg);
-    return s ? s : issue(pg, CALL_BARRIER, EM_F32, 0, 0, 0, NULL, NULL, work);
+    return s ? s : issue(pg, CALL_BARRIER, EM_F32, 0, 0, 0, NULL, NULL, em_device_cpu(), work);
 }
 
 static em_status p2p(const char *fn, int kind, em_pg *pg, em_tensor *t, int peer, em_work **work)
@@ -465,11 +494,12 @@ static em_status p2p(const char *fn, int kind, em_pg *pg, em_tensor *t, int peer
     void *p;
     int64_t n;
     em_dtype dt;
+    em_device dev;
     em_status s = group(fn, pg);
-    if (!s) s = arg(fn, "tensor", t, &p, &n, &dt);
+    if (!s) s = arg(fn, "tensor", t, &p, &n, &dt, &dev);
     if (!s) s = rank_arg(fn, kind == CALL_SEND ? "dst" : "src", pg, peer);
     if (!s && peer == pg->rank) s = em_err(EM_ERR_ARG, "%s: rank %d cannot %s itself", fn, peer, fn);
-    return s ? s : issue(pg, kind, dt, 0, peer, n, p, NULL, work);
+    return s ? s : issue(pg, kind, dt, 0, peer, n, p, NULL, dev, work);
 }
 
 em_status em_send(em_pg *pg, em_tensor *t, int dst, em_work **work) { return p2p("send", CALL_SEND, pg, t, dst, work); }

@@ -13,6 +13,15 @@
  * index order on every rank (a ready bucket waits for the ones before it),
  * so every rank issues the same collectives in the same order even when
  * gradients become final in a different order.
+ *
+ * CUDA models: the flat gradient buffer (so every bucket) lives on the
+ * parameters' device, and a bucket's all-reduce goes through NCCL
+ * (dist/nccl.c) on the device's communication stream, queued after the
+ * kernels that produced its gradients while backward keeps queueing kernels
+ * on the compute stream. Waiting on a bucket's work makes the compute
+ * stream wait for the communication stream, so the optimizer step that
+ * follows em_ddp_backward runs on the averaged gradients; the host never
+ * blocks.
  */
 #include <stdio.h>
 #include <stdlib.h>

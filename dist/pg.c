@@ -26,6 +26,7 @@
 
 #include "dist/dist_impl.h"
 #include "dist/pg_impl.h"
+#include "ember_config.h"
 #include "tensor/tensor_impl.h"
 
 #define PG_MAGIC 0x656d6267u /* "embg" */
@@ -331,6 +332,9 @@ static em_status finish(em_pg *pg, call *c)
 em_status em_work_wait(em_work *w)
 {
     if (!w) return em_err(EM_ERR_ARG, "em_work_wait: work is NULL");
+#if EM_HAVE_NCCL
+    if (w->nccl_done) return nccl_work_wait(w);
+#endif
     em_status s = finish(w->pg, &w->c);
     free(w);
     return s;
@@ -339,6 +343,9 @@ em_status em_work_wait(em_work *w)
 bool em_work_done(const em_work *w)
 {
     if (!w) return true;
+#if EM_HAVE_NCCL
+    if (w->nccl_done) return nccl_work_done(w);
+#endif
     pthread_mutex_lock(&w->pg->mu);
     bool d = w->c.done;
     pthread_mutex_unlock(&w->pg->mu);
@@ -685,6 +692,9 @@ void em_pg_free(em_pg *pg)
     }
     close_all(pg);
     shm_unmap(pg);
+#if EM_HAVE_NCCL
+    nccl_pg_free(pg);
+#endif
     if (pg->own_store) em_store_close(pg->store);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv);

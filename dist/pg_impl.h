@@ -79,11 +79,14 @@ struct em_pg {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     call *head, *tail;
+    struct nccl_comms *nccl; /* NCCL communicators, one per device used (dist/nccl.c) */
 };
 
 struct em_work {
     call c;
     em_pg *pg;
+    void *nccl_done; /* an NCCL call: a cudaEvent_t recorded on the communication stream */
+    int nccl_dev;
 };
 
 /* ---- dist/pg.c ---------------------------------------------------------------- */
@@ -118,6 +121,22 @@ em_status run_call(em_pg *pg, call *c, double deadline);
  * the wide type of dt and rounded once; AVG divides by `world`. dst may be
  * one of the sources. */
 void reduce_sources(em_dtype dt, int op, int world, void *dst, const void *const *src, int nsrc, int64_t n);
+
+/* ---- dist/nccl.c (built when NCCL is found) ------------------------------------------
+ * Collectives on CUDA tensors. c's in/out are device pointers on cuda:dev.
+ * The call is queued on dev's communication stream after everything queued
+ * so far on its compute stream (an event), and returns without waiting:
+ * synchronous (work NULL): the compute stream waits for the collective (an
+ * event), so later kernels see its result; asynchronous: *work holds the
+ * event, and em_work_wait makes the compute stream wait then. The group's
+ * communicator for dev is made on first use (rank 0's ncclUniqueId through
+ * the group's store). Errors: EM_ERR_DIST naming the op and NCCL's message. */
+em_status nccl_issue(em_pg *pg, const call *c, int dev, em_work **work);
+/* em_work_wait / em_work_done of an NCCL work (w->nccl_done set); wait frees w. */
+em_status nccl_work_wait(em_work *w);
+bool nccl_work_done(const em_work *w);
+/* Destroys pg's communicators (em_pg_free). */
+void nccl_pg_free(em_pg *pg);
 
 /* ---- dist/shm.c ------------------------------------------------------------------ */
 #define SHM_MAX_WORLD 64

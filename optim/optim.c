@@ -6,6 +6,9 @@
 #include <stdlib.h>
 
 #include "optim_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_optim.h"
+#endif
 
 /* ---- configs ------------------------------------------------------------ */
 
@@ -181,7 +184,10 @@ void em_optim_free(em_optimizer *o)
 {
     if (!o) return;
     for (int i = 0; i < o->np; i++)
-        for (int f = 0; f < F_COUNT; f++) t_free(o->p[i].f[f]);
+        for (int f = 0; f < F_COUNT; f++) {
+            t_free(o->p[i].f[f]);
+            t_free(o->p[i].host[f]);
+        }
     t_free(o->step);
     free(o->p);
     free(o->g);
@@ -421,12 +427,162 @@ em_status opt_alloc_state(em_optimizer *o, int i, tensor *t)
     oparam *p = &o->p[i];
     for (int f = 0; f < F_COUNT; f++) {
         if (!opt_has_field(o, f) || p->f[f]) continue;
+        /* the step count is a host scalar; the rest lives beside the parameter */
         tensor *s = f == F_STEP ? t_new_persistent(EM_F64, 0, NULL)
-                                : t_new_persistent(opt_state_dtype(t->dtype), t->ndim, t->shape);
+                                : t_new_persistent_on(t->device, opt_state_dtype(t->dtype), t->ndim, t->shape);
         if (!s) return em_err(EM_ERR_OOM, "em_optim: out of memory for state of parameter %d %s", i, shp(t));
-        memset(t_ptr(s), 0, (size_t)t_numel(s) * t_esize(s));
+        if (t_on_cuda(s)) {
+            if (t_fill_zero(s)) return em_last_status();
+        } else
+            memset(t_ptr(s), 0, (size_t)t_numel(s) * t_esize(s));
         p->f[f] = s;
     }
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+/* ---- CUDA parameters ---------------------------------------------------------
+ * One fused kernel per update. After em_module_flatten the parameters and
+ * their gradients are consecutive slices of one buffer each; their state is
+ * then allocated as one buffer per field too, so a run of such parameters
+ * (same group, same step) is updated by a single launch over all of it. */
+
+/* Whether b starts where a ends, in the same storage (both contiguous). */
+static bool follows(const tensor *a, const tensor *b)
+{
+    return a && b && a->st == b->st && a->dtype == b->dtype && t_is_contig(a) && t_is_contig(b) &&
+           b->offset == a->offset + t_numel(a);
+}
+
+/* Gives parameters [i, j) of o (CUDA, consecutive in one storage, without
+ * state) their state fields as consecutive slices of one zeroed buffer. */
+static em_status alloc_run_state(em_optimizer *o, int i, int j, const char *fn)
+{
+    tensor *t0 = t_resolve(o->p[i].h, fn);
+    em_dtype sdt = opt_state_dtype(t0->dtype);
+    int64_t total = 0;
+    for (int k = i; k < j; k++) total += t_numel(t_resolve(o->p[k].h, fn));
+    for (int f = 0; f < F_COUNT; f++) {
+        if (f == F_STEP || !opt_has_field(o, f)) continue;
+        tensor *flat = t_new_persistent_on(t0->device, sdt, 1, &total);
+        if (!flat || t_fill_zero(flat)) return em_err(EM_ERR_OOM, "%s: out of memory for optimizer state", fn);
+        int64_t off = 0;
+        for (int k = i; k < j; k++) {
+            tensor *t = t_resolve(o->p[k].h, fn);
+            /* a 1-element header, given t's shape, then pointed into flat */
+            tensor *s = t_new_persistent_on(t0->device, sdt, 0, NULL);
+            if (!s) {
+                t_free(flat);
+                return em_err(EM_ERR_OOM, "%s: out of memory for optimizer state", fn);
+            }
+            s->ndim = t->ndim;
+            memcpy(s->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+            t_repoint(s, flat, off);
+            off += t_numel(t);
+            o->p[k].f[f] = s;
+        }
+        t_free(flat); /* the slices keep the storage */
+    }
+    return EM_OK;
+}
+
+/* State for every CUDA parameter with a gradient and none yet: runs of
+ * parameters consecutive in one storage share one buffer per field. */
+static em_status alloc_cuda_state(em_optimizer *o, const char *fn)
+{
+    int want = o->kind == OPT_SGD ? F_MOMENTUM : F_EXP_AVG;
+    if (!opt_has_field(o, want)) return EM_OK;
+    for (int i = 0; i < o->np;) {
+        tensor *t = t_resolve(o->p[i].h, fn);
+        if (!t_on_cuda(t) || !t->grad || o->p[i].f[want]) {
+            i++;
+            continue;
+        }
+        int j = i + 1;
+        while (j < o->np) {
+            tensor *u = t_resolve(o->p[j].h, fn);
+            if (!u->grad || o->p[j].f[want] || !follows(t_resolve(o->p[j - 1].h, fn), u)) break;
+            j++;
+        }
+        em_status s = alloc_run_state(o, i, j, fn);
+        if (s) return s;
+        i = j;
+    }
+    return EM_OK;
+}
+
+/* Whether parameter j can join the launch of parameter j-1 (whose run
+ * started at a parameter with the same group and step). */
+static bool fuses(const em_optimizer *o, int j, const char *fn)
+{
+    const oparam *a = &o->p[j - 1], *b = &o->p[j];
+    tensor *ta = t_resolve(a->h, fn), *tb = t_resolve(b->h, fn);
+    if (!tb->grad || a->group != b->group || a->started != b->started) return false;
+    if (!follows(ta, tb) || !follows(ta->grad, tb->grad)) return false;
+    for (int f = 0; f < F_COUNT; f++)
+        if (f != F_STEP && opt_has_field(o, f) && !follows(a->f[f], b->f[f])) return false;
+    if (o->kind != OPT_SGD && *(double *)t_ptr(a->f[F_STEP]) != *(double *)t_ptr(b->f[F_STEP])) return false;
+    return true;
+}
+
+/* One launch: u over n elements from parameter t, gradient g, state s1, s2. */
+static em_status apply_cuda(const upd *u, tensor *t, tensor *g, tensor *s1, tensor *s2, int64_t n)
+{
+    cu_upd c = {.sgd = u->kind == OPT_SGD,
+                .l2 = u->kind == OPT_ADAM && u->wd != 0,
+                .decoupled = u->kind == OPT_ADAMW,
+                .nesterov = u->nesterov,
+                .first = u->first,
+                .has_buf = s1 != NULL,
+                .lr = u->lr,
+                .wd = u->wd,
+                .mom = u->mom,
+                .damp = u->damp,
+                .b1 = u->b1,
+                .b2 = u->b2,
+                .eps = u->eps,
+                .step_size = u->step_size,
+                .bc2_sqrt = u->bc2_sqrt,
+                .decay = u->decay};
+    tensor *gc = t_is_contig(g) ? g : t_contig(g); /* only a lone parameter's gradient can be strided */
+    if (!gc) return em_last_status();
+    em_status s = cu_optim_update(t->device.index, &c, t->dtype, t_ptr(t), gc->dtype, t_ptr(gc),
+                                  opt_state_dtype(t->dtype), s1 ? t_ptr(s1) : NULL, s2 ? t_ptr(s2) : NULL, n);
+    if (gc != g) t_drop(gc);
+    return s;
+}
+#endif
+
+/* Parameter i's coefficients for this step (its Adam step count advanced,
+ * fresh state zeroed) and its state tensors. */
+static em_status prepare(em_optimizer *o, int i, upd *u, tensor **s1, tensor **s2)
+{
+    oparam *p = &o->p[i];
+    const ogroup *gr = &o->g[p->group];
+    *u = (upd){.kind = o->kind, .lr = gr->lr, .wd = gr->wd, .first = !p->started};
+    *s1 = *s2 = NULL;
+    if (o->kind == OPT_SGD) {
+        u->mom = o->sgd.momentum, u->damp = o->sgd.dampening, u->nesterov = o->sgd.nesterov;
+        *s1 = p->f[F_MOMENTUM];
+        return EM_OK;
+    }
+    double *step = t_ptr(p->f[F_STEP]);
+    tensor *m = p->f[F_EXP_AVG], *v = p->f[F_EXP_AVG_SQ];
+    if (!p->started) { /* fresh state: m = v = 0, step 0 */
+        *step = 0;
+        if (t_on_cuda(m)) {
+            if (t_fill_zero(m) || t_fill_zero(v)) return em_last_status();
+        } else {
+            memset(t_ptr(m), 0, (size_t)t_numel(m) * t_esize(m));
+            memset(t_ptr(v), 0, (size_t)t_numel(v) * t_esize(v));
+        }
+    }
+    *step += 1;
+    u->b1 = o->adam.beta1, u->b2 = o->adam.beta2, u->eps = o->adam.eps;
+    u->step_size = gr->lr / (1.0 - pow(u->b1, *step));
+    u->bc2_sqrt = sqrt(1.0 - pow(u->b2, *step));
+    u->decay = 1.0 - gr->lr * gr->wd;
+    *s1 = m, *s2 = v;
     return EM_OK;
 }
 
@@ -444,7 +600,19 @@ em_status em_optim_step(em_optimizer *o)
             memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
             return em_err(EM_ERR_SHAPE, "%s: parameter %d is %s%s but its gradient is %s%s", fn, i,
                           em_dtype_name(t->dtype), shp(t), em_dtype_name(g->dtype), shp(g));
-        if (opt_alloc_state(o, i, t)) return em_last_status();
+        if (!em_device_equal(g->device, t->device))
+            return em_err(EM_ERR_DEVICE, "%s: parameter %d %s%s and its gradient are on different devices", fn, i,
+                          em_dtype_name(t->dtype), shp(t));
+        if (t_on_cuda(t) && !t_is_contig(t))
+            return em_err(EM_ERR_UNSUPPORTED, "%s: CUDA parameter %d %s%s is not contiguous", fn, i,
+                          em_dtype_name(t->dtype), shp(t));
+    }
+#if EM_HAVE_CUDA
+    if (alloc_cuda_state(o, fn)) return em_last_status();
+#endif
+    for (int i = 0; i < o->np; i++) {
+        tensor *t = t_resolve(o->p[i].h, fn);
+        if (t->grad && opt_alloc_state(o, i, t)) return em_last_status();
     }
     size_t mark = tmp_mark();
     void *pb = tmp_alloc(CHUNK * sizeof(double)), *gb = tmp_alloc(CHUNK * sizeof(double));
@@ -452,32 +620,36 @@ em_status em_optim_step(em_optimizer *o)
         tmp_release(mark);
         return em_err(EM_ERR_OOM, "%s: out of memory for scratch buffers", fn);
     }
-    for (int i = 0; i < o->np; i++) {
-        oparam *p = &o->p[i];
-        tensor *t = t_resolve(p->h, fn), *g = t->grad;
-        if (!g) continue;
-        const ogroup *gr = &o->g[p->group];
-        upd u = {.kind = o->kind, .lr = gr->lr, .wd = gr->wd, .first = !p->started};
-        tensor *s1 = NULL, *s2 = NULL;
-        if (o->kind == OPT_SGD) {
-            u.mom = o->sgd.momentum, u.damp = o->sgd.dampening, u.nesterov = o->sgd.nesterov;
-            s1 = p->f[F_MOMENTUM];
-        } else {
-            double *step = t_ptr(p->f[F_STEP]);
-            if (!p->started) { /* fresh state: m = v = 0, step 0 */
-                *step = 0;
-                memset(t_ptr(p->f[F_EXP_AVG]), 0, (size_t)t_numel(t) * t_esize(p->f[F_EXP_AVG]));
-                memset(t_ptr(p->f[F_EXP_AVG_SQ]), 0, (size_t)t_numel(t) * t_esize(p->f[F_EXP_AVG_SQ]));
-            }
-            *step += 1;
-            u.b1 = o->adam.beta1, u.b2 = o->adam.beta2, u.eps = o->adam.eps;
-            u.step_size = gr->lr / (1.0 - pow(u.b1, *step));
-            u.bc2_sqrt = sqrt(1.0 - pow(u.b2, *step));
-            u.decay = 1.0 - gr->lr * gr->wd;
-            s1 = p->f[F_EXP_AVG], s2 = p->f[F_EXP_AVG_SQ];
+    for (int i = 0; i < o->np;) {
+        tensor *t = t_resolve(o->p[i].h, fn), *g = t->grad;
+        if (!g) {
+            i++;
+            continue;
         }
-        apply(&u, t, g, s1, s2, pb, gb);
-        p->started = true;
+        /* a CUDA parameter takes the consecutive ones that fuse with it */
+        int j = i + 1;
+#if EM_HAVE_CUDA
+        if (t_on_cuda(t))
+            while (j < o->np && fuses(o, j, fn)) j++;
+#endif
+        upd u, uk;
+        tensor *s1, *s2, *a, *b;
+        em_status s = prepare(o, i, &u, &s1, &s2);
+        for (int k = i + 1; k < j && !s; k++) s = prepare(o, k, &uk, &a, &b);
+        if (!s && t_on_cuda(t)) {
+#if EM_HAVE_CUDA
+            int64_t n = 0;
+            for (int k = i; k < j; k++) n += t_numel(t_resolve(o->p[k].h, fn));
+            s = apply_cuda(&u, t, g, s1, s2, n);
+#endif
+        } else if (!s)
+            apply(&u, t, g, s1, s2, pb, gb);
+        if (s) {
+            tmp_release(mark);
+            return s;
+        }
+        for (int k = i; k < j; k++) o->p[k].started = true;
+        i = j;
     }
     tmp_release(mark);
     *(double *)t_ptr(o->step) += 1;

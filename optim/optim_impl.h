@@ -16,7 +16,9 @@ typedef struct oparam {
     em_tensor *h; /* the caller's handle (not owned) */
     int group;
     bool started;       /* has state (stepped once, or loaded) */
-    tensor *f[F_COUNT]; /* state tensors, persistent, NULL until needed */
+    tensor *f[F_COUNT]; /* state tensors, persistent, NULL until needed; on the
+                         * parameter's device (F_STEP, a host scalar, on the CPU) */
+    tensor *host[F_COUNT]; /* host copies of CUDA state handed out by em_optim_state */
     char name[F_COUNT][48];
 } oparam;
 
@@ -49,6 +51,10 @@ static inline em_dtype opt_state_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F
 /* Allocates (zeroed) the missing state tensors of parameter i, whose tensor
  * is t. EM_ERR_OOM on failure (what was allocated stays, unused). */
 em_status opt_alloc_state(em_optimizer *o, int i, tensor *t);
+
+/* Copies src (any device, dtype and strides, dst's shape) into contiguous
+ * dst (any device): through the host when the devices differ. */
+em_status opt_copy(tensor *dst, tensor *src);
 
 /* Elements [lo, lo+n) of t (row-major order) into / out of a contiguous
  * array of dtype dt (converted; f16/bf16 rounded to nearest even on store). */

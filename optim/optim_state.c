@@ -4,8 +4,64 @@
 #include <stdlib.h>
 
 #include "optim_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_optim.h"
+#endif
 
 /* ---- state --------------------------------------------------------------- */
+
+em_status opt_copy(tensor *dst, tensor *src)
+{
+    if (em_device_equal(dst->device, src->device)) {
+        copy_strided(dst, src); /* on CUDA: queued, a launch failure shows up at the next check */
+        return EM_OK;
+    }
+#if EM_HAVE_CUDA
+    /* across devices: src contiguous on its device, to the host, converted
+     * to dst's dtype there, then to dst */
+    em_status s = EM_OK;
+    tensor *sc = t_contig(src), *h = NULL, *hc = NULL;
+    if (!sc) return em_last_status();
+    if (t_on_cuda(sc)) {
+        h = t_new_persistent(sc->dtype, sc->ndim, sc->shape);
+        s = h ? cu_memcpy(t_ptr(h), em_device_cpu(), t_ptr(sc), sc->device, (size_t)t_numel(sc) * t_esize(sc))
+              : em_last_status();
+    }
+    tensor *host = h ? h : sc;
+    if (!s && host->dtype != dst->dtype) {
+        hc = t_new_persistent(dst->dtype, dst->ndim, dst->shape);
+        if (hc)
+            copy_strided(hc, host);
+        else
+            s = em_last_status();
+        host = hc;
+    }
+    if (!s) {
+        if (t_on_cuda(dst))
+            s = cu_memcpy(t_ptr(dst), dst->device, t_ptr(host), em_device_cpu(), (size_t)t_numel(dst) * t_esize(dst));
+        else
+            copy_strided(dst, host);
+    }
+    t_free(h);
+    t_free(hc);
+    if (sc != src) t_drop(sc);
+    return s;
+#else
+    return em_err(EM_ERR_DEVICE, "em_optim: state copy between devices in a build without CUDA");
+#endif
+}
+
+/* The handle em_optim_state gives for field f of parameter i: the state
+ * itself on the CPU; for CUDA state a host copy (refreshed now) that the
+ * optimizer owns. NULL + error. */
+static em_tensor *state_handle(const em_optimizer *o, int i, int f)
+{
+    tensor *t = o->p[i].f[f];
+    if (!t_on_cuda(t)) return t_handle(t);
+    tensor **h = &o->p[i].host[f];
+    if (!*h && !(*h = t_new_persistent(t->dtype, t->ndim, t->shape))) return NULL;
+    return opt_copy(*h, t) ? NULL : t_handle(*h);
+}
 
 int em_optim_state(const em_optimizer *o, em_named *out, int max)
 {
@@ -18,7 +74,10 @@ int em_optim_state(const em_optimizer *o, em_named *out, int max)
         if (!p->started) continue;
         for (int f = 0; f < F_COUNT; f++) {
             if (!opt_has_field(o, f)) continue;
-            if (k < max) out[k] = (em_named){p->name[f], t_handle(p->f[f])};
+            if (k < max) {
+                out[k] = (em_named){p->name[f], state_handle(o, i, f)};
+                if (!out[k].t) return -1;
+            }
             k++;
         }
     }
@@ -50,7 +109,15 @@ static em_status chk_count(const char *fn, const char *name, const tensor *t)
 {
     if (t_numel(t) != 1 || t->ndim > 1)
         return em_err(EM_ERR_SHAPE, "%s: '%s' must be a 0-dim tensor, got %s", fn, name, shp(t));
-    double v = ld(t->dtype, t_ptr(t));
+    double v;
+    if (t_on_cuda(t)) {
+        tensor *h = t_new_persistent(EM_F64, 0, NULL);
+        em_status s = h ? opt_copy(h, (tensor *)t) : em_last_status();
+        v = s ? NAN : *(double *)t_ptr(h);
+        t_free(h);
+        if (s) return s;
+    } else
+        v = ld(t->dtype, t_ptr(t));
     if (!(v >= 0 && v == floor(v) && v < 9e15))
         return em_err(EM_ERR_ARG, "%s: '%s' must be a non-negative integer count, got %g", fn, name, v);
     return EM_OK;
@@ -130,10 +197,14 @@ em_status em_optim_load_state(em_optimizer *o, int n, const em_named *state)
         int i = o->np, f = F_STEP;
         if (strcmp(state[k].name, "step") != 0) parse_name(o, state[k].name, &i, &f);
         tensor *dst = i == o->np ? o->step : o->p[i].f[f];
-        if (f == F_STEP)
+        if (f == F_STEP && !t_on_cuda(t))
             *(double *)t_ptr(dst) = ld(t->dtype, t_ptr(t));
-        else
-            copy_strided(dst, t);
+        else if ((s = opt_copy(dst, t))) /* device state: through the host */
+            break;
+    }
+    if (s) { /* only a failed device copy gets here */
+        free(mask);
+        return s;
     }
     for (int i = 0; i < o->np; i++) o->p[i].started = mask[i] != 0;
     free(mask);
@@ -238,6 +309,62 @@ static void scale(tensor *g, double c, double *buf)
 /* The gradient clipping acts on: a leaf's accumulated gradient, or NULL. */
 static tensor *leaf_grad(tensor *t) { return t->grad_fn ? NULL : t->grad; }
 
+#if EM_HAVE_CUDA
+/* em_clip_grad_norm when the gradients are on a CUDA device (all on one):
+ * each gradient's sum of squares into a slot of a device array (a fixed
+ * block reduction), one copy of the array to the host, the total summed
+ * there in parameter order, then a scale kernel per gradient. */
+static double clip_cuda(int n, em_tensor *const *params, double max_norm, em_status *st)
+{
+    const char *fn = "em_clip_grad_norm";
+    em_device dev = {EM_CPU, 0};
+    for (int i = 0; i < n && dev.type == EM_CPU; i++) { /* the device of the first CUDA gradient */
+        tensor *g = leaf_grad(t_resolve(params[i], fn));
+        if (g && t_on_cuda(g)) dev = g->device;
+    }
+    for (int i = 0; i < n; i++) {
+        tensor *g = leaf_grad(t_resolve(params[i], fn));
+        if (!g) continue;
+        if (!em_device_equal(dev, g->device)) {
+            char a[16], b[16];
+            *st = em_err(EM_ERR_DEVICE, "%s: parameter %d's gradient is on %s but another's is on %s", fn, i,
+                         em_device_str(g->device, a, sizeof a), em_device_str(dev, b, sizeof b));
+            return NAN;
+        }
+        if (!t_is_contig(g) || !em_dtype_is_float(g->dtype)) {
+            *st = em_err(EM_ERR_UNSUPPORTED, "%s: CUDA gradient of parameter %d (%s%s) is not contiguous", fn, i,
+                         em_dtype_name(g->dtype), shp(g));
+            return NAN;
+        }
+    }
+    double *sq_dev = cu_alloc(dev.index, (size_t)n * sizeof(double)), *sq = calloc((size_t)n, sizeof(double));
+    em_status s = sq_dev && sq ? EM_OK : em_err(EM_ERR_OOM, "%s: out of memory for %d sums", fn, n);
+    if (!s) s = cu_fill(dev.index, EM_F64, sq_dev, n, 0);
+    for (int i = 0; i < n && !s; i++) {
+        tensor *g = leaf_grad(t_resolve(params[i], fn));
+        if (g) s = cu_sumsq(dev.index, g->dtype, t_ptr(g), t_numel(g), &sq_dev[i]);
+    }
+    if (!s) s = cu_memcpy(sq, em_device_cpu(), sq_dev, dev, (size_t)n * sizeof(double)); /* the one sync */
+    double total = NAN;
+    if (!s) {
+        /* total = sqrt(sum_g sum g^2);  g *= min(1, max_norm / (total + 1e-6)) */
+        double acc = 0;
+        for (int i = 0; i < n; i++) acc += sq[i];
+        total = sqrt(acc);
+        double c = max_norm / (total + 1e-6);
+        if (!(c >= 1.0)) /* NaN too: torch's clamp passes it through */
+            for (int i = 0; i < n && !s; i++) {
+                tensor *g = leaf_grad(t_resolve(params[i], fn));
+                if (g) s = cu_scale(dev.index, g->dtype, t_ptr(g), t_numel(g), c);
+            }
+    }
+    if (sq_dev) cu_free(dev.index, sq_dev);
+    free(sq);
+    *st = s;
+    return s ? NAN : total;
+}
+#endif
+
 double em_clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_status *status)
 {
     const char *fn = "em_clip_grad_norm";
@@ -253,6 +380,16 @@ double em_clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_st
         if (status) *status = s;
         return NAN;
     }
+#if EM_HAVE_CUDA
+    for (int i = 0; i < n; i++) {
+        tensor *g = leaf_grad(t_resolve(params[i], fn));
+        if (g && t_on_cuda(g)) {
+            total = clip_cuda(n, params, max_norm, &s);
+            if (status) *status = s;
+            return total;
+        }
+    }
+#endif
     int64_t blocks = 1;
     for (int i = 0; i < n; i++) {
         tensor *g = leaf_grad(t_resolve(params[i], fn));

@@ -55,15 +55,31 @@ static const char *const cuda_ops[] = {
     "em_device_of", "em_is_contiguous", "em_ndim", "em_size", "em_shape", "em_strides", "em_offset", "em_numel",
     "em_dtype_of", "em_free", "em_keep", "em_data", "em_shares_storage", "em_requires_grad", "em_set_requires_grad",
     "em_grad", "em_zero_grad", "em_backward", "em_detach", "em_register_grad_hook", "em_clear_grad_hooks",
-    "em_is_leaf", "em_to",
+    "em_is_leaf", "em_to", "em_set_grad_buffer", "em_module_to", "em_module_flatten",
+    /* layers and the GPT: composites of the ops below (nn/layers.c, nn/gpt.c;
+     * the KV-cache sampler is not here: it concatenates) */
+    "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss",
     /* views and copies: geometry only, or the core copy kernel (expand is
      * missing: its backward is a sum) */
     "reshape", "view", "flatten", "transpose", "permute", "squeeze", "unsqueeze", "slice", "narrow", "contiguous",
     "copy", "cast",
     /* elementwise, compare, reductions (tensor/ops_elementwise.cu) */
+    "add", "sub", "mul", "div", "add_scalar", "mul_scalar", "neg", "pow_scalar", "exp", "log", "sqrt", "rsqrt", "abs",
+    "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu", "eq", "ne", "lt", "le", "gt", "ge", "where",
+    "masked_fill", "sum", "mean", "max", "min", "argmax",
     /* matmul and attention (tensor/ops_matmul.cu) */
-    /* softmax, losses, norms, embedding, dropout (tensor/ops_nn.cu) */
-    /* optimizers, clipping, scaler, collectives (optim/optim.cu, dist/nccl.c) */
+    "matmul",
+    "attention",
+    /* softmax, losses, norms, embedding, dropout (tensor/ops_nn.cu; mse_loss is
+     * composite (nn/layers.c: sub, mul, sum, mul_scalar); scatter_add has no
+     * CUDA kernel yet) */
+    "softmax", "log_softmax", "cross_entropy", "mse_loss", "layer_norm", "rms_norm", "embedding", "index_select",
+    "dropout",
+    /* optimizers, clipping, scaler, collectives (optim/optim.cu, dist/nccl.c;
+     * collectives without NCCL fail in dist/collectives.c, naming why) */
+    "em_sgd_new", "em_adam_new", "em_adamw_new", "em_optim_add_group", "em_optim_step", "em_optim_zero_grad",
+    "em_optim_load_state", "em_clip_grad_norm", "em_scaler_unscale", "all_reduce", "broadcast", "all_gather",
+    "reduce_scatter", "send", "recv",
 };
 
 bool cuda_op_ok(const char *op)

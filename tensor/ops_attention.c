@@ -8,13 +8,21 @@
  * query rows go in blocks of ROW_BLOCK so the keys after a block's last row
  * (all masked) are never multiplied. The row-wise softmax and its backward
  * run on ember's pool (parallel_for over rows), between the GEMMs, never
- * inside them. f32 and f64 are computed as they are; f16/bf16 through f32. */
+ * inside them. f32 and f64 are computed as they are; f16/bf16 through f32.
+ *
+ * On a CUDA device the op is one fused kernel (tensor/ops_matmul.cu,
+ * flash-attention style): P is never stored; the forward saves the
+ * log-sum-exp of each row (B,H,T) instead, and the backward recomputes P
+ * from it (see attention_cuda below). */
 #include <cblas.h>
 #include <limits.h>
 
 #include "amp/amp_impl.h"
 #include "tensor_impl.h"
 #include "vmath_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_matmul.h"
+#endif
 
 enum { ROW_BLOCK = 256 }; /* query rows per GEMM block: keys past the block's last row are skipped */
 
@@ -148,8 +156,15 @@ static const void *as_compute(tensor *t, em_dtype ct)
     return buf;
 }
 
+#if EM_HAVE_CUDA
+static em_status attention_backward_cuda(node *n, tensor *g);
+#endif
+
 static em_status attention_backward(node *n, tensor *g)
 {
+#if EM_HAVE_CUDA
+    if (t_on_cuda(n->in[0])) return attention_backward_cuda(n, g);
+#endif
     tensor *q = n->in[0];
     em_dtype ct = compute_dtype(q->dtype);
     int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3];
@@ -183,6 +198,90 @@ static em_status attention_backward(node *n, tensor *g)
     return EM_OK;
 }
 
+#if EM_HAVE_CUDA
+/* ---- CUDA ---------------------------------------------------------------------------
+ * The node saves the (B,H,T) log-sum-exp tensor (n->saved, a scope tensor
+ * on the device, f32; f64 for f64 inputs); the backward reads q, k, v from
+ * n->in and the output from n->out. */
+
+/* Contiguous copies of the tensors that are not (the rest as they are). */
+static bool contig_all(int n, tensor *const *in, tensor **out)
+{
+    for (int i = 0; i < n; i++)
+        if (!(out[i] = t_contig(in[i]))) return false;
+    return true;
+}
+
+/* Drops out[i] where it is a copy of in[i]. */
+static void drop_copies(int n, tensor *const *in, tensor *const *out)
+{
+    for (int i = 0; i < n; i++)
+        if (out[i] && out[i] != in[i]) t_drop(out[i]);
+}
+
+static em_status attention_backward_cuda(node *n, tensor *g)
+{
+    tensor *q = n->in[0];
+    em_dtype dt = q->dtype;
+    if (!n->saved) /* the forward failed after recording */
+        return em_err(EM_ERR_AUTOGRAD, "attention backward: the forward of %s did not complete", shp(q));
+    tensor *gc = g->dtype == dt ? g : t_cast(g, dt);
+    if (!gc) return em_last_status();
+    tensor *in[5] = {n->in[0], n->in[1], n->in[2], n->out, gc}, *c[5] = {0};
+    tensor *grads[3] = {0};
+    em_status s = t_same_device("attention backward", 5, in, NULL);
+    if (!s && !contig_all(5, in, c)) s = em_last_status();
+    for (int i = 0; i < 3 && !s; i++)
+        if (!(grads[i] = t_new_like(q))) s = em_last_status();
+    if (!s)
+        s = cu_attention_backward(q->device.index, dt, q->shape[0] * q->shape[1], q->shape[2], q->shape[3],
+                                  n->dp[0], t_ptr(c[0]), t_ptr(c[1]), t_ptr(c[2]), t_ptr(c[3]), t_ptr(c[4]),
+                                  t_ptr((tensor *)n->saved), t_ptr(grads[0]), t_ptr(grads[1]),
+                                  t_ptr(grads[2]));
+    drop_copies(5, in, c);
+    if (gc != g) t_drop(gc);
+    for (int i = 0; i < 3; i++) {
+        if (!s && n->in[i]->requires_grad)
+            s = ag_accum(n->in[i], grads[i]); /* which may keep grads[i] */
+        else
+            t_drop(grads[i]);
+    }
+    return s;
+}
+
+/* The forward on the inputs' CUDA device (checked as attention_causal
+ * checks them; scale resolved). */
+static tensor *attention_cuda(tensor *q, tensor *k, tensor *v, double scale, bool need)
+{
+    int64_t D = q->shape[3];
+    if (D > CU_ATTENTION_MAX_D)
+        return em_fail(EM_ERR_UNSUPPORTED,
+                       "attention: head dim D = %lld is beyond the CUDA kernel's %d: q is %s", (long long)D,
+                       (int)CU_ATTENTION_MAX_D, shp(q));
+    em_dtype dt = q->dtype;
+    tensor *in[3] = {q, k, v}, *c[3] = {0};
+    tensor *out = t_new_like(q);
+    tensor *lse = out ? t_new_on(q->device, dt == EM_F64 ? EM_F64 : EM_F32, 3, q->shape) : NULL;
+    node *n = lse && need ? ag_record("attention_causal", attention_backward, out, 3, in) : NULL;
+    em_status s = !lse || (need && !n) ? em_last_status() : EM_OK;
+    if (!s && !contig_all(3, in, c)) s = em_last_status();
+    if (!s)
+        s = cu_attention_forward(q->device.index, dt, q->shape[0] * q->shape[1], q->shape[2], D, scale,
+                                 t_ptr(c[0]), t_ptr(c[1]), t_ptr(c[2]), t_ptr(out), t_ptr(lse));
+    drop_copies(3, in, c);
+    if (s || !n) t_drop(lse);
+    if (s) {
+        t_drop(out);
+        return NULL;
+    }
+    if (n) {
+        n->saved = lse; /* a tensor of the open scope: lives as long as the tape */
+        n->dp[0] = scale;
+    }
+    return out;
+}
+#endif
+
 static bool same_shape(const tensor *a, const tensor *b)
 {
     return a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim);
@@ -205,6 +304,7 @@ static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
     if (isnan(scale) || isinf(scale))
         return em_fail(EM_ERR_ARG, "attention: scale must be finite, got %g (<= 0 means 1/sqrt(D))", scale);
     tensor *in[3] = {q, k, v};
+    if (t_same_device("attention", 3, in, NULL)) return NULL;
     bool need = ag_needed(3, in);
     if (need && em_scope_depth() == 0)
         return em_fail(EM_ERR_SCOPE,
@@ -214,6 +314,9 @@ static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
     if (T > INT_MAX || D > INT_MAX)
         return em_fail(EM_ERR_UNSUPPORTED, "attention: T or D beyond BLAS's int range: q is %s", shp(q));
     if (scale <= 0) scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(q)) return attention_cuda(q, k, v, scale, need);
+#endif
     em_dtype dt = q->dtype, ct = compute_dtype(dt);
     size_t es = em_dtype_size(ct);
     tensor *out = t_new(dt, 4, q->shape);

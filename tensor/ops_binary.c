@@ -1,5 +1,7 @@
 /* ops_binary.c — add, sub, mul, div with broadcasting, their scalar forms,
- * and neg: shape/dtype checks, CPU forward, backward, in one place.
+ * and neg: shape/dtype checks, CPU forward, backward, in one place. On a
+ * CUDA device the same ops run through tensor/ops_elementwise.cu (bin_run,
+ * affine_run); the backward functions only call ops that do too.
  *
  * This file is the pattern for an op family: a checked entry point t_xxx on
  * internal tensors, a kernel that is a plain loop (with a fast path for the
@@ -7,6 +9,9 @@
  * function recorded with ag_record, and a public em_xxx wrapper. */
 #include "amp/amp_impl.h"
 #include "tensor_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_elementwise.h"
+#endif
 
 typedef enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV } binop;
 static const char *binop_name[] = {"add", "sub", "mul", "div"};
@@ -136,21 +141,23 @@ static em_status muldiv_backward(node *n, tensor *g)
     return EM_OK;
 }
 
-static tensor *binary(binop k, tensor *a, tensor *b)
+/* out (contiguous, of the broadcast shape) = a <k> b, on out's device */
+static em_status bin_run(binop k, tensor *out, tensor *a, tensor *b)
 {
-    const char *name = binop_name[k];
-    if (!a || !b) return NULL;
-    static const amp_op amp_of[] = {[OP_ADD] = AMP_ADD, [OP_SUB] = AMP_SUB, [OP_MUL] = AMP_MUL, [OP_DIV] = AMP_DIV};
-    if (!amp_promote(amp_of[k], &a, &b)) return NULL;
-    if (!chk_same_dtype(name, a, b)) return NULL;
-    if (a->dtype == EM_BOOL || (k == OP_DIV && !em_dtype_is_float(a->dtype)))
-        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s and %s)", name,
-                       em_dtype_name(a->dtype), shp(a), shp(b));
-    int nd;
-    int64_t shape[EM_MAX_DIMS];
-    if (bcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
-    tensor *out = t_new(a->dtype, nd, shape);
-    if (!out) return NULL;
+    int nd = out->ndim;
+    const int64_t *shape = out->shape;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(out)) {
+        static const cu_binop cu_of[] = {
+            [OP_ADD] = CU_ADD, [OP_SUB] = CU_SUB, [OP_MUL] = CU_MUL, [OP_DIV] = CU_DIV};
+        cu_walk w = {.ndim = nd};
+        memcpy(w.shape, shape, sizeof(int64_t) * (size_t)nd);
+        t_contig_strides(nd, shape, w.stride[0]);
+        bcast_strides(a, nd, shape, w.stride[1]);
+        bcast_strides(b, nd, shape, w.stride[2]);
+        return cu_binary(out->device.index, cu_of[k], &w, a->dtype, t_ptr(out), t_ptr(a), t_ptr(b));
+    }
+#endif
     int64_t n = t_numel(out);
     bin_ctx c = {.k = k, .out = out, .a = a, .b = b};
     bool same = a->ndim == nd && b->ndim == nd && !memcmp(a->shape, shape, sizeof(int64_t) * (size_t)nd) &&
@@ -168,6 +175,28 @@ static tensor *binary(binop k, tensor *a, tensor *b)
         bcast_strides(b, nd, shape, c.sb);
         parallel_for(n, 1 << 14, bin_strided, &c);
     }
+    return EM_OK;
+}
+
+static tensor *binary(binop k, tensor *a, tensor *b)
+{
+    const char *name = binop_name[k];
+    if (!a || !b) return NULL;
+    static const amp_op amp_of[] = {
+        [OP_ADD] = AMP_ADD, [OP_SUB] = AMP_SUB, [OP_MUL] = AMP_MUL, [OP_DIV] = AMP_DIV};
+    if (!amp_promote(amp_of[k], &a, &b)) return NULL;
+    if (!chk_same_dtype(name, a, b)) return NULL;
+    if (a->dtype == EM_BOOL || (k == OP_DIV && !em_dtype_is_float(a->dtype)))
+        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s and %s)", name,
+                       em_dtype_name(a->dtype), shp(a), shp(b));
+    int nd;
+    int64_t shape[EM_MAX_DIMS];
+    if (bcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
+    em_device dev;
+    if (t_same_device(name, 2, (tensor *[]){a, b}, &dev)) return NULL;
+    tensor *out = t_new_on(dev, a->dtype, nd, shape);
+    if (!out) return NULL;
+    if (bin_run(k, out, a, b)) return NULL;
     tensor *in[2] = {a, b};
     if (ag_needed(2, in)) {
         if (!chk_float(name, a)) return NULL;
@@ -218,6 +247,21 @@ static em_status affine_backward(node *n, tensor *g)
     return ga ? ag_accum(n->in[0], ga) : em_last_status();
 }
 
+/* out (contiguous, a's shape) = a*m + s, on a's device */
+static em_status affine_run(tensor *out, tensor *a, double m, double s)
+{
+#if EM_HAVE_CUDA
+    if (t_on_cuda(a)) {
+        cu_walk w;
+        cu_walk_of(&w, out, 2, (const tensor *[]){out, a});
+        return cu_unary(a->device.index, CU_AFFINE, &w, a->dtype, t_ptr(out), t_ptr(a), m, s);
+    }
+#endif
+    affine_ctx c = {out, a, m, s};
+    parallel_for(t_numel(a), 1 << 15, affine_range, &c);
+    return EM_OK;
+}
+
 static tensor *affine(const char *name, tensor *a, double m, double s)
 {
     if (!a) return NULL;
@@ -226,8 +270,7 @@ static tensor *affine(const char *name, tensor *a, double m, double s)
                        shp(a));
     tensor *out = t_new_like(a);
     if (!out) return NULL;
-    affine_ctx c = {out, a, m, s};
-    parallel_for(t_numel(a), 1 << 15, affine_range, &c);
+    if (affine_run(out, a, m, s)) return NULL;
     if (ag_needed(1, &a)) {
         node *n = ag_record(name, affine_backward, out, 1, &a);
         if (!n) return NULL;

@@ -1,8 +1,13 @@
 /* ops_compare.c — comparisons (eq, ne, lt, le, gt, ge -> EM_BOOL, broadcasting,
  * not differentiable) and selection by a bool mask: where(cond, a, b) and
- * masked_fill(a, mask, value), both differentiable in their float inputs. */
+ * masked_fill(a, mask, value), both differentiable in their float inputs.
+ * On a CUDA device they run through tensor/ops_elementwise.cu: compares as
+ * cu_binary, the selections as a strided copy then cu_select. */
 #include "amp/amp_impl.h"
 #include "tensor_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_elementwise.h"
+#endif
 
 typedef enum { C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE } cmpop;
 static const char *cmpop_name[] = {"eq", "ne", "lt", "le", "gt", "ge"};
@@ -49,6 +54,20 @@ static void cmp_range(void *p, int64_t lo, int64_t hi)
     }
 }
 
+#if EM_HAVE_CUDA
+/* w over contiguous out's shape: operand 0 out, 1 a and 2 b (either may be
+ * NULL: strides 0), both broadcast to out */
+static void bcast_walk(cu_walk *w, const tensor *out, const tensor *a, const tensor *b)
+{
+    memset(w, 0, sizeof *w);
+    w->ndim = out->ndim;
+    memcpy(w->shape, out->shape, sizeof(int64_t) * (size_t)out->ndim);
+    t_contig_strides(out->ndim, out->shape, w->stride[0]);
+    if (a) bcast_strides(a, out->ndim, out->shape, w->stride[1]);
+    if (b) bcast_strides(b, out->ndim, out->shape, w->stride[2]);
+}
+#endif
+
 /* out = a <op> b, broadcast, EM_BOOL; never recorded on the tape */
 static tensor *compare(cmpop k, tensor *a, tensor *b)
 {
@@ -58,8 +77,19 @@ static tensor *compare(cmpop k, tensor *a, tensor *b)
     int nd;
     int64_t shape[EM_MAX_DIMS];
     if (bcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
-    tensor *out = t_new(EM_BOOL, nd, shape);
+    em_device dev;
+    if (t_same_device(name, 2, (tensor *[]){a, b}, &dev)) return NULL;
+    tensor *out = t_new_on(dev, EM_BOOL, nd, shape);
     if (!out) return NULL;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(out)) {
+        static const cu_binop cu_of[] = {
+            [C_EQ] = CU_EQ, [C_NE] = CU_NE, [C_LT] = CU_LT, [C_LE] = CU_LE, [C_GT] = CU_GT, [C_GE] = CU_GE};
+        cu_walk w;
+        bcast_walk(&w, out, a, b);
+        return cu_binary(dev.index, cu_of[k], &w, a->dtype, t_ptr(out), t_ptr(a), t_ptr(b)) ? NULL : out;
+    }
+#endif
     int64_t n = t_numel(out);
     cmp_ctx c = {.k = k, .out = out, .a = a, .b = b};
     c.flat = a->dtype == EM_F32 && t_is_contig(a) && t_is_contig(b) && t_numel(a) == n && t_numel(b) == n;
@@ -105,6 +135,34 @@ static void sel_range(void *p, int64_t lo, int64_t hi)
     }
 }
 
+/* out (contiguous, the broadcast shape) = cond ? a : b, with `fill` standing
+ * for a NULL a or b; on out's device */
+static em_status sel_run(tensor *out, tensor *cond, tensor *a, tensor *b, double fill)
+{
+    int nd = out->ndim;
+    const int64_t *shape = out->shape;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(out)) {
+        /* out = b (or fill), then a (or fill) over it where cond */
+        cu_walk w;
+        bcast_walk(&w, out, b, NULL);
+        int dev = out->device.index;
+        em_status s = b ? cu_copy(dev, &w, out->dtype, t_ptr(out), b->dtype, t_ptr(b))
+                        : cu_fill(dev, out->dtype, t_ptr(out), t_numel(out), fill);
+        if (s) return s;
+        bcast_walk(&w, out, cond, a);
+        return cu_select(dev, &w, out->dtype, t_ptr(out), t_ptr(cond), a ? t_ptr(a) : NULL, true, fill);
+    }
+#endif
+    sel_ctx c = {.out = out, .cond = cond, .a = a, .b = b};
+    st(out->dtype, c.fill, fill);
+    bcast_strides(cond, nd, shape, c.sc);
+    if (a) bcast_strides(a, nd, shape, c.sa);
+    if (b) bcast_strides(b, nd, shape, c.sb);
+    parallel_for(t_numel(out), 1 << 14, sel_range, &c);
+    return EM_OK;
+}
+
 /* out = g where mask == keep, else 0 (g's shape and dtype, contiguous) */
 typedef struct mask_ctx {
     tensor *out, *g, *mask;
@@ -135,8 +193,20 @@ static void mask_range(void *p, int64_t lo, int64_t hi)
 /* g masked to where mask (broadcast to g) equals keep, summed down to t's shape */
 static tensor *masked_grad(tensor *g, tensor *mask, bool keep, tensor *t)
 {
+    if (t_same_device("where", 2, (tensor *[]){g, mask}, NULL)) return NULL;
     tensor *out = t_new_like(g);
     if (!out) return NULL;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(g)) {
+        if (t_fill_zero(out)) return NULL;
+        cu_walk w;
+        bcast_walk(&w, out, mask, NULL);
+        memcpy(w.stride[2], g->stride, sizeof(int64_t) * (size_t)g->ndim);
+        if (cu_select(g->device.index, &w, g->dtype, t_ptr(out), t_ptr(mask), t_ptr(g), keep, 0.0))
+            return NULL;
+        return ag_sum_to(out, t->ndim, t->shape);
+    }
+#endif
     mask_ctx c = {.out = out, .g = g, .mask = mask, .keep = keep};
     bcast_strides(mask, g->ndim, g->shape, c.sm);
     parallel_for(t_numel(g), 1 << 14, mask_range, &c);
@@ -170,14 +240,12 @@ static tensor *t_where(tensor *cond, tensor *a, tensor *b)
         bcast_shape("where", cond->ndim, cond->shape, n1, s1, &nd, shape))
         return em_fail(EM_ERR_SHAPE, "where: cond %s, a %s and b %s do not broadcast together", shp(cond),
                        shp(a), shp(b));
-    tensor *out = t_new(a->dtype, nd, shape);
-    if (!out) return NULL;
-    sel_ctx c = {.out = out, .cond = cond, .a = a, .b = b};
-    bcast_strides(cond, nd, shape, c.sc);
-    bcast_strides(a, nd, shape, c.sa);
-    bcast_strides(b, nd, shape, c.sb);
-    parallel_for(t_numel(out), 1 << 14, sel_range, &c);
     tensor *in[3] = {cond, a, b};
+    em_device dev;
+    if (t_same_device("where", 3, in, &dev)) return NULL;
+    tensor *out = t_new_on(dev, a->dtype, nd, shape);
+    if (!out) return NULL;
+    if (sel_run(out, cond, a, b, 0.0)) return NULL;
     if (ag_needed(3, in) && !ag_record("where", where_backward, out, 3, in)) return NULL;
     return out;
 }
@@ -200,14 +268,10 @@ static tensor *t_masked_fill(tensor *a, tensor *mask, double value)
         memcmp(shape, a->shape, sizeof(int64_t) * (size_t)nd))
         return em_fail(EM_ERR_SHAPE, "masked_fill: mask %s does not broadcast to a's shape %s", shp(mask),
                        shp(a));
-    tensor *out = t_new_like(a);
-    if (!out) return NULL;
-    sel_ctx c = {.out = out, .cond = mask, .a = NULL, .b = a}; /* mask ? fill : a */
-    st(a->dtype, c.fill, value);
-    bcast_strides(mask, nd, shape, c.sc);
-    bcast_strides(a, nd, shape, c.sb);
-    parallel_for(t_numel(out), 1 << 14, sel_range, &c);
     tensor *in[2] = {a, mask};
+    if (t_same_device("masked_fill", 2, in, NULL)) return NULL;
+    tensor *out = t_new_like(a);
+    if (!out || sel_run(out, mask, NULL, a, value)) return NULL; /* mask ? value : a */
     if (ag_needed(2, in) && !ag_record("masked_fill", masked_fill_backward, out, 2, in)) return NULL;
     return out;
 }

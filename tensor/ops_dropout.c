@@ -6,6 +6,9 @@
  * mask depends only on (seed, offset), never on the thread split. The draw
  * advances rng->offset by ceil(n/4). Kept values are scaled by 1/(1-p). */
 #include "tensor_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_nn.h"
+#endif
 
 typedef struct drop_ctx {
     tensor *x, *out;
@@ -81,8 +84,18 @@ static void dback_range(void *p, int64_t lo, int64_t hi)
 /* d dropout = g * mask / (1-p) */
 static em_status dropout_backward(node *n, tensor *g)
 {
-    tensor *gx = t_new(g->dtype, g->ndim, g->shape);
+    tensor *gx = t_new_like(g);
     if (!gx) return em_last_status();
+#if EM_HAVE_CUDA
+    if (t_on_cuda(g)) { /* n->saved is the mask as a u8 device tensor */
+        tensor *mask = n->saved, *gc = t_contig(g);
+        em_status s = gc ? cu_dropout_bwd(g->device.index, g->dtype, t_ptr(gc), t_ptr(mask), t_ptr(gx),
+                                          t_numel(g), n->dp[0])
+                         : em_last_status();
+        if (gc && gc != g) t_drop(gc);
+        return s ? s : ag_accum(n->in[0], gx);
+    }
+#endif
     dback_ctx c = {g, gx, n->saved, n->dp[0]};
     parallel_for(t_numel(g), 1 << 14, dback_range, &c);
     return ag_accum(n->in[0], gx);
@@ -97,7 +110,34 @@ static tensor *t_dropout(tensor *t, double p, bool training, em_rng *rng)
     if (!rng) rng = em_default_rng();
     int64_t n = t_numel(t), blocks = (n + 3) / 4;
     bool grad = ag_needed(1, &t);
-    tensor *out = t_new(t->dtype, t->ndim, t->shape);
+    tensor *out = t_new_like(t);
+#if EM_HAVE_CUDA
+    if (out && t_on_cuda(t)) {
+        /* the same counters and arithmetic on the device: the CPU's mask, bit for bit */
+        tensor *mask = grad ? t_new_on(t->device, EM_U8, 1, (const int64_t[]){n}) : NULL;
+        tensor *xc = !grad || mask ? t_contig(t) : NULL;
+        double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+        em_status s = xc ? cu_dropout_fwd(t->device.index, t->dtype, t_ptr(xc), t_ptr(out),
+                                          mask ? t_ptr(mask) : NULL, n, rng->seed, rng->offset, p, scale)
+                         : em_last_status();
+        if (xc && xc != t) t_drop(xc);
+        if (s) {
+            t_drop(mask);
+            return NULL;
+        }
+        rng->offset += (uint64_t)blocks;
+        if (grad) {
+            node *nd = ag_record("dropout", dropout_backward, out, 1, &t);
+            if (!nd) {
+                t_drop(mask);
+                return NULL;
+            }
+            nd->saved = mask;
+            nd->dp[0] = scale;
+        }
+        return out;
+    }
+#endif
     uint8_t *mask = grad && out ? scope_alloc((size_t)(n ? n : 1)) : NULL;
     if (!out || (grad && !mask)) return NULL;
     double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;

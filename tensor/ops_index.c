@@ -8,6 +8,9 @@
 #include <stdio.h>
 
 #include "tensor_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_nn.h"
+#endif
 
 /* ---- index checks ------------------------------------------------------------- */
 
@@ -33,6 +36,34 @@ static bool check_index(const char *op, const tensor *idx, int64_t limit, const 
         nditer_next(&it);
     }
     return true;
+}
+
+/* check_index for indices anywhere: CUDA indices are checked on a host copy. */
+static bool check_index_any(const char *op, tensor *idx, int64_t limit, const char *range)
+{
+#if EM_HAVE_CUDA
+    if (t_on_cuda(idx)) {
+        int64_t n = t_numel(idx);
+        tensor *ic = t_contig(idx);
+        size_t m = tmp_mark();
+        int32_t *host = ic ? tmp_alloc(sizeof(int32_t) * (size_t)(n + 1)) : NULL;
+        bool ok =
+            host && !cu_memcpy(host, em_device_cpu(), t_ptr(ic), ic->device, sizeof(int32_t) * (size_t)n);
+        if (ok) {
+            tensor th = *ic;
+            storage hs = {
+                .data = host, .nbytes = sizeof(int32_t) * (size_t)n, .refcount = 1, .in_arena = true};
+            th.st = &hs;
+            th.offset = 0;
+            th.device = em_device_cpu();
+            ok = check_index(op, &th, limit, range);
+        }
+        tmp_release(m);
+        if (ic && ic != idx) t_drop(ic);
+        return ok;
+    }
+#endif
+    return check_index(op, idx, limit, range);
 }
 
 /* ---- index_select / embedding forward: out (outer, K, inner) from t (outer, S, inner) */
@@ -102,6 +133,16 @@ static bool select_kernel(tensor *t, int d, const tensor *idx, tensor *out)
     for (int i = 0; i < d; i++) outer *= t->shape[i];
     for (int i = d + 1; i < t->ndim; i++) inner *= t->shape[i];
     if (outer * K * inner == 0) return true;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(t)) {
+        tensor *tc = t_contig(t), *ic = tc ? t_contig((tensor *)idx) : NULL;
+        bool ok = ic && !cu_index_gather(t->device.index, t_esize(t), t_ptr(tc), t_ptr(ic), t_ptr(out), outer,
+                                         t->shape[d], K, inner);
+        if (tc && tc != t) t_drop(tc);
+        if (ic && ic != idx) t_drop(ic);
+        return ok;
+    }
+#endif
     size_t m = tmp_mark();
     int32_t *iv = tmp_alloc(sizeof(int32_t) * (size_t)K);
     if (!iv) return false;
@@ -163,6 +204,23 @@ static void index_add_range(void *p, int64_t lo, int64_t hi)
 static em_status index_add_backward(tensor *in, int d, const tensor *idx, tensor *g)
 {
     em_dtype ct = in->dtype == EM_F64 ? EM_F64 : EM_F32;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(in)) {
+        /* the kernel reads g in its own dtype and adds in ct (atomics: see ops_nn.cu) */
+        int64_t K = t_numel(idx), outer = 1, inner = 1;
+        for (int i = 0; i < d; i++) outer *= in->shape[i];
+        for (int i = d + 1; i < in->ndim; i++) inner *= in->shape[i];
+        tensor *acc = t_zeros_on(in->device, ct, in->ndim, in->shape);
+        tensor *gc = acc ? t_contig(g) : NULL, *ic = gc ? t_contig((tensor *)idx) : NULL;
+        em_status s = ic ? cu_index_add(in->device.index, ct, t_ptr(acc), g->dtype, t_ptr(gc), t_ptr(ic),
+                                        outer, in->shape[d], K, inner)
+                         : em_last_status();
+        if (gc && gc != g) t_drop(gc);
+        if (ic && ic != idx) t_drop(ic);
+        tensor *gx = s ? NULL : ct == in->dtype ? acc : t_cast(acc, in->dtype);
+        return gx ? ag_accum(in, gx) : s ? s : em_last_status();
+    }
+#endif
     tensor *gc = g->dtype == ct ? t_contig(g) : t_cast(g, ct);
     tensor *acc = gc ? t_zeros(ct, in->ndim, in->shape) : NULL;
     if (!acc) return em_last_status();
@@ -211,13 +269,14 @@ static tensor *t_index_select(tensor *t, int dim, tensor *idx)
     int d = t_dim("index_select", dim, t->ndim, 0);
     if (d < 0 || !chk_index_dtype("index_select", idx)) return NULL;
     if (idx->ndim != 1) return em_fail(EM_ERR_SHAPE, "index_select: indices must be 1-D, got %s", shp(idx));
+    if (t_same_device("index_select", 2, (tensor *[]){t, idx}, NULL)) return NULL;
     char range[96];
     snprintf(range, sizeof range, "for dim %d of size %lld (shape %s)", dim, (long long)t->shape[d], shp(t));
-    if (!check_index("index_select", idx, t->shape[d], range)) return NULL;
+    if (!check_index_any("index_select", idx, t->shape[d], range)) return NULL;
     int64_t shape[EM_MAX_DIMS];
     memcpy(shape, t->shape, sizeof shape);
     shape[d] = idx->shape[0];
-    tensor *out = t_new(t->dtype, t->ndim, shape);
+    tensor *out = t_new_on(t->device, t->dtype, t->ndim, shape);
     if (!out || !select_kernel(t, d, idx, out)) return NULL;
     tensor *in[2] = {t, idx};
     if (ag_needed(1, &t)) {
@@ -236,13 +295,14 @@ static tensor *t_embedding(tensor *w, tensor *idx)
     if (idx->ndim + 1 > EM_MAX_DIMS)
         return em_fail(EM_ERR_SHAPE, "embedding: indices %s have too many dims for a (...,C) result",
                        shp(idx));
+    if (t_same_device("embedding", 2, (tensor *[]){w, idx}, NULL)) return NULL;
     char range[64];
     snprintf(range, sizeof range, "for %lld rows", (long long)w->shape[0]);
-    if (!check_index("embedding", idx, w->shape[0], range)) return NULL;
+    if (!check_index_any("embedding", idx, w->shape[0], range)) return NULL;
     int64_t shape[EM_MAX_DIMS];
     memcpy(shape, idx->shape, sizeof(int64_t) * (size_t)idx->ndim);
     shape[idx->ndim] = w->shape[1];
-    tensor *out = t_new(w->dtype, idx->ndim + 1, shape);
+    tensor *out = t_new_on(w->device, w->dtype, idx->ndim + 1, shape);
     if (!out || !select_kernel(w, 0, idx, out)) return NULL;
     tensor *in[2] = {w, idx};
     if (ag_needed(1, &w) && !ag_record("embedding", embedding_backward, out, 2, in)) return NULL;

@@ -7,6 +7,9 @@
  * ignored targets. f16/bf16 logits are computed in f32. */
 #include "amp/amp_impl.h"
 #include "rows_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_nn.h"
+#endif
 
 typedef struct ce_ctx {
     bool f64;
@@ -157,6 +160,75 @@ static bool chk_targets(const tensor *tg, int64_t C, int64_t ignore)
     return true;
 }
 
+#if EM_HAVE_CUDA
+/* ---- CUDA: the same maths in tensor/ops_nn.cu; what the backward needs lives
+ * on the device, in tensors of the step's scope. */
+
+typedef struct ce_cuda_saved {
+    tensor *tgt;   /* (rows) i32, contiguous */
+    tensor *stats; /* f64 (3*rows + 1): max, lse, loss per row; count (cuda_nn.h) */
+} ce_cuda_saved;
+
+static em_status ce_backward_cuda(node *n, tensor *g)
+{
+    tensor *x = n->in[0];
+    ce_cuda_saved *sv = n->saved;
+    int last = x->ndim - 1;
+    int64_t C = x->shape[last], rows = t_numel(sv->tgt);
+    tensor *xr = nn_rows(x, last), *dx = xr ? t_new_like(x) : NULL;
+    em_status s = dx ? cu_cross_entropy_bwd(x->device.index, x->dtype, t_ptr(xr), t_ptr(sv->tgt), rows, C,
+                                            n->ip[0], t_ptr(sv->stats), g->dtype, t_ptr(g), t_ptr(dx))
+                     : em_last_status();
+    if (xr && xr != x) t_drop(xr);
+    return s ? s : ag_accum(x, dx);
+}
+
+/* The targets are range-checked on the host (a copy of them comes back first). */
+static tensor *cross_entropy_cuda(tensor *x, tensor *tg, int ignore, bool rec)
+{
+    int last = x->ndim - 1, dev = x->device.index;
+    int64_t C = x->shape[last], rows = t_numel(tg);
+    tensor *tv = t_clone(tg); /* the node keeps its own contiguous copy */
+    if (!tv) return NULL;
+    size_t m = tmp_mark();
+    int32_t *host = tmp_alloc(sizeof(int32_t) * (size_t)(rows + 1));
+    bool ok =
+        host && !cu_memcpy(host, em_device_cpu(), t_ptr(tv), tv->device, sizeof(int32_t) * (size_t)rows);
+    if (ok) {
+        tensor th = *tv;
+        storage hs = {
+            .data = host, .nbytes = sizeof(int32_t) * (size_t)rows, .refcount = 1, .in_arena = true};
+        th.st = &hs;
+        th.offset = 0;
+        th.device = em_device_cpu();
+        ok = chk_targets(&th, C, ignore);
+    }
+    tmp_release(m);
+    tensor *stats = ok ? t_new_on(x->device, EM_F64, 1, (const int64_t[]){3 * rows + 1}) : NULL;
+    tensor *out = stats ? t_new_on(x->device, x->dtype, 0, NULL) : NULL;
+    tensor *xr = out ? nn_rows(x, last) : NULL;
+    ce_cuda_saved *sv = xr && rec ? scope_alloc(sizeof *sv) : NULL;
+    ok =
+        xr && (!rec || sv) &&
+        !cu_cross_entropy_fwd(dev, x->dtype, t_ptr(xr), t_ptr(tv), rows, C, ignore, t_ptr(stats), t_ptr(out));
+    if (xr && xr != x) t_drop(xr);
+    node *nd = ok && rec ? ag_record("cross_entropy", ce_backward_cuda, out, 1, &x) : NULL;
+    if (nd) {
+        *sv = (ce_cuda_saved){tv, stats};
+        nd->saved = sv;
+        nd->ip[0] = ignore;
+        return out;
+    }
+    t_drop(tv);
+    t_drop(stats);
+    if (!ok || rec) { /* rec here means ag_record failed */
+        t_drop(out);
+        return NULL;
+    }
+    return out;
+}
+#endif
+
 static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
 {
     const char *op = "cross_entropy";
@@ -169,13 +241,17 @@ static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
         return em_fail(EM_ERR_SHAPE,
                        "%s: targets %s must have the shape of logits %s without the last dim, %s", op,
                        shp(tg), shp(x), shp_of(x->ndim - 1, x->shape));
+    if (t_same_device(op, 2, (tensor *[]){x, tg}, NULL)) return NULL;
     int last = x->ndim - 1;
     int64_t C = x->shape[last], rows = t_numel(tg);
-    if (!chk_targets(tg, C, ignore)) return NULL;
+    if (!t_on_cuda(x) && !chk_targets(tg, C, ignore)) return NULL; /* CUDA: checked on a host copy */
     bool rec = ag_needed(1, &x);
     if (rec && em_scope_depth() == 0)
         return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)",
                        op);
+#if EM_HAVE_CUDA
+    if (t_on_cuda(x)) return cross_entropy_cuda(x, tg, ignore, rec);
+#endif
     tensor *out = t_new(x->dtype, 0, NULL);
     if (!out) return NULL;
     ce_saved *sv = rec ? scope_alloc(sizeof *sv) : NULL;

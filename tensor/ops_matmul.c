@@ -11,12 +11,20 @@
  * broadcast (NumPy rules) and are looped over, one GEMM per batch element;
  * the threads come from OpenBLAS inside each call. When b has no batch dims
  * and a's batch dims and rows are one evenly strided run (a linear layer on
- * (B,T,C)), the whole product is a single GEMM of (B*T,K) @ (K,N). */
+ * (B,T,C)), the whole product is a single GEMM of (B*T,K) @ (K,N).
+ * On a CUDA device the product is one cuBLAS strided-batched GEMM (see
+ * matmul_cuda below): f32 (TF32 when em_cuda_tf32), f64, and f16/bf16
+ * multiplied as they are with f32 accumulation. The backward is built from
+ * t_matmul, views and ag_sum_to, so it runs wherever the forward does. */
 #include <cblas.h>
 #include <limits.h>
 
 #include "amp/amp_impl.h"
+#include "ember/runtime.h"
 #include "tensor_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_matmul.h"
+#endif
 
 /* An operand as BLAS sees it: data in the compute dtype, its geometry, and
  * how its last two dims map onto a BLAS matrix. */
@@ -94,7 +102,8 @@ static bool prepare(operand *op, tensor *t, em_dtype ct)
         convert_par(ct, buf, t->dtype, t_ptr(t), t_numel(t));
         op->data = buf;
         memcpy(op->stride, t->stride, sizeof(int64_t) * (size_t)n);
-        blas_layout(t->shape[n - 2], t->shape[n - 1], t->stride[n - 2], t->stride[n - 1], &op->trans, &op->ld);
+        blas_layout(t->shape[n - 2], t->shape[n - 1], t->stride[n - 2], t->stride[n - 1], &op->trans,
+                    &op->ld);
         return true;
     }
     tensor h;
@@ -190,8 +199,10 @@ static em_status matmul_backward(node *n, tensor *g)
             /* b = W^T for a contiguous W (N,K) (a Linear layer): compute
              * dW = g^T a directly, so the gradient reaches W contiguous */
             bool b_is_wt = b->stride[0] == 1 && b->stride[1] == K && K > 1;
-            if (b_is_wt) gb = a2 && g2 ? t_transpose(t_matmul(t_transpose(g2, 0, 1), a2), 0, 1) : NULL;
-            else gb = a2 && g2 ? t_matmul(t_transpose(a2, 0, 1), g2) : NULL;
+            if (b_is_wt)
+                gb = a2 && g2 ? t_transpose(t_matmul(t_transpose(g2, 0, 1), a2), 0, 1) : NULL;
+            else
+                gb = a2 && g2 ? t_matmul(t_transpose(a2, 0, 1), g2) : NULL;
         } else {
             gb = t_matmul(t_transpose(a, -1, -2), g);
             gb = gb ? ag_sum_to(gb, b->ndim, b->shape) : NULL;
@@ -202,10 +213,195 @@ static em_status matmul_backward(node *n, tensor *g)
     return EM_OK;
 }
 
+/* The CPU product of a (...,M,K) and b (...,K,N) (checked) into a new
+ * tensor of (nb + 2, shape). */
+static tensor *matmul_cpu(tensor *a, tensor *b, int nb, const int64_t *shape, int64_t M, int64_t N, int64_t K)
+{
+    em_dtype dt = a->dtype;
+    /* the compute dtype: bf16 stays bf16 where AMX multiplies it (f32
+     * accumulation, one rounding of each result), everything else goes
+     * through f32 / f64 */
+    em_dtype ct = dt == EM_BF16 && gemm_bf16_fast()               ? EM_BF16
+                  : dt == EM_F32 || dt == EM_F16 || dt == EM_BF16 ? EM_F32
+                                                                  : EM_F64;
+    tensor *out = t_new(dt, nb + 2, shape);
+    if (!out) return NULL;
+
+    size_t mk = tmp_mark();
+    operand oa, ob;
+    char *c = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * em_dtype_size(ct) + 1);
+    if (!c || !prepare(&oa, a, ct) || !prepare(&ob, b, ct)) {
+        tmp_release(mk);
+        t_drop(out);
+        return NULL;
+    }
+    matmul_kernel(ct, &oa, &ob, c, nb, shape, M, N, K);
+    if (dt != ct) convert_par(dt, t_ptr(out), ct, c, t_numel(out));
+    tmp_release(mk);
+    return out;
+}
+
+#if EM_HAVE_CUDA
+/* ---- CUDA: one cuBLAS call ----------------------------------------------------------
+ * Each operand goes to cuBLAS as it lies when its last two dims are a
+ * row-major or a transposed matrix (a Linear's W^T: a transpose flag, no
+ * copy) and its batch dims step through the output's batch with one
+ * stride (0 when it repeats: a (K,N) weight under a (B,M,K) input). Then
+ * the whole product is one strided-batched GEMM, and a (B,M,K) @ (K,N)
+ * folds into a single (B*M,K) @ (K,N). Any other layout is first copied on
+ * the device: a matrix that is neither way round into a contiguous one,
+ * batch dims that no single stride walks (a broadcast in the middle, a
+ * permuted view) into contiguous matrices over the output's batch dims. */
+
+/* The operand of a GEMM: device pointer, transpose flag, leading dim and
+ * the stride from one matrix of the batch to the next. */
+typedef struct cu_operand {
+    const void *data;
+    bool trans;
+    int64_t ld, batch_stride;
+} cu_operand;
+
+/* Whether batch strides s over the batch shape (nb, bs) walk the flattened
+ * batch index with one stride (*S). */
+static bool one_batch_stride(int nb, const int64_t *bs, const int64_t *s, int64_t *S)
+{
+    bool found = false;
+    int64_t inner = 1; /* batch elements per step of dim i */
+    *S = 0;
+    for (int i = nb - 1; i >= 0; i--) {
+        if (bs[i] == 1) continue;
+        if (!found) {
+            *S = s[i];
+            found = true;
+        } else if (s[i] != *S * inner) {
+            return false;
+        }
+        inner *= bs[i];
+    }
+    return true;
+}
+
+/* t as a GEMM operand over the output's batch dims (nb, bs). *copy is a
+ * tensor made for it on the device, or NULL; drop it once the GEMM is
+ * queued. */
+static em_status cu_operand_of(cu_operand *op, tensor *t, int nb, const int64_t *bs, tensor **copy)
+{
+    *copy = NULL;
+    int n = t->ndim;
+    int64_t R = t->shape[n - 2], C = t->shape[n - 1];
+    CBLAS_TRANSPOSE tr = CblasNoTrans;
+    int64_t ld = 1;
+    if (!blas_layout(R, C, t->stride[n - 2], t->stride[n - 1], &tr, &ld)) {
+        if (!(*copy = t_clone(t))) return em_last_status();
+        t = *copy;
+        blas_layout(R, C, t->stride[n - 2], t->stride[n - 1], &tr, &ld); /* row-major now */
+    }
+    operand o = {.ndim = n};
+    memcpy(o.shape, t->shape, sizeof(int64_t) * (size_t)n);
+    memcpy(o.stride, t->stride, sizeof(int64_t) * (size_t)n);
+    int64_t sb[EM_MAX_DIMS], S;
+    batch_strides(&o, nb, bs, sb);
+    if (!one_batch_stride(nb, bs, sb, &S)) {
+        /* t expanded to (bs..., R, C), contiguous */
+        int64_t shape[EM_MAX_DIMS];
+        memcpy(shape, bs, sizeof(int64_t) * (size_t)nb);
+        shape[nb] = R;
+        shape[nb + 1] = C;
+        tensor *e = t_new_on(t->device, t->dtype, nb + 2, shape);
+        if (!e) {
+            t_drop(*copy);
+            return em_last_status();
+        }
+        cu_walk w = {.ndim = nb + 2};
+        memcpy(w.shape, shape, sizeof(int64_t) * (size_t)(nb + 2));
+        memcpy(w.stride[0], e->stride, sizeof(int64_t) * (size_t)(nb + 2));
+        memcpy(w.stride[1], sb, sizeof(int64_t) * (size_t)nb);
+        w.stride[1][nb] = t->stride[n - 2];
+        w.stride[1][nb + 1] = t->stride[n - 1];
+        em_status s = cu_copy(e->device.index, &w, e->dtype, t_ptr(e), t->dtype, t_ptr(t));
+        t_drop(*copy); /* queued before anything that could reuse its memory */
+        *copy = e;
+        if (s) return s;
+        t = e;
+        blas_layout(R, C, t->stride[nb], t->stride[nb + 1], &tr, &ld);
+        S = R * C;
+    }
+    op->data = t_ptr(t);
+    op->trans = tr == CblasTrans;
+    op->ld = ld;
+    op->batch_stride = S;
+    return EM_OK;
+}
+
+/* The product on a's CUDA device (a and b checked, on one device). */
+static tensor *matmul_cuda(tensor *a, tensor *b, int nb, const int64_t *shape, int64_t M, int64_t N,
+                           int64_t K)
+{
+    em_dtype dt = a->dtype;
+    if (dt != EM_F32 && dt != EM_F64 && dt != EM_F16 && dt != EM_BF16)
+        return em_fail(EM_ERR_DTYPE, "matmul: no CUDA product for %s (f32, f64, f16, bf16): a is %s",
+                       em_dtype_name(dt), shp(a));
+    int64_t nbatch = shape_numel(nb, shape);
+    if (nbatch > INT_MAX)
+        return em_fail(EM_ERR_UNSUPPORTED, "matmul: %lld batch elements are beyond cuBLAS's int range",
+                       (long long)nbatch);
+    tensor *out = t_new_on(a->device, dt, nb + 2, shape);
+    if (!out) return NULL;
+    if (M == 0 || N == 0 || nbatch == 0) return out;
+    if (K == 0) { /* an empty sum */
+        if (t_fill_zero(out)) {
+            t_drop(out);
+            return NULL;
+        }
+        return out;
+    }
+    cu_operand oa, ob;
+    tensor *ca = NULL, *cb = NULL;
+    em_status s = cu_operand_of(&oa, a, nb, shape, &ca);
+    if (!s) s = cu_operand_of(&ob, b, nb, shape, &cb);
+    if (!s) {
+        cu_gemm g = {.dt = dt,
+                     .tf32 = em_cuda_tf32(),
+                     .M = M,
+                     .N = N,
+                     .K = K,
+                     .batch = nbatch,
+                     .a = oa.data,
+                     .ta = oa.trans,
+                     .lda = oa.ld,
+                     .stride_a = oa.batch_stride,
+                     .b = ob.data,
+                     .tb = ob.trans,
+                     .ldb = ob.ld,
+                     .stride_b = ob.batch_stride,
+                     .c = t_ptr(out),
+                     .ldc = N,
+                     .stride_c = M * N};
+        /* a's rows run on through its batch at stride lda and b repeats:
+         * one (nbatch*M,K) @ (K,N) */
+        if (nbatch > 1 && !oa.trans && ob.batch_stride == 0 && oa.batch_stride == oa.ld * M &&
+            nbatch * M <= INT_MAX) {
+            g.M = nbatch * M;
+            g.batch = 1;
+        }
+        s = cu_matmul(a->device.index, &g);
+    }
+    t_drop(ca); /* in stream order: the GEMM was queued first */
+    t_drop(cb);
+    if (s) {
+        t_drop(out);
+        return NULL;
+    }
+    return out;
+}
+#endif
+
 tensor *t_matmul(tensor *a, tensor *b)
 {
     if (!a || !b) return NULL;
     if (!(a = amp_in(AMP_MATMUL, a)) || !(b = amp_in(AMP_MATMUL, b))) return NULL;
+    tensor *in[2] = {a, b};
+    if (t_same_device("matmul", 2, in, NULL)) return NULL;
     if (a->ndim < 2 || b->ndim < 2)
         return em_fail(EM_ERR_SHAPE,
                        "matmul: operands must be at least 2-D: a is %s, b is %s (unsqueeze a vector)", shp(a),
@@ -225,28 +421,14 @@ tensor *t_matmul(tensor *a, tensor *b)
         return em_fail(EM_ERR_SHAPE, "matmul: batch dims do not broadcast: a is %s, b is %s", shp(a), shp(b));
     shape[nb] = M;
     shape[nb + 1] = N;
-    em_dtype dt = a->dtype;
-    /* the compute dtype: bf16 stays bf16 where AMX multiplies it (f32
-     * accumulation, one rounding of each result), everything else goes
-     * through f32 / f64 */
-    em_dtype ct = dt == EM_BF16 && gemm_bf16_fast()                       ? EM_BF16
-                  : dt == EM_F32 || dt == EM_F16 || dt == EM_BF16 ? EM_F32
-                                                                   : EM_F64;
-    tensor *out = t_new(dt, nb + 2, shape);
+    tensor *out;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(a))
+        out = matmul_cuda(a, b, nb, shape, M, N, K);
+    else
+#endif
+        out = matmul_cpu(a, b, nb, shape, M, N, K);
     if (!out) return NULL;
-
-    size_t mk = tmp_mark();
-    operand oa, ob;
-    char *c = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * em_dtype_size(ct) + 1);
-    if (!c || !prepare(&oa, a, ct) || !prepare(&ob, b, ct)) {
-        tmp_release(mk);
-        return NULL;
-    }
-    matmul_kernel(ct, &oa, &ob, c, nb, shape, M, N, K);
-    if (dt != ct) convert_par(dt, t_ptr(out), ct, c, t_numel(out));
-    tmp_release(mk);
-
-    tensor *in[2] = {a, b};
     if (ag_needed(2, in) && !ag_record("matmul", matmul_backward, out, 2, in)) return NULL;
     return out;
 }

@@ -7,6 +7,9 @@
  * partial sums, added up at the end). f16/bf16 are computed in f32. */
 #include "amp/amp_impl.h"
 #include "rows_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_nn.h"
+#endif
 
 /* Element i of a contiguous f32 or f64 buffer, as double. */
 static inline double at(const void *p, bool f64, int64_t i)
@@ -201,8 +204,81 @@ static tensor *sum_partials(const double *part, int64_t nparts, int64_t C, em_dt
     return t;
 }
 
+#if EM_HAVE_CUDA
+/* ---- CUDA (tensor/ops_nn.cu): the node saves a device tensor of per-row
+ * mean and rstd (compute dtype, (2*rows)) instead of host doubles. */
+
+static em_status norm_backward(node *n, tensor *g);
+
+static void drop_copy(tensor *copy, const tensor *orig)
+{
+    if (copy != orig) t_drop(copy);
+}
+
+static em_status norm_backward_cuda(node *n, tensor *g)
+{
+    tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL, *stats = n->saved;
+    int last = x->ndim - 1;
+    int64_t C = x->shape[last], rows = C ? t_numel(x) / C : 0, nch = cu_norm_chunks(rows);
+    bool need_w = w && w->requires_grad, need_b = b && b->requires_grad;
+    tensor *xr = nn_rows(x, last), *gr = xr ? nn_rows(g, last) : NULL, *wr = gr && w ? nn_rows(w, 0) : NULL;
+    /* zeros: with no rows the kernels write nothing, and the sums are 0 */
+    tensor *dx = x->requires_grad ? t_new_like(x) : NULL, *dw = need_w ? t_zeros_like(w) : NULL;
+    tensor *db = need_b ? t_zeros_like(b) : NULL;
+    tensor *part = need_w || need_b
+                       ? t_new_on(x->device, rows_dtype(x->dtype), 1, (const int64_t[]){2 * nch * C + 1})
+                       : NULL;
+    bool ok = xr && gr && (!w || wr) && (!x->requires_grad || dx) && (!need_w || dw) && (!need_b || db) &&
+              (!(need_w || need_b) || part);
+    em_status s = ok ? cu_norm_bwd(x->device.index, x->dtype, n->ip[0] != 0, t_ptr(xr), wr ? t_ptr(wr) : NULL,
+                                   t_ptr(gr), t_ptr(stats), dx ? t_ptr(dx) : NULL, dw ? t_ptr(dw) : NULL,
+                                   db ? t_ptr(db) : NULL, part ? t_ptr(part) : NULL, rows, C)
+                     : em_last_status();
+    if (xr) drop_copy(xr, x);
+    if (gr) drop_copy(gr, g);
+    if (wr) drop_copy(wr, w);
+    t_drop(part);
+    if (!s && dx) s = ag_accum(x, dx);
+    if (!s && dw) s = ag_accum(w, dw);
+    if (!s && db) s = ag_accum(b, db);
+    return s;
+}
+
+static tensor *norm_cuda(const char *op, bool rms, tensor *const *in, int nin, bool rec, double eps,
+                         tensor *y)
+{
+    tensor *x = in[0], *w = in[1], *b = nin > 2 ? in[2] : NULL;
+    int last = x->ndim - 1;
+    int64_t C = x->shape[last], rows = C ? t_numel(x) / C : 0;
+    tensor *stats = t_new_on(x->device, rows_dtype(x->dtype), 1, (const int64_t[]){2 * rows});
+    tensor *xr = stats ? nn_rows(x, last) : NULL;
+    tensor *wr = xr && w ? nn_rows(w, 0) : NULL, *br = xr && b ? nn_rows(b, 0) : NULL;
+    bool ok = xr && (!w || wr) && (!b || br) &&
+              !cu_norm_fwd(x->device.index, x->dtype, rms, t_ptr(xr), wr ? t_ptr(wr) : NULL,
+                           br ? t_ptr(br) : NULL, t_ptr(y), t_ptr(stats), rows, C, eps);
+    if (xr) drop_copy(xr, x);
+    if (wr) drop_copy(wr, w);
+    if (br) drop_copy(br, b);
+    node *nd = ok && rec ? ag_record(op, norm_backward, y, nin, in) : NULL;
+    if (nd) {
+        nd->saved = stats;
+        nd->ip[0] = rms;
+        return y;
+    }
+    t_drop(stats);
+    if (!ok || rec) { /* rec here means ag_record failed */
+        t_drop(y);
+        return NULL;
+    }
+    return y;
+}
+#endif
+
 static em_status norm_backward(node *n, tensor *g)
 {
+#if EM_HAVE_CUDA
+    if (t_on_cuda(n->in[0])) return norm_backward_cuda(n, g);
+#endif
     tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     int last = x->ndim - 1;
     int64_t C = x->shape[last], rows = C ? t_numel(x) / C : 0;
@@ -270,12 +346,16 @@ static tensor *norm_impl(const char *op, bool rms, tensor *x, tensor *w, tensor 
     int64_t rows = C ? t_numel(x) / C : 0;
     tensor *in[3] = {x, w, b};
     int nin = rms ? 2 : 3;
+    if (t_same_device(op, nin, in, NULL)) return NULL;
     bool rec = ag_needed(nin, in);
     if (rec && em_scope_depth() == 0)
         return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)",
                        op);
-    tensor *y = t_new(x->dtype, x->ndim, x->shape);
+    tensor *y = t_new_like(x);
     if (!y) return NULL;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(x)) return norm_cuda(op, rms, in, nin, rec, eps, y);
+#endif
     size_t m = tmp_mark(), nstat = sizeof(double) * (size_t)(2 * rows + 1);
     double *stats = rec ? scope_alloc(nstat) : tmp_alloc(nstat);
     int last = x->ndim - 1;

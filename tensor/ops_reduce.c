@@ -7,8 +7,15 @@
  * trailing dims, (rows,inner)->(rows), and column sums over leading dims,
  * (R,C)->(C) (the bias gradient); the rest goes through one strided kernel.
  * f32 sums accumulate in double lanes, so summing 1e6 ones is exact and
- * long sums do not drift. Empty reductions: sum 0, mean NaN, max/min/argmax an error. */
+ * long sums do not drift. Empty reductions: sum 0, mean NaN, max/min/argmax an error.
+ *
+ * On a CUDA device every reduction and the max/min backward run through
+ * tensor/ops_elementwise.cu: one block per output element, a tree in shared
+ * memory, double accumulators, a fixed order (results repeat run to run). */
 #include "tensor_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_elementwise.h"
+#endif
 
 /* Parses (ndims, dims) into a mask of reduced dims; all dims when ndims==0. */
 static bool reduce_mask(const char *op, const tensor *t, int ndims, const int *dims, bool *mask)
@@ -76,6 +83,23 @@ static bool chk_nonempty(const char *op, const tensor *t, const red_geo *g)
     em_fail(EM_ERR_SHAPE, "%s: cannot reduce an empty tensor %s", op, shp(t));
     return false;
 }
+
+#if EM_HAVE_CUDA
+/* g's kept and reduced dims as CUDA walks: kw operand 0 the contiguous
+ * output, 1 the input; rw operand 1 the input */
+static void red_walks(const red_geo *g, cu_walk *kw, cu_walk *rw)
+{
+    memset(kw, 0, sizeof *kw);
+    memset(rw, 0, sizeof *rw);
+    kw->ndim = g->nk;
+    memcpy(kw->shape, g->kshape, sizeof(int64_t) * (size_t)g->nk);
+    t_contig_strides(g->nk, g->kshape, kw->stride[0]);
+    memcpy(kw->stride[1], g->kstride, sizeof(int64_t) * (size_t)g->nk);
+    rw->ndim = g->nr;
+    memcpy(rw->shape, g->rshape, sizeof(int64_t) * (size_t)g->nr);
+    memcpy(rw->stride[1], g->rstride, sizeof(int64_t) * (size_t)g->nr);
+}
+#endif
 
 /* ---- sum / mean -------------------------------------------------------------------- */
 
@@ -184,6 +208,14 @@ static void sum_strided(void *p, int64_t lo, int64_t hi)
 /* Runs the sum of t over g into out (values times scale). */
 static em_status sum_kernel(tensor *t, tensor *out, const red_geo *g, double scale)
 {
+#if EM_HAVE_CUDA
+    if (t_on_cuda(t)) {
+        cu_walk kw, rw;
+        red_walks(g, &kw, &rw);
+        return cu_reduce(t->device.index, CU_RED_SUM, &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out),
+                         scale);
+    }
+#endif
     sum_ctx c = {.t = t, .out = out, .g = g, .scale = scale};
     int nd = t->ndim, first = nd, last = -1;
     for (int i = 0; i < nd; i++)
@@ -263,7 +295,7 @@ static tensor *sum_like(const char *op, tensor *t, int ndims, const int *dims, b
         return em_fail(EM_ERR_DTYPE, "%s: does not take bool tensors (%s); cast first", op, shp(t));
     /* integer sums accumulate in i32 like their inputs (u8 widens to i32) */
     em_dtype odt = t->dtype == EM_U8 ? EM_I32 : t->dtype;
-    tensor *out = t_new(odt, g.on, g.oshape);
+    tensor *out = t_new_on(t->device, odt, g.on, g.oshape);
     if (!out) return NULL;
     /* mean of nothing is 0/0 = NaN */
     double scale = mean ? (g.rn ? 1.0 / (double)g.rn : NAN) : 1.0;
@@ -385,7 +417,9 @@ static void ext_bw_range(void *p, int64_t lo, int64_t hi)
 static em_status ext_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
-    tensor *gx = t_new(x->dtype, x->ndim, x->shape);
+    em_status s = t_same_device(n->op, 2, (tensor *[]){x, g}, NULL);
+    if (s) return s;
+    tensor *gx = t_new_like(x);
     if (!gx) return em_last_status();
     ext_bw_ctx c = {.x = x, .y = n->out, .g = g, .gx = gx};
     bool keep = g->ndim == x->ndim;
@@ -402,9 +436,42 @@ static em_status ext_backward(node *n, tensor *g)
             c.nk++;
         }
     }
+#if EM_HAVE_CUDA
+    if (t_on_cuda(x)) {
+        cu_walk kw = {.ndim = c.nk}, rw = {.ndim = c.nr};
+        memcpy(kw.shape, c.kshape, sizeof(int64_t) * (size_t)c.nk);
+        memcpy(kw.stride[0], c.kg, sizeof(int64_t) * (size_t)c.nk);
+        memcpy(kw.stride[1], c.kx, sizeof(int64_t) * (size_t)c.nk);
+        memcpy(kw.stride[2], c.kgx, sizeof(int64_t) * (size_t)c.nk);
+        memcpy(rw.shape, c.rshape, sizeof(int64_t) * (size_t)c.nr);
+        memcpy(rw.stride[1], c.rx, sizeof(int64_t) * (size_t)c.nr);
+        memcpy(rw.stride[2], c.rgx, sizeof(int64_t) * (size_t)c.nr);
+        s = cu_extreme_backward(x->device.index, &kw, &rw, x->dtype, t_ptr(x), n->out->dtype, t_ptr(n->out),
+                                g->dtype, t_ptr(g), t_ptr(gx));
+        return s ? s : ag_accum(x, gx);
+    }
+#endif
     int64_t kn = shape_numel(c.nk, c.kshape), rn = shape_numel(c.nr, c.rshape);
     parallel_for(kn, rn >= 4096 ? 1 : 4096 / (rn + 1) + 1, ext_bw_range, &c);
     return ag_accum(x, gx);
+}
+
+/* out (contiguous, kept shape) = max/min/argmax of t over g, on t's device */
+static em_status ext_run(ext_kind k, tensor *t, tensor *out, const red_geo *g)
+{
+#if EM_HAVE_CUDA
+    if (t_on_cuda(t)) {
+        static const cu_redop cu_of[] = {
+            [EXT_MAX] = CU_RED_MAX, [EXT_MIN] = CU_RED_MIN, [EXT_ARGMAX] = CU_RED_ARGMAX};
+        cu_walk kw, rw;
+        red_walks(g, &kw, &rw);
+        return cu_reduce(t->device.index, cu_of[k], &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out),
+                         1.0);
+    }
+#endif
+    ext_ctx c = {.k = k, .t = t, .out = out, .g = g};
+    parallel_for(g->kn, g->rn >= 4096 ? 1 : 4096 / (g->rn + 1) + 1, ext_range, &c);
+    return EM_OK;
 }
 
 static tensor *extreme(const char *op, ext_kind k, tensor *t, int ndims, const int *dims, bool keepdim)
@@ -413,10 +480,9 @@ static tensor *extreme(const char *op, ext_kind k, tensor *t, int ndims, const i
     red_geo g;
     if (!red_setup(op, t, ndims, dims, keepdim, &g)) return NULL;
     if (!chk_nonempty(op, t, &g)) return NULL;
-    tensor *out = t_new(k == EXT_ARGMAX ? EM_I32 : t->dtype, g.on, g.oshape);
+    tensor *out = t_new_on(t->device, k == EXT_ARGMAX ? EM_I32 : t->dtype, g.on, g.oshape);
     if (!out) return NULL;
-    ext_ctx c = {.k = k, .t = t, .out = out, .g = &g};
-    parallel_for(g.kn, g.rn >= 4096 ? 1 : 4096 / (g.rn + 1) + 1, ext_range, &c);
+    if (ext_run(k, t, out, &g)) return NULL;
     if (k != EXT_ARGMAX && ag_needed(1, &t)) {
         node *nd = ag_record(op, ext_backward, out, 1, &t);
         if (!nd) return NULL;

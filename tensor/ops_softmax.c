@@ -10,6 +10,9 @@
 #include "amp/amp_impl.h"
 #include "rows_impl.h"
 #include "vmath_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_nn.h"
+#endif
 
 /* ---- rows: a tensor seen as contiguous rows along one dim ------------------------- */
 
@@ -37,7 +40,8 @@ static tensor buf_header(const tensor *like, em_dtype dt, void *p, storage *s)
     h.dtype = dt;
     h.offset = 0;
     t_contig_strides(h.ndim, h.shape, h.stride);
-    *s = (storage){.data = p, .nbytes = (size_t)t_numel(like) * em_dtype_size(dt), .refcount = 1, .in_arena = true};
+    *s = (storage){
+        .data = p, .nbytes = (size_t)t_numel(like) * em_dtype_size(dt), .refcount = 1, .in_arena = true};
     h.st = s;
     return h;
 }
@@ -76,6 +80,35 @@ void rows_done(tensor *out, int d, void *p)
     tensor h = swap_last(out, d), b = buf_header(&h, rows_dtype(out->dtype), p, &s);
     copy_strided(&h, &b);
 }
+
+#if EM_HAVE_CUDA
+/* ---- rows of a CUDA tensor (cuda_nn.h): the kernels there take any float dtype,
+ * so only the layout changes; the copies are device copies. */
+
+tensor *nn_rows(tensor *t, int d)
+{
+    if (t_is_contig(t) && (t->ndim == 0 || d == t->ndim - 1)) return t;
+    tensor h = swap_last(t, d);
+    tensor *r = t_new_on(t->device, t->dtype, h.ndim, h.shape);
+    if (r) copy_strided(r, &h);
+    return r;
+}
+
+tensor *nn_rows_out(tensor *out, int d)
+{
+    if (t_is_contig(out) && (out->ndim == 0 || d == out->ndim - 1)) return out;
+    tensor h = swap_last(out, d);
+    return t_new_on(out->device, out->dtype, h.ndim, h.shape);
+}
+
+void nn_rows_done(tensor *out, int d, tensor *r)
+{
+    if (!r || r == out) return;
+    tensor h = swap_last(out, d);
+    copy_strided(&h, r);
+    t_drop(r);
+}
+#endif
 
 /* ---- f32 row primitives (also used by ops_loss.c) ------------------------------------ */
 
@@ -212,9 +245,21 @@ static em_status softmax_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0], *y = n->out;
     int d = (int)n->ip[0];
-    tensor *dx = t_new(x->dtype, x->ndim, x->shape);
+    tensor *dx = t_new_like(x);
     if (!dx) return em_last_status();
     int64_t len = x->ndim ? x->shape[d] : 1, rows = len ? t_numel(x) / len : 0;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(x)) {
+        tensor *yr = nn_rows(y, d), *gr = yr ? nn_rows(g, d) : NULL, *dr = gr ? nn_rows_out(dx, d) : NULL;
+        em_status s = dr ? cu_softmax_bwd(x->device.index, x->dtype, t_ptr(yr), t_ptr(gr), t_ptr(dr), rows,
+                                          len, n->ip[1] != 0)
+                         : em_last_status();
+        if (dr) nn_rows_done(dx, d, dr);
+        if (yr && yr != y) t_drop(yr);
+        if (gr && gr != g) t_drop(gr);
+        return s ? s : ag_accum(x, dx);
+    }
+#endif
     size_t m = tmp_mark();
     sm_ctx c = {
         .y = rows_in(y, d), .g = rows_in(g, d), .out = rows_out(dx, d), .n = len, .log = n->ip[1] != 0};
@@ -236,19 +281,31 @@ static tensor *softmax_impl(const char *op, tensor *x, int dim, bool log)
     /* a 0-dim tensor counts as one row of one element */
     int d = t_dim(op, dim, x->ndim ? x->ndim : 1, 0);
     if (d < 0) return NULL;
-    tensor *y = t_new(x->dtype, x->ndim, x->shape);
+    tensor *y = t_new_like(x);
     if (!y) return NULL;
     int64_t len = x->ndim ? x->shape[d] : 1, rows = len ? t_numel(x) / len : 0;
-    size_t m = tmp_mark();
-    sm_ctx c = {.x = rows_in(x, d), .out = rows_out(y, d), .n = len, .log = log};
-    if (!c.x || !c.out) {
+#if EM_HAVE_CUDA
+    if (t_on_cuda(x)) {
+        tensor *xr = nn_rows(x, d), *yr = xr ? nn_rows_out(y, d) : NULL;
+        em_status s = yr ? cu_softmax_fwd(x->device.index, x->dtype, t_ptr(xr), t_ptr(yr), rows, len, log)
+                         : em_last_status();
+        if (yr) nn_rows_done(y, d, yr);
+        if (xr && xr != x) t_drop(xr);
+        if (s) return NULL;
+    } else
+#endif
+    {
+        size_t m = tmp_mark();
+        sm_ctx c = {.x = rows_in(x, d), .out = rows_out(y, d), .n = len, .log = log};
+        if (!c.x || !c.out) {
+            tmp_release(m);
+            return NULL;
+        }
+        parallel_for(rows, (1 << 14) / (len + 1) + 1,
+                     rows_dtype(x->dtype) == EM_F32 ? sm_fwd_f32 : sm_fwd_f64, &c);
+        rows_done(y, d, c.out);
         tmp_release(m);
-        return NULL;
     }
-    parallel_for(rows, (1 << 14) / (len + 1) + 1, rows_dtype(x->dtype) == EM_F32 ? sm_fwd_f32 : sm_fwd_f64,
-                 &c);
-    rows_done(y, d, c.out);
-    tmp_release(m);
     if (ag_needed(1, &x)) {
         node *nd = ag_record(op, softmax_backward, y, 1, &x);
         if (!nd) return NULL;

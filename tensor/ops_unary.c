@@ -4,9 +4,13 @@
  * One driver serves every op: a kernel with a contiguous-f32 fast path and a
  * general strided path (ld/st; f16/bf16 computed in f32, f64 in f64), and one
  * backward kernel gx = g * f'(x, y) that reads the saved input x and output y
- * (whichever the derivative is cheaper from). */
+ * (whichever the derivative is cheaper from). On a CUDA device both run
+ * through tensor/ops_elementwise.cu with the same formulas. */
 #include "tensor_impl.h"
 #include "vmath_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_elementwise.h"
+#endif
 
 typedef enum {
     U_POW,
@@ -273,14 +277,56 @@ static void bwd_range(void *ctx, int64_t lo, int64_t hi)
     }
 }
 
+#if EM_HAVE_CUDA
+static const cu_unop cu_of[] = {[U_POW] = CU_POW,
+                                [U_EXP] = CU_EXP,
+                                [U_LOG] = CU_LOG,
+                                [U_SQRT] = CU_SQRT,
+                                [U_RSQRT] = CU_RSQRT,
+                                [U_ABS] = CU_ABS,
+                                [U_TANH] = CU_TANH,
+                                [U_SIGMOID] = CU_SIGMOID,
+                                [U_RELU] = CU_RELU,
+                                [U_GELU] = CU_GELU,
+                                [U_GELU_TANH] = CU_GELU_TANH,
+                                [U_SILU] = CU_SILU};
+#endif
+
 static em_status unary_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
     tensor *gx = t_new_like(x);
     if (!gx) return em_last_status();
-    un_ctx c = {.k = (unop)n->ip[0], .p = n->dp[0], .out = gx, .x = x, .g = g, .y = n->out};
+    unop k = (unop)n->ip[0];
+#if EM_HAVE_CUDA
+    if (t_on_cuda(x)) {
+        em_status s = t_same_device(unop_name[k], 2, (tensor *[]){x, g}, NULL);
+        if (s) return s;
+        cu_walk w;
+        cu_walk_of(&w, gx, 3, (const tensor *[]){gx, x, g});
+        s = cu_unary_backward(x->device.index, cu_of[k], &w, x->dtype, t_ptr(gx), t_ptr(x), t_ptr(n->out),
+                              g->dtype, t_ptr(g), n->dp[0]);
+        return s ? s : ag_accum(x, gx);
+    }
+#endif
+    un_ctx c = {.k = k, .p = n->dp[0], .out = gx, .x = x, .g = g, .y = n->out};
     parallel_for(t_numel(x), 1 << 13, bwd_range, &c);
     return ag_accum(x, gx);
+}
+
+/* out (contiguous, x's shape) = f(x), on x's device */
+static em_status unary_run(unop k, double p, tensor *out, tensor *x)
+{
+#if EM_HAVE_CUDA
+    if (t_on_cuda(x)) {
+        cu_walk w;
+        cu_walk_of(&w, out, 2, (const tensor *[]){out, x});
+        return cu_unary(x->device.index, cu_of[k], &w, x->dtype, t_ptr(out), t_ptr(x), p, 0.0);
+    }
+#endif
+    un_ctx c = {.k = k, .p = p, .out = out, .x = x};
+    parallel_for(t_numel(x), 1 << 13, fwd_range, &c);
+    return EM_OK;
 }
 
 static tensor *unary(unop k, tensor *x, double p)
@@ -295,8 +341,7 @@ static tensor *unary(unop k, tensor *x, double p)
     }
     tensor *out = t_new_like(x);
     if (!out) return NULL;
-    un_ctx c = {.k = k, .p = p, .out = out, .x = x};
-    parallel_for(t_numel(x), 1 << 13, fwd_range, &c);
+    if (unary_run(k, p, out, x)) return NULL;
     if (ag_needed(1, &x)) {
         node *n = ag_record(name, unary_backward, out, 1, &x);
         if (!n) return NULL;

@@ -125,3 +125,51 @@ TEST(test_module_to_cuda_moves_every_parameter_and_the_flat_buffers_follow)
     em_scope_end(s);
     em_gpt_free(g);
 }
+
+/* the loss after each of `steps` AdamW steps of the tiny GPT on `dev` */
+static void gpt_losses(em_device dev, int steps, double *loss)
+{
+    em_gpt *g = em_gpt_new(&tiny, 5);
+    CHECK(g != NULL);
+    CHECK_OK(em_module_to(g->m, dev));
+    CHECK_OK(em_module_flatten(g->m));
+    int n = em_module_params(g->m, NULL, 0);
+    em_named v[64];
+    em_tensor *p[64];
+    em_module_params(g->m, v, n);
+    for (int i = 0; i < n; i++) p[i] = v[i].t;
+    em_optimizer *opt = em_adamw_new(n, p, &(em_adam_config){.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8,
+                                                              .weight_decay = 0.1});
+    CHECK(opt != NULL);
+    em_rng r = em_rng_new(9);
+    for (int k = 0; k < steps; k++) {
+        em_scope s = em_scope_begin();
+        em_tensor *x = em_to(em_randint(0, tiny.vocab_size, EM_I32, EM_SHAPE(4, tiny.block_size), &r), dev);
+        em_tensor *y = em_to(em_randint(0, tiny.vocab_size, EM_I32, EM_SHAPE(4, tiny.block_size), &r), dev);
+        em_tensor *l = em_gpt_loss(g, x, y);
+        CHECK(l != NULL);
+        CHECK_OK(em_backward(l, NULL));
+        em_status st = EM_OK;
+        em_clip_grad_norm(n, p, 1.0, &st);
+        CHECK_OK(st);
+        CHECK_OK(em_optim_step(opt));
+        CHECK_OK(em_optim_zero_grad(opt));
+        loss[k] = em_item(em_to(l, em_device_cpu()));
+        em_scope_end(s);
+    }
+    em_optim_free(opt);
+    em_gpt_free(g);
+}
+
+TEST(test_cuda_gpt_training_follows_the_cpu_loss_trajectory)
+{
+    CUDA_OR_SKIP();
+    enum { STEPS = 20 };
+    double cpu[STEPS], gpu[STEPS];
+    gpt_losses(em_device_cpu(), STEPS, cpu);
+    gpt_losses(em_device_cuda(0), STEPS, gpu);
+    for (int k = 0; k < STEPS; k++)
+        if (!(fabs(gpu[k] - cpu[k]) <= 1e-3 * fabs(cpu[k])))
+            th_fail(__FILE__, __LINE__, "step %d: cuda loss %.6f, cpu %.6f", k, gpu[k], cpu[k]);
+    CHECK(gpu[STEPS - 1] < gpu[0]);
+}

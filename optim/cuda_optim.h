@@ -1,0 +1,54 @@
+/* cuda_optim.h — the CUDA kernels of optim/ and amp/ (optim/optim.cu), as the
+ * C code sees them: fused optimizer updates, the sum of squares and scaling
+ * of gradient clipping, and the loss scaler's unscale + inf check.
+ *
+ * Built only with CUDA (the callers guard with `#if EM_HAVE_CUDA`). The
+ * conventions are tensor/cuda_impl.h's: `dev` is made current, work is
+ * queued on dev's compute stream, pointers are device pointers to n
+ * contiguous elements, and the return is EM_OK or an error naming the op. */
+#ifndef EMBER_CUDA_OPTIM_H
+#define EMBER_CUDA_OPTIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ember/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One step's coefficients, computed on the host in double exactly as
+ * optim/optim.c does (f32 kernels round them to f32 once, as the CPU's). */
+typedef struct cu_upd {
+    bool sgd;             /* SGD; else Adam (l2) or AdamW (decoupled) */
+    bool l2, decoupled;   /* Adam: g += wd p;  AdamW: p *= decay */
+    bool nesterov, first; /* SGD */
+    bool has_buf;         /* SGD with momentum */
+    double lr, wd, mom, damp;
+    double b1, b2, eps, step_size, bc2_sqrt, decay;
+} cu_upd;
+
+/* One update of n parameters p (dtype pdt: f32, f64, f16 or bf16) with
+ * gradients g (dtype gdt, same n) and state s1, s2 of dtype sdt (f64 for f64
+ * parameters, else f32): SGD s1 = momentum buffer (NULL without momentum);
+ * Adam/AdamW s1 = m, s2 = v. f16/bf16 parameters compute in f32 and round
+ * once on store. Same arithmetic as optim.c's sgd_f32/adam_f32 (f64). */
+em_status cu_optim_update(int dev, const cu_upd *u, em_dtype pdt, void *p, em_dtype gdt, const void *g,
+                          em_dtype sdt, void *s1, void *s2, int64_t n);
+
+/* *out (a device double) = sum of x[i]^2 over n elements of float dtype dt,
+ * in double, in a fixed order (the same bits every run). */
+em_status cu_sumsq(int dev, em_dtype dt, const void *x, int64_t n, double *out);
+
+/* x[i] *= c over n elements (f32: c rounded to f32 first, as the CPU). */
+em_status cu_scale(int dev, em_dtype dt, void *x, int64_t n, double c);
+
+/* x[i] *= inv (f32/f16/bf16 through f32, as amp/scaler.c); *found (a device
+ * int) := 1 when any result is inf or NaN (never reset here). */
+em_status cu_unscale(int dev, em_dtype dt, void *x, int64_t n, double inv, int *found);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
