@@ -94,11 +94,13 @@ bool cuda_op_ok(const char *op)
 
 static tensor *t_to(tensor *t, em_device dev);
 
+#if EM_HAVE_CUDA
 static em_status to_backward(node *n, tensor *g)
 {
     tensor *gx = t_to(g, n->in[0]->device);
     return gx ? ag_accum(n->in[0], gx) : em_last_status();
 }
+#endif
 
 static tensor *t_to(tensor *t, em_device dev)
 {

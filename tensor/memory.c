@@ -373,7 +373,7 @@ tensor *t_new_on(em_device dev, em_dtype dt, int ndim, const int64_t *shape)
 {
     if (dev.type == EM_CPU) return t_new(dt, ndim, shape);
 #if EM_HAVE_CUDA
-    size_t nbytes;
+    size_t nbytes = 0;
     if (!new_size(dt, ndim, shape, &nbytes)) return NULL;
     /* device storage is never in the scope arena: the tensor's death (its
      * scope's end, or t_free) gives the block back to the caching allocator */
@@ -402,7 +402,7 @@ tensor *t_new_on(em_device dev, em_dtype dt, int ndim, const int64_t *shape)
 
 tensor *t_new(em_dtype dt, int ndim, const int64_t *shape)
 {
-    size_t nbytes;
+    size_t nbytes = 0;
     if (!new_size(dt, ndim, shape, &nbytes)) return NULL;
     storage *s;
     if (depth) {
