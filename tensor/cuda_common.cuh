@@ -49,8 +49,8 @@ __device__ __forceinline__ double load(em_dtype dt, const void *p, int64_t i)
     }
 }
 
-// v into element i of dtype dt: f16/bf16 round from f32 (as the CPU does),
-// integers truncate toward zero, bool is v != 0
+// v into element i of dtype dt, as the CPU's st() does: f16/bf16 round from
+// f32, integers truncate toward zero and saturate (NaN to 0), bool is v != 0
 __device__ __forceinline__ void store(em_dtype dt, void *p, int64_t i, double v)
 {
     switch (dt) {
@@ -58,8 +58,10 @@ __device__ __forceinline__ void store(em_dtype dt, void *p, int64_t i, double v)
     case EM_F64: ((double *)p)[i] = v; break;
     case EM_F16: ((__half *)p)[i] = __float2half_rn((float)v); break;
     case EM_BF16: ((uint16_t *)p)[i] = bf16_bits((float)v); break;
-    case EM_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case EM_U8: ((uint8_t *)p)[i] = (uint8_t)(int)v; break;
+    case EM_I32:
+        ((int32_t *)p)[i] = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+        break;
+    case EM_U8: ((uint8_t *)p)[i] = v != v || v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v; break;
     default: ((uint8_t *)p)[i] = v != 0;
     }
 }

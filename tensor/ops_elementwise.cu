@@ -33,21 +33,6 @@ const char *const unop_name[] = {"pow_scalar",
                                  "add_scalar/mul_scalar/neg"};
 const char *const redop_name[] = {"sum", "max", "min", "argmax"};
 
-// v into element i of dtype dt as the CPU's st() does: like em_cu::store, but
-// integers saturate (NaN to 0) instead of wrapping
-__device__ __forceinline__ void put(em_dtype dt, void *p, int64_t i, double v)
-{
-    if (dt == EM_I32)
-        ((int32_t *)p)[i] = v != v               ? 0
-                            : v >= 2147483647.0  ? INT32_MAX
-                            : v <= -2147483648.0 ? INT32_MIN
-                                                 : (int32_t)v;
-    else if (dt == EM_U8)
-        ((uint8_t *)p)[i] = v != v || v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v;
-    else
-        store(dt, p, i, v);
-}
-
 // ---- binary and compare ---------------------------------------------------------------
 
 __device__ __forceinline__ double arith(cu_binop op, double x, double y)
@@ -97,7 +82,7 @@ __global__ void binary_kernel(cu_walk w, int64_t n, cu_binop op, em_dtype dt, vo
         else if (dt == EM_F32)
             ((float *)out)[off[0]] = arithf(op, (float)x, (float)y);
         else
-            put(dt, out, off[0], arith(op, x, y));
+            store(dt, out, off[0], arith(op, x, y));
     }
 }
 
@@ -222,7 +207,7 @@ __global__ void unary_kernel(cu_walk w, int64_t n, cu_unop op, em_dtype dt, void
         walk_offsets<2>(w, i, off);
         double v = load(dt, x, off[1]);
         v = flt ? (double)fwdf(op, (float)v, (float)p0, (float)p1) : fwd(op, v, p0, p1);
-        put(dt, out, off[0], v);
+        store(dt, out, off[0], v);
     }
 }
 
@@ -236,7 +221,7 @@ __global__ void unary_bw_kernel(cu_walk w, int64_t n, cu_unop op, em_dtype dt, v
         walk_offsets<3>(w, i, off);
         double xv = load(dt, x, off[1]), yv = load(dt, y, off[0]), gv = load(gdt, g, off[2]);
         double d = dt == EM_F64 ? deriv(op, xv, yv, p) : (double)derivf(op, (float)xv, (float)yv, (float)p);
-        put(dt, gx, off[0], gv * d);
+        store(dt, gx, off[0], gv * d);
     }
 }
 
@@ -252,7 +237,7 @@ __global__ void select_kernel(cu_walk w, int64_t n, em_dtype dt, int esize, void
         walk_offsets<3>(w, i, off);
         if ((cond[off[1]] != 0) != keep) continue;
         if (!x)
-            put(dt, out, off[0], fill);
+            store(dt, out, off[0], fill);
         else if (esize == 8)
             ((uint64_t *)out)[off[0]] = ((const uint64_t *)x)[off[2]];
         else if (esize == 4)
@@ -322,11 +307,11 @@ __global__ void reduce_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn, cu
         }
         if (t == 0) {
             if (op == CU_RED_SUM)
-                put(ot, out, ko[0], sh_v[0] * scale);
+                store(ot, out, ko[0], sh_v[0] * scale);
             else if (op == CU_RED_ARGMAX)
                 ((int32_t *)out)[ko[0]] = (int32_t)sh_at[0];
             else
-                put(ot, out, ko[0], sh_v[0]);
+                store(ot, out, ko[0], sh_v[0]);
         }
         __syncthreads(); // shared memory is reused by the next output
     }
@@ -362,7 +347,7 @@ __global__ void extreme_bw_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn
             int64_t ro[3];
             walk_offsets<3>(rw, j, ro);
             bool hit = load(xdt, x, ko[1] + ro[1]) == yv;
-            put(xdt, gx, ko[2] + ro[2], hit ? share : 0.0);
+            store(xdt, gx, ko[2] + ro[2], hit ? share : 0.0);
         }
         __syncthreads(); // everyone has read sh_n[0] before the next output writes it
     }
