@@ -1,0 +1,123 @@
+/* cusim_impl.h — how the pieces of ember's CUDA emulator talk to each other.
+ *
+ * The emulator lets the same .cu sources that nvcc builds for a GPU compile
+ * with the host C++ compiler and run on the CPU (meson -Dcuda=sim). Its parts:
+ *
+ *   include/            the CUDA, cuBLAS and NCCL headers ember includes,
+ *                       declaring just what ember uses (the real toolkit's
+ *                       headers are not on the include path in this build)
+ *   exec.c, fiber.c     the execution model: a block's threads as fibers,
+ *                       barriers, warps, atomics, the sm_90 launch limits,
+ *                       schedule fuzzing and the shared-memory race checker
+ *   runtime.c           devices, device memory (guarded mappings, unreadable
+ *                       from host code), streams and events that run queued
+ *                       work only when something orders it, copies
+ *   cublas.c            the cuBLAS calls ember makes, argument rules checked,
+ *                       computed in double
+ *   nccl.c              the NCCL calls ember makes, across processes through
+ *                       shared memory
+ *
+ * This header is C (runtime.c, cublas.c, nccl.c are C); the kernel side of
+ * the emulator (include/cusim_device.h) is C++ and calls only what is here.
+ * Every function is safe to call from any host thread: device work runs
+ * under one process-wide lock (cusim_lock), on the thread that ordered it. */
+#ifndef EMBER_CUSIM_IMPL_H
+#define EMBER_CUSIM_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- a kernel launch (built by cusim::launch in include/cusim_device.h) ---- */
+typedef struct cusim_launch {
+    const void *func;     /* the kernel's address: its identity (attributes) */
+    const char *name;     /* the kernel as the launch site spelled it, for reports */
+    unsigned grid[3];     /* gridDim */
+    unsigned block[3];    /* blockDim */
+    size_t smem;          /* dynamic shared memory bytes */
+    /* Runs the kernel body for the current thread (threadIdx etc. are set by
+     * the executor before it calls this on the thread's fiber). */
+    void (*run)(void *args);
+    void *args;           /* the kernel's arguments, by value; owned by the launch */
+    void (*free_args)(void *args);
+    int device;           /* filled in by the runtime: the device it was launched on */
+} cusim_launch;
+
+/* ---- exec.c: the execution model ------------------------------------------ */
+
+/* 0 (cudaSuccess) when l respects the sm_90 limits, else the cudaError_t a
+ * GPU gives for it (cudaErrorInvalidConfiguration, ...), with a message for
+ * cusim_last_message. max_dynamic_smem: what cudaFuncSetAttribute allowed
+ * for l->func (48 KiB unless raised). */
+int cusim_check_launch(const cusim_launch *l, size_t max_dynamic_smem);
+
+/* Runs every block of l to completion now, on this thread (called by the
+ * runtime with cusim_lock held and device memory accessible). 0, or
+ * cudaErrorLaunchFailure after printing a report (barrier divergence, a
+ * race, a bad warp mask, a trap). */
+int cusim_exec(const cusim_launch *l);
+
+/* ---- runtime.c: what exec.c and nccl.c need of it ------------------------- */
+
+/* The process-wide lock device work runs under (recursive). */
+void cusim_lock(void);
+void cusim_unlock(void);
+
+/* What an address is to the emulator: in a live device allocation
+ * (CUSIM_MEM_DEVICE, with the allocation's base, size and device), in the
+ * guard zone around one or in a freed one (CUSIM_MEM_INVALID, with the
+ * nearest allocation), or anything else (CUSIM_MEM_OTHER). */
+typedef enum { CUSIM_MEM_OTHER, CUSIM_MEM_DEVICE, CUSIM_MEM_INVALID } cusim_mem_kind;
+typedef struct cusim_alloc_info {
+    void *base;
+    size_t size;
+    int device;
+} cusim_alloc_info;
+cusim_mem_kind cusim_mem_lookup(const void *p, size_t n, cusim_alloc_info *info);
+
+/* Calls fn for every live device allocation (base, size, device), lowest
+ * address first: the schedule checker snapshots and compares them. */
+void cusim_mem_foreach(void (*fn)(void *ctx, void *base, size_t size, int device), void *ctx);
+
+/* Queues l on stream s (NULL: the current device's default stream); the
+ * runtime owns l from here (frees args with free_args, then l with free()).
+ * Checks the launch first: an invalid launch is not queued and its error is
+ * what cudaGetLastError returns next. Returns that error or 0. */
+int cusim_launch_kernel(cusim_launch *l, void *stream);
+
+/* Runs everything stream s has queued so far (and whatever that waits for);
+ * NULL: the current device's default stream. 0 or the sticky error. */
+int cusim_stream_drain(void *stream);
+
+/* Queues fn(ctx) on stream s, to run in stream order (nccl.c publishes a
+ * collective's result this way); fn runs with device memory accessible.
+ * free_ctx(ctx) afterwards (may be NULL). 0 or an error. */
+int cusim_enqueue_host_fn(void *stream, void (*fn)(void *ctx), void *ctx, void (*free_ctx)(void *ctx));
+
+/* The device the calling host thread has current (cudaSetDevice), and how
+ * many emulated devices there are (EMBER_CUSIM_DEVICES, default 2). */
+int cusim_current_device(void);
+int cusim_device_count(void);
+
+/* Makes device memory readable and writable (depth-counted) for emulator
+ * code that touches it outside a queued item; cusim_mem_close undoes it. */
+void cusim_mem_open(void);
+void cusim_mem_close(void);
+
+/* ---- reports (shared by every part) --------------------------------------- */
+
+/* Prints "cusim: <message>" on stderr, counts it, keeps it for
+ * cusim_last_message, and aborts the process when EMBER_CUSIM_FATAL=1. */
+void cusim_report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* How many reports so far, and the text of the last (tests of the checkers). */
+int cusim_report_count(void);
+const char *cusim_last_message(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
