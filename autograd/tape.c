@@ -348,14 +348,21 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
     mark_reachable(rn, root);
     em_status s = EM_OK;
     if (!gh) {
-        g0 = em_scope_depth() ? t_new(root->dtype, root->ndim, root->shape)
-                              : t_new_persistent(root->dtype, root->ndim, root->shape);
-        if (!g0) {
+        /* the seed dL/dL = 1, on the root's device */
+        g0 = em_scope_depth() ? t_new_on(root->device, root->dtype, root->ndim, root->shape)
+                              : t_new_persistent_on(root->device, root->dtype, root->ndim, root->shape);
+        em_status fs = g0 ? EM_OK : em_last_status();
+#if EM_HAVE_CUDA
+        if (g0 && t_on_cuda(g0)) fs = cu_fill(g0->device.index, g0->dtype, t_ptr(g0), 1, 1.0);
+        else
+#endif
+        if (g0) fill_n(g0->dtype, t_ptr(g0), 1.0, 1);
+        if (fs) {
+            if (g0 && g0->depth == 0) t_free(g0);
             em_set_grad_enabled(prev);
             em_autocast_set(cast_prev);
-            return em_last_status();
+            return fs;
         }
-        fill_n(g0->dtype, t_ptr(g0), 1.0, 1);
     }
     s = ag_accum(root, g0);
     if (!gh && g0->depth == 0) t_free(g0);

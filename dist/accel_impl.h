@@ -12,6 +12,7 @@ struct em_accelerator {
     em_pg *pg;
     int rank, world, local_rank, local_world;
     int grad_accum;
+    em_device device; /* where the model, optimizer state and batches live */
     bool split_batches, even_batches;
     double bucket_mb;
     bool find_unused;

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "ember/dist.h"
+#include "ember/runtime.h"
 #include "dist/accel_impl.h"
 #include "dist/dist_impl.h"
 #include "tensor/tensor_impl.h"
@@ -88,6 +89,31 @@ static em_status resolve_config(const em_accel_config *cfg, em_config *c)
     return EM_OK;
 }
 
+/* a->device from the config or EMBER_DEVICE: "cuda" is cuda:LOCAL_RANK, and
+ * a machine with fewer devices than local processes is an error. */
+static em_status resolve_device(em_accelerator *a, const char *want)
+{
+    const char *src = "em_accelerator_new: device";
+    if (!want || !*want) {
+        want = getenv("EMBER_DEVICE");
+        src = "em_accelerator_new: EMBER_DEVICE";
+    }
+    if (!want || !*want) want = "cpu";
+    if (em_device_parse(want, a->local_rank, &a->device))
+        return em_err(EM_ERR_ARG, "%s='%s' is not cpu, cuda or cuda:N", src, want);
+    if (a->device.type != EM_CUDA) return EM_OK;
+    int n = em_cuda_device_count();
+    if (!strcmp(want, "cuda") && a->local_world > n)
+        return em_err(EM_ERR_DEVICE,
+                      "em_accelerator_new: %d processes on this machine need one CUDA device each, but %d %s "
+                      "visible (not enough GPUs available)",
+                      a->local_world, n, n == 1 ? "is" : "are");
+    if (a->device.index >= n)
+        return em_err(EM_ERR_DEVICE, "em_accelerator_new: cuda:%d does not exist (%d CUDA device%s visible)",
+                      a->device.index, n, n == 1 ? "" : "s");
+    return EM_OK;
+}
+
 em_accelerator *em_accelerator_new(const em_accel_config *cfg)
 {
     em_accel_config zero = {0};
@@ -113,6 +139,10 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
     a->local_rank = a->rank;
     a->local_world = a->world;
     if (env_int("LOCAL_RANK", 0, &a->local_rank) || env_int("LOCAL_WORLD_SIZE", 1, &a->local_world)) {
+        em_accelerator_free(a);
+        return NULL;
+    }
+    if (resolve_device(a, cfg->device)) {
         em_accelerator_free(a);
         return NULL;
     }
@@ -150,6 +180,17 @@ bool em_accel_is_main_process(const em_accelerator *a) { return a && a->rank == 
 bool em_accel_is_local_main(const em_accelerator *a) { return a && a->local_rank == 0; }
 int em_accel_grad_accum(const em_accelerator *a) { return a ? a->grad_accum : -1; }
 em_pg *em_accel_pg(const em_accelerator *a) { return a ? a->pg : NULL; }
+em_device em_accel_device(const em_accelerator *a) { return a ? a->device : em_device_cpu(); }
+
+em_status em_accel_to_device(em_accelerator *a, em_batch *b)
+{
+    if (!a || !b) return em_err(EM_ERR_ARG, "em_accel_to_device: %s is NULL", a ? "batch" : "accelerator");
+    em_tensor *x = b->x ? em_to(b->x, a->device) : NULL, *y = b->y ? em_to(b->y, a->device) : NULL;
+    if ((b->x && !x) || (b->y && !y)) return em_last_status();
+    b->x = x;
+    b->y = y;
+    return EM_OK;
+}
 bool em_accel_sync_gradients(const em_accelerator *a) { return a && a->sync; }
 int64_t em_accel_step_count(const em_accelerator *a) { return a ? a->steps : -1; }
 bool em_accel_step_was_skipped(const em_accelerator *a) { return a && a->skipped; }
@@ -158,10 +199,40 @@ em_grad_scaler *em_accel_scaler(const em_accelerator *a) { return a ? a->scaler 
 
 /* ---- prepare ------------------------------------------------------------------ */
 
+static bool model_is_flat(const em_module *m)
+{
+    for (int dt = 0; dt < EM_NUM_DTYPES; dt++)
+        if (em_module_flat_params(m, (em_dtype)dt)) return true;
+    return false;
+}
+
+/* whether every parameter of m is on dev (true for a model without any) */
+static bool model_is_on(em_module *m, em_device dev)
+{
+    int n = em_module_params(m, NULL, 0);
+    em_named *ps = calloc((size_t)n + 1, sizeof *ps);
+    if (!ps) return false;
+    em_module_params(m, ps, n);
+    bool on = true;
+    for (int i = 0; i < n && on; i++) on = em_device_equal(em_device_of(ps[i].t), dev);
+    free(ps);
+    return on;
+}
+
 static em_status prepare_model(em_accelerator *a, em_module *model)
 {
     if (a->model) return em_err(EM_ERR_ARG, "em_accel_prepare: a model is already prepared");
-    em_status s = em_module_flatten(model);
+    em_status s = EM_OK;
+    if (!model_is_flat(model)) {
+        s = em_module_to(model, a->device);
+    } else if (!model_is_on(model, a->device)) {
+        char d[16];
+        return em_err(EM_ERR_DEVICE,
+                      "em_accel_prepare: the model was flattened on another device than the Accelerator's %s; "
+                      "prepare it before em_module_flatten, or move it with em_module_to first",
+                      em_device_str(a->device, d, sizeof d));
+    }
+    if (!s) s = em_module_flatten(model);
     if (s) return s;
     int n = em_module_params(model, NULL, 0);
     em_named *ps = calloc((size_t)n + 1, sizeof *ps);
@@ -234,6 +305,7 @@ bool em_accel_next(em_accelerator *a, em_batch *b)
     }
     bool got = em_loader_next(a->loader, b);
     a->end_of_data = got && em_loader_position(a->loader).batch == em_loader_num_batches(a->loader);
+    if (got && a->device.type != EM_CPU && em_accel_to_device(a, b)) return false;
     return got;
 }
 

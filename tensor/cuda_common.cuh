@@ -1,7 +1,9 @@
 // cuda_common.cuh — what every .cu file of ember shares: element loads and
 // stores for each dtype (with the CPU's rounding rules, so a CUDA op and its
 // CPU twin agree bit for bit where the arithmetic does), strided-walk
-// offsets, launch sizes and the stream of a device.
+// offsets, launch sizes and the stream of a device; and the two macros that
+// let the same kernels build for a GPU (nvcc) or for the host, where ember's
+// CUDA emulator (tests/cusim, meson -Dcuda=sim) runs them.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +12,20 @@
 #include <stdint.h>
 
 #include "cuda_impl.h"
+
+// EM_LAUNCH(kernel, grid, block, smem, stream)(args...): a kernel launch.
+// nvcc: the <<<...>>> launch. Host compiler: the emulator queues it on the
+// stream (tests/cusim/include/cusim_device.h). A template kernel is written
+// in parentheses: EM_LAUNCH((attn_forward<T, A>), ...).
+// EM_DYNAMIC_SHARED(type, name): `name` points at the block's dynamic shared
+// memory (the launch's smem bytes), 16-byte aligned.
+#ifdef __CUDACC__
+#define EM_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#define EM_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#else
+#define EM_LAUNCH(kernel, grid, block, smem, stream) ::cusim::launcher(kernel, #kernel, grid, block, smem, stream)
+#define EM_DYNAMIC_SHARED(type, name) type *name = (type *)::cusim::dynamic_shared()
+#endif
 
 namespace em_cu {
 

@@ -9,6 +9,7 @@
  * list when its forward and backward both have CUDA paths (and tests). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ember/runtime.h"
 #include "tensor_impl.h"
@@ -25,6 +26,28 @@ const char *em_device_str(em_device d, char *buf, size_t size)
     else
         snprintf(buf, size, "cuda:%d", d.index);
     return buf;
+}
+
+em_status em_device_parse(const char *s, int cuda_default, em_device *out)
+{
+    if (!s || !out) return em_err(EM_ERR_ARG, "em_device_parse: %s is NULL", s ? "out" : "the text");
+    if (!strcmp(s, "cpu")) {
+        *out = em_device_cpu();
+        return EM_OK;
+    }
+    if (!strcmp(s, "cuda")) {
+        *out = em_device_cuda(cuda_default);
+        return EM_OK;
+    }
+    if (!strncmp(s, "cuda:", 5) && s[5] >= '0' && s[5] <= '9') {
+        char *end;
+        long i = strtol(s + 5, &end, 10);
+        if (!*end && i >= 0 && i < 1 << 20) {
+            *out = em_device_cuda((int)i);
+            return EM_OK;
+        }
+    }
+    return em_err(EM_ERR_ARG, "device '%s' is not cpu, cuda or cuda:N", s);
 }
 
 em_status t_same_device(const char *op, int n, tensor *const *in, em_device *dev)

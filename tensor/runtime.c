@@ -14,6 +14,9 @@
 
 #if EM_HAVE_CUDA
 #include <dlfcn.h>
+#if EM_CUDA_SIM
+#include <cuda_runtime_api.h>
+#endif
 #endif
 
 const char *em_version(void) { return EM_VERSION; }
@@ -101,7 +104,12 @@ int em_blas_threads(void)
  * the toolkit but no driver or GPU still runs) how many devices it sees. */
 int em_cuda_device_count(void)
 {
-#if EM_HAVE_CUDA
+#if EM_CUDA_SIM
+    /* the emulator's devices (EMBER_CUSIM_DEVICES of them) */
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    return n;
+#elif EM_HAVE_CUDA
     static int cached = -1;
     if (cached >= 0) return cached;
     int n = 0;

@@ -27,6 +27,7 @@
 
 typedef struct train_opts {
     const char *data, *out, *init, *resume;
+    const char *device; /* NULL: the config file / EMBER_DEVICE, else cpu */
     em_gpt_config model;
     int64_t batch, iters, warmup, eval_every, eval_iters, log_every, grad_accum;
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip;
@@ -51,6 +52,8 @@ static int usage(FILE *f)
             "  --weight-decay X --beta1 X --beta2 X       (default 0.1, 0.9, 0.99)\n"
             "  --grad-clip X --dropout X --seed N         (default 1.0, 0, 1337)\n"
             "  --eval-every N --eval-iters N --log-every N (default 250, 200, 10)\n"
+            "  --device cpu|cuda|cuda:N                   where to train (default cpu; cuda is cuda:LOCAL_RANK,\n"
+            "                                             one device per process under `ember launch`); --cpu\n"
             "  --init FILE.safetensors                    start from these weights (names as ember saves them)\n"
             "  --resume DIR                               continue a run from its DIR/state (same flags)\n"
             "  --bytes                                    byte vocabulary instead of the file's characters\n"
@@ -110,6 +113,10 @@ static int parse_args(int argc, char **argv, train_opts *o)
             o->bytes = true;
             continue;
         }
+        if (!strcmp(f, "--cpu")) {
+            o->device = "cpu";
+            continue;
+        }
         if (!strcmp(f, "--no-bias")) {
             o->model.bias = false;
             continue;
@@ -122,6 +129,12 @@ static int parse_args(int argc, char **argv, train_opts *o)
         int64_t n;
         bool ok = true;
         if (!strcmp(f, "--init")) o->init = v;
+        else if (!strcmp(f, "--device")) {
+            em_device d;
+            ok = em_device_parse(v, 0, &d) == EM_OK;
+            if (ok) o->device = v;
+            else fprintf(stderr, "ember train: --device needs cpu, cuda or cuda:N, got '%s'\n", v);
+        }
         else if (!strcmp(f, "--resume"))
             o->resume = v;
         else if (!strcmp(f, "--grad-accum"))
@@ -236,6 +249,7 @@ static em_status evaluate(run *r, double loss[2])
             em_scope sc = em_scope_begin();
             em_batch b;
             s = em_window_sampler_next(&r->eval_sampler[split], &b);
+            if (!s) s = em_accel_to_device(r->acc, &b);
             em_tensor *l = s ? NULL : em_gpt_loss(r->gpt, b.x, b.y);
             if (!s && !l) s = em_last_status();
             if (!s) local[split] += em_item(l);
@@ -282,6 +296,7 @@ static em_status train_step(run *r, double *loss, double *norm)
         em_accel_accumulate(r->acc);
         em_batch b;
         s = em_window_sampler_next(&r->sampler, &b);
+        if (!s) s = em_accel_to_device(r->acc, &b);
         em_tensor *l = s ? NULL : em_gpt_loss(r->gpt, b.x, b.y);
         if (!s && !l) s = em_last_status();
         if (!s) {
@@ -382,7 +397,8 @@ static em_status register_dropout_rngs(run *r)
 static em_status setup(run *r)
 {
     train_opts *o = &r->o;
-    r->acc = em_accelerator_new(&(em_accel_config){.grad_accum = (int)o->grad_accum, .mixed_precision = o->precision});
+    r->acc = em_accelerator_new(
+        &(em_accel_config){.grad_accum = (int)o->grad_accum, .mixed_precision = o->precision, .device = o->device});
     if (!r->acc) return em_last_status();
     r->main = em_accel_is_main_process(r->acc);
     int rank = em_accel_rank(r->acc), world = em_accel_world(r->acc);
@@ -407,7 +423,9 @@ static em_status setup(run *r)
     }
     if (s) return s;
     r->gpt = em_gpt_new(&o->model, o->seed);
-    if (!r->gpt || (s = em_module_flatten(r->gpt->m))) return em_last_status();
+    /* on the Accelerator's device before the flat buffers are made */
+    if (!r->gpt || (s = em_module_to(r->gpt->m, em_accel_device(r->acc))) || (s = em_module_flatten(r->gpt->m)))
+        return em_last_status();
     if (o->init && (s = em_module_load(r->gpt->m, o->init, true))) return s;
     if ((s = make_optimizer(r))) return s;
     if (o->model.dropout > 0 && (s = register_dropout_rngs(r))) return s;

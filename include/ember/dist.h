@@ -251,6 +251,11 @@ typedef struct em_accel_config {
     bool find_unused_parameters;
     const char *config_file;      /* NULL = the default path (absent is fine) */
     em_scaler_config scaler;      /* fp16's loss scaler; zeros = torch's defaults */
+    /* Where the model, optimizer state and batches live: "cpu", "cuda"
+     * (cuda:LOCAL_RANK, one device per process of the machine, as Accelerate
+     * places them) or "cuda:N". NULL = EMBER_DEVICE from the environment,
+     * else "cpu" (the default even where CUDA devices exist). */
+    const char *device;
 } em_accel_config;
 
 typedef struct em_accelerator em_accelerator;
@@ -266,9 +271,17 @@ bool em_accel_is_main_process(const em_accelerator *a);
 bool em_accel_is_local_main(const em_accelerator *a);
 int em_accel_grad_accum(const em_accelerator *a);
 em_pg *em_accel_pg(const em_accelerator *a); /* borrowed */
+/* The device this process computes on (em_accel_config.device). */
+em_device em_accel_device(const em_accelerator *a);
+/* Moves b->x and b->y to the Accelerator's device (em_to: the copies live in
+ * the caller's scope; nothing happens on the CPU). em_accel_next does this
+ * itself; a loop that draws batches another way (a window sampler) calls
+ * it. EM_ERR_ARG on NULL, the em_to error otherwise (b unchanged). */
+em_status em_accel_to_device(em_accelerator *a, em_batch *b);
 
-/* prepare: any argument may be NULL. model: wrapped in DDP when world > 1
- * (flattened either way); opt: its step/zero_grad go through em_accel_step /
+/* prepare: any argument may be NULL. model: moved to the Accelerator's
+ * device (it must not be flattened yet unless it is there already; EM_ERR_
+ * DEVICE says so), flattened, and wrapped in DDP when world > 1; opt: its step/zero_grad go through em_accel_step /
  * em_accel_zero_grad; loader: sharded over ranks (see em_loader_set_shard);
  * sched: stepped with the optimizer (its lr written to every group). The
  * Accelerator borrows all of them: they must outlive it.

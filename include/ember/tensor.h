@@ -114,6 +114,9 @@ em_device em_device_cuda(int index);
 bool em_device_equal(em_device a, em_device b);
 /* "cpu" or "cuda:N" into buf (size >= 16); returns buf. */
 const char *em_device_str(em_device d, char *buf, size_t size);
+/* Reads "cpu", "cuda" (index `cuda_default`) or "cuda:N" into *out. Whether
+ * the device exists is not checked here. EM_ERR_ARG naming s otherwise. */
+em_status em_device_parse(const char *s, int cuda_default, em_device *out);
 /* A copy of t on `dev` (contiguous), or t itself when it is already there.
  * Differentiable: the gradient goes back to t's device. A host -> device
  * copy is staged through pinned memory and returns before it lands, so it
