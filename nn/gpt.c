@@ -4,7 +4,9 @@
  * logits = ln_f(blocks(drop(wte[idx] + wpe[0..T)))) @ wte^T, the output
  * projection tied to the token embedding. The cached forward runs new tokens
  * against the keys and values of the positions already seen (kept in
- * persistent buffers), in a private scope, and copies only the logits out. */
+ * persistent buffers on the model's device), in a private scope, and copies
+ * only the logits out. On CUDA every op of the sampling path runs on the
+ * device; only the last position's logits come back to the host to draw. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -202,7 +204,9 @@ em_gpt_cache *em_gpt_cache_new(em_gpt *g, int64_t batch)
     int64_t shape[5] = {c->n_layer, batch, c->n_head, c->block_size, c->n_embd / c->n_head};
     em_gpt_cache *kv = calloc(1, sizeof *kv);
     em_dtype dt = em_dtype_of(g->wte->weight);
-    tensor *k = kv ? t_new_persistent(dt, 5, shape) : NULL, *v = k ? t_new_persistent(dt, 5, shape) : NULL;
+    em_device dev = em_device_of(g->wte->weight); /* the buffers live beside the model */
+    tensor *k = kv ? t_new_persistent_on(dev, dt, 5, shape) : NULL;
+    tensor *v = k ? t_new_persistent_on(dev, dt, 5, shape) : NULL;
     if (!v) {
         t_drop(k);
         free(kv);
@@ -249,12 +253,15 @@ static em_tensor *block_cached(em_gpt *g, em_gpt_cache *c, int64_t l, em_tensor 
     em_status st = em_copy_into(em_narrow(K, 2, pos, t), p[1]);
     if (!st) st = em_copy_into(em_narrow(V, 2, pos, t), p[2]);
     if (st) return NULL;
-    /* new query i (absolute position pos+i) sees keys j <= pos+i */
+    /* new query i (absolute position pos+i) sees keys j <= pos+i; made on the
+     * host, then moved to the model's device */
     em_tensor *mask = em_empty(EM_BOOL, EM_SHAPE(t, L));
     if (!mask) return NULL;
     uint8_t *mk = em_data(mask);
     for (int64_t i = 0; i < t; i++)
         for (int64_t j = 0; j < L; j++) mk[i * L + j] = j > pos + i;
+    mask = em_to(mask, em_device_of(x));
+    if (!mask) return NULL;
     em_tensor *s =
         em_mul_scalar(em_matmul(p[0], em_transpose(K, 2, 3)), 1.0 / sqrt((double)D)); /* (B,H,t,L) */
     em_tensor *y = em_matmul(em_softmax(em_masked_fill(s, mask, -INFINITY), -1), V);  /* (B,H,t,D) */
@@ -283,10 +290,12 @@ em_tensor *em_gpt_forward_cached(em_gpt *g, em_gpt_cache *c, em_tensor *idx)
                        "(reset the cache and crop the context)",
                        (long long)pos, (long long)t, (long long)g->cfg.block_size);
     bool prev = em_set_grad_enabled(false);
-    /* the result lives in the caller's scope; the rest in a private one */
-    em_tensor *out = em_empty(em_dtype_of(g->wte->weight), EM_SHAPE(c->batch, t, V));
+    /* the result lives in the caller's scope, on the model's device; the rest
+     * in a private one (idx moves to the model's device when it is elsewhere) */
+    em_device dev = em_device_of(g->wte->weight);
+    em_tensor *out = t_handle(t_new_on(dev, em_dtype_of(g->wte->weight), 3, (int64_t[]){c->batch, t, V}));
     em_scope s = em_scope_begin();
-    em_tensor *x = em_nn_embedding_forward(g->wte, idx);
+    em_tensor *x = em_nn_embedding_forward(g->wte, em_to(idx, dev));
     x = em_add(x, em_narrow(g->wpe->weight, 0, pos, t)); /* (B,t,C) */
     for (int64_t l = 0; l < g->cfg.n_layer && x; l++) x = block_cached(g, c, l, x, pos, t);
     em_tensor *logits = x ? head(g, x) : NULL;

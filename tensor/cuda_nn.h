@@ -1,6 +1,7 @@
 /* cuda_nn.h — the CUDA kernels of the neural-network ops (tensor/ops_nn.cu):
  * softmax / log_softmax, cross-entropy, layer_norm / rms_norm, index
- * gather / index-add (embedding, index_select) and dropout, with their
+ * gather / index-add (embedding, index_select), scatter_add and gather
+ * along a dim, and dropout, with their
  * backwards; plus the C helpers the ops use to lay a CUDA tensor out as
  * contiguous rows (implemented in tensor/ops_softmax.c).
  *
@@ -16,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cuda_impl.h"
 #include "ember/tensor.h"
 
 #ifdef __cplusplus
@@ -74,6 +76,23 @@ em_status cu_index_gather(int dev, size_t esize, const void *t, const int32_t *i
 /* acc[o,idx[k],i] += g[o,k,i]; acc f32 or f64 (act), g any float dtype */
 em_status cu_index_add(int dev, em_dtype act, void *acc, em_dtype gdt, const void *g, const int32_t *idx,
                        int64_t outer, int64_t S, int64_t K, int64_t inner);
+
+/* ---- scatter_add / gather along dim d (ops_index.c) ----------------------------------
+ * w (cuda_impl.h) walks the positions of index with dim d removed; its
+ * operands are 0 out, 1 index (i32), 2 src, each with its own strides over
+ * those dims; osd, isd, ssd are their strides along d and L = index's size
+ * along d. Indices are in range (the caller checked them). */
+/* out[.., index[r,j], ..] += src[r,j] (dim d of out taking the index), out and
+ * src of dtype dt (not bool). One thread per position r runs j = 0..L-1 in
+ * order, so no two threads meet on an element: no atomics, deterministic,
+ * and each element's additions in the CPU's order and arithmetic (f32 in
+ * f32, f64 in f64, f16/bf16 rounded after every addition). */
+em_status cu_scatter_add(int dev, em_dtype dt, const cu_walk *w, int64_t L, int64_t osd, int64_t isd, int64_t ssd,
+                         void *out, const int32_t *index, const void *src);
+/* out[r,j] = src[.., index[r,j], ..]: exact copies of esize-byte elements
+ * (out has index's shape; the backward of scatter_add for src). */
+em_status cu_gather_dim(int dev, size_t esize, const cu_walk *w, int64_t L, int64_t osd, int64_t isd, int64_t ssd,
+                        void *out, const int32_t *index, const void *src);
 
 /* ---- dropout over n contiguous elements --------------------------------------------
  * Element i is kept when u_i >= p, u_i from word i%4 of Philox4x32-10(seed,

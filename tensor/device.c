@@ -78,14 +78,17 @@ static const char *const cuda_ops[] = {
     "em_device_of", "em_is_contiguous", "em_ndim", "em_size", "em_shape", "em_strides", "em_offset", "em_numel",
     "em_dtype_of", "em_free", "em_keep", "em_data", "em_shares_storage", "em_requires_grad", "em_set_requires_grad",
     "em_grad", "em_zero_grad", "em_backward", "em_detach", "em_register_grad_hook", "em_clear_grad_hooks",
-    "em_is_leaf", "em_to", "em_set_grad_buffer", "em_module_to", "em_module_flatten",
-    /* layers and the GPT: composites of the ops below (nn/layers.c, nn/gpt.c;
-     * the KV-cache sampler is not here: it concatenates) */
-    "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss",
-    /* views and copies: geometry only, or the core copy kernel (expand is
-     * missing: its backward is a sum) */
-    "reshape", "view", "flatten", "transpose", "permute", "squeeze", "unsqueeze", "slice", "narrow", "contiguous",
-    "copy", "cast",
+    "em_is_leaf", "em_to", "em_set_grad_buffer", "em_module_to", "em_module_flatten", "em_describe",
+    /* values in and out: a device tensor's values are copied off the device */
+    "em_copy_into", "em_to_array", "em_item", "em_zeros_like", "em_ones_like",
+    /* layers and the GPT: composites of the ops below (nn/layers.c, nn/gpt.c,
+     * the KV-cache sampler included: views, copies, matmul, softmax, norms) */
+    "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss", "em_gpt_forward_cached",
+    /* views and copies: geometry only, or the core copy kernel; expand's
+     * backward is the device sum (ag_sum_to), concat/stack copy with the core
+     * copy kernel and their backward is views (tensor/ops_join.c) */
+    "reshape", "view", "flatten", "transpose", "permute", "squeeze", "unsqueeze", "slice", "narrow", "expand",
+    "contiguous", "copy", "cast", "concat", "stack", "split", "chunk",
     /* elementwise, compare, reductions (tensor/ops_elementwise.cu) */
     "add", "sub", "mul", "div", "add_scalar", "mul_scalar", "neg", "pow_scalar", "exp", "log", "sqrt", "rsqrt", "abs",
     "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu", "eq", "ne", "lt", "le", "gt", "ge", "where",
@@ -93,11 +96,10 @@ static const char *const cuda_ops[] = {
     /* matmul and attention (tensor/ops_matmul.cu) */
     "matmul",
     "attention",
-    /* softmax, losses, norms, embedding, dropout (tensor/ops_nn.cu; mse_loss is
-     * composite (nn/layers.c: sub, mul, sum, mul_scalar); scatter_add has no
-     * CUDA kernel yet) */
+    /* softmax, losses, norms, embedding, scatter_add, dropout (tensor/ops_nn.cu;
+     * mse_loss is composite (nn/layers.c: sub, mul, sum, mul_scalar)) */
     "softmax", "log_softmax", "cross_entropy", "mse_loss", "layer_norm", "rms_norm", "embedding", "index_select",
-    "dropout",
+    "scatter_add", "dropout",
     /* optimizers, clipping, scaler, collectives (optim/optim.cu, dist/nccl.c;
      * collectives without NCCL fail in dist/collectives.c, naming why) */
     "em_sgd_new", "em_adam_new", "em_adamw_new", "em_optim_add_group", "em_optim_step", "em_optim_zero_grad",

@@ -4,7 +4,9 @@
  * (index-add of the gradient rows; gather of the gradient).
  *
  * Every index value is checked before anything is allocated: a bad one fails
- * with EM_ERR_INDEX naming the op, the value, its position and the range. */
+ * with EM_ERR_INDEX naming the op, the value, its position and the range.
+ * CUDA tensors take the kernels of tensor/ops_nn.cu (cuda_nn.h); indices on
+ * the device are checked on a host copy first. */
 #include <stdio.h>
 
 #include "tensor_impl.h"
@@ -382,6 +384,20 @@ static void gather_range(void *p, int64_t lo, int64_t hi)
 
 static int64_t scat_grain(int64_t L) { return (1 << 13) / (L + 1) + 1; }
 
+#if EM_HAVE_CUDA
+/* c's positions as a CUDA walk: operands 0 out, 1 index, 2 src */
+static void scat_walk(const scat_ctx *c, cu_walk *w)
+{
+    w->ndim = c->nr;
+    for (int i = 0; i < c->nr; i++) {
+        w->shape[i] = c->rshape[i];
+        w->stride[0][i] = c->ro[i];
+        w->stride[1][i] = c->ri[i];
+        w->stride[2][i] = c->rs[i];
+    }
+}
+#endif
+
 /* d scatter_add: dt = g ; dsrc = gather(g, dim, index) */
 static em_status scatter_backward(node *n, tensor *g)
 {
@@ -389,10 +405,19 @@ static em_status scatter_backward(node *n, tensor *g)
     em_status s;
     if (t->requires_grad && (s = ag_accum(t, g))) return s;
     if (!src->requires_grad) return EM_OK;
-    tensor *gs = t_new(g->dtype, index->ndim, index->shape);
+    tensor *gs = t_new_on(g->device, g->dtype, index->ndim, index->shape);
     if (!gs) return em_last_status();
     scat_ctx c;
     scat_init(&c, gs, index, g, (int)n->ip[0]);
+#if EM_HAVE_CUDA
+    if (t_on_cuda(g)) {
+        cu_walk w;
+        scat_walk(&c, &w);
+        s = cu_gather_dim(g->device.index, t_esize(g), &w, c.L, gs->stride[c.d], index->stride[c.d], g->stride[c.d],
+                          t_ptr(gs), t_ptr(index), t_ptr(g));
+        return s ? s : ag_accum(src, gs);
+    }
+#endif
     /* gather_range reads g through c.rs and writes gs through c.ro */
     parallel_for(shape_numel(c.nr, c.rshape), scat_grain(c.L), gather_range, &c);
     return ag_accum(src, gs);
@@ -417,12 +442,22 @@ static tensor *t_scatter_add(tensor *t, int dim, tensor *index, tensor *src)
                            shp(t), i);
     char range[96];
     snprintf(range, sizeof range, "for dim %d of size %lld (input %s)", dim, (long long)t->shape[d], shp(t));
-    if (!check_index(op, index, t->shape[d], range)) return NULL;
+    if (t_same_device(op, 3, (tensor *[]){t, index, src}, NULL)) return NULL;
+    if (!check_index_any(op, index, t->shape[d], range)) return NULL;
     tensor *out = t_clone(t);
     if (!out) return NULL;
     scat_ctx c;
     scat_init(&c, out, index, src, d);
-    parallel_for(shape_numel(c.nr, c.rshape), scat_grain(c.L), scatter_range, &c);
+#if EM_HAVE_CUDA
+    if (t_on_cuda(t)) {
+        cu_walk w;
+        scat_walk(&c, &w);
+        if (cu_scatter_add(t->device.index, t->dtype, &w, c.L, out->stride[d], index->stride[d], src->stride[d],
+                           t_ptr(out), t_ptr(index), t_ptr(src)))
+            return NULL;
+    } else
+#endif
+        parallel_for(shape_numel(c.nr, c.rshape), scat_grain(c.L), scatter_range, &c);
     tensor *in[3] = {t, index, src};
     if (ag_needed(3, in)) {
         node *n = ag_record(op, scatter_backward, out, 3, in);

@@ -1,6 +1,9 @@
 /* ops_join.c — joining and splitting: concat and stack copy n inputs into
  * one new tensor (backward slices the gradient back to each input); split and
- * chunk return views made with t_narrow, so gradients flow through them. */
+ * chunk return views made with t_narrow, so gradients flow through them.
+ * Every input must be on one device; on CUDA the copies are the core
+ * strided-copy kernel (copy_strided) and the backward is views plus
+ * gradient accumulation, so both directions run on the device. */
 #include "tensor_impl.h"
 
 /* Checks the array itself: n >= 1, no NULL entries. */
@@ -22,7 +25,7 @@ static bool chk_list(const char *op, int n, tensor *const *ts)
                     em_dtype_name(ts[i]->dtype), shp(ts[i]), em_dtype_name(ts[0]->dtype), shp(ts[0]));
             return false;
         }
-    return true;
+    return !t_same_device(op, n, ts, NULL);
 }
 
 /* A header-only copy of t (never handed out) seeing part of its storage:
@@ -81,7 +84,7 @@ static tensor *t_concat(int n, tensor *const *ts, int dim)
                            i, shp(ts[i]), shp(ts[0]), dim);
         shape[d] += ts[i]->shape[d];
     }
-    tensor *out = t_new(ts[0]->dtype, nd, shape);
+    tensor *out = t_new_on(ts[0]->device, ts[0]->dtype, nd, shape);
     if (!out) return NULL;
     int64_t off = 0;
     for (int i = 0; i < n; i++) {
@@ -129,7 +132,7 @@ static tensor *t_stack(int n, tensor *const *ts, int dim)
                            shp(ts[i]), shp(ts[0]));
     int64_t shape[EM_MAX_DIMS];
     for (int i = 0, j = 0; i <= nd; i++) shape[i] = i == d ? n : ts[0]->shape[j++];
-    tensor *out = t_new(ts[0]->dtype, nd + 1, shape);
+    tensor *out = t_new_on(ts[0]->device, ts[0]->dtype, nd + 1, shape);
     if (!out) return NULL;
     for (int i = 0; i < n; i++) {
         tensor v = part_of(out, d, i, -1);

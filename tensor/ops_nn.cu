@@ -1,6 +1,7 @@
 // ops_nn.cu — CUDA kernels of the neural-network ops: softmax / log_softmax,
 // cross-entropy, layer_norm / rms_norm, index gather / index-add (embedding,
-// index_select) and dropout, forward and backward. Contracts in cuda_nn.h;
+// index_select), scatter_add and its gather along a dim, and dropout, forward
+// and backward. Contracts in cuda_nn.h;
 // conventions in cuda_impl.h.
 //
 // Row ops run one block of ROW_THREADS per row (a grid-stride loop over rows
@@ -321,6 +322,47 @@ __global__ void index_add_k(A *acc, em_dtype gdt, const void *g, const int32_t *
     }
 }
 
+/* ---- scatter_add / gather along a dim ------------------------------------------------
+ * w walks the positions of index with dim d removed: operand 0 out, 1 index,
+ * 2 src (cuda_nn.h). */
+
+// One thread per walk position r, serially along d: out[.., index[r,j], ..]
+// += src[r,j] for j = 0..L-1. Different r differ in some dim other than d,
+// so they never write the same element: no atomics, and each element's
+// additions come in the CPU's order (j ascending), in the CPU's arithmetic.
+__global__ void scatter_add_k(cu_walk w, int64_t R, int64_t L, int64_t osd, int64_t isd, int64_t ssd,
+                              em_dtype dt, void *out, const int32_t *index, const void *src)
+{
+    GRID_LOOP(r, R)
+    {
+        int64_t off[3];
+        walk_offsets<3>(w, r, off);
+        for (int64_t j = 0; j < L; j++) {
+            int64_t oo = off[0] + index[off[1] + j * isd] * osd, so = off[2] + j * ssd;
+            if (dt == EM_F32)
+                ((float *)out)[oo] += ((const float *)src)[so];
+            else if (dt == EM_F64)
+                ((double *)out)[oo] += ((const double *)src)[so];
+            else
+                store(dt, out, oo, load(dt, out, oo) + load(dt, src, so));
+        }
+    }
+}
+
+// out[r,j] = src[.., index[r,j], ..]: one thread per element of out, an
+// exact copy of E-sized elements.
+template <typename E>
+__global__ void gather_dim_k(cu_walk w, int64_t R, int64_t L, int64_t osd, int64_t isd, int64_t ssd, E *out,
+                             const int32_t *index, const E *src)
+{
+    GRID_LOOP(i, R * L)
+    {
+        int64_t r = i / L, j = i % L, off[3];
+        walk_offsets<3>(w, r, off);
+        out[off[0] + j * osd] = src[off[2] + index[off[1] + j * isd] * ssd];
+    }
+}
+
 /* ---- dropout ------------------------------------------------------------------------ */
 
 // Philox4x32-10 with counter (ctr, 0): the same words as tensor/rng.c's
@@ -532,6 +574,46 @@ extern "C" em_status cu_index_add(int dev, em_dtype act, void *acc, em_dtype gdt
         EM_LAUNCH(index_add_k<double>, blocks_for(n), THREADS, 0, stream(dev))((double *)acc, gdt, g, idx, outer, S, K, inner);
     else
         EM_LAUNCH(index_add_k<float>, blocks_for(n), THREADS, 0, stream(dev))((float *)acc, gdt, g, idx, outer, S, K, inner);
+    return cu_launched(op);
+}
+
+extern "C" em_status cu_scatter_add(int dev, em_dtype dt, const cu_walk *w, int64_t L, int64_t osd,
+                                    int64_t isd, int64_t ssd, void *out, const int32_t *index, const void *src)
+{
+    const char *op = "scatter_add";
+    em_status s = cu_use(dev, op);
+    int64_t R = walk_numel(*w);
+    if (s || R * L == 0) return s;
+    EM_LAUNCH(scatter_add_k, blocks_for(R), THREADS, 0, stream(dev))(*w, R, L, osd, isd, ssd, dt, out, index, src);
+    return cu_launched(op);
+}
+
+extern "C" em_status cu_gather_dim(int dev, size_t esize, const cu_walk *w, int64_t L, int64_t osd, int64_t isd,
+                                   int64_t ssd, void *out, const int32_t *index, const void *src)
+{
+    const char *op = "gather";
+    em_status s = cu_use(dev, op);
+    int64_t R = walk_numel(*w), n = R * L;
+    if (s || n == 0) return s;
+    unsigned nb = blocks_for(n);
+    cudaStream_t sm = stream(dev);
+    switch (esize) {
+    case 1:
+        EM_LAUNCH(gather_dim_k<uint8_t>, nb, THREADS, 0, sm)(*w, R, L, osd, isd, ssd, (uint8_t *)out, index,
+                                                            (const uint8_t *)src);
+        break;
+    case 2:
+        EM_LAUNCH(gather_dim_k<uint16_t>, nb, THREADS, 0, sm)(*w, R, L, osd, isd, ssd, (uint16_t *)out, index,
+                                                             (const uint16_t *)src);
+        break;
+    case 4:
+        EM_LAUNCH(gather_dim_k<uint32_t>, nb, THREADS, 0, sm)(*w, R, L, osd, isd, ssd, (uint32_t *)out, index,
+                                                             (const uint32_t *)src);
+        break;
+    default:
+        EM_LAUNCH(gather_dim_k<uint64_t>, nb, THREADS, 0, sm)(*w, R, L, osd, isd, ssd, (uint64_t *)out, index,
+                                                             (const uint64_t *)src);
+    }
     return cu_launched(op);
 }
 

@@ -136,7 +136,19 @@ em_tensor *em_zeros_like(const em_tensor *h)
 em_tensor *em_ones_like(const em_tensor *h)
 {
     tensor *t = t_resolve(h, "em_ones_like");
-    return t ? em_ones(t->dtype, t->ndim, t->shape) : NULL;
+    tensor *o = t ? t_new_like(t) : NULL;
+    if (!o) return NULL;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(o)) {
+        if (cu_fill(o->device.index, o->dtype, t_ptr(o), t_numel(o), 1.0)) {
+            t_drop(o);
+            return NULL;
+        }
+        return t_handle(o);
+    }
+#endif
+    fill_n(o->dtype, t_ptr(o), 1.0, t_numel(o));
+    return t_handle(o);
 }
 
 em_status em_copy_into(em_tensor *dh, const em_tensor *sh)
@@ -150,6 +162,11 @@ em_status em_copy_into(em_tensor *dh, const em_tensor *sh)
     if (nd != d->ndim || shape_numel(nd, shape) != t_numel(d))
         return em_err(EM_ERR_SHAPE, "em_copy_into: source %s does not broadcast to destination %s", shp(s),
                       shp(d));
+    if (!em_device_equal(d->device, s->device)) {
+        char a[16], b[16];
+        return em_err(EM_ERR_DEVICE, "em_copy_into: destination %s is on %s but source %s is on %s (move one with em_to)",
+                      shp(d), em_device_str(d->device, a, sizeof a), shp(s), em_device_str(s->device, b, sizeof b));
+    }
     int64_t bs[EM_MAX_DIMS];
     bcast_strides(s, nd, shape, bs);
     tensor view = *s; /* a stack copy with broadcast geometry, never handed out */
@@ -166,6 +183,16 @@ em_status em_to_array(const em_tensor *h, em_dtype dt, void *dst)
     if (!t) return em_last_status();
     if ((unsigned)dt >= EM_NUM_DTYPES) return em_err(EM_ERR_DTYPE, "em_to_array: invalid dtype %d", (int)dt);
     if (!dst && t_numel(t)) return em_err(EM_ERR_ARG, "em_to_array: dst is NULL");
+#if EM_HAVE_CUDA
+    if (t_on_cuda(t)) { /* converted and made contiguous on the device, then one copy to dst */
+        tensor *c = t_new_on(t->device, dt, t->ndim, t->shape);
+        if (!c) return em_last_status();
+        copy_strided(c, t);
+        em_status s = cu_memcpy(dst, em_device_cpu(), t_ptr(c), c->device, (size_t)t_numel(t) * em_dtype_size(dt));
+        t_drop(c);
+        return s;
+    }
+#endif
     tensor out = *t;
     out.dtype = dt;
     out.offset = 0;
@@ -219,6 +246,10 @@ double em_item(const em_tensor *h)
         return em_fail(EM_ERR_SHAPE, "em_item: needs exactly one element, got %s%s", em_dtype_name(t->dtype),
                        shp(t)),
                NAN;
+#if EM_HAVE_CUDA
+    double v;
+    if (t_on_cuda(t)) return em_to_array(h, EM_F64, &v) ? NAN : v;
+#endif
     return ld(t->dtype, t_ptr(t));
 }
 

@@ -315,8 +315,9 @@ em_tensor *em_gpt_loss(em_gpt *g, em_tensor *idx, em_tensor *targets);
 
 /* ---- sampling with a key/value cache ----------------------------------------
  * The cache holds, per layer, the keys and values of the positions already
- * run: persistent buffers (n_layer,batch,n_head,block_size,D) for K and V,
- * and the number of positions filled. It belongs to the model it was made
+ * run: persistent buffers (n_layer,batch,n_head,block_size,D) for K and V
+ * on the model's device (made when the cache is: move the model first), and
+ * the number of positions filled. It belongs to the model it was made
  * for and must be freed before it (em_gpt_cache_free). */
 typedef struct em_gpt_cache em_gpt_cache;
 em_gpt_cache *em_gpt_cache_new(em_gpt *g, int64_t batch); /* NULL + EM_ERR_ARG if batch < 1 */
@@ -324,8 +325,9 @@ void em_gpt_cache_reset(em_gpt_cache *c);                 /* forget every positi
 int64_t em_gpt_cache_len(const em_gpt_cache *c);          /* positions filled */
 void em_gpt_cache_free(em_gpt_cache *c);                  /* NULL is a no-op */
 
-/* idx EM_I32 (batch,t): t new tokens at positions len..len+t-1 after the
- * cached ones. Returns their logits (batch,t,V) in the caller's scope
+/* idx EM_I32 (batch,t), on the host or the model's device: t new tokens at
+ * positions len..len+t-1 after the cached ones. Returns their logits
+ * (batch,t,V), on the model's device, in the caller's scope
  * (persistent if none is open) and appends their keys and values to the
  * cache. Inference only: runs with grad mode off (restored after) and
  * without dropout whatever the modules' mode. EM_ERR_SHAPE when len+t would
@@ -342,6 +344,8 @@ em_tensor *em_gpt_forward_cached(em_gpt *g, em_gpt_cache *c, em_tensor *idx);
  * a seed gives the same tokens. When the context is longer than block_size
  * only its last block_size tokens are seen (the cache is recomputed for the
  * cropped window). Uses no dropout and no autograd; opens its own scopes.
+ * A model on a CUDA device samples there (each step's last logits come back
+ * to the host for the draw).
  * Returns n_prompt + n_new, or -1 with the error set. */
 int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, double temperature, int top_k,
                   em_rng *rng, int32_t *out);

@@ -174,19 +174,23 @@ em_tensor *em_scalar(em_dtype dt, double value); /* 0-dim */
 em_tensor *em_arange(double start, double end, double step, em_dtype dt);
 /* Copies numel elements of dtype dt from data (row-major). */
 em_tensor *em_from_data(em_dtype dt, int ndim, const int64_t *shape, const void *data);
+/* zeros / ones of t's dtype and shape on t's device. */
 em_tensor *em_zeros_like(const em_tensor *t);
 em_tensor *em_ones_like(const em_tensor *t);
 /* A contiguous copy with the same dtype. Differentiable. */
 em_tensor *em_copy(em_tensor *t);
 /* Copies src's values into dst (shapes equal, src may broadcast; dtypes may
- * differ and are converted). Not recorded by autograd. */
+ * differ and are converted). Not recorded by autograd. Both on one device
+ * (EM_ERR_DEVICE otherwise: move one with em_to). */
 em_status em_copy_into(em_tensor *dst, const em_tensor *src);
-/* Writes t's values as contiguous dtype dt elements into dst (numel of them). */
+/* Writes t's values as contiguous dtype dt elements into dst (numel of them),
+ * host memory; a CUDA tensor is copied off its device (this waits for it). */
 em_status em_to_array(const em_tensor *t, em_dtype dt, void *dst);
 /* Element at a full index (ndim entries), as double. NAN + error if out of range. */
 double em_get(const em_tensor *t, const int64_t *index);
 em_status em_set(em_tensor *t, const int64_t *index, double value);
-/* The single element of a tensor with numel 1, as double (NAN on error). */
+/* The single element of a tensor with numel 1, as double (NAN on error); a
+ * CUDA tensor's is copied off the device (this waits for it). */
 double em_item(const em_tensor *t);
 
 /* ---- random numbers --------------------------------------------------------
