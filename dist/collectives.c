@@ -469,7 +469,6 @@ em_status em_gather(em_pg *pg, em_tensor *out, em_tensor *in, int root, em_work 
     em_device dvi, dvo;
     em_status s = group("gather", pg);
     if (!s) s = arg("gather", "in", in, &pi, &ni, &di, &dvi);
-    if (!s && dvi.type == EM_CUDA) s = em_err(EM_ERR_UNSUPPORTED, "gather: not available for CUDA tensors (use all_gather)");
     if (!s) s = rank_arg("gather", "root", pg, root);
     if (!s && pg->rank == root) {
         s = arg("gather", "out (on the root)", out, &po, &no, &dout, &dvo);

@@ -13,7 +13,11 @@
  * Buffers used by a collective are the caller's until the compute stream has
  * waited for `after` (at once for a synchronous call, at em_work_wait for an
  * asynchronous one), which is what keeps the caching allocator's stream-order
- * reuse rule (tensor/cuda_runtime.c) true. */
+ * reuse rule (tensor/cuda_runtime.c) true.
+ *
+ * NCCL's own collectives serve all_reduce, broadcast, all_gather and
+ * reduce_scatter; gather is point-to-point receives at the root in one
+ * NCCL group (gather below). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +116,7 @@ static const char *op_text(int kind)
     case CALL_BROADCAST: return "broadcast";
     case CALL_ALL_GATHER: return "all_gather";
     case CALL_REDUCE_SCATTER: return "reduce_scatter";
+    case CALL_GATHER: return "gather";
     case CALL_SEND: return "send";
     case CALL_RECV: return "recv";
     default: return "collective";
@@ -137,6 +142,25 @@ static em_status compute_waits(int dev, cudaEvent_t e, const char *op)
     if (!s) s = cu_check(cudaStreamWaitEvent((cudaStream_t)cu_stream(dev), e, 0), op);
     cudaEventDestroy(e); /* released once it has completed */
     return s;
+}
+
+/* gather (NCCL has none): in one group, the root receives each other rank's
+ * n elements into its slot of out and copies its own; the others send. The
+ * root's own copy goes on the communication stream, ordered with the rest. */
+static ncclResult_t gather(em_pg *pg, const call *c, ncclDataType_t t, ncclComm_t comm, cudaStream_t cs)
+{
+    size_t n = (size_t)c->h.count, bytes = n * em_dtype_size((em_dtype)c->h.dtype);
+    int root = c->h.root;
+    if (pg->rank != root) return ncclSend(c->in, n, t, root, comm, cs);
+    if (cudaMemcpyAsync((char *)c->out + (size_t)root * bytes, c->in, bytes, cudaMemcpyDeviceToDevice, cs) !=
+        cudaSuccess)
+        return ncclUnhandledCudaError;
+    if (pg->world == 1) return ncclSuccess;
+    ncclResult_t r = ncclGroupStart();
+    for (int k = 0; k < pg->world && r == ncclSuccess; k++)
+        if (k != root) r = ncclRecv((char *)c->out + (size_t)k * bytes, n, t, k, comm, cs);
+    ncclResult_t e = ncclGroupEnd();
+    return r != ncclSuccess ? r : e;
 }
 
 em_status nccl_issue(em_pg *pg, const call *c, int dev, em_work **work)
@@ -167,6 +191,7 @@ em_status nccl_issue(em_pg *pg, const call *c, int dev, em_work **work)
     case CALL_REDUCE_SCATTER: /* count: the input's elements, world x the output's */
         r = ncclReduceScatter(c->in, c->out, n / (size_t)pg->world, t, nccl_op(c->h.op), comm, cs);
         break;
+    case CALL_GATHER: r = gather(pg, c, t, comm, cs); break;
     case CALL_SEND: r = ncclSend(c->in, n, t, c->h.root, comm, cs); break;
     case CALL_RECV: r = ncclRecv(c->in, n, t, c->h.root, comm, cs); break;
     default: return em_err(EM_ERR_UNSUPPORTED, "%s: not available for CUDA tensors", op);

@@ -93,9 +93,9 @@ static const char *const cuda_ops[] = {
     "add", "sub", "mul", "div", "add_scalar", "mul_scalar", "neg", "pow_scalar", "exp", "log", "sqrt", "rsqrt", "abs",
     "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu", "eq", "ne", "lt", "le", "gt", "ge", "where",
     "masked_fill", "sum", "mean", "max", "min", "argmax",
-    /* matmul and attention (tensor/ops_matmul.cu) */
-    "matmul",
-    "attention",
+    /* matmul and attention (tensor/ops_matmul.cu); conv2d and pooling
+     * (tensor/ops_conv.cu, conv2d's products through cuBLAS) */
+    "matmul", "attention", "conv2d", "max_pool2d", "avg_pool2d",
     /* softmax, losses, norms, embedding, scatter_add, dropout (tensor/ops_nn.cu;
      * mse_loss is composite (nn/layers.c: sub, mul, sum, mul_scalar)) */
     "softmax", "log_softmax", "cross_entropy", "mse_loss", "layer_norm", "rms_norm", "embedding", "index_select",
@@ -104,7 +104,7 @@ static const char *const cuda_ops[] = {
      * collectives without NCCL fail in dist/collectives.c, naming why) */
     "em_sgd_new", "em_adam_new", "em_adamw_new", "em_optim_add_group", "em_optim_step", "em_optim_zero_grad",
     "em_optim_load_state", "em_clip_grad_norm", "em_scaler_unscale", "all_reduce", "broadcast", "all_gather",
-    "reduce_scatter", "send", "recv",
+    "reduce_scatter", "gather", "send", "recv",
 };
 
 bool cuda_op_ok(const char *op)

@@ -6,11 +6,21 @@
  * onto the image (col2im). max_pool2d and avg_pool2d are direct loops over
  * each (n,c) plane. All compute in f32 (f64 for f64 inputs); f16/bf16 inputs
  * are converted to f32 scratch and results converted back. Output size along
- * each axis is floor((H + 2p - k) / s) + 1. */
+ * each axis is floor((H + 2p - k) / s) + 1.
+ *
+ * CUDA tensors take the same plan on the device (tensor/ops_conv.cu,
+ * cuda_conv.h): im2col of the whole batch, cuBLAS products through
+ * cu_matmul, col2im; pooling as direct kernels. The bias gradient there is
+ * the device sum over (N, OH, OW). */
 #include <cblas.h>
 #include <limits.h>
 
+#include "ember/runtime.h"
 #include "tensor_impl.h"
+#if EM_HAVE_CUDA
+#include "cuda_conv.h"
+#include "cuda_matmul.h"
+#endif
 
 typedef struct geom {
     int64_t N, C, H, W, O, KH, KW, OH, OW;
@@ -154,12 +164,135 @@ static void conv_geom(geom *g, const tensor *x, const tensor *w, int64_t s, int6
                 x->dtype == EM_F64};
 }
 
+/* ---- conv2d on CUDA ------------------------------------------------------------------ */
+#if EM_HAVE_CUDA
+
+static cu_conv_geom cu_geom(const geom *g)
+{
+    return (cu_conv_geom){g->N, g->C, g->H, g->W, g->O, g->KH, g->KW, g->OH, g->OW, g->s, g->p};
+}
+
+/* t as contiguous elements of dtype ct on its device: t itself when it
+ * already is, else a new tensor the caller t_drop's. */
+static tensor *dev_as_ct(tensor *t, em_dtype ct)
+{
+    if (t->dtype == ct && t_is_contig(t)) return t;
+    tensor *c = t_new_on(t->device, ct, t->ndim, t->shape);
+    if (c) copy_strided(c, t);
+    return c;
+}
+
+/* C (M,N) = op(A) op(B) on the device, packed row-major like gemm() above;
+ * M or N of 0 is nothing to do, K of 0 is zeros. */
+static em_status gemm_cuda(int dev, em_dtype ct, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const tensor *a,
+                           const tensor *b, tensor *c)
+{
+    if (M == 0 || N == 0) return EM_OK;
+    if (K == 0) return cu_fill(dev, ct, t_ptr(c), M * N, 0.0);
+    cu_gemm gm = {.dt = ct, .tf32 = em_cuda_tf32(), .M = M, .N = N, .K = K, .batch = 1,
+                  .a = t_ptr(a), .ta = ta, .lda = ta ? M : K,
+                  .b = t_ptr(b), .tb = tb, .ldb = tb ? K : N,
+                  .c = t_ptr(c), .ldc = N};
+    return cu_matmul(dev, &gm);
+}
+
+/* col (C*KH*KW, N*OH*OW) of dtype ct for x, on x's device; NULL + error */
+static tensor *im2col_cuda(const geom *g, tensor *x, em_dtype ct)
+{
+    cu_conv_geom cg = cu_geom(g);
+    tensor *xc = t_contig(x);
+    tensor *col = xc ? t_new_on(x->device, ct, 2, (int64_t[]){g->C * g->KH * g->KW, g->N * g->OH * g->OW}) : NULL;
+    em_status s = col ? cu_im2col(x->device.index, &cg, x->dtype, t_ptr(xc), ct, t_ptr(col)) : em_last_status();
+    if (xc != x) t_drop(xc);
+    if (s) {
+        t_drop(col);
+        return NULL;
+    }
+    return col;
+}
+
+/* out (N,O,OH,OW) of x's dtype: yt (O, N,OH,OW) = W @ col, + bias, then
+ * permuted into place (the core copy converts to x's dtype) */
+static tensor *conv2d_cuda(const geom *g, tensor *x, tensor *w, tensor *b)
+{
+    int dev = x->device.index;
+    em_dtype ct = g->dbl ? EM_F64 : EM_F32;
+    int64_t ckk = g->C * g->KH * g->KW, cols = g->N * g->OH * g->OW;
+    tensor *wc = dev_as_ct(w, ct), *col = wc ? im2col_cuda(g, x, ct) : NULL;
+    tensor *yt = col ? t_new_on(x->device, ct, 4, (int64_t[]){g->O, g->N, g->OH, g->OW}) : NULL;
+    tensor *out = NULL;
+    em_status s = yt ? gemm_cuda(dev, ct, false, false, g->O, cols, ckk, wc, col, yt) : em_last_status();
+    if (!s && b) { /* yt[o, :] += b[o], summed in ct as the CPU does */
+        cu_walk bw = {.ndim = 2, .shape = {g->O, cols}, .stride = {{cols, 1}, {b->stride[0], 0}}};
+        s = cu_add_into(dev, &bw, ct, t_ptr(yt), b->dtype, t_ptr(b));
+    }
+    if (!s && (out = t_new_on(x->device, x->dtype, 4, (int64_t[]){g->N, g->O, g->OH, g->OW}))) {
+        tensor v = *yt; /* a stack header: yt seen as (N,O,OH,OW) */
+        int64_t ohw = g->OH * g->OW;
+        memcpy(v.shape, out->shape, sizeof v.shape);
+        int64_t st[4] = {ohw, g->N * ohw, g->OW, 1};
+        memcpy(v.stride, st, sizeof st);
+        copy_strided(out, &v);
+    }
+    if (wc != w) t_drop(wc);
+    t_drop(col);
+    t_drop(yt);
+    return out;
+}
+
+/* dx = col2im(W^T gt); dW = gt col^T; db = sum of g over (N,OH,OW), with
+ * gt (O, N*OH*OW) the gradient regrouped by output channel */
+static em_status conv_backward_cuda(const geom *g, node *n, tensor *gout)
+{
+    tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
+    int dev = x->device.index;
+    em_dtype ct = g->dbl ? EM_F64 : EM_F32;
+    int64_t ckk = g->C * g->KH * g->KW, cols = g->N * g->OH * g->OW;
+    cu_conv_geom cg = cu_geom(g);
+    tensor *gt = t_new_on(x->device, ct, 4, (int64_t[]){g->O, g->N, g->OH, g->OW});
+    if (!gt) return em_last_status();
+    tensor v = *gout; /* gout seen as (O,N,OH,OW) */
+    v.shape[0] = gout->shape[1], v.shape[1] = gout->shape[0];
+    v.stride[0] = gout->stride[1], v.stride[1] = gout->stride[0];
+    copy_strided(gt, &v);
+    em_status s = EM_OK;
+    if (w->requires_grad) {
+        tensor *col = im2col_cuda(g, x, ct);
+        tensor *dw = col ? t_new_on(w->device, ct, 4, w->shape) : NULL;
+        s = dw ? gemm_cuda(dev, ct, false, true, g->O, ckk, cols, gt, col, dw) : em_last_status();
+        t_drop(col);
+        tensor *gw = s ? NULL : dw->dtype == w->dtype ? dw : t_cast(dw, w->dtype);
+        if (!s) s = gw ? ag_accum(w, gw) : em_last_status();
+    }
+    if (!s && x->requires_grad) {
+        tensor *wc = dev_as_ct(w, ct);
+        tensor *dcol = wc ? t_new_on(x->device, ct, 2, (int64_t[]){ckk, cols}) : NULL;
+        tensor *dx = dcol ? t_new_on(x->device, x->dtype, 4, x->shape) : NULL;
+        s = dx ? gemm_cuda(dev, ct, true, false, ckk, cols, g->O, wc, gt, dcol) : em_last_status();
+        if (!s) s = cu_col2im(dev, &cg, ct, t_ptr(dcol), x->dtype, t_ptr(dx));
+        if (wc != w) t_drop(wc);
+        t_drop(dcol);
+        if (!s) s = ag_accum(x, dx);
+    }
+    if (!s && b && b->requires_grad) {
+        tensor *db = t_sum(gout, 3, (const int[]){0, 2, 3}, false);
+        s = db ? ag_accum(b, db) : em_last_status();
+    }
+    t_drop(gt);
+    return s;
+}
+
+#endif
+
 /* dx = col2im(W^T g_n); dW = sum_n g_n col_n^T; db = sum over n, oh, ow of g */
 static em_status conv_backward(node *n, tensor *gout)
 {
     tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     geom g;
     conv_geom(&g, x, w, n->ip[0], n->ip[1]);
+#if EM_HAVE_CUDA
+    if (t_on_cuda(x)) return conv_backward_cuda(&g, n, gout);
+#endif
     em_dtype ct = g.dbl ? EM_F64 : EM_F32;
     size_t es = em_dtype_size(ct);
     int64_t ckk = g.C * g.KH * g.KW, ohw = g.OH * g.OW, chw = g.C * g.H * g.W;
@@ -215,29 +348,13 @@ static em_status conv_backward(node *n, tensor *gout)
     return EM_OK;
 }
 
-static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding)
+/* out (N,O,OH,OW) of x's dtype: per image, im2col then (O,CKK) @ (CKK,OHW) + bias */
+static tensor *conv2d_cpu(const geom *gp, tensor *x, tensor *w, tensor *b)
 {
-    const char *op = "conv2d";
-    if (!chk_float(op, x) || !chk_same_dtype(op, x, w) || (b && !chk_same_dtype(op, x, b))) return NULL;
-    if (!chk_4d(op, x, "input") || !chk_4d(op, w, "weight")) return NULL;
-    if (x->shape[1] != w->shape[1])
-        return em_fail(EM_ERR_SHAPE, "conv2d: input %s has %lld channels but weight %s expects %lld", shp(x),
-                       (long long)x->shape[1], shp(w), (long long)w->shape[1]);
-    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
-        return em_fail(EM_ERR_SHAPE, "conv2d: bias %s must be (%lld,) for weight %s", shp(b),
-                       (long long)w->shape[0], shp(w));
-    if (stride < 1 || padding < 0)
-        return em_fail(EM_ERR_ARG, "conv2d: stride %d must be >= 1 and padding %d >= 0", stride, padding);
-    geom g;
-    conv_geom(&g, x, w, stride, padding);
-    if (x->shape[2] + 2 * padding < g.KH || x->shape[3] + 2 * padding < g.KW || g.KH < 1 || g.KW < 1)
-        return em_fail(EM_ERR_SHAPE, "conv2d: kernel %lldx%lld does not fit input %s with padding %d",
-                       (long long)g.KH, (long long)g.KW, shp(x), padding);
-    int64_t ckk = g.C * g.KH * g.KW, ohw = g.OH * g.OW;
-    if (ckk > INT_MAX || ohw > INT_MAX || g.O > INT_MAX)
-        return em_fail(EM_ERR_SHAPE, "conv2d: input %s with weight %s is too large for gemm", shp(x), shp(w));
+    const geom g = *gp;
     em_dtype ct = g.dbl ? EM_F64 : EM_F32;
     size_t es = em_dtype_size(ct);
+    int64_t ckk = g.C * g.KH * g.KW, ohw = g.OH * g.OW;
     tensor *acc_t = t_new(ct, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
     if (!acc_t) return NULL;
     size_t m = tmp_mark();
@@ -263,8 +380,39 @@ static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding
     tmp_release(m);
     tensor *out = ct == x->dtype ? acc_t : t_cast(acc_t, x->dtype);
     if (out != acc_t) t_drop(acc_t);
+    return out;
+}
+
+static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding)
+{
+    const char *op = "conv2d";
+    if (!chk_float(op, x) || !chk_same_dtype(op, x, w) || (b && !chk_same_dtype(op, x, b))) return NULL;
+    if (!chk_4d(op, x, "input") || !chk_4d(op, w, "weight")) return NULL;
+    if (x->shape[1] != w->shape[1])
+        return em_fail(EM_ERR_SHAPE, "conv2d: input %s has %lld channels but weight %s expects %lld", shp(x),
+                       (long long)x->shape[1], shp(w), (long long)w->shape[1]);
+    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+        return em_fail(EM_ERR_SHAPE, "conv2d: bias %s must be (%lld,) for weight %s", shp(b),
+                       (long long)w->shape[0], shp(w));
+    if (stride < 1 || padding < 0)
+        return em_fail(EM_ERR_ARG, "conv2d: stride %d must be >= 1 and padding %d >= 0", stride, padding);
     tensor *in[3] = {x, w, b};
     int nin = b ? 3 : 2;
+    if (t_same_device(op, nin, in, NULL)) return NULL;
+    geom g;
+    conv_geom(&g, x, w, stride, padding);
+    if (x->shape[2] + 2 * padding < g.KH || x->shape[3] + 2 * padding < g.KW || g.KH < 1 || g.KW < 1)
+        return em_fail(EM_ERR_SHAPE, "conv2d: kernel %lldx%lld does not fit input %s with padding %d",
+                       (long long)g.KH, (long long)g.KW, shp(x), padding);
+    int64_t ckk = g.C * g.KH * g.KW, ohw = g.OH * g.OW;
+    /* the device multiplies the whole batch at once: N*OH*OW columns */
+    if (ckk > INT_MAX || ohw > INT_MAX || g.O > INT_MAX || (t_on_cuda(x) && g.N * ohw > INT_MAX))
+        return em_fail(EM_ERR_SHAPE, "conv2d: input %s with weight %s is too large for gemm", shp(x), shp(w));
+#if EM_HAVE_CUDA
+    tensor *out = t_on_cuda(x) ? conv2d_cuda(&g, x, w, b) : conv2d_cpu(&g, x, w, b);
+#else
+    tensor *out = conv2d_cpu(&g, x, w, b);
+#endif
     if (out && ag_needed(nin, in)) {
         node *n = ag_record(op, conv_backward, out, nin, in);
         if (!n) return NULL;
@@ -377,6 +525,17 @@ static em_status pool_backward(node *n, tensor *gout)
     bool is_max = n->ip[3];
     pool_ctx c = {.arg = n->saved};
     pool_geom(&c.g, x, n->ip[0], n->ip[1], n->ip[2]);
+#if EM_HAVE_CUDA
+    if (t_on_cuda(x)) { /* every element of dx written once: no zeroing */
+        cu_conv_geom cg = cu_geom(&c.g);
+        tensor *gc = t_contig(gout), *dx = gc ? t_new_on(x->device, x->dtype, 4, x->shape) : NULL;
+        em_status s = dx ? cu_pool_bwd(x->device.index, is_max, &cg, gout->dtype, t_ptr(gc), c.arg, x->dtype,
+                                       t_ptr(dx))
+                         : em_last_status();
+        if (gc != gout) t_drop(gc);
+        return s ? s : ag_accum(x, dx);
+    }
+#endif
     em_dtype ct = c.g.dbl ? EM_F64 : EM_F32;
     tensor *dx = t_zeros(ct, 4, x->shape);
     if (!dx) return em_last_status();
@@ -394,6 +553,55 @@ static em_status pool_backward(node *n, tensor *gout)
     return gx ? ag_accum(x, gx) : em_last_status();
 }
 
+/* y (N,C,OH,OW) of x's dtype on the CPU; c->arg set (in the scope) when want_arg */
+static tensor *pool_cpu(pool_ctx *c, bool is_max, tensor *x, bool want_arg)
+{
+    em_dtype ct = c->g.dbl ? EM_F64 : EM_F32;
+    int64_t ny = c->g.N * c->g.C * c->g.OH * c->g.OW;
+    tensor *y = t_new(ct, 4, (int64_t[]){c->g.N, c->g.C, c->g.OH, c->g.OW});
+    if (!y) return NULL;
+    if (want_arg && !(c->arg = scope_alloc(sizeof(int32_t) * (size_t)(ny ? ny : 1)))) return NULL;
+    size_t m = tmp_mark();
+    c->x = as_ct(x, ct);
+    c->y = t_ptr(y);
+    if (!c->x) {
+        tmp_release(m);
+        t_drop(y);
+        return NULL;
+    }
+    int64_t work = c->g.KH * c->g.KW * c->g.OH * c->g.OW + 1;
+    parallel_for(c->g.N * c->g.C, 1 + (1 << 14) / work, is_max ? maxpool_range : avgpool_range, c);
+    tmp_release(m);
+    tensor *out = ct == x->dtype ? y : t_cast(y, x->dtype);
+    if (out != y) t_drop(y);
+    return out;
+}
+
+#if EM_HAVE_CUDA
+/* y (N,C,OH,OW) of x's dtype on x's device; when want_arg, the max's choices
+ * go to a new i32 device tensor *argt (c->arg its data), which lives in the
+ * scope as the CPU's scope_alloc'd choices do. */
+static tensor *pool_cuda(pool_ctx *c, bool is_max, tensor *x, bool want_arg, tensor **argt)
+{
+    cu_conv_geom cg = cu_geom(&c->g);
+    int64_t ys[4] = {c->g.N, c->g.C, c->g.OH, c->g.OW};
+    tensor *xc = t_contig(x), *y = xc ? t_new_on(x->device, x->dtype, 4, ys) : NULL;
+    tensor *a = y && want_arg ? t_new_on(x->device, EM_I32, 4, ys) : NULL;
+    em_status s = y && (a || !want_arg) ? cu_pool_fwd(x->device.index, is_max, &cg, x->dtype, t_ptr(xc), t_ptr(y),
+                                                      a ? t_ptr(a) : NULL)
+                                        : em_last_status();
+    if (xc != x) t_drop(xc);
+    if (s) {
+        t_drop(y);
+        t_drop(a);
+        return NULL;
+    }
+    c->arg = a ? t_ptr(a) : NULL;
+    *argt = a;
+    return y;
+}
+#endif
+
 static tensor *t_pool(const char *op, bool is_max, tensor *x, int kernel, int stride, int padding)
 {
     if (!chk_float(op, x) || !chk_4d(op, x, "input")) return NULL;
@@ -407,28 +615,20 @@ static tensor *t_pool(const char *op, bool is_max, tensor *x, int kernel, int st
     if (x->shape[2] + 2 * padding < kernel || x->shape[3] + 2 * padding < kernel)
         return em_fail(EM_ERR_SHAPE, "%s: kernel %d does not fit input %s with padding %d", op, kernel,
                        shp(x), padding);
-    em_dtype ct = c.g.dbl ? EM_F64 : EM_F32;
     bool grad = ag_needed(1, &x);
-    int64_t ny = c.g.N * c.g.C * c.g.OH * c.g.OW;
-    tensor *y = t_new(ct, 4, (int64_t[]){c.g.N, c.g.C, c.g.OH, c.g.OW});
-    if (!y) return NULL;
-    if (grad && is_max && !(c.arg = scope_alloc(sizeof(int32_t) * (size_t)(ny ? ny : 1)))) return NULL;
-    size_t m = tmp_mark();
-    c.x = as_ct(x, ct);
-    c.y = t_ptr(y);
-    if (!c.x) {
-        tmp_release(m);
-        t_drop(y);
-        return NULL;
-    }
-    int64_t work = c.g.KH * c.g.KW * c.g.OH * c.g.OW + 1;
-    parallel_for(c.g.N * c.g.C, 1 + (1 << 14) / work, is_max ? maxpool_range : avgpool_range, &c);
-    tmp_release(m);
-    tensor *out = ct == x->dtype ? y : t_cast(y, x->dtype);
-    if (out != y) t_drop(y);
+    tensor *argt = NULL;
+#if EM_HAVE_CUDA
+    tensor *out = t_on_cuda(x) ? pool_cuda(&c, is_max, x, grad && is_max, &argt)
+                               : pool_cpu(&c, is_max, x, grad && is_max);
+#else
+    tensor *out = pool_cpu(&c, is_max, x, grad && is_max);
+#endif
     if (out && grad) {
         node *n = ag_record(op, pool_backward, out, 1, &x);
-        if (!n) return NULL;
+        if (!n) {
+            t_drop(argt);
+            return NULL;
+        }
         n->saved = c.arg;
         n->ip[0] = kernel;
         n->ip[1] = stride;
