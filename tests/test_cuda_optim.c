@@ -159,6 +159,29 @@ TEST(test_cuda_nccl_all_reduce_in_a_group_of_one)
     em_pg_free(pg);
 }
 
+TEST(test_cuda_nccl_gather_in_a_group_of_one_copies_to_the_root)
+{
+    CUDA_OR_SKIP();
+    em_pg *pg = em_pg_new(&(em_pg_config){.rank = 0, .world = 1});
+    CHECK_NOTNULL(pg);
+    em_rng r = em_rng_new(14);
+    em_tensor *x = em_randn(EM_BF16, EM_SHAPE(333), &r), *d = em_to(x, em_device_cuda(0));
+    em_tensor *out = em_to(em_zeros(EM_BF16, EM_SHAPE(333)), em_device_cuda(0));
+    em_work *w = NULL;
+    CHECK_OK(em_gather(pg, out, d, 0, &w));
+    CHECK_OK(em_work_wait(w));
+    em_tensor *got = em_to(out, em_device_cpu());
+    CHECK(got && memcmp(em_data(got), em_data(x), 333 * 2) == 0);
+    CHECK_ERR(em_gather(pg, x, d, 0, NULL), EM_ERR_DEVICE, "out is on cpu");
+    CHECK_ERR(em_gather(pg, em_to(em_zeros(EM_BF16, EM_SHAPE(5)), em_device_cuda(0)), d, 0, NULL), EM_ERR_SHAPE,
+              "world 1");
+    em_free(got);
+    em_free(x);
+    em_free(d);
+    em_free(out);
+    em_pg_free(pg);
+}
+
 TEST(test_cuda_ddp_step_in_a_group_of_one_matches_the_cpu)
 {
     CUDA_OR_SKIP();
