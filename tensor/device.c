@@ -78,10 +78,10 @@ static const char *const cuda_ops[] = {
     "em_device_of", "em_is_contiguous", "em_ndim", "em_size", "em_shape", "em_strides", "em_offset", "em_numel",
     "em_dtype_of", "em_free", "em_keep", "em_data", "em_shares_storage", "em_requires_grad", "em_set_requires_grad",
     "em_grad", "em_zero_grad", "em_backward", "em_detach", "em_register_grad_hook", "em_clear_grad_hooks",
-    "em_is_leaf", "em_to", "em_set_grad_buffer", "em_module_to", "em_module_flatten",
+    "em_is_leaf", "em_to", "em_set_grad_buffer", "em_item", "em_to_array", "em_copy_into", "em_module_to", "em_module_flatten",
     /* layers and the GPT: composites of the ops below (nn/layers.c, nn/gpt.c;
-     * the KV-cache sampler is not here: it concatenates) */
-    "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss",
+     * the KV-cache sampler copies into a cache on the model's device) */
+    "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss", "em_gpt_forward_cached",
     /* views and copies: geometry only, or the core copy kernel (expand is
      * missing: its backward is a sum) */
     "reshape", "view", "flatten", "transpose", "permute", "squeeze", "unsqueeze", "slice", "narrow", "contiguous",

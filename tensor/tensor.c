@@ -143,6 +143,7 @@ em_status em_copy_into(em_tensor *dh, const em_tensor *sh)
 {
     tensor *d = t_resolve(dh, "em_copy_into"), *s = t_resolve(sh, "em_copy_into");
     if (!d || !s) return em_last_status();
+    if (t_same_device("em_copy_into", 2, (tensor *[]){d, s}, NULL)) return em_last_status();
     int nd;
     int64_t shape[EM_MAX_DIMS];
     if (bcast_shape("em_copy_into", d->ndim, d->shape, s->ndim, s->shape, &nd, shape))
@@ -166,6 +167,32 @@ em_status em_to_array(const em_tensor *h, em_dtype dt, void *dst)
     if (!t) return em_last_status();
     if ((unsigned)dt >= EM_NUM_DTYPES) return em_err(EM_ERR_DTYPE, "em_to_array: invalid dtype %d", (int)dt);
     if (!dst && t_numel(t)) return em_err(EM_ERR_ARG, "em_to_array: dst is NULL");
+#if EM_HAVE_CUDA
+    if (t_on_cuda(t)) { /* the device's bytes in order, then converted here (waits for the device) */
+        size_t esize = t_esize(t), n = (size_t)t_numel(t);
+        tensor *c = t_contig(t);
+        void *host = c ? malloc(n * esize + 1) : NULL;
+        em_status s = c ? (host ? cu_memcpy(host, em_device_cpu(), t_ptr(c), c->device, n * esize)
+                                : em_err(EM_ERR_OOM, "em_to_array: out of memory"))
+                        : em_last_status();
+        if (c && c != t && c->depth == 0) t_free(c);
+        if (!s) {
+            tensor in = *t, out = *t;
+            storage si = {.data = host, .nbytes = n * esize, .refcount = 1, .in_arena = true},
+                    so = {.data = dst, .nbytes = n * em_dtype_size(dt), .refcount = 1, .in_arena = true};
+            in.offset = out.offset = 0;
+            in.device = out.device = em_device_cpu();
+            t_contig_strides(t->ndim, t->shape, in.stride);
+            t_contig_strides(t->ndim, t->shape, out.stride);
+            out.dtype = dt;
+            in.st = &si;
+            out.st = &so;
+            copy_strided(&out, &in);
+        }
+        free(host);
+        return s;
+    }
+#endif
     tensor out = *t;
     out.dtype = dt;
     out.offset = 0;
@@ -219,6 +246,12 @@ double em_item(const em_tensor *h)
         return em_fail(EM_ERR_SHAPE, "em_item: needs exactly one element, got %s%s", em_dtype_name(t->dtype),
                        shp(t)),
                NAN;
+#if EM_HAVE_CUDA
+    if (t_on_cuda(t)) { /* one element to the host (waits for the device) */
+        double v[1];
+        return em_to_array(h, EM_F64, v) ? NAN : v[0];
+    }
+#endif
     return ld(t->dtype, t_ptr(t));
 }
 

@@ -436,11 +436,11 @@ static int step_losses(const char *out, double *loss, int max)
 
 /* `ember [launch -n N] train --device DEV` for 50 steps of the tiny model,
  * losses into loss[]; the count of them is returned. */
-static int train_losses(int nproc, const char *device, double *loss)
+static int train_losses(int nproc, const char *device, double *loss, char *out, size_t nout)
 {
-    char dir[64], txt[128], out[160];
+    char dir[64], txt[128];
     make_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    snprintf(out, nout, "%s/run", dir);
     th_run_result *r;
     if (nproc == 1)
         r = run_ember("train", "--data", txt, "--out", out, TINY_MODEL, "--iters", "50", "--eval-every", "50",
@@ -459,13 +459,25 @@ static int train_losses(int nproc, const char *device, double *loss)
 static void check_train_follows_cpu(int nproc)
 {
     double gpu[64], cpu[64];
-    int ng = train_losses(nproc, "cuda", gpu), nc = train_losses(nproc, "cpu", cpu);
+    char gout[160], cout[160];
+    int ng = train_losses(nproc, "cuda", gpu, gout, sizeof gout), nc = train_losses(nproc, "cpu", cpu, cout, sizeof cout);
     CHECK(ng == 50 && nc == 50);
     for (int i = 0; i < 50; i++) {
         double rel = fabs(gpu[i] - cpu[i]) / cpu[i];
         if (!(rel < 1e-4)) th_fail(__FILE__, __LINE__, "step %d: cuda loss %.6f, cpu %.6f (rel %.2g)", i + 1, gpu[i], cpu[i], rel);
     }
     CHECK(gpu[49] < gpu[0] - 0.5);
+    if (nproc > 1) return;
+    /* the weights trained on the device sample on the device (KV cache there)
+     * the text the CPU samples from them */
+    th_run_result *r = run_ember("sample", "--ckpt", gout, "--prompt", "the ", "--tokens", "40", "--seed", "3",
+                                 "--device", "cuda", NULL);
+    CHECK_EXIT(r, 0);
+    th_run_result on_gpu = *r;
+    r = run_ember("sample", "--ckpt", gout, "--prompt", "the ", "--tokens", "40", "--seed", "3", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(strlen(on_gpu.out) >= 44);
+    if (strcmp(on_gpu.out, r->out)) th_fail(__FILE__, __LINE__, "cuda sampled '%s', cpu '%s'", on_gpu.out, r->out);
 }
 
 TEST(test_cli_train_on_cuda_follows_the_cpu_losses)
