@@ -204,9 +204,9 @@ em_gpt_cache *em_gpt_cache_new(em_gpt *g, int64_t batch)
     int64_t shape[5] = {c->n_layer, batch, c->n_head, c->block_size, c->n_embd / c->n_head};
     em_gpt_cache *kv = calloc(1, sizeof *kv);
     em_dtype dt = em_dtype_of(g->wte->weight);
-    em_device dev = em_device_of(g->wte->weight); /* the buffers live beside the model */
-    tensor *k = kv ? t_new_persistent_on(dev, dt, 5, shape) : NULL;
-    tensor *v = k ? t_new_persistent_on(dev, dt, 5, shape) : NULL;
+    em_device dev = em_device_of(g->wte->weight); /* the cache lives beside the model */
+    tensor *k = kv ? t_new_persistent_on(dev, dt, 5, shape) : NULL,
+           *v = k ? t_new_persistent_on(dev, dt, 5, shape) : NULL;
     if (!v) {
         t_drop(k);
         free(kv);
@@ -260,8 +260,7 @@ static em_tensor *block_cached(em_gpt *g, em_gpt_cache *c, int64_t l, em_tensor 
     uint8_t *mk = em_data(mask);
     for (int64_t i = 0; i < t; i++)
         for (int64_t j = 0; j < L; j++) mk[i * L + j] = j > pos + i;
-    mask = em_to(mask, em_device_of(x));
-    if (!mask) return NULL;
+    if (!(mask = em_to(mask, em_device_of(x)))) return NULL;
     em_tensor *s =
         em_mul_scalar(em_matmul(p[0], em_transpose(K, 2, 3)), 1.0 / sqrt((double)D)); /* (B,H,t,L) */
     em_tensor *y = em_matmul(em_softmax(em_masked_fill(s, mask, -INFINITY), -1), V);  /* (B,H,t,D) */
@@ -353,6 +352,7 @@ static em_status feed(em_gpt *g, em_gpt_cache *c, const int32_t *tokens, int64_t
 {
     em_scope s = em_scope_begin();
     em_tensor *idx = em_from_data(EM_I32, EM_SHAPE(1, n), tokens);
+    if (idx) idx = em_to(idx, em_device_of(g->wte->weight));
     em_tensor *logits = idx ? em_gpt_forward_cached(g, c, idx) : NULL;
     em_tensor *last = logits ? em_narrow(logits, 1, n - 1, 1) : NULL;
     em_status st = last ? em_to_array(last, EM_F64, row) : em_last_status();

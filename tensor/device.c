@@ -107,6 +107,9 @@ static const char *const cuda_ops[] = {
     "reduce_scatter", "gather", "send", "recv",
 };
 
+size_t cuda_op_count(void) { return sizeof cuda_ops / sizeof cuda_ops[0]; }
+const char *cuda_op_name(size_t i) { return i < cuda_op_count() ? cuda_ops[i] : NULL; }
+
 bool cuda_op_ok(const char *op)
 {
     if (!op) return false;

@@ -155,6 +155,7 @@ em_status em_copy_into(em_tensor *dh, const em_tensor *sh)
 {
     tensor *d = t_resolve(dh, "em_copy_into"), *s = t_resolve(sh, "em_copy_into");
     if (!d || !s) return em_last_status();
+    if (t_same_device("em_copy_into", 2, (tensor *[]){d, s}, NULL)) return em_last_status();
     int nd;
     int64_t shape[EM_MAX_DIMS];
     if (bcast_shape("em_copy_into", d->ndim, d->shape, s->ndim, s->shape, &nd, shape))
@@ -162,11 +163,6 @@ em_status em_copy_into(em_tensor *dh, const em_tensor *sh)
     if (nd != d->ndim || shape_numel(nd, shape) != t_numel(d))
         return em_err(EM_ERR_SHAPE, "em_copy_into: source %s does not broadcast to destination %s", shp(s),
                       shp(d));
-    if (!em_device_equal(d->device, s->device)) {
-        char a[16], b[16];
-        return em_err(EM_ERR_DEVICE, "em_copy_into: destination %s is on %s but source %s is on %s (move one with em_to)",
-                      shp(d), em_device_str(d->device, a, sizeof a), shp(s), em_device_str(s->device, b, sizeof b));
-    }
     int64_t bs[EM_MAX_DIMS];
     bcast_strides(s, nd, shape, bs);
     tensor view = *s; /* a stack copy with broadcast geometry, never handed out */
@@ -184,12 +180,28 @@ em_status em_to_array(const em_tensor *h, em_dtype dt, void *dst)
     if ((unsigned)dt >= EM_NUM_DTYPES) return em_err(EM_ERR_DTYPE, "em_to_array: invalid dtype %d", (int)dt);
     if (!dst && t_numel(t)) return em_err(EM_ERR_ARG, "em_to_array: dst is NULL");
 #if EM_HAVE_CUDA
-    if (t_on_cuda(t)) { /* converted and made contiguous on the device, then one copy to dst */
-        tensor *c = t_new_on(t->device, dt, t->ndim, t->shape);
-        if (!c) return em_last_status();
-        copy_strided(c, t);
-        em_status s = cu_memcpy(dst, em_device_cpu(), t_ptr(c), c->device, (size_t)t_numel(t) * em_dtype_size(dt));
-        t_drop(c);
+    if (t_on_cuda(t)) { /* the device's bytes in order, then converted here (waits for the device) */
+        size_t esize = t_esize(t), n = (size_t)t_numel(t);
+        tensor *c = t_contig(t);
+        void *host = c ? malloc(n * esize + 1) : NULL;
+        em_status s = c ? (host ? cu_memcpy(host, em_device_cpu(), t_ptr(c), c->device, n * esize)
+                                : em_err(EM_ERR_OOM, "em_to_array: out of memory"))
+                        : em_last_status();
+        if (c && c != t && c->depth == 0) t_free(c);
+        if (!s) {
+            tensor in = *t, out = *t;
+            storage si = {.data = host, .nbytes = n * esize, .refcount = 1, .in_arena = true},
+                    so = {.data = dst, .nbytes = n * em_dtype_size(dt), .refcount = 1, .in_arena = true};
+            in.offset = out.offset = 0;
+            in.device = out.device = em_device_cpu();
+            t_contig_strides(t->ndim, t->shape, in.stride);
+            t_contig_strides(t->ndim, t->shape, out.stride);
+            out.dtype = dt;
+            in.st = &si;
+            out.st = &so;
+            copy_strided(&out, &in);
+        }
+        free(host);
         return s;
     }
 #endif
@@ -247,8 +259,10 @@ double em_item(const em_tensor *h)
                        shp(t)),
                NAN;
 #if EM_HAVE_CUDA
-    double v;
-    if (t_on_cuda(t)) return em_to_array(h, EM_F64, &v) ? NAN : v;
+    if (t_on_cuda(t)) { /* one element to the host (waits for the device) */
+        double v[1];
+        return em_to_array(h, EM_F64, v) ? NAN : v[0];
+    }
 #endif
     return ld(t->dtype, t_ptr(t));
 }

@@ -105,6 +105,9 @@ em_tensor *t_handle(tensor *t); /* NULL stays NULL */
 /* Whether op (a name as passed to t_resolve) takes CUDA tensors
  * (tensor/device.c); t_resolve refuses a CUDA tensor for any other op. */
 bool cuda_op_ok(const char *op);
+/* The CUDA list itself, for the test that every op on it has a test case. */
+size_t cuda_op_count(void);
+const char *cuda_op_name(size_t i);
 
 /* ---- making tensors ------------------------------------------------------- */
 /* Contiguous, uninitialised, in the current scope (or persistent at depth 0). */

@@ -418,3 +418,89 @@ TEST(test_cli_train_rejects_text_shorter_than_a_window)
     CHECK_EXIT(r, 1);
     CHECK(r->err[0] != '\0');
 }
+
+/* ---- ember train on a CUDA device (the emulator's in CI) -------------------------- */
+
+/* The "step N/M loss X" lines of a non-terminal run, into loss[0..max). */
+static int step_losses(const char *out, double *loss, int max)
+{
+    int n = 0;
+    for (const char *p = strstr(out, "step "); p && n < max; p = strstr(p + 1, "\nstep ")) {
+        if (*p == '\n') p++;
+        long long step, total;
+        double l;
+        if (sscanf(p, "step %lld/%lld loss %lf", &step, &total, &l) == 3 && step == n + 1) loss[n++] = l;
+    }
+    return n;
+}
+
+/* `ember [launch -n N] train --device DEV` for 50 steps of the tiny model,
+ * losses into loss[]; the count of them is returned. */
+static int train_losses(int nproc, const char *device, double *loss, char *out, size_t nout)
+{
+    char dir[64], txt[128];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, nout, "%s/run", dir);
+    th_run_result *r;
+    if (nproc == 1)
+        r = run_ember("train", "--data", txt, "--out", out, TINY_MODEL, "--iters", "50", "--eval-every", "50",
+                      "--eval-iters", "1", "--lr", "3e-3", "--warmup", "5", "--log-every", "1", "--device", device,
+                      NULL);
+    else
+        r = run_ember("launch", "-n", "2", "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out", out,
+                      TINY_MODEL, "--iters", "50", "--eval-every", "50", "--eval-iters", "1", "--lr", "3e-3",
+                      "--warmup", "5", "--log-every", "1", "--device", device, NULL);
+    if (r->status != 0) th_fail(__FILE__, __LINE__, "train on %s exited %d: %s", device, r->status, r->err);
+    return step_losses(r->out, loss, 64);
+}
+
+/* f32 on both devices; the device sums its products in another order (see
+ * test_ddp.c's CUDA section for the tolerance's reasoning). */
+static void check_train_follows_cpu(int nproc)
+{
+    double gpu[64], cpu[64];
+    char gout[160], cout[160];
+    int ng = train_losses(nproc, "cuda", gpu, gout, sizeof gout), nc = train_losses(nproc, "cpu", cpu, cout, sizeof cout);
+    CHECK(ng == 50 && nc == 50);
+    for (int i = 0; i < 50; i++) {
+        double rel = fabs(gpu[i] - cpu[i]) / cpu[i];
+        if (!(rel < 1e-4)) th_fail(__FILE__, __LINE__, "step %d: cuda loss %.6f, cpu %.6f (rel %.2g)", i + 1, gpu[i], cpu[i], rel);
+    }
+    CHECK(gpu[49] < gpu[0] - 0.5);
+    if (nproc > 1) return;
+    /* the weights trained on the device sample on the device (KV cache there)
+     * the text the CPU samples from them */
+    th_run_result *r = run_ember("sample", "--ckpt", gout, "--prompt", "the ", "--tokens", "40", "--seed", "3",
+                                 "--device", "cuda", NULL);
+    CHECK_EXIT(r, 0);
+    th_run_result on_gpu = *r;
+    r = run_ember("sample", "--ckpt", gout, "--prompt", "the ", "--tokens", "40", "--seed", "3", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(strlen(on_gpu.out) >= 44);
+    if (strcmp(on_gpu.out, r->out)) th_fail(__FILE__, __LINE__, "cuda sampled '%s', cpu '%s'", on_gpu.out, r->out);
+}
+
+TEST(test_cli_train_on_cuda_follows_the_cpu_losses)
+{
+    if (em_cuda_device_count() < 1) SKIP("no CUDA device visible (GPU test)");
+    check_train_follows_cpu(1);
+}
+
+TEST(test_cli_launch_two_ranks_train_on_cuda_follows_the_cpu_ddp_losses)
+{
+    if (em_cuda_device_count() < 2) SKIP("needs 2 CUDA devices (GPU test)");
+    check_train_follows_cpu(2);
+}
+
+TEST(test_cli_train_rejects_a_bad_device)
+{
+    th_run_result *r = run_ember("train", "--data", "x.txt", "--device", "gpu", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--device") && strstr(r->err, "'gpu'"));
+    char dir[64], txt[128], out[160];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    r = run_ember("train", "--data", txt, "--out", out, TINY_MODEL, "--iters", "1", "--device", "cuda:7", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, "cuda:7") != NULL);
+}

@@ -15,6 +15,7 @@ static int usage(FILE *f)
     fprintf(
         f,
         "usage: ember sample --ckpt DIR [--prompt S] [--tokens N] [--temperature T] [--top-k K] [--seed S]\n"
+        "                    [--device cpu|cuda|cuda:N]\n"
         "  DIR holds config and model.safetensors from `ember train --out DIR`\n"
         "  defaults: prompt \"\\n\", 500 tokens, temperature 0.8, top-k 200, seed 1337\n");
     return f == stderr ? 2 : 0;
@@ -36,6 +37,7 @@ static bool num(const char *flag, const char *s, double lo, double *out)
 int cmd_sample(int argc, char **argv)
 {
     const char *ckpt = NULL, *prompt = "\n";
+    em_device dev = em_device_cpu();
     double tokens = 500, temperature = 0.8, top_k = 200, seed = 1337;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
@@ -62,6 +64,10 @@ int cmd_sample(int argc, char **argv)
             ok = num(f, v, 0, &top_k);
         else if (!strcmp(f, "--seed"))
             ok = num(f, v, 0, &seed);
+        else if (!strcmp(f, "--device")) {
+            ok = em_device_parse(v, 0, &dev) == EM_OK;
+            if (!ok) fprintf(stderr, "ember sample: --device needs cpu, cuda or cuda:N, got '%s'\n", v);
+        }
         else {
             fprintf(stderr, "ember sample: unknown flag '%s'\n", f);
             return usage(stderr);
@@ -95,7 +101,7 @@ int cmd_sample(int argc, char **argv)
         goto done;
     }
     snprintf(path, sizeof path, "%s/model.safetensors", ckpt);
-    if (em_module_load(g->m, path, true) || em_vocab_encode(&vocab, prompt, np, ids)) {
+    if (em_module_load(g->m, path, true) || em_module_to(g->m, dev) || em_vocab_encode(&vocab, prompt, np, ids)) {
         fprintf(stderr, "ember sample: %s\n", em_last_error());
         rc = em_last_status() == EM_ERR_ARG ? 2 : 1;
         goto done;
