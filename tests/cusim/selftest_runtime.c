@@ -2,11 +2,8 @@
  * on its own, with stub_exec_for_runtime_tests.c standing in for exec.c:
  * a "kernel" here is a host function the stub calls once, with device
  * memory open. Each test is one behaviour; the death tests run in a forked
- * child and check its signal and stderr. Build by hand (see
- * tests/cusim/README-selftest.md):
- *
- *   gcc -std=gnu11 -Wall -Wextra -Werror -Itests/cusim/include -Itests/cusim \
- *       tests/cusim/{selftest_runtime,runtime,memory,report,stub_exec_for_runtime_tests}.c -lm
+ * child and check its signal and stderr. Built and run (also under
+ * ASan/UBSan, and with the mprotect fallback) by tests/cusim/selftest.sh.
  *
  * `selftest_runtime bench` measures what a drain costs with 200 live
  * allocations (the protection toggling). */
