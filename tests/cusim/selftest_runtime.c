@@ -8,6 +8,7 @@
  * `selftest_runtime bench` measures what a drain costs with 200 live
  * allocations (the protection toggling). */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -474,6 +475,43 @@ static void test_device_properties(void)
     CHECK(!strcmp(cudaGetErrorString(cudaErrorMemoryAllocation), "out of memory"));
 }
 
+/* ---- host threads --------------------------------------------------------------------- */
+
+static void add_one(void *ctx) { (*(int *)ctx)++; }
+
+/* each thread: its device, its stream, copies and queued work, many times */
+static void *thread_body(void *arg)
+{
+    long t = (long)arg;
+    int bad = 0;
+    if (cudaSetDevice((int)(t % 2))) return (void *)1;
+    cudaStream_t s;
+    int *d, v, out;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) || cudaMalloc((void **)&d, sizeof v))
+        return (void *)1;
+    for (int i = 0; i < 300; i++) {
+        v = (int)t * 1000 + i;
+        bad += cudaMemcpyAsync(d, &v, sizeof v, cudaMemcpyHostToDevice, s) != cudaSuccess;
+        bad += cusim_enqueue_host_fn(s, add_one, d, NULL) != 0;
+        bad += cudaMemcpyAsync(&out, d, sizeof out, cudaMemcpyDeviceToHost, s) != cudaSuccess;
+        bad += out != v + 1;
+    }
+    bad += cudaFree(d) != cudaSuccess;
+    bad += cudaStreamDestroy(s) != cudaSuccess;
+    return (void *)(long)bad;
+}
+
+static void test_host_threads_work_concurrently(void)
+{
+    pthread_t th[6];
+    for (long t = 0; t < 6; t++) pthread_create(&th[t], NULL, thread_body, (void *)t);
+    for (int t = 0; t < 6; t++) {
+        void *bad;
+        pthread_join(th[t], &bad);
+        CHECK(bad == NULL);
+    }
+}
+
 /* ---- the cost of a drain -------------------------------------------------------------- */
 
 typedef struct touch_args {
@@ -542,6 +580,7 @@ int main(int argc, char **argv)
         T(test_invalid_launch_sets_last_error),
         T(test_dynamic_smem_attribute),
         T(test_failed_kernel_error_is_sticky),
+        T(test_host_threads_work_concurrently),
 #undef T
     };
     for (size_t i = 0; i < sizeof tests / sizeof *tests; i++) {
