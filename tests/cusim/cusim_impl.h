@@ -76,6 +76,7 @@ typedef struct cusim_alloc_info {
     void *base;
     size_t size;
     int device;
+    bool freed; /* CUSIM_MEM_INVALID: that allocation was freed (use after free) */
 } cusim_alloc_info;
 cusim_mem_kind cusim_mem_lookup(const void *p, size_t n, cusim_alloc_info *info);
 

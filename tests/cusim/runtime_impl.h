@@ -1,0 +1,61 @@
+/* runtime_impl.h — what the emulator's runtime files share beyond
+ * cusim_impl.h: runtime.c (devices, errors, streams, copies), memory.c
+ * (device and pinned memory, protection, fault messages) and cublas.c.
+ * Internal to tests/cusim; nothing outside includes it. */
+#ifndef EMBER_CUSIM_RUNTIME_IMPL_H
+#define EMBER_CUSIM_RUNTIME_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_runtime_api.h"
+
+/* at most this many emulated devices (EMBER_CUSIM_DEVICES is clamped to it) */
+enum { CUSIM_MAX_DEVICES = 16 };
+
+/* ---- runtime.c ------------------------------------------------------------- */
+
+/* Sets the emulator up on first use (environment, default streams);
+ * returns the sticky error (a kernel failed earlier) or cudaSuccess. Every
+ * API entry point that does device work calls it first. */
+cudaError_t rt_begin(void);
+
+/* Records e as the calling thread's last error (what cudaGetLastError
+ * returns next) unless it is cudaSuccess; returns e. */
+cudaError_t rt_fail(cudaError_t e);
+
+/* Bytes of memory each emulated device has (EMBER_CUSIM_MEMORY). */
+size_t rt_device_memory(void);
+
+/* Runs everything queued on every stream of dev (every device: dev < 0). */
+void rt_drain_device(int dev);
+
+/* The queue of a stream. With cusim_lock held: */
+typedef struct CUstream_st rt_stream;
+/* s as a live stream (NULL: the current device's default stream), or NULL
+ * after reporting that it is not one (api names the caller) */
+rt_stream *rt_get_stream(cudaStream_t s, const char *api);
+/* queue a copy of n bytes from staging (if not NULL, then owned by the
+ * queue) or else src / a memset; return the item's place for rt_drain, 0
+ * when out of memory */
+uint64_t rt_queue_copy(rt_stream *s, const char *api, void *dst, const void *src, size_t n, void *staging);
+uint64_t rt_queue_memset(rt_stream *s, const char *api, void *dst, int value, size_t n);
+/* runs s up to place seq; the sticky error or cudaSuccess */
+cudaError_t rt_drain(rt_stream *s, uint64_t seq);
+
+/* The device stream s belongs to (NULL: the current device's default
+ * stream), or -1 when s is not a live stream. */
+int rt_stream_device(void *stream);
+
+/* ---- memory.c -------------------------------------------------------------- */
+
+/* true when [p, p+n) lies inside one block from cudaMallocHost */
+bool mem_pinned(const void *p, size_t n);
+
+/* Names the device work the calling thread runs now ("kernel foo",
+ * "cudaMemcpyAsync"), for the message of a fault inside it; NULL: none.
+ * Returns the name it replaces (work can nest: restore it afterwards). */
+const char *mem_activity(const char *what);
+
+#endif
