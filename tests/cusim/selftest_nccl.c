@@ -216,7 +216,8 @@ static void all_reduce_every_type_and_op(int rank, int n, ncclUniqueId id)
             for (int k = 0; k < 3; k++) {
                 size_t cnt = counts[k], bytes = cnt * tsize((ncclDataType_t)t);
                 uint8_t *in = stub_dev_alloc(bytes), *out = (op & 1) ? in : stub_dev_alloc(bytes);
-                for (size_t i = 0; i < cnt; i++) put((ncclDataType_t)t, in, i, input((ncclDataType_t)t, (ncclRedOp_t)op, rank, i));
+                for (size_t i = 0; i < cnt; i++)
+                    put((ncclDataType_t)t, in, i, input((ncclDataType_t)t, (ncclRedOp_t)op, rank, i));
                 ncclResult_t r = ncclAllReduce(in, out, cnt, (ncclDataType_t)t, (ncclRedOp_t)op, c, NULL);
                 CHECK(r == ncclSuccess, "all_reduce %s %s: %s", op_names[op], "", ncclGetLastError(c));
                 int bad = 0;
@@ -224,22 +225,32 @@ static void all_reduce_every_type_and_op(int rank, int n, ncclUniqueId id)
                     double want = 0, got = get((ncclDataType_t)t, out, i);
                     for (int q = 0; q < n; q++) {
                         double v = input((ncclDataType_t)t, (ncclRedOp_t)op, q, i);
-                        if (q == 0) want = v;
-                        else if (op == ncclSum || op == ncclAvg) want += v;
-                        else if (op == ncclProd) want *= v;
-                        else if (op == ncclMax) want = v > want ? v : want;
-                        else want = v < want ? v : want;
+                        if (q == 0)
+                            want = v;
+                        else if (op == ncclSum || op == ncclAvg)
+                            want += v;
+                        else if (op == ncclProd)
+                            want *= v;
+                        else if (op == ncclMax)
+                            want = v > want ? v : want;
+                        else
+                            want = v < want ? v : want;
                     }
                     bool ok;
-                    if (op == ncclAvg && !is_float((ncclDataType_t)t)) ok = got == trunc(want / n);
+                    if (op == ncclAvg && !is_float((ncclDataType_t)t))
+                        ok = got == trunc(want / n);
                     else if (op == ncclAvg) {
-                        double eps = t == ncclFloat16 ? 0x1p-11 : t == ncclBfloat16 ? 0x1p-8 : t == ncclFloat32 ? 0x1p-24 : 0x1p-53;
+                        double eps = t == ncclFloat16    ? 0x1p-11
+                                     : t == ncclBfloat16 ? 0x1p-8
+                                     : t == ncclFloat32  ? 0x1p-24
+                                                         : 0x1p-53;
                         ok = fabs(got - want / n) <= fabs(want / n) * eps;
-                    } else ok = got == want;
+                    } else
+                        ok = got == want;
                     if (!ok) {
                         bad++;
-                        CHECK(false, "all_reduce %s type %d count %zu: [%zu] = %g, want %g", op_names[op], t, cnt, i, got,
-                              op == ncclAvg ? want / n : want);
+                        CHECK(false, "all_reduce %s type %d count %zu: [%zu] = %g, want %g", op_names[op], t,
+                              cnt, i, got, op == ncclAvg ? want / n : want);
                     }
                 }
                 record(out, bytes);
@@ -288,12 +299,14 @@ static void half_averages_round_ties_to_even(int rank, int n, ncclUniqueId id)
         size_t cnt = bf ? 0x7eff : 0x7bff;
         uint16_t *h = stub_dev_alloc(cnt * 2);
         for (size_t i = 0; i < cnt; i++) h[i] = (uint16_t)(i + (size_t)rank);
-        CHECK(!ncclAllReduce(h, h, cnt, bf ? ncclBfloat16 : ncclFloat16, ncclAvg, c, NULL), "%s", ncclGetLastError(c));
+        CHECK(!ncclAllReduce(h, h, cnt, bf ? ncclBfloat16 : ncclFloat16, ncclAvg, c, NULL), "%s",
+              ncclGetLastError(c));
         int bad = 0;
         for (size_t i = 0; i < cnt && bad < 3; i++) {
             uint16_t want = (uint16_t)(i & 1 ? i + 1 : i);
             if (h[i] != want) bad++;
-            CHECK(h[i] == want, "%s avg of %#zx and %#zx = %#x, want %#x", bf ? "bf16" : "f16", i, i + 1, h[i], want);
+            CHECK(h[i] == want, "%s avg of %#zx and %#zx = %#x, want %#x", bf ? "bf16" : "f16", i, i + 1,
+                  h[i], want);
         }
         record(h, cnt * 2);
         stub_dev_free(h);
@@ -338,7 +351,8 @@ static void broadcast_reduce_gather_scatter(int rank, int n, ncclUniqueId id)
         for (int q = 0; q < n; q++)
             for (size_t i = 0; i < cnt; i++)
                 if (b[q * cnt + i] != (float)(q * 7 + i % 13)) {
-                    CHECK(false, "all_gather (in place %d): block %d [%zu] = %g", inplace, q, i, b[q * cnt + i]);
+                    CHECK(false, "all_gather (in place %d): block %d [%zu] = %g", inplace, q, i,
+                          b[q * cnt + i]);
                     q = n;
                     break;
                 }
@@ -405,7 +419,8 @@ static void all_reduce_against_broadcast_fails_on_both(int rank, int n, ncclUniq
     expect_usage_error(c, r, "rank 0 called #0 all_reduce(count=10, float32, sum)",
                        "rank 1 called #0 broadcast(count=10, float32, root=0)");
     r = ncclAllReduce(x, x, 10, ncclFloat32, ncclSum, c, NULL);
-    CHECK(r == ncclInvalidUsage && strstr(ncclGetLastError(c), "failed earlier"), "a broken comm stays broken: %d", r);
+    CHECK(r == ncclInvalidUsage && strstr(ncclGetLastError(c), "failed earlier"),
+          "a broken comm stays broken: %d", r);
     stub_dev_free(x);
     ncclCommDestroy(c);
 }
@@ -426,7 +441,8 @@ static void send_and_recv_of_different_counts_fail_on_both(int rank, int n, nccl
     ncclComm_t c = init(rank, n, id);
     if (!c) return;
     float *x = stub_dev_alloc(48);
-    ncclResult_t r = rank == 0 ? ncclSend(x, 10, ncclFloat32, 1, c, NULL) : ncclRecv(x, 12, ncclFloat32, 0, c, NULL);
+    ncclResult_t r =
+        rank == 0 ? ncclSend(x, 10, ncclFloat32, 1, c, NULL) : ncclRecv(x, 12, ncclFloat32, 0, c, NULL);
     expect_usage_error(c, r, "(count=10, float32)", "(count=12, float32)");
     stub_dev_free(x);
     ncclCommDestroy(c);
@@ -455,7 +471,8 @@ static void dead_peer_fails_fast_naming_it(int rank, int n, ncclUniqueId id)
     char want[32];
     snprintf(want, sizeof want, "rank %d", n - 1);
     CHECK(r == ncclRemoteError, "got %d, want ncclRemoteError", r);
-    CHECK(strstr(ncclGetLastError(c), want) != NULL, "message '%s' should name %s", ncclGetLastError(c), want);
+    CHECK(strstr(ncclGetLastError(c), want) != NULL, "message '%s' should name %s", ncclGetLastError(c),
+          want);
     CHECK(dt < 2, "took %.2f s", dt);
     stub_dev_free(x);
     ncclCommDestroy(c);
@@ -477,7 +494,8 @@ static void peer_that_never_calls_times_out(int rank, int n, ncclUniqueId id)
     char want[32];
     snprintf(want, sizeof want, "rank %d", n - 1);
     CHECK(r == ncclSystemError, "got %d, want ncclSystemError", r);
-    CHECK(strstr(ncclGetLastError(c), want) != NULL, "message '%s' should name %s", ncclGetLastError(c), want);
+    CHECK(strstr(ncclGetLastError(c), want) != NULL, "message '%s' should name %s", ncclGetLastError(c),
+          want);
     CHECK(dt > 1.9 && dt < 3.5, "took %.2f s", dt);
     stub_dev_free(x);
     ncclCommDestroy(c);
@@ -499,7 +517,8 @@ static void bad_arguments_are_named(int rank, int n, ncclUniqueId id)
     CHECK(ncclBroadcast(dev, dev, 4, ncclFloat32, n, c, NULL) == ncclInvalidArgument &&
               strstr(ncclGetLastError(c), "root"),
           "root: %s", ncclGetLastError(c));
-    CHECK(ncclAllReduce(dev, dev, SIZE_MAX / 2, ncclFloat32, ncclSum, c, NULL) == ncclInvalidArgument, "count");
+    CHECK(ncclAllReduce(dev, dev, SIZE_MAX / 2, ncclFloat32, ncclSum, c, NULL) == ncclInvalidArgument,
+          "count");
     CHECK(ncclAllReduce(dev, dev, 4, ncclFloat32, ncclSum, NULL, NULL) == ncclInvalidArgument, "NULL comm");
     CHECK(ncclGroupEnd() == ncclInvalidUsage, "group end without start");
     /* nothing above broke the communicator */
@@ -576,11 +595,12 @@ static void measure_all_reduce(int rank, int n, ncclUniqueId id)
     for (int i = 0; i < 3; i++) ncclAllReduce(x, x, cnt, ncclFloat32, ncclSum, c, NULL);
     int iters = 20;
     double t0 = now_s();
-    for (int i = 0; i < iters; i++) CHECK(!ncclAllReduce(x, x, cnt, ncclFloat32, ncclSum, c, NULL), "%s", ncclGetLastError(c));
+    for (int i = 0; i < iters; i++)
+        CHECK(!ncclAllReduce(x, x, cnt, ncclFloat32, ncclSum, c, NULL), "%s", ncclGetLastError(c));
     double dt = (now_s() - t0) / iters;
     if (rank == 0)
-        printf("     all_reduce 16 MiB f32, %d processes: %.2f ms, %.2f GB/s (algorithm bandwidth)\n", n, dt * 1e3,
-               cnt * 4 / dt / 1e9);
+        printf("     all_reduce 16 MiB f32, %d processes: %.2f ms, %.2f GB/s (algorithm bandwidth)\n", n,
+               dt * 1e3, cnt * 4 / dt / 1e9);
     stub_dev_free(x);
     ncclCommDestroy(c);
 }
@@ -600,8 +620,10 @@ int main(int argc, char **argv)
     run_ranks("half_sums_round_once", 3, half_sums_round_once, 0);
     run_ranks("half_averages_round_ties_to_even", 2, half_averages_round_ties_to_even, 0);
     run_ranks("all_reduce_against_broadcast_fails_on_both", 2, all_reduce_against_broadcast_fails_on_both, 0);
-    run_ranks("all_reduce_of_different_counts_fails_on_both", 2, all_reduce_of_different_counts_fails_on_both, 0);
-    run_ranks("send_and_recv_of_different_counts_fail_on_both", 2, send_and_recv_of_different_counts_fail_on_both, 0);
+    run_ranks("all_reduce_of_different_counts_fails_on_both", 2, all_reduce_of_different_counts_fails_on_both,
+              0);
+    run_ranks("send_and_recv_of_different_counts_fail_on_both", 2,
+              send_and_recv_of_different_counts_fail_on_both, 0);
     run_ranks("different_nranks_fail_at_init_on_both", 2, different_nranks_fail_at_init_on_both, 0);
     run_ranks("dead_peer_fails_fast_naming_it", 3, dead_peer_fails_fast_naming_it, 1u << 2);
     run_ranks("peer_that_never_calls_times_out", 3, peer_that_never_calls_times_out, 0);

@@ -103,16 +103,16 @@ const char *ncclGetLastError(ncclComm_t comm);
 
 ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
-ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                           int root, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
 /* recvbuff: nranks x sendcount, rank-ordered */
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream);
 /* sendbuff: nranks x recvcount; rank r gets the reduction of block r */
-ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 
 /* ---- point to point ------------------------------------------------------------ */
 
@@ -122,6 +122,10 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
                       cudaStream_t stream);
 
 /* ---- groups: calls between Start and End run together at End ---------------------- */
+/* Collectives in call order, then every send and receive together (so a
+ * send/recv pair in one group cannot deadlock); several communicators in one
+ * group run on one thread each. ncclCommInitRank is not deferred: it runs at
+ * once even inside a group. */
 
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
