@@ -39,9 +39,13 @@ struct nccl_comms {
 static cudaStream_t comm_stream[MAX_DEVICES];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* EM_OK, or EM_ERR_DIST with NCCL's words: the result's name and the
+ * library's own last message (which names mismatched calls and dead peers). */
 static em_status nccl_check(ncclResult_t r, const char *op)
 {
     if (r == ncclSuccess) return EM_OK;
+    const char *detail = ncclGetLastError(NULL);
+    if (detail && *detail) return em_err(EM_ERR_DIST, "%s (NCCL): %s: %s", op, ncclGetErrorString(r), detail);
     return em_err(EM_ERR_DIST, "%s (NCCL): %s", op, ncclGetErrorString(r));
 }
 

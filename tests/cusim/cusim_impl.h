@@ -96,7 +96,8 @@ int cusim_stream_drain(void *stream);
 
 /* Queues fn(ctx) on stream s, to run in stream order (nccl.c publishes a
  * collective's result this way); fn runs with device memory accessible.
- * free_ctx(ctx) afterwards (may be NULL). 0 or an error. */
+ * free_ctx(ctx) afterwards (may be NULL). 0 or an error; ctx is the
+ * runtime's either way (on an error free_ctx(ctx) has already run). */
 int cusim_enqueue_host_fn(void *stream, void (*fn)(void *ctx), void *ctx, void (*free_ctx)(void *ctx));
 
 /* The device the calling host thread has current (cudaSetDevice), and how

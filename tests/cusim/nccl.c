@@ -212,13 +212,12 @@ static ncclResult_t publish(op *o)
     if (!p) return cusim_nccl_fail(o, ncclSystemError, "%s: out of memory", cusim_nccl_api_name(o->kind));
     *p = (publication){.dst = o->recvbuff, .buf = o->buf, .off = o->out_off, .bytes = o->out_bytes};
     int e = cusim_enqueue_host_fn(o->stream, publish_now, p, publication_free);
+    o->buf = NULL; /* the publication owns it now, queued or not (freed on failure) */
     if (e) {
-        free(p); /* not queued: the buffer is still the op's */
         return cusim_nccl_fail(o, ncclUnhandledCudaError,
                                "%s: cannot queue the result on the stream (CUDA error %d)",
                                cusim_nccl_api_name(o->kind), e);
     }
-    o->buf = NULL;
     return ncclSuccess;
 }
 
