@@ -135,11 +135,11 @@ extern "C" em_status cu_optim_update(int dev, const cu_upd *u, em_dtype pdt, voi
     em_status s = cu_use(dev, "em_optim_step");
     if (s || n == 0) return s;
     if (sdt == EM_F64)
-        update_kernel<double><<<blocks_for(n), THREADS, 0, stream(dev)>>>(*u, pdt, p, gdt, g, (double *)s1,
-                                                                         (double *)s2, n);
+        EM_LAUNCH(update_kernel<double>, blocks_for(n), THREADS, 0, stream(dev))
+        (*u, pdt, p, gdt, g, (double *)s1, (double *)s2, n);
     else
-        update_kernel<float><<<blocks_for(n), THREADS, 0, stream(dev)>>>(*u, pdt, p, gdt, g, (float *)s1,
-                                                                        (float *)s2, n);
+        EM_LAUNCH(update_kernel<float>, blocks_for(n), THREADS, 0, stream(dev))
+        (*u, pdt, p, gdt, g, (float *)s1, (float *)s2, n);
     return cu_launched("em_optim_step");
 }
 
@@ -150,8 +150,8 @@ extern "C" em_status cu_sumsq(int dev, em_dtype dt, const void *x, int64_t n, do
     unsigned parts = blocks_for(n) < MAX_PARTS ? blocks_for(n) : MAX_PARTS;
     double *part = (double *)cu_alloc(dev, parts * sizeof(double));
     if (!part) return em_last_status();
-    sumsq_parts<<<parts, THREADS, 0, stream(dev)>>>(dt, x, n, part);
-    sum_parts<<<1, THREADS, 0, stream(dev)>>>(part, (int)parts, out);
+    EM_LAUNCH(sumsq_parts, parts, THREADS, 0, stream(dev))(dt, x, n, part);
+    EM_LAUNCH(sum_parts, 1, THREADS, 0, stream(dev))(part, (int)parts, out);
     s = cu_launched("em_clip_grad_norm");
     cu_free(dev, part); // stream order: reused only by later work
     return s;
@@ -161,7 +161,7 @@ extern "C" em_status cu_scale(int dev, em_dtype dt, void *x, int64_t n, double c
 {
     em_status s = cu_use(dev, "em_clip_grad_norm");
     if (s || n == 0) return s;
-    scale_kernel<<<blocks_for(n), THREADS, 0, stream(dev)>>>(dt, x, n, c);
+    EM_LAUNCH(scale_kernel, blocks_for(n), THREADS, 0, stream(dev))(dt, x, n, c);
     return cu_launched("em_clip_grad_norm");
 }
 
@@ -169,6 +169,6 @@ extern "C" em_status cu_unscale(int dev, em_dtype dt, void *x, int64_t n, double
 {
     em_status s = cu_use(dev, "em_scaler_unscale");
     if (s || n == 0) return s;
-    unscale_kernel<<<blocks_for(n), THREADS, 0, stream(dev)>>>(dt, x, n, inv, found);
+    EM_LAUNCH(unscale_kernel, blocks_for(n), THREADS, 0, stream(dev))(dt, x, n, inv, found);
     return cu_launched("em_scaler_unscale");
 }

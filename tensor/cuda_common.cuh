@@ -11,6 +11,21 @@
 
 #include "cuda_impl.h"
 
+// A kernel launch and a kernel's dynamic shared memory, written once for both
+// compilers: nvcc's own syntax, or under the emulator (tests/cusim, meson
+// -Dcuda=sim: the host C++ compiler builds this file) its launcher. A
+// template kernel whose name has a comma goes in parentheses:
+//   EM_LAUNCH((attn_forward<T, A>), grid, block, smem, stream)(args...);
+// The dynamic shared buffer is 16-byte aligned under both.
+#ifdef __CUDACC__
+#define EM_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#define EM_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#else
+#define EM_LAUNCH(kernel, grid, block, smem, stream)                                                         \
+    ::cusim::launcher(kernel, #kernel, grid, block, smem, stream)
+#define EM_DYNAMIC_SHARED(type, name) type *name = (type *)::cusim::dynamic_shared()
+#endif
+
 namespace em_cu {
 
 constexpr int THREADS = 256;

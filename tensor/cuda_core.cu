@@ -63,14 +63,13 @@ extern "C" em_status cu_copy(int dev, const cu_walk *w, em_dtype to, void *dst, 
     if (to == from && contiguous(*w, 0) && contiguous(*w, 1)) {
         size_t bytes = (size_t)n * em_dtype_size(to);
         if (bytes % 4 == 0 && ((uintptr_t)dst | (uintptr_t)src) % 4 == 0) {
-            copy_words<<<blocks_for((int64_t)bytes / 4), THREADS, 0, stream(dev)>>>((int64_t)bytes / 4,
-                                                                                 (uint32_t *)dst,
-                                                                                 (const uint32_t *)src);
+            EM_LAUNCH(copy_words, blocks_for((int64_t)bytes / 4), THREADS, 0, stream(dev))
+            ((int64_t)bytes / 4, (uint32_t *)dst, (const uint32_t *)src);
             return cu_launched("copy");
         }
         return cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(dev)), "copy");
     }
-    copy_kernel<<<blocks_for(n), THREADS, 0, stream(dev)>>>(*w, n, to, dst, from, src);
+    EM_LAUNCH(copy_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, to, dst, from, src);
     return cu_launched("copy");
 }
 
@@ -79,7 +78,7 @@ extern "C" em_status cu_fill(int dev, em_dtype dt, void *p, int64_t n, double v)
     em_status s = cu_use(dev, "fill");
     if (s || n == 0) return s;
     if (v == 0.0 && !signbit(v)) return cu_check(cudaMemsetAsync(p, 0, (size_t)n * em_dtype_size(dt), stream(dev)), "fill");
-    fill_kernel<<<blocks_for(n), THREADS, 0, stream(dev)>>>(dt, p, n, v);
+    EM_LAUNCH(fill_kernel, blocks_for(n), THREADS, 0, stream(dev))(dt, p, n, v);
     return cu_launched("fill");
 }
 
@@ -90,6 +89,6 @@ extern "C" em_status cu_add_into(int dev, const cu_walk *w, em_dtype dt_dst, voi
     if (s) return s;
     int64_t n = walk_numel(*w);
     if (n == 0) return EM_OK;
-    add_kernel<<<blocks_for(n), THREADS, 0, stream(dev)>>>(*w, n, dt_dst, dst, dt_src, src);
+    EM_LAUNCH(add_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, dt_dst, dst, dt_src, src);
     return cu_launched("gradient accumulation");
 }

@@ -272,7 +272,7 @@ __device__ __forceinline__ bool beats(cu_redop op, double v, int64_t j, double m
 __global__ void reduce_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn, cu_redop op, em_dtype it,
                               const void *in, em_dtype ot, void *out, double scale)
 {
-    extern __shared__ double sh_v[];
+    EM_DYNAMIC_SHARED(double, sh_v);
     int64_t *sh_at = (int64_t *)(sh_v + blockDim.x);
     unsigned t = threadIdx.x;
     for (int64_t k = blockIdx.x; k < kn; k += gridDim.x) {
@@ -322,7 +322,7 @@ __global__ void reduce_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn, cu
 __global__ void extreme_bw_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn, em_dtype xdt, const void *x,
                                   em_dtype ydt, const void *y, em_dtype gdt, const void *g, void *gx)
 {
-    extern __shared__ double sh_v[];
+    EM_DYNAMIC_SHARED(double, sh_v);
     int64_t *sh_n = (int64_t *)(sh_v + blockDim.x);
     unsigned t = threadIdx.x;
     for (int64_t k = blockIdx.x; k < kn; k += gridDim.x) {
@@ -372,7 +372,7 @@ extern "C" em_status cu_binary(int dev, cu_binop op, const cu_walk *w, em_dtype 
     if (s) return s;
     int64_t n = walk_numel(*w);
     if (n == 0) return EM_OK;
-    binary_kernel<<<blocks_for(n), THREADS, 0, stream(dev)>>>(*w, n, op, dt, out, a, b);
+    EM_LAUNCH(binary_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, op, dt, out, a, b);
     return cu_launched(binop_name[op]);
 }
 
@@ -383,7 +383,7 @@ extern "C" em_status cu_unary(int dev, cu_unop op, const cu_walk *w, em_dtype dt
     if (s) return s;
     int64_t n = walk_numel(*w);
     if (n == 0) return EM_OK;
-    unary_kernel<<<blocks_for(n), THREADS, 0, stream(dev)>>>(*w, n, op, dt, out, x, p0, p1);
+    EM_LAUNCH(unary_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, op, dt, out, x, p0, p1);
     return cu_launched(unop_name[op]);
 }
 
@@ -394,7 +394,7 @@ extern "C" em_status cu_unary_backward(int dev, cu_unop op, const cu_walk *w, em
     if (s) return s;
     int64_t n = walk_numel(*w);
     if (n == 0) return EM_OK;
-    unary_bw_kernel<<<blocks_for(n), THREADS, 0, stream(dev)>>>(*w, n, op, dt, gx, x, y, gdt, g, p);
+    EM_LAUNCH(unary_bw_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, op, dt, gx, x, y, gdt, g, p);
     return cu_launched(unop_name[op]);
 }
 
@@ -405,8 +405,8 @@ extern "C" em_status cu_select(int dev, const cu_walk *w, em_dtype dt, void *out
     if (s) return s;
     int64_t n = walk_numel(*w);
     if (n == 0) return EM_OK;
-    select_kernel<<<blocks_for(n), THREADS, 0, stream(dev)>>>(*w, n, dt, (int)em_dtype_size(dt), out,
-                                                              (const uint8_t *)cond, x, keep, fill);
+    EM_LAUNCH(select_kernel, blocks_for(n), THREADS, 0, stream(dev))
+    (*w, n, dt, (int)em_dtype_size(dt), out, (const uint8_t *)cond, x, keep, fill);
     return cu_launched("where");
 }
 
@@ -418,8 +418,8 @@ extern "C" em_status cu_reduce(int dev, cu_redop op, const cu_walk *kw, const cu
     int64_t kn = walk_numel(*kw), rn = walk_numel(*rw);
     if (kn == 0) return EM_OK;
     unsigned nt = red_threads(rn);
-    reduce_kernel<<<red_blocks(kn), nt, nt *(sizeof(double) + sizeof(int64_t)), stream(dev)>>>(
-        *kw, *rw, kn, rn, op, in_dt, in, out_dt, out, scale);
+    EM_LAUNCH(reduce_kernel, red_blocks(kn), nt, nt * (sizeof(double) + sizeof(int64_t)), stream(dev))
+    (*kw, *rw, kn, rn, op, in_dt, in, out_dt, out, scale);
     return cu_launched(redop_name[op]);
 }
 
@@ -432,7 +432,7 @@ extern "C" em_status cu_extreme_backward(int dev, const cu_walk *kw, const cu_wa
     int64_t kn = walk_numel(*kw), rn = walk_numel(*rw);
     if (kn == 0) return EM_OK;
     unsigned nt = red_threads(rn);
-    extreme_bw_kernel<<<red_blocks(kn), nt, nt *(sizeof(double) + sizeof(int64_t)), stream(dev)>>>(
-        *kw, *rw, kn, rn, xdt, x, ydt, y, gdt, g, gx);
+    EM_LAUNCH(extreme_bw_kernel, red_blocks(kn), nt, nt * (sizeof(double) + sizeof(int64_t)), stream(dev))
+    (*kw, *rw, kn, rn, xdt, x, ydt, y, gdt, g, gx);
     return cu_launched("max/min backward");
 }

@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     attn_forward(const T *q, const T *k, const T *v, T *o, A *lse, int64_t L, int D, A scale, int64_t nqb)
 {
     constexpr int BC = tile_rows<A>();
-    extern __shared__ __align__(16) unsigned char smem[];
+    EM_DYNAMIC_SHARED(unsigned char, smem);
     A *qs = (A *)smem;         // this block's query rows, times scale
     A *ks = qs + BR * D;       // the key tile, rows padded by one against bank conflicts
     A *vs = ks + BC * (D + 1); // the value tile
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(WARPS * 32)
                      T *dv, int64_t L, int D, A scale, int64_t nkb)
 {
     constexpr int BC = tile_rows<A>();
-    extern __shared__ __align__(16) unsigned char smem[];
+    EM_DYNAMIC_SHARED(unsigned char, smem);
     A *ks = (A *)smem;
     A *vs = ks + BR * D;
     A *qs = vs + BR * D;
@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(WARPS * 32)
                     int64_t L, int D, A scale, int64_t nqb)
 {
     constexpr int BC = tile_rows<A>();
-    extern __shared__ __align__(16) unsigned char smem[];
+    EM_DYNAMIC_SHARED(unsigned char, smem);
     A *qs = (A *)smem;
     A *gs = qs + BR * D;
     A *ks = gs + BR * D;
@@ -415,8 +415,8 @@ em_status forward(int dev, int64_t BH, int64_t L, int D, double scale, const voi
     const size_t smem = sizeof(A) * (size_t)(BR * D + BC * (D + 1) + BC * D);
     em_status s = allow_smem(attn_forward<T, A>, smem);
     if (s) return s;
-    attn_forward<T, A><<<(unsigned)(BH * nqb), WARPS * 32, smem, stream(dev)>>>(
-        (const T *)q, (const T *)k, (const T *)v, (T *)o, (A *)lse, L, D, (A)scale, nqb);
+    EM_LAUNCH((attn_forward<T, A>), (unsigned)(BH * nqb), WARPS * 32, smem, stream(dev))
+    ((const T *)q, (const T *)k, (const T *)v, (T *)o, (A *)lse, L, D, (A)scale, nqb);
     return cu_launched("attention");
 }
 
@@ -430,23 +430,24 @@ em_status backward(int dev, int64_t BH, int64_t L, int D, double scale, const vo
     const int64_t nb = (L + BR - 1) / BR, rows = BH * L;
     A *delta = (A *)cu_alloc(dev, sizeof(A) * (size_t)rows);
     if (!delta) return EM_ERR_OOM; /* cu_alloc set the message */
-    attn_delta<T, A><<<(unsigned)((rows + THREADS / 32 - 1) / (THREADS / 32)), THREADS, 0, stream(dev)>>>(
-        (const T *)o, (const T *)dout, delta, rows, D);
+    EM_LAUNCH((attn_delta<T, A>), (unsigned)((rows + THREADS / 32 - 1) / (THREADS / 32)), THREADS, 0,
+              stream(dev))
+    ((const T *)o, (const T *)dout, delta, rows, D);
     em_status s = cu_launched("attention backward");
     const size_t smem_kv = sizeof(A) * (size_t)(2 * BR * D + 2 * BC * (D + 1) + 2 * BC);
     if (!s) s = allow_smem(attn_backward_kv<T, A>, smem_kv);
     if (!s) {
-        attn_backward_kv<T, A><<<(unsigned)(BH * nb), WARPS * 32, smem_kv, stream(dev)>>>(
-            (const T *)q, (const T *)k, (const T *)v, (const T *)dout, (const A *)lse, delta, (T *)dk,
-            (T *)dv, L, D, (A)scale, nb);
+        EM_LAUNCH((attn_backward_kv<T, A>), (unsigned)(BH * nb), WARPS * 32, smem_kv, stream(dev))
+        ((const T *)q, (const T *)k, (const T *)v, (const T *)dout, (const A *)lse, delta, (T *)dk, (T *)dv,
+         L, D, (A)scale, nb);
         s = cu_launched("attention backward");
     }
     const size_t smem_q = sizeof(A) * (size_t)(2 * BR * D + 2 * BC * (D + 1));
     if (!s) s = allow_smem(attn_backward_q<T, A>, smem_q);
     if (!s) {
-        attn_backward_q<T, A><<<(unsigned)(BH * nb), WARPS * 32, smem_q, stream(dev)>>>(
-            (const T *)q, (const T *)k, (const T *)v, (const T *)dout, (const A *)lse, delta, (T *)dq, L, D,
-            (A)scale, nb);
+        EM_LAUNCH((attn_backward_q<T, A>), (unsigned)(BH * nb), WARPS * 32, smem_q, stream(dev))
+        ((const T *)q, (const T *)k, (const T *)v, (const T *)dout, (const A *)lse, delta, (T *)dq, L, D,
+         (A)scale, nb);
         s = cu_launched("attention backward");
     }
     cu_free(dev, delta); /* stream order: reused only by work queued after these kernels */

@@ -394,9 +394,9 @@ extern "C" em_status cu_softmax_fwd(int dev, em_dtype dt, const void *x, void *y
     em_status s = cu_use(dev, op);
     if (s || rows == 0) return s;
     if (dt == EM_F64)
-        softmax_fwd_k<double><<<row_grid(rows), ROW_THREADS, 0, stream(dev)>>>(dt, x, y, rows, n, log);
+        EM_LAUNCH(softmax_fwd_k<double>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, x, y, rows, n, log);
     else
-        softmax_fwd_k<float><<<row_grid(rows), ROW_THREADS, 0, stream(dev)>>>(dt, x, y, rows, n, log);
+        EM_LAUNCH(softmax_fwd_k<float>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, x, y, rows, n, log);
     return cu_launched(op);
 }
 
@@ -407,9 +407,11 @@ extern "C" em_status cu_softmax_bwd(int dev, em_dtype dt, const void *y, const v
     em_status s = cu_use(dev, op);
     if (s || rows == 0) return s;
     if (dt == EM_F64)
-        softmax_bwd_k<double><<<row_grid(rows), ROW_THREADS, 0, stream(dev)>>>(dt, y, g, dx, rows, n, log);
+        EM_LAUNCH(softmax_bwd_k<double>, row_grid(rows), ROW_THREADS, 0, stream(dev))
+        (dt, y, g, dx, rows, n, log);
     else
-        softmax_bwd_k<float><<<row_grid(rows), ROW_THREADS, 0, stream(dev)>>>(dt, y, g, dx, rows, n, log);
+        EM_LAUNCH(softmax_bwd_k<float>, row_grid(rows), ROW_THREADS, 0, stream(dev))
+        (dt, y, g, dx, rows, n, log);
     return cu_launched(op);
 }
 
@@ -421,14 +423,14 @@ extern "C" em_status cu_cross_entropy_fwd(int dev, em_dtype dt, const void *x, c
     if (s) return s;
     if (rows > 0) {
         if (dt == EM_F64)
-            ce_fwd_k<double>
-                <<<row_grid(rows), ROW_THREADS, 0, stream(dev)>>>(dt, x, tgt, rows, C, ignore, stats);
+            EM_LAUNCH(ce_fwd_k<double>, row_grid(rows), ROW_THREADS, 0, stream(dev))
+            (dt, x, tgt, rows, C, ignore, stats);
         else
-            ce_fwd_k<float>
-                <<<row_grid(rows), ROW_THREADS, 0, stream(dev)>>>(dt, x, tgt, rows, C, ignore, stats);
+            EM_LAUNCH(ce_fwd_k<float>, row_grid(rows), ROW_THREADS, 0, stream(dev))
+            (dt, x, tgt, rows, C, ignore, stats);
         if ((s = cu_launched(op))) return s;
     }
-    ce_total_k<<<1, ROW_THREADS, 0, stream(dev)>>>(dt, tgt, rows, ignore, stats, out);
+    EM_LAUNCH(ce_total_k, 1, ROW_THREADS, 0, stream(dev))(dt, tgt, rows, ignore, stats, out);
     return cu_launched(op);
 }
 
@@ -440,11 +442,11 @@ extern "C" em_status cu_cross_entropy_bwd(int dev, em_dtype dt, const void *x, c
     em_status s = cu_use(dev, op);
     if (s || rows == 0) return s;
     if (dt == EM_F64)
-        ce_bwd_k<double>
-            <<<row_grid(rows), ROW_THREADS, 0, stream(dev)>>>(dt, x, tgt, rows, C, ignore, stats, gdt, g, dx);
+        EM_LAUNCH(ce_bwd_k<double>, row_grid(rows), ROW_THREADS, 0, stream(dev))
+        (dt, x, tgt, rows, C, ignore, stats, gdt, g, dx);
     else
-        ce_bwd_k<float>
-            <<<row_grid(rows), ROW_THREADS, 0, stream(dev)>>>(dt, x, tgt, rows, C, ignore, stats, gdt, g, dx);
+        EM_LAUNCH(ce_bwd_k<float>, row_grid(rows), ROW_THREADS, 0, stream(dev))
+        (dt, x, tgt, rows, C, ignore, stats, gdt, g, dx);
     return cu_launched(op);
 }
 
@@ -455,11 +457,11 @@ extern "C" em_status cu_norm_fwd(int dev, em_dtype dt, bool rms, const void *x, 
     em_status s = cu_use(dev, op);
     if (s || rows == 0) return s;
     if (dt == EM_F64)
-        norm_fwd_k<double><<<row_grid(rows), ROW_THREADS, 0, stream(dev)>>>(dt, rms, x, w, b, y,
-                                                                            (double *)stats, rows, C, eps);
+        EM_LAUNCH(norm_fwd_k<double>, row_grid(rows), ROW_THREADS, 0, stream(dev))
+        (dt, rms, x, w, b, y, (double *)stats, rows, C, eps);
     else
-        norm_fwd_k<float><<<row_grid(rows), ROW_THREADS, 0, stream(dev)>>>(dt, rms, x, w, b, y,
-                                                                           (float *)stats, rows, C, eps);
+        EM_LAUNCH(norm_fwd_k<float>, row_grid(rows), ROW_THREADS, 0, stream(dev))
+        (dt, rms, x, w, b, y, (float *)stats, rows, C, eps);
     return cu_launched(op);
 }
 
@@ -477,13 +479,13 @@ static void norm_bwd_launch(int dev, em_dtype dt, bool rms, const void *x, const
     const T *st = (const T *)stats;
     T *pt = (T *)part;
     cudaStream_t sm = stream(dev);
-    if (dx) norm_dx_k<T><<<row_grid(rows), ROW_THREADS, 0, sm>>>(dt, rms, x, w, g, st, dx, rows, C);
+    if (dx) EM_LAUNCH(norm_dx_k<T>, row_grid(rows), ROW_THREADS, 0, sm)(dt, rms, x, w, g, st, dx, rows, C);
     if (!dw && !db) return;
     int64_t nch = cu_norm_chunks(rows);
     dim3 grid((unsigned)((C + THREADS - 1) / THREADS), (unsigned)nch);
-    norm_part_k<T><<<grid, THREADS, 0, sm>>>(dt, x, g, st, pt, dw != NULL, db != NULL, rows, C, nch);
-    if (dw) norm_sum_k<T><<<blocks_for(C), THREADS, 0, sm>>>(dt, pt, nch, C, dw);
-    if (db) norm_sum_k<T><<<blocks_for(C), THREADS, 0, sm>>>(dt, pt + nch * C, nch, C, db);
+    EM_LAUNCH(norm_part_k<T>, grid, THREADS, 0, sm)(dt, x, g, st, pt, dw != NULL, db != NULL, rows, C, nch);
+    if (dw) EM_LAUNCH(norm_sum_k<T>, blocks_for(C), THREADS, 0, sm)(dt, pt, nch, C, dw);
+    if (db) EM_LAUNCH(norm_sum_k<T>, blocks_for(C), THREADS, 0, sm)(dt, pt + nch * C, nch, C, db);
 }
 
 extern "C" em_status cu_norm_bwd(int dev, em_dtype dt, bool rms, const void *x, const void *w, const void *g,
@@ -511,20 +513,20 @@ extern "C" em_status cu_index_gather(int dev, size_t esize, const void *t, const
     cudaStream_t sm = stream(dev);
     switch (esize) {
     case 1:
-        gather_k<uint8_t>
-            <<<nb, THREADS, 0, sm>>>((const uint8_t *)t, idx, (uint8_t *)out, outer, S, K, inner);
+        EM_LAUNCH(gather_k<uint8_t>, nb, THREADS, 0, sm)
+        ((const uint8_t *)t, idx, (uint8_t *)out, outer, S, K, inner);
         break;
     case 2:
-        gather_k<uint16_t>
-            <<<nb, THREADS, 0, sm>>>((const uint16_t *)t, idx, (uint16_t *)out, outer, S, K, inner);
+        EM_LAUNCH(gather_k<uint16_t>, nb, THREADS, 0, sm)
+        ((const uint16_t *)t, idx, (uint16_t *)out, outer, S, K, inner);
         break;
     case 4:
-        gather_k<uint32_t>
-            <<<nb, THREADS, 0, sm>>>((const uint32_t *)t, idx, (uint32_t *)out, outer, S, K, inner);
+        EM_LAUNCH(gather_k<uint32_t>, nb, THREADS, 0, sm)
+        ((const uint32_t *)t, idx, (uint32_t *)out, outer, S, K, inner);
         break;
     default:
-        gather_k<uint64_t>
-            <<<nb, THREADS, 0, sm>>>((const uint64_t *)t, idx, (uint64_t *)out, outer, S, K, inner);
+        EM_LAUNCH(gather_k<uint64_t>, nb, THREADS, 0, sm)
+        ((const uint64_t *)t, idx, (uint64_t *)out, outer, S, K, inner);
     }
     return cu_launched(op);
 }
@@ -537,11 +539,11 @@ extern "C" em_status cu_index_add(int dev, em_dtype act, void *acc, em_dtype gdt
     int64_t n = outer * K * inner;
     if (s || n == 0) return s;
     if (act == EM_F64)
-        index_add_k<double>
-            <<<blocks_for(n), THREADS, 0, stream(dev)>>>((double *)acc, gdt, g, idx, outer, S, K, inner);
+        EM_LAUNCH(index_add_k<double>, blocks_for(n), THREADS, 0, stream(dev))
+        ((double *)acc, gdt, g, idx, outer, S, K, inner);
     else
-        index_add_k<float>
-            <<<blocks_for(n), THREADS, 0, stream(dev)>>>((float *)acc, gdt, g, idx, outer, S, K, inner);
+        EM_LAUNCH(index_add_k<float>, blocks_for(n), THREADS, 0, stream(dev))
+        ((float *)acc, gdt, g, idx, outer, S, K, inner);
     return cu_launched(op);
 }
 
@@ -550,8 +552,8 @@ extern "C" em_status cu_dropout_fwd(int dev, em_dtype dt, const void *x, void *o
 {
     em_status s = cu_use(dev, "dropout");
     if (s || n == 0) return s;
-    dropout_fwd_k<<<blocks_for((n + 3) / 4), THREADS, 0, stream(dev)>>>(dt, x, out, mask, n, seed, offset, p,
-                                                                        scale);
+    EM_LAUNCH(dropout_fwd_k, blocks_for((n + 3) / 4), THREADS, 0, stream(dev))
+    (dt, x, out, mask, n, seed, offset, p, scale);
     return cu_launched("dropout");
 }
 
@@ -560,6 +562,6 @@ extern "C" em_status cu_dropout_bwd(int dev, em_dtype dt, const void *g, const u
 {
     em_status s = cu_use(dev, "dropout backward");
     if (s || n == 0) return s;
-    dropout_bwd_k<<<blocks_for(n), THREADS, 0, stream(dev)>>>(dt, g, mask, dx, n, scale);
+    EM_LAUNCH(dropout_bwd_k, blocks_for(n), THREADS, 0, stream(dev))(dt, g, mask, dx, n, scale);
     return cu_launched("dropout backward");
 }
