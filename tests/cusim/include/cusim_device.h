@@ -32,6 +32,11 @@
 #include "../cusim_impl.h"
 #include "cuda_runtime_api.h"
 
+// Device code carries nvcc's pragmas (#pragma unroll): g++ is told to let them
+// be. (g++ before 13 ignores this for pragmas, GCC bug 53431: the build passes
+// -Wno-unknown-pragmas to the kernels' files.)
+#pragma GCC diagnostic ignored "-Wunknown-pragmas"
+
 // ---- qualifiers ---------------------------------------------------------------------------------
 
 #define __global__
