@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <fenv.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,16 @@ __global__ void use_smem(float *out)
     sh[threadIdx.x] = 1;
     __syncthreads();
     out[threadIdx.x] = sh[(threadIdx.x + 1) % blockDim.x];
+}
+
+// thread 0 rounds down: each fiber keeps its own (MXCSR is saved per switch)
+__global__ void rounding_modes(float *out, volatile float *three)
+{
+    if (threadIdx.x == 0) fesetround(FE_DOWNWARD);
+    __syncthreads();
+    out[threadIdx.x] = 1.0f / *three;
+    __syncthreads();
+    if (threadIdx.x == 0) fesetround(FE_TONEAREST);
 }
 
 // ---- kernels that are wrong -----------------------------------------------------------------------
@@ -420,6 +431,15 @@ static void test_trap_fails_the_launch(void)
     expect_reports(before, "__trap()", __func__);
 }
 
+static void test_each_thread_keeps_its_floating_point_mode(void)
+{
+    float *out = dev<float>(2), *three = dev<float>(1);
+    *three = 3.0f;
+    EXPECT(EM_LAUNCH(rounding_modes, 1, 2, 0, 0)(out, three) == cudaSuccess, "launch failed");
+    EXPECT(out[0] < out[1], "thread 0 rounds down (%a), thread 1 to nearest (%a)", out[0], out[1]);
+    EXPECT(fegetround() == FE_TONEAREST, "the host's rounding mode is untouched");
+}
+
 static void test_launch_limits_are_sm90s(void)
 {
     float *out = dev<float>(2048);
@@ -499,6 +519,7 @@ int main(void)
     test_mask_without_the_caller_is_reported();
     test_deadlock_names_who_waits_where();
     test_trap_fails_the_launch();
+    test_each_thread_keeps_its_floating_point_mode();
     test_launch_limits_are_sm90s();
     test_half_and_bfloat16_conversions_are_exact();
     printf("selftest_exec (schedule %s): %s\n", schedule, failures ? "FAILED" : "ok");
