@@ -29,9 +29,9 @@ typedef enum { ORDER_IN, ORDER_REVERSED, ORDER_RANDOM, ORDER_COMPARE } order_mod
 static struct {
     bool read;
     order_mode mode;
-    uint64_t seed;       /* random / compare: the first launch's seed */
+    uint64_t seed; /* random / compare: the first launch's seed */
     bool racecheck;
-    uint64_t launches;   /* launches run so far: advances the seed */
+    uint64_t launches; /* launches run so far: advances the seed */
 } cfg;
 
 static void read_settings(void)
@@ -54,8 +54,10 @@ static void read_settings(void)
             cfg.mode = ORDER_RANDOM;
             if (s[6] == ':') cfg.seed = strtoull(s + 7, NULL, 0);
         } else
-            fprintf(stderr, "cusim: EMBER_CUSIM_SCHEDULE=%s is not in-order, reversed, random[:SEED] or compare; "
-                            "using compare\n", s);
+            fprintf(stderr,
+                    "cusim: EMBER_CUSIM_SCHEDULE=%s is not in-order, reversed, random[:SEED] or compare; "
+                    "using compare\n",
+                    s);
     }
     s = getenv("EMBER_CUSIM_RACECHECK");
     cfg.racecheck = !(s && !strcmp(s, "0"));
@@ -81,8 +83,8 @@ static int bad_launch(int err, const cusim_launch *l, const char *fmt, unsigned 
     char what[160];
     snprintf(what, sizeof what, fmt, a, b);
     snprintf(launch_msg, sizeof launch_msg, "launch of %s with grid (%u,%u,%u) block (%u,%u,%u): %s",
-             l->name ? l->name : "?", l->grid[0], l->grid[1], l->grid[2], l->block[0], l->block[1], l->block[2],
-             what);
+             l->name ? l->name : "?", l->grid[0], l->grid[1], l->grid[2], l->block[0], l->block[1],
+             l->block[2], what);
     return err;
 }
 
@@ -104,8 +106,9 @@ int cusim_check_launch(const cusim_launch *l, size_t max_dynamic_smem)
     }
     uint64_t threads = (uint64_t)b[0] * b[1] * b[2];
     if (threads > CUSIM_MAX_THREADS)
-        return bad_launch(cudaErrorInvalidConfiguration, l, "%u threads per block, above sm_90's limit of %lu",
-                          (unsigned)threads, CUSIM_MAX_THREADS);
+        return bad_launch(cudaErrorInvalidConfiguration, l,
+                          "%u threads per block, above sm_90's limit of %lu", (unsigned)threads,
+                          CUSIM_MAX_THREADS);
     if (l->smem > CUSIM_MAX_DYNAMIC_SMEM)
         return bad_launch(cudaErrorInvalidValue, l,
                           "%u bytes of dynamic shared memory, above sm_90's limit of %lu (227 KiB)",
@@ -169,10 +172,11 @@ static void report_exit_at_barrier(void)
     }
     if (!gone || !waiting) return;
     char a[200];
-    cusim_report("%s exited while thread (%u,%u,%u) of its block waits at __syncthreads (%s:%d): every thread "
-                 "of a block must reach each __syncthreads",
-                 cusim_who(gone, a, sizeof a), waiting->idx.x, waiting->idx.y, waiting->idx.z, waiting->file,
-                 waiting->line);
+    cusim_report(
+        "%s exited while thread (%u,%u,%u) of its block waits at __syncthreads (%s:%d): every thread "
+        "of a block must reach each __syncthreads",
+        cusim_who(gone, a, sizeof a), waiting->idx.x, waiting->idx.y, waiting->idx.z, waiting->file,
+        waiting->line);
     cusim_ex.reported_exit = true;
     cusim_ex.failed = true;
 }
@@ -184,7 +188,8 @@ static void thread_exit(cusim_thread *t)
     cusim_warps_thread_exits(t);
     if (cusim_ex.arrived > 0) {
         report_exit_at_barrier();
-        if (cusim_ex.arrived == cusim_ex.live) release_barrier(); /* as the hardware would: exited threads count */
+        if (cusim_ex.arrived == cusim_ex.live)
+            release_barrier(); /* as the hardware would: exited threads count */
     }
     cusim_fiber_switch(&t->fiber, &cusim_ex.sched, 1);
     abort(); /* never resumed */
@@ -233,7 +238,8 @@ static void run_block(order_mode order, uint64_t *rng)
     for (unsigned i = 0; i < n; i++) {
         cusim_thread *t = &cusim_ex.threads[i];
         t->tid = i;
-        t->idx = (cusim_uint3){i % l->block[0], i / l->block[0] % l->block[1], i / (l->block[0] * l->block[1])};
+        t->idx =
+            (cusim_uint3){i % l->block[0], i / l->block[0] % l->block[1], i / (l->block[0] * l->block[1])};
         t->warp = i / CUSIM_WARP;
         t->lane = i % CUSIM_WARP;
         t->file = NULL;
@@ -299,8 +305,8 @@ static void release_barrier(void)
             char a[200];
             cusim_report("barrier divergence in %s: it waits at __syncthreads %s:%d while thread (%u,%u,%u) "
                          "waits at __syncthreads %s:%d (threads of a block must meet at the same barrier)",
-                         cusim_who(t, a, sizeof a), t->file, t->line, first->idx.x, first->idx.y, first->idx.z,
-                         first->file, first->line);
+                         cusim_who(t, a, sizeof a), t->file, t->line, first->idx.x, first->idx.y,
+                         first->idx.z, first->file, first->line);
             cusim_ex.reported_divergence = true;
             cusim_ex.failed = true;
         }
@@ -426,8 +432,9 @@ static int run_launch(const cusim_launch *l, order_mode mode, uint64_t seed)
     order_init(&o, mode, (uint64_t)l->grid[0] * l->grid[1] * l->grid[2], &rng);
     uint64_t b;
     while (!cusim_ex.aborted && order_next(&o, &b)) {
-        cusim_ex.block_idx = (cusim_uint3){(unsigned)(b % l->grid[0]), (unsigned)(b / l->grid[0] % l->grid[1]),
-                                           (unsigned)(b / ((uint64_t)l->grid[0] * l->grid[1]))};
+        cusim_ex.block_idx =
+            (cusim_uint3){(unsigned)(b % l->grid[0]), (unsigned)(b / l->grid[0] % l->grid[1]),
+                          (unsigned)(b / ((uint64_t)l->grid[0] * l->grid[1]))};
         run_block(mode, &rng);
     }
     return cusim_ex.failed ? cudaErrorLaunchFailure : cudaSuccess;
@@ -441,10 +448,11 @@ static void note_fp_atomics(const char *name)
     for (int i = 0; i < ntold; i++)
         if (!strcmp(told[i], name)) return;
     if (ntold < 64) told[ntold++] = name;
-    fprintf(stderr,
-            "cusim: note: kernel %s used floating-point atomics, whose sums depend on the order on a GPU too: "
-            "its launches are not compared across schedules\n",
-            name);
+    fprintf(
+        stderr,
+        "cusim: note: kernel %s used floating-point atomics, whose sums depend on the order on a GPU too: "
+        "its launches are not compared across schedules\n",
+        name);
 }
 
 int cusim_exec(const cusim_launch *l)
@@ -473,7 +481,8 @@ int cusim_exec(const cusim_launch *l)
     rc = run_launch(l, ORDER_RANDOM, seed);
     if (rc == cudaSuccess && !cusim_ex.fp_atomics && cusim_snap_compare() != 0) {
         fprintf(stderr,
-                "cusim: (launch %" PRIu64 " of this process; EMBER_CUSIM_SCHEDULE=random EMBER_CUSIM_SEED=%" PRIu64
+                "cusim: (launch %" PRIu64
+                " of this process; EMBER_CUSIM_SCHEDULE=random EMBER_CUSIM_SEED=%" PRIu64
                 " runs the same random order at this launch)\n",
                 launch_no, cfg.seed);
         rc = cudaErrorLaunchFailure;

@@ -34,16 +34,16 @@ typedef enum {
 /* One GPU thread of the running block. */
 typedef struct cusim_thread {
     cusim_fiber fiber;
-    cusim_uint3 idx;   /* threadIdx */
-    unsigned tid;      /* linear index in the block, x fastest */
+    cusim_uint3 idx; /* threadIdx */
+    unsigned tid;    /* linear index in the block, x fastest */
     unsigned warp, lane;
     cusim_tstate state;
-    const char *file;  /* where it waits (barrier or warp op), for reports */
+    const char *file; /* where it waits (barrier or warp op), for reports */
     int line, column;
-    int op;            /* the warp op it waits in (cusim_warp_kind) */
-    uint64_t value;    /* its operand of that op */
-    int arg;           /* source lane / delta / lane mask of a shuffle */
-    uint64_t result;   /* what the op gave it */
+    int op;          /* the warp op it waits in (cusim_warp_kind) */
+    uint64_t value;  /* its operand of that op */
+    int arg;         /* source lane / delta / lane mask of a shuffle */
+    uint64_t result; /* what the op gave it */
 } cusim_thread;
 
 /* A warp operation some lanes wait in: it completes when every lane of
@@ -70,19 +70,19 @@ typedef struct cusim_exec_state {
     unsigned nthreads, nwarps;
     cusim_thread *threads; /* CUSIM_MAX_THREADS, fibers and stacks kept across launches */
     cusim_warp warps[CUSIM_MAX_WARPS];
-    cusim_fiber sched;     /* the scheduler: the OS thread's own stack */
+    cusim_fiber sched;                      /* the scheduler: the OS thread's own stack */
     uint64_t ready[CUSIM_MAX_THREADS / 64]; /* threads runnable in the next round */
-    unsigned live, arrived; /* threads not exited; of them, waiting at the barrier */
-    bool failed;           /* the launch fails (something was reported) */
-    bool aborted;          /* stop running it now */
-    bool reported_exit;    /* "exited while others wait" said once per launch */
+    unsigned live, arrived;                 /* threads not exited; of them, waiting at the barrier */
+    bool failed;                            /* the launch fails (something was reported) */
+    bool aborted;                           /* stop running it now */
+    bool reported_exit;                     /* "exited while others wait" said once per launch */
     bool reported_divergence;
     bool reported_race;
-    bool fp_atomics;       /* a floating-point atomic ran (the schedule comparison is skipped) */
+    bool fp_atomics; /* a floating-point atomic ran (the schedule comparison is skipped) */
     bool racecheck;
-    uint32_t epoch;        /* barrier interval; racecheck's shadow is valid within one */
-    char *dyn;             /* this block's dynamic shared memory (l->smem bytes) */
-    char *dyn_region;      /* dyn with redzones around it: [dyn_region, dyn_region + CUSIM_DYN_REGION) */
+    uint32_t epoch;   /* barrier interval; racecheck's shadow is valid within one */
+    char *dyn;        /* this block's dynamic shared memory (l->smem bytes) */
+    char *dyn_region; /* dyn with redzones around it: [dyn_region, dyn_region + CUSIM_DYN_REGION) */
 } cusim_exec_state;
 
 /* dynamic shared memory sits at dyn_region + CUSIM_DYN_REDZONE; an access

@@ -119,7 +119,7 @@ static void init_context(cusim_fiber *f)
      * cusim_fiber_start_x86 sees the ABI's alignment */
     uint64_t *sp = (uint64_t *)((char *)f->stack + f->stack_size - 80);
     sp[0] = mxcsr | (uint64_t)fcw << 32;
-    sp[1] = sp[2] = 0;                   /* r15, r14 */
+    sp[1] = sp[2] = 0;                       /* r15, r14 */
     sp[3] = (uint64_t)(uintptr_t)f;          /* r13: fiber_main's argument */
     sp[4] = (uint64_t)(uintptr_t)fiber_main; /* r12 */
     sp[5] = sp[6] = 0;                       /* rbx, rbp */
@@ -184,7 +184,7 @@ void cusim_fiber_switch(cusim_fiber *from, cusim_fiber *to, int final)
 #ifdef CUSIM_ASAN
     __sanitizer_start_switch_fiber(final ? NULL : &from->asan_fake_stack, to->stack, to->stack_size);
 #else
-    (void)final;
+    (void) final;
 #endif
     switched_from = from;
     swap_context(from, to);

@@ -94,28 +94,28 @@ void *__tsan_memset(void *d, int c, size_t n)
 #define SC __ATOMIC_SEQ_CST
 
 #define FETCH(N, T, name, builtin)                                                                           \
-    T __tsan_atomic##N##_##name(volatile void *a, T v, int mo);                                                 \
-    T __tsan_atomic##N##_##name(volatile void *a, T v, int mo)                                                  \
+    T __tsan_atomic##N##_##name(volatile void *a, T v, int mo);                                              \
+    T __tsan_atomic##N##_##name(volatile void *a, T v, int mo)                                               \
     {                                                                                                        \
         (void)mo;                                                                                            \
         check((const void *)a, sizeof(T), RMW);                                                              \
-        return builtin((volatile T *)a, v, SC);                                                                            \
+        return builtin((volatile T *)a, v, SC);                                                              \
     }
 
 #define ATOMICS(N, T)                                                                                        \
-    T __tsan_atomic##N##_load(const volatile void *a, int mo);                                                  \
-    T __tsan_atomic##N##_load(const volatile void *a, int mo)                                                   \
+    T __tsan_atomic##N##_load(const volatile void *a, int mo);                                               \
+    T __tsan_atomic##N##_load(const volatile void *a, int mo)                                                \
     {                                                                                                        \
         (void)mo;                                                                                            \
         check((const void *)a, sizeof(T), CUSIM_READ | CUSIM_ATOMIC);                                        \
-        return __atomic_load_n((const volatile T *)a, SC);                                                                       \
+        return __atomic_load_n((const volatile T *)a, SC);                                                   \
     }                                                                                                        \
-    void __tsan_atomic##N##_store(volatile void *a, T v, int mo);                                               \
-    void __tsan_atomic##N##_store(volatile void *a, T v, int mo)                                                \
+    void __tsan_atomic##N##_store(volatile void *a, T v, int mo);                                            \
+    void __tsan_atomic##N##_store(volatile void *a, T v, int mo)                                             \
     {                                                                                                        \
         (void)mo;                                                                                            \
         check((const void *)a, sizeof(T), CUSIM_WRITE | CUSIM_ATOMIC);                                       \
-        __atomic_store_n((volatile T *)a, v, SC);                                                                          \
+        __atomic_store_n((volatile T *)a, v, SC);                                                            \
     }                                                                                                        \
     FETCH(N, T, exchange, __atomic_exchange_n)                                                               \
     FETCH(N, T, fetch_add, __atomic_fetch_add)                                                               \
@@ -124,26 +124,26 @@ void *__tsan_memset(void *d, int c, size_t n)
     FETCH(N, T, fetch_or, __atomic_fetch_or)                                                                 \
     FETCH(N, T, fetch_xor, __atomic_fetch_xor)                                                               \
     FETCH(N, T, fetch_nand, __atomic_fetch_nand)                                                             \
-    _Bool __tsan_atomic##N##_compare_exchange_strong(volatile void *a, void *c, T v, int mo, int fmo);               \
-    _Bool __tsan_atomic##N##_compare_exchange_strong(volatile void *a, void *c, T v, int mo, int fmo)                \
+    _Bool __tsan_atomic##N##_compare_exchange_strong(volatile void *a, void *c, T v, int mo, int fmo);       \
+    _Bool __tsan_atomic##N##_compare_exchange_strong(volatile void *a, void *c, T v, int mo, int fmo)        \
     {                                                                                                        \
         (void)mo, (void)fmo;                                                                                 \
         check((const void *)a, sizeof(T), RMW);                                                              \
-        return __atomic_compare_exchange_n((volatile T *)a, (T *)c, v, 0, SC, SC);                                              \
+        return __atomic_compare_exchange_n((volatile T *)a, (T *)c, v, 0, SC, SC);                           \
     }                                                                                                        \
-    _Bool __tsan_atomic##N##_compare_exchange_weak(volatile void *a, void *c, T v, int mo, int fmo);                 \
-    _Bool __tsan_atomic##N##_compare_exchange_weak(volatile void *a, void *c, T v, int mo, int fmo)                  \
+    _Bool __tsan_atomic##N##_compare_exchange_weak(volatile void *a, void *c, T v, int mo, int fmo);         \
+    _Bool __tsan_atomic##N##_compare_exchange_weak(volatile void *a, void *c, T v, int mo, int fmo)          \
     {                                                                                                        \
         (void)mo, (void)fmo;                                                                                 \
         check((const void *)a, sizeof(T), RMW);                                                              \
-        return __atomic_compare_exchange_n((volatile T *)a, (T *)c, v, 0, SC, SC);                                              \
+        return __atomic_compare_exchange_n((volatile T *)a, (T *)c, v, 0, SC, SC);                           \
     }                                                                                                        \
-    T __tsan_atomic##N##_compare_exchange_val(volatile void *a, T c, T v, int mo, int fmo);                     \
-    T __tsan_atomic##N##_compare_exchange_val(volatile void *a, T c, T v, int mo, int fmo)                      \
+    T __tsan_atomic##N##_compare_exchange_val(volatile void *a, T c, T v, int mo, int fmo);                  \
+    T __tsan_atomic##N##_compare_exchange_val(volatile void *a, T c, T v, int mo, int fmo)                   \
     {                                                                                                        \
         (void)mo, (void)fmo;                                                                                 \
         check((const void *)a, sizeof(T), RMW);                                                              \
-        __atomic_compare_exchange_n((volatile T *)a, &c, v, 0, SC, SC);                                                    \
+        __atomic_compare_exchange_n((volatile T *)a, &c, v, 0, SC, SC);                                      \
         return c;                                                                                            \
     }
 

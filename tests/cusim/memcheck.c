@@ -125,7 +125,8 @@ int cusim_snap_rewind(void)
 {
     if (too_big) return -1;
     for (int i = 0; i < nsnaps; i++)
-        if (!(snaps[i].after = malloc(snaps[i].size ? snaps[i].size : 1))) return -1; /* cusim_snap_end frees */
+        if (!(snaps[i].after = malloc(snaps[i].size ? snaps[i].size : 1)))
+            return -1; /* cusim_snap_end frees */
     for (int i = 0; i < nsnaps; i++) {
         snapshot *s = &snaps[i];
         memcpy(s->after, s->base, s->size);
@@ -144,10 +145,11 @@ int cusim_snap_compare(void)
         if (!memcmp(want, got, s->size)) continue;
         size_t at = 0;
         while (want[at] == got[at]) at++;
-        cusim_report("kernel %s: the result depends on the order threads run in: device allocation %p (%zu bytes) "
-                     "differs at byte %zu (0x%02x in order, 0x%02x in a random order): threads or blocks write "
-                     "the same global memory, or read what others write, without an order between them",
-                     cusim_ex.l->name, (void *)s->base, s->size, at, want[at], got[at]);
+        cusim_report(
+            "kernel %s: the result depends on the order threads run in: device allocation %p (%zu bytes) "
+            "differs at byte %zu (0x%02x in order, 0x%02x in a random order): threads or blocks write "
+            "the same global memory, or read what others write, without an order between them",
+            cusim_ex.l->name, (void *)s->base, s->size, at, want[at], got[at]);
         return -1;
     }
     return 0;
@@ -277,7 +279,8 @@ static bool ordered(const cusim_thread *me, unsigned other_id, uint16_t oc)
     return o / CUSIM_WARP == me->warp && (int16_t)(clock_of(me->tid) - oc) > 0;
 }
 
-static void report_race(const cusim_thread *me, uintptr_t a, int kind, unsigned other_id, const char *other_kind)
+static void report_race(const cusim_thread *me, uintptr_t a, int kind, unsigned other_id,
+                        const char *other_kind)
 {
     if (cusim_ex.reported_race) return;
     cusim_ex.reported_race = true;
@@ -292,7 +295,7 @@ static void report_race(const cusim_thread *me, uintptr_t a, int kind, unsigned 
     cusim_report("race on shared memory in %s: it %s %s while thread (%u,%u,%u) %s it in the same barrier "
                  "interval (no __syncthreads between, nor a warp operation for lanes of one warp)",
                  cusim_who(me, who, sizeof who),
-                 kind & CUSIM_ATOMIC ? "atomically updates"
+                 kind & CUSIM_ATOMIC  ? "atomically updates"
                  : kind & CUSIM_WRITE ? "writes"
                                       : "reads",
                  where, o->idx.x, o->idx.y, o->idx.z, other_kind);
@@ -319,9 +322,9 @@ static void race_byte(const cusim_thread *me, cell *e, uintptr_t a, int kind)
         return;
     }
     if (e->r && !(at && !(e->flags & F_R_PLAIN))) {
-        bool fine = (e->flags & F_MANY) ? !(e->flags & F_MANY_WARPS) && e->rwarp == me->warp &&
-                                              (int16_t)(c - e->rc) > 0
-                                        : e->r == id || ordered(me, e->r, e->rc);
+        bool fine = (e->flags & F_MANY)
+                        ? !(e->flags & F_MANY_WARPS) && e->rwarp == me->warp && (int16_t)(c - e->rc) > 0
+                        : e->r == id || ordered(me, e->r, e->rc);
         if (!fine) report_race(me, a, kind, e->r == id ? e->w ? e->w : id : e->r, "read");
     }
     e->w = (uint16_t)id;
@@ -357,7 +360,8 @@ static const char *kind_name(int kind)
 __attribute__((noreturn)) static void bad_access(const void *p, size_t n, int kind, const char *what)
 {
     char who[200];
-    cusim_report("%s: %s %zu bytes at %p: %s", cusim_who(cusim_cur, who, sizeof who), kind_name(kind), n, p, what);
+    cusim_report("%s: %s %zu bytes at %p: %s", cusim_who(cusim_cur, who, sizeof who), kind_name(kind), n, p,
+                 what);
     cusim_abort_launch();
 }
 
@@ -373,8 +377,8 @@ void cusim_access(const void *p, size_t n, int kind)
     if (a - (uintptr_t)cusim_ex.dyn_region < CUSIM_DYN_REGION) {
         intptr_t off = (intptr_t)(a - (uintptr_t)cusim_ex.dyn);
         if (off < 0 || (size_t)off + n > cusim_ex.l->smem) {
-            snprintf(what, sizeof what, "out of bounds of dynamic shared memory (offset %td of %zu bytes)", off,
-                     cusim_ex.l->smem);
+            snprintf(what, sizeof what, "out of bounds of dynamic shared memory (offset %td of %zu bytes)",
+                     off, cusim_ex.l->smem);
             bad_access(p, n, kind, what);
         }
         if (cusim_ex.racecheck) race_access(a, n, kind);
@@ -398,8 +402,8 @@ void cusim_access(const void *p, size_t n, int kind)
     case CUSIM_MEM_DEVICE:
         if (a + n > (uintptr_t)info.base + info.size) break;
         if (info.device != cusim_ex.l->device) {
-            snprintf(what, sizeof what, "device memory of device %d, but the kernel runs on device %d", info.device,
-                     cusim_ex.l->device);
+            snprintf(what, sizeof what, "device memory of device %d, but the kernel runs on device %d",
+                     info.device, cusim_ex.l->device);
             bad_access(p, n, kind, what);
         }
         if (ncache < NCACHE)
@@ -419,8 +423,7 @@ void cusim_access(const void *p, size_t n, int kind)
         bad_access(p, n, kind, "not device memory nor shared memory (a host pointer passed to a kernel?)");
     }
     /* out of bounds of a device allocation, or freed memory */
-    if (!info.base)
-        bad_access(p, n, kind, "not in any device allocation (freed?)");
+    if (!info.base) bad_access(p, n, kind, "not in any device allocation (freed?)");
     long long off = (long long)(a - (uintptr_t)info.base);
     snprintf(what, sizeof what,
              "out of bounds of device allocation %p (%zu bytes): offset %lld, or the allocation was freed",

@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EM_LAUNCH(kernel, grid, block, smem, stream) ::cusim::launcher(kernel, #kernel, grid, block, smem, stream)
+#define EM_LAUNCH(kernel, grid, block, smem, stream)                                                         \
+    ::cusim::launcher(kernel, #kernel, grid, block, smem, stream)
 #define EM_DYNAMIC_SHARED(type, name) type *name = (type *)::cusim::dynamic_shared()
 
 // ---- kernels that are right -----------------------------------------------------------------------
@@ -41,7 +42,8 @@ __global__ void block_sum(const float *x, int n, float *out)
 
 __global__ void scale2(const float *x, float *y, long long n)
 {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
         y[i] = 2 * x[i];
 }
 
@@ -96,7 +98,8 @@ __global__ void tree_sum(const float *x, float *out, bool barrier)
 
 __global__ void float_atomics(float *acc, const float *x, int n)
 {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) atomicAdd(acc, x[i]);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        atomicAdd(acc, x[i]);
 }
 
 __global__ void use_smem(float *out)
@@ -156,10 +159,7 @@ __global__ void half_warp_shuffle(int *out)
     if (threadIdx.x < 16) out[threadIdx.x] = __shfl_sync(0xffffffffu, (int)threadIdx.x, 0);
 }
 
-__global__ void mask_without_self(int *out)
-{
-    out[threadIdx.x] = __shfl_sync(0x1u, (int)threadIdx.x, 0);
-}
+__global__ void mask_without_self(int *out) { out[threadIdx.x] = __shfl_sync(0x1u, (int)threadIdx.x, 0); }
 
 __global__ void shuffle_then_barrier(int *out)
 {
@@ -194,7 +194,7 @@ static const char *schedule;
 #define EXPECT(cond, ...)                                                                                    \
     do {                                                                                                     \
         if (!(cond)) {                                                                                       \
-            printf("FAIL %s:%d: ", __func__, __LINE__);                                                     \
+            printf("FAIL %s:%d: ", __func__, __LINE__);                                                      \
             printf(__VA_ARGS__);                                                                             \
             printf("\n");                                                                                    \
             failures++;                                                                                      \
@@ -208,8 +208,9 @@ static void expect_reports(int before, const char *want, const char *test)
     if (!want)
         EXPECT(now == before, "%s: %d unexpected report(s): %s", test, now - before, cusim_last_message());
     else
-        EXPECT(now > before && strstr(cusim_last_message(), want), "%s: wanted a report with \"%s\", got %d: %s",
-               test, want, now - before, now > before ? cusim_last_message() : "(none)");
+        EXPECT(now > before && strstr(cusim_last_message(), want),
+               "%s: wanted a report with \"%s\", got %d: %s", test, want, now - before,
+               now > before ? cusim_last_message() : "(none)");
 }
 
 template <class T> static T *dev(size_t n)
@@ -275,7 +276,8 @@ static void test_warp_operations_give_cuda_results(void)
         EXPECT(out[96 + l] == (int)ballot, "ballot lane %d", l);
         EXPECT(out[128 + l] == 1, "any/all lane %d: %d", l, out[128 + l]);
         int x = l ^ 20;
-        EXPECT(out[160 + l] == (x < (l & ~15) + 16 ? x : l), "shfl_xor width 16 lane %d: %d", l, out[160 + l]);
+        EXPECT(out[160 + l] == (x < (l & ~15) + 16 ? x : l), "shfl_xor width 16 lane %d: %d", l,
+               out[160 + l]);
         EXPECT(out[192 + l] == 31 - l, "double shuffle lane %d: %d", l, out[192 + l]);
     }
     expect_reports(before, NULL, __func__);
@@ -294,7 +296,8 @@ static void test_race_without_syncwarp_is_reported(void)
 {
     int *out = dev<int>(64);
     int before = cusim_report_count();
-    EXPECT(EM_LAUNCH(warp_exchange, 1, 64, 0, 0)(out, false) == cudaErrorLaunchFailure, "launch did not fail");
+    EXPECT(EM_LAUNCH(warp_exchange, 1, 64, 0, 0)(out, false) == cudaErrorLaunchFailure,
+           "launch did not fail");
     expect_reports(before, "race on shared memory", __func__);
 }
 
@@ -341,7 +344,8 @@ static void test_out_of_bounds_global_write_is_reported(void)
     int before = cusim_report_count();
     EXPECT(EM_LAUNCH(write_past_end, 1, 128, 0, 0)(out, n) == cudaErrorLaunchFailure, "launch did not fail");
     expect_reports(before, "out of bounds of device allocation", __func__);
-    EXPECT(strstr(cusim_last_message(), "thread (100,0,0)"), "the report names thread 100: %s", cusim_last_message());
+    EXPECT(strstr(cusim_last_message(), "thread (100,0,0)"), "the report names thread 100: %s",
+           cusim_last_message());
 }
 
 static void test_freed_memory_access_is_reported(void)
@@ -417,7 +421,8 @@ static void test_deadlock_names_who_waits_where(void)
 {
     int *out = dev<int>(64);
     int before = cusim_report_count();
-    EXPECT(EM_LAUNCH(shuffle_then_barrier, 1, 64, 0, 0)(out) == cudaErrorLaunchFailure, "launch did not fail");
+    EXPECT(EM_LAUNCH(shuffle_then_barrier, 1, 64, 0, 0)(out) == cudaErrorLaunchFailure,
+           "launch did not fail");
     expect_reports(before, "deadlock", __func__);
     EXPECT(strstr(cusim_last_message(), "__syncthreads") && strstr(cusim_last_message(), "__shfl_sync"),
            "the report says where: %s", cusim_last_message());
@@ -445,12 +450,17 @@ static void test_launch_limits_are_sm90s(void)
     float *out = dev<float>(2048);
     int before = cusim_report_count();
     EXPECT(EM_LAUNCH(use_smem, 1, 1025, 0, 0)(out) == cudaErrorInvalidConfiguration, "1025 threads");
-    EXPECT(EM_LAUNCH(use_smem, 1, dim3(1, 1, 65), 0, 0)(out) == cudaErrorInvalidConfiguration, "blockDim.z 65");
-    EXPECT(EM_LAUNCH(use_smem, dim3(1, 65536), 1, 0, 0)(out) == cudaErrorInvalidConfiguration, "gridDim.y 65536");
+    EXPECT(EM_LAUNCH(use_smem, 1, dim3(1, 1, 65), 0, 0)(out) == cudaErrorInvalidConfiguration,
+           "blockDim.z 65");
+    EXPECT(EM_LAUNCH(use_smem, dim3(1, 65536), 1, 0, 0)(out) == cudaErrorInvalidConfiguration,
+           "gridDim.y 65536");
     EXPECT(EM_LAUNCH(use_smem, 0, 32, 0, 0)(out) == cudaErrorInvalidConfiguration, "an empty grid");
-    EXPECT(EM_LAUNCH(use_smem, 1, 64, 64 * 1024, 0)(out) == cudaErrorInvalidValue, "64 KiB without the attribute");
-    EXPECT(strstr(cusim_launch_error_message(), "cudaFuncSetAttribute"), "message: %s", cusim_launch_error_message());
-    EXPECT(cudaFuncSetAttribute(use_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024) == cudaSuccess,
+    EXPECT(EM_LAUNCH(use_smem, 1, 64, 64 * 1024, 0)(out) == cudaErrorInvalidValue,
+           "64 KiB without the attribute");
+    EXPECT(strstr(cusim_launch_error_message(), "cudaFuncSetAttribute"), "message: %s",
+           cusim_launch_error_message());
+    EXPECT(cudaFuncSetAttribute(use_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024) ==
+               cudaSuccess,
            "attribute");
     EXPECT(EM_LAUNCH(use_smem, 1, 64, 64 * 1024, 0)(out) == cudaSuccess, "64 KiB with the attribute");
     EXPECT(EM_LAUNCH(use_smem, 1, 64, 228 * 1024, 0)(out) == cudaErrorInvalidValue, "228 KiB");
@@ -492,7 +502,8 @@ static void test_half_and_bfloat16_conversions_are_exact(void)
     EXPECT(__half_as_ushort(__float2half_rn(0x1.000002p-25f)) == 1, "just above 2^-25 rounds up");
     EXPECT(__half_as_ushort(__float2half_rn(-0.0f)) == 0x8000, "-0");
     EXPECT(__bfloat16_as_ushort(__float2bfloat16_rn(1.00390625f)) == 0x3f80, "bf16 tie to even");
-    EXPECT(__bfloat16_as_ushort(__float2bfloat16_rn(__uint_as_float(0xff800001u))) == 0xffc0, "bf16 NaN stays NaN");
+    EXPECT(__bfloat16_as_ushort(__float2bfloat16_rn(__uint_as_float(0xff800001u))) == 0xffc0,
+           "bf16 NaN stays NaN");
 }
 
 int main(void)

@@ -61,8 +61,8 @@ const char *cusim_wait_text(const cusim_thread *t, char *buf, size_t n)
             mask = w->pending[i].mask;
             missing = mask & ~w->pending[i].arrived;
         }
-    snprintf(buf, n, "waits in %s(mask 0x%08x) (%s:%d) for lanes 0x%08x", op_name(t->op), mask, t->file, t->line,
-             missing);
+    snprintf(buf, n, "waits in %s(mask 0x%08x) (%s:%d) for lanes 0x%08x", op_name(t->op), mask, t->file,
+             t->line, missing);
     return buf;
 }
 
@@ -94,8 +94,9 @@ static void complete(cusim_warp *w, cusim_warp_pending *p, unsigned warp)
         if (is_shuffle(p->op)) {
             if (src >= CUSIM_WARP || !(mask >> src & 1)) {
                 char who[200];
-                cusim_report("%s: %s reads lane %u, which its mask 0x%08x does not name (the value is undefined)",
-                             cusim_who(t, who, sizeof who), op_name(p->op), src, mask);
+                cusim_report(
+                    "%s: %s reads lane %u, which its mask 0x%08x does not name (the value is undefined)",
+                    cusim_who(t, who, sizeof who), op_name(p->op), src, mask);
                 cusim_ex.failed = true;
                 src = l;
             }
@@ -107,8 +108,8 @@ static void complete(cusim_warp *w, cusim_warp_pending *p, unsigned warp)
     *p = w->pending[--w->npending];
 }
 
-uint64_t cusim_warp_op(int kind, unsigned mask, uint64_t value, int arg, int width, const char *file, int line,
-                       int column)
+uint64_t cusim_warp_op(int kind, unsigned mask, uint64_t value, int arg, int width, const char *file,
+                       int line, int column)
 {
     cusim_thread *t = cusim_cur;
     cusim_warp *w = &cusim_ex.warps[t->warp];
@@ -118,26 +119,27 @@ uint64_t cusim_warp_op(int kind, unsigned mask, uint64_t value, int arg, int wid
     t->line = line;
     t->column = column;
     if (is_shuffle(kind) && (width < 1 || width > CUSIM_WARP || (width & (width - 1)))) {
-        cusim_report("%s: %s at %s:%d with width %d (a power of two, at most 32)", cusim_who(t, who, sizeof who),
-                     op_name(kind), file, line, width);
+        cusim_report("%s: %s at %s:%d with width %d (a power of two, at most 32)",
+                     cusim_who(t, who, sizeof who), op_name(kind), file, line, width);
         cusim_abort_launch();
     }
     if (!(mask & bit) || (mask & ~w->lanes) || (mask & ~w->live)) {
-        const char *why = !(mask & bit)         ? "does not name the calling lane"
+        const char *why = !(mask & bit)        ? "does not name the calling lane"
                           : (mask & ~w->lanes) ? "names lanes past the block's last thread"
-                                                : "names lanes that have exited";
-        cusim_report("%s: %s at %s:%d: mask 0x%08x %s (lane %u; lanes alive 0x%08x)", cusim_who(t, who, sizeof who),
-                     op_name(kind), file, line, mask, why, t->lane, w->live);
+                                               : "names lanes that have exited";
+        cusim_report("%s: %s at %s:%d: mask 0x%08x %s (lane %u; lanes alive 0x%08x)",
+                     cusim_who(t, who, sizeof who), op_name(kind), file, line, mask, why, t->lane, w->live);
         cusim_abort_launch();
     }
     cusim_warp_pending *p = NULL;
     for (int i = 0; i < w->npending; i++)
         if (w->pending[i].mask == mask) p = &w->pending[i];
     if (p && (p->op != kind || (is_shuffle(kind) && p->width != width))) {
-        cusim_report("%s: lanes of one warp meet at different operations: it calls %s (width %d) at %s:%d while "
-                     "lanes 0x%08x wait in %s (width %d) with the same mask 0x%08x",
-                     cusim_who(t, who, sizeof who), op_name(kind), width, file, line, p->arrived, op_name(p->op),
-                     p->width, mask);
+        cusim_report(
+            "%s: lanes of one warp meet at different operations: it calls %s (width %d) at %s:%d while "
+            "lanes 0x%08x wait in %s (width %d) with the same mask 0x%08x",
+            cusim_who(t, who, sizeof who), op_name(kind), width, file, line, p->arrived, op_name(p->op),
+            p->width, mask);
         cusim_abort_launch();
     }
     if (!p) {
@@ -232,8 +234,8 @@ uint64_t cusim_atomic(int op, int type, void *p, uint64_t a, uint64_t b)
     size_t n = type == CUSIM_AT_I32 || type == CUSIM_AT_U32 || type == CUSIM_AT_F32 ? 4 : 8;
     if ((uintptr_t)p % n) {
         char who[200];
-        cusim_report("%s: atomic on %zu bytes at %p, which is not aligned to %zu", cusim_who(t, who, sizeof who), n,
-                     p, n);
+        cusim_report("%s: atomic on %zu bytes at %p, which is not aligned to %zu",
+                     cusim_who(t, who, sizeof who), n, p, n);
         cusim_abort_launch();
     }
     char *lo = cusim_fiber_stack_lo(&t->fiber);
@@ -241,19 +243,21 @@ uint64_t cusim_atomic(int op, int type, void *p, uint64_t a, uint64_t b)
         cusim_access(p, n, CUSIM_READ | CUSIM_WRITE | CUSIM_ATOMIC);
     uint64_t old = load(p, n), v;
     switch ((cusim_atomic_type)type) {
-    case CUSIM_AT_I32: v = int_op(op, true, (uint64_t)sext32(old), (uint64_t)sext32(a), (uint64_t)sext32(b)); break;
+    case CUSIM_AT_I32:
+        v = int_op(op, true, (uint64_t)sext32(old), (uint64_t)sext32(a), (uint64_t)sext32(b));
+        break;
     case CUSIM_AT_U32: v = int_op(op, false, old, a & 0xffffffffu, b & 0xffffffffu); break;
     case CUSIM_AT_I64: v = int_op(op, true, old, a, b); break;
     case CUSIM_AT_U64: v = int_op(op, false, old, a, b); break;
     case CUSIM_AT_F32:
         if (op == CUSIM_AT_ADD || op == CUSIM_AT_SUB) cusim_ex.fp_atomics = true;
-        v = op == CUSIM_AT_ADD ? f32_bits(as_f32(old) + as_f32(a))
+        v = op == CUSIM_AT_ADD   ? f32_bits(as_f32(old) + as_f32(a))
             : op == CUSIM_AT_SUB ? f32_bits(as_f32(old) - as_f32(a))
                                  : int_op(op, false, old, a & 0xffffffffu, b & 0xffffffffu);
         break;
     case CUSIM_AT_F64:
         if (op == CUSIM_AT_ADD || op == CUSIM_AT_SUB) cusim_ex.fp_atomics = true;
-        v = op == CUSIM_AT_ADD ? f64_bits(as_f64(old) + as_f64(a))
+        v = op == CUSIM_AT_ADD   ? f64_bits(as_f64(old) + as_f64(a))
             : op == CUSIM_AT_SUB ? f64_bits(as_f64(old) - as_f64(a))
                                  : int_op(op, false, old, a, b);
         break;

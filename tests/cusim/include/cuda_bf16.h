@@ -26,7 +26,8 @@ static inline unsigned short cusim_f32_to_bf16_bits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u | 0x400000u) >> 16); /* NaN: quiet, kept */
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (unsigned short)((u | 0x400000u) >> 16); /* NaN: quiet, kept */
     return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 

@@ -35,18 +35,18 @@ static inline unsigned short cusim_f32_to_f16_bits(float f)
     memcpy(&u, &f, 4);
     unsigned short sign = (unsigned short)((u >> 16) & 0x8000u);
     u &= 0x7fffffffu;
-    if (u > 0x7f800000u) return 0x7fff;                 /* NaN: the canonical one */
-    if (u >= 0x477ff000u) return sign | 0x7c00u;         /* |f| >= 65520 rounds to infinity */
-    if (u >= 0x38800000u) {                              /* a normal half: |f| >= 2^-14 */
+    if (u > 0x7f800000u) return 0x7fff;          /* NaN: the canonical one */
+    if (u >= 0x477ff000u) return sign | 0x7c00u; /* |f| >= 65520 rounds to infinity */
+    if (u >= 0x38800000u) {                      /* a normal half: |f| >= 2^-14 */
         uint32_t h = ((u >> 23) - 127 + 15) << 10 | (u & 0x7fffffu) >> 13, rest = u & 0x1fffu;
         if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++; /* a carry into the exponent is right */
         return (unsigned short)(sign | h);
     }
-    if (u < 0x33000000u) return sign;                    /* below 2^-25: zero */
+    if (u < 0x33000000u) return sign; /* below 2^-25: zero */
     /* a subnormal half: f in units of 2^-24 is mant24 >> (126 - exponent) */
     uint32_t mant = (u & 0x7fffffu) | 0x800000u, shift = 126 - (u >> 23);
     uint32_t h = mant >> shift, rest = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rest > half || (rest == half && (h & 1))) h++;   /* may round up to the smallest normal: right */
+    if (rest > half || (rest == half && (h & 1))) h++; /* may round up to the smallest normal: right */
     return (unsigned short)(sign | h);
 }
 

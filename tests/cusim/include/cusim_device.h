@@ -64,7 +64,8 @@ struct dim3 {
 
 static constexpr int warpSize = 32;
 
-namespace cusim {
+namespace cusim
+{
 inline uint3 thread_idx()
 {
     cusim_uint3 u = cusim_thread_idx();
@@ -105,8 +106,9 @@ inline void *dynamic_shared() { return cusim_dynamic_shared(); }
 #ifndef CUSIM_COLUMN
 #define CUSIM_COLUMN() 0 /* g++ before 14: barriers are told apart by file and line */
 #endif
-#define CUSIM_SITE const char *cusim_file = __builtin_FILE(), int cusim_line = __builtin_LINE(), \
-                   int cusim_col = CUSIM_COLUMN()
+#define CUSIM_SITE                                                                                           \
+    const char *cusim_file = __builtin_FILE(), int cusim_line = __builtin_LINE(),                            \
+               int cusim_col = CUSIM_COLUMN()
 
 inline void __syncthreads(CUSIM_SITE) { cusim_syncthreads(cusim_file, cusim_line, cusim_col); }
 
@@ -119,7 +121,8 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, CUSIM_SITE)
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 
-namespace cusim {
+namespace cusim
+{
 // a shuffle of any value of up to 8 bytes, as bits
 template <class T>
 inline T shuffle(int kind, unsigned mask, T v, int arg, int width, const char *file, int line, int col)
@@ -139,7 +142,8 @@ template <class T> inline T __shfl_sync(unsigned mask, T var, int src_lane, int 
 {
     return ::cusim::shuffle(CUSIM_SHFL, mask, var, src_lane, width, cusim_file, cusim_line, cusim_col);
 }
-template <class T> inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize, CUSIM_SITE)
+template <class T>
+inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize, CUSIM_SITE)
 {
     return ::cusim::shuffle(CUSIM_SHFL_UP, mask, var, (int)delta, width, cusim_file, cusim_line, cusim_col);
 }
@@ -148,7 +152,8 @@ inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warp
 {
     return ::cusim::shuffle(CUSIM_SHFL_DOWN, mask, var, (int)delta, width, cusim_file, cusim_line, cusim_col);
 }
-template <class T> inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize, CUSIM_SITE)
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize, CUSIM_SITE)
 {
     return ::cusim::shuffle(CUSIM_SHFL_XOR, mask, var, lane_mask, width, cusim_file, cusim_line, cusim_col);
 }
@@ -176,7 +181,8 @@ inline unsigned __activemask() { return cusim_activemask(); }
 
 // ---- atomics --------------------------------------------------------------------------------------------
 
-namespace cusim {
+namespace cusim
+{
 template <class T> inline uint64_t to_bits(T v)
 {
     uint64_t b = 0;
@@ -214,7 +220,7 @@ template <class T> inline T atomic(int op, T *p, T a, T b = T())
 }
 } // namespace cusim
 
-#define CUSIM_ATOMIC_FN(name, op, T) \
+#define CUSIM_ATOMIC_FN(name, op, T)                                                                         \
     inline T name(T *p, T v) { return ::cusim::atomic<T>(op, p, v); }
 CUSIM_ATOMIC_FN(atomicAdd, CUSIM_AT_ADD, int)
 CUSIM_ATOMIC_FN(atomicAdd, CUSIM_AT_ADD, unsigned)
@@ -321,9 +327,11 @@ inline std::common_type_t<A, B> max(A a, B b)
         return (C)a < (C)b ? (C)b : (C)a;
 }
 
-// ---- the launch --------------------------------------------------------------------------------------------
+// ---- the launch
+// --------------------------------------------------------------------------------------------
 
-namespace cusim {
+namespace cusim
+{
 
 // a launch's arguments: the kernel and its parameters' values
 template <class... P> struct kernel_args {
@@ -344,7 +352,8 @@ template <class Box> void run_kernel(void *args)
 
 template <class Box> void free_args(void *args) { delete static_cast<Box *>(args); }
 
-template <class... P> class launcher_t {
+template <class... P> class launcher_t
+{
   public:
     launcher_t(void (*k)(P...), const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream)
         : k_(k), name_(name), grid_(grid), block_(block), smem_(smem), stream_(stream)
@@ -356,7 +365,8 @@ template <class... P> class launcher_t {
     template <class... A> cudaError_t operator()(A &&...args) const
     {
         static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
-        static_assert((std::is_trivially_copyable<P>::value && ...), "kernel parameters must be trivially copyable");
+        static_assert((std::is_trivially_copyable<P>::value && ...),
+                      "kernel parameters must be trivially copyable");
         using Box = kernel_args<P...>;
         Box *box = new (std::nothrow) Box{k_, std::tuple<P...>(static_cast<P>(std::forward<A>(args))...)};
         cusim_launch *l = (cusim_launch *)std::calloc(1, sizeof *l);
