@@ -61,6 +61,48 @@ int cusim_check_launch(const cusim_launch *l, size_t max_dynamic_smem);
  * race, a bad warp mask, a trap). */
 int cusim_exec(const cusim_launch *l);
 
+/* The message of the last cusim_check_launch that failed on this thread
+ * (a bad launch configuration is the caller's error, not a checker report,
+ * so it does not go through cusim_report). */
+const char *cusim_launch_error_message(void);
+
+/* ---- exec.c / warp.c: what device code calls (include/cusim_device.h) ------
+ * Valid only on a GPU thread of a running launch. */
+typedef struct cusim_uint3 {
+    unsigned x, y, z;
+} cusim_uint3;
+cusim_uint3 cusim_thread_idx(void);
+cusim_uint3 cusim_block_idx(void);
+cusim_uint3 cusim_block_dim(void);
+cusim_uint3 cusim_grid_dim(void);
+/* __syncthreads at file:line:column (the site identifies the barrier) */
+void cusim_syncthreads(const char *file, int line, int column);
+/* Warp operations: the lane waits until every lane of mask arrives at the
+ * same operation, then gets its result (a shuffle's value bits, a vote). */
+typedef enum {
+    CUSIM_SYNCWARP,
+    CUSIM_SHFL,      /* arg: source lane */
+    CUSIM_SHFL_UP,   /* arg: delta */
+    CUSIM_SHFL_DOWN, /* arg: delta */
+    CUSIM_SHFL_XOR,  /* arg: lane mask */
+    CUSIM_BALLOT,
+    CUSIM_ANY,
+    CUSIM_ALL
+} cusim_warp_kind;
+uint64_t cusim_warp_op(int kind, unsigned mask, uint64_t value, int arg, int width, const char *file, int line,
+                       int column);
+unsigned cusim_activemask(void);
+/* atomic op on the type at p: old value returned (bits in the low bytes) */
+typedef enum { CUSIM_AT_ADD, CUSIM_AT_SUB, CUSIM_AT_MAX, CUSIM_AT_MIN, CUSIM_AT_EXCH, CUSIM_AT_CAS } cusim_atomic_op;
+typedef enum { CUSIM_AT_I32, CUSIM_AT_U32, CUSIM_AT_I64, CUSIM_AT_U64, CUSIM_AT_F32, CUSIM_AT_F64 } cusim_atomic_type;
+uint64_t cusim_atomic(int op, int type, void *p, uint64_t a, uint64_t b);
+/* this block's dynamic shared memory (16-byte aligned) */
+void *cusim_dynamic_shared(void);
+/* __trap(): reported, and the launch fails */
+__attribute__((noreturn)) void cusim_trap(const char *file, int line);
+/* memcpy that the race checker does not see (a launch's argument copy) */
+void cusim_copy_args(void *dst, const void *src, size_t n);
+
 /* ---- runtime.c: what exec.c and nccl.c need of it ------------------------- */
 
 /* The process-wide lock device work runs under (recursive). */
