@@ -551,10 +551,17 @@ static bool write_tensor(FILE *fp, tensor *t)
 {
     int64_t n = t_numel(t);
     size_t nbytes = (size_t)n * t_esize(t);
-    if (t_is_contig(t) && host_le()) return write_all(fp, t_ptr(t), nbytes);
+    if (!t_on_cuda(t) && t_is_contig(t) && host_le()) return write_all(fp, t_ptr(t), nbytes);
     tensor *c = t_new_persistent(t->dtype, t->ndim, t->shape);
     if (!c) return false;
-    copy_strided(c, t);
+    if (t_on_cuda(t)) { /* the device's values through a host copy */
+        if (em_to_array(t_handle(t), t->dtype, t_ptr(c))) {
+            t_free(c);
+            return false;
+        }
+    } else {
+        copy_strided(c, t);
+    }
     if (!host_le()) swap_bytes(t_ptr(c), n, t_esize(c));
     bool ok = write_all(fp, t_ptr(c), nbytes);
     t_free(c);
@@ -716,13 +723,27 @@ em_status em_module_load(em_module *m, const char *path, bool strict)
             goto done;
         }
     }
-    /* 3. read everything, then 4. copy (cannot fail), so a failed load
-     * changes nothing */
-    for (int i = 0; i < n; i++)
+    /* 3. read everything (onto the parameter's device), then 4. copy (cannot
+     * fail), so a failed load changes nothing */
+    for (int i = 0; i < n; i++) {
         if (src[i] && !(staged[i] = read_entry(f, src[i], "em_module_load"))) {
             s = em_last_status();
             goto done;
         }
+#if EM_HAVE_CUDA
+        tensor *t = staged[i] ? t_resolve(v[i].t, "em_module_load") : NULL;
+        if (t && !em_device_equal(t->device, staged[i]->device)) {
+            tensor *d = t_new_persistent_on(t->device, staged[i]->dtype, staged[i]->ndim, staged[i]->shape);
+            if (d && cu_memcpy(t_ptr(d), d->device, t_ptr(staged[i]), staged[i]->device, (size_t)t_numel(d) * t_esize(d)))
+                t_free(d), d = NULL;
+            t_free(staged[i]);
+            if (!(staged[i] = d)) {
+                s = em_last_status();
+                goto done;
+            }
+        }
+#endif
+    }
     for (int i = 0; i < n; i++)
         if (staged[i]) copy_strided(t_resolve(v[i].t, "em_module_load"), staged[i]);
 done:

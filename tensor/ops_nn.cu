@@ -4,7 +4,7 @@
 // and backward. Contracts in cuda_nn.h;
 // conventions in cuda_impl.h.
 //
-// Row ops run one block of ROW_THREADS per row (a grid-stride loop over rows
+// Row ops run one block of up to ROW_THREADS per row (a grid-stride loop over rows
 // covers any count): the threads stride along the row and meet in a block
 // reduction. f16/bf16 are computed in f32 (T = float), f64 in f64; every
 // reduction has a fixed shape, so results do not vary from run to run —
@@ -56,6 +56,15 @@ template <typename T, bool MAX> __device__ T block_reduce(T v, T *sh)
 }
 
 unsigned row_grid(int64_t rows) { return (unsigned)(rows < (1 << 20) ? rows : (1 << 20)); }
+
+// threads per row block: n rounded up to a power of two, 32..ROW_THREADS, so
+// a short row (a small model's width) keeps no idle warps at the reductions
+unsigned row_threads(int64_t n)
+{
+    unsigned t = 32;
+    while (t < (unsigned)ROW_THREADS && (int64_t)t < n) t *= 2;
+    return t;
+}
 
 #define ROWS_LOOP for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
 #define COLS_LOOP(n) for (int64_t j = threadIdx.x; j < (n); j += blockDim.x)
@@ -436,9 +445,9 @@ extern "C" em_status cu_softmax_fwd(int dev, em_dtype dt, const void *x, void *y
     em_status s = cu_use(dev, op);
     if (s || rows == 0) return s;
     if (dt == EM_F64)
-        EM_LAUNCH(softmax_fwd_k<double>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, x, y, rows, n, log);
+        EM_LAUNCH(softmax_fwd_k<double>, row_grid(rows), row_threads(n), 0, stream(dev))(dt, x, y, rows, n, log);
     else
-        EM_LAUNCH(softmax_fwd_k<float>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, x, y, rows, n, log);
+        EM_LAUNCH(softmax_fwd_k<float>, row_grid(rows), row_threads(n), 0, stream(dev))(dt, x, y, rows, n, log);
     return cu_launched(op);
 }
 
@@ -449,9 +458,9 @@ extern "C" em_status cu_softmax_bwd(int dev, em_dtype dt, const void *y, const v
     em_status s = cu_use(dev, op);
     if (s || rows == 0) return s;
     if (dt == EM_F64)
-        EM_LAUNCH(softmax_bwd_k<double>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, y, g, dx, rows, n, log);
+        EM_LAUNCH(softmax_bwd_k<double>, row_grid(rows), row_threads(n), 0, stream(dev))(dt, y, g, dx, rows, n, log);
     else
-        EM_LAUNCH(softmax_bwd_k<float>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, y, g, dx, rows, n, log);
+        EM_LAUNCH(softmax_bwd_k<float>, row_grid(rows), row_threads(n), 0, stream(dev))(dt, y, g, dx, rows, n, log);
     return cu_launched(op);
 }
 
@@ -463,9 +472,9 @@ extern "C" em_status cu_cross_entropy_fwd(int dev, em_dtype dt, const void *x, c
     if (s) return s;
     if (rows > 0) {
         if (dt == EM_F64)
-            EM_LAUNCH(ce_fwd_k<double>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats);
+            EM_LAUNCH(ce_fwd_k<double>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats);
         else
-            EM_LAUNCH(ce_fwd_k<float>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats);
+            EM_LAUNCH(ce_fwd_k<float>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats);
         if ((s = cu_launched(op))) return s;
     }
     EM_LAUNCH(ce_total_k, 1, ROW_THREADS, 0, stream(dev))(dt, tgt, rows, ignore, stats, out);
@@ -480,9 +489,9 @@ extern "C" em_status cu_cross_entropy_bwd(int dev, em_dtype dt, const void *x, c
     em_status s = cu_use(dev, op);
     if (s || rows == 0) return s;
     if (dt == EM_F64)
-        EM_LAUNCH(ce_bwd_k<double>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats, gdt, g, dx);
+        EM_LAUNCH(ce_bwd_k<double>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats, gdt, g, dx);
     else
-        EM_LAUNCH(ce_bwd_k<float>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats, gdt, g, dx);
+        EM_LAUNCH(ce_bwd_k<float>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats, gdt, g, dx);
     return cu_launched(op);
 }
 
@@ -493,10 +502,10 @@ extern "C" em_status cu_norm_fwd(int dev, em_dtype dt, bool rms, const void *x, 
     em_status s = cu_use(dev, op);
     if (s || rows == 0) return s;
     if (dt == EM_F64)
-        EM_LAUNCH(norm_fwd_k<double>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, rms, x, w, b, y,
+        EM_LAUNCH(norm_fwd_k<double>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, rms, x, w, b, y,
                                                                             (double *)stats, rows, C, eps);
     else
-        EM_LAUNCH(norm_fwd_k<float>, row_grid(rows), ROW_THREADS, 0, stream(dev))(dt, rms, x, w, b, y,
+        EM_LAUNCH(norm_fwd_k<float>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, rms, x, w, b, y,
                                                                            (float *)stats, rows, C, eps);
     return cu_launched(op);
 }
@@ -515,7 +524,7 @@ static void norm_bwd_launch(int dev, em_dtype dt, bool rms, const void *x, const
     const T *st = (const T *)stats;
     T *pt = (T *)part;
     cudaStream_t sm = stream(dev);
-    if (dx) EM_LAUNCH(norm_dx_k<T>, row_grid(rows), ROW_THREADS, 0, sm)(dt, rms, x, w, g, st, dx, rows, C);
+    if (dx) EM_LAUNCH(norm_dx_k<T>, row_grid(rows), row_threads(C), 0, sm)(dt, rms, x, w, g, st, dx, rows, C);
     if (!dw && !db) return;
     int64_t nch = cu_norm_chunks(rows);
     dim3 grid((unsigned)((C + THREADS - 1) / THREADS), (unsigned)nch);

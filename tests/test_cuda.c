@@ -143,8 +143,12 @@ static void gpt_losses(em_device dev, int steps, double *loss)
     em_rng r = em_rng_new(9);
     for (int k = 0; k < steps; k++) {
         em_scope s = em_scope_begin();
-        em_tensor *x = em_to(em_randint(0, tiny.vocab_size, EM_I32, EM_SHAPE(4, tiny.block_size), &r), dev);
-        em_tensor *y = em_to(em_randint(0, tiny.vocab_size, EM_I32, EM_SHAPE(4, tiny.block_size), &r), dev);
+        /* a learnable task: the next token is the current one plus one */
+        em_tensor *xc = em_randint(0, tiny.vocab_size, EM_I32, EM_SHAPE(4, tiny.block_size), &r);
+        em_tensor *yc = em_empty(EM_I32, EM_SHAPE(4, tiny.block_size));
+        for (int64_t i = 0; i < em_numel(xc); i++)
+            ((int32_t *)em_data(yc))[i] = (((int32_t *)em_data(xc))[i] + 1) % (int32_t)tiny.vocab_size;
+        em_tensor *x = em_to(xc, dev), *y = em_to(yc, dev);
         em_tensor *l = em_gpt_loss(g, x, y);
         CHECK(l != NULL);
         CHECK_OK(em_backward(l, NULL));

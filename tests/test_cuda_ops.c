@@ -364,7 +364,7 @@ static const char *const not_ops[] = {
     "em_module_flatten", "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss", "em_gpt_forward_cached",
     "em_sgd_new", "em_adam_new", "em_adamw_new", "em_optim_add_group", "em_optim_step", "em_optim_zero_grad",
     "em_optim_load_state", "em_clip_grad_norm", "em_scaler_unscale", "all_reduce", "broadcast", "all_gather",
-    "reduce_scatter", "send", "recv", "gather",
+    "reduce_scatter", "send", "recv", "gather", "em_safetensors_save", "em_module_load",
 };
 
 TEST(test_cuda_every_op_on_the_cuda_list_has_a_row_in_the_all_backends_table)

@@ -11,7 +11,9 @@
 /* A persistent leaf on dev with x's values. */
 static em_tensor *leaf_on(em_tensor *x, em_device dev)
 {
+    bool prev = em_set_grad_enabled(false); /* x may already be a CPU leaf requiring grad */
     em_tensor *p = em_device_equal(dev, em_device_cpu()) ? em_contiguous(x) : em_to(x, dev);
+    em_set_grad_enabled(prev);
     if (p) em_set_requires_grad(p, true);
     return p;
 }
@@ -29,7 +31,10 @@ static void give_grad(em_tensor *p, em_tensor *c)
 /* max |a - b| / (1 + |b|) over n f32 values of two tensors (a on any device) */
 static double max_rel(em_tensor *a, em_tensor *b)
 {
+    bool prev = em_set_grad_enabled(false); /* a copy to read, not a step of a computation */
     em_tensor *ah = em_to(a, em_device_cpu());
+    em_set_grad_enabled(prev);
+    CHECK_NOTNULL(ah);
     const float *x = em_data(ah), *y = em_data(b);
     double m = 0;
     for (int64_t i = 0; i < em_numel(b); i++) {

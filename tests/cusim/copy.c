@@ -15,7 +15,9 @@
  *                    through the copy before returning
  *   cudaMemset       queued on the default stream (asynchronous, as CUDA's
  *                    is for device memory) */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -30,7 +30,9 @@
  * tolerances in ember's tests are real ones. Complex and integer products
  * are not emulated (NOT_SUPPORTED, reported). alpha and beta are host
  * pointers read at the call (the pointer mode is always HOST). */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

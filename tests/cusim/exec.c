@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cuda_runtime_api.h"
 #include "exec_impl.h"
@@ -74,13 +76,13 @@ static uint64_t mix(uint64_t *state)
 
 /* ---- launch limits ------------------------------------------------------------------------ */
 
-static __thread char launch_msg[256];
+static __thread char launch_msg[512];
 
 const char *cusim_launch_error_message(void) { return launch_msg; }
 
 static int bad_launch(int err, const cusim_launch *l, const char *fmt, unsigned a, unsigned long b)
 {
-    char what[160];
+    char what[256];
     snprintf(what, sizeof what, fmt, a, b);
     snprintf(launch_msg, sizeof launch_msg, "launch of %s with grid (%u,%u,%u) block (%u,%u,%u): %s",
              l->name ? l->name : "?", l->grid[0], l->grid[1], l->grid[2], l->block[0], l->block[1],
@@ -455,7 +457,70 @@ static void note_fp_atomics(const char *name)
         name);
 }
 
+/* ---- EMBER_CUSIM_PROFILE=1: where the emulator's time goes, per kernel --------------------- */
+
+typedef struct kernel_time {
+    const char *name;
+    uint64_t launches, threads;
+    double seconds;
+} kernel_time;
+
+static kernel_time prof[256];
+static int nprof;
+
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int by_time(const void *a, const void *b)
+{
+    double x = ((const kernel_time *)a)->seconds, y = ((const kernel_time *)b)->seconds;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void print_profile(void)
+{
+    qsort(prof, (size_t)nprof, sizeof *prof, by_time);
+    fprintf(stderr, "cusim profile (pid %d): seconds, launches, threads per launch, kernel\n", (int)getpid());
+    for (int i = 0; i < nprof; i++)
+        fprintf(stderr, "  %8.3f %8" PRIu64 " %10.0f  %s\n", prof[i].seconds, prof[i].launches,
+                (double)prof[i].threads / (double)prof[i].launches, prof[i].name);
+}
+
+static void profile(const cusim_launch *l, double seconds)
+{
+    int i = 0;
+    while (i < nprof && strcmp(prof[i].name, l->name)) i++;
+    if (i == nprof) {
+        if (nprof == (int)(sizeof prof / sizeof prof[0])) return;
+        if (nprof == 0) atexit(print_profile);
+        prof[nprof++] = (kernel_time){.name = l->name};
+    }
+    prof[i].launches++;
+    prof[i].threads += (uint64_t)l->grid[0] * l->grid[1] * l->grid[2] * l->block[0] * l->block[1] * l->block[2];
+    prof[i].seconds += seconds;
+}
+
+static int exec_launch(const cusim_launch *l);
+
 int cusim_exec(const cusim_launch *l)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("EMBER_CUSIM_PROFILE");
+        on = v && !strcmp(v, "1");
+    }
+    if (!on) return exec_launch(l);
+    double t0 = seconds_now();
+    int rc = exec_launch(l);
+    profile(l, seconds_now() - t0);
+    return rc;
+}
+
+static int exec_launch(const cusim_launch *l)
 {
     read_settings();
     if (!setup()) {

@@ -20,7 +20,9 @@
  * operation came between (lane clocks, warp.c). The shadow is an
  * open-addressing hash on 8-byte granules whose entries go stale when the
  * epoch advances, so a barrier costs nothing. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <link.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -29,7 +29,9 @@
  *
  * The tables are guarded by cusim_lock; the fault handler reads them
  * without it (it only runs when the process is about to die). */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>

@@ -31,7 +31,9 @@
  * sticky for the process, as on a GPU: every later sync, launch and copy
  * returns it, cudaGetLastError cannot clear it, and queued work no longer
  * runs. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <limits.h>
 #include <pthread.h>
 #include <stdint.h>

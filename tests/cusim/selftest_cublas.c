@@ -4,7 +4,9 @@
  * (transposes, padded leading dimensions, batch strides, broadcast), the
  * roundings (f16, bf16, TF32) against independent references, and stream
  * order. Built and run (also under ASan/UBSan) by tests/cusim/selftest.sh. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>

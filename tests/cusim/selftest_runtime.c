@@ -7,7 +7,9 @@
  *
  * `selftest_runtime bench` measures what a drain costs with 200 live
  * allocations (the protection toggling). */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>

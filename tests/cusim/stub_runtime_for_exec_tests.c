@@ -4,7 +4,9 @@
  * selftest_exec.cu. Device memory is malloc'd with a guard zone on each
  * side, tracked in a table (freed entries kept, so a freed pointer is
  * "invalid"); a launch is checked and run at once; one device, no streams. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
