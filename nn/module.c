@@ -383,7 +383,7 @@ em_status em_module_flatten(em_module *root)
         /* the values move into the flat buffer, then the parameter follows */
         int64_t stride[EM_MAX_DIMS];
         t_contig_strides(t->ndim, t->shape, stride);
-        tensor *dst = t_view_of(fp, t->ndim, t->shape, stride, o);
+        tensor *dst = t_view_persistent(fp, t->ndim, t->shape, stride, o);
         if (!dst) {
             em_set_grad_enabled(prev);
             goto fail;
@@ -391,7 +391,7 @@ em_status em_module_flatten(em_module *root)
         copy_strided(dst, t);
         t_free(dst);
         t_repoint(t, fp, o);
-        tensor *gv = t_view_of(fg, t->ndim, t->shape, t->stride, o);
+        tensor *gv = t_view_persistent(fg, t->ndim, t->shape, t->stride, o); /* the module's, not a scope's */
         if (!gv) {
             em_set_grad_enabled(prev);
             goto fail;

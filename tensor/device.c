@@ -80,7 +80,7 @@ static const char *const cuda_ops[] = {
     "em_grad", "em_zero_grad", "em_backward", "em_detach", "em_register_grad_hook", "em_clear_grad_hooks",
     "em_is_leaf", "em_to", "em_set_grad_buffer", "em_module_to", "em_module_flatten", "em_describe",
     /* values in and out: a device tensor's values are copied off the device */
-    "em_copy_into", "em_to_array", "em_item", "em_zeros_like", "em_ones_like",
+    "em_copy_into", "em_to_array", "em_item", "em_zeros_like", "em_ones_like", "em_safetensors_save", "em_module_load",
     /* layers and the GPT: composites of the ops below (nn/layers.c, nn/gpt.c,
      * the KV-cache sampler included: views, copies, matmul, softmax, norms) */
     "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss", "em_gpt_forward_cached",

@@ -469,6 +469,15 @@ tensor *t_view_of(tensor *base, int ndim, const int64_t *shape, const int64_t *s
     return t;
 }
 
+tensor *t_view_persistent(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset)
+{
+    int saved = depth;
+    depth = 0;
+    tensor *t = t_view_of(base, ndim, shape, stride, offset);
+    depth = saved;
+    return t;
+}
+
 void t_repoint(tensor *t, tensor *src, int64_t offset)
 {
     storage *old = t->st;

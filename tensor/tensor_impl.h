@@ -132,6 +132,8 @@ tensor *t_new_persistent_on(em_device dev, em_dtype dt, int ndim, const int64_t 
 tensor *t_zeros_like(const tensor *t);
 /* A header over base's storage with the given geometry (no checks). */
 tensor *t_view_of(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
+/* Like t_view_of, but persistent whatever scope is open (caller frees: t_free). */
+tensor *t_view_persistent(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
 /* Contiguous copy of t (no autograd). */
 tensor *t_clone(tensor *t);
 /* t if contiguous, else a contiguous copy (no autograd). */

@@ -421,12 +421,12 @@ TEST(test_cli_train_rejects_text_shorter_than_a_window)
 
 /* ---- ember train on a CUDA device (the emulator's in CI) -------------------------- */
 
-/* The "step N/M loss X" lines of a non-terminal run, into loss[0..max). */
+/* The "step N/M loss X" lines of a non-terminal run (prefixed "[rank 0] "
+ * under ember launch), into loss[0..max). */
 static int step_losses(const char *out, double *loss, int max)
 {
     int n = 0;
-    for (const char *p = strstr(out, "step "); p && n < max; p = strstr(p + 1, "\nstep ")) {
-        if (*p == '\n') p++;
+    for (const char *p = strstr(out, "step "); p && n < max; p = strstr(p + 1, "step ")) {
         long long step, total;
         double l;
         if (sscanf(p, "step %lld/%lld loss %lf", &step, &total, &l) == 3 && step == n + 1) loss[n++] = l;
