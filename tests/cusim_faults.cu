@@ -237,3 +237,23 @@ extern "C" unsigned short cf_float2bfloat16_rn(float f)
 {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
+
+// A histogram of 16 bins: per block in static shared memory by atomics
+// (many threads on one bin between two barriers: not a race), then added
+// into bins atomically.
+__global__ void histogram(const int *v, int n, int *bins)
+{
+    __shared__ int local[16];
+    int t = (int)threadIdx.x;
+    if (t < 16) local[t] = 0;
+    __syncthreads();
+    for (int i = (int)(blockIdx.x * blockDim.x) + t; i < n; i += (int)(gridDim.x * blockDim.x))
+        atomicAdd(&local[v[i] & 15], 1);
+    __syncthreads();
+    if (t < 16) atomicAdd(&bins[t], local[t]);
+}
+
+extern "C" int cf_histogram(const int *v, int n, int *bins)
+{
+    return EM_LAUNCH(histogram, 4, 128, 0, 0)(v, n, bins);
+}

@@ -54,6 +54,10 @@ int cf_warp_ops(int *out);
  * nearest; out[t] = 1 / *three */
 int cf_rounding_modes(float *out, const float *three);
 
+/* kernel histogram, 4 x 128 threads: bins[b] += count of v[i] & 15 == b,
+ * through shared-memory atomics */
+int cf_histogram(const int *v, int n, int *bins);
+
 /* the emulator's __float2half_rn, __half2float, __float2bfloat16_rn, on bits */
 unsigned short cf_float2half_rn(float f);
 float cf_half2float(unsigned short h);

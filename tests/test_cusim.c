@@ -46,6 +46,7 @@
     X(test_cusim_host_pointer_passed_to_a_kernel_is_reported)                                                \
     X(test_cusim_dynamic_shared_memory_overrun_is_reported)                                                  \
     X(test_cusim_float_atomics_are_exempt_from_the_comparison)                                               \
+    X(test_cusim_shared_memory_atomics_on_one_address_are_not_a_race)                                        \
     X(test_cusim_each_gpu_thread_keeps_its_rounding_mode)                                                    \
     X(test_cusim_half_and_bfloat16_conversions_match_the_cpus)                                               \
     X(test_cusim_block_of_1025_threads_is_an_invalid_configuration)                                          \
@@ -490,6 +491,23 @@ TEST(test_cusim_float_atomics_are_exempt_from_the_comparison)
     CHECK_NO_REPORT(before);
     CHECK(strstr(captured_stderr(), "cusim: note: kernel float_atomics used floating-point atomics"));
     CHECK(strstr(captured_stderr(), "its launches are not compared across schedules"));
+}
+
+TEST(test_cusim_shared_memory_atomics_on_one_address_are_not_a_race)
+{
+    emulator("compare");
+    enum { N = 5000 };
+    static int v[N];
+    int want[16] = {0}, got[16];
+    for (int i = 0; i < N; i++) want[(v[i] = i * 7) & 15]++;
+    int *dv = device_alloc(sizeof v), *bins = device_alloc(sizeof got);
+    CUDA_OK(cudaMemcpy(dv, v, sizeof v, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(bins, 0, sizeof got));
+    int before = cusim_report_count();
+    CUDA_OK(cf_histogram(dv, N, bins));
+    CUDA_OK(cudaMemcpy(got, bins, sizeof got, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(got, want, sizeof got) == 0);
+    CHECK_NO_REPORT(before);
 }
 
 TEST(test_cusim_each_gpu_thread_keeps_its_rounding_mode)
