@@ -433,8 +433,12 @@ void cusim_access(const void *p, size_t n, int kind)
     /* out of bounds of a device allocation, or freed memory */
     if (!info.base) bad_access(p, n, kind, "not in any device allocation (freed?)");
     long long off = (long long)(a - (uintptr_t)info.base);
-    snprintf(what, sizeof what,
-             "out of bounds of device allocation %p (%zu bytes): offset %lld, or the allocation was freed",
-             info.base, info.size, off);
+    if (info.freed)
+        snprintf(what, sizeof what,
+                 "device allocation %p (%zu bytes) was freed: offset %lld (a use after free)", info.base,
+                 info.size, off);
+    else
+        snprintf(what, sizeof what, "out of bounds of device allocation %p (%zu bytes): offset %lld",
+                 info.base, info.size, off);
     bad_access(p, n, kind, what);
 }

@@ -126,7 +126,7 @@ static void describe(const call_desc *d, char *s, size_t n)
     case K_ALL_REDUCE: snprintf(s, n, "#%u all_reduce(count=%llu, %s, %s)", d->seq, c, t, r); return;
     case K_BROADCAST: snprintf(s, n, "#%u broadcast(count=%llu, %s, root=%d)", d->seq, c, t, d->root); return;
     case K_REDUCE:
-        snprintf(s, n, "#%u cusim_nccl_reduce(count=%llu, %s, %s, root=%d)", d->seq, c, t, r, d->root);
+        snprintf(s, n, "#%u reduce(count=%llu, %s, %s, root=%d)", d->seq, c, t, r, d->root);
         return;
     case K_ALL_GATHER: snprintf(s, n, "#%u all_gather(sendcount=%llu, %s)", d->seq, c, t); return;
     case K_REDUCE_SCATTER:
