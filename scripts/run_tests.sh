@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # run_tests.sh — builds ember twice and runs the test suite in both builds:
-#   plain  build/       (meson defaults: release, -march=native)
-#   asan   build-asan/  (-Db_sanitize=address,undefined -Dbuildtype=debug)
+#   plain  build/       (meson defaults: release, -march=native; CUDA through
+#                        nvcc when the toolkit is found, so the GPU code is
+#                        compiled for sm_80/sm_90; with no GPU its tests skip)
+#   asan   build-asan/  (-Dcuda=sim -Db_sanitize=address,undefined
+#                        -Dbuildtype=debug: the same .cu sources built for the
+#                        host and run under ember's CUDA emulator, tests/cusim,
+#                        so every GPU test runs here, on two emulated devices)
 # Every per-test line is printed prefixed with [plain] or [asan]; the output
 # ends with one line summing both runs: "N passed, N failed, N skipped".
 # Exit status is non-zero if a build failed, a test failed or a runner died
@@ -72,7 +77,7 @@ if configure_and_build plain build; then
 else
     failed=$((failed + 1)) status=1
 fi
-if configure_and_build asan build-asan -Db_sanitize=address,undefined -Dbuildtype=debug; then
+if configure_and_build asan build-asan -Dcuda=sim -Db_sanitize=address,undefined -Dbuildtype=debug; then
     run_suite asan build-asan "$@"
 else
     failed=$((failed + 1)) status=1

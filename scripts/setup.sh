@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # setup.sh — makes sure this Debian/Ubuntu machine has what ember's build
-# needs: meson, ninja, pkg-config, gcc, OpenBLAS, zlib and libyaml headers.
+# needs: meson, ninja, pkg-config, gcc, g++ (the CUDA emulator's build of the
+# .cu kernels), OpenBLAS, zlib and libyaml headers.
 # Missing packages are installed when run as root; otherwise the exact
 # `sudo apt-get install` line is printed and the script exits 1.
 # A package counts as present when its tool/pkg-config module is found (so a
@@ -18,6 +19,7 @@ present() {
         ninja-build) { command -v ninja >/dev/null 2>&1 || command -v samu >/dev/null 2>&1; } && return 0 ;;
         pkg-config) command -v pkg-config >/dev/null 2>&1 && return 0 ;;
         gcc) command -v gcc >/dev/null 2>&1 && return 0 ;;
+        g++) command -v g++ >/dev/null 2>&1 && return 0 ;;
         libopenblas-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openblas && return 0 ;;
         zlib1g-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists zlib && return 0 ;;
         libyaml-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists yaml-0.1 && return 0 ;;
@@ -27,7 +29,7 @@ present() {
 }
 
 missing=()
-wanted=(meson ninja-build pkg-config gcc libopenblas-dev zlib1g-dev libyaml-dev)
+wanted=(meson ninja-build pkg-config gcc g++ libopenblas-dev zlib1g-dev libyaml-dev)
 [ "${1:-}" = demo ] && wanted+=(wamerican)
 for pkg in "${wanted[@]}"; do
     present "$pkg" || missing+=("$pkg")
