@@ -176,3 +176,23 @@ TEST(test_cuda_gpt_training_follows_the_cpu_loss_trajectory)
             th_fail(__FILE__, __LINE__, "step %d: cuda loss %.6f, cpu %.6f", k, gpu[k], cpu[k]);
     CHECK(gpu[STEPS - 1] < gpu[0]);
 }
+
+/* A second device: ops run on cuda:1 (its own stream and allocator), a copy
+ * between devices keeps every value, and mixing devices is refused by name. */
+TEST(test_cuda_second_device_computes_and_copies_between_devices)
+{
+    if (em_cuda_device_count() < 2) SKIP("needs 2 CUDA devices (GPU test)");
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(21);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(9, 13), &r);
+    em_tensor *d0 = em_to(x, em_device_cuda(0)), *d1 = em_to(d0, em_device_cuda(1));
+    CHECK(d1 && em_device_of(d1).type == EM_CUDA && em_device_of(d1).index == 1);
+    em_tensor *y1 = em_mul_scalar(em_exp(d1), 2.0);
+    CHECK(y1 && em_device_of(y1).index == 1);
+    em_tensor *want = em_mul_scalar(em_exp(x), 2.0), *got = em_to(y1, em_device_cpu());
+    CHECK(th_max_abs_diff(got, want) <= 1e-5 * th_max_abs_diff(want, em_zeros_like(want)));
+    em_tensor *back = em_to(em_to(d1, em_device_cuda(0)), em_device_cpu());
+    CHECK(memcmp(em_data(back), em_data(x), 9 * 13 * sizeof(float)) == 0);
+    CHECK_ERR(em_add(d0, d1), EM_ERR_DEVICE, "cuda:1");
+    em_scope_end(s);
+}

@@ -65,7 +65,8 @@
     X(test_cusim_nccl_all_reduce_meeting_a_broadcast_fails_on_both_ranks_naming_both)                        \
     X(test_cusim_nccl_peer_that_dies_is_named)                                                               \
     X(test_cusim_ember_all_reduce_of_cuda_tensors_gives_both_ranks_identical_bits)                           \
-    X(test_cusim_ddp_over_nccl_at_world_4_averages_cuda_gradients)
+    X(test_cusim_ddp_over_nccl_at_world_4_averages_cuda_gradients)                                          \
+    X(test_cusim_nccl_selftest_passes_every_collective_dtype_world_and_failure)
 
 #if !EM_CUDA_SIM
 
@@ -1029,6 +1030,18 @@ static void ddp_on_cuda(em_pg *pg, int rank, int world, void *ctx)
     em_scope_end(s);
     em_ddp_free(d);
     em_module_free(m);
+}
+
+/* The NCCL emulation's own test program (tests/cusim/selftest_nccl.c, built
+ * beside the emulator against a stand-in runtime): every collective, dtype
+ * and reduction at worlds 1-4, groups, send/recv, mismatched calls and
+ * counts, dead and silent peers, two ranks as threads. */
+TEST(test_cusim_nccl_selftest_passes_every_collective_dtype_world_and_failure)
+{
+    th_run_result *r = th_run(EMBER_BUILD_DIR "/tests/cusim/cusim-nccl-selftest", NULL);
+    if (r->status != 0) th_fail(__FILE__, __LINE__, "cusim-nccl-selftest exited %d:\n%s%s", r->status, r->out, r->err);
+    CHECK(strstr(r->out, "ok: 0 failed") != NULL);
+    CHECK(strstr(r->out, "all_reduce_every_type_and_op (4 ranks)") != NULL);
 }
 
 TEST(test_cusim_ddp_over_nccl_at_world_4_averages_cuda_gradients)
