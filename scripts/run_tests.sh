@@ -4,7 +4,7 @@
 #                        nvcc when the toolkit is found, so the GPU code is
 #                        compiled for sm_80/sm_90; with no GPU its tests skip)
 #   asan   build-asan/  (-Dcuda=sim -Db_sanitize=address,undefined
-#                        -Dbuildtype=debug: the same .cu sources built for the
+#                        -Dbuildtype=debugoptimized: the same .cu sources built for the
 #                        host and run under ember's CUDA emulator, tests/cusim,
 #                        so every GPU test runs here, on two emulated devices)
 # Every per-test line is printed prefixed with [plain] or [asan]; the output
@@ -77,7 +77,7 @@ if configure_and_build plain build; then
 else
     failed=$((failed + 1)) status=1
 fi
-if configure_and_build asan build-asan -Dcuda=sim -Db_sanitize=address,undefined -Dbuildtype=debug; then
+if configure_and_build asan build-asan -Dcuda=sim -Db_sanitize=address,undefined -Dbuildtype=debugoptimized; then
     run_suite asan build-asan "$@"
 else
     failed=$((failed + 1)) status=1
