@@ -257,3 +257,16 @@ extern "C" int cf_histogram(const int *v, int n, int *bins)
 {
     return EM_LAUNCH(histogram, 4, 128, 0, 0)(v, n, bins);
 }
+
+// out[i] = the double at byte offset `offset` of in + 8 i: an 8-byte load that
+// is misaligned unless offset is a multiple of 8
+__global__ void load_doubles(double *out, const char *in, int offset, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = *(const double *)(in + offset + 8 * i);
+}
+
+extern "C" int cf_load_doubles(double *out, const void *in, int offset, int n)
+{
+    return EM_LAUNCH(load_doubles, 1, 32, 0, 0)(out, (const char *)in, offset, n);
+}

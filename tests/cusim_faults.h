@@ -28,6 +28,8 @@ int cf_exit_before_barrier(int *out, int n, bool early_exit);
 int cf_shuffle_after_exit(int *out, unsigned mask);
 /* kernel write_indices: out[i] = i for i < n; one_past: also out[n] */
 int cf_write_indices(int *out, int n, bool one_past);
+/* kernel load_doubles: out[i] = the double at byte offset + 8 i of in */
+int cf_load_doubles(double *out, const void *in, int offset, int n);
 /* kernel last_writer_wins, blocks x threads: every thread stores its global
  * index into out[0]; atomic: atomicMax instead (the largest index) */
 int cf_last_writer_wins(int *out, int blocks, int threads, bool atomic);

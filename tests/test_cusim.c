@@ -33,6 +33,8 @@
     X(test_cusim_shuffle_whose_mask_names_only_live_lanes_passes)                                            \
     X(test_cusim_global_write_one_past_the_end_is_reported)                                                  \
     X(test_cusim_global_writes_within_the_allocation_pass)                                                   \
+    X(test_cusim_misaligned_double_load_is_reported)                                                         \
+    X(test_cusim_aligned_double_loads_pass)                                                                  \
     X(test_cusim_kernel_using_freed_memory_is_reported)                                                      \
     X(test_cusim_last_writer_wins_is_reported_by_the_schedule_comparison)                                    \
     X(test_cusim_last_writer_wins_goes_unseen_in_one_in_order_run)                                           \
@@ -305,6 +307,34 @@ TEST(test_cusim_global_write_one_past_the_end_is_reported)
     snprintf(at, sizeof at, "write of 4 bytes at %p", (void *)(out + WRITE_N));
     CHECK_REPORT(before, "kernel write_indices block (1,0,0) thread (36,0,0)", at,
                  "out of bounds of device allocation", address(out), "(400 bytes)");
+}
+
+TEST(test_cusim_misaligned_double_load_is_reported)
+{
+    emulator("in-order");
+    capture_stderr();
+    double *out = device_alloc(8 * sizeof(double));
+    char *in = device_alloc(80);
+    int before = cusim_report_count();
+    CUDA_OK(cf_load_doubles(out, in, 4, 8)); /* 4-byte aligned doubles */
+    CHECK_LAUNCH_FAILED(cudaDeviceSynchronize());
+    char at[64];
+    snprintf(at, sizeof at, "read of 8 bytes at %p", (void *)(in + 4));
+    CHECK_REPORT(before, "kernel load_doubles block (0,0,0) thread (0,0,0)", at, "misaligned");
+}
+
+TEST(test_cusim_aligned_double_loads_pass)
+{
+    emulator("compare");
+    double *out = device_alloc(8 * sizeof(double)), want[8], got[8];
+    char *in = device_alloc(80);
+    for (int i = 0; i < 8; i++) want[i] = 0.5 * i;
+    CUDA_OK(cudaMemcpy(in + 8, want, sizeof want, cudaMemcpyHostToDevice));
+    int before = cusim_report_count();
+    CUDA_OK(cf_load_doubles(out, in, 8, 8));
+    CUDA_OK(cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(got, want, sizeof got) == 0);
+    CHECK_NO_REPORT(before);
 }
 
 TEST(test_cusim_global_writes_within_the_allocation_pass)

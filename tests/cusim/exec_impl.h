@@ -117,6 +117,8 @@ enum { CUSIM_READ = 1, CUSIM_WRITE = 2, CUSIM_ATOMIC = 4 };
 /* An access by the running thread to [p, p+n) that is not on its stack:
  * checked (a bad one is reported and ends the launch) and recorded. */
 void cusim_access(const void *p, size_t n, int kind);
+/* Reports an n-byte access at p that is not n-byte aligned and ends the launch. */
+__attribute__((noreturn)) void cusim_misaligned(const void *p, size_t n, int kind);
 void cusim_mem_begin_launch(void);
 void cusim_mem_new_epoch(void); /* a barrier: shared-memory accesses before it are ordered */
 /* Schedule comparison: from cusim_snap_begin on, the first write to each

@@ -378,6 +378,14 @@ static void device_access(alloc_entry *e, int kind)
     if (tracking && e->snap < 0) save_before(e);
 }
 
+void cusim_misaligned(const void *p, size_t n, int kind)
+{
+    char what[200];
+    snprintf(what, sizeof what, "misaligned: an access of %zu bytes must be %zu-byte aligned (a GPU faults: "
+             "cudaErrorMisalignedAddress)", n, n);
+    bad_access(p, n, kind, what);
+}
+
 void cusim_access(const void *p, size_t n, int kind)
 {
     uintptr_t a = (uintptr_t)p;
