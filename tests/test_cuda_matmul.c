@@ -232,8 +232,11 @@ TEST(test_cuda_attention_handles_long_rows_and_head_dim_128)
 {
     CUDA_OR_SKIP();
     em_scope s = em_scope_begin();
+    /* rows of several tiles in every dtype; the longest (6 tiles) in f32 only,
+     * which keeps the emulated run short */
+    compare_attn("(1,2,161,128)", attn, EM_SHAPE(1, 2, 161, 128), EM_F32, 30);
     for (int d = 0; d < 4; d++)
-        compare_attn("(1,2,161,128)", attn, EM_SHAPE(1, 2, 161, 128), dtypes[d], 30 + (uint64_t)d);
+        compare_attn("(1,1,67,128)", attn, EM_SHAPE(1, 1, 67, 128), dtypes[d], 31 + (uint64_t)d);
     compare_attn("(1,1,1,8)", attn, EM_SHAPE(1, 1, 1, 8), EM_F32, 40);
     compare_attn("(2,2,50,7)", attn, EM_SHAPE(2, 2, 50, 7), EM_F32, 41);
     em_scope_end(s);
