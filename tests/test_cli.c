@@ -436,9 +436,9 @@ static int step_losses(const char *out, double *loss, int max)
     return n;
 }
 
-/* `ember [launch -n N] train --device DEV` for 50 steps of the tiny model,
- * losses into loss[]; the count of them is returned. */
-static int train_losses(int nproc, const char *device, double *loss, char *out, size_t nout)
+/* `ember [launch -n N] train --device DEV --mixed-precision PREC` for 50
+ * steps of the tiny model, losses into loss[]; the count of them is returned. */
+static int train_losses(int nproc, const char *device, const char *prec, double *loss, char *out, size_t nout)
 {
     char dir[64], txt[128];
     make_corpus(dir, sizeof dir, txt, sizeof txt);
@@ -447,29 +447,35 @@ static int train_losses(int nproc, const char *device, double *loss, char *out, 
     if (nproc == 1)
         r = run_ember("train", "--data", txt, "--out", out, DEVICE_MODEL, "--iters", "50", "--eval-every", "50",
                       "--eval-iters", "1", "--lr", "3e-3", "--warmup", "5", "--log-every", "1", "--device", device,
-                      NULL);
+                      "--mixed-precision", prec, NULL);
     else
         r = run_ember("launch", "-n", "2", "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out", out,
                       DEVICE_MODEL, "--iters", "50", "--eval-every", "50", "--eval-iters", "1", "--lr", "3e-3",
-                      "--warmup", "5", "--log-every", "1", "--device", device, NULL);
+                      "--warmup", "5", "--log-every", "1", "--device", device, "--mixed-precision", prec, NULL);
     if (r->status != 0) th_fail(__FILE__, __LINE__, "train on %s exited %d: %s", device, r->status, r->err);
     return step_losses(r->out, loss, 64);
 }
 
-/* f32 on both devices; the device sums its products in another order (see
- * test_ddp.c's CUDA section for the tolerance's reasoning). */
-static void check_train_follows_cpu(int nproc)
+/* The same run on both devices; the device sums its products in another
+ * order (see test_ddp.c's CUDA section for the tolerances' reasoning): f32
+ * within 1e-4, bf16 2e-3 and fp16 1e-3 of the CPU's loss at every step
+ * (measured on the emulator: f32 equal to the 4 printed decimals, bf16
+ * 2.4e-4, fp16 5e-5). */
+static void check_train_follows_cpu(int nproc, const char *prec, double tol)
 {
     double gpu[64], cpu[64];
     char gout[160], cout[160];
-    int ng = train_losses(nproc, "cuda", gpu, gout, sizeof gout), nc = train_losses(nproc, "cpu", cpu, cout, sizeof cout);
+    int ng = train_losses(nproc, "cuda", prec, gpu, gout, sizeof gout),
+        nc = train_losses(nproc, "cpu", prec, cpu, cout, sizeof cout);
     CHECK(ng == 50 && nc == 50);
     for (int i = 0; i < 50; i++) {
         double rel = fabs(gpu[i] - cpu[i]) / cpu[i];
-        if (!(rel < 1e-4)) th_fail(__FILE__, __LINE__, "step %d: cuda loss %.6f, cpu %.6f (rel %.2g)", i + 1, gpu[i], cpu[i], rel);
+        if (!(rel < tol))
+            th_fail(__FILE__, __LINE__, "%s step %d: cuda loss %.6f, cpu %.6f (rel %.2g)", prec, i + 1, gpu[i], cpu[i],
+                    rel);
     }
     CHECK(gpu[49] < gpu[0] - 0.5);
-    if (nproc > 1) return;
+    if (nproc > 1 || strcmp(prec, "no")) return;
     /* the weights trained on the device sample on the device (KV cache there)
      * the text the CPU samples from them */
     th_run_result *r = run_ember("sample", "--ckpt", gout, "--prompt", "the ", "--tokens", "40", "--seed", "3",
@@ -485,13 +491,25 @@ static void check_train_follows_cpu(int nproc)
 TEST(test_cli_train_on_cuda_follows_the_cpu_losses)
 {
     if (em_cuda_device_count() < 1) SKIP("no CUDA device visible (GPU test)");
-    check_train_follows_cpu(1);
+    check_train_follows_cpu(1, "no", 1e-4);
+}
+
+TEST(test_cli_train_on_cuda_bf16_follows_the_cpu_bf16_losses)
+{
+    if (em_cuda_device_count() < 1) SKIP("no CUDA device visible (GPU test)");
+    check_train_follows_cpu(1, "bf16", 2e-3);
+}
+
+TEST(test_cli_train_on_cuda_fp16_follows_the_cpu_fp16_losses)
+{
+    if (em_cuda_device_count() < 1) SKIP("no CUDA device visible (GPU test)");
+    check_train_follows_cpu(1, "fp16", 1e-3);
 }
 
 TEST(test_cli_launch_two_ranks_train_on_cuda_follows_the_cpu_ddp_losses)
 {
     if (em_cuda_device_count() < 2) SKIP("needs 2 CUDA devices (GPU test)");
-    check_train_follows_cpu(2);
+    check_train_follows_cpu(2, "no", 1e-4);
 }
 
 TEST(test_cli_train_rejects_a_bad_device)

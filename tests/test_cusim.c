@@ -67,6 +67,7 @@
     X(test_cusim_nccl_all_reduce_meeting_a_broadcast_fails_on_both_ranks_naming_both)                        \
     X(test_cusim_nccl_peer_that_dies_is_named)                                                               \
     X(test_cusim_ember_all_reduce_of_cuda_tensors_gives_both_ranks_identical_bits)                           \
+    X(test_cusim_ember_gather_of_cuda_tensors_concatenates_at_the_root)                                      \
     X(test_cusim_ddp_over_nccl_at_world_4_averages_cuda_gradients)                                          \
     X(test_cusim_nccl_selftest_passes_every_collective_dtype_world_and_failure)
 
@@ -1032,6 +1033,36 @@ TEST(test_cusim_ember_all_reduce_of_cuda_tensors_gives_both_ranks_identical_bits
         memcpy(&got, &s->bits[1][i], sizeof got);
         CHECK(got == want);
     }
+}
+
+/* em_gather of CUDA tensors over NCCL: the root gets rank 0's values, then
+ * rank 1's; the other rank passes no output. */
+static void ember_gather(em_pg *pg, int rank, int world, void *ctx)
+{
+    nccl_shared *s = ctx;
+    em_scope sc = em_scope_begin();
+    float v[NCCL_N];
+    for (int i = 0; i < NCCL_N; i++) v[i] = nccl_value(rank, i);
+    em_tensor *in = em_to(em_from_data(EM_F32, 1, (int64_t[]){NCCL_N}, v), em_device_cuda(rank));
+    em_tensor *out = rank == 0 ? em_to(em_zeros(EM_F32, 1, (int64_t[]){world * NCCL_N}), em_device_cuda(rank)) : NULL;
+    CHECK_NOTNULL(in);
+    CHECK_OK(em_gather(pg, out, in, 0, NULL));
+    if (rank == 0) {
+        em_tensor *back = em_to(out, em_device_cpu());
+        CHECK_NOTNULL(back);
+        memcpy(s->bits, em_data(back), sizeof(float) * (size_t)(world * NCCL_N));
+    }
+    em_scope_end(sc);
+}
+
+TEST(test_cusim_ember_gather_of_cuda_tensors_concatenates_at_the_root)
+{
+    emulator("in-order");
+    nccl_shared *s = shared_page();
+    TH_RANKS(2, EM_TRANSPORT_AUTO, ember_gather, s);
+    const float *got = (const float *)s->bits;
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < NCCL_N; i++) CHECK(got[r * NCCL_N + i] == nccl_value(r, i));
 }
 
 /* rank r's loss is sum(w * (r + 1)) + sum(v * 2(r + 1)) on cuda:r: DDP's
