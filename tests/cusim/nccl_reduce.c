@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
 #include "nccl_impl.h"
 
 size_t cusim_nccl_dtype_size(ncclDataType_t t)
@@ -73,49 +75,11 @@ DEFINE_REDUCE(reduce_u64, uint64_t, uint64_t)
 DEFINE_REDUCE(reduce_f32, float, float)
 DEFINE_REDUCE(reduce_f64, double, double)
 
-static uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    if (e == 0x1f) return bits_f32(sign | 0x7f800000 | m << 13); /* inf, nan */
-    if (e) return bits_f32(sign | (e + 112) << 23 | m << 13);    /* rebias 15 -> 127 */
-    float v = (float)m * (1.0f / 16777216.0f);                   /* subnormal: m x 2^-24, exact */
-    return sign ? -v : v;
-}
-
-/* Round to nearest, ties to even. */
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t x = f32_bits(f), sign = (x >> 16) & 0x8000, ax = x & 0x7fffffff;
-    if (ax > 0x7f800000) return (uint16_t)(sign | 0x7e00 | (ax >> 13 & 0x3ff)); /* nan stays quiet nan */
-    if (ax >= 0x477ff000) return (uint16_t)(sign | 0x7c00);                     /* from 65520 up: inf */
-    if (ax >= 0x38800000) /* normal in f16: round at bit 13, rebias 127 -> 15 */
-        return (uint16_t)(sign | (ax + 0xfff + (ax >> 13 & 1) - 0x38000000) >> 13);
-    /* subnormal in f16: adding 0.5 leaves |f| rounded to a multiple of 2^-24 in the low bits */
-    return (uint16_t)(sign | (f32_bits(bits_f32(ax) + 0.5f) - 0x3f000000));
-}
-
-static float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t x = f32_bits(f);
-    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)(x >> 16 | 0x40);
-    return (uint16_t)((x + 0x7fff + (x >> 16 & 1)) >> 16);
-}
+/* f16 and bf16 convert as the device does (include/cuda_fp16.h, cuda_bf16.h). */
+static float f16_to_f32(uint16_t h) { return cusim_f16_bits_to_f32(h); }
+static uint16_t f32_to_f16(float f) { return cusim_f32_to_f16_bits(f); }
+static float bf16_to_f32(uint16_t h) { return cusim_bf16_bits_to_f32(h); }
+static uint16_t f32_to_bf16(float f) { return cusim_f32_to_bf16_bits(f); }
 
 /* f16 and bf16: converted to float, reduced in rank order, rounded once. */
 static void reduce_half(void *dst, const void *const *src, int nsrc, size_t m, ncclRedOp_t op, bool bf)
