@@ -524,3 +524,15 @@ TEST(test_cli_train_rejects_a_bad_device)
     CHECK_EXIT(r, 1);
     CHECK(strstr(r->err, "cuda:7") != NULL);
 }
+
+TEST(test_cli_launch_more_ranks_than_cuda_devices_fails_naming_the_shortage)
+{
+    char dir[64], txt[128], out[160], n[16];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    snprintf(n, sizeof n, "%d", em_cuda_device_count() + 1); /* one rank more than there are devices */
+    th_run_result *r = run_ember("launch", "-n", n, "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out",
+                                 out, DEVICE_MODEL, "--iters", "1", "--device", "cuda", NULL);
+    CHECK(r->status != 0);
+    CHECK(strstr(r->err, "not enough GPUs available") != NULL);
+}
