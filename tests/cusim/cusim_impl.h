@@ -9,8 +9,8 @@
  *   exec.c, fiber.c     the execution model: a block's threads as fibers,
  *                       barriers, warps, atomics, the sm_90 launch limits,
  *                       schedule fuzzing and the shared-memory race checker
- *   runtime.c           devices, device memory (guarded mappings, unreadable
- *                       from host code), streams and events that run queued
+ *   runtime.c, stream.c devices, device memory (guarded mappings, unreadable
+ *   memory.c, copy.c    from host code), streams and events that run queued
  *                       work only when something orders it, copies
  *   cublas.c            the cuBLAS calls ember makes, argument rules checked,
  *                       computed in double

@@ -1,6 +1,7 @@
 /* runtime_impl.h — what the emulator's runtime files share beyond
- * cusim_impl.h: runtime.c (devices, errors, streams, copies), memory.c
- * (device and pinned memory, protection, fault messages) and cublas.c.
+ * cusim_impl.h: runtime.c (set-up, devices, errors), stream.c (streams,
+ * events, their queues, launches), memory.c (device and pinned memory,
+ * protection, fault messages), copy.c and cublas.c.
  * Internal to tests/cusim; nothing outside includes it. */
 #ifndef EMBER_CUSIM_RUNTIME_IMPL_H
 #define EMBER_CUSIM_RUNTIME_IMPL_H
@@ -25,8 +26,27 @@ cudaError_t rt_begin(void);
  * returns next) unless it is cudaSuccess; returns e. */
 cudaError_t rt_fail(cudaError_t e);
 
+/* Sets the emulator up on first use (environment, default streams), as
+ * rt_begin does, for the calls that need no device (destroying a handle). */
+void rt_init(void);
+
 /* Bytes of memory each emulated device has (EMBER_CUSIM_MEMORY). */
 size_t rt_device_memory(void);
+
+/* The sticky error: cudaSuccess until a kernel fails, then that failure
+ * for the rest of the process (rt_set_sticky keeps the first one). */
+cudaError_t rt_sticky_error(void);
+void rt_set_sticky(int e);
+
+/* The most dynamic shared memory a launch of func may ask for: 48 KiB
+ * unless cudaFuncSetAttribute raised it (lock held). */
+size_t rt_max_dynamic_smem(const void *func);
+
+/* ---- stream.c -------------------------------------------------------------- */
+
+/* Sets up every device's legacy default stream (called once, by the
+ * set-up of runtime.c). */
+void rt_init_streams(void);
 
 /* Runs everything queued on every stream of dev (every device: dev < 0). */
 void rt_drain_device(int dev);
