@@ -22,6 +22,8 @@ em_tensor *ct_on_cuda(em_tensor *t); /* em_to cuda:0 */
 em_tensor *ct_on_cpu(em_tensor *t);  /* em_to the host */
 /* standard normal values (drawn in f64 from seed), cast to dt, on the host */
 em_tensor *ct_randn(em_dtype dt, int ndim, const int64_t *shape, uint64_t seed);
+/* max |t| over t's elements (t on any device) */
+double ct_max_abs(em_tensor *t);
 /* got (any device) agrees with want (host) within tol * max(1, max |want|) */
 void ct_check_close(const char *file, int line, const char *what, em_tensor *got, em_tensor *want, double tol);
 

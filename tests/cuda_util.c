@@ -28,7 +28,7 @@ em_tensor *ct_randn(em_dtype dt, int ndim, const int64_t *shape, uint64_t seed)
     return em_cast(em_randn(EM_F64, ndim, shape, &r), dt);
 }
 
-static double max_abs(em_tensor *t)
+double ct_max_abs(em_tensor *t)
 {
     int64_t n = em_numel(t);
     double *v = malloc(sizeof(double) * (size_t)(n ? n : 1)), m = 0;
@@ -42,7 +42,7 @@ void ct_check_close(const char *file, int line, const char *what, em_tensor *got
 {
     if (!got || !want) th_fail(file, line, "%s: NULL result: %s", what, em_last_error());
     em_tensor *g = ct_on_cpu(got);
-    double scale = max_abs(want), d = th_max_abs_diff(g, want);
+    double scale = ct_max_abs(want), d = th_max_abs_diff(g, want);
     if (!(d <= tol * (scale > 1 ? scale : 1)))
         th_fail(file, line, "%s: max |cuda - cpu| = %g (max |cpu| %g, tol %g)", what, d, scale, tol);
 }

@@ -226,16 +226,6 @@ enum { NCASES = sizeof cases / sizeof cases[0] };
 
 /* ---- running a case ------------------------------------------------------------------- */
 
-static double tol_of(em_dtype dt)
-{
-    switch (dt) {
-    case EM_F64: return 1e-10;
-    case EM_F32: return 2e-5;
-    case EM_F16: return 4e-3;
-    default: return 3e-2;
-    }
-}
-
 /* input k of case c in dtype dt (float inputs; indices and masks keep theirs) */
 static em_tensor *make_input(const in_spec *sp, em_dtype dt, uint64_t seed)
 {
@@ -259,16 +249,6 @@ static em_tensor *make_input(const in_spec *sp, em_dtype dt, uint64_t seed)
     return sp->transposed ? em_transpose(x, sp->ndim - 2, sp->ndim - 1) : x;
 }
 
-static double max_abs(em_tensor *t)
-{
-    int64_t n = em_numel(t);
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1)), m = 0;
-    em_to_array(t, EM_F64, v);
-    for (int64_t i = 0; i < n; i++) m = fabs(v[i]) > m ? fabs(v[i]) : m;
-    free(v);
-    return m;
-}
-
 /* got (on cuda:0) against want (CPU): same shape and dtype; bits when
  * exact, else within tol * max(1, max |want|). NULL: the message. */
 static const char *compare(em_tensor *got, em_tensor *want, bool exact, double tol, char *msg, size_t n)
@@ -286,7 +266,7 @@ static const char *compare(em_tensor *got, em_tensor *want, bool exact, double t
         if (memcmp(em_data(a), em_data(b), bytes)) return snprintf(msg, n, "bits differ"), msg;
         return NULL;
     }
-    double scale = max_abs(want), d = th_max_abs_diff(g, want);
+    double scale = ct_max_abs(want), d = th_max_abs_diff(g, want);
     if (!(d <= tol * (scale > 1 ? scale : 1)))
         return snprintf(msg, n, "max |cuda - cpu| = %g (max |cpu| %g, tol %g)", d, scale, tol), msg;
     return NULL;
@@ -308,7 +288,7 @@ static const char *run_case(const op_case *c, em_dtype dt, char *msg, size_t n)
     em_tensor *yc = c->run(cin);
     if (!yc) return snprintf(msg, n, "the CPU op failed: %s", em_last_error()), msg;
     em_tensor *yg = c->run(gin);
-    const char *bad = compare(yg, yc, c->exact, tol_of(dt), msg, n);
+    const char *bad = compare(yg, yc, c->exact, ct_tol(dt), msg, n);
     if (bad) return bad;
     if (c->no_grad || !em_dtype_is_float(em_dtype_of(yc)) || !em_requires_grad(yc)) return NULL;
     em_rng r = em_rng_new(77);
@@ -320,7 +300,7 @@ static const char *run_case(const op_case *c, em_dtype dt, char *msg, size_t n)
     for (int k = 0; k < c->nin; k++) {
         if (!em_requires_grad(cin[k])) continue;
         char inner[200];
-        if ((bad = compare(em_grad(gin[k]), em_grad(cin[k]), false, 4 * tol_of(dt), inner, sizeof inner)))
+        if ((bad = compare(em_grad(gin[k]), em_grad(cin[k]), false, 4 * ct_tol(dt), inner, sizeof inner)))
             return snprintf(msg, n, "gradient of input %d: %s", k, inner), msg;
     }
     return NULL;
