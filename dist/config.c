@@ -359,16 +359,10 @@ static em_status parse_events(yaml_parser_t *p, const char *path, em_config *c)
 em_status em_config_read(const char *path, em_config *c, bool missing_ok)
 {
     if (!path || !c) return em_err(EM_ERR_ARG, "em_config_read: %s is NULL", path ? "c" : "path");
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (errno == ENOENT && missing_ok) return EM_OK;
-        return em_err(EM_ERR_IO, "em_config_read: cannot read %s: %s", path, strerror(errno));
-    }
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        fclose(f);
-        return em_err(EM_ERR_IO, "em_config_read: cannot read %s: it is a directory", path);
-    }
+    struct stat pre;
+    if (missing_ok && stat(path, &pre) != 0 && errno == ENOENT) return EM_OK;
+    FILE *f = file_fopen_regular(path, "em_config_read"); /* a FIFO is refused, not waited on */
+    if (!f) return em_last_status();
     yaml_parser_t p;
     if (!yaml_parser_initialize(&p)) {
         fclose(f);

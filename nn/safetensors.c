@@ -357,11 +357,13 @@ em_safetensors *em_safetensors_open(const char *path)
         free(f);
         return em_fail(EM_ERR_OOM, "em_safetensors_open: out of memory");
     }
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    f->fd = file_open_regular(path, "em_safetensors_open"); /* a FIFO is refused, not waited on */
     if (f->fd < 0) {
-        int e = errno;
+        em_status st = em_last_status();
+        char msg[600];
+        snprintf(msg, sizeof msg, "%s", em_last_error());
         em_safetensors_close(f);
-        return em_fail(EM_ERR_IO, "em_safetensors_open: cannot open '%s': %s", path, strerror(e));
+        return em_fail(st, "%s", msg);
     }
     char err[400];
     if (!read_header(f, err, sizeof err)) {

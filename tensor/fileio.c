@@ -54,10 +54,56 @@ em_status file_write_atomic(const char *path, const void *data, size_t n, const 
     return EM_OK;
 }
 
+static const char *file_kind(mode_t m)
+{
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+    return "not a regular file";
+}
+
+int file_open_regular(const char *path, const char *fn)
+{
+    /* non-blocking, so that opening a FIFO returns at once; blocking again after */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return em_err(EM_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(errno)), -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return em_err(EM_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(e)), -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return em_err(EM_ERR_IO, "%s: %s is %s, not a regular file", fn, path, file_kind(st.st_mode)), -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return em_err(EM_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(e)), -1;
+    }
+    return fd;
+}
+
+FILE *file_fopen_regular(const char *path, const char *fn)
+{
+    int fd = file_open_regular(path, fn);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        em_err(EM_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(e));
+    }
+    return f;
+}
+
 em_status file_read_all(const char *path, size_t max, char **out, size_t *n, const char *fn)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return em_err(EM_ERR_IO, "%s: cannot open %s: %s", fn, path, strerror(errno));
+    FILE *f = file_fopen_regular(path, fn);
+    if (!f) return em_last_status();
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || st.st_size < 0) {
         fclose(f);

@@ -9,6 +9,7 @@
 #define EMBER_TENSOR_FILEIO_IMPL_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "ember/tensor.h"
 
@@ -18,9 +19,17 @@ em_status file_write_atomic(const char *path, const void *data, size_t n, const 
 /* fsync of the directory holding path, so a rename into it is durable (best
  * effort: some file systems refuse it). */
 void file_sync_dir(const char *path);
+/* Opens path for reading only if it is a regular file: a FIFO, device or
+ * directory is refused by type before anything reads it (opening a FIFO
+ * would wait for a writer forever). The descriptor (O_CLOEXEC, blocking),
+ * or -1 with EM_ERR_IO "fn: cannot open PATH: reason" / "fn: PATH is a
+ * directory / FIFO / device, not a regular file". */
+int file_open_regular(const char *path, const char *fn);
 /* The whole file into *out (malloc'd, NUL-terminated after *n bytes; the
  * caller frees). EM_ERR_IO "fn: cannot open PATH: reason" / "fn: PATH is
  * larger than MAX bytes" / read errors; EM_ERR_OOM. */
 em_status file_read_all(const char *path, size_t max, char **out, size_t *n, const char *fn);
+/* file_open_regular as a stdio stream ("rb"); NULL with the same errors. */
+FILE *file_fopen_regular(const char *path, const char *fn);
 
 #endif

@@ -1,6 +1,7 @@
 /* test_cli.c — the `ember` command as a user meets it: runs the built binary
  * (EMBER_BUILD_DIR/ember) and checks exit codes, stdout and stderr; plus the
  * runtime queries behind `ember env` (CPU features, version, build info). */
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -535,4 +536,66 @@ TEST(test_cli_launch_more_ranks_than_cuda_devices_fails_naming_the_shortage)
                                  out, DEVICE_MODEL, "--iters", "1", "--device", "cuda", NULL);
     CHECK(r->status != 0);
     CHECK(strstr(r->err, "not enough GPUs available") != NULL);
+}
+
+/* Every metrics record is flushed as it is written: a run killed (-9) right
+ * after printing "step 3/..." has steps 1, 2 and 3 in DIR/metrics.jsonl. */
+TEST(test_cli_train_killed_keeps_every_metrics_record_it_printed)
+{
+    char dir[64], txt[128], out[160], metrics[200];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        close(fds[1]);
+        execl(EMBER_BIN, EMBER_BIN, "train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2", "--embd",
+              "16", "--block", "8", "--batch", "4", "--iters", "1000000", "--eval-every", "1000000", "--eval-iters",
+              "1", "--log-every", "1", "--cpu", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *o = fdopen(fds[0], "r");
+    char line[512];
+    bool third = false;
+    while (!third && fgets(line, sizeof line, o)) third = !strncmp(line, "step 3/", 7);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fclose(o);
+    CHECK(third);
+    FILE *f = fopen(metrics, "r");
+    CHECK(f != NULL);
+    bool seen[4] = {false};
+    while (fgets(line, sizeof line, f)) {
+        long long step;
+        if (sscanf(line, "{\"step\": %lld, \"loss\"", &step) == 1 && step >= 1 && step <= 3) seen[step] = true;
+    }
+    fclose(f);
+    CHECK(seen[1] && seen[2] && seen[3]);
+}
+
+/* Integer flags never wrap, and a model that cannot fit is refused before
+ * anything is allocated (and before --out is touched). */
+TEST(test_cli_train_refuses_out_of_range_integers_and_models_that_cannot_fit)
+{
+    char dir[64], txt[128], out[160];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    th_run_result *r = run_ember("train", "--data", txt, "--out", out, "--layers", "4294967297", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--layers") && strstr(r->err, "4294967297") && strstr(r->err, "1024"));
+    r = run_ember("train", "--data", txt, "--out", out, "--block", "2147483648", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--block") && strstr(r->err, "2147483648"));
+    r = run_ember("train", "--data", txt, "--out", out, "--batch", "-3", NULL);
+    CHECK_EXIT(r, 2);
+    r = run_ember("train", "--data", txt, "--out", out, "--layers", "1000", "--embd", "8192", "--iters", "1", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, "cannot fit") && strstr(r->err, "GiB"));
+    CHECK(access(out, F_OK) != 0); /* nothing written */
 }

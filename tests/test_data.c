@@ -3,6 +3,7 @@
  * and IDX images read from .gz. Every file a test reads it first writes
  * itself under /tmp (mkstemp). */
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -462,4 +463,27 @@ TEST(test_tinyshakespeare_has_nanogpt_vocabulary_and_split)
     CHECK_OK(em_tokens_split(&t->tokens, 0.9, &tr, &va));
     CHECK(tr.n == 1003854 && va.n == 111540);
     em_text_free(t);
+}
+
+/* ---- files that are not regular files ------------------------------------------- */
+
+/* A FIFO where a file is expected: refused by type at once, never waited on
+ * (opening a FIFO for reading blocks until a writer comes). */
+TEST(test_fifo_given_as_a_file_is_refused_by_type_without_waiting)
+{
+    char dir[] = "/tmp/ember-fifo-XXXXXX", fifo[64];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(fifo, sizeof fifo, "%s/pipe", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK_ERR(em_text_open(fifo, EM_TEXT_CHARS), EM_ERR_IO, "is a FIFO, not a regular file");
+    CHECK_ERR(em_safetensors_open(fifo), EM_ERR_IO, "is a FIFO, not a regular file");
+    em_config c = em_config_defaults();
+    CHECK_ERR(em_config_read(fifo, &c, true), EM_ERR_IO, "is a FIFO, not a regular file");
+    em_module *m = em_module_new(NULL, NULL);
+    CHECK_NOTNULL(m);
+    CHECK_ERR(em_module_load(m, fifo, false), EM_ERR_IO, "is a FIFO");
+    em_module_free(m);
+    CHECK_ERR(em_text_open(dir, EM_TEXT_CHARS), EM_ERR_IO, "is a directory");
+    unlink(fifo);
+    rmdir(dir);
 }

@@ -62,14 +62,16 @@ static int usage(FILE *f)
     return f == stderr ? 2 : 0;
 }
 
-/* Parses a flag value: an integer (>= min) or a float (>= 0). */
-static bool parse_int(const char *flag, const char *s, int64_t min, int64_t *out)
+/* Parses a flag value: an integer in [min, max] (nothing wraps: a value
+ * past max is refused, naming the range) or a float (>= 0). */
+static bool parse_int(const char *flag, const char *s, int64_t min, int64_t max, int64_t *out)
 {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || v < min) {
-        fprintf(stderr, "ember train: %s needs an integer >= %lld, got '%s'\n", flag, (long long)min, s);
+    if (errno || *end || end == s || v < min || v > max) {
+        fprintf(stderr, "ember train: %s needs an integer from %lld to %lld, got '%s'\n", flag, (long long)min,
+                (long long)max, s);
         return false;
     }
     *out = v;
@@ -138,7 +140,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
         else if (!strcmp(f, "--resume"))
             o->resume = v;
         else if (!strcmp(f, "--grad-accum"))
-            ok = parse_int(f, v, 1, &o->grad_accum);
+            ok = parse_int(f, v, 1, 1 << 20, &o->grad_accum);
         else if (!strcmp(f, "--mixed-precision")) {
             ok = em_precision_parse(v, &o->precision) == EM_OK;
             if (!ok) fprintf(stderr, "ember train: --mixed-precision needs no, bf16 or fp16, got '%s'\n", v);
@@ -154,27 +156,27 @@ static int parse_args(int argc, char **argv, train_opts *o)
         } else if (!strcmp(f, "--out"))
             o->out = v;
         else if (!strcmp(f, "--layers"))
-            ok = parse_int(f, v, 1, &n) && ((o->model.n_layer = (int)n), true);
+            ok = parse_int(f, v, 1, 1024, &n) && ((o->model.n_layer = n), true);
         else if (!strcmp(f, "--heads"))
-            ok = parse_int(f, v, 1, &n) && ((o->model.n_head = (int)n), true);
+            ok = parse_int(f, v, 1, 1024, &n) && ((o->model.n_head = n), true);
         else if (!strcmp(f, "--embd"))
-            ok = parse_int(f, v, 1, &n) && ((o->model.n_embd = (int)n), true);
+            ok = parse_int(f, v, 1, 1 << 16, &n) && ((o->model.n_embd = n), true);
         else if (!strcmp(f, "--block"))
-            ok = parse_int(f, v, 1, &n) && ((o->model.block_size = (int)n), true);
+            ok = parse_int(f, v, 1, 1 << 20, &n) && ((o->model.block_size = n), true);
         else if (!strcmp(f, "--batch"))
-            ok = parse_int(f, v, 1, &o->batch);
+            ok = parse_int(f, v, 1, 1 << 24, &o->batch);
         else if (!strcmp(f, "--iters"))
-            ok = parse_int(f, v, 0, &o->iters);
+            ok = parse_int(f, v, 0, (int64_t)1 << 40, &o->iters);
         else if (!strcmp(f, "--warmup"))
-            ok = parse_int(f, v, 0, &o->warmup);
+            ok = parse_int(f, v, 0, (int64_t)1 << 40, &o->warmup);
         else if (!strcmp(f, "--eval-every"))
-            ok = parse_int(f, v, 1, &o->eval_every);
+            ok = parse_int(f, v, 1, (int64_t)1 << 40, &o->eval_every);
         else if (!strcmp(f, "--eval-iters"))
-            ok = parse_int(f, v, 1, &o->eval_iters);
+            ok = parse_int(f, v, 1, 1 << 30, &o->eval_iters);
         else if (!strcmp(f, "--log-every"))
-            ok = parse_int(f, v, 1, &o->log_every);
+            ok = parse_int(f, v, 1, (int64_t)1 << 40, &o->log_every);
         else if (!strcmp(f, "--seed"))
-            ok = parse_int(f, v, 0, &n) && ((o->seed = (uint64_t)n), true);
+            ok = parse_int(f, v, 0, INT64_MAX, &n) && ((o->seed = (uint64_t)n), true);
         else if (!strcmp(f, "--lr"))
             ok = parse_real(f, v, &o->lr);
         else if (!strcmp(f, "--min-lr"))
@@ -394,6 +396,35 @@ static em_status register_dropout_rngs(run *r)
     return s;
 }
 
+/* Refuses, before allocating anything, a model whose parameters alone
+ * cannot fit: n parameters take 16 bytes each in f32 training (weights,
+ * gradients, AdamW's two moments) on top of the activations, against the
+ * machine's memory (or the CUDA device's). The estimate is a lower bound:
+ * a model that passes may still not fit, one that fails never would. */
+static em_status check_fits(run *r)
+{
+    const em_gpt_config *m = &r->o.model;
+    double C = (double)m->n_embd, params = (double)(m->vocab_size + m->block_size) * C +
+                                           (double)m->n_layer * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+    double need = 16.0 * params, have;
+    const char *where;
+    em_device dev = em_accel_device(r->acc);
+    em_cuda_device_info info;
+    if (dev.type == EM_CUDA && em_cuda_device_info_of(dev.index, &info) == EM_OK) {
+        have = (double)info.total_memory;
+        where = "the CUDA device has";
+    } else {
+        have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        where = "this machine has";
+    }
+    if (!(have > 0) || need <= have) return EM_OK;
+    return em_set_error(EM_ERR_OOM,
+                        "the model cannot fit: %.3g parameters need at least %.1f GiB (16 bytes each for weights, "
+                        "gradients and AdamW's moments) and %s %.1f GiB; make --layers, --embd or the vocabulary "
+                        "smaller",
+                        params, need / (1 << 30), where, have / (1 << 30));
+}
+
 static em_status setup(run *r)
 {
     train_opts *o = &r->o;
@@ -422,6 +453,7 @@ static em_status setup(run *r)
         if (!s) s = em_accel_register_rng(r->acc, &r->eval_sampler[i].rng);
     }
     if (s) return s;
+    if ((s = check_fits(r))) return s;
     r->gpt = em_gpt_new(&o->model, o->seed);
     /* on the Accelerator's device before the flat buffers are made */
     if (!r->gpt || (s = em_module_to(r->gpt->m, em_accel_device(r->acc))) || (s = em_module_flatten(r->gpt->m)))
@@ -502,6 +534,7 @@ int cmd_train(int argc, char **argv)
                 printf("eval step=%lld train_loss=%.4f val_loss=%.4f\n", (long long)step, el[0], el[1]);
                 fprintf(r.metrics, "{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f}\n",
                         (long long)step, el[0], el[1]);
+                fflush(r.metrics); /* each record reaches the file as it is written: a killed run keeps it */
                 fflush(stdout);
             }
             if ((s = save(&r))) break;
@@ -529,6 +562,7 @@ int cmd_train(int argc, char **argv)
                 "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"ms_per_step\": %.3f, "
                 "\"tokens_per_s\": %.1f}\n",
                 (long long)(step + 1), loss, lr, norm, 1e3 * dt, tps);
+            fflush(r.metrics);
             if (tty)
                 draw_bar(step + 1, o->iters, loss, tps, eta);
             else

@@ -45,8 +45,8 @@ static em_status bad(const char *path, int line, const char *what, const char *k
 
 em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return em_set_error(EM_ERR_IO, "config: cannot read %s: %s", path, strerror(errno));
+    FILE *f = file_fopen_regular(path, "config"); /* a FIFO is refused, not waited on */
+    if (!f) return em_last_status();
     *m = (em_gpt_config){0};
     char line[2048];
     int ln = 0, seen = 0;
