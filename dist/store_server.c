@@ -63,6 +63,7 @@ struct em_store_server {
     kv *tab;
     size_t tab_cap, tab_used;
     barrier *bars;
+    double accept_paused_until; /* accept failed for want of resources: the listener rests until then */
 };
 
 /* ---- the table ---- */
@@ -408,7 +409,14 @@ static void accept_all(em_store_server *s, double now)
 {
     for (;;) {
         int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) return; /* EAGAIN, or a transient error: poll again */
+        if (fd < 0) {
+            /* Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM):
+             * the connection stays queued and the listener stays readable,
+             * so polling again at once would spin. Rest the listener 100 ms. */
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+                s->accept_paused_until = now + 0.1;
+            return;
+        }
         net_prepare(fd);
         if (s->ncl == s->capcl) {
             int ncap = s->capcl ? s->capcl * 2 : 16;
@@ -449,7 +457,9 @@ static void *server_main(void *arg)
             pf = np;
         }
         pf[0] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
-        pf[1] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+        bool resting = now < s->accept_paused_until;
+        pf[1] = (struct pollfd){.fd = s->lfd, .events = resting ? 0 : POLLIN};
+        if (resting && s->accept_paused_until < next) next = s->accept_paused_until;
         for (int i = 0; i < s->ncl; i++) {
             client *c = s->cl[i];
             /* a parked client is only watched for hanging up (it has nothing to say until answered) */

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -419,4 +420,43 @@ TEST(test_store_rejects_bad_arguments)
     CHECK_ERR(em_store_set(NULL, "k", "v", 1), EM_ERR_ARG, "store is NULL");
     em_store_close(c);
     em_store_server_stop(srv);
+}
+
+/* A connection the server cannot accept for want of descriptors stays queued
+ * and keeps the listener readable; the server must rest, not spin. With the
+ * process's descriptor table full and one connection pending, it uses well
+ * under a tenth of a CPU second per second. */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+TEST(test_store_server_out_of_descriptors_rests_instead_of_spinning)
+{
+    struct rlimit rl = {64, 64};
+    CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0); /* this test runs in its own process */
+    em_store_server *srv = em_store_server_start(NULL, 0, TOKEN);
+    CHECK_NOTNULL(srv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)em_store_server_port(srv))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int spare = dup(0), last = spare;
+    CHECK(spare >= 0);
+    for (int fd; (fd = dup(0)) >= 0;) last = fd; /* fill the table */
+    close(spare); /* exactly one free descriptor: the client's socket takes it */
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(c >= 0);
+    CHECK(connect(c, (struct sockaddr *)&a, sizeof a) == 0); /* queued: the server has no descriptor to accept it */
+    struct timespec settle = {0, 100 * 1000 * 1000};
+    nanosleep(&settle, NULL);
+    double t0 = cpu_seconds();
+    struct timespec wait = {1, 0};
+    nanosleep(&wait, NULL);
+    double used = cpu_seconds() - t0;
+    for (int fd = spare + 1; fd <= last; fd++) close(fd);
+    close(c);
+    em_store_server_stop(srv);
+    if (!(used < 0.1)) th_fail(__FILE__, __LINE__, "the server used %.2f CPU seconds in 1 s while it could not accept", used);
 }
