@@ -599,3 +599,69 @@ TEST(test_cli_train_refuses_out_of_range_integers_and_models_that_cannot_fit)
     CHECK(strstr(r->err, "cannot fit") && strstr(r->err, "GiB"));
     CHECK(access(out, F_OK) != 0); /* nothing written */
 }
+
+/* A run killed (-9) past its checkpoint (saved at step 0 with --eval-every
+ * 100000), resumed to a few steps past where it died: metrics.jsonl has
+ * every training step exactly once and the evaluations at 0 and at the end
+ * once each (the records the killed run wrote after its checkpoint are not
+ * repeated). */
+TEST(test_cli_train_resumed_after_a_kill_has_every_metrics_step_exactly_once)
+{
+    char dir[64], txt[128], out[160], state[200], metrics[200];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    snprintf(state, sizeof state, "%s/state", out);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        close(fds[1]);
+        execl(EMBER_BIN, EMBER_BIN, "train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2", "--embd",
+              "16", "--block", "8", "--batch", "4", "--iters", "1000000", "--eval-every", "100000", "--eval-iters",
+              "1", "--log-every", "1", "--cpu", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *o = fdopen(fds[0], "r");
+    char line[512];
+    bool reached = false;
+    while (!reached && fgets(line, sizeof line, o)) reached = !strncmp(line, "step 15/", 8);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fclose(o);
+    CHECK(reached);
+    /* where the killed run got to */
+    long long died = 0, step;
+    FILE *f = fopen(metrics, "r");
+    CHECK(f != NULL);
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "{\"step\": %lld", &step) == 1 && step > died) died = step;
+    fclose(f);
+    CHECK(died >= 15);
+    long long end = died + 5;
+    char iters[32];
+    snprintf(iters, sizeof iters, "%lld", end);
+    th_run_result *r = run_ember("train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2", "--embd", "16",
+                                 "--block", "8", "--batch", "4", "--iters", iters, "--eval-every", "100000",
+                                 "--eval-iters", "1", "--log-every", "1", "--cpu", "--resume", state, NULL);
+    CHECK_EXIT(r, 0);
+    int *logs = calloc((size_t)end + 1, sizeof *logs), evals0 = 0, evals_end = 0;
+    f = fopen(metrics, "r");
+    CHECK(f != NULL && logs != NULL);
+    while (fgets(line, sizeof line, f)) {
+        CHECK(sscanf(line, "{\"step\": %lld", &step) == 1 && step >= 0 && step <= end);
+        if (strstr(line, "\"val_loss\""))
+            step == 0 ? evals0++ : step == end ? evals_end++ : 0;
+        else
+            logs[step]++;
+    }
+    fclose(f);
+    for (long long k = 1; k <= end; k++)
+        if (logs[k] != 1) th_fail(__FILE__, __LINE__, "step %lld is in metrics.jsonl %d times", k, logs[k]);
+    free(logs);
+    CHECK(evals0 == 1 && evals_end == 1);
+}

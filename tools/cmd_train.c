@@ -23,6 +23,7 @@
 
 #include "commands.h"
 #include "ember/ember.h"
+#include "tensor/fileio_impl.h"
 #include "train_config.h"
 
 typedef struct train_opts {
@@ -425,6 +426,33 @@ static em_status check_fits(run *r)
                         params, need / (1 << 30), where, have / (1 << 30));
 }
 
+/* A resumed run continues from its checkpoint at `step`, so the records a
+ * killed run wrote after that checkpoint would come twice: path keeps only
+ * the records up to step (rewritten atomically). A missing file is fine. */
+static em_status keep_metrics_until(const char *path, int64_t step)
+{
+    char *buf;
+    size_t n;
+    struct stat sb;
+    if (stat(path, &sb) != 0 && errno == ENOENT) return EM_OK;
+    if (file_read_all(path, (size_t)1 << 32, &buf, &n, "ember train")) return em_last_status();
+    size_t kept = 0;
+    for (size_t at = 0; at < n;) {
+        char *nl = memchr(buf + at, '\n', n - at);
+        size_t len = nl ? (size_t)(nl - (buf + at)) + 1 : n - at;
+        long long k;
+        /* a torn last line (no newline) or a record past the checkpoint goes */
+        if (nl && sscanf(buf + at, "{\"step\": %lld", &k) == 1 && k <= step) {
+            memmove(buf + kept, buf + at, len);
+            kept += len;
+        }
+        at += len;
+    }
+    em_status s = kept == n ? EM_OK : file_write_atomic(path, buf, kept, "ember train");
+    free(buf);
+    return s;
+}
+
 static em_status setup(run *r)
 {
     train_opts *o = &r->o;
@@ -475,6 +503,8 @@ static em_status setup(run *r)
             s = em_set_error(EM_ERR_IO, "cannot create --out %s: %s", o->out, strerror(errno));
         else if (stat(o->out, &sb) != 0 || !S_ISDIR(sb.st_mode))
             s = em_set_error(EM_ERR_IO, "--out %s exists and is not a directory", o->out);
+        else if (o->resume && (s = keep_metrics_until(in_out(r, "metrics.jsonl"), em_accel_step_count(r->acc))))
+            ;
         else if (!(r->metrics = fopen(in_out(r, "metrics.jsonl"), o->resume ? "a" : "w")))
             s = em_set_error(EM_ERR_IO, "cannot write %s: %s", r->path, strerror(errno));
     }
