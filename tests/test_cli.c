@@ -538,14 +538,11 @@ TEST(test_cli_launch_more_ranks_than_cuda_devices_fails_naming_the_shortage)
     CHECK(strstr(r->err, "not enough GPUs available") != NULL);
 }
 
-/* Every metrics record is flushed as it is written: a run killed (-9) right
- * after printing "step 3/..." has steps 1, 2 and 3 in DIR/metrics.jsonl. */
-TEST(test_cli_train_killed_keeps_every_metrics_record_it_printed)
+/* Runs a long `ember train` of a tiny model on txt into out (checkpoints at
+ * step 0 only) and kills it (-9) as soon as its stdout shows a line starting
+ * with `until`; fails the test if no such line came. */
+static void train_then_kill(const char *txt, const char *out, const char *until)
 {
-    char dir[64], txt[128], out[160], metrics[200];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
-    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
     int fds[2];
     CHECK(pipe(fds) == 0);
     pid_t pid = fork();
@@ -555,19 +552,31 @@ TEST(test_cli_train_killed_keeps_every_metrics_record_it_printed)
         close(fds[0]);
         close(fds[1]);
         execl(EMBER_BIN, EMBER_BIN, "train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2", "--embd",
-              "16", "--block", "8", "--batch", "4", "--iters", "1000000", "--eval-every", "1000000", "--eval-iters",
+              "16", "--block", "8", "--batch", "4", "--iters", "1000000", "--eval-every", "100000", "--eval-iters",
               "1", "--log-every", "1", "--cpu", (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
     FILE *o = fdopen(fds[0], "r");
     char line[512];
-    bool third = false;
-    while (!third && fgets(line, sizeof line, o)) third = !strncmp(line, "step 3/", 7);
+    bool reached = false;
+    while (!reached && fgets(line, sizeof line, o)) reached = !strncmp(line, until, strlen(until));
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     fclose(o);
-    CHECK(third);
+    if (!reached) th_fail(__FILE__, __LINE__, "ember train never printed '%s'", until);
+}
+
+/* Every metrics record is flushed as it is written: a run killed (-9) right
+ * after printing "step 3/..." has steps 1, 2 and 3 in DIR/metrics.jsonl. */
+TEST(test_cli_train_killed_keeps_every_metrics_record_it_printed)
+{
+    char dir[64], txt[128], out[160], metrics[200];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    train_then_kill(txt, out, "step 3/");
+    char line[512];
     FILE *f = fopen(metrics, "r");
     CHECK(f != NULL);
     bool seen[4] = {false};
@@ -612,28 +621,8 @@ TEST(test_cli_train_resumed_after_a_kill_has_every_metrics_step_exactly_once)
     snprintf(out, sizeof out, "%s/run", dir);
     snprintf(state, sizeof state, "%s/state", out);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
-    int fds[2];
-    CHECK(pipe(fds) == 0);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        dup2(fds[1], STDOUT_FILENO);
-        close(fds[0]);
-        close(fds[1]);
-        execl(EMBER_BIN, EMBER_BIN, "train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2", "--embd",
-              "16", "--block", "8", "--batch", "4", "--iters", "1000000", "--eval-every", "100000", "--eval-iters",
-              "1", "--log-every", "1", "--cpu", (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    FILE *o = fdopen(fds[0], "r");
+    train_then_kill(txt, out, "step 15/");
     char line[512];
-    bool reached = false;
-    while (!reached && fgets(line, sizeof line, o)) reached = !strncmp(line, "step 15/", 8);
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    fclose(o);
-    CHECK(reached);
     /* where the killed run got to */
     long long died = 0, step;
     FILE *f = fopen(metrics, "r");
