@@ -730,24 +730,20 @@ em_status em_module_load(em_module *m, const char *path, bool strict)
             s = em_last_status();
             goto done;
         }
-#if EM_HAVE_CUDA
         tensor *t = staged[i] ? t_resolve(v[i].t, "em_module_load") : NULL;
-        if (t && !em_device_equal(t->device, staged[i]->device)) {
-            tensor *d = t_new_persistent_on(t->device, staged[i]->dtype, staged[i]->ndim, staged[i]->shape);
-            if (d && cu_memcpy(t_ptr(d), d->device, t_ptr(staged[i]), staged[i]->device, (size_t)t_numel(d) * t_esize(d)))
-                t_free(d), d = NULL;
+        if (t && !em_device_equal(t->device, staged[i]->device)) { /* onto the parameter's device */
+            tensor *d = t_copy_to(staged[i], t->device);
             t_free(staged[i]);
             if (!(staged[i] = d)) {
                 s = em_last_status();
                 goto done;
             }
         }
-#endif
     }
     for (int i = 0; i < n; i++)
         if (staged[i]) copy_strided(t_resolve(v[i].t, "em_module_load"), staged[i]);
 done:
-    for (int i = 0; staged && i < n; i++) t_free(staged[i]);
+    for (int i = 0; staged && i < n; i++) t_drop(staged[i]); /* a device copy may be the open scope's */
     free(staged);
     free(src);
     free(used);

@@ -130,7 +130,7 @@ static em_status to_backward(node *n, tensor *g)
 }
 #endif
 
-static tensor *t_to(tensor *t, em_device dev)
+tensor *t_copy_to(tensor *t, em_device dev)
 {
     if (!t) return NULL;
     if (em_device_equal(t->device, dev)) return t;
@@ -142,14 +142,28 @@ static tensor *t_to(tensor *t, em_device dev)
 #if EM_HAVE_CUDA
     tensor *src = t_contig(t); /* on t's own device */
     tensor *out = src ? t_new_on(dev, t->dtype, t->ndim, t->shape) : NULL;
-    if (!out) return NULL;
-    if (cu_memcpy(t_ptr(out), dev, t_ptr(src), src->device, (size_t)t_numel(t) * t_esize(t))) return NULL;
-    tensor *in[1] = {t};
-    if (ag_needed(1, in) && !ag_record("to", to_backward, out, 1, in)) return NULL;
+    em_status s = out ? cu_memcpy(t_ptr(out), dev, t_ptr(src), src->device, (size_t)t_numel(t) * t_esize(t))
+                      : em_last_status();
+    if (src && src != t) t_drop(src);
+    if (s) {
+        if (out) t_drop(out);
+        return NULL;
+    }
     return out;
 #else
     return em_fail(EM_ERR_DEVICE, "em_to: this ember was built without CUDA");
 #endif
+}
+
+static tensor *t_to(tensor *t, em_device dev)
+{
+    tensor *out = t_copy_to(t, dev);
+    if (!out || out == t) return out;
+#if EM_HAVE_CUDA
+    tensor *in[1] = {t};
+    if (ag_needed(1, in) && !ag_record("to", to_backward, out, 1, in)) return NULL;
+#endif
+    return out;
 }
 
 em_tensor *em_to(em_tensor *h, em_device dev)

@@ -179,39 +179,16 @@ em_status em_to_array(const em_tensor *h, em_dtype dt, void *dst)
     if (!t) return em_last_status();
     if ((unsigned)dt >= EM_NUM_DTYPES) return em_err(EM_ERR_DTYPE, "em_to_array: invalid dtype %d", (int)dt);
     if (!dst && t_numel(t)) return em_err(EM_ERR_ARG, "em_to_array: dst is NULL");
-#if EM_HAVE_CUDA
-    if (t_on_cuda(t)) { /* the device's bytes in order, then converted here (waits for the device) */
-        size_t esize = t_esize(t), n = (size_t)t_numel(t);
-        tensor *c = t_contig(t);
-        void *host = c ? malloc(n * esize + 1) : NULL;
-        em_status s = c ? (host ? cu_memcpy(host, em_device_cpu(), t_ptr(c), c->device, n * esize)
-                                : em_err(EM_ERR_OOM, "em_to_array: out of memory"))
-                        : em_last_status();
-        if (c && c != t && c->depth == 0) t_free(c);
-        if (!s) {
-            tensor in = *t, out = *t;
-            storage si = {.data = host, .nbytes = n * esize, .refcount = 1, .in_arena = true},
-                    so = {.data = dst, .nbytes = n * em_dtype_size(dt), .refcount = 1, .in_arena = true};
-            in.offset = out.offset = 0;
-            in.device = out.device = em_device_cpu();
-            t_contig_strides(t->ndim, t->shape, in.stride);
-            t_contig_strides(t->ndim, t->shape, out.stride);
-            out.dtype = dt;
-            in.st = &si;
-            out.st = &so;
-            copy_strided(&out, &in);
-        }
-        free(host);
-        return s;
-    }
-#endif
-    tensor out = *t;
+    tensor *host = t_copy_to(t, em_device_cpu()); /* t itself on the host; waits for a device */
+    if (!host) return em_last_status();
+    tensor out = *host;
     out.dtype = dt;
     out.offset = 0;
     t_contig_strides(t->ndim, t->shape, out.stride);
     storage s = {.data = dst, .nbytes = (size_t)t_numel(t) * em_dtype_size(dt), .refcount = 1, .in_arena = true};
     out.st = &s;
-    copy_strided(&out, t);
+    copy_strided(&out, host);
+    if (host != t) t_drop(host);
     return EM_OK;
 }
 

@@ -134,6 +134,10 @@ tensor *t_zeros_like(const tensor *t);
 tensor *t_view_of(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
 /* Like t_view_of, but persistent whatever scope is open (caller frees: t_free). */
 tensor *t_view_persistent(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
+/* t's values on dev, contiguous (t itself when it is there already), in the
+ * current scope, no autograd; a copy to the host waits for the device.
+ * NULL + EM_ERR_DEVICE when dev is not a usable device. */
+tensor *t_copy_to(tensor *t, em_device dev);
 /* Contiguous copy of t (no autograd). */
 tensor *t_clone(tensor *t);
 /* t if contiguous, else a contiguous copy (no autograd). */
