@@ -64,7 +64,8 @@ static void parse_env(void)
         fault f;
         bool kept = false;
         if (!parse_item(item, &f, &kept) || nfaults == MAX_FAULTS) {
-            fprintf(stderr, "ember: EMBER_FAULT='%s' is not POINT:N[:RANK[:ATTEMPT]][,...] (at most %d); ignored\n",
+            fprintf(stderr,
+                    "ember: EMBER_FAULT='%s' is not POINT:N[:RANK[:ATTEMPT]][,...] (at most %d); ignored\n",
                     env, MAX_FAULTS);
             nfaults = 0;
             break;

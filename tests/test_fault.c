@@ -21,10 +21,14 @@ static int points_survived(const char *fault, const char *rank, const char *atte
     if (pid == 0) {
         close(fds[0]);
         setenv("EMBER_FAULT", fault, 1);
-        if (rank) setenv("RANK", rank, 1);
-        else unsetenv("RANK");
-        if (attempt) setenv("EMBER_RESTART_COUNT", attempt, 1);
-        else unsetenv("EMBER_RESTART_COUNT");
+        if (rank)
+            setenv("RANK", rank, 1);
+        else
+            unsetenv("RANK");
+        if (attempt)
+            setenv("EMBER_RESTART_COUNT", attempt, 1);
+        else
+            unsetenv("EMBER_RESTART_COUNT");
         for (int i = 0; i < calls; i++) {
             fault_point("a");
             char c = 'x';
@@ -69,5 +73,6 @@ TEST(test_fault_only_kills_the_named_rank_and_attempt)
 TEST(test_fault_ignores_a_malformed_value)
 {
     const char *bad[] = {"a", "a:0", "a:x", "a:1:2:3:4", ":1", "a:-1", "a:1:-2"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) CHECK(points_survived(bad[i], NULL, NULL, 3) == 3);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(points_survived(bad[i], NULL, NULL, 3) == 3);
 }
