@@ -415,7 +415,8 @@ static em_status same_save(em_accelerator *a, uint64_t id)
 {
     if (a->world == 1) return EM_OK;
     em_scope sc = em_scope_begin();
-    em_tensor *in = em_empty(EM_I32, 1, (int64_t[]){2}), *out = em_empty(EM_I32, 1, (int64_t[]){2 * a->world});
+    em_tensor *in = em_empty(EM_I32, 1, (int64_t[]){2}),
+              *out = em_empty(EM_I32, 1, (int64_t[]){2 * a->world});
     if (in) memcpy(em_data(in), &id, sizeof id);
     em_status s = in && out ? em_all_gather(a->pg, out, in, NULL) : em_last_status();
     uint64_t *ids = s ? NULL : em_data(out);
@@ -424,10 +425,11 @@ static em_status same_save(em_accelerator *a, uint64_t id)
         char h0[17], hr[17];
         ckpt_id_hex(ids[0], h0);
         ckpt_id_hex(ids[r], hr);
-        s = em_err(EM_ERR_DIST,
-                   "em_accel_load_state: the ranks loaded different checkpoints: rank 0 save %s, rank %d save %s "
-                   "(does the directory name the same checkpoint on every machine?)",
-                   h0, r, hr);
+        s = em_err(
+            EM_ERR_DIST,
+            "em_accel_load_state: the ranks loaded different checkpoints: rank 0 save %s, rank %d save %s "
+            "(does the directory name the same checkpoint on every machine?)",
+            h0, r, hr);
         break;
     }
     em_scope_end(sc);

@@ -181,7 +181,8 @@ static bool checkpoint_file(const char *name)
     snprintf(base, sizeof base, "%s", name);
     char *t = strstr(base, ".tmp");
     if (t && (t[4] == '\0' || t[4] == '.')) *t = '\0';
-    if (!strcmp(base, "model.safetensors") || !strcmp(base, "optimizer.safetensors") || !strcmp(base, CKPT_MANIFEST))
+    if (!strcmp(base, "model.safetensors") || !strcmp(base, "optimizer.safetensors") ||
+        !strcmp(base, CKPT_MANIFEST))
         return true;
     size_t n = strlen(base);
     if (n < 11 || strncmp(base, "rank_", 5) || strcmp(base + n - 5, ".json")) return false;
@@ -204,10 +205,11 @@ em_status ckpt_begin(const char *dir, const char *tmp, const char *fn)
                 snprintf(other, sizeof other, "%.60s", e->d_name);
         closedir(d);
         if (other[0])
-            return em_err(EM_ERR_IO,
-                          "%s: %s holds '%s', which is not a checkpoint file; a save replaces the whole directory, "
-                          "so it must be new or hold only a checkpoint",
-                          fn, dir, other);
+            return em_err(
+                EM_ERR_IO,
+                "%s: %s holds '%s', which is not a checkpoint file; a save replaces the whole directory, "
+                "so it must be new or hold only a checkpoint",
+                fn, dir, other);
     } else if (errno != ENOENT) {
         return em_err(EM_ERR_IO, "%s: cannot use %s: %s", fn, dir, strerror(errno));
     }
@@ -262,7 +264,8 @@ static em_status write_manifest(const char *tmp, const ckpt_manifest *m, const c
     snprintf(num, sizeof num, "%08x", file_crc32(0, b.p, b.len));
     memcpy(b.p + at, num, 8);
     char path[PATH_MAX];
-    em_status s = join(path, sizeof path, tmp, CKPT_MANIFEST) ? EM_OK : em_err(EM_ERR_IO, "%s: path too long", fn);
+    em_status s =
+        join(path, sizeof path, tmp, CKPT_MANIFEST) ? EM_OK : em_err(EM_ERR_IO, "%s: path too long", fn);
     if (!s) s = file_write_atomic(path, b.p, b.len, fn);
     free(b.p);
     return s;
@@ -309,8 +312,9 @@ static em_status check_manifest_crc(char *text, size_t n, const jval *root, cons
     size_t at = v ? v->pos : 0;
     if (!v || v->kind != J_STR || strlen(v->s) != 8 || !is_hex(v->s, 8) || at + 9 >= n || text[at] != '"' ||
         memcmp(text + at + 1, v->s, 8) || text[at + 9] != '"')
-        return em_err(EM_ERR_IO, "%s: %s has no valid \"crc32\" of its own (8 hex digits): the manifest is damaged",
-                      fn, path);
+        return em_err(EM_ERR_IO,
+                      "%s: %s has no valid \"crc32\" of its own (8 hex digits): the manifest is damaged", fn,
+                      path);
     char want[9], got[9];
     memcpy(want, text + at + 1, 8);
     want[8] = '\0';
@@ -318,10 +322,11 @@ static em_status check_manifest_crc(char *text, size_t n, const jval *root, cons
     snprintf(got, sizeof got, "%08x", file_crc32(0, text, n));
     memcpy(text + at + 1, want, 8);
     if (strcmp(want, got))
-        return em_err(EM_ERR_IO,
-                      "%s: %s: the checksum does not match (crc32 %s in the file, its bytes give %s): the manifest "
-                      "is damaged",
-                      fn, path, want, got);
+        return em_err(
+            EM_ERR_IO,
+            "%s: %s: the checksum does not match (crc32 %s in the file, its bytes give %s): the manifest "
+            "is damaged",
+            fn, path, want, got);
     return EM_OK;
 }
 
@@ -350,8 +355,8 @@ static em_status read_manifest(const char *dir, const char *format, ckpt_manifes
     free(text);
     const char *fmt = NULL, *id = NULL, *world = NULL, *steps = NULL;
     if (!s && (!get_str(&root, "format", &fmt) || strcmp(fmt, format))) {
-        s = em_err(EM_ERR_IO, "%s: %s: format '%.60s', but this ember reads '%s'", fn, path, fmt ? fmt : "(none)",
-                   format);
+        s = em_err(EM_ERR_IO, "%s: %s: format '%.60s', but this ember reads '%s'", fn, path,
+                   fmt ? fmt : "(none)", format);
     }
     *m = (ckpt_manifest){0};
     if (!s && (!get_str(&root, "save_id", &id) || strlen(id) != 16 || !is_hex(id, 16)))
@@ -364,21 +369,25 @@ static em_status read_manifest(const char *dir, const char *format, ckpt_manifes
     m->world = (int64_t)w;
     m->steps = (int64_t)st;
     const jval *files = s ? NULL : json_get(&root, "files");
-    if (!s && (!files || files->kind != J_ARR)) s = bad_manifest(path, "\"files\" is missing or not a list", fn);
+    if (!s && (!files || files->kind != J_ARR))
+        s = bad_manifest(path, "\"files\" is missing or not a list", fn);
     if (!s && !(m->files = calloc((size_t)files->n + 1, sizeof *m->files)))
         s = em_err(EM_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; !s && i < files->n; i++) {
         const jval *f = &files->v[i];
         const char *name = NULL, *size = NULL, *crc = NULL;
         ckpt_entry *e = &m->files[i];
-        if (f->kind != J_OBJ || !get_str(f, "name", &name) || !plain_name(name) || !get_str(f, "size", &size) ||
-            !parse_u64(size, &e->sum.size) || !get_str(f, "crc32", &crc) || !parse_crc(crc, &e->sum.crc)) {
-            s = em_err(EM_ERR_IO, "%s: %s: file entry %d is not {\"name\", \"size\", \"crc32\"}", fn, path, i);
+        if (f->kind != J_OBJ || !get_str(f, "name", &name) || !plain_name(name) ||
+            !get_str(f, "size", &size) || !parse_u64(size, &e->sum.size) || !get_str(f, "crc32", &crc) ||
+            !parse_crc(crc, &e->sum.crc)) {
+            s = em_err(EM_ERR_IO, "%s: %s: file entry %d is not {\"name\", \"size\", \"crc32\"}", fn, path,
+                       i);
             break;
         }
         snprintf(e->name, sizeof e->name, "%s", name);
         for (int k = 0; k < i && !s; k++)
-            if (!strcmp(m->files[k].name, name)) s = em_err(EM_ERR_IO, "%s: %s names %s twice", fn, path, name);
+            if (!strcmp(m->files[k].name, name))
+                s = em_err(EM_ERR_IO, "%s: %s names %s twice", fn, path, name);
         m->n = i + 1;
     }
     json_free(&root);
@@ -399,8 +408,8 @@ static em_status check_save_id(const char *text, size_t n, const char *path, uin
     em_status s = EM_OK;
     if (root.kind != J_OBJ || !get_str(&root, "save_id", &got) || strcmp(got, want))
         s = em_err(EM_ERR_IO,
-                   "%s: %s belongs to save %.20s but the manifest is of save %s (files of two saves mixed)", fn,
-                   path, got ? got : "(none)", want);
+                   "%s: %s belongs to save %.20s but the manifest is of save %s (files of two saves mixed)",
+                   fn, path, got ? got : "(none)", want);
     json_free(&root);
     return s;
 }
@@ -425,13 +434,15 @@ static em_status verify_files(const char *dir, const ckpt_manifest *m, const cha
             s = file_checksum(path, &got, fn);
         }
         if (!s && got.size != e->sum.size)
-            s = em_err(EM_ERR_IO, "%s: %s is %" PRIu64 " bytes but the manifest says %" PRIu64 ": the file is damaged",
+            s = em_err(EM_ERR_IO,
+                       "%s: %s is %" PRIu64 " bytes but the manifest says %" PRIu64 ": the file is damaged",
                        fn, path, got.size, e->sum.size);
         if (!s && got.crc != e->sum.crc)
-            s = em_err(EM_ERR_IO,
-                       "%s: %s: the checksum does not match the manifest (crc32 %08x, the manifest says %08x): the "
-                       "file is damaged",
-                       fn, path, got.crc, e->sum.crc);
+            s = em_err(
+                EM_ERR_IO,
+                "%s: %s: the checksum does not match the manifest (crc32 %08x, the manifest says %08x): the "
+                "file is damaged",
+                fn, path, got.crc, e->sum.crc);
         if (!s && json) s = check_save_id(text, got.size, path, m->id, fn);
         free(text);
         if (s) return s;
@@ -485,22 +496,25 @@ static em_status no_manifest(const char *dir, const char *format, const char *fn
     if (file_read_all(path, JSON_MAX, &text, &n, fn) == EM_OK) {
         char err[160];
         parsed = json_parse(text, n, &root, err, sizeof err);
-        if (parsed && root.kind == J_OBJ && get_str(&root, "format", &old) && !strcmp(old, format)) old = NULL;
+        if (parsed && root.kind == J_OBJ && get_str(&root, "format", &old) && !strcmp(old, format))
+            old = NULL;
     }
-    em_status s = old ? em_err(EM_ERR_IO,
-                               "%s: %s was saved by an older version of ember (format '%.60s'); this version reads "
-                               "'%s' (with a manifest.json) and cannot load it",
-                               fn, dir, old, format)
-                      : em_err(EM_ERR_IO,
-                               "%s: %s is not a complete checkpoint: no %s (an interrupted save, or not a "
-                               "checkpoint?)",
-                               fn, dir, CKPT_MANIFEST);
+    em_status s =
+        old ? em_err(EM_ERR_IO,
+                     "%s: %s was saved by an older version of ember (format '%.60s'); this version reads "
+                     "'%s' (with a manifest.json) and cannot load it",
+                     fn, dir, old, format)
+            : em_err(EM_ERR_IO,
+                     "%s: %s is not a complete checkpoint: no %s (an interrupted save, or not a "
+                     "checkpoint?)",
+                     fn, dir, CKPT_MANIFEST);
     if (parsed) json_free(&root);
     free(text);
     return s;
 }
 
-em_status ckpt_open(const char *dir, const char *format, char *real, size_t n, ckpt_manifest *m, const char *fn)
+em_status ckpt_open(const char *dir, const char *format, char *real, size_t n, ckpt_manifest *m,
+                    const char *fn)
 {
     *m = (ckpt_manifest){0};
     em_status s = ckpt_dir_name(dir, false, real, n, fn);
@@ -564,7 +578,8 @@ static em_status publish(const char *dir, const char *tmp, uint64_t id, const ch
     return EM_OK;
 }
 
-em_status ckpt_finish(const char *dir, const char *tmp, const ckpt_manifest *m, const char *format, const char *fn)
+em_status ckpt_finish(const char *dir, const char *tmp, const ckpt_manifest *m, const char *format,
+                      const char *fn)
 {
     em_status s = write_manifest(tmp, m, format, fn);
     if (!s) s = publish(dir, tmp, m->id, fn);

@@ -48,7 +48,8 @@ void ckpt_tmp_dir(const char *dir, uint64_t id, char *out, size_t n);
 em_status ckpt_begin(const char *dir, const char *tmp, const char *fn);
 /* Writes tmp/manifest.json for m (format: the format name) and publishes
  * tmp as dir; the previous dir is removed once the new one is in place. */
-em_status ckpt_finish(const char *dir, const char *tmp, const ckpt_manifest *m, const char *format, const char *fn);
+em_status ckpt_finish(const char *dir, const char *tmp, const ckpt_manifest *m, const char *format,
+                      const char *fn);
 /* Removes tmp and its files (a failed save; best effort). */
 void ckpt_abandon(const char *tmp);
 
@@ -58,6 +59,7 @@ void ckpt_abandon(const char *tmp);
  * verifies every file it names (size, crc32, and a .json file's save_id)
  * before anything uses them. real gets the directory to read. EM_ERR_IO
  * naming the directory or file otherwise. */
-em_status ckpt_open(const char *dir, const char *format, char *real, size_t n, ckpt_manifest *m, const char *fn);
+em_status ckpt_open(const char *dir, const char *format, char *real, size_t n, ckpt_manifest *m,
+                    const char *fn);
 
 #endif

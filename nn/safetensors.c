@@ -78,8 +78,8 @@ struct em_safetensors {
     st_entry *e;
     int nmeta;
     char **mkey, **mval;
-    bool has_crc;     /* the header has "ember.crc32" */
-    size_t crc_pos;   /* where its value's opening quote is in the header */
+    bool has_crc;   /* the header has "ember.crc32" */
+    size_t crc_pos; /* where its value's opening quote is in the header */
 };
 
 static bool host_le(void)
@@ -298,14 +298,18 @@ static bool check_tiling(const em_safetensors *f, char *err, size_t en)
 
 /* Checks "ember.crc32": the crc of the 8-byte length, the header h[0..n)
  * with the checksum's digits read as '0', and the data buffer. */
-static bool verify_crc(em_safetensors *f, const unsigned char *lenb, char *h, uint64_t n, char *err, size_t en)
+static bool verify_crc(em_safetensors *f, const unsigned char *lenb, char *h, uint64_t n, char *err,
+                       size_t en)
 {
     const char *want = em_safetensors_metadata(f, ST_CRC_KEY);
     size_t at = f->crc_pos;
-    bool hex = strlen(want) == 8 && at + 9 < n && h[at] == '"' && h[at + 9] == '"' && !memcmp(h + at + 1, want, 8);
-    for (int k = 0; hex && k < 8; k++) hex = (want[k] >= '0' && want[k] <= '9') || (want[k] >= 'a' && want[k] <= 'f');
+    bool hex =
+        strlen(want) == 8 && at + 9 < n && h[at] == '"' && h[at + 9] == '"' && !memcmp(h + at + 1, want, 8);
+    for (int k = 0; hex && k < 8; k++)
+        hex = (want[k] >= '0' && want[k] <= '9') || (want[k] >= 'a' && want[k] <= 'f');
     if (!hex) {
-        snprintf(err, en, "__metadata__ \"" ST_CRC_KEY "\" is '%.20s', not 8 lowercase hex digits (header byte %zu)",
+        snprintf(err, en,
+                 "__metadata__ \"" ST_CRC_KEY "\" is '%.20s', not 8 lowercase hex digits (header byte %zu)",
                  want, at);
         return false;
     }
@@ -337,8 +341,8 @@ static bool verify_crc(em_safetensors *f, const unsigned char *lenb, char *h, ui
     snprintf(got, sizeof got, "%08x", crc);
     if (strcmp(got, want)) {
         snprintf(err, en,
-                 "the checksum does not match: the header says " ST_CRC_KEY " %s but the file's bytes give %s (the "
-                 "file is damaged, or was changed by a tool that kept ember's metadata)",
+                 "the checksum does not match: the header says " ST_CRC_KEY " %s but the file's bytes "
+                 "give %s (the file is damaged, or was changed by a tool that kept ember's metadata)",
                  want, got);
         return false;
     }

@@ -77,9 +77,12 @@ static int write_fully(int fd, const char *p, size_t n)
     size_t done = 0;
     while (done < n) {
         ssize_t w = write(fd, p + done, n - done);
-        if (w > 0) done += (size_t)w;
-        else if (w < 0 && errno != EINTR) return errno;
-        else if (w == 0) return EIO;
+        if (w > 0)
+            done += (size_t)w;
+        else if (w < 0 && errno != EINTR)
+            return errno;
+        else if (w == 0)
+            return EIO;
     }
     return 0;
 }

@@ -38,7 +38,8 @@ static rig *rig_new(void)
     for (int i = 0; i < NTOK; i++) r->tok[i] = (int32_t)((i * 7 + i / 5) % VOCAB);
     r->tokens = em_tokens_view(r->tok, NTOK, EM_TOK_I32);
     CHECK_OK(em_window_sampler_init(&r->sampler, &r->tokens, 4, T, 5));
-    em_gpt_config c = {.vocab_size = VOCAB, .block_size = T, .n_layer = 1, .n_head = 2, .n_embd = 16, .bias = true};
+    em_gpt_config c = {
+        .vocab_size = VOCAB, .block_size = T, .n_layer = 1, .n_head = 2, .n_embd = 16, .bias = true};
     r->g = em_gpt_new(&c, 99);
     CHECK_NOTNULL(r->g);
     int n = em_module_params(r->g->m, NULL, 0);
@@ -181,8 +182,8 @@ static void manifest_body(int rank, int world, void *ctx)
             size_t len;
             char *body = slurp(in(dir, files[i]), &len);
             char want[200];
-            snprintf(want, sizeof want, "{\"name\": \"%s\", \"size\": \"%zu\", \"crc32\": \"%08lx\"}", files[i], len,
-                     crc32(0, (const Bytef *)body, (uInt)len));
+            snprintf(want, sizeof want, "{\"name\": \"%s\", \"size\": \"%zu\", \"crc32\": \"%08lx\"}",
+                     files[i], len, crc32(0, (const Bytef *)body, (uInt)len));
             if (!strstr(m, want)) th_fail(__FILE__, __LINE__, "manifest lacks %s:\n%s", want, m);
             if (i >= 2) { /* every rank file carries the save id */
                 char got[32];
@@ -306,7 +307,8 @@ TEST(test_load_state_refuses_a_directory_without_a_manifest)
     snprintf(dir, sizeof dir, "%s/state", base);
     TH_RANKS_ENV(1, one_rank_save, dir);
     CHECK(unlink(in(dir, "manifest.json")) == 0);
-    one_rank_load_fails(dir, EM_ERR_IO, "is not a complete checkpoint: no manifest.json (an interrupted save");
+    one_rank_load_fails(dir, EM_ERR_IO,
+                        "is not a complete checkpoint: no manifest.json (an interrupted save");
     one_rank_load_fails(dir, EM_ERR_IO, dir);
 }
 
@@ -316,7 +318,8 @@ TEST(test_load_state_says_a_checkpoint_is_from_an_older_version)
     make_base(base, sizeof base);
     snprintf(dir, sizeof dir, "%s/state", base);
     CHECK(mkdir(dir, 0755) == 0);
-    const char *v1 = "{\n  \"format\": \"ember-accelerator-state-1\",\n  \"world\": \"1\",\n  \"rank\": \"0\"\n}\n";
+    const char *v1 =
+        "{\n  \"format\": \"ember-accelerator-state-1\",\n  \"world\": \"1\",\n  \"rank\": \"0\"\n}\n";
     spit(in(dir, "rank_0.json"), v1, strlen(v1));
     one_rank_load_fails(dir, EM_ERR_IO, "older version of ember (format 'ember-accelerator-state-1')");
 }
@@ -455,7 +458,8 @@ TEST(test_save_state_refuses_to_replace_a_directory_holding_other_files)
     make_base(base, sizeof base);
     spit(in(base, "notes.txt"), "keep me", 7);
     rig *r = rig_new();
-    CHECK_ERR(em_accel_save_state(r->a, base), EM_ERR_IO, "holds 'notes.txt', which is not a checkpoint file");
+    CHECK_ERR(em_accel_save_state(r->a, base), EM_ERR_IO,
+              "holds 'notes.txt', which is not a checkpoint file");
     rig_free(r);
     size_t n;
     char *kept = slurp(in(base, "notes.txt"), &n);

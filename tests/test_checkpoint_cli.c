@@ -14,8 +14,8 @@
 #define EMBER_BIN EMBER_BUILD_DIR "/ember"
 
 /* A tiny run: saves (evaluation) at steps 0, 2 and 4. */
-#define TRAIN(txt, out)                                                                                        \
-    "train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2", "--embd", "16", "--block", "8",     \
+#define TRAIN(txt, out)                                                                                      \
+    "train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2", "--embd", "16", "--block", "8",   \
         "--batch", "4", "--iters", "4", "--eval-every", "2", "--eval-iters", "1", "--cpu"
 
 static void make_corpus(char *dir, size_t n, char *txt, size_t tn)
@@ -30,7 +30,8 @@ static void make_corpus(char *dir, size_t n, char *txt, size_t tn)
 
 /* `ember train` (nproc 1) or `ember launch -n 2 ember train` into out,
  * resuming from resume when not NULL, with EMBER_FAULT=fault when not NULL. */
-static th_run_result *train(int nproc, const char *txt, const char *out, const char *resume, const char *fault)
+static th_run_result *train(int nproc, const char *txt, const char *out, const char *resume,
+                            const char *fault)
 {
     if (fault)
         setenv("EMBER_FAULT", fault, 1);
@@ -43,7 +44,8 @@ static th_run_result *train(int nproc, const char *txt, const char *out, const c
     else
         r = resume ? th_run(EMBER_BIN, "launch", "-n", "2", "--master-port", "0", EMBER_BIN, TRAIN(txt, out),
                             "--resume", resume, NULL)
-                   : th_run(EMBER_BIN, "launch", "-n", "2", "--master-port", "0", EMBER_BIN, TRAIN(txt, out), NULL);
+                   : th_run(EMBER_BIN, "launch", "-n", "2", "--master-port", "0", EMBER_BIN, TRAIN(txt, out),
+                            NULL);
     unsetenv("EMBER_FAULT");
     return r;
 }
@@ -138,16 +140,19 @@ static void check_recovers(int nproc, const char *txt, const char *ref, const ch
     snprintf(state, sizeof state, "%s/state", w);
     th_run_result *r = train(nproc, txt, w, state, NULL);
     if (r->status != 0)
-        th_fail(__FILE__, __LINE__, "killed at %s: the resumed run failed (%d): %s", point, r->status, r->err);
+        th_fail(__FILE__, __LINE__, "killed at %s: the resumed run failed (%d): %s", point, r->status,
+                r->err);
     const char *at = strstr(r->out, "resuming at step ");
     long long step = -1;
     CHECK(at && sscanf(at, "resuming at step %lld", &step) == 1);
-    if (step != 2 && step != 4) th_fail(__FILE__, __LINE__, "killed at %s: resumed at step %lld", point, step);
+    if (step != 2 && step != 4)
+        th_fail(__FILE__, __LINE__, "killed at %s: resumed at step %lld", point, step);
     const char *files[] = {"model.safetensors", "state/model.safetensors", "state/optimizer.safetensors"};
     for (int i = 0; i < 3; i++)
         if (!same_file(ref, w, files[i]))
-            th_fail(__FILE__, __LINE__, "killed at %s, resumed at step %lld: %s differs from the uninterrupted run's",
-                    point, step, files[i]);
+            th_fail(__FILE__, __LINE__,
+                    "killed at %s, resumed at step %lld: %s differs from the uninterrupted run's", point,
+                    step, files[i]);
     if (step == 2) /* it saved again: nothing of the killed save is left beside the checkpoint */
         CHECK(entries_like(w, "state.tmp-") == 0 && entries_like(w, "state.old-") == 0);
 }
@@ -173,7 +178,8 @@ static int kill_everywhere(int nproc, const char *dir, const char *txt, const ch
             break;
         }
         if (!strstr(r->err, "EMBER_FAULT: killed at"))
-            th_fail(__FILE__, __LINE__, "%s: the run failed without being killed (%d): %s", fault, r->status, r->err);
+            th_fail(__FILE__, __LINE__, "%s: the run failed without being killed (%d): %s", fault, r->status,
+                    r->err);
         killed_at(r, point, sizeof point);
         unsetenv("EMBER_NO_RENAME_EXCHANGE"); /* the resumed run may be on any file system */
         check_recovers(nproc, txt, ref, w, point);
@@ -288,8 +294,8 @@ TEST(test_sample_and_init_refuse_weights_or_config_with_a_flipped_byte_naming_th
         flip_byte(model, pos, mask, &old);
         r = th_run(EMBER_BIN, "sample", "--ckpt", out, "--prompt", "the ", "--tokens", "5", NULL);
         if (r->status != 1 || !strstr(r->err, model))
-            th_fail(__FILE__, __LINE__, "byte %zu of model.safetensors flipped: sample exited %d: %s", pos, r->status,
-                    r->err);
+            th_fail(__FILE__, __LINE__, "byte %zu of model.safetensors flipped: sample exited %d: %s", pos,
+                    r->status, r->err);
         if (k == 3) {
             r = th_run(EMBER_BIN, TRAIN(txt, out), "--init", model, NULL);
             CHECK(r->status == 1 && strstr(r->err, model));
@@ -308,8 +314,8 @@ TEST(test_sample_and_init_refuse_weights_or_config_with_a_flipped_byte_naming_th
         flip_byte(config, positions[k], 0x04, &old);
         r = th_run(EMBER_BIN, "sample", "--ckpt", out, "--prompt", "the ", "--tokens", "5", NULL);
         if (r->status != 1 || !strstr(r->err, config))
-            th_fail(__FILE__, __LINE__, "byte %zu of config flipped: sample exited %d: %s", positions[k], r->status,
-                    r->err);
+            th_fail(__FILE__, __LINE__, "byte %zu of config flipped: sample exited %d: %s", positions[k],
+                    r->status, r->err);
         put_byte(config, positions[k], old);
     }
     free(b);
@@ -338,8 +344,8 @@ TEST(test_train_resume_refuses_a_checkpoint_with_a_flipped_byte_naming_the_file)
         flip_byte(path, pos, 0x20, &old);
         th_run_result *r = train(2, txt, out, state, NULL);
         if (r->status == 0 || !strstr(r->err, path))
-            th_fail(__FILE__, __LINE__, "byte %zu of %s flipped: resume exited %d: %s", pos, files[i], r->status,
-                    r->err);
+            th_fail(__FILE__, __LINE__, "byte %zu of %s flipped: resume exited %d: %s", pos, files[i],
+                    r->status, r->err);
         put_byte(path, pos, old);
     }
 }

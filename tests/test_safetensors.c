@@ -305,7 +305,9 @@ TEST(test_safetensors_file_without_a_checksum_opens_unchecked)
     st_tmpdir();
     const char *path = st_path("other.safetensors");
     float data[2] = {1.5f, -2};
-    st_write_file(path, "{\"__metadata__\":{\"format\":\"pt\"},\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+    st_write_file(path,
+                  "{\"__metadata__\":{\"format\":\"pt\"},\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_"
+                  "offsets\":[0,8]}}",
                   data, 8);
     em_safetensors *f = em_safetensors_open(path);
     CHECK_NOTNULL(f);
@@ -323,7 +325,8 @@ TEST(test_safetensors_save_writes_its_own_checksum_over_a_given_one)
     st_tmpdir();
     em_tensor *t = em_ones(EM_F32, EM_SHAPE(3));
     const char *path = st_path("m.safetensors");
-    CHECK_OK(em_safetensors_save(path, 1, &(em_named){"w", t}, "{\"ember.crc32\":\"deadbeef\",\"format\":\"pt\"}"));
+    CHECK_OK(em_safetensors_save(path, 1, &(em_named){"w", t},
+                                 "{\"ember.crc32\":\"deadbeef\",\"format\":\"pt\"}"));
     em_safetensors *f = em_safetensors_open(path);
     CHECK_NOTNULL(f);
     CHECK(strcmp(em_safetensors_metadata(f, "ember.crc32"), "deadbeef") != 0);

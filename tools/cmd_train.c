@@ -273,7 +273,11 @@ static em_status evaluate(run *r, double loss[2])
     return s;
 }
 
-/* The model and config (rank 0), then every rank's resumable state. */
+/* The model and config (rank 0), then every rank's resumable state. Each is
+ * written atomically and carries a checksum (crash-safe: the fault tests kill
+ * -9 at every write, fsync and rename). The weights come first, so DIR/state
+ * at step k always sits beside weights of step k or later, and a run resumed
+ * from it rewrites them. */
 static em_status save(run *r)
 {
     em_status s = EM_OK;

@@ -25,10 +25,11 @@ static em_status check_crc(const char *path, const char *text, size_t n)
     char got[9];
     snprintf(got, sizeof got, "%08x", file_crc32(0, text, (size_t)(line - text)));
     if (strcmp(got, want))
-        return em_set_error(EM_ERR_IO,
-                            "config: %s: the checksum does not match: its last line says crc32 %s but the lines "
-                            "above it give %s (the file is damaged)",
-                            path, want, got);
+        return em_set_error(
+            EM_ERR_IO,
+            "config: %s: the checksum does not match: its last line says crc32 %s but the lines "
+            "above it give %s (the file is damaged)",
+            path, want, got);
     return EM_OK;
 }
 

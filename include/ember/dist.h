@@ -358,10 +358,25 @@ bool em_accel_check_trigger(em_accelerator *a, em_status *status);
  * (DIR/optimizer.safetensors), schedule position and step, loader position,
  * sampler state and every rank's registered generators and default
  * generator (DIR/rank_R.json), so load_state continues a run exactly. Every
- * rank calls it (it is collective); files are written to a temporary name
- * and renamed. load_state restores all of it and fails (EM_ERR_IO naming
- * the file, EM_ERR_DIST when the directory was saved by another world size)
- * without changing anything. */
+ * rank calls it (it is collective). The checkpoint is whole or absent: the
+ * files go to DIR.tmp-<save id> beside DIR, DIR/manifest.json (written last)
+ * names each with its size and crc32, and the directory replaces DIR in one
+ * atomic rename, so until then DIR is the previous checkpoint, untouched. DIR
+ * must be new or hold only a checkpoint (EM_ERR_IO naming a foreign file;
+ * it is replaced whole); stale DIR.tmp-* of interrupted saves are removed.
+ * EM_ERR_IO naming the file that could not be written, on every rank.
+ *
+ * load_state verifies first, on every rank: DIR/manifest.json (missing:
+ * EM_ERR_IO "not a complete checkpoint"; from an older ember: EM_ERR_IO
+ * saying so), then every file it names, by size and crc32 (EM_ERR_IO naming
+ * the file: "the checksum does not match"), each rank file's save id, and
+ * that all ranks loaded the same save (EM_ERR_DIST naming both ids): a
+ * checkpoint that fails any of this changes nothing. Only then does it read
+ * the state into the run; the checks of the rank file (EM_ERR_DIST when the
+ * directory was saved by another world size, EM_ERR_ARG for another setup)
+ * and of the model's names and shapes come before anything changes. A DIR
+ * missing because a save on a file system without atomic
+ * directory swaps was interrupted is found as its complete DIR.old-* copy. */
 em_status em_accel_save_state(em_accelerator *a, const char *dir);
 em_status em_accel_load_state(em_accelerator *a, const char *dir);
 
