@@ -256,7 +256,8 @@ static em_status read_counters(const char *path, counters *c)
     if (!s) s = get_i64(&root, path, "micro", &c->micro);
     if (!s) s = get_i64(&root, path, "rngs", &c->nrngs);
     if (!s && c->nrngs > MAX_RNGS)
-        s = em_err(EM_ERR_IO, "em_accel_load_state: %s: %lld generators, more than the %d an accelerator keeps", path,
+        s = em_err(EM_ERR_IO,
+                   "em_accel_load_state: %s: %lld generators, more than the %d an accelerator keeps", path,
                    (long long)c->nrngs, MAX_RNGS);
     if (!s) s = get_rng(&root, path, "default_rng", &c->def);
     c->has_loader = json_get(&root, "loader.epoch") != NULL;
@@ -293,8 +294,8 @@ static em_status read_rank(const char *dir, int64_t k, counters *c)
     em_status s = read_counters(path, c);
     if (s) return s;
     if (c->rank != k || c->world <= k)
-        return em_err(EM_ERR_IO, "em_accel_load_state: %s holds rank %lld of %lld's state, not rank %lld's", path,
-                      (long long)c->rank, (long long)c->world, (long long)k);
+        return em_err(EM_ERR_IO, "em_accel_load_state: %s holds rank %lld of %lld's state, not rank %lld's",
+                      path, (long long)c->rank, (long long)c->world, (long long)k);
     return EM_OK;
 }
 
@@ -324,12 +325,15 @@ static em_status check_same_save(const counters *ref, const counters *c, bool re
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].x != f[i].y)
-            return em_err(EM_ERR_IO,
-                          "em_accel_load_state: %s and %s disagree on %s (%lld vs %lld): they are not one save",
-                          ref->path, c->path, f[i].what, (long long)f[i].x, (long long)f[i].y);
+            return em_err(
+                EM_ERR_IO,
+                "em_accel_load_state: %s and %s disagree on %s (%lld vs %lld): they are not one save",
+                ref->path, c->path, f[i].what, (long long)f[i].x, (long long)f[i].y);
     if (ref->scaler.scale != c->scaler.scale)
-        return em_err(EM_ERR_IO, "em_accel_load_state: %s and %s disagree on the loss scale (%g vs %g): they are not "
-                      "one save", ref->path, c->path, ref->scaler.scale, c->scaler.scale);
+        return em_err(EM_ERR_IO,
+                      "em_accel_load_state: %s and %s disagree on the loss scale (%g vs %g): they are not "
+                      "one save",
+                      ref->path, c->path, ref->scaler.scale, c->scaler.scale);
     return EM_OK;
 }
 
@@ -339,60 +343,81 @@ static em_status check_same_save(const counters *ref, const counters *c, bool re
 static em_status check_run(em_accelerator *a, const char *dir, const counters *ref, const counters *own)
 {
     if (own->nrngs != a->nrngs)
-        return em_err(EM_ERR_ARG, "em_accel_load_state: %s has %lld registered generators; this run has %d", own->path,
-                      (long long)own->nrngs, a->nrngs);
+        return em_err(EM_ERR_ARG, "em_accel_load_state: %s has %lld registered generators; this run has %d",
+                      own->path, (long long)own->nrngs, a->nrngs);
     if (ref->has_loader != (a->loader != NULL) || ref->has_sampler != (a->sampler != NULL))
-        return em_err(EM_ERR_ARG, "em_accel_load_state: %s was saved with%s a loader and with%s a sampler; this "
-                      "run has%s a loader and%s a sampler", ref->path, ref->has_loader ? "" : "out",
-                      ref->has_sampler ? "" : "out", a->loader ? "" : " no", a->sampler ? "" : " no");
+        return em_err(EM_ERR_ARG,
+                      "em_accel_load_state: %s was saved with%s a loader and with%s a sampler; this "
+                      "run has%s a loader and%s a sampler",
+                      ref->path, ref->has_loader ? "" : "out", ref->has_sampler ? "" : "out",
+                      a->loader ? "" : " no", a->sampler ? "" : " no");
     if (ref->has_scaler != (a->scaler != NULL))
-        return em_err(EM_ERR_ARG, "em_accel_load_state: %s was saved %s fp16's loss scaler; this run %s (mixed "
-                      "precision must match)", ref->path, ref->has_scaler ? "with" : "without",
-                      a->scaler ? "has one" : "has none");
+        return em_err(EM_ERR_ARG,
+                      "em_accel_load_state: %s was saved %s fp16's loss scaler; this run %s (mixed "
+                      "precision must match)",
+                      ref->path, ref->has_scaler ? "with" : "without", a->scaler ? "has one" : "has none");
     if (ref->micro < 0 || ref->micro >= a->grad_accum)
-        return em_err(EM_ERR_ARG, "em_accel_load_state: %s: micro-step %lld does not fit gradient accumulation %d",
+        return em_err(EM_ERR_ARG,
+                      "em_accel_load_state: %s: micro-step %lld does not fit gradient accumulation %d",
                       ref->path, (long long)ref->micro, a->grad_accum);
     if (ref->world == a->world) return EM_OK;
     long long W = ref->world;
     if (ref->micro != 0)
-        return em_err(EM_ERR_ARG, "em_accel_load_state: %s was saved by %lld processes in the middle of an "
-                      "accumulation window (micro-step %lld of %d); this run has %d processes, and the partial "
-                      "gradients of a window cannot move to another world size: resume it on %lld processes, or "
-                      "save after an optimizer step (micro-step 0)", dir, W, (long long)ref->micro, a->grad_accum,
-                      a->world, W);
+        return em_err(
+            EM_ERR_ARG,
+            "em_accel_load_state: %s was saved by %lld processes in the middle of an "
+            "accumulation window (micro-step %lld of %d); this run has %d processes, and the partial "
+            "gradients of a window cannot move to another world size: resume it on %lld processes, or "
+            "save after an optimizer step (micro-step 0)",
+            dir, W, (long long)ref->micro, a->grad_accum, a->world, W);
     if (a->loader) {
         int64_t G = em_loader_global_batch(a->loader), old = ref->global_batch;
         if (old < 0)
-            return em_err(EM_ERR_ARG, "em_accel_load_state: %s does not record its loader's global batch (an "
-                          "older ember saved it), so it resumes only on the %lld processes that saved it; this "
-                          "run has %d", ref->path, W, a->world);
+            return em_err(
+                EM_ERR_ARG,
+                "em_accel_load_state: %s does not record its loader's global batch (an "
+                "older ember saved it), so it resumes only on the %lld processes that saved it; this "
+                "run has %d",
+                ref->path, W, a->world);
         if (G != old) {
             char fix[256];
             if (old % a->world)
-                snprintf(fix, sizeof fix, "%lld examples cannot be split evenly over %d processes: resume on a "
-                         "number of processes that divides %lld", (long long)old, a->world, (long long)old);
+                snprintf(fix, sizeof fix,
+                         "%lld examples cannot be split evenly over %d processes: resume on a "
+                         "number of processes that divides %lld",
+                         (long long)old, a->world, (long long)old);
             else if (a->split_batches)
-                snprintf(fix, sizeof fix, "set the loader's batch_size to %lld (split_batches: it is the global "
-                         "batch)", (long long)old);
+                snprintf(fix, sizeof fix,
+                         "set the loader's batch_size to %lld (split_batches: it is the global "
+                         "batch)",
+                         (long long)old);
             else
                 snprintf(fix, sizeof fix, "give each process a batch_size of %lld (%lld / %d)",
                          (long long)(old / a->world), (long long)old, a->world);
-            return em_err(EM_ERR_ARG, "em_accel_load_state: %s was saved by %lld processes with a global batch "
-                          "of %lld examples (%lld each); this run's %d processes make a global batch of %lld (%lld "
-                          "each), which would change the data order: %s", dir, W, (long long)old,
-                          (long long)(old / W), a->world, (long long)G, (long long)(G / a->world), fix);
+            return em_err(
+                EM_ERR_ARG,
+                "em_accel_load_state: %s was saved by %lld processes with a global batch "
+                "of %lld examples (%lld each); this run's %d processes make a global batch of %lld (%lld "
+                "each), which would change the data order: %s",
+                dir, W, (long long)old, (long long)(old / W), a->world, (long long)G,
+                (long long)(G / a->world), fix);
         }
     }
     if (a->sampler) {
         int64_t B = a->sampler->batch, old = ref->sampler_batch;
         if (old < 0)
-            return em_err(EM_ERR_ARG, "em_accel_load_state: %s does not record its window sampler's batch (an "
-                          "older ember saved it), so it resumes only on the %lld processes that saved it; this "
-                          "run has %d", ref->path, W, a->world);
+            return em_err(
+                EM_ERR_ARG,
+                "em_accel_load_state: %s does not record its window sampler's batch (an "
+                "older ember saved it), so it resumes only on the %lld processes that saved it; this "
+                "run has %d",
+                ref->path, W, a->world);
         if (B != old)
-            return em_err(EM_ERR_ARG, "em_accel_load_state: %s was saved with a window sampler drawing %lld "
+            return em_err(EM_ERR_ARG,
+                          "em_accel_load_state: %s was saved with a window sampler drawing %lld "
                           "windows a batch (all processes together); this run's draws %lld: keep the global "
-                          "batch at %lld", dir, (long long)old, (long long)B, (long long)old);
+                          "batch at %lld",
+                          dir, (long long)old, (long long)B, (long long)old);
     }
     return EM_OK;
 }
@@ -403,20 +428,23 @@ static em_status check_run(em_accelerator *a, const char *dir, const counters *r
  * examples, which at the same global batch G is batch b here too; at the
  * ragged end of an epoch (no even_batches) a rank that has no share of the
  * last global batch ends its epoch one batch earlier. */
-static em_status loader_position(em_accelerator *a, const counters *ref, const counters *own, em_loader_pos *pos)
+static em_status loader_position(em_accelerator *a, const counters *ref, const counters *own,
+                                 em_loader_pos *pos)
 {
     if (ref->world == a->world) {
         *pos = own->pos;
         return EM_OK;
     }
     int64_t G = em_loader_global_batch(a->loader), nb = em_loader_num_batches(a->loader);
-    int64_t consumed = ref->pos.batch <= INT64_MAX / ref->global_batch ? ref->pos.batch * ref->global_batch : -1;
+    int64_t consumed =
+        ref->pos.batch <= INT64_MAX / ref->global_batch ? ref->pos.batch * ref->global_batch : -1;
     int64_t b = consumed < 0 ? -1 : consumed / G;
     if (b == nb + 1 && consumed % G == 0 && em_loader_padding(a->loader) == 0) b = nb;
     if (b < 0 || b > nb)
-        return em_err(EM_ERR_ARG, "em_accel_load_state: %s: loader position {epoch %lld, batch %lld} is past the "
-                      "end of this run's epochs of %lld batches (has the dataset changed?)", ref->path,
-                      (long long)ref->pos.epoch, (long long)ref->pos.batch, (long long)nb);
+        return em_err(EM_ERR_ARG,
+                      "em_accel_load_state: %s: loader position {epoch %lld, batch %lld} is past the "
+                      "end of this run's epochs of %lld batches (has the dataset changed?)",
+                      ref->path, (long long)ref->pos.epoch, (long long)ref->pos.batch, (long long)nb);
     *pos = (em_loader_pos){ref->pos.epoch, b};
     return EM_OK;
 }
@@ -466,7 +494,8 @@ static void free_named(em_named *st, int n)
  * this rank continues (rank % W of the W that saved, *own), and the saved
  * ranks rank, rank + world, ... below W, each verified against rank 0's, so
  * that the ranks together verify every file of the save (tmp: scratch). */
-static em_status read_checkpoint(em_accelerator *a, const char *dir, counters *ref, counters *own, counters *tmp)
+static em_status read_checkpoint(em_accelerator *a, const char *dir, counters *ref, counters *own,
+                                 counters *tmp)
 {
     em_status s = read_rank(dir, 0, ref);
     if (s) return s;

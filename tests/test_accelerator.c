@@ -203,8 +203,10 @@ static void rank_file_missing(int rank, int world, void *ctx)
     CHECK_OK(em_accel_wait_for_everyone(a));
     if (rank == 0) CHECK(unlink(path) == 0);
     CHECK_OK(em_accel_wait_for_everyone(a));
-    if (rank == 0) CHECK_ERR(em_accel_load_state(a, dir), EM_ERR_DIST, "rank 1 failed");
-    else CHECK_ERR(em_accel_load_state(a, dir), EM_ERR_IO, path);
+    if (rank == 0)
+        CHECK_ERR(em_accel_load_state(a, dir), EM_ERR_DIST, "rank 1 failed");
+    else
+        CHECK_ERR(em_accel_load_state(a, dir), EM_ERR_IO, path);
     em_accelerator_free(a);
 }
 

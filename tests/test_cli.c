@@ -660,9 +660,10 @@ TEST(test_cli_train_resumed_after_a_kill_has_every_metrics_step_exactly_once)
 /* ---- resuming on another number of processes, and restarts that resume ------------------- */
 
 /* 12 steps of the tiny model with a checkpoint every 6 (and at 0 and 12). */
-#define RESUME_RUN                                                                                                   \
-    "--layers", "1", "--heads", "2", "--embd", "32", "--block", "16", "--batch", "8", "--iters", "12", "--eval-every", \
-        "6", "--eval-iters", "2", "--log-every", "1", "--lr", "3e-3", "--warmup", "2", "--cpu"
+#define RESUME_RUN                                                                                           \
+    "--layers", "1", "--heads", "2", "--embd", "32", "--block", "16", "--batch", "8", "--iters", "12",       \
+        "--eval-every", "6", "--eval-iters", "2", "--log-every", "1", "--lr", "3e-3", "--warmup", "2",       \
+        "--cpu"
 
 /* `ember launch -n N [--max-restarts R] ember train RESUME_RUN --out OUT [--resume RESUME]`, with EMBER_FAULT
  * set to fault (NULL: unset) */
@@ -738,7 +739,8 @@ static void check_metrics_within(const char *a, const char *b, double rel)
         if (!p || !q) break;
         double x = strtod(p + 1, NULL), y = strtod(q + 1, NULL);
         if (!(fabs(x - y) <= rel * fabs(y)))
-            th_fail(__FILE__, __LINE__, "metrics differ: %.6f vs %.6f at number %d of\n%s\nvs\n%s", x, y, nums, a, b);
+            th_fail(__FILE__, __LINE__, "metrics differ: %.6f vs %.6f at number %d of\n%s\nvs\n%s", x, y,
+                    nums, a, b);
         p++, q++, nums++;
     }
     if (p || q) th_fail(__FILE__, __LINE__, "metrics have different records:\n%s\nvs\n%s", a, b);
@@ -816,7 +818,8 @@ TEST(test_cli_train_saved_by_two_processes_resumes_on_four_within_reassociation)
 TEST(test_cli_train_resumed_on_another_world_with_wrong_windows_exceeds_the_tolerance)
 {
     double d = resumed_on("1", 8);
-    if (!(d > 10 * CLI_RESIZE_TOL)) th_fail(__FILE__, __LINE__, "windows one batch off: max |weight diff| %.3g", d);
+    if (!(d > 10 * CLI_RESIZE_TOL))
+        th_fail(__FILE__, __LINE__, "windows one batch off: max |weight diff| %.3g", d);
 }
 
 /* The same number of processes resumes exactly, as before. */
@@ -870,7 +873,8 @@ static void check_restarted_job_ends_as_the_straight_one(const char *fault, cons
     CHECK_EXIT(r, 0);
     CHECK(count_of(r->err, "restarting the group") == 1);
     CHECK(strstr(r->err, "EMBER_FAULT: killed at") != NULL);
-    if (!strstr(r->out, resumed)) th_fail(__FILE__, __LINE__, "the restart did not print '%s':\n%s", resumed, r->out);
+    if (!strstr(r->out, resumed))
+        th_fail(__FILE__, __LINE__, "the restart did not print '%s':\n%s", resumed, r->out);
     if (!same_file(straight, out, "model.safetensors"))
         th_fail(__FILE__, __LINE__, "%s: the restarted job's weights differ from the straight run's", fault);
     static char ma[1 << 16], mb[1 << 16];

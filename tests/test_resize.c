@@ -40,14 +40,14 @@ static em_status reg_get(void *user, int64_t i, void *xv, void *yv)
 }
 
 typedef struct job {
-    int per_rank;    /* the loader's batch_size (the global batch is per_rank x world) */
-    int accum;       /* micro-batches per optimizer step */
-    int steps;       /* train until this many optimizer steps */
-    int save_at;     /* save_state after this many steps and stop (0: never) */
-    int save_micro;  /* or save after this many micro-batches and stop (0: never) */
-    bool resume;     /* load_state from dir first */
-    int skew;        /* after loading, move the loader this many batches on: a wrong position */
-    char dir[200];   /* the state directory */
+    int per_rank;     /* the loader's batch_size (the global batch is per_rank x world) */
+    int accum;        /* micro-batches per optimizer step */
+    int steps;        /* train until this many optimizer steps */
+    int save_at;      /* save_state after this many steps and stop (0: never) */
+    int save_micro;   /* or save after this many micro-batches and stop (0: never) */
+    bool resume;      /* load_state from dir first */
+    int skew;         /* after loading, move the loader this many batches on: a wrong position */
+    char dir[200];    /* the state directory */
     char params[256]; /* rank 0 writes the final flat parameters here ("" = not) */
 } job;
 
@@ -66,10 +66,11 @@ static void train_job(int rank, int world, void *ctx)
     no_user_config();
     em_accelerator *acc = em_accelerator_new(&(em_accel_config){.grad_accum = j->accum});
     CHECK_NOTNULL(acc);
-    em_dataset *ds = em_dataset_new(&(em_dataset){.len = reg_len, .get = reg_get, .x_field = {EM_F32, 1, {D}},
-                                                  .y_field = {EM_F32, 1, {D}}});
+    em_dataset *ds = em_dataset_new(&(em_dataset){
+        .len = reg_len, .get = reg_get, .x_field = {EM_F32, 1, {D}}, .y_field = {EM_F32, 1, {D}}});
     CHECK_NOTNULL(ds);
-    em_loader *l = em_loader_new(ds, &(em_loader_config){.batch_size = j->per_rank, .shuffle = true, .seed = 5});
+    em_loader *l =
+        em_loader_new(ds, &(em_loader_config){.batch_size = j->per_rank, .shuffle = true, .seed = 5});
     CHECK_NOTNULL(l);
     em_rng init = em_rng_new(42);
     em_module *root = em_module_new(NULL, NULL);
@@ -226,15 +227,17 @@ static void load_fails(int rank, int world, void *ctx)
     no_user_config();
     em_accelerator *acc = em_accelerator_new(&(em_accel_config){.grad_accum = e->j.accum});
     CHECK_NOTNULL(acc);
-    em_dataset *ds = em_dataset_new(&(em_dataset){.len = reg_len, .get = reg_get, .x_field = {EM_F32, 1, {D}},
-                                                  .y_field = {EM_F32, 1, {D}}});
-    em_loader *l = em_loader_new(ds, &(em_loader_config){.batch_size = e->j.per_rank, .shuffle = true, .seed = 5});
+    em_dataset *ds = em_dataset_new(&(em_dataset){
+        .len = reg_len, .get = reg_get, .x_field = {EM_F32, 1, {D}}, .y_field = {EM_F32, 1, {D}}});
+    em_loader *l =
+        em_loader_new(ds, &(em_loader_config){.batch_size = e->j.per_rank, .shuffle = true, .seed = 5});
     CHECK_NOTNULL(l);
     CHECK_OK(em_accel_prepare(acc, NULL, NULL, l, NULL));
     em_clear_error();
     em_status s = em_accel_load_state(acc, e->j.dir);
     if (rank == 0 ? s != e->status : s == EM_OK) /* the others fail too, naming their own cause or rank */
-        th_fail(__FILE__, __LINE__, "rank %d: load_state gave %s: %s", rank, em_status_name(s), em_last_error());
+        th_fail(__FILE__, __LINE__, "rank %d: load_state gave %s: %s", rank, em_status_name(s),
+                em_last_error());
     for (int i = 0; rank == 0 && i < 3 && e->msg[i]; i++)
         if (!strstr(em_last_error(), e->msg[i]))
             th_fail(__FILE__, __LINE__, "message \"%s\" lacks \"%s\"", em_last_error(), e->msg[i]);

@@ -11,7 +11,17 @@
  * It runs through the Accelerator, so `ember launch -n N ember train ...`
  * trains with DDP: --batch is the global batch, each rank draws its share of
  * the same windows (batch % N == 0), and the result matches one process up
- * to float reassociation. Rank 0 prints and writes the files. */
+ * to float reassociation. Rank 0 prints and writes the files.
+ *
+ * --resume DIR continues from a checkpoint, also on another number of
+ * processes (the global --batch stays, so the run goes on with the same
+ * windows; with --dropout the masks then differ, see em_accel_load_state).
+ * --resume auto is for `ember launch --max-restarts`: each attempt resumes
+ * from OUT/state when it holds a checkpoint and otherwise starts fresh (and
+ * says so, with an empty metrics file); a checkpoint that fails to load is
+ * an error, never a fresh start. The fault points "train.step" (the end of
+ * each step) and "train.save" (a save begins) let EMBER_FAULT kill a run
+ * there (tensor/fault_impl.h). */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -145,12 +155,10 @@ static int parse_args(int argc, char **argv, train_opts *o)
             ok = em_device_parse(v, 0, &d) == EM_OK;
             if (ok) o->device = v;
             else fprintf(stderr, "ember train: --device needs cpu, cuda or cuda:N, got '%s'\n", v);
-        }
-        else if (!strcmp(f, "--resume")) {
+        } else if (!strcmp(f, "--resume")) {
             o->resume = v;
             o->resume_auto = !strcmp(v, "auto");
-        }
-        else if (!strcmp(f, "--grad-accum"))
+        } else if (!strcmp(f, "--grad-accum"))
             ok = parse_int(f, v, 1, 1 << 20, &o->grad_accum);
         else if (!strcmp(f, "--mixed-precision")) {
             ok = em_precision_parse(v, &o->precision) == EM_OK;
@@ -481,7 +489,8 @@ static em_status has_checkpoint(const char *dir, bool *yes)
     DIR *d = opendir(dir);
     if (!d) return em_set_error(EM_ERR_IO, "--resume auto: cannot read %s: %s", dir, strerror(errno));
     bool empty = true;
-    for (struct dirent *e; empty && (e = readdir(d));) empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    for (struct dirent *e; empty && (e = readdir(d));)
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
     closedir(d);
     *yes = !empty;
     return EM_OK;
