@@ -316,8 +316,6 @@ static em_status check_same_save(const counters *ref, const counters *c, bool re
         {"having a window sampler", ref->has_sampler, c->has_sampler},
         {"having a loss scaler", ref->has_scaler, c->has_scaler},
         {"the loader's global batch", ref->global_batch, c->global_batch},
-        {"the window sampler's seed", (int64_t)ref->sampler.seed, (int64_t)c->sampler.seed},
-        {"the window sampler's offset", (int64_t)ref->sampler.offset, (int64_t)c->sampler.offset},
         {"the window sampler's batch", ref->sampler_batch, c->sampler_batch},
         {"the loss scaler's growth tracker", ref->scaler.growth_tracker, c->scaler.growth_tracker},
         {"the loader's epoch", resized ? ref->pos.epoch : 0, resized ? c->pos.epoch : 0},
@@ -329,6 +327,14 @@ static em_status check_same_save(const counters *ref, const counters *c, bool re
                 EM_ERR_IO,
                 "em_accel_load_state: %s and %s disagree on %s (%lld vs %lld): they are not one save",
                 ref->path, c->path, f[i].what, (long long)f[i].x, (long long)f[i].y);
+    if (ref->sampler.seed != c->sampler.seed || ref->sampler.offset != c->sampler.offset)
+        return em_err(
+            EM_ERR_IO,
+            "em_accel_load_state: %s and %s disagree on the window sampler ({seed %llu, offset %llu} vs "
+            "{seed %llu, offset %llu}): they are not one save",
+            ref->path, c->path, (unsigned long long)ref->sampler.seed,
+            (unsigned long long)ref->sampler.offset, (unsigned long long)c->sampler.seed,
+            (unsigned long long)c->sampler.offset);
     if (ref->scaler.scale != c->scaler.scale)
         return em_err(EM_ERR_IO,
                       "em_accel_load_state: %s and %s disagree on the loss scale (%g vs %g): they are not "

@@ -2,8 +2,9 @@
  * saved by 2 ranks continues on 1 or 4 the trajectory the 2 ranks were on
  * (same global batch, same data order; only float sums reassociate), the
  * per-rank generators follow the documented rule (rank r takes saved rank
- * r % W's), and what cannot continue the same trajectory is refused with an
- * error saying what the checkpoint has and what the run has.
+ * r % W's), the global window sampler goes on as it was, and what cannot
+ * continue the same trajectory is refused with an error saying what the
+ * checkpoint has and what the run has.
  *
  * The training job: a small MLP regressing a fixed function on 48 examples,
  * shuffled each epoch, through the Accelerator's prepared loader with a
@@ -386,4 +387,57 @@ TEST(test_load_state_on_another_world_gives_rank_r_the_generators_of_saved_rank_
     g.save = false;
     TH_RANKS_ENV(4, generators, &g);
     TH_RANKS_ENV(1, generators, &g);
+}
+
+/* ---- the window sampler ------------------------------------------------------------------ */
+
+typedef struct sampler_job {
+    char dir[300];
+    int64_t batch; /* the sampler's (global) batch */
+    bool save;
+} sampler_job;
+
+/* Saves (2 ranks, after one draw) or loads a prepared window sampler. */
+static void sampler_state(int rank, int world, void *ctx)
+{
+    (void)world;
+    sampler_job *sj = ctx;
+    no_user_config();
+    em_accelerator *acc = em_accelerator_new(NULL);
+    CHECK_NOTNULL(acc);
+    static int32_t tok[100];
+    for (int i = 0; i < 100; i++) tok[i] = i % 7;
+    em_tokens tokens = em_tokens_view(tok, 100, EM_TOK_I32);
+    em_window_sampler s;
+    CHECK_OK(em_window_sampler_init(&s, &tokens, sj->batch, 4, 9));
+    CHECK_OK(em_accel_prepare_sampler(acc, &s));
+    if (sj->save) {
+        em_scope sc = em_scope_begin();
+        em_batch b;
+        CHECK_OK(em_window_sampler_next(&s, &b));
+        em_scope_end(sc);
+        CHECK_OK(em_accel_save_state(acc, sj->dir));
+    } else if (sj->batch == 8) {
+        CHECK_OK(em_accel_load_state(acc, sj->dir));
+        CHECK(s.rng.seed == 9 && s.rng.offset == 8); /* global: one draw of 8 windows */
+    } else {
+        em_clear_error();
+        CHECK(em_accel_load_state(acc, sj->dir) == EM_ERR_ARG);
+        CHECK(rank != 0 ||
+              strstr(em_last_error(), "window sampler drawing 8 windows a batch (all processes "
+                                      "together); this run's draws 4: keep the global batch at 8"));
+    }
+    em_accelerator_free(acc);
+}
+
+TEST(test_load_state_on_another_world_keeps_the_global_window_sampler_and_refuses_another_batch)
+{
+    sampler_job sj = {.batch = 8, .save = true};
+    snprintf(sj.dir, sizeof sj.dir, "%s/state", new_base());
+    TH_RANKS_ENV(2, sampler_state, &sj);
+    sj.save = false;
+    TH_RANKS_ENV(4, sampler_state, &sj);
+    TH_RANKS_ENV(1, sampler_state, &sj);
+    sj.batch = 4;
+    TH_RANKS_ENV(1, sampler_state, &sj);
 }
