@@ -374,7 +374,9 @@ bool em_accel_check_trigger(em_accelerator *a, em_status *status);
  *
  * Another world size. A directory saved by W processes loads on W' != W as
  * the continuation of the same trajectory, up to float reassociation, when
- * the global batch stays the same:
+ * the global batch stays the same (and every rank's share of it is equal,
+ * as even_batches, drop_last or a divisible dataset make it: DDP averages
+ * the ranks' means, which at a ragged end depends on the world size):
  *  - steps, micro-step, window sampler (global) and scaler come from the
  *    checkpoint as they are;
  *  - the loader's position {epoch, b} is converted through the examples
