@@ -276,6 +276,8 @@ static em_status read_counters(const char *path, counters *c)
     if (!s) s = get_opt_i64(&root, path, "loader.global_batch", &c->global_batch);
     if (!s && c->has_sampler) s = get_rng(&root, path, "sampler", &c->sampler);
     if (!s) s = get_opt_i64(&root, path, "sampler.batch", &c->sampler_batch);
+    if (!s && (c->global_batch == 0 || c->sampler_batch == 0))
+        s = em_err(EM_ERR_IO, "em_accel_load_state: %s: a global batch of 0", path);
     for (int i = 0; !s && i < c->nrngs; i++) {
         char name[32];
         snprintf(name, sizeof name, "rng.%d", i);
