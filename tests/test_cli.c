@@ -885,11 +885,14 @@ static void check_restarted_job_ends_as_the_straight_one(const char *fault, cons
 }
 
 /* Rank 1 is killed once at the end of a random step K of 12 (checkpoints at
- * 0, 6, 12): the group restarts from the newest checkpoint before K. */
+ * 0, 6, 12): the group restarts from the newest checkpoint before K. The
+ * step is printed; EMBER_TEST_KILL_STEP=K repeats a run. */
 TEST(test_cli_launch_restarts_train_resume_auto_after_a_kill_at_a_random_step)
 {
     srand((unsigned)time(NULL) ^ (unsigned)getpid());
     int k = 1 + rand() % 12;
+    const char *want = getenv("EMBER_TEST_KILL_STEP");
+    if (want && atoi(want) >= 1 && atoi(want) <= 12) k = atoi(want);
     printf("     rank 1 killed at the end of step %d (EMBER_FAULT=train.step:%d:1:0)\n", k, k);
     fflush(stdout);
     char fault[64], resumed[64];
