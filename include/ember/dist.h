@@ -355,13 +355,49 @@ void em_accel_set_trigger(em_accelerator *a);
 bool em_accel_check_trigger(em_accelerator *a, em_status *status);
 
 /* Saves model (DIR/model.safetensors, main process), optimizer
- * (DIR/optimizer.safetensors), schedule position and step, loader position,
- * sampler state and every rank's registered generators and default
- * generator (DIR/rank_R.json), so load_state continues a run exactly. Every
- * rank calls it (it is collective); files are written to a temporary name
- * and renamed. load_state restores all of it and fails (EM_ERR_IO naming
- * the file, EM_ERR_DIST when the directory was saved by another world size)
- * without changing anything. */
+ * (DIR/optimizer.safetensors), schedule position and step, loader position
+ * and global batch, sampler state and batch, loss scaler, and every rank's
+ * registered generators and default generator (DIR/rank_R.json), so
+ * load_state continues a run exactly. Every rank calls it (it is
+ * collective); files are written to a temporary name and renamed.
+ *
+ * load_state restores all of it (collective, like save_state), or fails:
+ * EM_ERR_IO naming the file when one is missing, unreadable, or disagrees
+ * with rank 0's on what every rank of one save holds alike (steps,
+ * micro-step, sampler, scaler: then both files are named); EM_ERR_ARG when
+ * the checkpoint does not fit this run (generators, loader, sampler or
+ * scaler present in one and not the other), naming what each has; on the
+ * other ranks EM_ERR_DIST naming the rank that failed. Every rank checks
+ * the counters files before any rank changes anything, so those errors
+ * leave every rank's run untouched; a model or optimizer file that fails
+ * to load is found later and may leave part of the state loaded.
+ *
+ * Another world size. A directory saved by W processes loads on W' != W as
+ * the continuation of the same trajectory, up to float reassociation, when
+ * the global batch stays the same (and every rank's share of it is equal,
+ * as even_batches, drop_last or a divisible dataset make it: DDP averages
+ * the ranks' means, which at a ragged end depends on the world size):
+ *  - steps, micro-step, window sampler (global) and scaler come from the
+ *    checkpoint as they are;
+ *  - the loader's position {epoch, b} is converted through the examples
+ *    consumed (b global batches of the epoch's order), which needs this
+ *    run's global batch (em_loader_global_batch: batch_size x W', or
+ *    batch_size with split_batches) to equal the saved one; otherwise
+ *    EM_ERR_ARG names both and the batch_size that keeps it (or says that
+ *    the saved global batch does not divide over W' processes). A window
+ *    sampler must draw the same global batch too;
+ *  - per-rank generators (the default one and registered ones, e.g.
+ *    dropout): rank r continues saved rank r % W's. Generators that were the
+ *    same on every saved rank (an evaluation sampler's, dropout seeded alike
+ *    on every rank) so stay the same and exact; per-rank ones cannot be
+ *    mapped exactly, and dropout masks then differ from an uninterrupted run
+ *    of either size (each rank draws for another share of the batch);
+ *  - a checkpoint saved mid-accumulation (micro-step != 0) is refused
+ *    (EM_ERR_ARG): its partial gradients were summed per rank;
+ *  - a checkpoint from before global batches were recorded is refused
+ *    (EM_ERR_ARG) when it has a loader or a sampler.
+ * Errors for what stays impossible say what the checkpoint has and what
+ * this run has. */
 em_status em_accel_save_state(em_accelerator *a, const char *dir);
 em_status em_accel_load_state(em_accelerator *a, const char *dir);
 
