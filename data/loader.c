@@ -343,6 +343,15 @@ int64_t em_loader_padding(const em_loader *l)
     return l->pad;
 }
 
+int64_t em_loader_global_batch(const em_loader *l)
+{
+    if (!l) {
+        em_err(EM_ERR_ARG, "em_loader_global_batch: loader is NULL");
+        return -1;
+    }
+    return l->G;
+}
+
 em_status em_loader_seek(em_loader *l, em_loader_pos pos)
 {
     if (!l) return em_err(EM_ERR_ARG, "em_loader_seek: loader is NULL");

@@ -483,6 +483,19 @@ static void try_old(const char *path, void *ctx)
     } /* a damaged candidate is passed over: the caller reports DIR missing */
 }
 
+static void count_one(const char *path, void *ctx)
+{
+    (void)path;
+    (*(int *)ctx)++;
+}
+
+bool ckpt_has_old(const char *dir)
+{
+    int n = 0;
+    each_sibling(dir, ".old-", count_one, &n);
+    return n > 0;
+}
+
 /* Why dir (a directory) has no manifest: an older ember's checkpoint, or an
  * incomplete one. */
 static em_status no_manifest(const char *dir, const char *format, const char *fn)

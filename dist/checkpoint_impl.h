@@ -54,6 +54,9 @@ em_status ckpt_finish(const char *dir, const char *tmp, const ckpt_manifest *m, 
 void ckpt_abandon(const char *tmp);
 
 /* ---- loading (every process) ---- */
+/* Whether a DIR.old-* copy (an interrupted publish's) is beside dir: when
+ * dir is missing, ckpt_open may load it. */
+bool ckpt_has_old(const char *dir);
 /* Finds the complete checkpoint at dir (or, when dir is missing, the newest
  * complete DIR.old-* an interrupted publish left), reads its manifest and
  * verifies every file it names (size, crc32, and a .json file's save_id)

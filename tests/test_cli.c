@@ -4,7 +4,9 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -653,4 +655,295 @@ TEST(test_cli_train_resumed_after_a_kill_has_every_metrics_step_exactly_once)
         if (logs[k] != 1) th_fail(__FILE__, __LINE__, "step %lld is in metrics.jsonl %d times", k, logs[k]);
     free(logs);
     CHECK(evals0 == 1 && evals_end == 1);
+}
+
+/* ---- resuming on another number of processes, and restarts that resume ------------------- */
+
+/* 12 steps of the tiny model with a checkpoint every 6 (and at 0 and 12). */
+#define RESUME_RUN                                                                                           \
+    "--layers", "1", "--heads", "2", "--embd", "32", "--block", "16", "--batch", "8", "--iters", "12",       \
+        "--eval-every", "6", "--eval-iters", "2", "--log-every", "1", "--lr", "3e-3", "--warmup", "2",       \
+        "--cpu"
+
+/* `ember launch -n N [--max-restarts R] ember train RESUME_RUN --out OUT [--resume RESUME]`, with EMBER_FAULT
+ * set to fault (NULL: unset) */
+static th_run_result *launch_train(const char *n, const char *restarts, const char *fault, const char *txt,
+                                   const char *out, const char *resume)
+{
+    if (fault) setenv("EMBER_FAULT", fault, 1);
+    th_run_result *r;
+    if (resume)
+        r = run_ember("launch", "-n", n, "--master-port", "0", "--max-restarts", restarts, EMBER_BIN, "train",
+                      "--data", txt, "--out", out, RESUME_RUN, "--resume", resume, NULL);
+    else
+        r = run_ember("launch", "-n", n, "--master-port", "0", "--max-restarts", restarts, EMBER_BIN, "train",
+                      "--data", txt, "--out", out, RESUME_RUN, NULL);
+    unsetenv("EMBER_FAULT");
+    return r;
+}
+
+/* max |a - b| over every tensor of two safetensors files with the same names */
+static double weights_diff(const char *dir_a, const char *dir_b)
+{
+    char pa[256], pb[256];
+    snprintf(pa, sizeof pa, "%s/model.safetensors", dir_a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", dir_b);
+    em_safetensors *a = em_safetensors_open(pa), *b = em_safetensors_open(pb);
+    CHECK_NOTNULL(a);
+    CHECK_NOTNULL(b);
+    CHECK(em_safetensors_count(a) == em_safetensors_count(b) && em_safetensors_count(a) > 0);
+    double d = 0;
+    for (int i = 0; i < em_safetensors_count(a); i++) {
+        em_tensor *ta = em_safetensors_get(a, em_safetensors_name(a, i));
+        em_tensor *tb = em_safetensors_get(b, em_safetensors_name(a, i));
+        CHECK_NOTNULL(ta);
+        CHECK_NOTNULL(tb);
+        d = fmax(d, th_max_abs_diff(ta, tb));
+        em_free(ta);
+        em_free(tb);
+    }
+    em_safetensors_close(a);
+    em_safetensors_close(b);
+    return d;
+}
+
+/* DIR/metrics.jsonl without the timings (ms_per_step, tokens_per_s: they
+ * differ between any two runs), into buf */
+static void metrics_values(const char *dir, char *buf, size_t n)
+{
+    char p[256], line[512];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(p, "r");
+    CHECK(f != NULL);
+    size_t len = 0;
+    buf[0] = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *cut = strstr(line, ", \"ms_per_step\"");
+        if (cut) strcpy(cut, "}\n");
+        CHECK(len + strlen(line) < n);
+        strcpy(buf + len, line);
+        len += strlen(line);
+    }
+    fclose(f);
+}
+
+/* The numbers of two metrics texts (as metrics_values gives them) agree: the
+ * same records in the same order, steps equal, values within rel. */
+static void check_metrics_within(const char *a, const char *b, double rel)
+{
+    const char *p = a, *q = b;
+    int nums = 0;
+    for (;;) {
+        p = strchr(p, ':');
+        q = strchr(q, ':');
+        if (!p || !q) break;
+        double x = strtod(p + 1, NULL), y = strtod(q + 1, NULL);
+        if (!(fabs(x - y) <= rel * fabs(y)))
+            th_fail(__FILE__, __LINE__, "metrics differ: %.6f vs %.6f at number %d of\n%s\nvs\n%s", x, y,
+                    nums, a, b);
+        p++, q++, nums++;
+    }
+    if (p || q) th_fail(__FILE__, __LINE__, "metrics have different records:\n%s\nvs\n%s", a, b);
+    CHECK(nums > 40);
+}
+
+/* A straight run of 2 processes into DIR/straight, and one killed after its
+ * checkpoint at step 6 into DIR/saved (EMBER_FAULT kills every process at
+ * the end of step 7). */
+static void straight_and_saved(char *dir, size_t n, char *txt, size_t tn, char *straight, char *saved)
+{
+    make_corpus(dir, n, txt, tn);
+    snprintf(straight, 160, "%s/straight", dir);
+    snprintf(saved, 160, "%s/saved", dir);
+    th_run_result *r = launch_train("2", "0", NULL, txt, straight, NULL);
+    CHECK_EXIT(r, 0);
+    r = launch_train("2", "0", "train.step:7", txt, saved, NULL);
+    CHECK(r->status != 0);
+}
+
+/* The resumed run at `world` processes, against the straight 2-process
+ * run: max |weight difference|; its metrics within rel 1e-4. */
+static double resumed_on(const char *world, int shift_windows)
+{
+    char dir[64], txt[128], straight[160], saved[160], state[200];
+    straight_and_saved(dir, sizeof dir, txt, sizeof txt, straight, saved);
+    snprintf(state, sizeof state, "%s/state", saved);
+    for (int r = 0; r < 2 && shift_windows; r++) { /* a wrong data position: the sampler some windows on */
+        char p[256], text[4096];
+        snprintf(p, sizeof p, "%s/rank_%d.json", state, r);
+        FILE *f = fopen(p, "r");
+        CHECK(f != NULL);
+        size_t k = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[k] = 0;
+        char *at = strstr(text, "\"sampler.offset\": \"");
+        CHECK(at != NULL);
+        at += strlen("\"sampler.offset\": \"");
+        long long off = strtoll(at, NULL, 10);
+        f = fopen(p, "w");
+        fprintf(f, "%.*s%lld%s", (int)(at - text), text, off + shift_windows, strchr(at, '"'));
+        fclose(f);
+    }
+    if (shift_windows) th_reseal_checkpoint(state); /* past the checksums, to the trajectory */
+    th_run_result *r = launch_train(world, "0", NULL, txt, saved, state);
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->out, "resuming at step 6") != NULL);
+    double d = weights_diff(straight, saved);
+    if (!shift_windows) {
+        static char ma[1 << 16], mb[1 << 16];
+        metrics_values(saved, ma, sizeof ma);
+        metrics_values(straight, mb, sizeof mb);
+        check_metrics_within(ma, mb, 1e-4);
+    }
+    return d;
+}
+
+/* Measured: 1.0e-6 for 2 -> 1 and 2 -> 4; the sampler one batch (8
+ * windows) off gives 3.7e-3, a single window off 1.9e-3. */
+#define CLI_RESIZE_TOL 1e-4
+
+TEST(test_cli_train_saved_by_two_processes_resumes_on_one_within_reassociation)
+{
+    double d = resumed_on("1", 0);
+    if (!(d < CLI_RESIZE_TOL)) th_fail(__FILE__, __LINE__, "2 -> 1: max |weight diff| %.3g", d);
+}
+
+TEST(test_cli_train_saved_by_two_processes_resumes_on_four_within_reassociation)
+{
+    double d = resumed_on("4", 0);
+    if (!(d < CLI_RESIZE_TOL)) th_fail(__FILE__, __LINE__, "2 -> 4: max |weight diff| %.3g", d);
+}
+
+/* The tolerance means something: the same resume with the windows one batch
+ * on (a wrong data position) lands far outside it. */
+TEST(test_cli_train_resumed_on_another_world_with_wrong_windows_exceeds_the_tolerance)
+{
+    double d = resumed_on("1", 8);
+    if (!(d > 10 * CLI_RESIZE_TOL))
+        th_fail(__FILE__, __LINE__, "windows one batch off: max |weight diff| %.3g", d);
+}
+
+/* The same number of processes resumes exactly, as before. */
+TEST(test_cli_train_saved_by_two_processes_resumes_on_two_bitwise)
+{
+    double d = resumed_on("2", 0);
+    if (d != 0) th_fail(__FILE__, __LINE__, "2 -> 2: max |weight diff| %.3g, want 0", d);
+}
+
+static bool same_file(const char *dir_a, const char *dir_b, const char *name)
+{
+    char pa[256], pb[256];
+    snprintf(pa, sizeof pa, "%s/%s", dir_a, name);
+    snprintf(pb, sizeof pb, "%s/%s", dir_b, name);
+    FILE *a = fopen(pa, "rb"), *b = fopen(pb, "rb");
+    CHECK(a && b);
+    int ca, cb;
+    long n = 0;
+    do {
+        ca = fgetc(a);
+        cb = fgetc(b);
+        n++;
+    } while (ca == cb && ca != EOF);
+    fclose(a);
+    fclose(b);
+    return ca == cb && n > 1;
+}
+
+static int count_of(const char *text, const char *what)
+{
+    int n = 0;
+    for (const char *p = strstr(text, what); p; p = strstr(p + 1, what)) n++;
+    return n;
+}
+
+/* `ember launch -n 2 --max-restarts 2 ember train --resume auto` with
+ * EMBER_FAULT=fault (a worker dies once, on the first attempt) finishes, and
+ * its weights and metrics (every step once, same values) are bitwise those
+ * of the run that was never interrupted. `resumed` is what the restart
+ * prints: "resuming at step N" or "starting fresh". */
+static void check_restarted_job_ends_as_the_straight_one(const char *fault, const char *resumed)
+{
+    char dir[64], txt[128], straight[160], out[160];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(straight, sizeof straight, "%s/straight", dir);
+    snprintf(out, sizeof out, "%s/restarted", dir);
+    th_run_result *r = launch_train("2", "0", NULL, txt, straight, "auto");
+    CHECK_EXIT(r, 0);
+    CHECK(count_of(r->out, "no checkpoint in") == 1 && strstr(r->out, "starting fresh"));
+    r = launch_train("2", "2", fault, txt, out, "auto");
+    CHECK_EXIT(r, 0);
+    CHECK(count_of(r->err, "restarting the group") == 1);
+    CHECK(strstr(r->err, "EMBER_FAULT: killed at") != NULL);
+    if (!strstr(r->out, resumed))
+        th_fail(__FILE__, __LINE__, "the restart did not print '%s':\n%s", resumed, r->out);
+    if (!same_file(straight, out, "model.safetensors"))
+        th_fail(__FILE__, __LINE__, "%s: the restarted job's weights differ from the straight run's", fault);
+    static char ma[1 << 16], mb[1 << 16];
+    metrics_values(out, ma, sizeof ma);
+    metrics_values(straight, mb, sizeof mb);
+    if (strcmp(ma, mb))
+        th_fail(__FILE__, __LINE__, "%s: metrics differ:\n%s\nvs the straight run's\n%s", fault, ma, mb);
+}
+
+/* Rank 1 is killed once at the end of a random step K of 12 (checkpoints at
+ * 0, 6, 12): the group restarts from the newest checkpoint before K. The
+ * step is printed; EMBER_TEST_KILL_STEP=K repeats a run. */
+TEST(test_cli_launch_restarts_train_resume_auto_after_a_kill_at_a_random_step)
+{
+    srand((unsigned)time(NULL) ^ (unsigned)getpid());
+    int k = 1 + rand() % 12;
+    const char *want = getenv("EMBER_TEST_KILL_STEP");
+    if (want && atoi(want) >= 1 && atoi(want) <= 12) k = atoi(want);
+    printf("     rank 1 killed at the end of step %d (EMBER_FAULT=train.step:%d:1:0)\n", k, k);
+    fflush(stdout);
+    char fault[64], resumed[64];
+    snprintf(fault, sizeof fault, "train.step:%d:1:0", k);
+    snprintf(resumed, sizeof resumed, "resuming at step %d from", (k - 1) / 6 * 6);
+    check_restarted_job_ends_as_the_straight_one(fault, resumed);
+}
+
+/* Rank 1 is killed as the first save begins, before any checkpoint exists:
+ * the restart starts fresh, and the metrics file starts over empty. */
+TEST(test_cli_launch_restarts_train_resume_auto_after_a_kill_before_any_checkpoint)
+{
+    check_restarted_job_ends_as_the_straight_one("train.save:1:1:0", "starting fresh");
+}
+
+/* --resume auto never trains over a checkpoint it cannot load: it fails
+ * with the load's error and leaves the files as they were. */
+TEST(test_cli_train_resume_auto_refuses_a_damaged_checkpoint)
+{
+    char dir[64], txt[128], out[160], p[256];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    th_run_result *r = run_ember("train", "--data", txt, "--out", out, RESUME_RUN, NULL);
+    CHECK_EXIT(r, 0);
+    snprintf(p, sizeof p, "%s/state/rank_0.json", out);
+    FILE *f = fopen(p, "w");
+    CHECK(f != NULL);
+    fputs("{\"format\": \"ember-accel", f); /* torn */
+    fclose(f);
+    static char before[1 << 16], after[1 << 16];
+    metrics_values(out, before, sizeof before);
+    r = run_ember("train", "--data", txt, "--out", out, RESUME_RUN, "--resume", "auto", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, p) != NULL);
+    CHECK(strstr(r->out, "starting fresh") == NULL);
+    metrics_values(out, after, sizeof after);
+    CHECK(!strcmp(before, after));
+}
+
+/* An empty state directory (a save that died before writing anything) holds
+ * no checkpoint: auto starts fresh. */
+TEST(test_cli_train_resume_auto_starts_fresh_over_an_empty_state_directory)
+{
+    char dir[64], txt[128], out[160], state[200];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    snprintf(state, sizeof state, "%s/state", out);
+    CHECK(mkdir(out, 0755) == 0 && mkdir(state, 0755) == 0);
+    th_run_result *r = run_ember("train", "--data", txt, "--out", out, RESUME_RUN, "--resume", "auto", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->out, "starting fresh") != NULL);
+    CHECK(file_nonempty(state, "rank_0.json"));
 }

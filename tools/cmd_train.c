@@ -11,7 +11,18 @@
  * It runs through the Accelerator, so `ember launch -n N ember train ...`
  * trains with DDP: --batch is the global batch, each rank draws its share of
  * the same windows (batch % N == 0), and the result matches one process up
- * to float reassociation. Rank 0 prints and writes the files. */
+ * to float reassociation. Rank 0 prints and writes the files.
+ *
+ * --resume DIR continues from a checkpoint, also on another number of
+ * processes (the global --batch stays, so the run goes on with the same
+ * windows; with --dropout the masks then differ, see em_accel_load_state).
+ * --resume auto is for `ember launch --max-restarts`: each attempt resumes
+ * from OUT/state when it holds a checkpoint and otherwise starts fresh (and
+ * says so, with an empty metrics file); a checkpoint that fails to load is
+ * an error, never a fresh start. The fault points "train.step" (the end of
+ * each step) and "train.save" (a save begins) let EMBER_FAULT kill a run
+ * there (tensor/fault_impl.h). */
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,7 +33,9 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "dist/checkpoint_impl.h"
 #include "ember/ember.h"
+#include "tensor/fault_impl.h"
 #include "tensor/fileio_impl.h"
 #include "train_config.h"
 
@@ -34,6 +47,7 @@ typedef struct train_opts {
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip;
     uint64_t seed;
     bool bytes;
+    bool resume_auto; /* --resume auto: resume is OUT/state when it holds a checkpoint, else NULL */
     em_precision_kind precision; /* DEFAULT: the config file / EMBER_MIXED_PRECISION */
 } train_opts;
 
@@ -56,7 +70,12 @@ static int usage(FILE *f)
             "  --device cpu|cuda|cuda:N                   where to train (default cpu; cuda is cuda:LOCAL_RANK,\n"
             "                                             one device per process under `ember launch`); --cpu\n"
             "  --init FILE.safetensors                    start from these weights (names as ember saves them)\n"
-            "  --resume DIR                               continue a run from its DIR/state (same flags)\n"
+            "  --resume DIR|auto                          continue a run from its checkpoint DIR (OUT/state)\n"
+            "                                             with the same flags; the process count may change\n"
+            "                                             if --batch divides over it. auto: from OUT/state\n"
+            "                                             when it holds one, else start fresh (for `ember\n"
+            "                                             launch --max-restarts`); a checkpoint that cannot be\n"
+            "                                             loaded is an error, never a fresh start\n"
             "  --bytes                                    byte vocabulary instead of the file's characters\n"
             "  --no-bias                                  no biases in Linear and LayerNorm\n"
             "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n");
@@ -137,10 +156,10 @@ static int parse_args(int argc, char **argv, train_opts *o)
             ok = em_device_parse(v, 0, &d) == EM_OK;
             if (ok) o->device = v;
             else fprintf(stderr, "ember train: --device needs cpu, cuda or cuda:N, got '%s'\n", v);
-        }
-        else if (!strcmp(f, "--resume"))
+        } else if (!strcmp(f, "--resume")) {
             o->resume = v;
-        else if (!strcmp(f, "--grad-accum"))
+            o->resume_auto = !strcmp(v, "auto");
+        } else if (!strcmp(f, "--grad-accum"))
             ok = parse_int(f, v, 1, 1 << 20, &o->grad_accum);
         else if (!strcmp(f, "--mixed-precision")) {
             ok = em_precision_parse(v, &o->precision) == EM_OK;
@@ -230,6 +249,7 @@ typedef struct run {
     em_window_sampler sampler, eval_sampler[2];
     FILE *metrics;
     char path[4096];
+    char state[4096]; /* OUT/state, when --resume auto finds a checkpoint there */
 } run;
 
 static const char *in_out(run *r, const char *name)
@@ -280,6 +300,7 @@ static em_status evaluate(run *r, double loss[2])
  * from it rewrites them. */
 static em_status save(run *r)
 {
+    fault_point("train.save"); /* EMBER_FAULT: a crash as a save begins */
     em_status s = EM_OK;
     if (r->main) {
         s = em_module_save(r->gpt->m, in_out(r, "model.safetensors"));
@@ -457,6 +478,61 @@ static em_status keep_metrics_until(const char *path, int64_t step)
     return s;
 }
 
+/* Whether dir holds a checkpoint for --resume auto: anything but a missing
+ * path or an empty directory counts (so a damaged checkpoint is loaded, and
+ * fails, rather than silently trained over); so does a missing dir with a
+ * DIR.old-* copy beside it (a save interrupted between the two renames of a
+ * file system without atomic swaps: the load takes that copy). */
+static em_status has_checkpoint(const char *dir, bool *yes)
+{
+    struct stat sb;
+    *yes = false;
+    if (stat(dir, &sb) != 0) {
+        if (errno == ENOENT) {
+            *yes = ckpt_has_old(dir);
+            return EM_OK;
+        }
+        return em_set_error(EM_ERR_IO, "--resume auto: cannot look at %s: %s", dir, strerror(errno));
+    }
+    *yes = true;
+    if (!S_ISDIR(sb.st_mode)) return EM_OK;
+    DIR *d = opendir(dir);
+    if (!d) return em_set_error(EM_ERR_IO, "--resume auto: cannot read %s: %s", dir, strerror(errno));
+    bool empty = true;
+    for (struct dirent *e; empty && (e = readdir(d));)
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    *yes = !empty;
+    return EM_OK;
+}
+
+/* --resume auto: o->resume becomes OUT/state when it holds a checkpoint,
+ * else NULL (a fresh start). Every rank looks, and all must see the same
+ * (they share the directory, as a checkpoint needs). */
+static em_status resolve_auto_resume(run *r)
+{
+    snprintf(r->state, sizeof r->state, "%s/state", r->o.out);
+    bool yes;
+    em_status s = has_checkpoint(r->state, &yes);
+    int world = em_accel_world(r->acc);
+    em_scope sc = em_scope_begin();
+    em_tensor *t = em_scalar(EM_F64, s ? -1.0 : yes ? 1.0 : 0.0);
+    em_tensor *lo = t ? em_accel_reduce(r->acc, t, EM_RED_MIN) : NULL;
+    em_tensor *hi = lo ? em_accel_reduce(r->acc, t, EM_RED_MAX) : NULL;
+    double min = lo ? em_item(lo) : 0, max = hi ? em_item(hi) : 0;
+    em_status rs = hi ? EM_OK : em_last_status();
+    em_scope_end(sc);
+    if (s || rs) return s ? s : rs;
+    if (min < 0) return em_set_error(EM_ERR_IO, "--resume auto: another process cannot look at %s", r->state);
+    if (min != max)
+        return em_set_error(EM_ERR_IO,
+                            "--resume auto: some of the %d processes see a checkpoint in %s and some do not; "
+                            "a checkpoint directory must be shared by every process",
+                            world, r->state);
+    r->o.resume = yes ? r->state : NULL;
+    return EM_OK;
+}
+
 static em_status setup(run *r)
 {
     train_opts *o = &r->o;
@@ -500,6 +576,7 @@ static em_status setup(run *r)
                                 .total = o->iters > o->warmup ? o->iters : o->warmup + 1};
     if ((s = em_accel_prepare(r->acc, r->gpt->m, r->opt, NULL, &r->sched))) return s;
     if ((s = em_accel_prepare_sampler(r->acc, &r->sampler))) return s;
+    if (o->resume_auto && (s = resolve_auto_resume(r))) return s;
     if (o->resume && (s = em_accel_load_state(r->acc, o->resume))) return s;
     if (r->main) {
         struct stat sb;
@@ -539,6 +616,10 @@ int cmd_train(int argc, char **argv)
     bool tty = r.main && isatty(STDOUT_FILENO);
     int world = em_accel_world(r.acc);
     int64_t start = em_accel_step_count(r.acc);
+    if (r.main && o->resume_auto && !o->resume) {
+        printf("ember train: --resume auto: no checkpoint in %s, starting fresh\n", r.state);
+        fflush(stdout);
+    }
     if (r.main) {
         printf("ember train: %s, %lld train / %lld val tokens, vocab %lld; GPT %lld layers, %lld heads, %lld "
                "wide, context %lld (%.2fM parameters); batch %lld",
@@ -558,6 +639,9 @@ int cmd_train(int argc, char **argv)
     int64_t tokens_per_step = o->batch * em_accel_grad_accum(r.acc) * o->model.block_size;
     int64_t since = 0; /* steps timed since t_last */
     for (int64_t step = start; !s; step++) {
+        /* EMBER_FAULT's point at the end of each training step (after its
+         * metrics record, before a checkpoint that follows it) */
+        if (step > start) fault_point("train.step");
         /* a resumed run's state was saved right after its evaluation at `start` */
         bool resumed_here = o->resume && step == start;
         if ((step % o->eval_every == 0 || step == o->iters) && !resumed_here) {

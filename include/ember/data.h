@@ -276,6 +276,12 @@ em_status em_loader_set_shard(em_loader *l, int rank, int world, bool split_batc
  * and dropping this many rows at the end leaves each example once. The same
  * on every rank and in every epoch; -1 + error on NULL. */
 int64_t em_loader_padding(const em_loader *l);
+/* Examples in one global batch: batch_size x world once sharded, batch_size
+ * with split_batches or unsharded (see em_loader_set_shard). The ranks'
+ * batches at one position together hold this many (fewer at a ragged end),
+ * so position {e, b} means b x this many examples of epoch e's order are
+ * consumed. -1 + error on NULL. */
+int64_t em_loader_global_batch(const em_loader *l);
 
 /* Moves to pos, so the following batches are exactly those an uninterrupted
  * loader yields from pos. Restarts the prefetch thread there. EM_ERR_ARG if
