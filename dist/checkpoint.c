@@ -96,6 +96,9 @@ em_status ckpt_dir_name(const char *dir, bool follow, char *out, size_t n, const
     if (len + 64 > n) return em_err(EM_ERR_IO, "%s: path too long: %.64s...", fn, dir);
     memcpy(out, dir, len);
     out[len] = '\0';
+    const char *slash = strrchr(out, '/'), *last = slash ? slash + 1 : out;
+    if (!strcmp(last, ".") || !strcmp(last, ".."))
+        return em_err(EM_ERR_ARG, "%s: '%s': name the checkpoint directory itself, not . or ..", fn, dir);
     struct stat st;
     if (follow && lstat(out, &st) == 0 && S_ISLNK(st.st_mode)) {
         char *real = realpath(out, NULL);

@@ -447,8 +447,13 @@ static void save_load_without_exchange(int rank, int world, void *ctx)
     setenv("EMBER_NO_RENAME_EXCHANGE", "1", 1);
     rig_step(r);
     CHECK_OK(em_accel_save_state(r->a, dir));
+    CHECK(access(in(dir, "manifest.json"), F_OK) == 0);
     rig_step(r);
-    CHECK_OK(em_accel_save_state(r->a, dir));
+    CHECK_OK(em_accel_save_state(r->a, dir)); /* over the first: DIR aside, the new one in, DIR.old removed */
+    size_t n;
+    char *m = slurp(in(dir, "manifest.json"), &n);
+    CHECK(strstr(m, "\"steps\": \"2\"") != NULL);
+    free(m);
     CHECK(siblings(dir, ".tmp-") == 0 && siblings(dir, ".old-") == 0);
     CHECK(em_accel_step_count(r->a) == 2);
     rig_free(r);

@@ -166,7 +166,7 @@ static int kill_everywhere(int nproc, const char *dir, const char *txt, const ch
     int kills = 0;
     if (no_exchange) setenv("EMBER_NO_RENAME_EXCHANGE", "1", 1);
     for (int n = 1; n < 100; n++) {
-        char w[300], fault[64], state[320], point[64];
+        char w[300], fault[64], state[320], point[160];
         snprintf(w, sizeof w, "%s/w%d", dir, ++runs);
         snprintf(state, sizeof state, "%s/state", w);
         snprintf(fault, sizeof fault, fault_fmt, n);
@@ -181,6 +181,7 @@ static int kill_everywhere(int nproc, const char *dir, const char *txt, const ch
             th_fail(__FILE__, __LINE__, "%s: the run failed without being killed (%d): %s", fault, r->status,
                     r->err);
         killed_at(r, point, sizeof point);
+        snprintf(point + strlen(point), sizeof point - strlen(point), " (EMBER_FAULT=%s)", fault);
         unsetenv("EMBER_NO_RENAME_EXCHANGE"); /* the resumed run may be on any file system */
         check_recovers(nproc, txt, ref, w, point);
         if (no_exchange) setenv("EMBER_NO_RENAME_EXCHANGE", "1", 1);
