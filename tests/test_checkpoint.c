@@ -431,6 +431,7 @@ TEST(test_save_state_refuses_to_replace_a_directory_holding_other_files)
     rig *r = rig_new();
     CHECK_ERR(em_accel_save_state(r->a, base), EM_ERR_IO,
               "holds 'notes.txt', which is not a checkpoint file");
+    CHECK_ERR(em_accel_save_state(r->a, "."), EM_ERR_ARG, "name the checkpoint directory itself");
     rig_free(r);
     size_t n;
     char *kept = slurp(in(base, "notes.txt"), &n);
