@@ -28,6 +28,8 @@
  *                   the new one not yet in place: DIR is missing
  *   save.published  the new checkpoint is DIR; the previous one is not yet
  *                   removed
+ *   train.save      `ember train` begins a save (tools/cmd_train.c)
+ *   train.step      `ember train` ends a training step
  * EMBER_NO_RENAME_EXCHANGE (set, any value) makes a checkpoint publish as on
  * a file system without renameat2(RENAME_EXCHANGE): two renames. */
 #ifndef EMBER_TENSOR_FAULT_IMPL_H

@@ -21,7 +21,8 @@
  * says so, with an empty metrics file); a checkpoint that fails to load is
  * an error, never a fresh start. The fault points "train.step" (the end of
  * each step) and "train.save" (a save begins) let EMBER_FAULT kill a run
- * there (tensor/fault_impl.h). */
+ * there, as do those of every write, fsync and rename of the files and of
+ * the checkpoint (tensor/fault_impl.h lists them all). */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
