@@ -194,7 +194,8 @@ static int kill_everywhere(int nproc, const char *dir, const char *txt, const ch
 
 /* One save of ember train is the weights (3 points: write, fsync, rename),
  * the config (3) and the state: model, optimizer, rank file, manifest (3
- * each) and the publishing rename (2): 20 points on rank 0. */
+ * each) and the publishing rename (2): 20 points on rank 0, after the
+ * run's own train.step (2) and train.save: 23 kills, then a run that lives. */
 TEST(test_train_killed_at_any_point_of_a_save_resumes_to_the_uninterrupted_weights)
 {
     char dir[64], txt[128], ref[160], base[160];
@@ -221,8 +222,8 @@ TEST(test_train_killed_at_any_point_of_a_save_without_rename_exchange_resumes_to
     CHECK(kills == 1);
 }
 
-/* Two processes: rank 1 killed at each of its points (its rank file), rank 0
- * at each of its. */
+/* Two processes: rank 1 killed at each of its points (its rank file's 3,
+ * after train.step and train.save), rank 0 at each of its. */
 TEST(test_launch_two_ranks_killed_at_any_point_of_a_save_resume_to_the_uninterrupted_weights)
 {
     char dir[64], txt[128], ref[160], base[160];
