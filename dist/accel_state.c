@@ -7,14 +7,26 @@
  *   DIR/rank_R.json            this rank's counters: world size, optimizer
  *                              steps, micro-step, loader position and global
  *                              batch, sampler state and batch, loss scaler,
- *                              default and registered generators (each rank)
+ *                              default and registered generators, the save
+ *                              id (each rank)
+ *   DIR/manifest.json          written last by rank 0: every file above with
+ *                              its size and crc32, the save id, world size
+ *                              and steps (dist/checkpoint.c)
  *
  * Model and optimizer state are the same on every rank under DDP, so one copy
  * serves all; the counters and generators are per rank. Numbers are written
- * as decimal strings (generator seeds are full 64-bit). Every file goes to a
- * temporary name and is renamed once complete, so a crash mid-save leaves
- * the previous files whole. Saving and loading are collective: the ranks
- * agree at the end whether every one of them succeeded.
+ * as decimal strings (generator seeds are full 64-bit).
+ *
+ * A save is whole or absent: rank 0 makes a save id and the directory
+ * DIR.tmp-<id>, every rank writes its files there, the ranks agree that all
+ * succeeded, and rank 0 reads the rank files back (the ranks share the file
+ * system, as a load assumes too), writes the manifest and publishes the
+ * directory as DIR in one atomic rename (checkpoint.c). The previous DIR
+ * stays whole until then. A load first verifies the manifest and every file
+ * it names on every rank, then plans its part (below), then checks that all
+ * ranks verified the same save id, and only then changes anything. Saving
+ * and loading are collective: the ranks agree at the end whether every one
+ * of them succeeded.
  *
  * Loading, by W' ranks, a save of W ranks (W from rank_0.json):
  *  - same on every rank, taken from rank 0's file: steps, micro-step, the
@@ -46,13 +58,21 @@
 #include <unistd.h>
 
 #include "dist/accel_impl.h"
+#include "dist/checkpoint_impl.h"
 #include "nn/json_impl.h"
+#include "nn/safetensors_impl.h"
 #include "tensor/fileio_impl.h"
 #include "tensor/tensor_impl.h"
 
-#define STATE_FORMAT "ember-accelerator-state-1"
+#define STATE_FORMAT "ember-accelerator-state-2"
+#define SAVE "em_accel_save_state"
+#define LOAD "em_accel_load_state"
 
-static void path_in(char *buf, size_t n, const char *dir, const char *file) { snprintf(buf, n, "%s/%s", dir, file); }
+/* dir/file (the directories come from ckpt_dir_name, which leaves room for a file name) */
+static void path_in(char *buf, size_t n, const char *dir, const char *file)
+{
+    if (snprintf(buf, n, "%s/%s", dir, file) >= (int)n) buf[n - 1] = '\0';
+}
 
 /* Every rank learns whether any rank failed; a local failure keeps its own
  * message, the others name the failing rank. */
@@ -93,12 +113,16 @@ static void put_rng(jbuf *b, const char *name, const em_rng *r)
     put_u64(b, key, r->offset, false);
 }
 
-static em_status save_counters(em_accelerator *a, const char *dir)
+static em_status save_counters(em_accelerator *a, const char *dir, uint64_t id)
 {
     jbuf b = {0};
+    char hex[17];
+    ckpt_id_hex(id, hex);
     jb_puts(&b, "{\n");
     jb_puts(&b, "  \"format\": ");
     jb_str(&b, STATE_FORMAT);
+    jb_puts(&b, ",\n  \"save_id\": ");
+    jb_str(&b, hex);
     jb_puts(&b, ",\n");
     put_u64(&b, "world", (uint64_t)a->world, false);
     put_u64(&b, "rank", (uint64_t)a->rank, false);
@@ -143,15 +167,51 @@ static em_status save_counters(em_accelerator *a, const char *dir)
     return s;
 }
 
-static em_status save_optimizer(em_accelerator *a, const char *path)
+static em_status save_optimizer(em_accelerator *a, const char *path, file_sum *sum)
 {
     int n = em_optim_state(a->opt, NULL, 0);
     if (n < 0) return em_last_status();
     em_named *st = calloc((size_t)n + 1, sizeof *st);
     if (!st) return em_err(EM_ERR_OOM, "em_accel_save_state: out of memory");
     em_optim_state(a->opt, st, n);
-    em_status s = em_safetensors_save(path, n, st, "{\"format\":\"ember-optimizer\"}");
+    em_status s = st_save(path, n, st, "{\"format\":\"ember-optimizer\"}", sum);
     free(st);
+    return s;
+}
+
+/* Every rank gets rank 0's save id. */
+static em_status share_id(em_accelerator *a, uint64_t *id)
+{
+    if (a->world == 1) return EM_OK;
+    em_scope sc = em_scope_begin();
+    em_tensor *t = em_empty(EM_I32, 1, (int64_t[]){2});
+    if (t) memcpy(em_data(t), id, sizeof *id);
+    em_status s = t ? em_broadcast(a->pg, t, 0, NULL) : em_last_status();
+    if (!s) memcpy(id, em_data(t), sizeof *id);
+    em_scope_end(sc);
+    return s;
+}
+
+/* Rank 0, once every rank wrote its files into tmp: the manifest (its own
+ * files' sums as they were written, the rank files' read back) and the
+ * publishing rename. */
+static em_status finish_save(em_accelerator *a, const char *dir, const char *tmp, uint64_t id,
+                             const ckpt_entry *mine, int nmine)
+{
+    ckpt_manifest m = {.id = id, .world = a->world, .steps = a->steps, .n = nmine + a->world};
+    m.files = calloc((size_t)m.n, sizeof *m.files);
+    if (!m.files) return em_err(EM_ERR_OOM, SAVE ": out of memory");
+    memcpy(m.files, mine, sizeof *mine * (size_t)nmine);
+    em_status s = EM_OK;
+    for (int r = 0; r < a->world && !s; r++) {
+        ckpt_entry *e = &m.files[nmine + r];
+        snprintf(e->name, sizeof e->name, "rank_%d.json", r);
+        char path[4096];
+        path_in(path, sizeof path, tmp, e->name);
+        s = file_checksum(path, &e->sum, SAVE);
+    }
+    if (!s) s = ckpt_finish(dir, tmp, &m, STATE_FORMAT, SAVE);
+    ckpt_manifest_free(&m);
     return s;
 }
 
@@ -161,20 +221,38 @@ em_status em_accel_save_state(em_accelerator *a, const char *dir)
         return em_err(EM_ERR_ARG, "em_accel_save_state: %s", a ? "directory is empty" : "accelerator is NULL");
     em_status s = em_barrier(a->pg, NULL); /* every rank has finished the step */
     if (s) return s;
-    if (a->rank == 0 && mkdir(dir, 0755) != 0 && errno != EEXIST)
-        s = em_err(EM_ERR_IO, "em_accel_save_state: cannot create directory %s: %s", dir, strerror(errno));
-    if ((s = agree(a, s, "em_accel_save_state"))) return s;
-    char path[4096];
+    char d[4096], tmp[4096], path[4096];
+    if ((s = agree(a, ckpt_dir_name(dir, true, d, sizeof d, SAVE), SAVE))) return s;
+    uint64_t id = 0;
+    if (a->rank == 0) {
+        id = ckpt_new_id();
+        ckpt_tmp_dir(d, id, tmp, sizeof tmp);
+        s = ckpt_begin(d, tmp, SAVE);
+    }
+    if ((s = agree(a, s, SAVE))) return s;
+    if ((s = agree(a, share_id(a, &id), SAVE))) {
+        if (a->rank == 0) ckpt_abandon(tmp);
+        return s;
+    }
+    ckpt_tmp_dir(d, id, tmp, sizeof tmp);
+    ckpt_entry mine[2] = {{.name = "model.safetensors"}, {.name = "optimizer.safetensors"}};
+    int nmine = 0;
     if (a->rank == 0 && a->model) {
-        path_in(path, sizeof path, dir, "model.safetensors");
-        s = em_module_save(a->model, path);
+        path_in(path, sizeof path, tmp, mine[0].name);
+        s = module_save(a->model, path, &mine[nmine++].sum);
     }
     if (!s && a->rank == 0 && a->opt) {
-        path_in(path, sizeof path, dir, "optimizer.safetensors");
-        s = save_optimizer(a, path);
+        if (nmine == 0) mine[0] = mine[1];
+        path_in(path, sizeof path, tmp, mine[nmine].name);
+        s = save_optimizer(a, path, &mine[nmine++].sum);
     }
-    if (!s) s = save_counters(a, dir);
-    return agree(a, s, "em_accel_save_state");
+    if (!s) s = save_counters(a, tmp, id);
+    s = agree(a, s, SAVE); /* every rank's files are in tmp */
+    if (a->rank == 0) {
+        if (!s) s = finish_save(a, d, tmp, id, mine, nmine);
+        if (s) ckpt_abandon(tmp);
+    }
+    return agree(a, s, SAVE);
 }
 
 /* ---- loading ---------------------------------------------------------------------- */
@@ -563,18 +641,50 @@ static em_status apply_local(em_accelerator *a, const char *dir, const counters 
     return EM_OK;
 }
 
-/* Every rank checks the counters and the ranks agree before any rank
- * changes anything, so counters refused on one rank are refused on all with
- * every run untouched. */
+/* Every rank verified a checkpoint; they must all be the same save (ranks
+ * that see different directories under one name would mix two runs). */
+static em_status same_save(em_accelerator *a, uint64_t id)
+{
+    if (a->world == 1) return EM_OK;
+    em_scope sc = em_scope_begin();
+    em_tensor *in = em_empty(EM_I32, 1, (int64_t[]){2}),
+              *out = em_empty(EM_I32, 1, (int64_t[]){2 * a->world});
+    if (in) memcpy(em_data(in), &id, sizeof id);
+    em_status s = in && out ? em_all_gather(a->pg, out, in, NULL) : em_last_status();
+    uint64_t *ids = s ? NULL : em_data(out);
+    for (int r = 1; ids && r < a->world; r++) {
+        if (ids[r] == ids[0]) continue;
+        char h0[17], hr[17];
+        ckpt_id_hex(ids[0], h0);
+        ckpt_id_hex(ids[r], hr);
+        s = em_err(
+            EM_ERR_DIST,
+            "em_accel_load_state: the ranks loaded different checkpoints: rank 0 save %s, rank %d save %s "
+            "(does the directory name the same checkpoint on every machine?)",
+            h0, r, hr);
+        break;
+    }
+    em_scope_end(sc);
+    return s;
+}
+
 em_status em_accel_load_state(em_accelerator *a, const char *dir)
 {
     if (!a || !dir || !*dir)
         return em_err(EM_ERR_ARG, "em_accel_load_state: %s", a ? "directory is empty" : "accelerator is NULL");
+    char d[4096];
+    ckpt_manifest m = {0};
     counters *c = calloc(3, sizeof *c);
     em_loader_pos pos = {0, 0};
-    em_status s = c ? plan_local(a, dir, c, &pos) : em_err(EM_ERR_OOM, "em_accel_load_state: out of memory");
-    s = agree(a, s, "em_accel_load_state");
-    if (!s) s = agree(a, apply_local(a, dir, &c[0], &c[1], pos), "em_accel_load_state");
+    /* nothing changes until every rank has verified every file of the
+     * checkpoint and checked the counters, and all ranks saw the same save */
+    em_status s =
+        c ? ckpt_open(dir, STATE_FORMAT, d, sizeof d, &m, LOAD) : em_err(EM_ERR_OOM, LOAD ": out of memory");
+    if (!s) s = plan_local(a, d, c, &pos);
+    s = agree(a, s, LOAD);
+    if (!s) s = agree(a, same_save(a, m.id), LOAD);
+    if (!s) s = agree(a, apply_local(a, d, &c[0], &c[1], pos), LOAD);
+    ckpt_manifest_free(&m);
     free(c);
     return s;
 }

@@ -5,12 +5,23 @@
  * {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the
  * buffer) plus an optional "__metadata__" object of strings. We write the
  * header padded with spaces so the buffer starts 8-byte aligned, and the
- * file goes to PATH.tmp, is fsync'd and renamed over PATH.
+ * file goes to PATH.tmp, is fsync'd and renamed over PATH (fault points
+ * "file.write" after the header, "file.fsync", "file.rename").
+ *
+ * Every file ember writes carries its own checksum: "ember.crc32" in
+ * __metadata__, 8 lowercase hex digits, the zlib crc32 of the whole file
+ * read with those 8 digits as '0' (so the header is covered too, not only
+ * the data). The digits are written as zeros, the data streamed through the
+ * crc, and the digits patched in before the fsync. A string value, so other
+ * readers (Python's safetensors) load the file as before.
  *
  * Opening validates everything before returning: the header length against
  * the file size, the JSON (json.c), every entry's keys, dtype, shape and
  * offsets, offsets that tile the buffer exactly (no gap, no overlap), and
- * the metadata. Tensor data is read later with pread, one tensor at a time.
+ * the metadata; a file that has "ember.crc32" is then read once through
+ * and refused when the checksum differs (files from other tools have none
+ * and open as before). Tensor data is read later with pread, one tensor at
+ * a time.
  * Dtypes that the format names but ember lacks (I64, U16, F8_...) open fine
  * and fail on get with EM_ERR_DTYPE, except I64 whose values fit in i32.
  */
@@ -21,10 +32,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../tensor/fault_impl.h"
+#include "../tensor/fileio_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
 #include "json_impl.h"
-#include "../tensor/fileio_impl.h"
+#include "safetensors_impl.h"
 
 #define ST_MAX_HEADER ((uint64_t)100 << 20) /* as the reference implementation */
 #define ST_SUPPORTED "F32, F64, F16, BF16, I32, U8, BOOL; I64 when its values fit in i32"
@@ -65,6 +78,8 @@ struct em_safetensors {
     st_entry *e;
     int nmeta;
     char **mkey, **mval;
+    bool has_crc;   /* the header has "ember.crc32" */
+    size_t crc_pos; /* where its value's opening quote is in the header */
 };
 
 static bool host_le(void)
@@ -221,6 +236,10 @@ static bool parse_metadata(em_safetensors *f, const jval *m, char *err, size_t e
                      m->v[k].pos);
             return false;
         }
+        if (!strcmp(m->keys[k], ST_CRC_KEY)) {
+            f->has_crc = true;
+            f->crc_pos = m->v[k].pos;
+        }
         f->mkey[k] = strdup(m->keys[k]);
         f->mval[k] = strdup(m->v[k].s);
         f->nmeta = k + 1;
@@ -277,6 +296,59 @@ static bool check_tiling(const em_safetensors *f, char *err, size_t en)
     return ok;
 }
 
+/* Checks "ember.crc32": the crc of the 8-byte length, the header h[0..n)
+ * with the checksum's digits read as '0', and the data buffer. */
+static bool verify_crc(em_safetensors *f, const unsigned char *lenb, char *h, uint64_t n, char *err,
+                       size_t en)
+{
+    const char *want = em_safetensors_metadata(f, ST_CRC_KEY);
+    size_t at = f->crc_pos;
+    bool hex =
+        strlen(want) == 8 && at + 9 < n && h[at] == '"' && h[at + 9] == '"' && !memcmp(h + at + 1, want, 8);
+    for (int k = 0; hex && k < 8; k++)
+        hex = (want[k] >= '0' && want[k] <= '9') || (want[k] >= 'a' && want[k] <= 'f');
+    if (!hex) {
+        snprintf(err, en,
+                 "__metadata__ \"" ST_CRC_KEY "\" is '%.20s', not 8 lowercase hex digits (header byte %zu)",
+                 want, at);
+        return false;
+    }
+    char digits[8];
+    memcpy(digits, h + at + 1, 8);
+    memset(h + at + 1, '0', 8);
+    uint32_t crc = file_crc32(file_crc32(0, lenb, 8), h, n);
+    memcpy(h + at + 1, digits, 8);
+    enum { CHUNK = 1 << 20 };
+    char *buf = malloc(f->data_len < CHUNK ? f->data_len + 1 : CHUNK);
+    if (!buf) {
+        snprintf(err, en, "out of memory");
+        return false;
+    }
+    for (uint64_t off = 0; off < f->data_len;) {
+        size_t k = f->data_len - off < CHUNK ? (size_t)(f->data_len - off) : CHUNK;
+        errno = 0;
+        if (!read_at(f->fd, buf, k, f->data_start + off)) {
+            free(buf);
+            snprintf(err, en, "cannot read the data buffer to check its checksum: %s",
+                     errno ? strerror(errno) : "file shrank");
+            return false;
+        }
+        crc = file_crc32(crc, buf, k);
+        off += k;
+    }
+    free(buf);
+    char got[9];
+    snprintf(got, sizeof got, "%08x", crc);
+    if (strcmp(got, want)) {
+        snprintf(err, en,
+                 "the checksum does not match: the header says " ST_CRC_KEY " %s but the file's bytes "
+                 "give %s (the file is damaged, or was changed by a tool that kept ember's metadata)",
+                 want, got);
+        return false;
+    }
+    return true;
+}
+
 /* Reads and validates the header of an open file into f. */
 static bool read_header(em_safetensors *f, char *err, size_t en)
 {
@@ -317,7 +389,6 @@ static bool read_header(em_safetensors *f, char *err, size_t en)
         snprintf(err, en, "header JSON: %s", jerr);
         return false;
     }
-    free(h);
     bool ok = true;
     if (root.kind != J_OBJ) {
         snprintf(err, en, "header JSON is not an object");
@@ -346,7 +417,9 @@ static bool read_header(em_safetensors *f, char *err, size_t en)
         }
     }
     json_free(&root);
-    return ok && check_tiling(f, err, en);
+    ok = ok && check_tiling(f, err, en) && (!f->has_crc || verify_crc(f, lenb, h, n, err, en));
+    free(h);
+    return ok;
 }
 
 em_safetensors *em_safetensors_open(const char *path)
@@ -490,7 +563,7 @@ static em_status check_tensors(int n, const em_named *v)
         tensor *t = t_resolve(v[i].t, "em_safetensors_save");
         if (!t) return em_last_status(); /* a device tensor is written through a host copy */
     }
-    int *ix = malloc(sizeof *ix * (size_t)(n ? n : 1));
+    int *ix = malloc(sizeof *ix * (size_t)(n > 0 ? n : 1));
     if (!ix) return em_err(EM_ERR_OOM, "em_safetensors_save: out of memory");
     for (int i = 0; i < n; i++) ix[i] = i;
     name_base = v;
@@ -506,26 +579,27 @@ static em_status check_tensors(int n, const em_named *v)
 }
 
 /* The header JSON, padded with spaces so that 8 + its length is a multiple of
- * 8. meta: the parsed metadata object or NULL. */
-static bool build_header(jbuf *b, int n, const em_named *v, const jval *meta)
+ * 8. meta: the parsed metadata object or NULL; its "ember.crc32", if any, is
+ * replaced by ours, written as "00000000" at b->p + *crc_at. */
+static bool build_header(jbuf *b, int n, const em_named *v, const jval *meta, size_t *crc_at)
 {
     char num[64];
     uint64_t off = 0;
-    jb_puts(b, "{");
-    if (meta) {
-        jb_puts(b, "\"__metadata__\":{");
-        for (int k = 0; k < meta->n; k++) {
-            if (k) jb_puts(b, ",");
-            jb_str(b, meta->keys[k]);
-            jb_puts(b, ":");
-            jb_str(b, meta->v[k].s);
-        }
-        jb_puts(b, "}");
+    jb_puts(b, "{\"__metadata__\":{");
+    for (int k = 0; meta && k < meta->n; k++) {
+        if (!strcmp(meta->keys[k], ST_CRC_KEY)) continue;
+        jb_str(b, meta->keys[k]);
+        jb_puts(b, ":");
+        jb_str(b, meta->v[k].s);
+        jb_puts(b, ",");
     }
+    jb_puts(b, "\"" ST_CRC_KEY "\":\"");
+    *crc_at = b->len;
+    jb_puts(b, "00000000\"}");
     for (int i = 0; i < n; i++) {
         tensor *t = t_resolve(v[i].t, "em_safetensors_save");
         uint64_t bytes = (uint64_t)t_numel(t) * t_esize(t);
-        if (i || meta) jb_puts(b, ",");
+        jb_puts(b, ",");
         jb_str(b, v[i].name);
         jb_puts(b, ":{\"dtype\":\"");
         jb_puts(b, st_name_of(t->dtype));
@@ -544,14 +618,20 @@ static bool build_header(jbuf *b, int n, const em_named *v, const jval *meta)
     return !b->oom;
 }
 
-static bool write_all(FILE *fp, const void *p, size_t n) { return n == 0 || fwrite(p, 1, n, fp) == n; }
+/* Writes p[0..n) and continues *crc over it. */
+static bool write_all(FILE *fp, const void *p, size_t n, uint32_t *crc)
+{
+    if (n == 0) return true;
+    *crc = file_crc32(*crc, p, n);
+    return fwrite(p, 1, n, fp) == n;
+}
 
 /* Writes t's elements, contiguous and little-endian. */
-static bool write_tensor(FILE *fp, tensor *t)
+static bool write_tensor(FILE *fp, tensor *t, uint32_t *crc)
 {
     int64_t n = t_numel(t);
     size_t nbytes = (size_t)n * t_esize(t);
-    if (!t_on_cuda(t) && t_is_contig(t) && host_le()) return write_all(fp, t_ptr(t), nbytes);
+    if (!t_on_cuda(t) && t_is_contig(t) && host_le()) return write_all(fp, t_ptr(t), nbytes, crc);
     tensor *c = t_new_persistent(t->dtype, t->ndim, t->shape);
     if (!c) return false;
     if (t_on_cuda(t)) { /* the device's values through a host copy */
@@ -563,12 +643,17 @@ static bool write_tensor(FILE *fp, tensor *t)
         copy_strided(c, t);
     }
     if (!host_le()) swap_bytes(t_ptr(c), n, t_esize(c));
-    bool ok = write_all(fp, t_ptr(c), nbytes);
+    bool ok = write_all(fp, t_ptr(c), nbytes, crc);
     t_free(c);
     return ok;
 }
 
 em_status em_safetensors_save(const char *path, int n, const em_named *tensors, const char *metadata_json)
+{
+    return st_save(path, n, tensors, metadata_json, NULL);
+}
+
+em_status st_save(const char *path, int n, const em_named *tensors, const char *metadata_json, file_sum *sum)
 {
     if (!path || !path[0]) return em_err(EM_ERR_ARG, "em_safetensors_save: path is %s", path ? "empty" : "NULL");
     if (n < 0 || (n > 0 && !tensors))
@@ -590,7 +675,8 @@ em_status em_safetensors_save(const char *path, int n, const em_named *tensors, 
         }
     }
     jbuf hb = {0};
-    bool built = build_header(&hb, n, tensors, have_meta ? &meta : NULL);
+    size_t crc_at = 0;
+    bool built = build_header(&hb, n, tensors, have_meta ? &meta : NULL, &crc_at);
     if (have_meta) json_free(&meta);
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 5);
@@ -614,15 +700,34 @@ em_status em_safetensors_save(const char *path, int n, const em_named *tensors, 
     }
     unsigned char lenb[8];
     for (int k = 0; k < 8; k++) lenb[k] = (unsigned char)((uint64_t)hb.len >> (8 * k));
-    bool ok = write_all(fp, lenb, 8) && write_all(fp, hb.p, hb.len);
-    for (int i = 0; ok && i < n; i++) ok = write_tensor(fp, t_resolve(tensors[i].t, "em_safetensors_save"));
-    free(hb.p);
+    uint32_t head = 0, data = 0; /* crc of the length + header (digits '0'), of the data */
+    bool ok = write_all(fp, lenb, 8, &head) && write_all(fp, hb.p, hb.len, &head);
+    if (ok) fault_point("file.write"); /* a temporary with its header only */
+    uint64_t data_len = 0;
+    for (int i = 0; ok && i < n; i++) {
+        tensor *t = t_resolve(tensors[i].t, "em_safetensors_save");
+        ok = write_tensor(fp, t, &data);
+        data_len += (uint64_t)t_numel(t) * t_esize(t);
+    }
     if (!ok) step = "write";
     if (ok && fflush(fp) != 0) ok = false, step = "flush";
+    if (ok) { /* the checksum's digits into the header */
+        char hex[9];
+        snprintf(hex, sizeof hex, "%08x", file_crc32_combine(head, data, data_len));
+        memcpy(hb.p + crc_at, hex, 8);
+        if (pwrite(fileno(fp), hex, 8, (off_t)(8 + crc_at)) != 8) ok = false, step = "write";
+    }
+    if (ok) fault_point("file.fsync");
     if (ok && fsync(fileno(fp)) != 0) ok = false, step = "fsync";
     if (!ok) err = errno;
     if (fclose(fp) != 0 && ok) ok = false, step = "close", err = errno;
+    if (ok) fault_point("file.rename");
     if (ok && rename(tmp, path) != 0) ok = false, step = "rename", err = errno;
+    if (ok && sum) {
+        sum->size = 8 + hb.len + data_len;
+        sum->crc = file_crc32_combine(file_crc32(file_crc32(0, lenb, 8), hb.p, hb.len), data, data_len);
+    }
+    free(hb.p);
     if (!ok) {
         unlink(tmp);
         s = em_err(EM_ERR_IO, "em_safetensors_save: cannot %s '%s': %s", step,
@@ -649,7 +754,9 @@ static em_named *module_tensors(const em_module *m, int *count)
     return v;
 }
 
-em_status em_module_save(const em_module *m, const char *path)
+em_status em_module_save(const em_module *m, const char *path) { return module_save(m, path, NULL); }
+
+em_status module_save(const em_module *m, const char *path, file_sum *sum)
 {
     if (!m) return em_err(EM_ERR_ARG, "em_module_save: module is NULL");
     int n = 0;
@@ -657,7 +764,7 @@ em_status em_module_save(const em_module *m, const char *path)
     if (!v) return em_last_status();
     /* "format":"pt" tells Hugging Face loaders the tensors follow PyTorch's
      * layout conventions, which ember's do. */
-    em_status s = em_safetensors_save(path, n, v, "{\"format\":\"pt\"}");
+    em_status s = st_save(path, n, v, "{\"format\":\"pt\"}", sum);
     free(v);
     return s;
 }

@@ -7,7 +7,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
+#include "tensor/fault_impl.h"
 #include "tensor/fileio_impl.h"
 #include "tensor/tensor_impl.h"
 
@@ -26,6 +28,65 @@ void file_sync_dir(const char *path)
     free(dir);
 }
 
+uint32_t file_crc32(uint32_t crc, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uLong c = crc;
+    while (n) {
+        uInt k = n > (1u << 30) ? 1u << 30 : (uInt)n;
+        c = crc32(c, b, k);
+        b += k;
+        n -= k;
+    }
+    return (uint32_t)c;
+}
+
+uint32_t file_crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+{
+    return (uint32_t)crc32_combine(crc_a, crc_b, (z_off_t)len_b);
+}
+
+em_status file_checksum(const char *path, file_sum *sum, const char *fn)
+{
+    int fd = file_open_regular(path, fn);
+    if (fd < 0) return em_last_status();
+    enum { CHUNK = 1 << 20 };
+    char *buf = malloc(CHUNK);
+    if (!buf) {
+        close(fd);
+        return em_err(EM_ERR_OOM, "%s: out of memory reading %s", fn, path);
+    }
+    *sum = (file_sum){0};
+    int err = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf, CHUNK);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) err = errno;
+        if (r <= 0) break;
+        sum->crc = file_crc32(sum->crc, buf, (size_t)r);
+        sum->size += (uint64_t)r;
+    }
+    free(buf);
+    close(fd);
+    if (err) return em_err(EM_ERR_IO, "%s: cannot read %s: %s", fn, path, strerror(err));
+    return EM_OK;
+}
+
+static int write_fully(int fd, const char *p, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(fd, p + done, n - done);
+        if (w > 0)
+            done += (size_t)w;
+        else if (w < 0 && errno != EINTR)
+            return errno;
+        else if (w == 0)
+            return EIO;
+    }
+    return 0;
+}
+
 em_status file_write_atomic(const char *path, const void *data, size_t n, const char *fn)
 {
     char tmp[PATH_MAX];
@@ -35,16 +96,13 @@ em_status file_write_atomic(const char *path, const void *data, size_t n, const 
     if (fd < 0) return em_err(EM_ERR_IO, "%s: cannot write %s: %s", fn, path, strerror(errno));
     (void)fchmod(fd, 0644);
     const char *p = data;
-    size_t done = 0;
-    int err = 0;
-    while (done < n && !err) {
-        ssize_t w = write(fd, p + done, n - done);
-        if (w > 0) done += (size_t)w;
-        else if (w < 0 && errno != EINTR) err = errno;
-        else if (w == 0) err = EIO;
-    }
+    int err = write_fully(fd, p, n / 2);
+    if (!err) fault_point("file.write"); /* a temporary half written */
+    if (!err) err = write_fully(fd, p + n / 2, n - n / 2);
+    if (!err) fault_point("file.fsync");
     if (!err && fsync(fd) != 0) err = errno;
     if (close(fd) != 0 && !err) err = errno;
+    if (!err) fault_point("file.rename");
     if (!err && rename(tmp, path) != 0) err = errno;
     if (err) {
         unlink(tmp);

@@ -784,6 +784,7 @@ static double resumed_on(const char *world, int shift_windows)
         fprintf(f, "%.*s%lld%s", (int)(at - text), text, off + shift_windows, strchr(at, '"'));
         fclose(f);
     }
+    if (shift_windows) th_reseal_checkpoint(state); /* past the checksums, to the trajectory */
     th_run_result *r = launch_train(world, "0", NULL, txt, saved, state);
     CHECK_EXIT(r, 0);
     CHECK(strstr(r->out, "resuming at step 6") != NULL);

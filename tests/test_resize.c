@@ -320,6 +320,7 @@ TEST(test_load_state_names_both_files_when_the_ranks_disagree_on_the_step)
     char r1[300];
     snprintf(r1, sizeof r1, "%s/rank_1.json", e.j.dir);
     edit_file(r1, "\"steps\": \"5\"", "\"steps\": \"4\"");
+    th_reseal_checkpoint(e.j.dir); /* past the checksums, to the check of one save */
     e.j.per_rank = GLOBAL; /* on 1 rank, rank 0 itself verifies rank_1.json */
     e.msg[0] = "rank_0.json and ";
     e.msg[1] = "rank_1.json disagree on optimizer steps (5 vs 4)";
@@ -341,6 +342,7 @@ TEST(test_load_state_on_another_world_refuses_a_state_without_its_global_batch)
         snprintf(p, sizeof p, "%s/rank_%d.json", e.j.dir, r);
         edit_file(p, "\"loader.global_batch\": \"8\",", "");
     }
+    th_reseal_checkpoint(e.j.dir);
     e.j.per_rank = GLOBAL;
     e.msg[0] = "does not record its loader's global batch";
     e.msg[1] = "resumes only on the 2 processes that saved it; this run has 1";

@@ -257,6 +257,90 @@ TEST(test_safetensors_flipped_header_bytes_give_errors_not_crashes)
     st_cleanup();
 }
 
+/* Every file ember writes carries "ember.crc32" (a string, as other readers
+ * expect of metadata): a flipped bit anywhere, in the data or the header, is
+ * an error naming the file. Only the letters of that key are exempt: a
+ * change there leaves the contents intact (and the file unchecked). */
+TEST(test_safetensors_checksum_catches_a_flipped_bit_anywhere_in_the_file)
+{
+    st_tmpdir();
+    const char *good = st_path("good.safetensors"), *bad = st_path("bad.safetensors");
+    st_write_sample(good);
+    em_safetensors *f = em_safetensors_open(good);
+    CHECK_NOTNULL(f);
+    const char *crc = em_safetensors_metadata(f, "ember.crc32");
+    CHECK(crc && strlen(crc) == 8);
+    CHECK(!strcmp(em_safetensors_metadata(f, "format"), "pt"));
+    em_safetensors_close(f);
+    size_t size;
+    unsigned char *b = st_read_file(good, &size);
+    const unsigned char *key = memmem(b, size, "\"ember.crc32\"", 13);
+    CHECK(key != NULL);
+    size_t key_at = (size_t)(key - b) + 1;
+    for (size_t pos = 0; pos < size; pos++) {
+        if (pos >= key_at && pos < key_at + 11) continue;
+        for (int bit = 0; bit < 8; bit += 3) {
+            b[pos] ^= (unsigned char)(1u << bit);
+            st_write_raw(bad, b, size);
+            b[pos] ^= (unsigned char)(1u << bit);
+            em_clear_error();
+            em_safetensors *g = em_safetensors_open(bad);
+            if (g) {
+                em_safetensors_close(g);
+                th_fail(__FILE__, __LINE__, "byte %zu bit %d flipped: the file opened", pos, bit);
+            }
+            CHECK(em_last_status() == EM_ERR_IO && strstr(em_last_error(), bad));
+        }
+    }
+    b[8 + st_get_le(b, 8)] ^= 1; /* a data byte: the message says what is wrong */
+    st_write_raw(bad, b, size);
+    CHECK_ERR(em_safetensors_open(bad), EM_ERR_IO, "the checksum does not match");
+    free(b);
+    st_cleanup();
+}
+
+/* Files from other writers have no "ember.crc32": they open and read as before. */
+TEST(test_safetensors_file_without_a_checksum_opens_unchecked)
+{
+    st_tmpdir();
+    const char *path = st_path("other.safetensors");
+    float data[2] = {1.5f, -2};
+    st_write_file(path,
+                  "{\"__metadata__\":{\"format\":\"pt\"},\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_"
+                  "offsets\":[0,8]}}",
+                  data, 8);
+    em_safetensors *f = em_safetensors_open(path);
+    CHECK_NOTNULL(f);
+    CHECK(em_safetensors_metadata(f, "ember.crc32") == NULL);
+    em_tensor *w = em_safetensors_get(f, "w");
+    CHECK_VALUES(w, 0, 1.5, -2);
+    em_free(w);
+    em_safetensors_close(f);
+    st_cleanup();
+}
+
+/* The checksum is the writer's: one passed in the metadata is replaced. */
+TEST(test_safetensors_save_writes_its_own_checksum_over_a_given_one)
+{
+    st_tmpdir();
+    em_tensor *t = em_ones(EM_F32, EM_SHAPE(3));
+    const char *path = st_path("m.safetensors");
+    CHECK_OK(em_safetensors_save(path, 1, &(em_named){"w", t},
+                                 "{\"ember.crc32\":\"deadbeef\",\"format\":\"pt\"}"));
+    em_safetensors *f = em_safetensors_open(path);
+    CHECK_NOTNULL(f);
+    CHECK(strcmp(em_safetensors_metadata(f, "ember.crc32"), "deadbeef") != 0);
+    CHECK(!strcmp(em_safetensors_metadata(f, "format"), "pt"));
+    em_safetensors_close(f);
+    CHECK_OK(em_safetensors_save(path, 0, NULL, NULL)); /* no tensors: still checked, still opens */
+    f = em_safetensors_open(path);
+    CHECK_NOTNULL(f);
+    CHECK(em_safetensors_count(f) == 0 && em_safetensors_metadata(f, "ember.crc32") != NULL);
+    em_safetensors_close(f);
+    em_free(t);
+    st_cleanup();
+}
+
 /* Each header is checked against the message it must produce. */
 static void expect_bad(const char *header, size_t data_len, const char *sub)
 {

@@ -21,7 +21,8 @@
  * says so, with an empty metrics file); a checkpoint that fails to load is
  * an error, never a fresh start. The fault points "train.step" (the end of
  * each step) and "train.save" (a save begins) let EMBER_FAULT kill a run
- * there (tensor/fault_impl.h). */
+ * there, as do those of every write, fsync and rename of the files and of
+ * the checkpoint (tensor/fault_impl.h lists them all). */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -33,6 +34,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "dist/checkpoint_impl.h"
 #include "ember/ember.h"
 #include "tensor/fault_impl.h"
 #include "tensor/fileio_impl.h"
@@ -292,7 +294,11 @@ static em_status evaluate(run *r, double loss[2])
     return s;
 }
 
-/* The model and config (rank 0), then every rank's resumable state. */
+/* The model and config (rank 0), then every rank's resumable state. Each is
+ * written atomically and carries a checksum (crash-safe: the fault tests kill
+ * -9 at every write, fsync and rename). The weights come first, so DIR/state
+ * at step k always sits beside weights of step k or later, and a run resumed
+ * from it rewrites them. */
 static em_status save(run *r)
 {
     fault_point("train.save"); /* EMBER_FAULT: a crash as a save begins */
@@ -475,13 +481,18 @@ static em_status keep_metrics_until(const char *path, int64_t step)
 
 /* Whether dir holds a checkpoint for --resume auto: anything but a missing
  * path or an empty directory counts (so a damaged checkpoint is loaded, and
- * fails, rather than silently trained over). */
+ * fails, rather than silently trained over); so does a missing dir with a
+ * DIR.old-* copy beside it (a save interrupted between the two renames of a
+ * file system without atomic swaps: the load takes that copy). */
 static em_status has_checkpoint(const char *dir, bool *yes)
 {
     struct stat sb;
     *yes = false;
     if (stat(dir, &sb) != 0) {
-        if (errno == ENOENT) return EM_OK;
+        if (errno == ENOENT) {
+            *yes = ckpt_has_old(dir);
+            return EM_OK;
+        }
         return em_set_error(EM_ERR_IO, "--resume auto: cannot look at %s: %s", dir, strerror(errno));
     }
     *yes = true;

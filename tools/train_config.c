@@ -7,6 +7,32 @@
 #include "tensor/fileio_impl.h"
 #include "train_config.h"
 
+/* The last line ember writes: the crc32 of every byte before it. */
+#define CRC_LINE "# ember.crc32: "
+enum { CRC_LINE_LEN = sizeof CRC_LINE - 1 + 8 + 1 };
+
+/* A file whose last line is CRC_LINE + 8 hex digits must match them (a
+ * config written by hand has no such line and is not checked). */
+static em_status check_crc(const char *path, const char *text, size_t n)
+{
+    if (n < CRC_LINE_LEN || text[n - 1] != '\n') return EM_OK;
+    const char *line = text + n - CRC_LINE_LEN;
+    if ((line > text && line[-1] != '\n') || strncmp(line, CRC_LINE, sizeof CRC_LINE - 1)) return EM_OK;
+    const char *hex = line + sizeof CRC_LINE - 1;
+    char want[9];
+    memcpy(want, hex, 8);
+    want[8] = 0;
+    char got[9];
+    snprintf(got, sizeof got, "%08x", file_crc32(0, text, (size_t)(line - text)));
+    if (strcmp(got, want))
+        return em_set_error(
+            EM_ERR_IO,
+            "config: %s: the checksum does not match: its last line says crc32 %s but the lines "
+            "above it give %s (the file is damaged)",
+            path, want, got);
+    return EM_OK;
+}
+
 em_status run_config_write(const char *path, const em_gpt_config *m, const em_vocab *vocab)
 {
     char *vs = em_vocab_to_string(vocab);
@@ -32,7 +58,9 @@ em_status run_config_write(const char *path, const em_gpt_config *m, const em_vo
     }
     fprintf(f, "\"\n");
     free(vs);
-    bool ok = fclose(f) == 0;
+    bool ok = fflush(f) == 0;
+    if (ok) fprintf(f, CRC_LINE "%08x\n", file_crc32(0, text, len)); /* of everything above it */
+    ok = fclose(f) == 0 && ok;
     em_status s = ok ? file_write_atomic(path, text, len, "config") : em_set_error(EM_ERR_OOM, "config: out of memory");
     free(text);
     return s;
@@ -45,8 +73,18 @@ static em_status bad(const char *path, int line, const char *what, const char *k
 
 em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
 {
-    FILE *f = file_fopen_regular(path, "config"); /* a FIFO is refused, not waited on */
-    if (!f) return em_last_status();
+    char *text; /* a FIFO is refused, not waited on */
+    size_t n;
+    if (file_read_all(path, (size_t)1 << 24, &text, &n, "config")) return em_last_status();
+    if (check_crc(path, text, n)) {
+        free(text);
+        return em_last_status();
+    }
+    FILE *f = fmemopen(text, n ? n : 1, "r");
+    if (!f) {
+        free(text);
+        return em_set_error(EM_ERR_OOM, "config: out of memory reading %s", path);
+    }
     *m = (em_gpt_config){0};
     char line[2048];
     int ln = 0, seen = 0;
@@ -115,6 +153,7 @@ em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
         }
     }
     fclose(f);
+    free(text);
     if (!s && seen != 9)
         s = em_set_error(EM_ERR_IO, "config: %s is missing keys (found %d of 9)", path, seen);
     if (!s && vocab->size != m->vocab_size)

@@ -359,18 +359,32 @@ bool em_accel_check_trigger(em_accelerator *a, em_status *status);
  * and global batch, sampler state and batch, loss scaler, and every rank's
  * registered generators and default generator (DIR/rank_R.json), so
  * load_state continues a run exactly. Every rank calls it (it is
- * collective); files are written to a temporary name and renamed.
+ * collective). The checkpoint is whole or absent: the files go to
+ * DIR.tmp-<save id> beside DIR, DIR/manifest.json (written last) names each
+ * with its size and crc32, and the directory replaces DIR in one atomic
+ * rename, so until then DIR is the previous checkpoint, untouched. DIR must
+ * be new or hold only a checkpoint (EM_ERR_IO naming a foreign file; it is
+ * replaced whole); stale DIR.tmp-* of interrupted saves are removed.
+ * EM_ERR_IO naming the file that could not be written, on every rank.
  *
- * load_state restores all of it (collective, like save_state), or fails:
- * EM_ERR_IO naming the file when one is missing, unreadable, or disagrees
- * with rank 0's on what every rank of one save holds alike (steps,
+ * load_state restores all of it (collective, like save_state), or fails.
+ * First, on every rank, it verifies the checkpoint: DIR/manifest.json
+ * (missing: EM_ERR_IO "not a complete checkpoint"; from an older ember:
+ * EM_ERR_IO saying so), then every file it names, by size and crc32
+ * (EM_ERR_IO naming the file: "the checksum does not match"), and each rank
+ * file's save id. Then the counters: EM_ERR_IO naming the file when one
+ * disagrees with rank 0's on what every rank of one save holds alike (steps,
  * micro-step, sampler, scaler: then both files are named); EM_ERR_ARG when
  * the checkpoint does not fit this run (generators, loader, sampler or
- * scaler present in one and not the other), naming what each has; on the
- * other ranks EM_ERR_DIST naming the rank that failed. Every rank checks
- * the counters files before any rank changes anything, so those errors
- * leave every rank's run untouched; a model or optimizer file that fails
- * to load is found later and may leave part of the state loaded.
+ * scaler present in one and not the other), naming what each has. Then all
+ * ranks must have verified the same save (EM_ERR_DIST naming both ids). On
+ * the other ranks a failure is EM_ERR_DIST naming the rank that failed. All
+ * of this comes before any rank changes anything, so those errors leave
+ * every rank's run untouched; a model or optimizer file that verifies but
+ * does not fit the model (names, shapes) is found later and may leave part
+ * of the state loaded. A DIR missing because a save on a file system
+ * without atomic directory swaps was interrupted is found as its complete
+ * DIR.old-* copy.
  *
  * Another world size. A directory saved by W processes loads on W' != W as
  * the continuation of the same trajectory, up to float reassociation, when
@@ -393,9 +407,7 @@ bool em_accel_check_trigger(em_accelerator *a, em_status *status);
  *    mapped exactly, and dropout masks then differ from an uninterrupted run
  *    of either size (each rank draws for another share of the batch);
  *  - a checkpoint saved mid-accumulation (micro-step != 0) is refused
- *    (EM_ERR_ARG): its partial gradients were summed per rank;
- *  - a checkpoint from before global batches were recorded is refused
- *    (EM_ERR_ARG) when it has a loader or a sampler.
+ *    (EM_ERR_ARG): its partial gradients were summed per rank.
  * Errors for what stays impossible say what the checkpoint has and what
  * this run has. */
 em_status em_accel_save_state(em_accelerator *a, const char *dir);

@@ -91,14 +91,21 @@ em_status em_module_zero_grad(em_module *m);
  * The real format: 8-byte little-endian header length, a JSON header
  * {"name": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...,
  *  "__metadata__": {...}}, then raw little-endian data. Files are written to
- * PATH.tmp, fsync'd and renamed, so a crash never leaves a half file at PATH. */
+ * PATH.tmp, fsync'd and renamed, so a crash never leaves a half file at PATH.
+ * Every file ember writes carries its own checksum, "ember.crc32" in the
+ * metadata (8 hex digits: the crc32 of the whole file with those digits read
+ * as '0'); a file that has one is verified when opened. */
 /* Writes n named tensors (any strides; written contiguous). metadata: NULL
- * or a flat JSON object of string values, e.g. {"format":"pt"}. */
+ * or a flat JSON object of string values, e.g. {"format":"pt"}; its
+ * "ember.crc32", if any, is replaced by the file's own. */
 em_status em_safetensors_save(const char *path, int n, const em_named *tensors, const char *metadata_json);
 
 typedef struct em_safetensors em_safetensors;
 /* Opens and validates a file (header JSON, dtypes, offsets inside the file,
- * no overlaps). NULL + EM_ERR_IO naming the path and what is wrong. */
+ * no overlaps) and, when it has "ember.crc32", reads it once through to
+ * check it. NULL + EM_ERR_IO naming the path and what is wrong ("the
+ * checksum does not match" for a damaged file). Files of other writers have
+ * no checksum and are not read through. */
 em_safetensors *em_safetensors_open(const char *path);
 void em_safetensors_close(em_safetensors *f);
 int em_safetensors_count(const em_safetensors *f);
