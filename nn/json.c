@@ -97,12 +97,16 @@ static int put_utf8(unsigned char *o, unsigned cp)
     return 4;
 }
 
-/* Four hex digits at j->i into *cp. */
+/* Four hex digits at j->i into *cp. (tests/fuzz/fuzz_json_planted.c builds
+ * this file with EMBER_FUZZ_PLANTED_BUG, which drops the bounds check below,
+ * to show its fuzzer finds the overread of a truncated escape.) */
 static bool hex4(jcur *j, unsigned *cp)
 {
     unsigned v = 0;
     for (int k = 0; k < 4; k++, j->i++) {
+#ifndef EMBER_FUZZ_PLANTED_BUG
         if (j->i >= j->n) return jp_fail(j, "truncated \\u escape");
+#endif
         unsigned c = j->p[j->i], d;
         if (c >= '0' && c <= '9')
             d = c - '0';
@@ -581,8 +585,12 @@ bool json_parse(const char *text, size_t len, jval *out, char *err, size_t errle
         snprintf(err, errlen, "out of memory (%zu bytes for the tree of %zu values)", bytes, j.values);
         return false;
     }
-    jbuild b = {jc_start(text, len), (jval *)block, (char **)(block + nodes * sizeof(jval)),
-                block + nodes * sizeof(jval) + j.members * sizeof(char *)};
+    jbuild b = {jc_start(text, len), NULL, NULL, NULL}; /* no block: a number or an empty container */
+    if (block) {
+        b.nodes = (jval *)block;
+        b.keys = (char **)(block + nodes * sizeof(jval));
+        b.str = block + nodes * sizeof(jval) + j.members * sizeof(char *);
+    }
     build_value(&b, out);
     return true;
 }
