@@ -1,14 +1,16 @@
 # Makefile — a thin wrapper over meson/ninja for the common commands.
 #   make demo          set up, build, train a small GPT on a word list, sample from it
-#   make test [T=x]    plain + ASan/UBSan builds, run the suite in both
+#   make test [T=x]    plain + ASan/UBSan builds, run the suite in both, then the
+#                      libFuzzer targets when clang is installed
 #                      (T: only tests whose name contains one of its words)
+#   make fuzz [S=secs] build-fuzz/ with clang, run each fuzz target S seconds (default 25)
 #   make build         set up and build build/
 #   make bench [B=x]   build, run the benchmarks (build/bench/bench_ops)
 #   make setup         check/install the system packages the build needs
 #   make clean         remove the build directories
 BUILD ?= build
 
-.PHONY: all demo test build bench setup clean
+.PHONY: all demo test fuzz build bench setup clean
 
 all: build
 
@@ -29,9 +31,12 @@ demo: build
 test:
 	@bash scripts/run_tests.sh $(T)
 
+fuzz:
+	@bash scripts/fuzz.sh $(S)
+
 bench: build
 	@if [ -x $(BUILD)/bench/bench_ops ]; then ./$(BUILD)/bench/bench_ops $(B); \
 	else echo "bench: no benchmark binary yet ($(BUILD)/bench/bench_ops is not built by bench/meson.build)" >&2; exit 1; fi
 
 clean:
-	rm -rf build build-asan $(filter-out build build-asan,$(BUILD))
+	rm -rf build build-asan build-fuzz $(filter-out build build-asan build-fuzz,$(BUILD))

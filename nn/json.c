@@ -1,7 +1,14 @@
 /* json.c — the strict JSON reader behind the safetensors header, and the
  * escaping writer used to produce one. See json_impl.h for what is taken
- * and what is rejected. Recursive descent over a byte range; every value
- * records where it started so callers can say where a bad entry is. */
+ * and what is rejected.
+ *
+ * One recursive-descent validator (json_check) reads every byte; it builds
+ * nothing, so its memory does not grow with the values it meets, only with
+ * the keys of the objects it is inside, kept as 4-byte offsets and sorted at
+ * each object's end to find duplicates. Everything else reads text the
+ * validator accepted: the cursor (jc_*) decodes a value where it stands, and
+ * json_parse's tree is built in one block whose size the validating pass
+ * counted. All of them decode strings with the same function (str_step). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,27 +16,24 @@
 #include "json_impl.h"
 
 #define JSON_MAX_DEPTH 16
+#define JSON_MAX_LEN ((size_t)INT32_MAX) /* key offsets are 4 bytes, member counts an int */
 
-typedef struct jparser {
-    const unsigned char *p;
-    size_t n, i;
-    int depth;
-    char *err;
-    size_t errlen;
-} jparser;
-
-static bool jp_fail(jparser *j, const char *what)
+static bool jp_fail(jcur *j, const char *what)
 {
-    if (j->i >= j->n) snprintf(j->err, j->errlen, "%s at byte %zu (end of input)", what, j->i);
+    if (!j->err) return false;
+    if (j->i >= j->n)
+        snprintf(j->err, j->errlen, "%s at byte %zu (end of input)", what, j->i);
     else if (j->p[j->i] >= 0x20 && j->p[j->i] < 0x7f)
         snprintf(j->err, j->errlen, "%s at byte %zu ('%c')", what, j->i, j->p[j->i]);
-    else snprintf(j->err, j->errlen, "%s at byte %zu (byte 0x%02x)", what, j->i, j->p[j->i]);
+    else
+        snprintf(j->err, j->errlen, "%s at byte %zu (byte 0x%02x)", what, j->i, j->p[j->i]);
     return false;
 }
 
-static void skip_ws(jparser *j)
+static void skip_ws(jcur *j)
 {
-    while (j->i < j->n && (j->p[j->i] == ' ' || j->p[j->i] == '\t' || j->p[j->i] == '\n' || j->p[j->i] == '\r'))
+    while (j->i < j->n &&
+           (j->p[j->i] == ' ' || j->p[j->i] == '\t' || j->p[j->i] == '\n' || j->p[j->i] == '\r'))
         j->i++;
 }
 
@@ -40,16 +44,21 @@ static size_t utf8_len(const unsigned char *s, size_t n)
     if (c < 0x80) return 1;
     size_t len;
     unsigned cp;
-    if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1f;
-    else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0f;
-    else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07;
-    else return 0;
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef)
+        len = 3, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4)
+        len = 4, cp = c & 0x07;
+    else
+        return 0;
     if (len > n) return 0;
     for (size_t k = 1; k < len; k++) {
         if ((s[k] & 0xc0) != 0x80) return 0;
         cp = cp << 6 | (s[k] & 0x3f);
     }
-    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff))
         return 0;
     return len;
 }
@@ -64,144 +73,139 @@ bool json_utf8_ok(const unsigned char *s, size_t n)
     return true;
 }
 
-static size_t put_utf8(char *o, unsigned cp)
+static int put_utf8(unsigned char *o, unsigned cp)
 {
     if (cp < 0x80) {
-        o[0] = (char)cp;
+        o[0] = (unsigned char)cp;
         return 1;
     }
     if (cp < 0x800) {
-        o[0] = (char)(0xc0 | cp >> 6);
-        o[1] = (char)(0x80 | (cp & 0x3f));
+        o[0] = (unsigned char)(0xc0 | cp >> 6);
+        o[1] = (unsigned char)(0x80 | (cp & 0x3f));
         return 2;
     }
     if (cp < 0x10000) {
-        o[0] = (char)(0xe0 | cp >> 12);
-        o[1] = (char)(0x80 | (cp >> 6 & 0x3f));
-        o[2] = (char)(0x80 | (cp & 0x3f));
+        o[0] = (unsigned char)(0xe0 | cp >> 12);
+        o[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
+        o[2] = (unsigned char)(0x80 | (cp & 0x3f));
         return 3;
     }
-    o[0] = (char)(0xf0 | cp >> 18);
-    o[1] = (char)(0x80 | (cp >> 12 & 0x3f));
-    o[2] = (char)(0x80 | (cp >> 6 & 0x3f));
-    o[3] = (char)(0x80 | (cp & 0x3f));
+    o[0] = (unsigned char)(0xf0 | cp >> 18);
+    o[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3f));
+    o[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
+    o[3] = (unsigned char)(0x80 | (cp & 0x3f));
     return 4;
 }
 
-/* Four hex digits at j->i into *cp. */
-static bool hex4(jparser *j, unsigned *cp)
+/* Four hex digits at j->i into *cp. (tests/fuzz/fuzz_json_planted.c builds
+ * this file with EMBER_FUZZ_PLANTED_BUG, which drops the bounds check below,
+ * to show its fuzzer finds the overread of a truncated escape.) */
+static bool hex4(jcur *j, unsigned *cp)
 {
     unsigned v = 0;
     for (int k = 0; k < 4; k++, j->i++) {
+#ifndef EMBER_FUZZ_PLANTED_BUG
         if (j->i >= j->n) return jp_fail(j, "truncated \\u escape");
+#endif
         unsigned c = j->p[j->i], d;
-        if (c >= '0' && c <= '9') d = c - '0';
-        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-        else return jp_fail(j, "bad hex digit in \\u escape");
+        if (c >= '0' && c <= '9')
+            d = c - '0';
+        else if (c >= 'a' && c <= 'f')
+            d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F')
+            d = c - 'A' + 10;
+        else
+            return jp_fail(j, "bad hex digit in \\u escape");
         v = v << 4 | d;
     }
     *cp = v;
     return true;
 }
 
-/* A string literal at j->i (on the opening quote) into a new C string. The
- * decoded form is never longer than the literal, so one allocation does. */
-static bool parse_string(jparser *j, char **out)
+/* One character of a string literal at j->i (inside the quotes): its UTF-8
+ * bytes into o[0..4) and their count; 0 at the closing quote (stepped over),
+ * -1 on an error (reported). */
+static int str_step(jcur *j, unsigned char *o)
 {
-    size_t start = ++j->i, end = start;
-    while (end < j->n && j->p[end] != '"') end += j->p[end] == '\\' ? 2 : 1;
-    char *o = malloc((end > j->n ? j->n : end) - start + 1);
-    if (!o) return jp_fail(j, "out of memory");
-    size_t k = 0;
-    for (;;) {
-        if (j->i >= j->n) {
-            free(o);
-            return jp_fail(j, "unterminated string");
-        }
-        unsigned c = j->p[j->i];
-        if (c == '"') break;
-        if (c < 0x20) {
-            free(o);
-            return jp_fail(j, "control character in string");
-        }
-        if (c != '\\') {
-            size_t len = utf8_len(j->p + j->i, j->n - j->i);
-            if (!len) {
-                free(o);
-                return jp_fail(j, "invalid UTF-8 in string");
-            }
-            memcpy(o + k, j->p + j->i, len);
-            k += len;
-            j->i += len;
-            continue;
-        }
+    if (j->i >= j->n) return jp_fail(j, "unterminated string"), -1;
+    unsigned c = j->p[j->i];
+    if (c == '"') {
         j->i++;
-        if (j->i >= j->n) {
-            free(o);
-            return jp_fail(j, "unterminated string");
-        }
-        unsigned cp = 0;
-        switch (j->p[j->i]) {
-        case '"': cp = '"'; break;
-        case '\\': cp = '\\'; break;
-        case '/': cp = '/'; break;
-        case 'b': cp = '\b'; break;
-        case 'f': cp = '\f'; break;
-        case 'n': cp = '\n'; break;
-        case 'r': cp = '\r'; break;
-        case 't': cp = '\t'; break;
-        case 'u': {
-            size_t at = j->i - 1;
-            j->i++;
-            if (!hex4(j, &cp)) {
-                free(o);
-                return false;
-            }
-            if (cp >= 0xdc00 && cp <= 0xdfff) {
-                j->i = at;
-                free(o);
-                return jp_fail(j, "unpaired low surrogate in \\u escape");
-            }
-            if (cp >= 0xd800 && cp <= 0xdbff) {
-                unsigned lo = 0;
-                if (j->i + 1 >= j->n || j->p[j->i] != '\\' || j->p[j->i + 1] != 'u') {
-                    j->i = at;
-                    free(o);
-                    return jp_fail(j, "high surrogate without its low half");
-                }
-                j->i += 2;
-                if (!hex4(j, &lo)) {
-                    free(o);
-                    return false;
-                }
-                if (lo < 0xdc00 || lo > 0xdfff) {
-                    j->i = at;
-                    free(o);
-                    return jp_fail(j, "high surrogate without its low half");
-                }
-                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-            }
-            if (cp == 0) {
-                j->i = at;
-                free(o);
-                return jp_fail(j, "\\u0000 is not allowed in a string");
-            }
-            k += put_utf8(o + k, cp);
-            continue; /* j->i is already past the escape */
-        }
-        default: free(o); return jp_fail(j, "bad escape in string");
-        }
-        o[k++] = (char)cp;
-        j->i++;
+        return 0;
     }
-    j->i++; /* closing quote */
-    o[k] = '\0';
-    *out = o;
+    if (c < 0x20) return jp_fail(j, "control character in string"), -1;
+    if (c != '\\') {
+        size_t len = utf8_len(j->p + j->i, j->n - j->i);
+        if (!len) return jp_fail(j, "invalid UTF-8 in string"), -1;
+        memcpy(o, j->p + j->i, len);
+        j->i += len;
+        return (int)len;
+    }
+    size_t at = j->i++;
+    if (j->i >= j->n) return jp_fail(j, "unterminated string"), -1;
+    unsigned cp = 0;
+    switch (j->p[j->i]) {
+    case '"': cp = '"'; break;
+    case '\\': cp = '\\'; break;
+    case '/': cp = '/'; break;
+    case 'b': cp = '\b'; break;
+    case 'f': cp = '\f'; break;
+    case 'n': cp = '\n'; break;
+    case 'r': cp = '\r'; break;
+    case 't': cp = '\t'; break;
+    case 'u': {
+        j->i++;
+        if (!hex4(j, &cp)) return -1;
+        if (cp >= 0xdc00 && cp <= 0xdfff) {
+            j->i = at;
+            return jp_fail(j, "unpaired low surrogate in \\u escape"), -1;
+        }
+        if (cp >= 0xd800 && cp <= 0xdbff) {
+            unsigned lo = 0;
+            if (j->i + 1 >= j->n || j->p[j->i] != '\\' || j->p[j->i + 1] != 'u') {
+                j->i = at;
+                return jp_fail(j, "high surrogate without its low half"), -1;
+            }
+            j->i += 2;
+            if (!hex4(j, &lo)) return -1;
+            if (lo < 0xdc00 || lo > 0xdfff) {
+                j->i = at;
+                return jp_fail(j, "high surrogate without its low half"), -1;
+            }
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+        }
+        if (cp == 0) {
+            j->i = at;
+            return jp_fail(j, "\\u0000 is not allowed in a string"), -1;
+        }
+        return put_utf8(o, cp); /* j->i is already past the escape */
+    }
+    default: return jp_fail(j, "bad escape in string"), -1;
+    }
+    j->i++;
+    o[0] = (unsigned char)cp;
+    return 1;
+}
+
+/* The string literal at j->i (on its opening quote), checked and stepped
+ * over; decoded into o[0..cap) (truncated, NUL-terminated) unless o is NULL.
+ * *len is the whole decoded length. */
+static bool scan_string(jcur *j, char *o, size_t cap, size_t *len)
+{
+    j->i++;
+    size_t k = 0;
+    unsigned char b[4];
+    int nb;
+    while ((nb = str_step(j, b)) > 0)
+        for (int x = 0; x < nb; x++, k++)
+            if (o && k + 1 < cap) o[k] = (char)b[x];
+    if (nb < 0) return false;
+    if (o && cap) o[k < cap ? k : cap - 1] = '\0';
+    *len = k;
     return true;
 }
 
-static bool parse_int(jparser *j, int64_t *out)
+static bool parse_int(jcur *j, int64_t *out)
 {
     bool neg = j->p[j->i] == '-';
     if (neg) j->i++;
@@ -221,151 +225,383 @@ static bool parse_int(jparser *j, int64_t *out)
     return true;
 }
 
-static bool parse_value(jparser *j, jval *v);
+/* ---- validating -------------------------------------------------------------- */
 
-/* Appends a member to an object or array (keys NULL for arrays). */
-static bool add_member(jparser *j, jval *v, int *cap, char *key)
+typedef struct jparser {
+    jcur c;
+    int depth;
+    uint32_t *keys; /* offsets of the keys of every object being read */
+    size_t nkeys, capkeys;
+    size_t values, members, strbytes; /* what json_parse's tree needs */
+} jparser;
+
+/* The decoded bytes of a checked string literal, one at a time. */
+typedef struct kiter {
+    jcur c;
+    unsigned char b[4];
+    int nb, at;
+} kiter;
+
+static kiter kiter_at(const unsigned char *p, size_t n, size_t quote)
 {
-    if (v->n == *cap) {
-        int c = *cap ? 2 * *cap : 4;
-        jval *nv = realloc(v->v, sizeof *nv * (size_t)c);
-        if (!nv) return jp_fail(j, "out of memory");
-        v->v = nv;
-        if (v->kind == J_OBJ) {
-            char **nk = realloc(v->keys, sizeof *nk * (size_t)c);
-            if (!nk) return jp_fail(j, "out of memory");
-            v->keys = nk;
-        }
-        *cap = c;
-    }
-    memset(&v->v[v->n], 0, sizeof v->v[0]);
-    if (v->kind == J_OBJ) v->keys[v->n] = key;
-    v->n++;
-    return true;
+    return (kiter){.c = {p, n, quote + 1, NULL, 0}};
 }
 
-static _Thread_local const jval *sort_base;
+/* The next byte, or -1 at the end. */
+static int kiter_next(kiter *k)
+{
+    if (k->at == k->nb) {
+        k->nb = str_step(&k->c, k->b);
+        k->at = 0;
+        if (k->nb <= 0) {
+            k->nb = 0;
+            return -1;
+        }
+    }
+    return k->b[k->at++];
+}
+
+static _Thread_local const jcur *sort_text;
+/* Keys by their decoded bytes (as strcmp orders them), then by position. */
 static int cmp_key(const void *a, const void *b)
 {
-    int x = *(const int *)a, y = *(const int *)b;
-    int c = strcmp(sort_base->keys[x], sort_base->keys[y]);
-    return c ? c : (x > y) - (x < y);
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    kiter kx = kiter_at(sort_text->p, sort_text->n, x), ky = kiter_at(sort_text->p, sort_text->n, y);
+    for (;;) {
+        int cx = kiter_next(&kx), cy = kiter_next(&ky);
+        if (cx != cy) return cx < cy ? -1 : 1;
+        if (cx < 0) return (x > y) - (x < y);
+    }
 }
 
-/* Duplicate keys are found by sorting (a header may hold many thousands);
- * the error points at the value of the later duplicate. */
-static bool unique_keys(jparser *j, const jval *v)
+/* Duplicates among the keys of the object just read (keys[base..]): the
+ * error points at the value of the later duplicate. */
+static bool unique_keys(jparser *j, size_t base)
 {
-    if (v->n < 2) return true;
-    int *ix = malloc(sizeof *ix * (size_t)v->n);
-    if (!ix) return jp_fail(j, "out of memory");
-    for (int k = 0; k < v->n; k++) ix[k] = k;
-    sort_base = v;
-    qsort(ix, (size_t)v->n, sizeof *ix, cmp_key);
-    for (int k = 1; k < v->n; k++)
-        if (!strcmp(v->keys[ix[k - 1]], v->keys[ix[k]])) {
-            const char *key = v->keys[ix[k]];
-            j->i = v->v[ix[k]].pos;
-            free(ix);
-            snprintf(j->err, j->errlen, "duplicate key '%.80s' (second value at byte %zu)", key, j->i);
-            return false;
-        }
-    free(ix);
+    size_t m = j->nkeys - base;
+    if (m < 2) return true;
+    uint32_t *k = j->keys + base;
+    sort_text = &j->c;
+    qsort(k, m, sizeof *k, cmp_key);
+    for (size_t x = 1; x < m; x++) {
+        kiter a = kiter_at(j->c.p, j->c.n, k[x - 1]), b = kiter_at(j->c.p, j->c.n, k[x]);
+        int ca, cb;
+        do ca = kiter_next(&a), cb = kiter_next(&b);
+        while (ca == cb && ca >= 0);
+        if (ca != cb) continue;
+        char key[81];
+        jcur at = {j->c.p, j->c.n, k[x], NULL, 0};
+        size_t len;
+        scan_string(&at, key, sizeof key, &len);
+        skip_ws(&at);
+        at.i++; /* ':' */
+        skip_ws(&at);
+        snprintf(j->c.err, j->c.errlen, "duplicate key '%s' (second value at byte %zu)", key, at.i);
+        j->c.i = at.i;
+        return false;
+    }
     return true;
 }
 
-static bool parse_container(jparser *j, jval *v)
+static bool push_key(jparser *j, size_t at)
 {
-    bool obj = j->p[j->i] == '{';
+    if (j->nkeys == j->capkeys) {
+        size_t c = j->capkeys ? 2 * j->capkeys : 64;
+        uint32_t *nk = realloc(j->keys, sizeof *nk * c);
+        if (!nk) return jp_fail(&j->c, "out of memory");
+        j->keys = nk;
+        j->capkeys = c;
+    }
+    j->keys[j->nkeys++] = (uint32_t)at;
+    return true;
+}
+
+static bool check_value(jparser *j);
+
+static bool check_container(jparser *j)
+{
+    jcur *c = &j->c;
+    bool obj = c->p[c->i] == '{';
     char close = obj ? '}' : ']';
-    v->kind = obj ? J_OBJ : J_ARR;
-    if (++j->depth > JSON_MAX_DEPTH) return jp_fail(j, "nesting deeper than 16 levels");
-    j->i++;
-    skip_ws(j);
-    int cap = 0;
-    if (j->i < j->n && j->p[j->i] == close) {
-        j->i++;
+    if (++j->depth > JSON_MAX_DEPTH) return jp_fail(c, "nesting deeper than 16 levels");
+    c->i++;
+    skip_ws(c);
+    size_t base = j->nkeys;
+    if (c->i < c->n && c->p[c->i] == close) {
+        c->i++;
         j->depth--;
         return true;
     }
     for (;;) {
-        char *key = NULL;
-        skip_ws(j);
+        skip_ws(c);
         if (obj) {
-            if (j->i >= j->n || j->p[j->i] != '"') return jp_fail(j, "expected a string key");
-            if (!parse_string(j, &key)) return false;
-            skip_ws(j);
-            if (j->i >= j->n || j->p[j->i] != ':') {
-                free(key);
-                return jp_fail(j, "expected ':'");
-            }
-            j->i++;
+            if (c->i >= c->n || c->p[c->i] != '"') return jp_fail(c, "expected a string key");
+            size_t at = c->i, len;
+            if (!scan_string(c, NULL, 0, &len) || !push_key(j, at)) return false;
+            j->members++;
+            j->strbytes += len + 1;
+            skip_ws(c);
+            if (c->i >= c->n || c->p[c->i] != ':') return jp_fail(c, "expected ':'");
+            c->i++;
         }
-        if (!add_member(j, v, &cap, key)) {
-            free(key);
-            return false;
-        }
-        if (!parse_value(j, &v->v[v->n - 1])) return false;
-        skip_ws(j);
-        if (j->i < j->n && j->p[j->i] == ',') {
-            j->i++;
+        if (!check_value(j)) return false;
+        skip_ws(c);
+        if (c->i < c->n && c->p[c->i] == ',') {
+            c->i++;
             continue;
         }
-        if (j->i < j->n && j->p[j->i] == close) break;
-        return jp_fail(j, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+        if (c->i < c->n && c->p[c->i] == close) break;
+        return jp_fail(c, obj ? "expected ',' or '}'" : "expected ',' or ']'");
     }
-    j->i++;
+    c->i++;
     j->depth--;
-    return obj ? unique_keys(j, v) : true;
+    bool ok = !obj || unique_keys(j, base);
+    j->nkeys = base;
+    return ok;
 }
 
-static bool parse_value(jparser *j, jval *v)
+static bool check_value(jparser *j)
 {
-    skip_ws(j);
-    v->pos = j->i;
-    if (j->i >= j->n) return jp_fail(j, "expected a value");
-    unsigned c = j->p[j->i];
-    if (c == '{' || c == '[') return parse_container(j, v);
-    if (c == '"') {
-        v->kind = J_STR;
-        return parse_string(j, &v->s);
+    jcur *c = &j->c;
+    skip_ws(c);
+    j->values++;
+    if (c->i >= c->n) return jp_fail(c, "expected a value");
+    unsigned ch = c->p[c->i];
+    if (ch == '{' || ch == '[') return check_container(j);
+    if (ch == '"') {
+        size_t len;
+        if (!scan_string(c, NULL, 0, &len)) return false;
+        j->strbytes += len + 1;
+        return true;
     }
-    if (c == '-' || (c >= '0' && c <= '9')) {
-        v->kind = J_INT;
-        return parse_int(j, &v->i);
+    int64_t v;
+    if (ch == '-' || (ch >= '0' && ch <= '9')) return parse_int(c, &v);
+    return jp_fail(c, "expected a value");
+}
+
+/* Validates the text, counting in j what a tree of it needs. */
+static bool validate(jparser *j, const char *text, size_t len, char *err, size_t errlen)
+{
+    *j = (jparser){.c = {(const unsigned char *)text, len, 0, err, errlen}};
+    if (len > JSON_MAX_LEN) {
+        snprintf(err, errlen, "the text is %zu bytes, over the 2 GiB this reader takes", len);
+        return false;
     }
-    return jp_fail(j, "expected a value");
+    bool ok = check_value(j);
+    free(j->keys);
+    j->keys = NULL;
+    if (!ok) return false;
+    skip_ws(&j->c);
+    if (j->c.i != j->c.n) return jp_fail(&j->c, "unexpected characters after the JSON value");
+    return true;
+}
+
+bool json_check(const char *text, size_t len, char *err, size_t errlen)
+{
+    jparser j;
+    return validate(&j, text, len, err, errlen);
+}
+
+/* ---- the cursor ---------------------------------------------------------------- */
+
+jcur jc_start(const char *text, size_t len) { return (jcur){(const unsigned char *)text, len, 0, NULL, 0}; }
+
+jkind jc_kind(jcur *c)
+{
+    skip_ws(c);
+    if (c->i >= c->n) return J_INT;
+    switch (c->p[c->i]) {
+    case '{': return J_OBJ;
+    case '[': return J_ARR;
+    case '"': return J_STR;
+    default: return J_INT;
+    }
+}
+
+size_t jc_pos(jcur *c)
+{
+    skip_ws(c);
+    return c->i;
+}
+
+void jc_enter(jcur *c)
+{
+    skip_ws(c);
+    if (c->i < c->n) c->i++;
+}
+
+bool jc_more(jcur *c)
+{
+    skip_ws(c);
+    if (c->i >= c->n) return false;
+    if (c->p[c->i] == '}' || c->p[c->i] == ']') {
+        c->i++;
+        return false;
+    }
+    if (c->p[c->i] == ',') {
+        c->i++;
+        skip_ws(c);
+    }
+    return true;
+}
+
+size_t jc_str(jcur *c, char *out, size_t cap)
+{
+    skip_ws(c);
+    size_t len = 0;
+    if (out && cap) out[0] = '\0';
+    if (c->i < c->n && c->p[c->i] == '"') scan_string(c, out, cap, &len);
+    return len;
+}
+
+size_t jc_key(jcur *c, char *out, size_t cap)
+{
+    size_t len = jc_str(c, out, cap);
+    skip_ws(c);
+    if (c->i < c->n && c->p[c->i] == ':') c->i++;
+    return len;
+}
+
+size_t jc_strlen(jcur *c)
+{
+    jcur at = *c;
+    return jc_str(&at, NULL, 0);
+}
+
+int64_t jc_int(jcur *c)
+{
+    skip_ws(c);
+    int64_t v = 0;
+    if (c->i < c->n && !parse_int(c, &v)) return 0;
+    return v;
+}
+
+/* Past the string literal at c->i (on its opening quote), unchecked. */
+static void skip_string(jcur *c)
+{
+    for (c->i++; c->i < c->n && c->p[c->i] != '"'; c->i++)
+        if (c->p[c->i] == '\\') c->i++;
+    if (c->i < c->n) c->i++;
+}
+
+void jc_skip(jcur *c)
+{
+    skip_ws(c);
+    if (c->i >= c->n) return;
+    unsigned ch = c->p[c->i];
+    if (ch == '"') return skip_string(c);
+    if (ch != '{' && ch != '[') {
+        size_t at = c->i;
+        jc_int(c);
+        if (c->i == at) c->i++; /* not a value (unchecked text): still make progress */
+        return;
+    }
+    /* a container: to its matching bracket, counting depth (no recursion) */
+    size_t depth = 0;
+    while (c->i < c->n) {
+        ch = c->p[c->i];
+        if (ch == '"') {
+            skip_string(c);
+            continue;
+        }
+        c->i++;
+        if (ch == '{' || ch == '[')
+            depth++;
+        else if ((ch == '}' || ch == ']') && --depth == 0)
+            return;
+    }
+}
+
+/* ---- the tree ------------------------------------------------------------------ */
+
+typedef struct jbuild {
+    jcur c;
+    jval *nodes; /* the next free node, key slot and string byte of the block */
+    char **keys;
+    char *str;
+} jbuild;
+
+/* Members of the container at c->i (on its bracket). */
+static int count_members(const jcur *c)
+{
+    jcur at = *c;
+    jc_enter(&at);
+    int n = 0;
+    while (jc_more(&at)) {
+        if (c->p[c->i] == '{') jc_key(&at, NULL, 0);
+        jc_skip(&at);
+        n++;
+    }
+    return n;
+}
+
+static void build_value(jbuild *b, jval *v)
+{
+    jcur *c = &b->c;
+    memset(v, 0, sizeof *v);
+    v->pos = jc_pos(c);
+    v->kind = jc_kind(c);
+    if (v->kind == J_INT) {
+        v->i = jc_int(c);
+        return;
+    }
+    if (v->kind == J_STR) {
+        v->s = b->str;
+        b->str += jc_str(c, v->s, SIZE_MAX) + 1;
+        return;
+    }
+    v->n = count_members(c);
+    if (!v->n) {
+        jc_skip(c);
+        return;
+    }
+    v->v = b->nodes;
+    b->nodes += v->n;
+    if (v->kind == J_OBJ) {
+        v->keys = b->keys;
+        b->keys += v->n;
+    }
+    jc_enter(c);
+    for (int k = 0; jc_more(c); k++) {
+        if (v->kind == J_OBJ) {
+            v->keys[k] = b->str;
+            b->str += jc_key(c, b->str, SIZE_MAX) + 1;
+        }
+        build_value(b, &v->v[k]);
+    }
 }
 
 bool json_parse(const char *text, size_t len, jval *out, char *err, size_t errlen)
 {
-    jparser j = {(const unsigned char *)text, len, 0, 0, err, errlen};
     memset(out, 0, sizeof *out);
     out->kind = J_INT;
-    if (!parse_value(&j, out)) {
-        json_free(out);
+    jparser j;
+    if (!validate(&j, text, len, err, errlen)) return false;
+    /* one block: the nodes (the root's members first), the key pointers,
+     * the strings; the root's first pointer is the block */
+    size_t nodes = j.values - 1, bytes = nodes * sizeof(jval) + j.members * sizeof(char *) + j.strbytes;
+    char *block = bytes ? malloc(bytes) : NULL;
+    if (bytes && !block) {
+        snprintf(err, errlen, "out of memory (%zu bytes for the tree of %zu values)", bytes, j.values);
         return false;
     }
-    skip_ws(&j);
-    if (j.i != j.n) {
-        json_free(out);
-        return jp_fail(&j, "unexpected characters after the JSON value");
+    jbuild b = {jc_start(text, len), NULL, NULL, NULL}; /* no block: a number or an empty container */
+    if (block) {
+        b.nodes = (jval *)block;
+        b.keys = (char **)(block + nodes * sizeof(jval));
+        b.str = block + nodes * sizeof(jval) + j.members * sizeof(char *);
     }
+    build_value(&b, out);
     return true;
 }
 
 void json_free(jval *v)
 {
     if (!v) return;
-    if (v->kind == J_OBJ || v->kind == J_ARR) {
-        for (int k = 0; k < v->n; k++) {
-            json_free(&v->v[k]);
-            if (v->keys) free(v->keys[k]);
-        }
+    if (v->kind == J_OBJ || v->kind == J_ARR)
         free(v->v);
-        free(v->keys);
-    }
-    free(v->s);
+    else if (v->kind == J_STR)
+        free(v->s);
     memset(v, 0, sizeof *v);
     v->kind = J_INT;
 }
@@ -377,6 +613,8 @@ const jval *json_get(const jval *o, const char *key)
         if (!strcmp(o->keys[k], key)) return &o->v[k];
     return NULL;
 }
+
+/* ---- writing ------------------------------------------------------------------- */
 
 void jb_put(jbuf *b, const char *s, size_t n)
 {

@@ -25,6 +25,7 @@
  * Dtypes that the format names but ember lacks (I64, U16, F8_...) open fine
  * and fail on get with EM_ERR_DTYPE, except I64 whose values fit in i32.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -63,21 +64,27 @@ static const char *st_name_of(em_dtype dt)
 }
 
 typedef struct st_entry {
-    char *name;
-    int sdt; /* index into st_dtypes */
+    char *name; /* in the file's name block */
+    int sdt;    /* index into st_dtypes */
     int ndim;
-    int64_t *shape;
+    int64_t *shape;      /* in the file's shape block; NULL when ndim > EM_MAX_DIMS (ember cannot read it) */
     uint64_t begin, end; /* relative to the data buffer */
 } st_entry;
 
+/* An open file. What the header holds lives in four blocks, each allocated
+ * once at the size a first walk over the header counted, so opening costs
+ * memory in proportion to what the file declares, never to how its JSON is
+ * written (tests/st_hostile.h shows the headers that cost most). */
 struct em_safetensors {
     char *path;
     int fd;
     uint64_t data_start, data_len;
     int n;
     st_entry *e;
+    char *names;     /* the tensor names, NUL-terminated, one after another */
+    int64_t *shapes; /* the shapes of tensors with at most EM_MAX_DIMS dims */
     int nmeta;
-    char **mkey, **mval;
+    char *meta; /* the metadata as key NUL value NUL, nmeta times */
     bool has_crc;   /* the header has "ember.crc32" */
     size_t crc_pos; /* where its value's opening quote is in the header */
 };
@@ -120,133 +127,231 @@ void em_safetensors_close(em_safetensors *f)
 {
     if (!f) return;
     if (f->fd >= 0) close(f->fd);
-    for (int i = 0; i < f->n; i++) {
-        free(f->e[i].name);
-        free(f->e[i].shape);
-    }
-    for (int i = 0; i < f->nmeta; i++) {
-        free(f->mkey[i]);
-        free(f->mval[i]);
-    }
     free(f->e);
-    free(f->mkey);
-    free(f->mval);
+    free(f->names);
+    free(f->shapes);
+    free(f->meta);
     free(f->path);
     free(f);
 }
 
-/* Fills e from the header entry v; false with a message in err. */
-static bool parse_entry(const char *name, const jval *v, uint64_t data_len, st_entry *e, char *err, size_t en)
+/* What a header holds: counted by the first walk over it, which checks
+ * everything and stores nothing; the blocks get exactly these sizes and the
+ * second walk fills them. */
+typedef struct st_sizes {
+    int entries;
+    size_t names; /* bytes of the tensor names with their NULs */
+    size_t dims;  /* shape entries of tensors with at most EM_MAX_DIMS dims */
+    int nmeta;
+    size_t meta; /* bytes of the metadata keys and values with their NULs */
+} st_sizes;
+
+typedef struct st_walk {
+    em_safetensors *f;
+    bool fill;    /* false: check and count; true: store into f's blocks */
+    st_sizes at;  /* how much of each has been met */
+    st_sizes cap; /* the blocks' sizes (fill) */
+    char *err;
+    size_t en;
+} st_walk;
+
+/* Checks the tensor entry at the cursor and fills e from it (the shape
+ * into f's shape block when filling); false with a message. Keys are
+ * checked first, then presence, dtype, shape, offsets, sizes. */
+static bool parse_entry(st_walk *w, jcur *c, const char *name, st_entry *e)
 {
-    if (v->kind != J_OBJ) {
-        snprintf(err, en, "tensor '%.100s': entry is not an object (header byte %zu)", name, v->pos);
+    char *err = w->err;
+    size_t en = w->en;
+    size_t pos = jc_pos(c);
+    if (jc_kind(c) != J_OBJ) {
+        snprintf(err, en, "tensor '%.100s': entry is not an object (header byte %zu)", name, pos);
         return false;
     }
-    for (int k = 0; k < v->n; k++)
-        if (strcmp(v->keys[k], "dtype") && strcmp(v->keys[k], "shape") && strcmp(v->keys[k], "data_offsets")) {
-            snprintf(err, en, "tensor '%.100s': unknown key '%.40s' (header byte %zu)", name, v->keys[k],
-                     v->v[k].pos);
+    jcur dt = {0}, sh = {0}, of = {0}; /* cursors on each known key's value */
+    jc_enter(c);
+    while (jc_more(c)) {
+        char key[41];
+        size_t kl = jc_key(c, key, sizeof key);
+        jcur *slot = kl == 5 && !strcmp(key, "dtype")           ? &dt
+                     : kl == 5 && !strcmp(key, "shape")         ? &sh
+                     : kl == 12 && !strcmp(key, "data_offsets") ? &of
+                                                                : NULL;
+        if (!slot) {
+            snprintf(err, en, "tensor '%.100s': unknown key '%.40s' (header byte %zu)", name, key, jc_pos(c));
             return false;
         }
-    const jval *dt = json_get(v, "dtype"), *sh = json_get(v, "shape"), *of = json_get(v, "data_offsets");
-    if (!dt || !sh || !of) {
+        *slot = *c;
+        jc_skip(c);
+    }
+    if (!dt.p || !sh.p || !of.p) {
         snprintf(err, en, "tensor '%.100s': missing \"%s\" (header byte %zu)", name,
-                 !dt ? "dtype" : !sh ? "shape" : "data_offsets", v->pos);
+                 !dt.p   ? "dtype"
+                 : !sh.p ? "shape"
+                         : "data_offsets",
+                 pos);
         return false;
     }
-    if (dt->kind != J_STR) {
-        snprintf(err, en, "tensor '%.100s': dtype is not a string (header byte %zu)", name, dt->pos);
+    if (jc_kind(&dt) != J_STR) {
+        snprintf(err, en, "tensor '%.100s': dtype is not a string (header byte %zu)", name, jc_pos(&dt));
         return false;
     }
+    size_t dpos = jc_pos(&dt);
+    char dname[21];
+    size_t dl = jc_str(&dt, dname, sizeof dname);
     e->sdt = -1;
     for (int k = 0; k < ST_NDTYPES; k++)
-        if (!strcmp(dt->s, st_dtypes[k].name)) e->sdt = k;
+        if (dl == strlen(st_dtypes[k].name) && !strcmp(dname, st_dtypes[k].name)) e->sdt = k;
     if (e->sdt < 0) {
-        snprintf(err, en, "tensor '%.100s': unknown dtype '%.20s' (header byte %zu)", name, dt->s, dt->pos);
+        snprintf(err, en, "tensor '%.100s': unknown dtype '%.20s' (header byte %zu)", name, dname, dpos);
         return false;
     }
-    if (sh->kind != J_ARR) {
-        snprintf(err, en, "tensor '%.100s': shape is not an array (header byte %zu)", name, sh->pos);
+    if (jc_kind(&sh) != J_ARR) {
+        snprintf(err, en, "tensor '%.100s': shape is not an array (header byte %zu)", name, jc_pos(&sh));
         return false;
     }
-    e->ndim = sh->n;
-    e->shape = malloc(sizeof(int64_t) * (size_t)(sh->n ? sh->n : 1));
-    if (!e->shape) {
-        snprintf(err, en, "out of memory");
-        return false;
-    }
+    int64_t shape[EM_MAX_DIMS];
     uint64_t numel = 1; /* saturates at UINT64_MAX, which matches no offsets */
-    for (int d = 0; d < sh->n; d++) {
-        const jval *x = &sh->v[d];
-        if (x->kind != J_INT || x->i < 0) {
-            snprintf(err, en, "tensor '%.100s': shape entry %d is not a non-negative integer (header byte %zu)",
-                     name, d, x->pos);
+    bool zero = false;
+    int d = 0;
+    for (jc_enter(&sh); jc_more(&sh); d++) {
+        size_t xpos = jc_pos(&sh);
+        int64_t x = jc_kind(&sh) == J_INT ? jc_int(&sh) : -1;
+        if (x < 0) {
+            snprintf(err, en,
+                     "tensor '%.100s': shape entry %d is not a non-negative integer (header byte %zu)", name,
+                     d, xpos);
             return false;
         }
-        e->shape[d] = x->i;
+        if (d < EM_MAX_DIMS) shape[d] = x;
+        if (x == 0)
+            zero = true;
+        else
+            numel = numel > UINT64_MAX / (uint64_t)x ? UINT64_MAX : numel * (uint64_t)x;
     }
-    for (int d = 0; d < sh->n; d++) {
-        uint64_t x = (uint64_t)e->shape[d];
-        if (x == 0) {
-            numel = 0;
-            break;
-        }
-        numel = numel > UINT64_MAX / x ? UINT64_MAX : numel * x;
+    if (zero) numel = 0;
+    e->ndim = d;
+    size_t opos = jc_pos(&of);
+    int64_t off[2] = {-1, -1};
+    int noff = 0;
+    bool ints = jc_kind(&of) == J_ARR;
+    for (jc_enter(&of); ints && jc_more(&of); noff++) {
+        if (jc_kind(&of) != J_INT)
+            ints = false;
+        else if (noff < 2)
+            off[noff] = jc_int(&of);
+        else
+            jc_skip(&of);
     }
-    if (of->kind != J_ARR || of->n != 2 || of->v[0].kind != J_INT || of->v[1].kind != J_INT || of->v[0].i < 0 ||
-        of->v[1].i < of->v[0].i) {
-        snprintf(err, en, "tensor '%.100s': data_offsets must be [begin, end] with 0 <= begin <= end (header byte %zu)",
-                 name, of->pos);
+    if (!ints || noff != 2 || off[0] < 0 || off[1] < off[0]) {
+        snprintf(
+            err, en,
+            "tensor '%.100s': data_offsets must be [begin, end] with 0 <= begin <= end (header byte %zu)",
+            name, opos);
         return false;
     }
-    e->begin = (uint64_t)of->v[0].i;
-    e->end = (uint64_t)of->v[1].i;
-    if (e->end > data_len) {
-        snprintf(err, en, "tensor '%.100s': data_offsets [%llu, %llu] go beyond the data buffer (%llu bytes)", name,
-                 (unsigned long long)e->begin, (unsigned long long)e->end, (unsigned long long)data_len);
+    e->begin = (uint64_t)off[0];
+    e->end = (uint64_t)off[1];
+    if (e->end > w->f->data_len) {
+        snprintf(err, en, "tensor '%.100s': data_offsets [%llu, %llu] go beyond the data buffer (%llu bytes)",
+                 name, (unsigned long long)e->begin, (unsigned long long)e->end,
+                 (unsigned long long)w->f->data_len);
         return false;
     }
     uint64_t es = (uint64_t)st_dtypes[e->sdt].size;
     uint64_t want = numel > UINT64_MAX / es ? UINT64_MAX : numel * es;
     if (want != e->end - e->begin) {
-        snprintf(err, en, "tensor '%.100s': %s %s needs %llu bytes but data_offsets [%llu, %llu] hold %llu", name,
-                 st_dtypes[e->sdt].name, e->ndim <= EM_MAX_DIMS ? shp_of(e->ndim, e->shape) : "(>8 dims)",
+        snprintf(err, en, "tensor '%.100s': %s %s needs %llu bytes but data_offsets [%llu, %llu] hold %llu",
+                 name, st_dtypes[e->sdt].name, e->ndim <= EM_MAX_DIMS ? shp_of(e->ndim, shape) : "(>8 dims)",
                  (unsigned long long)want, (unsigned long long)e->begin, (unsigned long long)e->end,
                  (unsigned long long)(e->end - e->begin));
         return false;
     }
+    e->shape = NULL;
+    if (e->ndim <= EM_MAX_DIMS) {
+        if (w->fill) {
+            assert(w->at.dims + (size_t)e->ndim <= w->cap.dims);
+            e->shape = w->f->shapes + w->at.dims;
+            memcpy(e->shape, shape, sizeof(int64_t) * (size_t)e->ndim);
+        }
+        w->at.dims += (size_t)e->ndim;
+    }
     return true;
 }
 
-static bool parse_metadata(em_safetensors *f, const jval *m, char *err, size_t en)
+/* The "__metadata__" object at the cursor: string values only. */
+static bool parse_metadata(st_walk *w, jcur *c)
 {
-    if (m->kind != J_OBJ) {
-        snprintf(err, en, "__metadata__ is not an object (header byte %zu)", m->pos);
+    size_t pos = jc_pos(c);
+    if (jc_kind(c) != J_OBJ) {
+        snprintf(w->err, w->en, "__metadata__ is not an object (header byte %zu)", pos);
         return false;
     }
-    f->mkey = calloc((size_t)(m->n ? m->n : 1), sizeof(char *));
-    f->mval = calloc((size_t)(m->n ? m->n : 1), sizeof(char *));
-    if (!f->mkey || !f->mval) {
-        snprintf(err, en, "out of memory");
+    for (jc_enter(c); jc_more(c);) {
+        size_t kl = jc_strlen(c);
+        jcur v = *c;
+        char key[61];
+        jc_key(&v, key, sizeof key);
+        if (jc_kind(&v) != J_STR) {
+            snprintf(w->err, w->en, "__metadata__ value of '%.60s' is not a string (header byte %zu)", key,
+                     jc_pos(&v));
+            return false;
+        }
+        size_t vl = jc_strlen(&v);
+        if (w->fill) {
+            assert(w->at.meta + kl + vl + 2 <= w->cap.meta);
+            char *o = w->f->meta + w->at.meta;
+            jc_key(c, o, kl + 1);
+            if (!strcmp(o, ST_CRC_KEY)) {
+                w->f->has_crc = true;
+                w->f->crc_pos = jc_pos(c);
+            }
+            jc_str(c, o + kl + 1, vl + 1);
+        } else {
+            *c = v;
+            jc_skip(c);
+        }
+        w->at.meta += kl + vl + 2;
+        w->at.nmeta++;
+    }
+    return true;
+}
+
+/* One walk over a header json_check accepted (see st_sizes). */
+static bool walk_header(st_walk *w, const char *h, size_t n)
+{
+    jcur c = jc_start(h, n);
+    if (jc_kind(&c) != J_OBJ) {
+        snprintf(w->err, w->en, "header JSON is not an object");
         return false;
     }
-    for (int k = 0; k < m->n; k++) {
-        if (m->v[k].kind != J_STR) {
-            snprintf(err, en, "__metadata__ value of '%.60s' is not a string (header byte %zu)", m->keys[k],
-                     m->v[k].pos);
+    for (jc_enter(&c); jc_more(&c);) {
+        size_t kl = jc_strlen(&c);
+        char small[101]; /* the name as messages show it */
+        jcur k = c;
+        jc_key(&k, small, sizeof small);
+        if (kl == 12 && !strcmp(small, "__metadata__")) {
+            c = k;
+            if (!parse_metadata(w, &c)) return false;
+            continue;
+        }
+        st_entry tmp = {0}, *e = &tmp;
+        char *name = small;
+        if (w->fill) {
+            assert(w->at.entries < w->cap.entries && w->at.names + kl + 1 <= w->cap.names);
+            e = &w->f->e[w->at.entries];
+            name = w->f->names + w->at.names;
+            jc_key(&c, name, kl + 1);
+        } else {
+            c = k;
+        }
+        e->name = name;
+        w->at.entries++;
+        w->at.names += kl + 1;
+        if (!kl) {
+            snprintf(w->err, w->en, "a tensor has an empty name (header byte %zu)", jc_pos(&c));
             return false;
         }
-        if (!strcmp(m->keys[k], ST_CRC_KEY)) {
-            f->has_crc = true;
-            f->crc_pos = m->v[k].pos;
-        }
-        f->mkey[k] = strdup(m->keys[k]);
-        f->mval[k] = strdup(m->v[k].s);
-        f->nmeta = k + 1;
-        if (!f->mkey[k] || !f->mval[k]) {
-            snprintf(err, en, "out of memory");
-            return false;
-        }
+        if (!parse_entry(w, &c, name, e)) return false;
     }
     return true;
 }
@@ -349,7 +454,9 @@ static bool verify_crc(em_safetensors *f, const unsigned char *lenb, char *h, ui
     return true;
 }
 
-/* Reads and validates the header of an open file into f. */
+/* Reads and validates the header of an open file into f: the JSON is
+ * checked whole (json_check, no tree), walked once to check the entries and
+ * count what they hold, then once more into blocks of exactly that size. */
 static bool read_header(em_safetensors *f, char *err, size_t en)
 {
     struct stat sb;
@@ -382,41 +489,33 @@ static bool read_header(em_safetensors *f, char *err, size_t en)
     }
     f->data_start = 8 + n;
     f->data_len = size - 8 - n;
-    jval root;
     char jerr[160];
-    if (!json_parse(h, n, &root, jerr, sizeof jerr)) {
+    if (!json_check(h, n, jerr, sizeof jerr)) {
         free(h);
         snprintf(err, en, "header JSON: %s", jerr);
         return false;
     }
-    bool ok = true;
-    if (root.kind != J_OBJ) {
-        snprintf(err, en, "header JSON is not an object");
-        ok = false;
-    }
-    f->e = calloc((size_t)(root.n ? root.n : 1), sizeof *f->e);
-    if (ok && !f->e) {
-        snprintf(err, en, "out of memory");
-        ok = false;
-    }
-    for (int k = 0; ok && k < root.n; k++) {
-        if (!strcmp(root.keys[k], "__metadata__")) {
-            ok = parse_metadata(f, &root.v[k], err, en);
-            continue;
-        }
-        st_entry *e = &f->e[f->n++];
-        e->name = strdup(root.keys[k]);
-        if (!e->name) {
+    st_walk w = {f, false, {0}, {0}, err, en};
+    bool ok = walk_header(&w, h, n);
+    if (ok) {
+        st_sizes sz = w.at;
+        f->e = calloc((size_t)(sz.entries ? sz.entries : 1), sizeof *f->e);
+        f->names = malloc(sz.names ? sz.names : 1);
+        f->shapes = malloc(sizeof(int64_t) * (sz.dims ? sz.dims : 1));
+        f->meta = malloc(sz.meta ? sz.meta : 1);
+        if (!f->e || !f->names || !f->shapes || !f->meta) {
             snprintf(err, en, "out of memory");
             ok = false;
-        } else if (!e->name[0]) {
-            snprintf(err, en, "a tensor has an empty name (header byte %zu)", root.v[k].pos);
-            ok = false;
-        } else {
-            ok = parse_entry(e->name, &root.v[k], f->data_len, e, err, en);
+        }
+        if (ok) {
+            w = (st_walk){f, true, {0}, sz, err, en};
+            ok = walk_header(&w, h, n);
+            assert(!ok || (w.at.entries == sz.entries && w.at.names == sz.names && w.at.dims == sz.dims &&
+                           w.at.nmeta == sz.nmeta && w.at.meta == sz.meta)); /* the two walks agree */
+            f->n = w.at.entries;
+            f->nmeta = w.at.nmeta;
         }
     }
-    json_free(&root);
     ok = ok && check_tiling(f, err, en) && (!f->has_crc || verify_crc(f, lenb, h, n, err, en));
     free(h);
     return ok;
@@ -459,8 +558,12 @@ const char *em_safetensors_name(const em_safetensors *f, int i)
 const char *em_safetensors_metadata(const em_safetensors *f, const char *key)
 {
     if (!f || !key) return NULL;
-    for (int k = 0; k < f->nmeta; k++)
-        if (!strcmp(f->mkey[k], key)) return f->mval[k];
+    const char *p = f->meta;
+    for (int k = 0; k < f->nmeta; k++) {
+        const char *v = p + strlen(p) + 1;
+        if (!strcmp(p, key)) return v;
+        p = v + strlen(v) + 1;
+    }
     return NULL;
 }
 

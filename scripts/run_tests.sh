@@ -7,8 +7,11 @@
 #                        -Dbuildtype=debugoptimized: the same .cu sources built for the
 #                        host and run under ember's CUDA emulator, tests/cusim,
 #                        so every GPU test runs here, on two emulated devices)
-# Every per-test line is printed prefixed with [plain] or [asan]; the output
-# ends with one line summing both runs: "N passed, N failed, N skipped".
+# then, when clang is installed, the libFuzzer targets (scripts/fuzz.sh:
+# each reader's target for $EMBER_FUZZ_SECONDS, default 25 s, side by side,
+# and the planted bug the fuzzer must find), one result line each.
+# Every per-test line is printed prefixed with [plain], [asan] or [fuzz]; the
+# output ends with one line summing all runs: "N passed, N failed, N skipped".
 # Exit status is non-zero if a build failed, a test failed or a runner died
 # (a failed build or a runner that died counts as one failed test).
 #
@@ -52,9 +55,17 @@ configure_and_build() {
 run_suite() {
     local label=$1 dir=$2
     shift 2
-    local log="$logs/$label.out"
     echo "== $label: running $dir/tests/ember-tests $*"
-    "$dir/tests/ember-tests" "$@" 2>&1 | tee "$log" | sed -u "s/^/[$label] /"
+    run_counted "$label" "$dir/tests/ember-tests" "$@"
+}
+
+# run_counted <label> <command...>: runs a command that prints result lines
+# and ends with the summary line, and adds that line to the totals
+run_counted() {
+    local label=$1
+    shift
+    local log="$logs/$label.out"
+    "$@" 2>&1 | tee "$log" | sed -u "s/^/[$label] /"
     local rc=${PIPESTATUS[0]}
     local summary
     summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$log" | tail -n 1)
@@ -81,6 +92,14 @@ if configure_and_build asan build-asan -Dcuda=sim -Db_sanitize=address,undefined
     run_suite asan build-asan "$@"
 else
     failed=$((failed + 1)) status=1
+fi
+
+# The fuzz targets run with the full suite, or when a substring names them
+# ("fuzz"): scripts/fuzz.sh builds build-fuzz/ with clang, or reports skips
+# saying why.
+if [ $# -eq 0 ] || printf '%s\n' "$@" | grep -q fuzz; then
+    echo "== fuzz: scripts/fuzz.sh (${EMBER_FUZZ_SECONDS:-25} s a target)"
+    run_counted fuzz bash scripts/fuzz.sh
 fi
 
 echo "$passed passed, $failed failed, $skipped skipped"

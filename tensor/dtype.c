@@ -1,5 +1,6 @@
 /* dtype.c — element sizes, names, and the conversions between dtypes,
  * including f16 and bf16 (round to nearest, ties to even). */
+#include "ember/runtime.h"
 #include "tensor_impl.h"
 
 static const size_t sizes[EM_NUM_DTYPES] = {4, 8, 2, 2, 4, 1, 1};
@@ -131,9 +132,8 @@ static bool have_f16c(void)
 {
     static int known; /* 0 unknown, 1 yes, -1 no */
     int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (!k) {
-        __builtin_cpu_init();
-        k = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx") ? 1 : -1;
+    if (!k) { /* runtime.c's cpuid (clang 14 has no __builtin_cpu_supports("f16c")) */
+        k = em_cpu_detect().f16c ? 1 : -1;
         __atomic_store_n(&known, k, __ATOMIC_RELAXED);
     }
     return k > 0;

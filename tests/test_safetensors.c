@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "st_hostile.h"
 #include "st_util.h"
 
 /* ---- round trips ---------------------------------------------------------------- */
@@ -438,6 +439,61 @@ TEST(test_safetensors_rejects_duplicate_names)
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                8, "duplicate key 'a' (second value at byte 58)");
+    st_cleanup();
+}
+
+TEST(test_safetensors_rejects_duplicate_names_however_they_are_escaped)
+{
+    st_tmpdir();
+    /* "\u0061" is "a": keys are compared decoded */
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+               "\"\\u0061\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+               8, "duplicate key 'a' (second value at byte 63)");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4,
+               "duplicate key 'dtype' (second value at byte 40)");
+    expect_bad("{\"__metadata__\":{\"k\\/\":\"1\",\"k/\":\"2\"}}", 0, "duplicate key 'k/'");
+    st_cleanup();
+}
+
+TEST(test_safetensors_tensor_with_more_dims_than_ember_opens_and_fails_on_get)
+{
+    st_tmpdir();
+    const char *path = st_path("nine.safetensors");
+    unsigned char data[4] = {0};
+    st_write_file(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}",
+                  data, 4);
+    em_safetensors *f = em_safetensors_open(path);
+    CHECK_NOTNULL(f);
+    CHECK(em_safetensors_count(f) == 1 && !strcmp(em_safetensors_name(f, 0), "a"));
+    CHECK_ERR(em_safetensors_get(f, "a"), EM_ERR_SHAPE, "tensor 'a' has 9 dims; ember supports at most 8");
+    em_safetensors_close(f);
+    st_cleanup();
+}
+
+/* Opening costs memory in proportion to the header whatever its JSON holds:
+ * each hostile kind of st_hostile.h (tiny values, nested arrays, short keys)
+ * at 4 MB adds at most 4x its header at the peak (before the streaming
+ * reader, 20x to 110x). */
+TEST(test_safetensors_open_memory_is_bounded_by_the_header)
+{
+    if (em_build().sanitizers)
+        th_skip("resident memory means nothing under ASan's allocator (plain build only)");
+    st_tmpdir();
+    const char *path = st_path("hostile.safetensors");
+    for (int k = 0; k < ST_HOSTILE_KINDS; k++) {
+        size_t n = st_hostile_write(path, st_hostile_kinds[k], (size_t)4 << 20);
+        CHECK(n > 0);
+        bool opened = false;
+        long long peak = st_hostile_open_peak(path, &opened);
+        if (peak < 0)
+            th_skip("this kernel cannot reset or report the peak resident size (/proc/self/clear_refs)");
+        bool valid = !strcmp(st_hostile_kinds[k], "metadata") || !strcmp(st_hostile_kinds[k], "tensors") ||
+                     !strcmp(st_hostile_kinds[k], "ints");
+        if (opened != valid) th_fail(__FILE__, __LINE__, "%s: opened = %d", st_hostile_kinds[k], opened);
+        if (peak > 4 * (long long)n + (2 << 20))
+            th_fail(__FILE__, __LINE__, "%s: opening a %zu-byte header took %lld bytes at the peak (%.1fx)",
+                    st_hostile_kinds[k], n, peak, (double)peak / (double)n);
+    }
     st_cleanup();
 }
 
