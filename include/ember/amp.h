@@ -26,6 +26,12 @@
 extern "C" {
 #endif
 
+/* What this header declares is the exported API of libember.so, which
+ * builds with hidden visibility (meson.build): nothing else leaves it. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* ---- autocast (amp/autocast.c) ---------------------------------------------------
  * The policy is one table (amp/autocast.c), per op name:
  *   LOW      matmul (and so Linear): f32/f64 operands are cast to the
@@ -103,6 +109,10 @@ typedef struct em_scaler_state {
 } em_scaler_state;
 em_scaler_state em_scaler_get_state(const em_grad_scaler *s);
 em_status em_scaler_set_state(em_grad_scaler *s, em_scaler_state st);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

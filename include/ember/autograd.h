@@ -20,6 +20,12 @@
 extern "C" {
 #endif
 
+/* What this header declares is the exported API of libember.so, which
+ * builds with hidden visibility (meson.build): nothing else leaves it. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* Marks a leaf (a tensor no recorded op produced) as wanting a gradient.
  * Float dtypes only. EM_ERR_AUTOGRAD on a non-leaf. */
 em_status em_set_requires_grad(em_tensor *t, bool requires_grad);
@@ -61,6 +67,10 @@ em_status em_clear_grad_hooks(em_tensor *t);
 
 /* Nodes on the calling thread's tape (for tests and debugging). */
 int64_t em_tape_length(void);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

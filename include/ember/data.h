@@ -32,6 +32,12 @@
 extern "C" {
 #endif
 
+/* What this header declares is the exported API of libember.so, which
+ * builds with hidden visibility (meson.build): nothing else leaves it. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* ---- datasets --------------------------------------------------------------- */
 
 /* The dtype and shape of one example's x or y (ndim 0 = a scalar, e.g. a
@@ -316,6 +322,10 @@ em_status em_window_sampler_next(em_window_sampler *s, em_batch *b);
 /* Shards s over world ranks. EM_ERR_ARG if rank is outside [0, world) or
  * batch % world != 0 (naming both). */
 em_status em_window_sampler_shard(em_window_sampler *s, int rank, int world);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

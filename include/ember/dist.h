@@ -28,6 +28,12 @@
 extern "C" {
 #endif
 
+/* What this header declares is the exported API of libember.so, which
+ * builds with hidden visibility (meson.build): nothing else leaves it. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 /* Seconds a blocking call waits when a config says 0 (EMBER_TIMEOUT in the
  * environment overrides it for em_pg_from_env and the Accelerator). */
 #define EM_DIST_DEFAULT_TIMEOUT 300.0
@@ -412,6 +418,10 @@ bool em_accel_check_trigger(em_accelerator *a, em_status *status);
  * this run has. */
 em_status em_accel_save_state(em_accelerator *a, const char *dir);
 em_status em_accel_load_state(em_accelerator *a, const char *dir);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,12 @@
 extern "C" {
 #endif
 
+/* What this header declares is the exported API of libember.so, which
+ * builds with hidden visibility (meson.build): nothing else leaves it. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 typedef struct em_module em_module;
 
 /* A tensor with its full dotted name. */
@@ -374,6 +380,10 @@ int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, dou
 em_status em_gpt_load_hf(em_module *gpt_root, const char *path);
 /* (GPT-2 was trained with the tanh GELU: build the model with
  * em_gpt_config.gelu_tanh = true to reproduce its outputs.) */
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

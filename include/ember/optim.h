@@ -35,6 +35,12 @@
 extern "C" {
 #endif
 
+/* What this header declares is the exported API of libember.so, which
+ * builds with hidden visibility (meson.build): nothing else leaves it. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 typedef struct em_optimizer em_optimizer;
 
 /* ---- configurations --------------------------------------------------------
@@ -177,6 +183,10 @@ typedef struct em_lr_schedule {
 em_status em_lr_schedule_check(const em_lr_schedule *s);
 /* The lr at step (>= 0). NAN with EM_ERR_ARG for a bad schedule or step < 0. */
 double em_lr_at(const em_lr_schedule *s, int64_t step);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

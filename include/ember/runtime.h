@@ -13,6 +13,12 @@
 extern "C" {
 #endif
 
+/* What this header declares is the exported API of libember.so, which
+ * builds with hidden visibility (meson.build): nothing else leaves it. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 const char *em_version(void); /* "0.1.0" */
 
 typedef struct em_cpu_features {
@@ -65,6 +71,10 @@ void em_cuda_empty_cache(int index);
 /* TF32 for f32 matmuls on the device (off by default, as in PyTorch). */
 void em_cuda_set_tf32(bool on);
 bool em_cuda_tf32(void);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -31,6 +31,12 @@
 extern "C" {
 #endif
 
+/* What this header declares is the exported API of libember.so, which
+ * builds with hidden visibility (meson.build): nothing else leaves it. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 #define EM_MAX_DIMS 8
 
 typedef struct em_tensor em_tensor;
@@ -342,6 +348,10 @@ em_tensor *em_avg_pool2d(em_tensor *x, int kernel, int stride, int padding);
 /* Threads the CPU kernels use (default: online cores, or EMBER_NUM_THREADS). */
 int em_num_threads(void);
 em_status em_set_num_threads(int n);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }
