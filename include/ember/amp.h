@@ -27,8 +27,9 @@ extern "C" {
 #endif
 
 /* What this header declares is the exported API of libember.so, which
- * builds with hidden visibility (meson.build): nothing else leaves it. */
-#if defined(__GNUC__)
+ * builds with hidden visibility (meson.build): nothing else leaves it. (nvcc
+ * is left out: no .cu file defines a public function.) */
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility push(default)
 #endif
 
@@ -110,7 +111,7 @@ typedef struct em_scaler_state {
 em_scaler_state em_scaler_get_state(const em_grad_scaler *s);
 em_status em_scaler_set_state(em_grad_scaler *s, em_scaler_state st);
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility pop
 #endif
 

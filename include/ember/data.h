@@ -33,8 +33,9 @@ extern "C" {
 #endif
 
 /* What this header declares is the exported API of libember.so, which
- * builds with hidden visibility (meson.build): nothing else leaves it. */
-#if defined(__GNUC__)
+ * builds with hidden visibility (meson.build): nothing else leaves it. (nvcc
+ * is left out: no .cu file defines a public function.) */
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility push(default)
 #endif
 
@@ -323,7 +324,7 @@ em_status em_window_sampler_next(em_window_sampler *s, em_batch *b);
  * batch % world != 0 (naming both). */
 em_status em_window_sampler_shard(em_window_sampler *s, int rank, int world);
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility pop
 #endif
 

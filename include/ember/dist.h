@@ -29,8 +29,9 @@ extern "C" {
 #endif
 
 /* What this header declares is the exported API of libember.so, which
- * builds with hidden visibility (meson.build): nothing else leaves it. */
-#if defined(__GNUC__)
+ * builds with hidden visibility (meson.build): nothing else leaves it. (nvcc
+ * is left out: no .cu file defines a public function.) */
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility push(default)
 #endif
 
@@ -419,7 +420,7 @@ bool em_accel_check_trigger(em_accelerator *a, em_status *status);
 em_status em_accel_save_state(em_accelerator *a, const char *dir);
 em_status em_accel_load_state(em_accelerator *a, const char *dir);
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility pop
 #endif
 

@@ -24,8 +24,9 @@ extern "C" {
 #endif
 
 /* What this header declares is the exported API of libember.so, which
- * builds with hidden visibility (meson.build): nothing else leaves it. */
-#if defined(__GNUC__)
+ * builds with hidden visibility (meson.build): nothing else leaves it. (nvcc
+ * is left out: no .cu file defines a public function.) */
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility push(default)
 #endif
 
@@ -381,7 +382,7 @@ em_status em_gpt_load_hf(em_module *gpt_root, const char *path);
 /* (GPT-2 was trained with the tanh GELU: build the model with
  * em_gpt_config.gelu_tanh = true to reproduce its outputs.) */
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility pop
 #endif
 

@@ -36,8 +36,9 @@ extern "C" {
 #endif
 
 /* What this header declares is the exported API of libember.so, which
- * builds with hidden visibility (meson.build): nothing else leaves it. */
-#if defined(__GNUC__)
+ * builds with hidden visibility (meson.build): nothing else leaves it. (nvcc
+ * is left out: no .cu file defines a public function.) */
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility push(default)
 #endif
 
@@ -184,7 +185,7 @@ em_status em_lr_schedule_check(const em_lr_schedule *s);
 /* The lr at step (>= 0). NAN with EM_ERR_ARG for a bad schedule or step < 0. */
 double em_lr_at(const em_lr_schedule *s, int64_t step);
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility pop
 #endif
 

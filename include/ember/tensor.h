@@ -32,8 +32,9 @@ extern "C" {
 #endif
 
 /* What this header declares is the exported API of libember.so, which
- * builds with hidden visibility (meson.build): nothing else leaves it. */
-#if defined(__GNUC__)
+ * builds with hidden visibility (meson.build): nothing else leaves it. (nvcc
+ * is left out: no .cu file defines a public function.) */
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility push(default)
 #endif
 
@@ -349,7 +350,7 @@ em_tensor *em_avg_pool2d(em_tensor *x, int kernel, int stride, int padding);
 int em_num_threads(void);
 em_status em_set_num_threads(int n);
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility pop
 #endif
 
