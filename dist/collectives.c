@@ -313,7 +313,7 @@ em_status run_call(em_pg *pg, call *c, double deadline)
     case CALL_GATHER: return gather(pg, c, deadline);
     case CALL_SEND:
     case CALL_RECV: return p2p_run(pg, c, deadline); /* wire.c */
-    default: return EM_OK;                            /* barrier: the check was the rendezvous */
+    default: return EM_OK;                           /* barrier: the check was the rendezvous */
     }
 }
 

@@ -262,7 +262,7 @@ em_status shm_check(em_pg *pg, call *c, double deadline)
     int verdict = calls_compare(hs, w, msg, sizeof msg);
     if (verdict == CMP_OK) return EM_OK;
     if (noted(pg, c)) return c->status; /* a rank that failed says why */
-    if (verdict == CMP_COUNTS) {            /* name the unreceived sends: everyone's counts, through the slots */
+    if (verdict == CMP_COUNTS) {        /* name the unreceived sends: everyone's counts, through the slots */
         p2p_row(pg, (p2p_count *)half(pg, pg->rank, 0));
         arrive(pg, v + 1);
         if ((s = wait_all(pg, c, v + 1, deadline))) return s;

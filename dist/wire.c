@@ -65,12 +65,16 @@
 
 static const char *frame_name(uint32_t t)
 {
-    static const char *names[] = {"?",           "call header", "verdict",     "request for counts", "table of counts",
-                                  "data header", "send header", "recv header", "failure note"};
+    static const char *names[] = {
+        "?",           "call header", "verdict",     "request for counts", "table of counts",
+        "data header", "send header", "recv header", "failure note"};
     return t >= FR_CALL && t <= FR_ABORT ? names[t] : "?";
 }
 
-static size_t call_bytes(const call_header *h) { return (size_t)h->count * em_dtype_size((em_dtype)h->dtype); }
+static size_t call_bytes(const call_header *h)
+{
+    return (size_t)h->count * em_dtype_size((em_dtype)h->dtype);
+}
 
 /* ---- what a rank waits for, and what it does with a frame ----------------------------- */
 
@@ -120,7 +124,10 @@ static bool awaited(const waiter *w, int r)
     return false;
 }
 
-static bool needs(const waiter *w, int r) { return w->kind == W_CALLS || w->kind == W_COUNTS || awaited(w, r); }
+static bool needs(const waiter *w, int r)
+{
+    return w->kind == W_CALLS || w->kind == W_COUNTS || awaited(w, r);
+}
 
 /* Rank a's call against rank b's: the message names both, the lower rank first. */
 static em_status mismatch(call *c, int a, const call_header *ha, int b, const call_header *hb)
@@ -139,7 +146,8 @@ static em_status mismatch(call *c, int a, const call_header *ha, int b, const ca
     if (ha->seq != hb->seq)
         snprintf(where, sizeof where, " (rank %d after %llu collectives, rank %d after %llu)", a,
                  (unsigned long long)ha->seq, b, (unsigned long long)hb->seq);
-    return call_fail(c, EM_ERR_DIST, "call mismatch: rank %d called %s, rank %d called %s%s", a, da, b, db, where);
+    return call_fail(c, EM_ERR_DIST, "call mismatch: rank %d called %s, rank %d called %s%s", a, da, b, db,
+                     where);
 }
 
 static em_status unexpected(em_pg *pg, call *c, int r, const frame *f)
@@ -147,14 +155,16 @@ static em_status unexpected(em_pg *pg, call *c, int r, const frame *f)
     char d[160];
     call_describe(&c->h, d, sizeof d);
     if (f->magic != FRAME_MAGIC || f->type < FR_CALL || f->type > FR_ABORT)
-        return call_fail(c, EM_ERR_DIST,
-                         "%s: rank %d read bytes from rank %d that are not a frame (a protocol error: a bug in "
-                         "ember, or something else writing to its connections)",
-                         d, pg->rank, r);
-    return call_fail(c, EM_ERR_DIST,
-                     "%s: rank %d got an unexpected %s #%llu from rank %d (a protocol error: a bug in ember, or "
-                     "something else writing to its connections)",
-                     d, pg->rank, frame_name(f->type), (unsigned long long)f->seq, r);
+        return call_fail(
+            c, EM_ERR_DIST,
+            "%s: rank %d read bytes from rank %d that are not a frame (a protocol error: a bug in "
+            "ember, or something else writing to its connections)",
+            d, pg->rank, r);
+    return call_fail(
+        c, EM_ERR_DIST,
+        "%s: rank %d got an unexpected %s #%llu from rank %d (a protocol error: a bug in ember, or "
+        "something else writing to its connections)",
+        d, pg->rank, frame_name(f->type), (unsigned long long)f->seq, r);
 }
 
 em_status call_broke(em_pg *pg, call *c, int origin, const char *text)
@@ -219,7 +229,7 @@ static em_status lost(em_pg *pg, call *c, int r)
             break;
         }
         if (p->in.len || p->in.type == FR_SEND) break; /* what follows is not a frame */
-        p->in_got = 0;                                  /* the call failed: this frame no longer matters */
+        p->in_got = 0;                                 /* the call failed: this frame no longer matters */
     }
     return c->status;
 }
@@ -240,10 +250,8 @@ void p2p_row(const em_pg *pg, p2p_count *row)
 {
     for (int r = 0; r < pg->world; r++) {
         const peer_state *p = &pg->peer[r];
-        row[r] = (p2p_count){.sent = p->sent,
-                             .recvd = p->recvd,
-                             .dtype = p->last_send.dtype,
-                             .count = p->last_send.count};
+        row[r] = (p2p_count){
+            .sent = p->sent, .recvd = p->recvd, .dtype = p->last_send.dtype, .count = p->last_send.count};
     }
 }
 
@@ -354,7 +362,8 @@ static int on_frame(em_pg *pg, call *c, waiter *w, int r, double deadline)
         w->done = true;
         return F_TAKEN;
     case FR_COUNTS:
-        if (w->kind != W_COUNTS || f.seq != c->h.seq || w->in[r] || f.len != pg->world * sizeof(p2p_count)) break;
+        if (w->kind != W_COUNTS || f.seq != c->h.seq || w->in[r] || f.len != pg->world * sizeof(p2p_count))
+            break;
         p->in_got = 0;
         if (io_recv(pg, c, r, w->rows[r], f.len, deadline)) return F_FAIL;
         w->in[r] = true;
@@ -498,12 +507,13 @@ void p2p_compose(const call_header *hs, const p2p_count *const *rows, int world,
                 more++;
                 continue;
             }
-            call_header sh = {.kind = CALL_SEND, .dtype = rows[a][b].dtype, .count = rows[a][b].count, .root = b};
+            call_header sh = {
+                .kind = CALL_SEND, .dtype = rows[a][b].dtype, .count = rows[a][b].count, .root = b};
             char ds[160], db[160];
             call_describe(&sh, ds, sizeof ds);
             call_describe(&hs[b], db, sizeof db);
-            append(msg, n, "%srank %d called %s, rank %d called %s without receiving it", shown ? "; " : "", a, ds,
-                   b, db);
+            append(msg, n, "%srank %d called %s, rank %d called %s without receiving it", shown ? "; " : "",
+                   a, ds, b, db);
             if (sent - got > 1)
                 append(msg, n, " (%llu of rank %d's sends to rank %d are unreceived; the last is named)",
                        (unsigned long long)(sent - got), a, b);
@@ -564,7 +574,8 @@ em_status check_call(em_pg *pg, call *c, double deadline)
     waiter w = {.kind = W_CALLS, .hs = hs, .in = in, .missing = n - 1};
     char msg[512] = "";
     em_status s = wait_frames(pg, c, &w, deadline);
-    if (!s && calls_compare(hs, n, msg, sizeof msg) == CMP_COUNTS) s = gather_counts(pg, c, hs, msg, sizeof msg, deadline);
+    if (!s && calls_compare(hs, n, msg, sizeof msg) == CMP_COUNTS)
+        s = gather_counts(pg, c, hs, msg, sizeof msg, deadline);
     free(hs);
     free(in);
     for (int r = 1; r < n && !s; r++) {
@@ -617,7 +628,8 @@ em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, i
         if (k < 0) return peer_io_error(pg, c, sending ? sr : rr, "waiting on", errno);
         if (k == 0) {
             if (pg_now() < deadline) continue;
-            return receiving ? peer_timed_out(pg, c, rr, "for data from") : peer_timed_out(pg, c, sr, "to send to");
+            return receiving ? peer_timed_out(pg, c, rr, "for data from")
+                             : peer_timed_out(pg, c, sr, "to send to");
         }
         if (ri >= 0 && p[ri].revents) {
             if (hin) {
@@ -636,7 +648,8 @@ em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, i
                 peer_io_error(pg, c, sr, "sending to", 0);
                 return note_there ? lost(pg, c, sr) : c->status;
             }
-            ssize_t m = hs < sizeof df ? send(pg->fd[sr], (const char *)&df + hs, sizeof df - hs, MSG_DONTWAIT | MSG_NOSIGNAL)
+            ssize_t m = hs < sizeof df ? send(pg->fd[sr], (const char *)&df + hs, sizeof df - hs,
+                                              MSG_DONTWAIT | MSG_NOSIGNAL)
                                        : send(pg->fd[sr], s + sent, sn - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
             if (m < 0 && errno != EAGAIN && errno != EINTR) {
                 peer_io_error(pg, c, sr, "sending to", errno);
@@ -684,7 +697,8 @@ static em_status send_watching(em_pg *pg, call *c, int q, const frame *f, const 
         bool writing = at < 2;
         if (!writing && !stashing) break;
         bool reading = stashing || !held;
-        struct pollfd pf = {.fd = pg->fd[q], .events = (short)((writing ? POLLOUT : 0) | (reading ? POLLIN : 0))};
+        struct pollfd pf = {.fd = pg->fd[q],
+                            .events = (short)((writing ? POLLOUT : 0) | (reading ? POLLIN : 0))};
         int k = poll(&pf, 1, pg_ms_until(deadline));
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) {
@@ -693,7 +707,8 @@ static em_status send_watching(em_pg *pg, call *c, int q, const frame *f, const 
         }
         if (k == 0) {
             if (pg_now() < deadline) continue;
-            return writing ? peer_timed_out(pg, c, q, "to send to") : peer_timed_out(pg, c, q, "for data from");
+            return writing ? peer_timed_out(pg, c, q, "to send to")
+                           : peer_timed_out(pg, c, q, "for data from");
         }
         if (reading && (pf.revents & (POLLIN | POLLHUP | POLLERR))) {
             if (stashing) {

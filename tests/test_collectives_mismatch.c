@@ -91,11 +91,12 @@ static void case_rank(em_pg *pg, int rank, int world, void *ctx)
                 tr_name(k->tr), rank, what, em_status_name(s), msg);
     for (int i = 0; i < 2; i++)
         if (k->want[i] && !strstr(msg, k->want[i]))
-            th_fail(__FILE__, __LINE__, "case '%s' (%s), rank %d: the message of %s lacks \"%s\": %s", k->name,
-                    tr_name(k->tr), rank, what, k->want[i], msg);
+            th_fail(__FILE__, __LINE__, "case '%s' (%s), rank %d: the message of %s lacks \"%s\": %s",
+                    k->name, tr_name(k->tr), rank, what, k->want[i], msg);
     if (took > 2.0)
-        th_fail(__FILE__, __LINE__, "case '%s' (%s), rank %d: failing took %.2f s (the timeout, not a check?): %s",
-                k->name, tr_name(k->tr), rank, took, msg);
+        th_fail(__FILE__, __LINE__,
+                "case '%s' (%s), rank %d: failing took %.2f s (the timeout, not a check?): %s", k->name,
+                tr_name(k->tr), rank, took, msg);
 }
 
 static void run_case(mcase *k, em_transport tr)
@@ -108,18 +109,22 @@ static void run_case(mcase *k, em_transport tr)
 /* "rank 0 called send(f32, 4 elements, to rank 1)" etc. */
 static void describe(int rank, const op *o, int world, char *buf, size_t n)
 {
-    static const char *names[] = {"",       "send",           "recv",   "all_reduce", "broadcast",
+    static const char *names[] = {"",           "send",           "recv",   "all_reduce", "broadcast",
                                   "all_gather", "reduce_scatter", "gather", "barrier"};
     long long cnt = o->kind == OP_REDUCE_SCATTER ? 4LL * world : 4;
     switch (o->kind) {
     case OP_SEND: snprintf(buf, n, "rank %d called send(f32, 4 elements, to rank %d)", rank, o->peer); break;
-    case OP_RECV: snprintf(buf, n, "rank %d called recv(f32, 4 elements, from rank %d)", rank, o->peer); break;
+    case OP_RECV:
+        snprintf(buf, n, "rank %d called recv(f32, 4 elements, from rank %d)", rank, o->peer);
+        break;
     case OP_ALL_REDUCE:
     case OP_REDUCE_SCATTER:
         snprintf(buf, n, "rank %d called %s(f32, %lld elements, sum)", rank, names[o->kind], cnt);
         break;
     case OP_BROADCAST:
-    case OP_GATHER: snprintf(buf, n, "rank %d called %s(f32, 4 elements, root 0)", rank, names[o->kind]); break;
+    case OP_GATHER:
+        snprintf(buf, n, "rank %d called %s(f32, 4 elements, root 0)", rank, names[o->kind]);
+        break;
     case OP_ALL_GATHER: snprintf(buf, n, "rank %d called all_gather(f32, 4 elements)", rank); break;
     case OP_BARRIER: snprintf(buf, n, "rank %d called barrier()", rank); break;
     }
@@ -128,8 +133,8 @@ static void describe(int rank, const op *o, int world, char *buf, size_t n)
 /* send or recv on one rank against each collective on the other, both ways round */
 static void p2p_against_collectives(em_transport tr)
 {
-    static const op_kind colls[] = {OP_ALL_REDUCE, OP_BROADCAST, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_GATHER,
-                                    OP_BARRIER};
+    static const op_kind colls[] = {OP_ALL_REDUCE,     OP_BROADCAST, OP_ALL_GATHER,
+                                    OP_REDUCE_SCATTER, OP_GATHER,    OP_BARRIER};
     for (int p2p = OP_SEND; p2p <= OP_RECV; p2p++)
         for (size_t i = 0; i < sizeof colls / sizeof colls[0]; i++)
             for (int who = 0; who < 2; who++) { /* the rank calling send/recv */
@@ -146,8 +151,14 @@ static void p2p_against_collectives(em_transport tr)
             }
 }
 
-TEST(test_send_or_recv_against_any_collective_fails_on_both_ranks_tcp) { p2p_against_collectives(EM_TRANSPORT_TCP); }
-TEST(test_send_or_recv_against_any_collective_fails_on_both_ranks_shm) { p2p_against_collectives(EM_TRANSPORT_SHM); }
+TEST(test_send_or_recv_against_any_collective_fails_on_both_ranks_tcp)
+{
+    p2p_against_collectives(EM_TRANSPORT_TCP);
+}
+TEST(test_send_or_recv_against_any_collective_fails_on_both_ranks_shm)
+{
+    p2p_against_collectives(EM_TRANSPORT_SHM);
+}
 
 /* Both ranks wait in recv for the other: each has announced its recv to the other. */
 static void recv_against_recv(em_transport tr)
@@ -183,16 +194,20 @@ static void send_recv_disagree(em_transport tr)
     mcase ks[] = {
         {.name = "send f32 vs recv f64",
          .calls = {{.kind = OP_SEND, .peer = 1}, {.kind = OP_RECV, .peer = 0, .dt = EM_F64}},
-         .want = {"rank 0 called send(f32, 4 elements, to rank 1)", "rank 1 called recv(f64, 4 elements, from rank 0)"}},
+         .want = {"rank 0 called send(f32, 4 elements, to rank 1)",
+                  "rank 1 called recv(f64, 4 elements, from rank 0)"}},
         {.name = "recv f32 vs send f64",
          .calls = {{.kind = OP_RECV, .peer = 1}, {.kind = OP_SEND, .peer = 0, .dt = EM_F64}},
-         .want = {"rank 0 called recv(f32, 4 elements, from rank 1)", "rank 1 called send(f64, 4 elements, to rank 0)"}},
+         .want = {"rank 0 called recv(f32, 4 elements, from rank 1)",
+                  "rank 1 called send(f64, 4 elements, to rank 0)"}},
         {.name = "send 4 vs recv 5 elements",
          .calls = {{.kind = OP_SEND, .peer = 1}, {.kind = OP_RECV, .peer = 0, .n = 5}},
-         .want = {"rank 0 called send(f32, 4 elements, to rank 1)", "rank 1 called recv(f32, 5 elements, from rank 0)"}},
+         .want = {"rank 0 called send(f32, 4 elements, to rank 1)",
+                  "rank 1 called recv(f32, 5 elements, from rank 0)"}},
         {.name = "recv 5 vs send 4 elements",
          .calls = {{.kind = OP_RECV, .peer = 1, .n = 5}, {.kind = OP_SEND, .peer = 0}},
-         .want = {"rank 0 called recv(f32, 5 elements, from rank 1)", "rank 1 called send(f32, 4 elements, to rank 0)"}},
+         .want = {"rank 0 called recv(f32, 5 elements, from rank 1)",
+                  "rank 1 called send(f32, 4 elements, to rank 0)"}},
     };
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
         ks[i].world = 2;
@@ -200,8 +215,14 @@ static void send_recv_disagree(em_transport tr)
     }
 }
 
-TEST(test_send_recv_with_different_dtype_or_count_fails_on_both_ranks_tcp) { send_recv_disagree(EM_TRANSPORT_TCP); }
-TEST(test_send_recv_with_different_dtype_or_count_fails_on_both_ranks_shm) { send_recv_disagree(EM_TRANSPORT_SHM); }
+TEST(test_send_recv_with_different_dtype_or_count_fails_on_both_ranks_tcp)
+{
+    send_recv_disagree(EM_TRANSPORT_TCP);
+}
+TEST(test_send_recv_with_different_dtype_or_count_fails_on_both_ranks_shm)
+{
+    send_recv_disagree(EM_TRANSPORT_SHM);
+}
 
 /* Three ranks, the wrong peer: rank 1 waits for rank 2, which calls
  * barrier; rank 0's send to rank 1 completes, and its barrier fails too. */
@@ -230,8 +251,8 @@ static void unreceived(em_pg *pg, int rank, int world, void *ctx)
     em_status s = rank == 0 ? em_send(pg, t, 1, NULL) : EM_OK;
     if (!s) s = em_all_reduce(pg, t, EM_RED_SUM, NULL);
     if (s != EM_ERR_DIST)
-        th_fail(__FILE__, __LINE__, "rank %d: all_reduce returned %s with t[0] = %g: %s", rank, em_status_name(s),
-                ((float *)em_data(t))[0], em_last_error());
+        th_fail(__FILE__, __LINE__, "rank %d: all_reduce returned %s with t[0] = %g: %s", rank,
+                em_status_name(s), ((float *)em_data(t))[0], em_last_error());
     CHECK(strstr(em_last_error(), "rank 0 called send(f32, 4 elements, to rank 1)") != NULL);
     CHECK(strstr(em_last_error(), "rank 1 called all_reduce(f32, 4 elements, sum)") != NULL);
     CHECK(now() - t0 < 2.0);
@@ -308,8 +329,14 @@ static void interleaved(em_pg *pg, int rank, int world, void *ctx)
     }
 }
 
-TEST(test_matched_send_recv_interleaved_with_collectives_work_tcp) { TH_RANKS(3, EM_TRANSPORT_TCP, interleaved, NULL); }
-TEST(test_matched_send_recv_interleaved_with_collectives_work_shm) { TH_RANKS(3, EM_TRANSPORT_SHM, interleaved, NULL); }
+TEST(test_matched_send_recv_interleaved_with_collectives_work_tcp)
+{
+    TH_RANKS(3, EM_TRANSPORT_TCP, interleaved, NULL);
+}
+TEST(test_matched_send_recv_interleaved_with_collectives_work_shm)
+{
+    TH_RANKS(3, EM_TRANSPORT_SHM, interleaved, NULL);
+}
 
 /* Two ranks each send the other 24 MB, more than the connection buffers
  * hold, before either receives: both sends complete, then both recvs. */
