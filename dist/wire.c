@@ -56,6 +56,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include "dist/pg_impl.h"
 #include "ember/tensor.h"
@@ -648,17 +649,17 @@ em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, i
                 peer_io_error(pg, c, sr, "sending to", 0);
                 return note_there ? lost(pg, c, sr) : c->status;
             }
-            ssize_t m = hs < sizeof df ? send(pg->fd[sr], (const char *)&df + hs, sizeof df - hs,
-                                              MSG_DONTWAIT | MSG_NOSIGNAL)
-                                       : send(pg->fd[sr], s + sent, sn - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+            /* the header and the data in one write: one segment, one wake-up at the peer */
+            struct iovec iov[2] = {{(char *)&df + hs, sizeof df - hs}, {(char *)s + sent, sn - sent}};
+            struct msghdr mh = {.msg_iov = hs < sizeof df ? iov : iov + 1, .msg_iovlen = hs < sizeof df ? 2 : 1};
+            ssize_t m = sendmsg(pg->fd[sr], &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
             if (m < 0 && errno != EAGAIN && errno != EINTR) {
                 peer_io_error(pg, c, sr, "sending to", errno);
                 return note_there ? lost(pg, c, sr) : c->status;
             }
-            if (m > 0 && hs < sizeof df)
-                hs += (size_t)m;
-            else if (m > 0)
-                sent += (size_t)m;
+            size_t h = m > 0 && hs < sizeof df ? ((size_t)m < sizeof df - hs ? (size_t)m : sizeof df - hs) : 0;
+            hs += h;
+            if (m > 0) sent += (size_t)m - h;
         }
     }
     return EM_OK;
