@@ -371,7 +371,14 @@ static em_status issue(em_pg *pg, int kind, em_dtype dt, int op, int root, int64
     if (work) *work = NULL;
     call c = {.h = {.kind = kind, .dtype = dt, .op = op, .root = root, .count = count}, .in = in, .out = out};
 #if EM_HAVE_NCCL
-    if (dev.type == EM_CUDA) return nccl_issue(pg, &c, dev.index, work);
+    if (dev.type == EM_CUDA) {
+        /* checked in the group's call sequence like any call (NCCL itself
+         * would hang on a mismatch), at once; then NCCL moves the data */
+        call check = {.h = c.h};
+        check.h.cuda = 1;
+        em_status s = pg_issue(pg, &check, NULL);
+        return s ? s : nccl_issue(pg, &c, dev.index, work);
+    }
 #else
     (void)dev;
 #endif

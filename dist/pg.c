@@ -80,6 +80,8 @@ void call_describe(const call_header *h, char *buf, size_t n)
         snprintf(buf + k, n - (size_t)k, ", from rank %d)", h->root);
     else
         snprintf(buf + k, n - (size_t)k, ")");
+    size_t len = strlen(buf);
+    if (h->cuda && len > 0 && len + 6 < n) memcpy(buf + len - 1, ", cuda)", 8); /* "..., cuda)" */
 }
 
 em_status call_fail(call *c, em_status s, const char *fmt, ...)
@@ -204,10 +206,10 @@ static void execute(em_pg *pg, call *c)
         c->h.recvd = pg->p2p_recvd;
         if (pg->shm) {
             s = shm_check(pg, c, deadline);
-            if (!s) s = shm_run(pg, c, deadline);
+            if (!s && !c->h.cuda) s = shm_run(pg, c, deadline);
         } else {
             s = pg->world == 1 ? EM_OK : check_call(pg, c, deadline);
-            if (!s) s = run_call(pg, c, deadline);
+            if (!s && !c->h.cuda) s = run_call(pg, c, deadline);
         }
     }
     if (s)

@@ -54,6 +54,7 @@ typedef struct call_header {
     int32_t root;            /* broadcast / gather: the root; send: the destination; recv: the source */
     int64_t count;           /* elements of the (input) tensor */
     uint64_t sent, recvd;    /* collectives: messages this rank has sent / received with send and recv */
+    int32_t cuda, pad;       /* cuda: CUDA tensors; the group checks the call, NCCL moves the data */
 } call_header;
 
 /* Frames (dist/wire.c). Type and number say what a frame is; a frame a rank
@@ -79,7 +80,7 @@ typedef struct frame {
      * cache-line aligned in the kernel's buffers, which copy it twice as
      * fast (TCP all_reduce of 1 MiB, 2 ranks: 1.2 ms with 72-byte frames,
      * 0.65 ms with these) */
-    uint8_t reserved[56];
+    uint8_t reserved[48];
 } frame;
 _Static_assert(sizeof(frame) == 128, "a frame is two cache lines");
 

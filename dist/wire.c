@@ -41,6 +41,11 @@
  * the collective this rank is in (its frame is for later) from one that
  * never came to it (a mismatch).
  *
+ * CUDA tensors. Their calls take the same check, on the CPU and before NCCL
+ * sees them (the header says cuda, and no data moves here); a send of CUDA
+ * tensors also waits for its recv's RECV frame (W_ACK), as NCCL's send,
+ * which would hang without one, does.
+ *
  * Notes. A rank whose call fails sends its reason in an ABORT frame to every
  * peer that reads a frame from it next (never into data, where it would be
  * read as data), then closes its sockets; a rank that reads a note fails
@@ -72,9 +77,16 @@ static const char *frame_name(uint32_t t)
     return t >= FR_CALL && t <= FR_ABORT ? names[t] : "?";
 }
 
+/* Bytes of a call's data on the connections: none for CUDA tensors (NCCL moves them). */
 static size_t call_bytes(const call_header *h)
 {
-    return (size_t)h->count * em_dtype_size((em_dtype)h->dtype);
+    return h->cuda ? 0 : (size_t)h->count * em_dtype_size((em_dtype)h->dtype);
+}
+
+/* Do a send's header and a recv's agree (the peers are the connection's)? */
+static bool p2p_agree(const call_header *send, const call_header *recv)
+{
+    return send->dtype == recv->dtype && send->count == recv->count && send->cuda == recv->cuda;
 }
 
 /* ---- what a rank waits for, and what it does with a frame ----------------------------- */
@@ -86,12 +98,13 @@ typedef enum wait_kind {
     W_DATA,    /* in a collective's data: the peer's DATA frame */
     W_SHM,     /* in a collective in shared memory: frames can only show a mismatch */
     W_SEND,    /* in recv: the peer's SEND frame */
-    W_SENDING  /* in send: acknowledgements, the peer's own send (stashed) */
+    W_SENDING, /* in send: acknowledgements, the peer's own send (stashed) */
+    W_ACK      /* a send of CUDA tensors: the peer's RECV for it, before NCCL is asked to send */
 } wait_kind;
 
 typedef struct waiter {
     wait_kind kind;
-    int peer;         /* W_DATA, W_SEND, W_SENDING */
+    int peer;         /* W_DATA, W_SEND, W_SENDING, W_ACK */
     call_header *hs;  /* W_CALLS: the headers by rank */
     p2p_count **rows; /* W_COUNTS: the tables by rank */
     bool *in;         /* W_CALLS, W_COUNTS: the ranks that answered */
@@ -118,7 +131,8 @@ static bool awaited(const waiter *w, int r)
     case W_COUNTS: return !w->in[r];
     case W_VERDICT: return r == 0;
     case W_DATA:
-    case W_SEND: return r == w->peer;
+    case W_SEND:
+    case W_ACK: return r == w->peer;
     case W_SHM:
     case W_SENDING: return false;
     }
@@ -315,10 +329,11 @@ static int on_frame(em_pg *pg, call *c, waiter *w, int r, double deadline)
             if (f.seq != p->acked + 1) break;
             p->acked = f.seq;
             p->in_got = 0;
-            if (f.seq == p->sent && (f.h.dtype != p->last_send.dtype || f.h.count != p->last_send.count)) {
+            if (f.seq == p->sent && !p2p_agree(&p->last_send, &f.h)) {
                 mismatch(c, pg->rank, &p->last_send, r, &f.h);
                 return F_FAIL;
             }
+            if (w->kind == W_ACK && w->peer == r && f.seq == p->sent) w->done = true;
             return F_TAKEN;
         }
         if (f.seq != p->sent + 1) break;
@@ -337,6 +352,10 @@ static int on_frame(em_pg *pg, call *c, waiter *w, int r, double deadline)
             return F_HELD; /* p2p_recv takes it */
         }
         if (w->kind == W_SENDING && w->peer == r && !p->st_on) return start_stash(pg, c, r);
+        if (w->kind == W_ACK && w->peer == r) { /* both send, neither receives: NCCL would hang */
+            mismatch(c, pg->rank, &c->h, r, &f.h);
+            return F_FAIL;
+        }
         return F_HELD;
     case FR_CALL:
         if (pg->rank != 0) break;
@@ -348,11 +367,11 @@ static int on_frame(em_pg *pg, call *c, waiter *w, int r, double deadline)
             p->in_got = 0;
             return F_TAKEN;
         }
-        if ((w->kind == W_SEND || w->kind == W_SENDING) && w->peer == r) { /* r went on to a collective */
+        if (!collective(w->kind) && w->peer == r) { /* r went on to a collective */
             mismatch(c, pg->rank, &c->h, r, &f.h);
             return F_FAIL;
         }
-        if (w->kind == W_SEND || w->kind == W_SENDING) return F_HELD;
+        if (!collective(w->kind)) return F_HELD;
         break;
     case FR_VERDICT:
     case FR_ASK:
@@ -426,13 +445,13 @@ static em_status wait_frames(em_pg *pg, call *c, waiter *w, double deadline)
         }
         if (k == 0) {
             if (pg_now() < deadline) continue;
-            int r = w->kind == W_SEND ? w->peer : 0;
+            int r = w->kind == W_SEND || w->kind == W_ACK ? w->peer : 0;
             for (int q = 0; (w->kind == W_CALLS || w->kind == W_COUNTS) && q < n; q++)
                 if (!w->in[q]) {
                     r = q;
                     break;
                 }
-            s = peer_timed_out(pg, c, r, w->kind == W_SEND ? "for data from" : "for");
+            s = peer_timed_out(pg, c, r, w->kind == W_SEND ? "for data from" : w->kind == W_ACK ? "for the recv of" : "for");
             break;
         }
         for (int i = 0; i < np && !s; i++) {
@@ -454,7 +473,7 @@ static em_status wait_frames(em_pg *pg, call *c, waiter *w, double deadline)
 
 static bool same_call(const call_header *a, const call_header *b)
 {
-    if (a->kind != b->kind || a->seq != b->seq) return false;
+    if (a->kind != b->kind || a->seq != b->seq || a->cuda != b->cuda) return false;
     if (a->kind == CALL_BARRIER) return true;
     if (a->dtype != b->dtype || a->count != b->count) return false;
     if ((a->kind == CALL_ALL_REDUCE || a->kind == CALL_REDUCE_SCATTER) && a->op != b->op) return false;
@@ -747,7 +766,12 @@ static em_status p2p_send(em_pg *pg, call *c, double deadline)
     pg->p2p_sent++;
     p->last_send = c->h;
     frame f = {.magic = FRAME_MAGIC, .type = FR_SEND, .seq = p->sent, .len = call_bytes(&c->h), .h = c->h};
-    return send_watching(pg, c, q, &f, c->in, deadline);
+    if (send_watching(pg, c, q, &f, c->in, deadline)) return c->status;
+    if (c->h.cuda && p->acked < p->sent) { /* NCCL's send waits for the recv: so do we, to check it */
+        waiter w = {.kind = W_ACK, .peer = q};
+        return wait_frames(pg, c, &w, deadline);
+    }
+    return EM_OK;
 }
 
 static void drop_stash(peer_state *p)
@@ -772,12 +796,12 @@ static em_status p2p_recv(em_pg *pg, call *c, double deadline)
         sf = p->in;
         p->in_got = 0;
     }
-    if (sf.h.dtype != c->h.dtype || sf.h.count != c->h.count || sf.h.seq != c->h.seq) {
+    if (!p2p_agree(&sf.h, &c->h) || sf.h.seq != c->h.seq) {
         if (p->st_on) drop_stash(p);
         return mismatch(c, q, &sf.h, pg->rank, &c->h);
     }
     if (p->st_on) {
-        memcpy(c->in, p->st_data, sf.len);
+        if (sf.len) memcpy(c->in, p->st_data, sf.len);
         drop_stash(p);
     } else if (sf.len && io_recv(pg, c, q, c->in, sf.len, deadline)) {
         return c->status;
