@@ -117,11 +117,6 @@ enum { F_TAKEN, F_HELD, F_FAIL };
 
 static bool collective(wait_kind k) { return k <= W_SHM; }
 
-/* Does w fail when rank r's connection closes? Rank 0 checking needs every
- * rank; otherwise only the ranks w waits for matter (a peer that finished
- * its part, of a collective or of nothing we wait for, may have exited). */
-static bool needs(const waiter *w, int r);
-
 /* Does w still need a frame from rank r? A frame of r's left for later there
  * would block the wait forever. */
 static bool awaited(const waiter *w, int r)
@@ -139,6 +134,9 @@ static bool awaited(const waiter *w, int r)
     return false;
 }
 
+/* Does w fail when rank r's connection closes? Rank 0 checking needs every
+ * rank; otherwise only the ranks w waits for matter (a peer that finished
+ * its part, of a collective or of nothing we wait for, may have exited). */
 static bool needs(const waiter *w, int r)
 {
     return w->kind == W_CALLS || w->kind == W_COUNTS || awaited(w, r);
@@ -451,7 +449,10 @@ static em_status wait_frames(em_pg *pg, call *c, waiter *w, double deadline)
                     r = q;
                     break;
                 }
-            s = peer_timed_out(pg, c, r, w->kind == W_SEND ? "for data from" : w->kind == W_ACK ? "for the recv of" : "for");
+            s = peer_timed_out(pg, c, r,
+                               w->kind == W_SEND  ? "for data from"
+                               : w->kind == W_ACK ? "for the recv of"
+                                                  : "for");
             break;
         }
         for (int i = 0; i < np && !s; i++) {
@@ -670,13 +671,15 @@ em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, i
             }
             /* the header and the data in one write: one segment, one wake-up at the peer */
             struct iovec iov[2] = {{(char *)&df + hs, sizeof df - hs}, {(char *)s + sent, sn - sent}};
-            struct msghdr mh = {.msg_iov = hs < sizeof df ? iov : iov + 1, .msg_iovlen = hs < sizeof df ? 2 : 1};
+            struct msghdr mh = {.msg_iov = hs < sizeof df ? iov : iov + 1,
+                                .msg_iovlen = hs < sizeof df ? 2 : 1};
             ssize_t m = sendmsg(pg->fd[sr], &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
             if (m < 0 && errno != EAGAIN && errno != EINTR) {
                 peer_io_error(pg, c, sr, "sending to", errno);
                 return note_there ? lost(pg, c, sr) : c->status;
             }
-            size_t h = m > 0 && hs < sizeof df ? ((size_t)m < sizeof df - hs ? (size_t)m : sizeof df - hs) : 0;
+            size_t h =
+                m > 0 && hs < sizeof df ? ((size_t)m < sizeof df - hs ? (size_t)m : sizeof df - hs) : 0;
             hs += h;
             if (m > 0) sent += (size_t)m - h;
         }

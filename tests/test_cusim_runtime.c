@@ -520,8 +520,9 @@ static void ember_cuda_mismatch(em_pg *pg, int rank, int world, void *ctx)
     case 1: s = rank == 0 ? em_all_reduce(pg, gpu, EM_RED_SUM, NULL) : em_broadcast(pg, gpu, 0, NULL); break;
     default: s = rank == 0 ? em_send(pg, gpu, 1, NULL) : em_recv(pg, gpu64, 0, NULL); break;
     }
-    if (s != EM_ERR_DIST) th_fail(__FILE__, __LINE__, "case %d, rank %d: returned %s: %s", k->which, rank,
-                                  em_status_name(s), em_last_error());
+    if (s != EM_ERR_DIST)
+        th_fail(__FILE__, __LINE__, "case %d, rank %d: returned %s: %s", k->which, rank, em_status_name(s),
+                em_last_error());
     for (int i = 0; i < 2; i++)
         if (!strstr(em_last_error(), k->want[i]))
             th_fail(__FILE__, __LINE__, "case %d, rank %d: the message lacks \"%s\": %s", k->which, rank,
@@ -533,10 +534,15 @@ TEST(test_cusim_ember_cuda_calls_meeting_other_calls_fail_on_both_ranks_naming_b
 {
     emulator("in-order");
     static const cuda_case cases[] = {
-        {0, {"rank 0 called all_reduce(f32, 4 elements, sum, cuda)", "rank 1 called all_reduce(f32, 4 elements, sum)"}},
-        {1, {"rank 0 called all_reduce(f32, 4 elements, sum, cuda)",
-             "rank 1 called broadcast(f32, 4 elements, root 0, cuda)"}},
-        {2, {"rank 0 called send(f32, 4 elements, to rank 1, cuda)", "rank 1 called recv(f64, 4 elements, from rank 0, cuda)"}},
+        {0,
+         {"rank 0 called all_reduce(f32, 4 elements, sum, cuda)",
+          "rank 1 called all_reduce(f32, 4 elements, sum)"}},
+        {1,
+         {"rank 0 called all_reduce(f32, 4 elements, sum, cuda)",
+          "rank 1 called broadcast(f32, 4 elements, root 0, cuda)"}},
+        {2,
+         {"rank 0 called send(f32, 4 elements, to rank 1, cuda)",
+          "rank 1 called recv(f64, 4 elements, from rank 0, cuda)"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         th_ranks_timeout = 5;
@@ -550,7 +556,8 @@ static void ember_cuda_send_recv(em_pg *pg, int rank, int world, void *ctx)
     (void)world;
     (void)ctx;
     em_scope sc = em_scope_begin();
-    em_tensor *t = em_to(em_full(EM_F32, 1, (int64_t[]){NCCL_N}, rank == 0 ? 7.0 : 0.0), em_device_cuda(rank));
+    em_tensor *t =
+        em_to(em_full(EM_F32, 1, (int64_t[]){NCCL_N}, rank == 0 ? 7.0 : 0.0), em_device_cuda(rank));
     CHECK_NOTNULL(t);
     if (rank == 0) CHECK_OK(em_send(pg, t, 1, NULL));
     if (rank == 1) CHECK_OK(em_recv(pg, t, 0, NULL));
