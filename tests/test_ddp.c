@@ -270,8 +270,8 @@ TEST(test_cuda_training_follows_the_cpu_losses_for_50_steps)
 TEST(test_cuda_ddp_two_ranks_over_nccl_follow_the_cpu_ddp_losses)
 {
     CUDA_JOBS_OR_SKIP(2);
-    check_losses_within(2, (job){.accum = 2, .batch = 4, .steps = 50, .bucket_mb = 0.002, .device = "cuda"}, 2,
-                        (job){.accum = 2, .batch = 4, .steps = 50, .bucket_mb = 0.002}, 1e-4);
+    check_losses_within(2, (job){.accum = 2, .batch = 4, .steps = 24, .bucket_mb = 0.002, .device = "cuda"}, 2,
+                        (job){.accum = 2, .batch = 4, .steps = 24, .bucket_mb = 0.002}, 1e-4);
 }
 
 TEST(test_cuda_resume_at_step_10_gives_bitwise_the_straight_weights_one_process)
