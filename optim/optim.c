@@ -245,20 +245,31 @@ em_status em_optim_zero_grad(em_optimizer *o)
  * step and applied elementwise by optim/update_math.h's functions, which the
  * CUDA kernel (optim.cu) applies too. */
 
-static void sgd_f32(const opt_coef *u, float *p, const float *g, float *buf, int64_t n)
+/* SGD: one loop with a momentum buffer and one without, so each vectorises */
+static void sgd_f32(const opt_coef *u, float *restrict p, const float *restrict g, float *restrict buf,
+                    int64_t n)
 {
     const opt_k_f32 k = opt_k_of_f32(u);
     const bool decay = u->wd != 0, first = u->first, nesterov = u->nesterov;
-    for (int64_t i = 0; i < n; i++)
-        p[i] = sgd_elem_f32(&k, p[i], g[i], buf ? &buf[i] : NULL, decay, first, nesterov);
+    if (buf)
+        for (int64_t i = 0; i < n; i++)
+            p[i] = sgd_elem_f32(&k, p[i], g[i], &buf[i], true, decay, first, nesterov);
+    else
+        for (int64_t i = 0; i < n; i++)
+            p[i] = sgd_elem_f32(&k, p[i], g[i], NULL, false, decay, first, nesterov);
 }
 
-static void sgd_f64(const opt_coef *u, double *p, const double *g, double *buf, int64_t n)
+static void sgd_f64(const opt_coef *u, double *restrict p, const double *restrict g, double *restrict buf,
+                    int64_t n)
 {
     const opt_k_f64 k = opt_k_of_f64(u);
     const bool decay = u->wd != 0, first = u->first, nesterov = u->nesterov;
-    for (int64_t i = 0; i < n; i++)
-        p[i] = sgd_elem_f64(&k, p[i], g[i], buf ? &buf[i] : NULL, decay, first, nesterov);
+    if (buf)
+        for (int64_t i = 0; i < n; i++)
+            p[i] = sgd_elem_f64(&k, p[i], g[i], &buf[i], true, decay, first, nesterov);
+    else
+        for (int64_t i = 0; i < n; i++)
+            p[i] = sgd_elem_f64(&k, p[i], g[i], NULL, false, decay, first, nesterov);
 }
 
 /* One Adam body per variant, each specialised with constant flags so the

@@ -28,15 +28,15 @@ template <typename T> __device__ __forceinline__ void put(em_dtype dt, void *p, 
 }
 
 // update_math.h's element functions by compute type
-__device__ __forceinline__ float sgd_elem(const opt_k_f32 *k, float p, float g, float *buf, bool decay,
-                                          bool first, bool nesterov)
+__device__ __forceinline__ float sgd_elem(const opt_k_f32 *k, float p, float g, float *buf, bool momentum,
+                                          bool decay, bool first, bool nesterov)
 {
-    return sgd_elem_f32(k, p, g, buf, decay, first, nesterov);
+    return sgd_elem_f32(k, p, g, buf, momentum, decay, first, nesterov);
 }
-__device__ __forceinline__ double sgd_elem(const opt_k_f64 *k, double p, double g, double *buf, bool decay,
-                                           bool first, bool nesterov)
+__device__ __forceinline__ double sgd_elem(const opt_k_f64 *k, double p, double g, double *buf, bool momentum,
+                                           bool decay, bool first, bool nesterov)
 {
-    return sgd_elem_f64(k, p, g, buf, decay, first, nesterov);
+    return sgd_elem_f64(k, p, g, buf, momentum, decay, first, nesterov);
 }
 __device__ __forceinline__ float adam_elem(const opt_k_f32 *k, float p, float g, float *m, float *v, bool l2,
                                            bool decoupled)
@@ -60,7 +60,7 @@ __global__ void update_kernel(opt_coef u, K k, em_dtype pdt, void *p, em_dtype g
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         T pi = get<T>(pdt, p, i), gi = get<T>(gdt, g, i);
         if (u.sgd)
-            pi = sgd_elem(&k, pi, gi, s1 ? &s1[i] : nullptr, decay, u.first, u.nesterov);
+            pi = sgd_elem(&k, pi, gi, s1 ? &s1[i] : nullptr, s1 != nullptr, decay, u.first, u.nesterov);
         else
             pi = adam_elem(&k, pi, gi, &s1[i], &s2[i], u.l2, u.decoupled);
         put<T>(pdt, p, i, pi);

@@ -31,15 +31,15 @@ static inline EM_HD UM_K UM_(opt_k_of)(const opt_coef *c)
     return k;
 }
 
-/* SGD on one element: the new p. buf is the element's momentum buffer (read
- * unless first, written), NULL without momentum; decay: wd != 0 (decided in
- * double, from opt_coef). */
-static inline EM_HD UM_T UM_(sgd_elem)(const UM_K *k, UM_T p, UM_T g, UM_T *buf, bool decay, bool first,
-                                       bool nesterov)
+/* SGD on one element: the new p. momentum: buf is the element's momentum
+ * buffer (read unless first, written; not touched otherwise, so it may be
+ * NULL); decay: wd != 0 (decided in double, from opt_coef). */
+static inline EM_HD UM_T UM_(sgd_elem)(const UM_K *k, UM_T p, UM_T g, UM_T *buf, bool momentum, bool decay,
+                                       bool first, bool nesterov)
 {
     UM_T d = g;
     if (decay) d += k->wd * p;
-    if (buf) {
+    if (momentum) {
         UM_T b = first ? d : k->mom * *buf + k->omd * d;
         *buf = b;
         d = nesterov ? d + k->mom * b : b;

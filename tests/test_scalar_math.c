@@ -159,7 +159,7 @@ __attribute__((optimize("no-tree-vectorize"))) static void sgd_ref(const opt_coe
 {
     opt_k_f32 k = opt_k_of_f32(c);
     for (int64_t i = 0; i < n; i++)
-        p[i] = sgd_elem_f32(&k, p[i], g[i], &buf[i], c->wd != 0, c->first, c->nesterov);
+        p[i] = sgd_elem_f32(&k, p[i], g[i], &buf[i], true, c->wd != 0, c->first, c->nesterov);
 }
 
 /* a persistent f32 leaf of NP elements with values x, and its gradient
