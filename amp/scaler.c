@@ -13,6 +13,8 @@
 #include "optim/cuda_optim.h"
 #endif
 
+#pragma GCC diagnostic error "-Wswitch-enum" /* a switch over dtypes names each */
+
 struct em_grad_scaler {
     em_scaler_config cfg;
     double scale;
@@ -51,7 +53,8 @@ em_tensor *em_scaler_scale(em_grad_scaler *s, em_tensor *loss)
     return em_mul_scalar(loss, s->scale);
 }
 
-/* g *= inv in place; true if any element of g is inf or NaN afterwards */
+/* g *= inv in place; true if any element of g is inf or NaN afterwards.
+ * g is a float tensor (em_scaler_unscale checks). */
 static bool unscale_one(tensor *g, double inv)
 {
     int64_t n = t_numel(g);
@@ -73,7 +76,8 @@ static bool unscale_one(tensor *g, double inv)
         }
         break;
     }
-    default: { /* f16 / bf16 gradients: through f32 */
+    case EM_F16:
+    case EM_BF16: { /* through f32 */
         uint16_t *p = t_ptr(g);
         bool bf = g->dtype == EM_BF16;
         for (int64_t i = 0; i < n; i++) {
@@ -81,7 +85,12 @@ static bool unscale_one(tensor *g, double inv)
             p[i] = bf ? em_f32_to_bf16(v) : em_f32_to_f16(v);
             bad |= !isfinite(v);
         }
+        break;
     }
+    case EM_I32:
+    case EM_U8:
+    case EM_BOOL:
+    case EM_NUM_DTYPES: break; /* not float: never passed here */
     }
     return bad;
 }
