@@ -33,7 +33,6 @@ static EM_HD inline EW_T EW_FN(ew_unary)(unop k, EW_T x, EW_T p)
     case UN_GELU_TANH:
         return EW_C(0.5) * x * (EW_C(1) + EW_TANH(EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x)));
     case UN_SILU: return x * EW_SIGMOID(x);
-    case UN_SOFTPLUS: return x > 20 ? x : EW_LOG(EW_C(1) + EW_EXP(x)); /* log(1 + e^x) */
     }
     return (EW_T)NAN; /* not reached: every op has its case */
 }
@@ -65,7 +64,6 @@ static EM_HD inline EW_T EW_FN(ew_unary_grad)(unop k, EW_T x, EW_T y, EW_T g, EW
         EW_T s = EW_SIGMOID(x);
         return g * s * (EW_C(1) + x * (EW_C(1) - s));
     }
-    case UN_SOFTPLUS: return g * EW_SIGMOID(x); /* d log(1 + e^x) = sigmoid(x) */
     }
     return (EW_T)NAN; /* not reached: every op has its case */
 }

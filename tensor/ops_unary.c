@@ -186,4 +186,3 @@ em_tensor *em_relu(em_tensor *a) { return pub1(UN_RELU, a, 0); }
 em_tensor *em_gelu(em_tensor *a) { return pub1(UN_GELU, a, 0); }
 em_tensor *em_gelu_tanh(em_tensor *a) { return pub1(UN_GELU_TANH, a, 0); }
 em_tensor *em_silu(em_tensor *a) { return pub1(UN_SILU, a, 0); }
-em_tensor *em_softplus(em_tensor *a) { return pub1(UN_SOFTPLUS, a, 0); }

@@ -30,7 +30,6 @@ static const uop UOP_RELU = {"relu", em_relu, 0, false};
 static const uop UOP_GELU = {"gelu", em_gelu, 0, false};
 static const uop UOP_GELU_TANH = {"gelu_tanh", em_gelu_tanh, 0, false};
 static const uop UOP_SILU = {"silu", em_silu, 0, false};
-static const uop UOP_SOFTPLUS = {"softplus", em_softplus, 0, false};
 static const uop UOP_POW3 = {"pow_scalar 3", NULL, 3.0, false};
 static const uop UOP_POW2_5 = {"pow_scalar 2.5", NULL, 2.5, true};
 static const uop UOP_POW_M1_5 = {"pow_scalar -1.5", NULL, -1.5, true};
@@ -132,7 +131,6 @@ TEST(test_relu_gradient_matches_finite_difference) { grad_case(&UOP_RELU); }
 TEST(test_gelu_gradient_matches_finite_difference) { grad_case(&UOP_GELU); }
 TEST(test_gelu_tanh_gradient_matches_finite_difference) { grad_case(&UOP_GELU_TANH); }
 TEST(test_silu_gradient_matches_finite_difference) { grad_case(&UOP_SILU); }
-TEST(test_softplus_gradient_matches_finite_difference) { grad_case(&UOP_SOFTPLUS); }
 TEST(test_pow_scalar_integer_power_gradient_matches_finite_difference) { grad_case(&UOP_POW3); }
 TEST(test_pow_scalar_fractional_power_gradient_matches_finite_difference) { grad_case(&UOP_POW2_5); }
 TEST(test_pow_scalar_negative_power_gradient_matches_finite_difference) { grad_case(&UOP_POW_M1_5); }

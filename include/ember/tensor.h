@@ -278,7 +278,6 @@ em_tensor *em_relu(em_tensor *a);
 em_tensor *em_gelu(em_tensor *a);      /* exact: x * Phi(x) */
 em_tensor *em_gelu_tanh(em_tensor *a); /* tanh approximation (GPT-2) */
 em_tensor *em_silu(em_tensor *a);      /* x * sigmoid(x) */
-em_tensor *em_softplus(em_tensor *a);  /* log(1 + e^x) */
 /* Comparisons give EM_BOOL; not differentiable. */
 em_tensor *em_eq(em_tensor *a, em_tensor *b);
 em_tensor *em_ne(em_tensor *a, em_tensor *b);
