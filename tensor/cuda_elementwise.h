@@ -26,11 +26,13 @@ extern "C" {
 
 /* out = a <op> b over w (operands: 0 out, 1 a, 2 b; broadcasting by stride
  * 0); a, b and out have dtype dt. */
-em_status cu_binary(int dev, binop op, const cu_walk *w, em_dtype dt, void *out, const void *a, const void *b);
+em_status cu_binary(int dev, binop op, const cu_walk *w, em_dtype dt, void *out, const void *a,
+                    const void *b);
 
 /* out = a <op> b as EM_BOOL over w (operands as cu_binary's); a and b have
  * dtype dt. */
-em_status cu_compare(int dev, cmpop op, const cu_walk *w, em_dtype dt, void *out, const void *a, const void *b);
+em_status cu_compare(int dev, cmpop op, const cu_walk *w, em_dtype dt, void *out, const void *a,
+                     const void *b);
 
 /* out = f(x) over w (operands: 0 out, 1 x), both of dtype dt; p is
  * pow_scalar's power. */
@@ -61,8 +63,8 @@ em_status cu_select(int dev, const cu_walk *w, em_dtype dt, void *out, const voi
  * scaled by `scale` (mean) before the one rounding into out_dt; max/min
  * propagate NaN and argmax keeps the first of ties and writes EM_I32. The
  * order of the additions depends only on the shapes: results repeat. */
-em_status cu_reduce(int dev, redop op, const cu_walk *kw, const cu_walk *rw, em_dtype in_dt,
-                    const void *in, em_dtype out_dt, void *out, double scale);
+em_status cu_reduce(int dev, redop op, const cu_walk *kw, const cu_walk *rw, em_dtype in_dt, const void *in,
+                    em_dtype out_dt, void *out, double scale);
 
 /* Backward of max/min: for each kept position k, count the inputs equal to
  * y[k] and give each g[k]/count, the rest 0. kw: operands 0 g, 1 x, 2 gx

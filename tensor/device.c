@@ -78,6 +78,7 @@ em_status t_same_device(const char *op, int n, tensor *const *in, em_device *dev
  * are not ops (names as they pass them to t_resolve) but handle a CUDA
  * tensor correctly: they never read its data through a host pointer. A name
  * is an op or an entry here, never both (tests/test_cuda_ops.c checks). */
+/* clang-format off */
 static const char *const cuda_entry_points[] = {
     /* metadata, lifetime, autograd plumbing: never touch the data */
     "em_device_of", "em_is_contiguous", "em_ndim", "em_size", "em_shape", "em_strides", "em_offset", "em_numel",
@@ -95,6 +96,7 @@ static const char *const cuda_entry_points[] = {
     "em_optim_load_state", "em_clip_grad_norm", "em_scaler_unscale", "all_reduce", "broadcast", "all_gather",
     "reduce_scatter", "gather", "send", "recv",
 };
+/* clang-format on */
 
 size_t cuda_entry_count(void) { return sizeof cuda_entry_points / sizeof cuda_entry_points[0]; }
 const char *cuda_entry_name(size_t i) { return i < cuda_entry_count() ? cuda_entry_points[i] : NULL; }

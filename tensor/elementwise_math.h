@@ -40,9 +40,9 @@
 #define EM_HD
 #endif
 
-#define EW_GELU_K 0.7978845608028654      /* sqrt(2/pi) */
-#define EW_GELU_C 0.044715                /* gelu_tanh's cubic coefficient */
-#define EW_INV_SQRT2 0.7071067811865476   /* 1/sqrt(2) */
+#define EW_GELU_K 0.7978845608028654       /* sqrt(2/pi) */
+#define EW_GELU_C 0.044715                 /* gelu_tanh's cubic coefficient */
+#define EW_INV_SQRT2 0.7071067811865476    /* 1/sqrt(2) */
 #define EW_INV_SQRT_2PI 0.3989422804014327 /* 1/sqrt(2 pi) */
 
 /* ---- the primitives of the exact flavours ---------------------------------------------- */

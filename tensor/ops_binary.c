@@ -35,8 +35,8 @@ static void bin_flat_f32(void *p, int64_t lo, int64_t hi)
     switch (c->k) {
 #define DEF_OP(id, name, kind, arity, amp, be)
 #define DEF_BINARY(id, name, amp, be)                                                                        \
-    case BIN_##id:                                                                                         \
-        for (int64_t i = lo; i < hi; i++) o[i] = ew_binary_f32v(BIN_##id, x[i], y[i]);                     \
+    case BIN_##id:                                                                                           \
+        for (int64_t i = lo; i < hi; i++) o[i] = ew_binary_f32v(BIN_##id, x[i], y[i]);                       \
         break;
 #include "ops.def"
     }
@@ -70,7 +70,8 @@ static void bin_strided(void *p, int64_t lo, int64_t hi)
     nditer_seek(&it, lo);
     if (dt == EM_F32) {
         for (int64_t i = lo; i < hi; i++) {
-            ((float *)op)[i] = ew_binary_f32v(c->k, ((const float *)ap)[it.off[0]], ((const float *)bp)[it.off[1]]);
+            ((float *)op)[i] =
+                ew_binary_f32v(c->k, ((const float *)ap)[it.off[0]], ((const float *)bp)[it.off[1]]);
             nditer_next(&it);
         }
         return;
@@ -173,7 +174,8 @@ static tensor *binary(binop k, tensor *a, tensor *b)
     tensor *in[2] = {a, b};
     if (ag_needed(2, in)) {
         if (!chk_float(name, a)) return NULL;
-        node *nd_ = ag_record(name, k == BIN_ADD || k == BIN_SUB ? add_backward : muldiv_backward, out, 2, in);
+        node *nd_ =
+            ag_record(name, k == BIN_ADD || k == BIN_SUB ? add_backward : muldiv_backward, out, 2, in);
         if (!nd_) return NULL;
         nd_->ip[0] = k;
     }
@@ -209,7 +211,8 @@ static void affine_range(void *p, int64_t lo, int64_t hi)
     nditer_init(&it, a->ndim, a->shape, 1, (const int64_t *[]){a->stride});
     nditer_seek(&it, lo);
     for (int64_t i = lo; i < hi; i++) {
-        st(a->dtype, o + i * (int64_t)es, ew_affine_f64(ld(a->dtype, x + it.off[0] * (int64_t)es), c->m, c->s));
+        st(a->dtype, o + i * (int64_t)es,
+           ew_affine_f64(ld(a->dtype, x + it.off[0] * (int64_t)es), c->m, c->s));
         nditer_next(&it);
     }
 }

@@ -254,7 +254,8 @@ extern "C" em_status cu_compare(int dev, cmpop op, const cu_walk *w, em_dtype dt
     return cu_launched(cmpop_name(op));
 }
 
-extern "C" em_status cu_unary(int dev, unop op, const cu_walk *w, em_dtype dt, void *out, const void *x, double p)
+extern "C" em_status cu_unary(int dev, unop op, const cu_walk *w, em_dtype dt, void *out, const void *x,
+                              double p)
 {
     em_status s = cu_use(dev, unop_name(op));
     if (s) return s;

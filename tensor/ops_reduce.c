@@ -462,8 +462,7 @@ static em_status ext_run(redop k, tensor *t, tensor *out, const red_geo *g)
     if (t_on_cuda(t)) {
         cu_walk kw, rw;
         red_walks(g, &kw, &rw);
-        return cu_reduce(t->device.index, k, &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out),
-                         1.0);
+        return cu_reduce(t->device.index, k, &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out), 1.0);
     }
 #endif
     ext_ctx c = {.k = k, .t = t, .out = out, .g = g};

@@ -33,8 +33,8 @@ static void fwd_flat_f32(unop k, const float *x, float *o, int64_t lo, int64_t h
     switch (k) {
 #define DEF_OP(id, name, kind, arity, amp, be)
 #define DEF_UNARY(id, name, amp, be)                                                                         \
-    case UN_##id:                                                                                          \
-        for (int64_t i = lo; i < hi; i++) o[i] = ew_unary_f32v(UN_##id, x[i], p);                          \
+    case UN_##id:                                                                                            \
+        for (int64_t i = lo; i < hi; i++) o[i] = ew_unary_f32v(UN_##id, x[i], p);                            \
         break;
 #include "ops.def"
     }
@@ -72,8 +72,8 @@ static void bwd_flat_f32(unop k, const float *x, const float *y, const float *g,
     switch (k) {
 #define DEF_OP(id, name, kind, arity, amp, be)
 #define DEF_UNARY(id, name, amp, be)                                                                         \
-    case UN_##id:                                                                                          \
-        for (int64_t i = lo; i < hi; i++) o[i] = ew_unary_grad_f32v(UN_##id, x[i], y[i], g[i], p);         \
+    case UN_##id:                                                                                            \
+        for (int64_t i = lo; i < hi; i++) o[i] = ew_unary_grad_f32v(UN_##id, x[i], y[i], g[i], p);           \
         break;
 #include "ops.def"
     }

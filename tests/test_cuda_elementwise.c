@@ -223,7 +223,8 @@ TEST(test_cuda_unary_and_scalar_ops_match_the_cpu)
         for (int k = 0; k < NUM_UN; k++) {
             em_scope s = em_scope_begin();
             const un_arg *u = &UN_OPS[k];
-            em_tensor *x = u->pos ? positive(dt, EM_SHAPE(3, 33), 50 + k) : randn(dt, EM_SHAPE(3, 33), 50 + k);
+            em_tensor *x =
+                u->pos ? positive(dt, EM_SHAPE(3, 33), 50 + k) : randn(dt, EM_SHAPE(3, 33), 50 + k);
             CHECK_OP(un_plain, u, tol_for(dt, 2e-6), tol_for(dt, 1e-5), x);
             em_tensor *y = u->pos ? positive(dt, EM_SHAPE(6, 4), 70 + k) : randn(dt, EM_SHAPE(6, 4), 70 + k);
             CHECK_OP(un_view, u, tol_for(dt, 2e-6), tol_for(dt, 1e-5), y);

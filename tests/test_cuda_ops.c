@@ -344,7 +344,8 @@ TEST(test_cuda_every_op_with_a_cuda_backend_has_a_row_in_the_all_backends_table)
         bool found = false;
         for (int k = 0; k < NCASES && !found; k++) found = !strcmp(cases[k].op, op_table[op].name);
         if (!found) {
-            fprintf(stderr, "  '%s' has a CUDA backend (tensor/ops.def) but no case in tests/test_cuda_ops.c\n",
+            fprintf(stderr,
+                    "  '%s' has a CUDA backend (tensor/ops.def) but no case in tests/test_cuda_ops.c\n",
                     op_table[op].name);
             missing++;
         }
@@ -355,13 +356,18 @@ TEST(test_cuda_every_op_with_a_cuda_backend_has_a_row_in_the_all_backends_table)
 TEST(test_every_op_name_is_unique_and_no_cuda_entry_point_is_an_op)
 {
     int dup = 0;
-    for (int i = 0; i < OP_COUNT; i++)
-        if (op_find(op_table[i].name) != i) fprintf(stderr, "  op '%s' is listed twice\n", op_table[i].name), dup++;
+    for (int i = 0; i < OP_COUNT; i++) {
+        if (op_find(op_table[i].name) == i) continue;
+        fprintf(stderr, "  op '%s' is listed twice\n", op_table[i].name);
+        dup++;
+    }
     for (size_t i = 0; i < cuda_entry_count(); i++) {
         const char *name = cuda_entry_name(i);
-        if (op_find(name) >= 0) fprintf(stderr, "  '%s' is an op and a CUDA entry point\n", name), dup++;
-        for (size_t j = 0; j < i; j++)
-            if (!strcmp(cuda_entry_name(j), name)) fprintf(stderr, "  entry point '%s' is listed twice\n", name), dup++;
+        bool twice = false;
+        for (size_t j = 0; j < i; j++) twice |= !strcmp(cuda_entry_name(j), name);
+        if (op_find(name) < 0 && !twice) continue;
+        fprintf(stderr, "  '%s' is %s\n", name, twice ? "listed twice" : "an op and a CUDA entry point");
+        dup++;
     }
     CHECK(dup == 0);
 }

@@ -169,8 +169,9 @@ TEST(test_pow_scalar_zero_power_gives_ones_and_zero_gradient)
 TEST(test_unary_f32_gradient_matches_f64_gradient)
 {
     /* backward in f32 (fast path) agrees with backward in f64 for every op */
-    const uop *ops[] = {&UOP_EXP,  &UOP_LOG,  &UOP_SQRT,      &UOP_RSQRT, &UOP_ABS,  &UOP_TANH,   &UOP_SIGMOID,
-                        &UOP_RELU, &UOP_GELU, &UOP_GELU_TANH, &UOP_SILU,  &UOP_POW3, &UOP_POW2_5, &UOP_POW_M1_5};
+    const uop *ops[] = {&UOP_EXP,  &UOP_LOG,     &UOP_SQRT,   &UOP_RSQRT,   &UOP_ABS,
+                        &UOP_TANH, &UOP_SIGMOID, &UOP_RELU,   &UOP_GELU,    &UOP_GELU_TANH,
+                        &UOP_SILU, &UOP_POW3,    &UOP_POW2_5, &UOP_POW_M1_5};
     for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
         const double *in = ops[k]->pos ? POS_IN : REAL_IN;
         em_tensor *x64 = th_tensor(EM_F64, EM_SHAPE(12), in), *x32 = th_tensor(EM_F32, EM_SHAPE(12), in);
@@ -405,7 +406,8 @@ TEST(test_verff_is_within_6e_7_of_erff)
         float x = sweep_x(i), v = verff(x), e = erff(x);
         /* measured: 5.1e-7 (A&S 7.1.26's 1.5e-7 plus f32 rounding, the worst
          * near 0 where 1 - poly e^-x^2 cancels) */
-        if (!(fabs((double)v - e) <= 6e-7)) th_fail(__FILE__, __LINE__, "verff(%.9g) = %.9g, erff %.9g", x, v, e);
+        if (!(fabs((double)v - e) <= 6e-7))
+            th_fail(__FILE__, __LINE__, "verff(%.9g) = %.9g, erff %.9g", x, v, e);
     }
 }
 
@@ -435,7 +437,8 @@ TEST(test_every_unary_op_fast_f32_forward_and_gradient_are_within_6e_7_of_the_ex
             for (int j = 0; j < 2; j++) {
                 if (isnan(want[j]) || (isinf(want[j]) && got[j] == want[j])) {
                     if (!(isnan(want[j]) == isnan(got[j])))
-                        th_fail(__FILE__, __LINE__, "%s(%g): %g, exact %g", unop_name((unop)k), x, got[j], want[j]);
+                        th_fail(__FILE__, __LINE__, "%s(%g): %g, exact %g", unop_name((unop)k), x, got[j],
+                                want[j]);
                     continue;
                 }
                 double d = fabs((double)got[j] - want[j]) / fmax(1.0, fabs(want[j]));
@@ -451,8 +454,9 @@ TEST(test_unary_f32_strided_path_gives_the_fast_paths_bits_forward_and_backward)
 {
     /* the strided kernel and the contiguous loop compute one formula, so a
      * transposed input must give the contiguous result bit for bit */
-    const uop *ops[] = {&UOP_EXP,  &UOP_LOG,  &UOP_SQRT,      &UOP_RSQRT, &UOP_ABS,  &UOP_TANH,   &UOP_SIGMOID,
-                        &UOP_RELU, &UOP_GELU, &UOP_GELU_TANH, &UOP_SILU,  &UOP_POW3, &UOP_POW2_5, &UOP_POW_M1_5};
+    const uop *ops[] = {&UOP_EXP,  &UOP_LOG,     &UOP_SQRT,   &UOP_RSQRT,   &UOP_ABS,
+                        &UOP_TANH, &UOP_SIGMOID, &UOP_RELU,   &UOP_GELU,    &UOP_GELU_TANH,
+                        &UOP_SILU, &UOP_POW3,    &UOP_POW2_5, &UOP_POW_M1_5};
     for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
         em_scope s = em_scope_begin();
         em_rng r = em_rng_new(40 + k);
@@ -462,14 +466,17 @@ TEST(test_unary_f32_strided_path_gives_the_fast_paths_bits_forward_and_backward)
         em_tensor *a = em_detach(x), *b = em_detach(em_contiguous(em_transpose(x, 0, 1)));
         CHECK_OK(em_set_requires_grad(a, true));
         CHECK_OK(em_set_requires_grad(b, true));
-        em_tensor *ya = apply(ops[k], a), *yb = apply(ops[k], em_transpose(b, 0, 1)); /* contiguous; strided */
+        em_tensor *ya = apply(ops[k], a);                     /* the contiguous loop */
+        em_tensor *yb = apply(ops[k], em_transpose(b, 0, 1)); /* the strided kernel */
         if (th_max_abs_diff(ya, yb) != 0 || memcmp(em_data(ya), em_data(em_contiguous(yb)), 37 * 29 * 4))
-            th_fail(__FILE__, __LINE__, "%s: the strided forward differs from the contiguous one", ops[k]->name);
+            th_fail(__FILE__, __LINE__, "%s: the strided forward differs from the contiguous one",
+                    ops[k]->name);
         CHECK_OK(em_backward(em_sum(em_mul(ya, g), 0, NULL, false), NULL));
         CHECK_OK(em_backward(em_sum(em_mul(yb, g), 0, NULL, false), NULL));
         em_tensor *gb = em_contiguous(em_transpose(em_grad(b), 0, 1));
         if (memcmp(em_data(em_grad(a)), em_data(gb), 37 * 29 * 4))
-            th_fail(__FILE__, __LINE__, "%s: the strided backward differs from the contiguous one", ops[k]->name);
+            th_fail(__FILE__, __LINE__, "%s: the strided backward differs from the contiguous one",
+                    ops[k]->name);
         em_scope_end(s);
         em_free(a);
         em_free(b);
