@@ -4,9 +4,9 @@
  * here is generated from ops.def, so a fact about an op lives in one line.
  *
  * The kernels' own switches over unop / binop / cmpop / redop have no
- * `default:` and are compiled with -Wswitch-enum, so an op added to ops.def
- * without its case in a kernel is a compile error, never a silent wrong
- * result. C and C++ (the .cu files) both include this header. */
+ * `default:` (-Wswitch, in -Wall, and -Wswitch-enum in the op files), so an
+ * op added to ops.def without its case in a kernel is a compile error, never
+ * a silent wrong result. C and C++ (the .cu files) both include this header. */
 #ifndef EMBER_OPS_H
 #define EMBER_OPS_H
 

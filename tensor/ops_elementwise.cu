@@ -138,7 +138,14 @@ __device__ __forceinline__ bool beats(redop op, double v, int64_t j, double m, i
 __global__ void reduce_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn, redop op, em_dtype it,
                               const void *in, em_dtype ot, void *out, double scale)
 {
-    bool sum = op == RED_SUM || op == RED_MEAN;
+    bool sum = false; // else the max/min rule of beats(), argmax writing the position
+    switch (op) {     // no default: a new reduction is a compile error here until it has its case
+    case RED_SUM:
+    case RED_MEAN: sum = true; break;
+    case RED_MAX:
+    case RED_MIN:
+    case RED_ARGMAX: break;
+    }
     EM_DYNAMIC_SHARED(double, sh_v);
     int64_t *sh_at = (int64_t *)(sh_v + blockDim.x);
     unsigned t = threadIdx.x;
