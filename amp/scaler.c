@@ -9,6 +9,7 @@
 
 #include "amp/amp_impl.h"
 #include "ember/dist.h"
+#include "optim/update_math.h"
 #if EM_HAVE_CUDA
 #include "optim/cuda_optim.h"
 #endif
@@ -53,45 +54,20 @@ em_tensor *em_scaler_scale(em_grad_scaler *s, em_tensor *loss)
     return em_mul_scalar(loss, s->scale);
 }
 
-/* g *= inv in place; true if any element of g is inf or NaN afterwards.
- * g is a float tensor (em_scaler_unscale checks). */
+/* g *= inv in place by grad_scale_elem (optim/update_math.h, which the CUDA
+ * kernel applies too: 16-bit gradients through f32); true if any product is
+ * inf or NaN. One loop per dtype, so the f32 one vectorises. */
 static bool unscale_one(tensor *g, double inv)
 {
     int64_t n = t_numel(g);
+    void *p = t_ptr(g);
     bool bad = false;
-    switch (g->dtype) {
-    case EM_F32: {
-        float *p = t_ptr(g), f = (float)inv;
-        for (int64_t i = 0; i < n; i++) {
-            p[i] *= f;
-            bad |= !isfinite(p[i]);
-        }
-        break;
-    }
-    case EM_F64: {
-        double *p = t_ptr(g);
-        for (int64_t i = 0; i < n; i++) {
-            p[i] *= inv;
-            bad |= !isfinite(p[i]);
-        }
-        break;
-    }
-    case EM_F16:
-    case EM_BF16: { /* through f32 */
-        uint16_t *p = t_ptr(g);
-        bool bf = g->dtype == EM_BF16;
-        for (int64_t i = 0; i < n; i++) {
-            float v = (bf ? em_bf16_to_f32(p[i]) : em_f16_to_f32(p[i])) * (float)inv;
-            p[i] = bf ? em_f32_to_bf16(v) : em_f32_to_f16(v);
-            bad |= !isfinite(v);
-        }
-        break;
-    }
-    case EM_I32:
-    case EM_U8:
-    case EM_BOOL:
-    case EM_NUM_DTYPES: break; /* not float: never passed here */
-    }
+    if (g->dtype == EM_F32)
+        for (int64_t i = 0; i < n; i++) bad |= !grad_scale_elem(EM_F32, p, i, inv);
+    else if (g->dtype == EM_F64)
+        for (int64_t i = 0; i < n; i++) bad |= !grad_scale_elem(EM_F64, p, i, inv);
+    else /* f16 / bf16 */
+        for (int64_t i = 0; i < n; i++) bad |= !grad_scale_elem(g->dtype, p, i, inv);
     return bad;
 }
 

@@ -15,6 +15,8 @@
  *       all ranks hold the same bytes.
  *   all_gather and reduce_scatter use the same ring; broadcast and gather
  *   go directly between the root and each rank.
+ * The data moves with peer_send / peer_recv / peer_exchange (wire.c), which
+ * put a DATA frame before a call's first bytes on each connection.
  * AVG is the sum divided by the world size (integer division toward zero
  * for i32). CUDA tensors take the NCCL path instead (dist/nccl.c). */
 #include <math.h>
@@ -287,28 +289,6 @@ static em_status gather(em_pg *pg, call *c, double deadline)
     return EM_OK;
 }
 
-/* send/recv: the sender's header goes first, the receiver checks it. */
-static em_status point_to_point(em_pg *pg, call *c, double deadline)
-{
-    size_t bytes = (size_t)c->h.count * em_dtype_size((em_dtype)c->h.dtype);
-    int peer = c->h.root;
-    if (c->h.kind == CALL_SEND) {
-        em_status s = peer_send(pg, c, peer, &c->h, sizeof c->h, deadline);
-        return s ? s : peer_send(pg, c, peer, c->in, bytes, deadline);
-    }
-    call_header h;
-    em_status s = peer_recv(pg, c, peer, &h, sizeof h, deadline);
-    if (s) return s;
-    if (h.kind != CALL_SEND || h.dtype != c->h.dtype || h.count != c->h.count) {
-        char mine[160], theirs[160];
-        call_describe(&c->h, mine, sizeof mine);
-        call_describe(&h, theirs, sizeof theirs);
-        return call_fail(c, EM_ERR_DIST, "recv mismatch: rank %d called %s but rank %d called %s", pg->rank, mine,
-                         peer, theirs);
-    }
-    return peer_recv(pg, c, peer, c->in, bytes, deadline);
-}
-
 em_status run_call(em_pg *pg, call *c, double deadline)
 {
     size_t bytes = (size_t)c->h.count * em_dtype_size((em_dtype)c->h.dtype);
@@ -332,8 +312,8 @@ em_status run_call(em_pg *pg, call *c, double deadline)
     case CALL_REDUCE_SCATTER: return reduce_scatter(pg, c, deadline);
     case CALL_GATHER: return gather(pg, c, deadline);
     case CALL_SEND:
-    case CALL_RECV: return point_to_point(pg, c, deadline);
-    default: return EM_OK; /* barrier: the check was the rendezvous */
+    case CALL_RECV: return p2p_run(pg, c, deadline); /* wire.c */
+    default: return EM_OK;                           /* barrier: the check was the rendezvous */
     }
 }
 
@@ -391,7 +371,14 @@ static em_status issue(em_pg *pg, int kind, em_dtype dt, int op, int root, int64
     if (work) *work = NULL;
     call c = {.h = {.kind = kind, .dtype = dt, .op = op, .root = root, .count = count}, .in = in, .out = out};
 #if EM_HAVE_NCCL
-    if (dev.type == EM_CUDA) return nccl_issue(pg, &c, dev.index, work);
+    if (dev.type == EM_CUDA) {
+        /* checked in the group's call sequence like any call (NCCL itself
+         * would hang on a mismatch), at once; then NCCL moves the data */
+        call check = {.h = c.h};
+        check.h.cuda = 1;
+        em_status s = pg_issue(pg, &check, NULL);
+        return s ? s : nccl_issue(pg, &c, dev.index, work);
+    }
 #else
     (void)dev;
 #endif

@@ -17,7 +17,11 @@
  *
  * NCCL's own collectives serve all_reduce, broadcast, all_gather and
  * reduce_scatter; gather is point-to-point receives at the root in one
- * NCCL group (gather below). */
+ * NCCL group (gather below).
+ *
+ * A call comes here only after the group checked it like any other, in the
+ * same call sequence (collectives.c, issue(); wire.c): NCCL would hang on a
+ * mismatched call, the check fails it on every rank naming both calls. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,13 +1,16 @@
 /* pg.c — the process group: joining (addresses through the store, a TCP
  * connection per pair of ranks, authenticated with a secret rank 0 puts in
- * the store), the communication thread that runs calls in order, the check
- * that every rank made the same call, and the socket primitives with
- * deadlines that notice a dead peer. The algorithms are in collectives.c.
+ * the store), the communication thread that runs calls in order, and the
+ * socket primitives with deadlines that notice a dead peer. How every call
+ * is checked against the other ranks' (the frames on the connections) is in
+ * wire.c; the algorithms are in collectives.c and shm.c.
  *
- * Failure policy: the first failed call breaks the group. Its sockets are
- * closed at once, so peers blocked on this rank see the connection drop
- * and fail within moments instead of waiting for their timeout; every
- * later call fails fast with the first error. */
+ * Failure policy: the first failed call breaks the group. It sends a note
+ * with its reason to every peer that reads a frame from it next (and writes
+ * it in the shared segment), then closes its sockets at once, so peers
+ * blocked on this rank fail within moments, naming the reason, instead of
+ * waiting for their timeout; every later call fails fast with the first
+ * error. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,7 +41,7 @@ double pg_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int ms_until(double deadline)
+int pg_ms_until(double deadline)
 {
     double left = deadline - pg_now();
     if (left <= 0) return 0;
@@ -77,6 +80,8 @@ void call_describe(const call_header *h, char *buf, size_t n)
         snprintf(buf + k, n - (size_t)k, ", from rank %d)", h->root);
     else
         snprintf(buf + k, n - (size_t)k, ")");
+    size_t len = strlen(buf);
+    if (h->cuda && len > 0 && len + 6 < n) memcpy(buf + len - 1, ", cuda)", 8); /* "..., cuda)" */
 }
 
 em_status call_fail(call *c, em_status s, const char *fmt, ...)
@@ -86,6 +91,18 @@ em_status call_fail(call *c, em_status s, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(c->msg, sizeof c->msg, fmt, ap);
     va_end(ap);
+    c->status = s;
+    return s;
+}
+
+em_status call_refail(call *c, em_status s, const char *fmt, ...)
+{
+    char msg[sizeof c->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    memcpy(c->msg, msg, sizeof msg);
     c->status = s;
     return s;
 }
@@ -110,8 +127,8 @@ em_status peer_timed_out(em_pg *pg, call *c, int r, const char *what)
                      desc, pg->rank, pg->timeout, what, r);
 }
 
-em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, int rr, void *rp, size_t rn,
-                        double deadline)
+em_status io_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, int rr, void *rp, size_t rn,
+                      double deadline)
 {
     const char *s = sp;
     char *d = rp;
@@ -127,7 +144,7 @@ em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, i
             ri = np;
             p[np++] = (struct pollfd){.fd = pg->fd[rr], .events = POLLIN};
         }
-        int k = poll(p, (nfds_t)np, ms_until(deadline));
+        int k = poll(p, (nfds_t)np, pg_ms_until(deadline));
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) return peer_io_error(pg, c, sent < sn ? sr : rr, "waiting on", errno);
         if (k == 0) {
@@ -150,87 +167,14 @@ em_status peer_exchange(em_pg *pg, call *c, int sr, const void *sp, size_t sn, i
     return EM_OK;
 }
 
-em_status peer_alive(em_pg *pg, call *c, int r)
+em_status io_send(em_pg *pg, call *c, int r, const void *p, size_t n, double deadline)
 {
-    struct pollfd p = {.fd = pg->fd[r], .events = POLLIN};
-    if (poll(&p, 1, 0) <= 0) return EM_OK;
-    if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return peer_io_error(pg, c, r, "waiting for", 0);
-    char b;
-    ssize_t n = recv(pg->fd[r], &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0) return peer_io_error(pg, c, r, "waiting for", 0);
-    if (n < 0 && errno != EAGAIN && errno != EINTR) return peer_io_error(pg, c, r, "waiting for", errno);
-    return EM_OK; /* bytes waiting (a send/recv header): alive */
+    return io_exchange(pg, c, r, p, n, r, NULL, 0, deadline);
 }
 
-em_status peer_send(em_pg *pg, call *c, int r, const void *p, size_t n, double deadline)
+em_status io_recv(em_pg *pg, call *c, int r, void *p, size_t n, double deadline)
 {
-    return peer_exchange(pg, c, r, p, n, r, NULL, 0, deadline);
-}
-
-em_status peer_recv(em_pg *pg, call *c, int r, void *p, size_t n, double deadline)
-{
-    return peer_exchange(pg, c, r, NULL, 0, r, p, n, deadline);
-}
-
-/* ---- the check ----------------------------------------------------------------------
- * Non-zero ranks send their header to rank 0 and wait for its verdict (a
- * 4-byte length, then a message; length 0 = go). Rank 0 compares everyone's
- * header with its own. */
-static bool same_call(const call_header *a, const call_header *b)
-{
-    if (a->kind != b->kind || a->seq != b->seq) return false;
-    if (a->kind == CALL_BARRIER) return true;
-    if (a->dtype != b->dtype || a->count != b->count) return false;
-    if ((a->kind == CALL_ALL_REDUCE || a->kind == CALL_REDUCE_SCATTER) && a->op != b->op) return false;
-    if ((a->kind == CALL_BROADCAST || a->kind == CALL_GATHER) && a->root != b->root) return false;
-    return true;
-}
-
-void calls_compare(const call_header *hs, int world, char *msg, size_t n)
-{
-    msg[0] = '\0';
-    for (int r = 1; r < world; r++)
-        if (!same_call(&hs[r], &hs[0])) {
-            char mine[160], theirs[160];
-            call_describe(&hs[0], mine, sizeof mine);
-            call_describe(&hs[r], theirs, sizeof theirs);
-            snprintf(msg, n, "collective mismatch at call #%llu: rank %d called %s but rank 0 called %s%s",
-                     (unsigned long long)hs[0].seq, r, theirs, mine,
-                     hs[r].seq != hs[0].seq ? " (the ranks have made different numbers of calls)" : "");
-            return;
-        }
-}
-
-static em_status check_call(em_pg *pg, call *c, double deadline)
-{
-    if (pg->rank != 0) {
-        em_status s = peer_send(pg, c, 0, &c->h, sizeof c->h, deadline);
-        uint32_t len = 0;
-        if (!s) s = peer_recv(pg, c, 0, &len, sizeof len, deadline);
-        if (s) return s;
-        if (len == 0) return EM_OK;
-        char msg[512] = "";
-        if (len >= sizeof msg) len = sizeof msg - 1;
-        if ((s = peer_recv(pg, c, 0, msg, len, deadline))) return s;
-        msg[len] = '\0';
-        return call_fail(c, EM_ERR_DIST, "%s", msg);
-    }
-    call_header *hs = malloc(sizeof *hs * (size_t)pg->world);
-    if (!hs) return call_fail(c, EM_ERR_OOM, "collective check: out of memory");
-    hs[0] = c->h;
-    em_status s = EM_OK;
-    for (int r = 1; r < pg->world && !s; r++) s = peer_recv(pg, c, r, &hs[r], sizeof hs[r], deadline);
-    char msg[512] = "";
-    if (!s) calls_compare(hs, pg->world, msg, sizeof msg);
-    free(hs);
-    if (s) return s;
-    uint32_t len = (uint32_t)strlen(msg);
-    for (int r = 1; r < pg->world; r++) {
-        s = peer_send(pg, c, r, &len, sizeof len, deadline);
-        if (!s && len) s = peer_send(pg, c, r, msg, len, deadline);
-        if (s) return s;
-    }
-    return len ? call_fail(c, EM_ERR_DIST, "%s", msg) : EM_OK;
+    return io_exchange(pg, c, r, NULL, 0, r, p, n, deadline);
 }
 
 /* ---- the communication thread -------------------------------------------------------- */
@@ -239,6 +183,8 @@ static void break_group(em_pg *pg, const call *c)
 {
     pg->broken = true;
     snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", c->msg);
+    wire_abort(pg, c); /* the reason, to every peer that can read it */
+    if (pg->shm) shm_abort(pg, c);
     for (int r = 0; r < pg->world; r++) /* peers blocked on us notice at once */
         if (pg->fd[r] >= 0) shutdown(pg->fd[r], SHUT_RDWR);
 }
@@ -250,17 +196,26 @@ static void execute(em_pg *pg, call *c)
         return;
     }
     double deadline = pg_now() + pg->timeout;
-    /* point to point needs no check: the pair's own header exchange is it */
-    bool p2p = c->h.kind == CALL_SEND || c->h.kind == CALL_RECV;
     em_status s;
-    if (pg->shm && !p2p) {
-        s = shm_check(pg, c, deadline);
-        if (!s) s = shm_run(pg, c, deadline);
+    if (c->h.kind == CALL_SEND || c->h.kind == CALL_RECV) {
+        s = pg->world == 1 ? run_call(pg, c, deadline) : p2p_run(pg, c, deadline);
     } else {
-        s = pg->world == 1 || p2p ? EM_OK : check_call(pg, c, deadline);
-        if (!s) s = run_call(pg, c, deadline);
+        /* the header says how many messages this rank sent and received:
+         * the totals over ranks differ while a send is unreceived */
+        c->h.sent = pg->p2p_sent;
+        c->h.recvd = pg->p2p_recvd;
+        if (pg->shm) {
+            s = shm_check(pg, c, deadline);
+            if (!s && !c->h.cuda) s = shm_run(pg, c, deadline);
+        } else {
+            s = pg->world == 1 ? EM_OK : check_call(pg, c, deadline);
+            if (!s && !c->h.cuda) s = run_call(pg, c, deadline);
+        }
     }
-    if (s) break_group(pg, c);
+    if (s)
+        break_group(pg, c);
+    else if (pg->world > 1)
+        wire_call_done(pg);
 }
 
 static void *comm_thread(void *arg)
@@ -288,7 +243,7 @@ static void *comm_thread(void *arg)
  * which saves two thread hand-offs per call). */
 static void submit(em_pg *pg, call *c, bool sync)
 {
-    /* point-to-point calls involve two ranks only: they do not count */
+    /* a send or recv carries the number of collectives before it, and is not one */
     c->h.seq = pg->seq;
     if (c->h.kind != CALL_SEND && c->h.kind != CALL_RECV) pg->seq++;
     if (pg->world == 1) {
@@ -513,15 +468,15 @@ static em_status setup_shm(em_pg *pg, em_transport tr, bool local, double deadli
     if (pg->rank == 0) {
         for (int r = 1; r < pg->world && !s; r++) {
             uint8_t ok = 0;
-            s = peer_recv(pg, &c, r, &ok, 1, deadline);
+            s = io_recv(pg, &c, r, &ok, 1, deadline);
             if (!s && !ok && bad < 0) bad = r;
         }
         if (name[0]) shm_unlink(name); /* every rank has it mapped or gave up: the name can go */
-        for (int r = 1; r < pg->world && !s; r++) s = peer_send(pg, &c, r, &bad, sizeof bad, deadline);
+        for (int r = 1; r < pg->world && !s; r++) s = io_send(pg, &c, r, &bad, sizeof bad, deadline);
     } else {
         uint8_t ok = pg->shm != NULL;
-        s = peer_send(pg, &c, 0, &ok, 1, deadline);
-        if (!s) s = peer_recv(pg, &c, 0, &bad, sizeof bad, deadline);
+        s = io_send(pg, &c, 0, &ok, 1, deadline);
+        if (!s) s = io_recv(pg, &c, 0, &bad, sizeof bad, deadline);
     }
     if (s) return em_err(EM_ERR_DIST, "em_pg_new: rank %d, agreeing on shared memory: %s", pg->rank, c.msg);
     if (bad < 0) return EM_OK;
@@ -592,7 +547,7 @@ static em_status join(em_pg *pg, em_transport tr)
     int need = pg->world - 1 - pg->rank;
     while (need > 0 && !s) {
         struct pollfd p = {.fd = lfd, .events = POLLIN};
-        int k = poll(&p, 1, ms_until(deadline));
+        int k = poll(&p, 1, pg_ms_until(deadline));
         if (k == 0 && pg_now() >= deadline) {
             char missing[256] = "";
             for (int r = pg->rank + 1; r < pg->world; r++)
@@ -654,10 +609,15 @@ em_pg *em_pg_new(const em_pg_config *cfg)
     snprintf(pg->name, sizeof pg->name, "%s", cfg->name ? cfg->name : "pg");
     pg->store = cfg->store;
     pg->fd = malloc(sizeof *pg->fd * (size_t)pg->world);
-    if (!pg->fd) {
+    pg->peer = calloc((size_t)pg->world, sizeof *pg->peer);
+    if (!pg->fd || !pg->peer) {
+        free(pg->fd);
+        free(pg->peer);
         free(pg);
         return em_fail(EM_ERR_OOM, "em_pg_new: out of memory");
     }
+    pg->abort_origin = -1;
+    for (int r = 0; r < pg->world; r++) pg->peer[r].out_ok = true;
     for (int r = 0; r < pg->world; r++) pg->fd[r] = -1;
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv, NULL);
@@ -671,6 +631,7 @@ em_pg *em_pg_new(const em_pg_config *cfg)
             close_all(pg);
             shm_unmap(pg);
             free(pg->fd);
+            free(pg->peer);
             free(pg);
             em_set_error(s, "%s", msg);
             return NULL;
@@ -698,7 +659,9 @@ void em_pg_free(em_pg *pg)
     if (pg->own_store) em_store_close(pg->store);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv);
+    wire_free(pg);
     free(pg->fd);
+    free(pg->peer);
     free(pg);
 }
 

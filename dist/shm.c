@@ -11,9 +11,17 @@
  * The check. Each rank writes the header of its call into its control block
  * (two header places, used alternately by call number) and arrives; once all
  * arrived, every rank compares every header with rank 0's and, on a
- * mismatch, fails with the same message the TCP check gives. Arriving at a
- * call's check also says "I finished the previous call", so after the check
- * every slot is free again.
+ * mismatch, fails with the same message the TCP check gives. When only the
+ * send/recv totals disagree (a send is unreceived), every rank writes its
+ * counts per peer into its slot and arrives once more, and all name the
+ * unreceived send the same way. Arriving at a call's check also says "I
+ * finished the previous call", so after the check every slot is free again.
+ *
+ * A note. A rank whose call fails writes its reason into the segment's note
+ * (the first one stays) and wakes the sleepers; a waiting rank looks at it
+ * between sleeps, and at the sockets of the rank it waits for, where a
+ * send or recv frame sent to it instead of this collective is a mismatch
+ * (wire.c, peer_watch).
  *
  * The data. A slot is two halves; data moves in pieces of half a slot,
  * alternating halves so a rank can fill piece j while others still read
@@ -32,8 +40,8 @@
  *
  * Waiting spins briefly (the peer usually runs on another core), then yields
  * (it may need this core), then sleeps on a futex on the peer's counter in
- * short slices, between which it checks the deadline and the peer's socket:
- * a peer that died, or broke its group, has closed it. */
+ * short slices, between which it checks the note, the deadline and the
+ * peer's socket: a peer that died, or broke its group, has closed it. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -66,8 +74,21 @@ typedef struct shm_ctl {
     char pad[128 - 8 - 2 * sizeof(call_header)];
 } shm_ctl;
 _Static_assert(sizeof(shm_ctl) == 128, "a control block fills two cache lines");
+_Static_assert(SHM_MAX_WORLD * sizeof(p2p_count) <= SLOT_BYTES / 2, "a rank's counts fit in half its slot");
 
-static size_t ctl_bytes(int world) { return ((size_t)world * sizeof(shm_ctl) + 4095) & ~(size_t)4095; }
+/* The note of the first rank whose call failed, after the control blocks. */
+typedef struct shm_note {
+    _Atomic uint32_t state; /* 0: none; 1: being written; 2: written */
+    int32_t origin;         /* the rank the group broke on */
+    char text[512];
+} shm_note;
+
+static size_t ctl_bytes(int world)
+{
+    return ((size_t)world * sizeof(shm_ctl) + sizeof(shm_note) + 4095) & ~(size_t)4095;
+}
+
+static shm_note *note_of(const em_pg *pg) { return (shm_note *)(pg->shm->ctl + pg->world); }
 
 size_t shm_bytes(int world) { return ctl_bytes(world) + (size_t)world * SLOT_BYTES; }
 
@@ -154,6 +175,30 @@ static void arrive(em_pg *pg, uint32_t v)
     pg->shm->step = v;
 }
 
+/* The note, when a rank wrote one: c fails naming its reason. */
+static em_status noted(em_pg *pg, call *c)
+{
+    shm_note *n = note_of(pg);
+    if (atomic_load_explicit(&n->state, memory_order_acquire) != 2) return EM_OK;
+    char text[sizeof n->text];
+    snprintf(text, sizeof text, "%.*s", (int)sizeof n->text - 1, n->text);
+    return call_broke(pg, c, n->origin, text);
+}
+
+void shm_abort(em_pg *pg, const call *c)
+{
+    shm_note *n = note_of(pg);
+    uint32_t none = 0;
+    if (!atomic_compare_exchange_strong(&n->state, &none, 1)) return; /* the first note stays */
+    bool relay = pg->abort_origin >= 0;
+    n->origin = relay ? pg->abort_origin : pg->rank;
+    snprintf(n->text, sizeof n->text, "%s", relay ? pg->abort_text : c->msg);
+    atomic_store_explicit(&n->state, 2, memory_order_release);
+    for (int q = 0; q < pg->world; q++) /* sleepers look now, not at their next slice */
+        if (atomic_load(&pg->shm->ctl[q].sleepers))
+            syscall(SYS_futex, &pg->shm->ctl[q].step, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 static em_status wait_rank(em_pg *pg, call *c, int q, uint32_t v, double deadline)
 {
     shm_ctl *o = &pg->shm->ctl[q];
@@ -177,10 +222,14 @@ static em_status wait_rank(em_pg *pg, call *c, int q, uint32_t v, double deadlin
         }
         atomic_fetch_sub(&o->sleepers, 1);
         if (reached(atomic_load_explicit(&o->step, memory_order_acquire), v)) return EM_OK;
-        em_status s = peer_alive(pg, c, q);
-        /* it may have arrived and then exited between the two looks */
-        if (s && reached(atomic_load_explicit(&o->step, memory_order_acquire), v)) return EM_OK;
+        bool closed = false;
+        em_status s = noted(pg, c);
+        if (!s) s = peer_watch(pg, c, q, deadline, &closed);
         if (s) return s;
+        if (closed) { /* it may have arrived and then exited between the two looks */
+            if (reached(atomic_load_explicit(&o->step, memory_order_acquire), v)) return EM_OK;
+            return peer_io_error(pg, c, q, "waiting for", 0);
+        }
         if (pg_now() >= deadline) return peer_timed_out(pg, c, q, "for");
     }
 }
@@ -195,6 +244,8 @@ static em_status wait_all(em_pg *pg, call *c, uint32_t v, double deadline)
     return EM_OK;
 }
 
+static uint8_t *half(const em_pg *pg, int rank, uint32_t j);
+
 /* ---- the check ---------------------------------------------------------------------- */
 
 em_status shm_check(em_pg *pg, call *c, double deadline)
@@ -208,8 +259,18 @@ em_status shm_check(em_pg *pg, call *c, double deadline)
     call_header hs[SHM_MAX_WORLD];
     for (int r = 0; r < w; r++) hs[r] = pg->shm->ctl[r].hdr[c->h.seq & 1];
     char msg[512];
-    calls_compare(hs, w, msg, sizeof msg);
-    return msg[0] ? call_fail(c, EM_ERR_DIST, "%s", msg) : EM_OK;
+    int verdict = calls_compare(hs, w, msg, sizeof msg);
+    if (verdict == CMP_OK) return EM_OK;
+    if (noted(pg, c)) return c->status; /* a rank that failed says why */
+    if (verdict == CMP_COUNTS) {        /* name the unreceived sends: everyone's counts, through the slots */
+        p2p_row(pg, (p2p_count *)half(pg, pg->rank, 0));
+        arrive(pg, v + 1);
+        if ((s = wait_all(pg, c, v + 1, deadline))) return s;
+        const p2p_count *rows[SHM_MAX_WORLD];
+        for (int r = 0; r < w; r++) rows[r] = (const p2p_count *)half(pg, r, 0);
+        p2p_compose(hs, rows, w, msg, sizeof msg);
+    }
+    return call_fail(c, EM_ERR_DIST, "%s", msg);
 }
 
 /* ---- the algorithms ----------------------------------------------------------------- */

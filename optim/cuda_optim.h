@@ -13,28 +13,19 @@
 #include <stdint.h>
 
 #include "ember/tensor.h"
+#include "update_math.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* One step's coefficients, computed on the host in double exactly as
- * optim/optim.c does (f32 kernels round them to f32 once, as the CPU's). */
-typedef struct cu_upd {
-    bool sgd;             /* SGD; else Adam (l2) or AdamW (decoupled) */
-    bool l2, decoupled;   /* Adam: g += wd p;  AdamW: p *= decay */
-    bool nesterov, first; /* SGD */
-    bool has_buf;         /* SGD with momentum */
-    double lr, wd, mom, damp;
-    double b1, b2, eps, step_size, bc2_sqrt, decay;
-} cu_upd;
-
-/* One update of n parameters p (dtype pdt: f32, f64, f16 or bf16) with
- * gradients g (dtype gdt, same n) and state s1, s2 of dtype sdt (f64 for f64
- * parameters, else f32): SGD s1 = momentum buffer (NULL without momentum);
- * Adam/AdamW s1 = m, s2 = v. f16/bf16 parameters compute in f32 and round
- * once on store. Same arithmetic as optim.c's sgd_f32/adam_f32 (f64). */
-em_status cu_optim_update(int dev, const cu_upd *u, em_dtype pdt, void *p, em_dtype gdt, const void *g,
+/* One update u (computed on the host exactly as for a CPU parameter) of n
+ * parameters p (dtype pdt: f32, f64, f16 or bf16) with gradients g (dtype
+ * gdt, same n) and state s1, s2 of dtype sdt (f64 for f64 parameters, else
+ * f32): SGD s1 = momentum buffer (NULL without momentum); Adam/AdamW s1 = m,
+ * s2 = v. f16/bf16 parameters compute in f32 and round once on store. The
+ * arithmetic is the CPU's: optim/update_math.h. */
+em_status cu_optim_update(int dev, const opt_coef *u, em_dtype pdt, void *p, em_dtype gdt, const void *g,
                           em_dtype sdt, void *s1, void *s2, int64_t n);
 
 /* *out (a device double) = sum of x[i]^2 over n elements of float dtype dt,

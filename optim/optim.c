@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "optim_impl.h"
+#include "update_math.h"
 #if EM_HAVE_CUDA
 #include "cuda_optim.h"
 #endif
@@ -240,106 +241,71 @@ em_status em_optim_zero_grad(em_optimizer *o)
 }
 
 /* ---- update kernels ---------------------------------------------------------
- * One parameter's update coefficients, computed in double once per step (as
- * torch computes its Python-float scalars) and applied elementwise. */
-typedef struct upd {
-    opt_kind kind;
-    double lr, wd;
-    double mom, damp; /* SGD */
-    bool nesterov, first;
-    double b1, b2, eps, step_size, bc2_sqrt, decay; /* Adam/AdamW */
-} upd;
+ * One parameter's update coefficients (opt_coef), computed in double once per
+ * step and applied elementwise by optim/update_math.h's functions, which the
+ * CUDA kernel (optim.cu) applies too. */
 
-/* SGD:  d = g + wd p;  buf = first ? d : mom buf + (1-damp) d;
- *       p -= lr (nesterov ? d + mom buf : buf)   (mom 0: p -= lr d) */
-static void sgd_f32(const upd *u, float *p, const float *g, float *buf, int64_t n)
+/* SGD: one loop with a momentum buffer and one without, so each vectorises */
+static void sgd_f32(const opt_coef *u, float *restrict p, const float *restrict g, float *restrict buf,
+                    int64_t n)
 {
-    const float lr = (float)u->lr, wd = (float)u->wd, mom = (float)u->mom, omd = (float)(1.0 - u->damp);
+    const opt_k_f32 k = opt_k_of_f32(u);
     const bool decay = u->wd != 0, first = u->first, nesterov = u->nesterov;
-    for (int64_t i = 0; i < n; i++) {
-        float d = g[i];
-        if (decay) d += wd * p[i];
-        if (buf) {
-            float b = first ? d : mom * buf[i] + omd * d;
-            buf[i] = b;
-            d = nesterov ? d + mom * b : b;
-        }
-        p[i] -= lr * d;
-    }
+    if (buf)
+        for (int64_t i = 0; i < n; i++)
+            p[i] = sgd_elem_f32(&k, p[i], g[i], &buf[i], true, decay, first, nesterov);
+    else
+        for (int64_t i = 0; i < n; i++)
+            p[i] = sgd_elem_f32(&k, p[i], g[i], NULL, false, decay, first, nesterov);
 }
 
-static void sgd_f64(const upd *u, double *p, const double *g, double *buf, int64_t n)
+static void sgd_f64(const opt_coef *u, double *restrict p, const double *restrict g, double *restrict buf,
+                    int64_t n)
 {
-    const double lr = u->lr, wd = u->wd, mom = u->mom, omd = 1.0 - u->damp;
-    const bool first = u->first, nesterov = u->nesterov;
-    for (int64_t i = 0; i < n; i++) {
-        double d = g[i];
-        if (wd != 0) d += wd * p[i];
-        if (buf) {
-            double b = first ? d : mom * buf[i] + omd * d;
-            buf[i] = b;
-            d = nesterov ? d + mom * b : b;
-        }
-        p[i] -= lr * d;
-    }
+    const opt_k_f64 k = opt_k_of_f64(u);
+    const bool decay = u->wd != 0, first = u->first, nesterov = u->nesterov;
+    if (buf)
+        for (int64_t i = 0; i < n; i++)
+            p[i] = sgd_elem_f64(&k, p[i], g[i], &buf[i], true, decay, first, nesterov);
+    else
+        for (int64_t i = 0; i < n; i++)
+            p[i] = sgd_elem_f64(&k, p[i], g[i], NULL, false, decay, first, nesterov);
 }
 
-/* Adam:  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
- *        p -= step_size m / (sqrt(v) / sqrt(bc2) + eps)
- * with g += wd p (Adam) or p *= 1 - lr wd first (AdamW). */
-/* One body per variant, each specialised with constant flags so the loop has
- * no branches and vectorises (sqrt and division are exact in vector form, so
- * the results do not change). */
-static inline __attribute__((always_inline)) void adam_f32_body(const upd *u, float *restrict p,
+/* One Adam body per variant, each specialised with constant flags so the
+ * loop has no branches and vectorises (sqrt and division are exact in vector
+ * form, so the results do not change: tests/test_scalar_math.c compares the
+ * step with adam_elem_f32 element by element). */
+static inline __attribute__((always_inline)) void adam_f32_body(const opt_coef *u, float *restrict p,
                                                                 const float *restrict g, float *restrict m,
                                                                 float *restrict v, int64_t n, bool l2,
                                                                 bool decoupled)
 {
-    const float b1 = (float)u->b1, omb1 = (float)(1.0 - u->b1), b2 = (float)u->b2,
-                omb2 = (float)(1.0 - u->b2);
-    const float eps = (float)u->eps, ss = (float)u->step_size, bc2s = (float)u->bc2_sqrt;
-    const float wd = (float)u->wd, decay = (float)u->decay;
-    for (int64_t i = 0; i < n; i++) {
-        float pi = p[i], gi = g[i];
-        if (decoupled) pi *= decay;
-        if (l2) gi += wd * pi;
-        float mi = b1 * m[i] + omb1 * gi;
-        float vi = b2 * v[i] + omb2 * gi * gi;
-        m[i] = mi, v[i] = vi;
-        p[i] = pi - ss * (mi / (sqrtf(vi) / bc2s + eps));
-    }
+    const opt_k_f32 k = opt_k_of_f32(u);
+    for (int64_t i = 0; i < n; i++) p[i] = adam_elem_f32(&k, p[i], g[i], &m[i], &v[i], l2, decoupled);
 }
 
-static void adam_f32(const upd *u, float *p, const float *g, float *m, float *v, int64_t n)
+static void adam_f32(const opt_coef *u, float *p, const float *g, float *m, float *v, int64_t n)
 {
-    if (u->kind == OPT_ADAMW)
+    if (u->decoupled)
         adam_f32_body(u, p, g, m, v, n, false, true);
-    else if (u->wd != 0)
+    else if (u->l2)
         adam_f32_body(u, p, g, m, v, n, true, false);
     else
         adam_f32_body(u, p, g, m, v, n, false, false);
 }
 
-static void adam_f64(const upd *u, double *p, const double *g, double *m, double *v, int64_t n)
+static void adam_f64(const opt_coef *u, double *p, const double *g, double *m, double *v, int64_t n)
 {
-    const double b1 = u->b1, omb1 = 1.0 - u->b1, b2 = u->b2, omb2 = 1.0 - u->b2;
-    const double eps = u->eps, ss = u->step_size, bc2s = u->bc2_sqrt, wd = u->wd, decay = u->decay;
-    const bool l2 = u->kind == OPT_ADAM && u->wd != 0, decoupled = u->kind == OPT_ADAMW;
-    for (int64_t i = 0; i < n; i++) {
-        double pi = p[i], gi = g[i];
-        if (decoupled) pi *= decay;
-        if (l2) gi += wd * pi;
-        double mi = b1 * m[i] + omb1 * gi;
-        double vi = b2 * v[i] + omb2 * gi * gi;
-        m[i] = mi, v[i] = vi;
-        p[i] = pi - ss * (mi / (sqrt(vi) / bc2s + eps));
-    }
+    const opt_k_f64 k = opt_k_of_f64(u);
+    const bool l2 = u->l2, decoupled = u->decoupled;
+    for (int64_t i = 0; i < n; i++) p[i] = adam_elem_f64(&k, p[i], g[i], &m[i], &v[i], l2, decoupled);
 }
 
 /* Elements [lo, lo+n) of p and g (compute-dtype arrays) with state from
  * element lo on. */
 typedef struct upd_job {
-    const upd *u;
+    const opt_coef *u;
     bool f64;
     void *p;
     const void *g;
@@ -355,7 +321,7 @@ static void upd_range(void *ctx, int64_t lo, int64_t hi)
     void *p = at(j->p, lo, es), *s1 = at(j->s1, lo, es), *s2 = at(j->s2, lo, es);
     const void *g = at((void *)j->g, lo, es);
     int64_t n = hi - lo;
-    if (j->u->kind == OPT_SGD) {
+    if (j->u->sgd) {
         if (j->f64)
             sgd_f64(j->u, p, g, s1, n);
         else
@@ -400,7 +366,7 @@ enum { CHUNK = 2048 };
  * the compute dtype). Contiguous parameters of the compute dtype are updated
  * in place in parallel; others through CHUNK-element scratch buffers pb, gb
  * (8-byte elements) converted to and from it. */
-static void apply(const upd *u, tensor *t, tensor *g, tensor *s1, tensor *s2, void *pb, void *gb)
+static void apply(const opt_coef *u, tensor *t, tensor *g, tensor *s1, tensor *s2, void *pb, void *gb)
 {
     em_dtype cd = opt_state_dtype(t->dtype);
     int64_t n = t_numel(t);
@@ -526,27 +492,11 @@ static bool fuses(const em_optimizer *o, int j, const char *fn)
 }
 
 /* One launch: u over n elements from parameter t, gradient g, state s1, s2. */
-static em_status apply_cuda(const upd *u, tensor *t, tensor *g, tensor *s1, tensor *s2, int64_t n)
+static em_status apply_cuda(const opt_coef *u, tensor *t, tensor *g, tensor *s1, tensor *s2, int64_t n)
 {
-    cu_upd c = {.sgd = u->kind == OPT_SGD,
-                .l2 = u->kind == OPT_ADAM && u->wd != 0,
-                .decoupled = u->kind == OPT_ADAMW,
-                .nesterov = u->nesterov,
-                .first = u->first,
-                .has_buf = s1 != NULL,
-                .lr = u->lr,
-                .wd = u->wd,
-                .mom = u->mom,
-                .damp = u->damp,
-                .b1 = u->b1,
-                .b2 = u->b2,
-                .eps = u->eps,
-                .step_size = u->step_size,
-                .bc2_sqrt = u->bc2_sqrt,
-                .decay = u->decay};
     tensor *gc = t_is_contig(g) ? g : t_contig(g); /* only a lone parameter's gradient can be strided */
     if (!gc) return em_last_status();
-    em_status s = cu_optim_update(t->device.index, &c, t->dtype, t_ptr(t), gc->dtype, t_ptr(gc),
+    em_status s = cu_optim_update(t->device.index, u, t->dtype, t_ptr(t), gc->dtype, t_ptr(gc),
                                   opt_state_dtype(t->dtype), s1 ? t_ptr(s1) : NULL, s2 ? t_ptr(s2) : NULL, n);
     if (gc != g) t_drop(gc);
     return s;
@@ -555,11 +505,16 @@ static em_status apply_cuda(const upd *u, tensor *t, tensor *g, tensor *s1, tens
 
 /* Parameter i's coefficients for this step (its Adam step count advanced,
  * fresh state zeroed) and its state tensors. */
-static em_status prepare(em_optimizer *o, int i, upd *u, tensor **s1, tensor **s2)
+static em_status prepare(em_optimizer *o, int i, opt_coef *u, tensor **s1, tensor **s2)
 {
     oparam *p = &o->p[i];
     const ogroup *gr = &o->g[p->group];
-    *u = (upd){.kind = o->kind, .lr = gr->lr, .wd = gr->wd, .first = !p->started};
+    *u = (opt_coef){.sgd = o->kind == OPT_SGD,
+                    .l2 = o->kind == OPT_ADAM && gr->wd != 0,
+                    .decoupled = o->kind == OPT_ADAMW,
+                    .lr = gr->lr,
+                    .wd = gr->wd,
+                    .first = !p->started};
     *s1 = *s2 = NULL;
     if (o->kind == OPT_SGD) {
         u->mom = o->sgd.momentum, u->damp = o->sgd.dampening, u->nesterov = o->sgd.nesterov;
@@ -632,7 +587,7 @@ em_status em_optim_step(em_optimizer *o)
         if (t_on_cuda(t))
             while (j < o->np && fuses(o, j, fn)) j++;
 #endif
-        upd u, uk;
+        opt_coef u, uk;
         tensor *s1, *s2, *a, *b;
         em_status s = prepare(o, i, &u, &s1, &s2);
         for (int k = i + 1; k < j && !s; k++) s = prepare(o, k, &uk, &a, &b);

@@ -1,7 +1,8 @@
 // optim.cu — CUDA kernels of optim/ and amp/ (see tensor/cuda_impl.h for the
 // conventions and optim/cuda_optim.h for the contracts): the fused SGD /
 // Adam / AdamW update, the sum of squares and scaling of gradient clipping,
-// and the loss scaler's unscale with its inf/NaN flag.
+// and the loss scaler's unscale with its inf/NaN flag. The per-element maths
+// is the CPU's: optim/update_math.h.
 #include "../tensor/cuda_common.cuh"
 #include "cuda_optim.h"
 
@@ -26,38 +27,42 @@ template <typename T> __device__ __forceinline__ void put(em_dtype dt, void *p, 
         store(dt, p, i, (double)(float)v); // rounds from f32, as the CPU
 }
 
-// SGD:  d = g + wd p;  buf = first ? d : mom buf + (1-damp) d;
-//       p -= lr (nesterov ? d + mom buf : buf)   (no buffer: p -= lr d)
-// Adam: m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
-//       p -= step_size m / (sqrt(v) / sqrt(bc2) + eps)
-//       with g += wd p (Adam) or p *= 1 - lr wd first (AdamW).
-// T is float (coefficients rounded to f32 once, as optim.c's f32 kernels) or double.
-template <typename T>
-__global__ void update_kernel(cu_upd u, em_dtype pdt, void *p, em_dtype gdt, const void *g, T *s1, T *s2,
-                              int64_t n)
+// update_math.h's element functions by compute type
+__device__ __forceinline__ float sgd_elem(const opt_k_f32 *k, float p, float g, float *buf, bool momentum,
+                                          bool decay, bool first, bool nesterov)
 {
-    const T lr = (T)u.lr, wd = (T)u.wd, mom = (T)u.mom, omd = (T)(1.0 - u.damp);
-    const T b1 = (T)u.b1, omb1 = (T)(1.0 - u.b1), b2 = (T)u.b2, omb2 = (T)(1.0 - u.b2);
-    const T eps = (T)u.eps, ss = (T)u.step_size, bc2s = (T)u.bc2_sqrt, decay = (T)u.decay;
+    return sgd_elem_f32(k, p, g, buf, momentum, decay, first, nesterov);
+}
+__device__ __forceinline__ double sgd_elem(const opt_k_f64 *k, double p, double g, double *buf, bool momentum,
+                                           bool decay, bool first, bool nesterov)
+{
+    return sgd_elem_f64(k, p, g, buf, momentum, decay, first, nesterov);
+}
+__device__ __forceinline__ float adam_elem(const opt_k_f32 *k, float p, float g, float *m, float *v, bool l2,
+                                           bool decoupled)
+{
+    return adam_elem_f32(k, p, g, m, v, l2, decoupled);
+}
+__device__ __forceinline__ double adam_elem(const opt_k_f64 *k, double p, double g, double *m, double *v,
+                                            bool l2, bool decoupled)
+{
+    return adam_elem_f64(k, p, g, m, v, l2, decoupled);
+}
+
+// One SGD / Adam / AdamW step (optim/update_math.h) over n elements in the
+// compute type T of the coefficients K: float (opt_k_f32, rounded from u on
+// the host as optim.c's f32 loops round them) or double (opt_k_f64).
+template <typename T, typename K>
+__global__ void update_kernel(opt_coef u, K k, em_dtype pdt, void *p, em_dtype gdt, const void *g, T *s1,
+                              T *s2, int64_t n)
+{
+    const bool decay = u.wd != 0;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         T pi = get<T>(pdt, p, i), gi = get<T>(gdt, g, i);
-        if (u.sgd) {
-            T d = gi;
-            if (u.wd != 0) d += wd * pi;
-            if (u.has_buf) {
-                T b = u.first ? d : mom * s1[i] + omd * d;
-                s1[i] = b;
-                d = u.nesterov ? d + mom * b : b;
-            }
-            pi -= lr * d;
-        } else {
-            if (u.decoupled) pi *= decay;
-            if (u.l2) gi += wd * pi;
-            T mi = b1 * s1[i] + omb1 * gi;
-            T vi = b2 * s2[i] + omb2 * gi * gi;
-            s1[i] = mi, s2[i] = vi;
-            pi = pi - ss * (mi / (sqrt(vi) / bc2s + eps));
-        }
+        if (u.sgd)
+            pi = sgd_elem(&k, pi, gi, s1 ? &s1[i] : nullptr, s1 != nullptr, decay, u.first, u.nesterov);
+        else
+            pi = adam_elem(&k, pi, gi, &s1[i], &s2[i], u.l2, u.decoupled);
         put<T>(pdt, p, i, pi);
     }
 }
@@ -98,30 +103,15 @@ __global__ void sum_parts(const double *part, int nparts, double *out)
 
 __global__ void scale_kernel(em_dtype dt, void *x, int64_t n, double c)
 {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        if (dt == EM_F64)
-            ((double *)x)[i] *= c;
-        else if (dt == EM_F32)
-            ((float *)x)[i] *= (float)c;
-        else // f16/bf16: as optim_state.c, through double with c rounded to f32
-            store(dt, x, i, load(dt, x, i) * (double)(float)c);
-    }
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        grad_scale_elem(dt, x, i, c);
 }
 
 __global__ void unscale_kernel(em_dtype dt, void *x, int64_t n, double inv, int *found)
 {
     bool bad = false;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        if (dt == EM_F64) {
-            double v = ((double *)x)[i] * inv;
-            ((double *)x)[i] = v;
-            bad |= !isfinite(v);
-        } else {
-            float v = get<float>(dt, x, i) * (float)inv;
-            put<float>(dt, x, i, v);
-            bad |= !isfinite(v);
-        }
-    }
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        bad |= !grad_scale_elem(dt, x, i, inv);
     if (bad) *found = 1; // every writer writes the same value
 }
 
@@ -129,17 +119,20 @@ constexpr unsigned MAX_PARTS = 1024;
 
 } // namespace
 
-extern "C" em_status cu_optim_update(int dev, const cu_upd *u, em_dtype pdt, void *p, em_dtype gdt, const void *g,
-                                     em_dtype sdt, void *s1, void *s2, int64_t n)
+extern "C" em_status cu_optim_update(int dev, const opt_coef *u, em_dtype pdt, void *p, em_dtype gdt,
+                                     const void *g, em_dtype sdt, void *s1, void *s2, int64_t n)
 {
     em_status s = cu_use(dev, "em_optim_step");
     if (s || n == 0) return s;
-    if (sdt == EM_F64)
-        EM_LAUNCH(update_kernel<double>, blocks_for(n), THREADS, 0, stream(dev))(*u, pdt, p, gdt, g, (double *)s1,
-                                                                         (double *)s2, n);
-    else
-        EM_LAUNCH(update_kernel<float>, blocks_for(n), THREADS, 0, stream(dev))(*u, pdt, p, gdt, g, (float *)s1,
-                                                                        (float *)s2, n);
+    if (sdt == EM_F64) {
+        const opt_k_f64 k = opt_k_of_f64(u);
+        EM_LAUNCH((update_kernel<double, opt_k_f64>), blocks_for(n), THREADS, 0, stream(dev))
+        (*u, k, pdt, p, gdt, g, (double *)s1, (double *)s2, n);
+    } else {
+        const opt_k_f32 k = opt_k_of_f32(u);
+        EM_LAUNCH((update_kernel<float, opt_k_f32>), blocks_for(n), THREADS, 0, stream(dev))
+        (*u, k, pdt, p, gdt, g, (float *)s1, (float *)s2, n);
+    }
     return cu_launched("em_optim_step");
 }
 

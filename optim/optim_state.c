@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "optim_impl.h"
+#include "update_math.h"
 #if EM_HAVE_CUDA
 #include "cuda_optim.h"
 #endif
@@ -278,18 +279,15 @@ typedef struct scale_job {
 static void scale_range(void *ctx, int64_t lo, int64_t hi)
 {
     const scale_job *j = ctx;
-    if (j->f64) {
-        double *restrict x = j->x;
-        const double c = j->c;
-        for (int64_t i = lo; i < hi; i++) x[i] *= c;
-    } else {
-        float *restrict x = j->x;
-        const float c = (float)j->c;
-        for (int64_t i = lo; i < hi; i++) x[i] *= c;
-    }
+    if (j->f64)
+        for (int64_t i = lo; i < hi; i++) grad_scale_elem(EM_F64, j->x, i, j->c);
+    else
+        for (int64_t i = lo; i < hi; i++) grad_scale_elem(EM_F32, j->x, i, j->c);
 }
 
-/* g *= c (f32 grads multiply by c rounded to f32, like torch). */
+/* g *= c by grad_scale_elem (optim/update_math.h, which the CUDA kernel
+ * applies too): contiguous f32/f64 in place over the pool, others through
+ * CHUNK-element copies (buf holds CHUNK elements of 8 bytes). */
 static void scale(tensor *g, double c, double *buf)
 {
     int64_t n = t_numel(g);
@@ -300,9 +298,9 @@ static void scale(tensor *g, double c, double *buf)
     }
     for (int64_t lo = 0; lo < n; lo += CHUNK) {
         int64_t k = n - lo < CHUNK ? n - lo : CHUNK;
-        opt_gather(g, lo, k, EM_F64, buf);
-        for (int64_t i = 0; i < k; i++) buf[i] *= g->dtype == EM_F64 ? c : (double)(float)c;
-        opt_scatter(g, lo, k, EM_F64, buf);
+        opt_gather(g, lo, k, g->dtype, buf);
+        for (int64_t i = 0; i < k; i++) grad_scale_elem(g->dtype, buf, i, c);
+        opt_scatter(g, lo, k, g->dtype, buf);
     }
 }
 

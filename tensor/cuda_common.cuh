@@ -1,17 +1,16 @@
 // cuda_common.cuh — what every .cu file of ember shares: element loads and
-// stores for each dtype (with the CPU's rounding rules, so a CUDA op and its
-// CPU twin agree bit for bit where the arithmetic does), strided-walk
-// offsets, launch sizes and the stream of a device; and the two macros that
-// let the same kernels build for a GPU (nvcc) or for the host, where ember's
-// CUDA emulator (tests/cusim, meson -Dcuda=sim) runs them.
+// stores for each dtype (the CPU's own conversions, tensor/dtype_math.h, so
+// a CUDA op and its CPU twin agree bit for bit where the arithmetic does),
+// strided-walk offsets, launch sizes and the stream of a device; and the two
+// macros that let the same kernels build for a GPU (nvcc) or for the host,
+// where ember's CUDA emulator (tests/cusim, meson -Dcuda=sim) runs them.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "cuda_impl.h"
+#include "dtype_math.h"
 
 // EM_LAUNCH(kernel, grid, block, smem, stream)(args...): a kernel launch.
 // nvcc: the <<<...>>> launch. Host compiler: the emulator queues it on the
@@ -41,46 +40,11 @@ inline unsigned blocks_for(int64_t n)
 
 inline cudaStream_t stream(int dev) { return (cudaStream_t)cu_stream(dev); }
 
-// f32 -> bf16 bits: round to nearest even, a NaN stays a quiet NaN (the same
-// rule as tensor/tensor_impl.h's bf16_round)
-__device__ __forceinline__ uint16_t bf16_bits(float x)
-{
-    uint32_t u = __float_as_uint(x);
-    uint32_t r = u + 0x7fffu + ((u >> 16) & 1), q = u | 0x400000u;
-    return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u ? q : r) >> 16);
-}
-__device__ __forceinline__ float bf16_value(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-
-// element i of a buffer of dtype dt, as double (exact for every dtype)
-__device__ __forceinline__ double load(em_dtype dt, const void *p, int64_t i)
-{
-    switch (dt) {
-    case EM_F32: return ((const float *)p)[i];
-    case EM_F64: return ((const double *)p)[i];
-    case EM_F16: return __half2float(((const __half *)p)[i]);
-    case EM_BF16: return bf16_value(((const uint16_t *)p)[i]);
-    case EM_I32: return ((const int32_t *)p)[i];
-    case EM_U8: return ((const uint8_t *)p)[i];
-    default: return ((const uint8_t *)p)[i] != 0;
-    }
-}
-
-// v into element i of dtype dt, as the CPU's st() does: f16/bf16 round from
-// f32, integers truncate toward zero and saturate (NaN to 0), bool is v != 0
-__device__ __forceinline__ void store(em_dtype dt, void *p, int64_t i, double v)
-{
-    switch (dt) {
-    case EM_F32: ((float *)p)[i] = (float)v; break;
-    case EM_F64: ((double *)p)[i] = v; break;
-    case EM_F16: ((__half *)p)[i] = __float2half_rn((float)v); break;
-    case EM_BF16: ((uint16_t *)p)[i] = bf16_bits((float)v); break;
-    case EM_I32:
-        ((int32_t *)p)[i] = v != v ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
-        break;
-    case EM_U8: ((uint8_t *)p)[i] = v != v || v <= 0 ? 0 : v >= 255 ? 255 : (uint8_t)v; break;
-    default: ((uint8_t *)p)[i] = v != 0;
-    }
-}
+// element i of a buffer of dtype dt, as double (exact for every dtype), and
+// v into element i of dtype dt with the CPU's rounding rules: the CPU's own
+// functions (tensor/dtype_math.h, which tensor/dtype.c's ld/st use too)
+__device__ __forceinline__ double load(em_dtype dt, const void *p, int64_t i) { return elem_load(dt, p, i); }
+__device__ __forceinline__ void store(em_dtype dt, void *p, int64_t i, double v) { elem_store(dt, p, i, v); }
 
 // the element offsets of operands 0..nops-1 for the linear (row-major)
 // position i of walk w

@@ -20,24 +20,17 @@
  * pow/log/sqrt) is the same text in every flavour. Integer tensors (abs,
  * the arithmetic) compute in _f64, as the loads widen them to double.
  *
- * EM_HD marks a function for both sides of a CUDA build: __host__
- * __device__ under nvcc; nothing in C and in the emulator's C++ build,
- * where kernels are host code. */
+ * EM_HD (hd.h) marks a function for both sides of a CUDA build. */
 #ifndef EMBER_ELEMENTWISE_MATH_H
 #define EMBER_ELEMENTWISE_MATH_H
 
 #include <math.h>
 #include <stdbool.h>
 
+#include "hd.h"
 #include "ops.h"
 #ifndef __cplusplus
 #include "vmath_impl.h"
-#endif
-
-#ifdef __CUDACC__
-#define EM_HD __host__ __device__
-#else
-#define EM_HD
 #endif
 
 #define EW_GELU_K 0.7978845608028654       /* sqrt(2/pi) */

@@ -4,7 +4,10 @@
  * made from word i%4 of Philox(seed, counter offset + i/4) satisfies
  * u_i >= p — the same u_i em_rand would draw from that generator — so the
  * mask depends only on (seed, offset), never on the thread split. The draw
- * advances rng->offset by ceil(n/4). Kept values are scaled by 1/(1-p). */
+ * advances rng->offset by ceil(n/4). Kept values are scaled by 1/(1-p).
+ * The per-element rules are tensor/dropout_math.h's, shared with the CUDA
+ * kernels (tensor/ops_nn.cu). */
+#include "dropout_math.h"
 #include "tensor_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_nn.h"
@@ -18,38 +21,27 @@ typedef struct drop_ctx {
     int64_t n;
 } drop_ctx;
 
-/* u in [0,1) from the top 24 bits, as em_rand */
-static inline double unif(uint32_t w) { return (double)(w >> 8) * (1.0 / 16777216.0); }
-
 /* Ranges are counters (blocks of 4 elements). */
 static void drop_range(void *p, int64_t lo, int64_t hi)
 {
     drop_ctx *c = p;
     tensor *x = c->x;
     em_dtype dt = x->dtype;
-    size_t es = t_esize(x);
     const char *xp = t_ptr(x);
     char *op = t_ptr(c->out);
     bool flat = t_is_contig(x);
-    float sf = (float)c->scale;
     nditer it;
     nditer_init(&it, x->ndim, x->shape, 1, (const int64_t *[]){x->stride});
     nditer_seek(&it, lo * 4);
     for (int64_t blk = lo; blk < hi; blk++) {
         uint32_t w[4];
-        em_philox4x32(c->rng.seed, 0, c->rng.offset + (uint64_t)blk, w);
+        philox4x32_10(c->rng.seed, 0, c->rng.offset + (uint64_t)blk, w);
         for (int j = 0; j < 4; j++) {
             int64_t i = blk * 4 + j;
             if (i >= c->n) break;
-            bool keep = unif(w[j]) >= c->p;
-            int64_t xo = flat ? i : it.off[0];
+            bool keep = dropout_keeps(w[j], c->p);
             if (c->mask) c->mask[i] = keep;
-            if (dt == EM_F32)
-                ((float *)op)[i] = keep ? ((const float *)xp)[xo] * sf : 0.0f;
-            else if (dt == EM_F64)
-                ((double *)op)[i] = keep ? ((const double *)xp)[xo] * c->scale : 0.0;
-            else
-                st(dt, op + i * (int64_t)es, keep ? ld(dt, xp + xo * (int64_t)es) * (double)sf : 0.0);
+            dropout_forward_elem(dt, xp, flat ? i : it.off[0], op, i, keep, c->scale);
             if (!flat) nditer_next(&it);
         }
     }
@@ -66,17 +58,13 @@ static void dback_range(void *p, int64_t lo, int64_t hi)
     dback_ctx *c = p;
     tensor *g = c->g;
     em_dtype dt = g->dtype;
-    size_t es = t_esize(g);
     const char *gp = t_ptr(g);
     char *op = t_ptr(c->out);
     nditer it;
     nditer_init(&it, g->ndim, g->shape, 1, (const int64_t *[]){g->stride});
     nditer_seek(&it, lo);
     for (int64_t i = lo; i < hi; i++) {
-        if (dt == EM_F32)
-            ((float *)op)[i] = c->mask[i] ? ((const float *)gp)[it.off[0]] * (float)c->scale : 0.0f;
-        else
-            st(dt, op + i * (int64_t)es, c->mask[i] ? ld(dt, gp + it.off[0] * (int64_t)es) * c->scale : 0.0);
+        dropout_backward_elem(dt, gp, it.off[0], op, i, c->mask[i], c->scale);
         nditer_next(&it);
     }
 }

@@ -112,7 +112,10 @@ constexpr int MAXV = CU_ATTENTION_MAX_D / 32; // elements of a D-vector per lane
 // the other side's rows per tile: one per lane, and a tile of f64 half as long
 template <typename A> constexpr int tile_rows() { return sizeof(A) == 8 ? 16 : 32; }
 
-// bf16 as its bits (the rounding is cuda_common.cuh's, the CPU's rule)
+// f16 and bf16 as their bits (the conversions are the CPU's, tensor/dtype_math.h)
+struct f16 {
+    uint16_t bits;
+};
 struct bf16 {
     uint16_t bits;
 };
@@ -126,12 +129,12 @@ template <> struct acc_of<double> {
 
 __device__ __forceinline__ float to_acc(float x) { return x; }
 __device__ __forceinline__ double to_acc(double x) { return x; }
-__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_acc(bf16 x) { return bf16_value(x.bits); }
+__device__ __forceinline__ float to_acc(f16 x) { return f16_bits_to_f32(x.bits); }
+__device__ __forceinline__ float to_acc(bf16 x) { return bf16_bits_to_f32(x.bits); }
 __device__ __forceinline__ void put(float *p, float v) { *p = v; }
 __device__ __forceinline__ void put(double *p, double v) { *p = v; }
-__device__ __forceinline__ void put(__half *p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void put(bf16 *p, float v) { p->bits = bf16_bits(v); }
+__device__ __forceinline__ void put(f16 *p, float v) { p->bits = f32_to_f16_bits(v); }
+__device__ __forceinline__ void put(bf16 *p, float v) { p->bits = f32_to_bf16_bits(v); }
 __device__ __forceinline__ float ex(float x) { return expf(x); }
 __device__ __forceinline__ double ex(double x) { return exp(x); }
 __device__ __forceinline__ float lg(float x) { return logf(x); }
@@ -479,7 +482,7 @@ extern "C" em_status cu_attention_forward(int dev, em_dtype dt, int64_t BH, int6
     switch (dt) {
     case EM_F32: return forward<float>(dev, BH, T, (int)D, scale, q, k, v, o, lse);
     case EM_F64: return forward<double>(dev, BH, T, (int)D, scale, q, k, v, o, lse);
-    case EM_F16: return forward<__half>(dev, BH, T, (int)D, scale, q, k, v, o, lse);
+    case EM_F16: return forward<f16>(dev, BH, T, (int)D, scale, q, k, v, o, lse);
     case EM_BF16: return forward<bf16>(dev, BH, T, (int)D, scale, q, k, v, o, lse);
     case EM_I32:
     case EM_U8:
@@ -500,7 +503,7 @@ extern "C" em_status cu_attention_backward(int dev, em_dtype dt, int64_t BH, int
     switch (dt) {
     case EM_F32: return backward<float>(dev, BH, T, (int)D, scale, q, k, v, o, dout, lse, dq, dk, dv);
     case EM_F64: return backward<double>(dev, BH, T, (int)D, scale, q, k, v, o, dout, lse, dq, dk, dv);
-    case EM_F16: return backward<__half>(dev, BH, T, (int)D, scale, q, k, v, o, dout, lse, dq, dk, dv);
+    case EM_F16: return backward<f16>(dev, BH, T, (int)D, scale, q, k, v, o, dout, lse, dq, dk, dv);
     case EM_BF16: return backward<bf16>(dev, BH, T, (int)D, scale, q, k, v, o, dout, lse, dq, dk, dv);
     case EM_I32:
     case EM_U8:

@@ -11,6 +11,7 @@
 // except the index-add, which uses atomics (see there).
 #include "cuda_common.cuh"
 #include "cuda_nn.h"
+#include "dropout_math.h"
 
 using namespace em_cu;
 
@@ -374,50 +375,22 @@ __global__ void gather_dim_k(cu_walk w, int64_t R, int64_t L, int64_t osd, int64
 
 /* ---- dropout ------------------------------------------------------------------------ */
 
-// Philox4x32-10 with counter (ctr, 0): the same words as tensor/rng.c's
-// em_philox4x32(key, 0, ctr)
-__device__ void philox(uint64_t key, uint64_t ctr, uint32_t out[4])
-{
-    uint32_t c0 = (uint32_t)ctr, c1 = (uint32_t)(ctr >> 32), c2 = 0, c3 = 0;
-    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-    for (int r = 0; r < 10; r++) {
-        uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-        uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-        c1 = lo1;
-        c3 = lo0;
-        c0 = n0;
-        c2 = n2;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
-// one thread per counter (4 elements); the arithmetic is the CPU's, dtype by
-// dtype, so kept values are bit-identical
+// one thread per counter (4 elements); the mask rule and each dtype's
+// arithmetic are the CPU's (dropout_math.h), so masks and kept values are
+// bit-identical
 __global__ void dropout_fwd_k(em_dtype dt, const void *x, void *out, uint8_t *mask, int64_t n, uint64_t seed,
                               uint64_t offset, double p, double scale)
 {
-    float sf = (float)scale;
     GRID_LOOP(blk, (n + 3) / 4)
     {
         uint32_t w[4];
-        philox(seed, offset + (uint64_t)blk, w);
+        philox4x32_10(seed, 0, offset + (uint64_t)blk, w);
         for (int k = 0; k < 4; k++) {
             int64_t i = blk * 4 + k;
             if (i >= n) break;
-            bool keep = (double)(w[k] >> 8) * (1.0 / 16777216.0) >= p; // u in [0,1), as em_rand
+            bool keep = dropout_keeps(w[k], p);
             if (mask) mask[i] = keep;
-            if (dt == EM_F32)
-                ((float *)out)[i] = keep ? ((const float *)x)[i] * sf : 0.0f;
-            else if (dt == EM_F64)
-                ((double *)out)[i] = keep ? ((const double *)x)[i] * scale : 0.0;
-            else
-                store(dt, out, i, keep ? load(dt, x, i) * (double)sf : 0.0);
+            dropout_forward_elem(dt, x, i, out, i, keep, scale);
         }
     }
 }
@@ -425,13 +398,7 @@ __global__ void dropout_fwd_k(em_dtype dt, const void *x, void *out, uint8_t *ma
 __global__ void dropout_bwd_k(em_dtype dt, const void *g, const uint8_t *mask, void *dx, int64_t n,
                               double scale)
 {
-    GRID_LOOP(i, n)
-    {
-        if (dt == EM_F32)
-            ((float *)dx)[i] = mask[i] ? ((const float *)g)[i] * (float)scale : 0.0f;
-        else
-            store(dt, dx, i, mask[i] ? load(dt, g, i) * scale : 0.0);
-    }
+    GRID_LOOP(i, n) dropout_backward_elem(dt, g, i, dx, i, mask[i], scale);
 }
 
 } // namespace

@@ -1,28 +1,14 @@
-/* rng.c — Philox4x32-10 counter-based random numbers. A draw of n values
+/* rng.c — counter-based random numbers (Philox4x32-10, tensor/philox.h,
+ * shared with the CUDA kernels). A draw of n values
  * uses counters offset .. offset+ceil(n/4)-1 under key `seed`; element i
  * takes word i%4 of counter offset + i/4. The result depends only on
  * (seed, offset), never on how the work is split across threads. */
+#include "philox.h"
 #include "tensor_impl.h"
 
 void em_philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo, uint32_t out[4])
 {
-    uint32_t c0 = (uint32_t)counter_lo, c1 = (uint32_t)(counter_lo >> 32);
-    uint32_t c2 = (uint32_t)counter_hi, c3 = (uint32_t)(counter_hi >> 32);
-    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-    for (int r = 0; r < 10; r++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c1 = (uint32_t)p1;
-        c3 = (uint32_t)p0;
-        c0 = n0;
-        c2 = n2;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
+    philox4x32_10(key, counter_hi, counter_lo, out);
 }
 
 static _Thread_local em_rng default_rng = {0, 0};
@@ -39,9 +25,6 @@ uint64_t em_seed_derive(uint64_t seed, uint64_t stream)
 }
 em_rng *em_default_rng(void) { return &default_rng; }
 void em_manual_seed(uint64_t seed) { default_rng = (em_rng){seed, 0}; }
-
-/* uniform in [0,1) with 24 bits (f32) — the same numbers for every float dtype */
-static inline double u01(uint32_t w) { return (double)(w >> 8) * (1.0 / 16777216.0); }
 
 typedef enum { DRAW_UNIFORM, DRAW_NORMAL, DRAW_INT } draw_kind;
 
@@ -61,18 +44,18 @@ static void draw_range(void *p, int64_t lo, int64_t hi)
     uint64_t range = (uint64_t)(c->high - c->low);
     for (int64_t blk = lo; blk < hi; blk++) {
         uint32_t w[4];
-        em_philox4x32(c->rng.seed, 0, c->rng.offset + (uint64_t)blk, w);
+        philox4x32_10(c->rng.seed, 0, c->rng.offset + (uint64_t)blk, w);
         double v[4];
         if (c->kind == DRAW_NORMAL) {
             for (int j = 0; j < 4; j += 2) {
                 double u1 = ((double)(w[j] >> 8) + 1.0) * (1.0 / 16777216.0); /* (0,1] */
-                double u2 = u01(w[j + 1]);
+                double u2 = philox_u01(w[j + 1]);
                 double r = sqrt(-2.0 * log(u1));
                 v[j] = r * cos(2 * M_PI * u2);
                 v[j + 1] = r * sin(2 * M_PI * u2);
             }
         } else if (c->kind == DRAW_UNIFORM) {
-            for (int j = 0; j < 4; j++) v[j] = u01(w[j]);
+            for (int j = 0; j < 4; j++) v[j] = philox_u01(w[j]);
         } else {
             for (int j = 0; j < 4; j++) v[j] = (double)(c->low + (int64_t)(w[j] % range));
         }

@@ -178,15 +178,6 @@ double ld(em_dtype dt, const void *p);
 void st(em_dtype dt, void *p, double v);
 /* Converts n contiguous elements between dtypes. */
 void convert_n(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
-/* f32 bits -> bf16 bits. bf16 is the top half of an f32: round the dropped
- * 16 bits to nearest even; a NaN stays a (quiet) NaN instead of rounding
- * into inf. Branch-free, so loops over it vectorise; the one rounding rule
- * for every f32 -> bf16 conversion in ember. */
-static inline uint16_t bf16_round(uint32_t u)
-{
-    uint32_t r = u + 0x7fffu + ((u >> 16) & 1), q = u | 0x400000u;
-    return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u ? q : r) >> 16);
-}
 /* convert_n split over the pool when n is large. */
 void convert_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
 /* Zeroes `bytes` bytes at dst, split over the pool when large. */

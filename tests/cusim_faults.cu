@@ -10,6 +10,9 @@
 // of a configuration the device refuses. A checker's finding does not show
 // there: the launch runs when something orders it (cudaDeviceSynchronize,
 // a blocking copy), and that call returns the sticky cudaErrorLaunchFailure.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "tensor/cuda_common.cuh"
 
 #include "tests/cusim_faults.h"

@@ -135,4 +135,14 @@ em_tensor *th_noncontig(em_tensor *t);
  * under test. */
 void th_reseal_checkpoint(const char *dir);
 
+/* Small files for tests. th_read_file: the whole file (malloc'd, NUL after
+ * *n bytes; the caller frees), NULL when it cannot be read; th_slurp: the
+ * same, failing the test instead of returning NULL. th_write_file writes
+ * n bytes (replacing the file) or fails the test. th_path: "dir/name" in one
+ * of 4 rotating static buffers (valid until the 4th call after). */
+char *th_read_file(const char *path, size_t *n);
+char *th_slurp(const char *path, size_t *n);
+void th_write_file(const char *path, const void *p, size_t n);
+const char *th_path(const char *dir, const char *name);
+
 #endif

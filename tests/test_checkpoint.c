@@ -92,38 +92,6 @@ static void rig_free(rig *r)
 
 /* ---- files ------------------------------------------------------------------------ */
 
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) th_fail(__FILE__, __LINE__, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)len + 1);
-    CHECK(fread(p, 1, (size_t)len, f) == (size_t)len);
-    p[len] = '\0';
-    fclose(f);
-    *n = (size_t)len;
-    return p;
-}
-
-static void spit(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    CHECK(fwrite(p, 1, n, f) == n);
-    CHECK(fclose(f) == 0);
-}
-
-static const char *in(const char *dir, const char *name)
-{
-    static char bufs[4][600];
-    static int next;
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
-    return b;
-}
-
 /* The value of "key": "..." in a JSON text (first occurrence), into out. */
 static void json_value(const char *text, const char *key, char *out, size_t n)
 {
@@ -171,7 +139,7 @@ static void manifest_body(int rank, int world, void *ctx)
     CHECK_OK(em_accel_save_state(r->a, dir));
     if (rank == 0) {
         size_t n;
-        char *m = slurp(in(dir, "manifest.json"), &n);
+        char *m = th_slurp(th_path(dir, "manifest.json"), &n);
         CHECK(strstr(m, "\"format\": \"ember-accelerator-state-2\"") != NULL);
         CHECK(strstr(m, "\"world\": \"2\"") && strstr(m, "\"steps\": \"1\""));
         char id[32];
@@ -180,7 +148,7 @@ static void manifest_body(int rank, int world, void *ctx)
         const char *files[] = {"model.safetensors", "optimizer.safetensors", "rank_0.json", "rank_1.json"};
         for (int i = 0; i < 4; i++) {
             size_t len;
-            char *body = slurp(in(dir, files[i]), &len);
+            char *body = th_slurp(th_path(dir, files[i]), &len);
             char want[200];
             snprintf(want, sizeof want, "{\"name\": \"%s\", \"size\": \"%zu\", \"crc32\": \"%08lx\"}",
                      files[i], len, crc32(0, (const Bytef *)body, (uInt)len));
@@ -213,11 +181,11 @@ TEST(test_save_state_writes_a_manifest_with_every_files_size_crc32_and_the_save_
 static unsigned char flip(const char *path, size_t pos, unsigned char mask)
 {
     size_t n;
-    char *b = slurp(path, &n);
+    char *b = th_slurp(path, &n);
     CHECK(pos < n);
     unsigned char old = (unsigned char)b[pos];
     b[pos] = (char)(old ^ mask);
-    spit(path, b, n);
+    th_write_file(path, b, n);
     free(b);
     return old;
 }
@@ -225,9 +193,9 @@ static unsigned char flip(const char *path, size_t pos, unsigned char mask)
 static void put_byte(const char *path, size_t pos, unsigned char v)
 {
     size_t n;
-    char *b = slurp(path, &n);
+    char *b = th_slurp(path, &n);
     b[pos] = (char)v;
-    spit(path, b, n);
+    th_write_file(path, b, n);
     free(b);
 }
 
@@ -246,7 +214,7 @@ static void flipped_body(int rank, int world, void *ctx)
     uint64_t x = 12345;
     for (int i = 0; i < 5; i++) {
         struct stat st;
-        CHECK(stat(in(dir, files[i]), &st) == 0);
+        CHECK(stat(th_path(dir, files[i]), &st) == 0);
         size_t size = (size_t)st.st_size;
         for (int k = 0; k < 8; k++) {
             /* the first and last byte, then random ones (the same on every rank) */
@@ -254,16 +222,16 @@ static void flipped_body(int rank, int world, void *ctx)
             size_t pos = k == 0 ? 0 : k == 1 ? size - 1 : (size_t)(x >> 33) % size;
             unsigned char mask = (unsigned char)(1 + (x >> 20) % 255), old = 0;
             CHECK_OK(em_accel_wait_for_everyone(r->a));
-            if (rank == 0) old = flip(in(dir, files[i]), pos, mask);
+            if (rank == 0) old = flip(th_path(dir, files[i]), pos, mask);
             CHECK_OK(em_accel_wait_for_everyone(r->a));
             em_status s = em_accel_load_state(r->a, dir);
             if (s != EM_OK && s != EM_ERR_IO)
                 th_fail(__FILE__, __LINE__, "%s byte %zu: status %d: %s", files[i], pos, s, em_last_error());
-            if (s == EM_OK || !strstr(em_last_error(), in(dir, files[i])))
+            if (s == EM_OK || !strstr(em_last_error(), th_path(dir, files[i])))
                 th_fail(__FILE__, __LINE__, "%s byte %zu flipped: load %s", files[i], pos,
                         s ? em_last_error() : "succeeded");
             CHECK_OK(em_accel_wait_for_everyone(r->a));
-            if (rank == 0) put_byte(in(dir, files[i]), pos, old);
+            if (rank == 0) put_byte(th_path(dir, files[i]), pos, old);
         }
     }
     int64_t n2;
@@ -306,7 +274,7 @@ TEST(test_load_state_refuses_a_directory_without_a_manifest)
     make_base(base, sizeof base);
     snprintf(dir, sizeof dir, "%s/state", base);
     TH_RANKS_ENV(1, one_rank_save, dir);
-    CHECK(unlink(in(dir, "manifest.json")) == 0);
+    CHECK(unlink(th_path(dir, "manifest.json")) == 0);
     one_rank_load_fails(dir, EM_ERR_IO,
                         "is not a complete checkpoint: no manifest.json (an interrupted save");
     one_rank_load_fails(dir, EM_ERR_IO, dir);
@@ -320,7 +288,7 @@ TEST(test_load_state_says_a_checkpoint_is_from_an_older_version)
     CHECK(mkdir(dir, 0755) == 0);
     const char *v1 =
         "{\n  \"format\": \"ember-accelerator-state-1\",\n  \"world\": \"1\",\n  \"rank\": \"0\"\n}\n";
-    spit(in(dir, "rank_0.json"), v1, strlen(v1));
+    th_write_file(th_path(dir, "rank_0.json"), v1, strlen(v1));
     one_rank_load_fails(dir, EM_ERR_IO, "older version of ember (format 'ember-accelerator-state-1')");
 }
 
@@ -347,7 +315,7 @@ static void load_different(int rank, int world, void *ctx)
     (void)world;
     two_dirs *d = ctx;
     size_t n;
-    char *ma = slurp(in(d->a, "manifest.json"), &n), *mb = slurp(in(d->b, "manifest.json"), &n);
+    char *ma = th_slurp(th_path(d->a, "manifest.json"), &n), *mb = th_slurp(th_path(d->b, "manifest.json"), &n);
     char ida[32], idb[32];
     json_value(ma, "save_id", ida, sizeof ida);
     json_value(mb, "save_id", idb, sizeof idb);
@@ -392,8 +360,8 @@ TEST(test_load_state_refuses_a_rank_file_of_another_save_even_with_a_matching_ch
     snprintf(d.b, sizeof d.b, "%s/b", base);
     TH_RANKS_ENV(2, two_saves, &d);
     size_t n;
-    char *b1 = slurp(in(d.b, "rank_1.json"), &n);
-    spit(in(d.a, "rank_1.json"), b1, n);
+    char *b1 = th_slurp(th_path(d.b, "rank_1.json"), &n);
+    th_write_file(th_path(d.a, "rank_1.json"), b1, n);
     free(b1);
     th_reseal_checkpoint(d.a); /* the manifest as a writer mixing two saves would make it */
     TH_RANKS_ENV(2, load_fails_naming, d.a);
@@ -409,7 +377,7 @@ TEST(test_save_state_removes_stale_temporaries_of_interrupted_saves_and_nothing_
     snprintf(stale, sizeof stale, "%s.tmp-0123456789abcdef", dir);
     snprintf(other, sizeof other, "%s.tmp-mine", dir);
     CHECK(mkdir(stale, 0755) == 0 && mkdir(other, 0755) == 0);
-    spit(in(stale, "model.safetensors"), "x", 1);
+    th_write_file(th_path(stale, "model.safetensors"), "x", 1);
     TH_RANKS_ENV(1, one_rank_save, dir);
     CHECK(access(stale, F_OK) != 0);
     CHECK(access(other, F_OK) == 0);
@@ -427,14 +395,14 @@ TEST(test_save_state_refuses_to_replace_a_directory_holding_other_files)
 {
     char base[64];
     make_base(base, sizeof base);
-    spit(in(base, "notes.txt"), "keep me", 7);
+    th_write_file(th_path(base, "notes.txt"), "keep me", 7);
     rig *r = rig_new();
     CHECK_ERR(em_accel_save_state(r->a, base), EM_ERR_IO,
               "holds 'notes.txt', which is not a checkpoint file");
     CHECK_ERR(em_accel_save_state(r->a, "."), EM_ERR_ARG, "name the checkpoint directory itself");
     rig_free(r);
     size_t n;
-    char *kept = slurp(in(base, "notes.txt"), &n);
+    char *kept = th_slurp(th_path(base, "notes.txt"), &n);
     CHECK(n == 7 && !memcmp(kept, "keep me", 7));
     free(kept);
     CHECK(siblings(base, ".tmp-") == 0);
@@ -448,11 +416,11 @@ static void save_load_without_exchange(int rank, int world, void *ctx)
     setenv("EMBER_NO_RENAME_EXCHANGE", "1", 1);
     rig_step(r);
     CHECK_OK(em_accel_save_state(r->a, dir));
-    CHECK(access(in(dir, "manifest.json"), F_OK) == 0);
+    CHECK(access(th_path(dir, "manifest.json"), F_OK) == 0);
     rig_step(r);
     CHECK_OK(em_accel_save_state(r->a, dir)); /* over the first: DIR aside, the new one in, DIR.old removed */
     size_t n;
-    char *m = slurp(in(dir, "manifest.json"), &n);
+    char *m = th_slurp(th_path(dir, "manifest.json"), &n);
     CHECK(strstr(m, "\"steps\": \"2\"") != NULL);
     free(m);
     CHECK(siblings(dir, ".tmp-") == 0 && siblings(dir, ".old-") == 0);
@@ -495,6 +463,6 @@ TEST(test_load_state_takes_the_complete_old_copy_when_a_publish_was_interrupted)
     TH_RANKS_ENV(1, load_gives_steps, dir);
     CHECK(mkdir(bad, 0755) == 0); /* an incomplete copy: no manifest */
     TH_RANKS_ENV(1, load_gives_steps, dir);
-    flip(in(old, "model.safetensors"), 100, 1);
+    flip(th_path(old, "model.safetensors"), 100, 1);
     one_rank_load_fails(dir, EM_ERR_IO, "no checkpoint at");
 }

@@ -50,47 +50,11 @@ static th_run_result *train(int nproc, const char *txt, const char *out, const c
     return r;
 }
 
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)len + 1);
-    if (fread(p, 1, (size_t)len, f) != (size_t)len) len = -1;
-    fclose(f);
-    if (len < 0) {
-        free(p);
-        return NULL;
-    }
-    p[len] = '\0';
-    *n = (size_t)len;
-    return p;
-}
-
-static void spit(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    CHECK(fwrite(p, 1, n, f) == n);
-    CHECK(fclose(f) == 0);
-}
-
-static const char *in(const char *dir, const char *name)
-{
-    static char bufs[4][600];
-    static int next;
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
-    return b;
-}
-
 /* True when a/name and b/name hold the same bytes. */
 static bool same_file(const char *a, const char *b, const char *name)
 {
     size_t na = 0, nb = 0;
-    char *x = slurp(in(a, name), &na), *y = slurp(in(b, name), &nb);
+    char *x = th_read_file(th_path(a, name), &na), *y = th_read_file(th_path(b, name), &nb);
     bool same = x && y && na == nb && !memcmp(x, y, na);
     free(x);
     free(y);
@@ -126,7 +90,7 @@ static void reference_and_base(int nproc, const char *txt, const char *ref, cons
     r = train(nproc, txt, base, NULL, nproc == 1 ? "save.published:1" : "save.published:1:0");
     CHECK(r->status != 0 && strstr(r->err, "killed at save.published"));
     size_t n;
-    char *m = slurp(in(base, "state/manifest.json"), &n);
+    char *m = th_read_file(th_path(base, "state/manifest.json"), &n);
     CHECK(m && strstr(m, "\"steps\": \"2\""));
     free(m);
 }
@@ -242,21 +206,21 @@ TEST(test_launch_two_ranks_killed_at_any_point_of_a_save_resume_to_the_uninterru
 static void flip_byte(const char *path, size_t pos, unsigned char mask, unsigned char *old)
 {
     size_t n;
-    char *b = slurp(path, &n);
+    char *b = th_read_file(path, &n);
     CHECK(b && pos < n);
     *old = (unsigned char)b[pos];
     b[pos] = (char)(*old ^ mask);
-    spit(path, b, n);
+    th_write_file(path, b, n);
     free(b);
 }
 
 static void put_byte(const char *path, size_t pos, unsigned char v)
 {
     size_t n;
-    char *b = slurp(path, &n);
+    char *b = th_read_file(path, &n);
     CHECK(b != NULL);
     b[pos] = (char)v;
-    spit(path, b, n);
+    th_write_file(path, b, n);
     free(b);
 }
 
@@ -282,7 +246,7 @@ TEST(test_sample_and_init_refuse_weights_or_config_with_a_flipped_byte_naming_th
     th_run_result *r = th_run(EMBER_BIN, "sample", "--ckpt", out, "--prompt", "the ", "--tokens", "5", NULL);
     CHECK_EXIT(r, 0);
     size_t n;
-    char *b = slurp(model, &n);
+    char *b = th_read_file(model, &n);
     CHECK(b != NULL);
     const char *key = memmem(b, n, "\"ember.crc32\"", 13);
     CHECK(key != NULL);
@@ -307,7 +271,7 @@ TEST(test_sample_and_init_refuse_weights_or_config_with_a_flipped_byte_naming_th
     }
     free(b);
     /* the config: a changed letter of the vocabulary would sample other text */
-    b = slurp(config, &n);
+    b = th_read_file(config, &n);
     const char *vocab = strstr(b, "vocab: \"");
     CHECK(vocab != NULL);
     size_t positions[] = {0, (size_t)(vocab - b) + 12, n - 3}; /* n - 3: a digit of its checksum */

@@ -496,6 +496,84 @@ TEST(test_cusim_ember_gather_of_cuda_tensors_concatenates_at_the_root)
         for (int i = 0; i < NCCL_N; i++) CHECK(got[r * NCCL_N + i] == nccl_value(r, i));
 }
 
+/* CUDA calls go through the group's check before NCCL sees them (NCCL would
+ * hang on a mismatch): a CUDA all_reduce meeting a CPU all_reduce, or a CUDA
+ * broadcast, and a CUDA send meeting a recv of another dtype, fail both
+ * ranks at once naming both calls. */
+typedef struct cuda_case {
+    int which;
+    const char *want[2];
+} cuda_case;
+
+static void ember_cuda_mismatch(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world;
+    const cuda_case *k = ctx;
+    em_scope sc = em_scope_begin();
+    em_tensor *cpu = em_zeros(EM_F32, 1, (int64_t[]){4}), *gpu = em_to(cpu, em_device_cuda(rank));
+    em_tensor *gpu64 = em_to(em_zeros(EM_F64, 1, (int64_t[]){4}), em_device_cuda(rank));
+    CHECK_NOTNULL(gpu);
+    CHECK_NOTNULL(gpu64);
+    em_status s = EM_OK;
+    switch (k->which) {
+    case 0: s = em_all_reduce(pg, rank == 0 ? gpu : cpu, EM_RED_SUM, NULL); break;
+    case 1: s = rank == 0 ? em_all_reduce(pg, gpu, EM_RED_SUM, NULL) : em_broadcast(pg, gpu, 0, NULL); break;
+    default: s = rank == 0 ? em_send(pg, gpu, 1, NULL) : em_recv(pg, gpu64, 0, NULL); break;
+    }
+    if (s != EM_ERR_DIST)
+        th_fail(__FILE__, __LINE__, "case %d, rank %d: returned %s: %s", k->which, rank, em_status_name(s),
+                em_last_error());
+    for (int i = 0; i < 2; i++)
+        if (!strstr(em_last_error(), k->want[i]))
+            th_fail(__FILE__, __LINE__, "case %d, rank %d: the message lacks \"%s\": %s", k->which, rank,
+                    k->want[i], em_last_error());
+    em_scope_end(sc);
+}
+
+TEST(test_cusim_ember_cuda_calls_meeting_other_calls_fail_on_both_ranks_naming_both)
+{
+    emulator("in-order");
+    static const cuda_case cases[] = {
+        {0,
+         {"rank 0 called all_reduce(f32, 4 elements, sum, cuda)",
+          "rank 1 called all_reduce(f32, 4 elements, sum)"}},
+        {1,
+         {"rank 0 called all_reduce(f32, 4 elements, sum, cuda)",
+          "rank 1 called broadcast(f32, 4 elements, root 0, cuda)"}},
+        {2,
+         {"rank 0 called send(f32, 4 elements, to rank 1, cuda)",
+          "rank 1 called recv(f64, 4 elements, from rank 0, cuda)"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        th_ranks_timeout = 5;
+        TH_RANKS(2, EM_TRANSPORT_AUTO, ember_cuda_mismatch, (void *)&cases[i]);
+    }
+}
+
+/* send/recv of CUDA tensors, checked, then moved by NCCL */
+static void ember_cuda_send_recv(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world;
+    (void)ctx;
+    em_scope sc = em_scope_begin();
+    em_tensor *t =
+        em_to(em_full(EM_F32, 1, (int64_t[]){NCCL_N}, rank == 0 ? 7.0 : 0.0), em_device_cuda(rank));
+    CHECK_NOTNULL(t);
+    if (rank == 0) CHECK_OK(em_send(pg, t, 1, NULL));
+    if (rank == 1) CHECK_OK(em_recv(pg, t, 0, NULL));
+    CHECK_OK(em_all_reduce(pg, t, EM_RED_SUM, NULL));
+    em_tensor *back = em_to(t, em_device_cpu());
+    CHECK_NOTNULL(back);
+    CHECK(((float *)em_data(back))[NCCL_N - 1] == 14.0f);
+    em_scope_end(sc);
+}
+
+TEST(test_cusim_ember_send_recv_of_cuda_tensors_then_all_reduce)
+{
+    emulator("in-order");
+    TH_RANKS(2, EM_TRANSPORT_AUTO, ember_cuda_send_recv, NULL);
+}
+
 /* rank r's loss is sum(w * (r + 1)) + sum(v * 2(r + 1)) on cuda:r: DDP's
  * averaged gradients are the mean of 1..world (and twice that) everywhere */
 static void ddp_on_cuda(em_pg *pg, int rank, int world, void *ctx)

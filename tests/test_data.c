@@ -21,13 +21,6 @@ static const char *tmp_path(char buf[64])
     return buf;
 }
 
-static void write_file(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, n, f) != n) th_fail(__FILE__, __LINE__, "cannot write %s", path);
-    fclose(f);
-}
-
 static void put_be32(uint8_t *p, uint32_t v)
 {
     p[0] = (uint8_t)(v >> 24);
@@ -231,7 +224,7 @@ TEST(test_text_open_encodes_file_at_character_level)
 {
     char path[64];
     const char *text = "to be or not to be\n";
-    write_file(tmp_path(path), text, strlen(text));
+    th_write_file(tmp_path(path), text, strlen(text));
     em_text *t = em_text_open(path, EM_TEXT_CHARS);
     unlink(path);
     CHECK_NOTNULL(t);
@@ -247,7 +240,7 @@ TEST(test_text_open_bytes_mode_tokens_are_the_bytes)
 {
     char path[64];
     const char text[] = "ab\xc3\xa9";
-    write_file(tmp_path(path), text, 4);
+    th_write_file(tmp_path(path), text, 4);
     em_text *t = em_text_open(path, EM_TEXT_BYTES);
     unlink(path);
     CHECK_NOTNULL(t);
@@ -322,7 +315,7 @@ TEST(test_token_file_round_trips_little_endian_u16)
 TEST(test_token_file_rejects_odd_size)
 {
     char path[64];
-    write_file(tmp_path(path), "\x01\x00\x02", 3);
+    th_write_file(tmp_path(path), "\x01\x00\x02", 3);
     em_tokens t;
     CHECK_ERR(em_tokens_load(path, &t), EM_ERR_ARG, "odd size 3 bytes");
     CHECK(t.data == NULL);
@@ -425,7 +418,7 @@ TEST(test_idx_rejects_truncated_files)
     write_idx_gz(ip, 0x803, 3, (const uint32_t[]){3, 2, 3}, IMG, sizeof IMG);
     write_idx_gz(lp, 0x801, 1, (const uint32_t[]){3}, LAB, 2);
     CHECK_ERR(em_idx_dataset_open(ip, lp), EM_ERR_IO, "truncated: the labels needs 3 bytes");
-    write_file(lp, "\x00\x00\x08", 3); /* not even a header (read as plain data by zlib) */
+    th_write_file(lp, "\x00\x00\x08", 3); /* not even a header (read as plain data by zlib) */
     CHECK_ERR(em_idx_dataset_open(ip, lp), EM_ERR_IO, "truncated: the header");
     unlink(ip);
     unlink(lp);

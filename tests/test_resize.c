@@ -52,14 +52,6 @@ typedef struct job {
     char params[256]; /* rank 0 writes the final flat parameters here ("" = not) */
 } job;
 
-static void write_file(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    CHECK(fwrite(p, 1, n, f) == n);
-    CHECK(fclose(f) == 0);
-}
-
 static void train_job(int rank, int world, void *ctx)
 {
     (void)world;
@@ -118,7 +110,7 @@ static void train_job(int rank, int world, void *ctx)
     }
     if (rank == 0 && j->params[0]) {
         em_tensor *flat = em_module_flat_params(root, EM_F32);
-        write_file(j->params, em_data(flat), (size_t)em_numel(flat) * sizeof(float));
+        th_write_file(j->params, em_data(flat), (size_t)em_numel(flat) * sizeof(float));
     }
     em_accelerator_free(acc);
     em_optim_free(opt);

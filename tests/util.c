@@ -292,3 +292,44 @@ void th_reseal_checkpoint(const char *dir)
     f = fopen(path, "wb");
     if (!f || fwrite(out, 1, k, f) != k || fclose(f)) th_fail(__FILE__, __LINE__, "cannot write %s", path);
 }
+
+char *th_read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *p = len >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)len + 1) : NULL;
+    if (p && fread(p, 1, (size_t)len, f) != (size_t)len) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    if (!p) return NULL;
+    p[len] = '\0';
+    *n = (size_t)len;
+    return p;
+}
+
+char *th_slurp(const char *path, size_t *n)
+{
+    char *p = th_read_file(path, n);
+    if (!p) th_fail(__FILE__, __LINE__, "cannot read %s", path);
+    return p;
+}
+
+void th_write_file(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) th_fail(__FILE__, __LINE__, "cannot write %s", path);
+    bool ok = fwrite(p, 1, n, f) == n;
+    if (fclose(f) != 0 || !ok) th_fail(__FILE__, __LINE__, "cannot write %s", path);
+}
+
+const char *th_path(const char *dir, const char *name)
+{
+    static char bufs[4][600];
+    static int next;
+    char *b = bufs[next++ % 4];
+    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
+    return b;
+}

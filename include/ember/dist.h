@@ -121,7 +121,9 @@ em_store *em_pg_store(const em_pg *pg);
  * thread (queued work runs in call order, on every rank the same order) and
  * *work receives a handle. The tensors must stay alive and untouched until
  * the handle is waited on. em_work_wait returns the work's status (setting
- * the thread's error from it) and frees the handle. */
+ * the thread's error from it) and frees the handle. A call on CUDA tensors
+ * is checked against the other ranks' calls before it returns (so it waits
+ * until every rank made it), then NCCL runs it on its stream. */
 typedef struct em_work em_work;
 em_status em_work_wait(em_work *w);
 /* true once the work finished (successfully or not); the handle stays valid. */
@@ -146,7 +148,18 @@ em_status em_reduce_scatter(em_pg *pg, em_tensor *out, em_tensor *in, em_reduce_
  * out is ignored (may be NULL) elsewhere. */
 em_status em_gather(em_pg *pg, em_tensor *out, em_tensor *in, int root, em_work **work);
 em_status em_barrier(em_pg *pg, em_work **work);
-/* Point to point: t is sent to dst / received from src (same dtype and count). */
+/* Point to point: t is sent to dst / received from src; a send and its recv
+ * have the same dtype, element count and device type (CPU or CUDA). Messages
+ * between two ranks are received in the order sent. A send of CPU tensors
+ * is eager: it returns once the data is handed over, without waiting for
+ * the recv (so two ranks may each send, then receive); a send of CUDA
+ * tensors waits until the recv is posted (NCCL's would hang otherwise).
+ * Every send/recv is checked against the peer's call: a send or recv that
+ * meets a different call (a collective, a recv facing a recv, a recv of
+ * another dtype or count) fails with EM_ERR_DIST naming both calls, on both
+ * ranks; a message must be received before the receiver's next collective,
+ * or that collective fails on every rank naming the send (the sender of an
+ * eager send learns of a mismatch at its next call at the latest). */
 em_status em_send(em_pg *pg, em_tensor *t, int dst, em_work **work);
 em_status em_recv(em_pg *pg, em_tensor *t, int src, em_work **work);
 

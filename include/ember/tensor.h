@@ -84,8 +84,10 @@ size_t em_dtype_size(em_dtype dt);      /* bytes per element; 0 if invalid */
 const char *em_dtype_name(em_dtype dt); /* "f32", ...; "?" if invalid */
 bool em_dtype_is_float(em_dtype dt);    /* f32, f64, f16, bf16 */
 
-/* Scalar conversions. Both round to nearest, ties to even; NaN stays NaN,
- * overflow goes to infinity. */
+/* Scalar conversions. Both round to nearest, ties to even, through
+ * subnormals; overflow goes to infinity; a NaN stays a quiet NaN with its
+ * sign and the top bits of its payload (as the x86 F16C instructions
+ * convert). The same bits as em_cast and as the CUDA kernels. */
 uint16_t em_f32_to_f16(float x);
 float em_f16_to_f32(uint16_t h);
 uint16_t em_f32_to_bf16(float x);
