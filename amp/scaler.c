@@ -14,6 +14,8 @@
 #include "optim/cuda_optim.h"
 #endif
 
+#pragma GCC diagnostic error "-Wswitch-enum" /* a switch over dtypes names each */
+
 struct em_grad_scaler {
     em_scaler_config cfg;
     double scale;

@@ -536,9 +536,9 @@ static em_status loader_position(em_accelerator *a, const counters *ref, const c
 }
 
 /* Reads the optimizer file into named tensors (persistent; freed by the caller). */
-static em_status read_optimizer(const char *path, em_named **out, int *n)
+static em_status read_optimizer(const char *path, bool verify, em_named **out, int *n)
 {
-    em_safetensors *f = em_safetensors_open(path);
+    em_safetensors *f = st_open(path, verify);
     if (!f) return em_last_status();
     int k = em_safetensors_count(f);
     em_named *st = calloc((size_t)k + 1, sizeof *st);
@@ -610,20 +610,22 @@ static em_status plan_local(em_accelerator *a, const char *dir, counters *c, em_
     return s;
 }
 
-static em_status apply_local(em_accelerator *a, const char *dir, const counters *ref, const counters *own,
-                             em_loader_pos pos)
+static em_status apply_local(em_accelerator *a, const char *dir, const ckpt_manifest *m, const counters *ref,
+                             const counters *own, em_loader_pos pos)
 {
+    /* a file the manifest names was verified whole by ckpt_open: its own
+     * checksum would be one more pass over the same bytes */
     char path[4096];
     em_named *opt_state = NULL;
     int nopt = 0;
     em_status s = EM_OK;
     if (a->opt) {
         path_in(path, sizeof path, dir, "optimizer.safetensors");
-        if ((s = read_optimizer(path, &opt_state, &nopt))) return s;
+        if ((s = read_optimizer(path, !ckpt_lists(m, "optimizer.safetensors"), &opt_state, &nopt))) return s;
     }
     if (a->model) {
         path_in(path, sizeof path, dir, "model.safetensors");
-        s = em_module_load(a->model, path, true);
+        s = module_load(a->model, path, true, !ckpt_lists(m, "model.safetensors"));
     }
     if (!s && a->opt) s = em_optim_load_state(a->opt, nopt, opt_state);
     free_named(opt_state, nopt);
@@ -683,7 +685,7 @@ em_status em_accel_load_state(em_accelerator *a, const char *dir)
     if (!s) s = plan_local(a, d, c, &pos);
     s = agree(a, s, LOAD);
     if (!s) s = agree(a, same_save(a, m.id), LOAD);
-    if (!s) s = agree(a, apply_local(a, d, &c[0], &c[1], pos), LOAD);
+    if (!s) s = agree(a, apply_local(a, d, &m, &c[0], &c[1], pos), LOAD);
     ckpt_manifest_free(&m);
     free(c);
     return s;

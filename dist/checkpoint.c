@@ -453,6 +453,13 @@ static em_status verify_files(const char *dir, const ckpt_manifest *m, const cha
     return EM_OK;
 }
 
+bool ckpt_lists(const ckpt_manifest *m, const char *name)
+{
+    for (int i = 0; i < m->n; i++)
+        if (!strcmp(m->files[i].name, name)) return true;
+    return false;
+}
+
 static em_status open_verified(const char *dir, const char *format, ckpt_manifest *m, const char *fn)
 {
     em_status s = read_manifest(dir, format, m, fn);

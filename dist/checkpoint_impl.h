@@ -65,4 +65,7 @@ bool ckpt_has_old(const char *dir);
 em_status ckpt_open(const char *dir, const char *format, char *real, size_t n, ckpt_manifest *m,
                     const char *fn);
 
+/* Whether m names the file `name` (so ckpt_open verified its bytes). */
+bool ckpt_lists(const ckpt_manifest *m, const char *name);
+
 #endif

@@ -324,7 +324,7 @@ em_tensor *em_nn_flatten(em_tensor *xh, int start_dim)
 em_tensor *em_mse_loss(em_tensor *pred, em_tensor *target)
 {
     tensor *p = t_resolve(pred, "mse_loss"), *t = p ? t_resolve(target, "mse_loss") : NULL;
-    if (!t || !(p = amp_in(AMP_MSE_LOSS, p)) || !(t = amp_in(AMP_MSE_LOSS, t))) return NULL;
+    if (!t || !(p = amp_in(OP_MSE_LOSS, p)) || !(t = amp_in(OP_MSE_LOSS, t))) return NULL;
     if (p->ndim != t->ndim || memcmp(p->shape, t->shape, sizeof(int64_t) * (size_t)p->ndim))
         return em_fail(EM_ERR_SHAPE, "mse_loss: pred is %s but target is %s; shapes must be equal", shp(p),
                        shp(t));

@@ -17,4 +17,11 @@ em_status st_save(const char *path, int n, const em_named *tensors, const char *
 /* em_module_save; *sum (when not NULL) as st_save. */
 em_status module_save(const em_module *m, const char *path, file_sum *sum);
 
+/* em_safetensors_open; verify = false skips the check of the file's own
+ * "ember.crc32" (one pass over every byte), for a caller that has just
+ * verified the same bytes another way (a checkpoint's manifest). */
+em_safetensors *st_open(const char *path, bool verify);
+/* em_module_load, with st_open's verify. */
+em_status module_load(em_module *m, const char *path, bool strict, bool verify);
+
 #endif

@@ -12,48 +12,41 @@
 #define EMBER_CUDA_ELEMENTWISE_H
 
 #include "cuda_impl.h"
+#include "ops.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* two-operand ops: arithmetic (out has the inputs' dtype) and comparisons
- * (out is EM_BOOL) */
-typedef enum { CU_ADD, CU_SUB, CU_MUL, CU_DIV, CU_EQ, CU_NE, CU_LT, CU_LE, CU_GT, CU_GE } cu_binop;
-
-/* one-operand ops; CU_AFFINE is x*p0 + p1 (add_scalar, mul_scalar, neg) */
-typedef enum {
-    CU_POW,
-    CU_EXP,
-    CU_LOG,
-    CU_SQRT,
-    CU_RSQRT,
-    CU_ABS,
-    CU_TANH,
-    CU_SIGMOID,
-    CU_RELU,
-    CU_GELU,
-    CU_GELU_TANH,
-    CU_SILU,
-    CU_AFFINE
-} cu_unop;
-
-typedef enum { CU_RED_SUM, CU_RED_MAX, CU_RED_MIN, CU_RED_ARGMAX } cu_redop;
+/* The op codes are the sub-enums of the op list (tensor/ops.h): binop,
+ * cmpop, unop, redop; each function names its op by the list's name in
+ * errors. The per-element maths is tensor/elementwise_formulas.h, the CPU
+ * kernels' own (the _f32 / _f64 flavours: exact expf/tanhf/erff where the
+ * CPU uses its vectorisable approximations). */
 
 /* out = a <op> b over w (operands: 0 out, 1 a, 2 b; broadcasting by stride
- * 0). a and b share dtype `dt`; out is dt, or EM_BOOL for a comparison. */
-em_status cu_binary(int dev, cu_binop op, const cu_walk *w, em_dtype dt, void *out, const void *a,
+ * 0); a, b and out have dtype dt. */
+em_status cu_binary(int dev, binop op, const cu_walk *w, em_dtype dt, void *out, const void *a,
                     const void *b);
 
-/* out = f(x) over w (operands: 0 out, 1 x), both of dtype dt; p0 is
- * pow_scalar's power or affine's multiplier, p1 affine's addend. */
-em_status cu_unary(int dev, cu_unop op, const cu_walk *w, em_dtype dt, void *out, const void *x, double p0,
-                   double p1);
+/* out = a <op> b as EM_BOOL over w (operands as cu_binary's); a and b have
+ * dtype dt. */
+em_status cu_compare(int dev, cmpop op, const cu_walk *w, em_dtype dt, void *out, const void *a,
+                     const void *b);
+
+/* out = f(x) over w (operands: 0 out, 1 x), both of dtype dt; p is
+ * pow_scalar's power. */
+em_status cu_unary(int dev, unop op, const cu_walk *w, em_dtype dt, void *out, const void *x, double p);
+
+/* out = x*m + s over w (operands: 0 out, 1 x), both of dtype dt: the
+ * AFFINE ops (add_scalar, mul_scalar, neg); op names it in errors. */
+em_status cu_affine(int dev, op_id op, const cu_walk *w, em_dtype dt, void *out, const void *x, double m,
+                    double s);
 
 /* gx = g * f'(x, y) over w (operands: 0 gx, 1 x, 2 g). gx and y (the
  * forward's output) are contiguous of x's shape and dtype dt; g has dtype
- * gdt. p is pow_scalar's power. Not for CU_AFFINE. */
-em_status cu_unary_backward(int dev, cu_unop op, const cu_walk *w, em_dtype dt, void *gx, const void *x,
+ * gdt. p is pow_scalar's power. */
+em_status cu_unary_backward(int dev, unop op, const cu_walk *w, em_dtype dt, void *gx, const void *x,
                             const void *y, em_dtype gdt, const void *g, double p);
 
 /* Where (cond != 0) == keep: out = x, or `fill` when x is NULL; elsewhere
@@ -65,12 +58,13 @@ em_status cu_select(int dev, const cu_walk *w, em_dtype dt, void *out, const voi
 /* out[k] = reduction over the positions of rw of the input, for each
  * position k of kw. kw: operand 0 the output's strides, operand 1 the
  * input's over the kept dims; rw: operand 1 the input's over the reduced
- * dims (rw's numel > 0 except for sums). Sums accumulate in double and are
+ * dims (rw's numel > 0 except for sums). op: RED_SUM or RED_MEAN (both the
+ * sum times `scale`), RED_MAX, RED_MIN, RED_ARGMAX. Sums accumulate in double and are
  * scaled by `scale` (mean) before the one rounding into out_dt; max/min
  * propagate NaN and argmax keeps the first of ties and writes EM_I32. The
  * order of the additions depends only on the shapes: results repeat. */
-em_status cu_reduce(int dev, cu_redop op, const cu_walk *kw, const cu_walk *rw, em_dtype in_dt,
-                    const void *in, em_dtype out_dt, void *out, double scale);
+em_status cu_reduce(int dev, redop op, const cu_walk *kw, const cu_walk *rw, em_dtype in_dt, const void *in,
+                    em_dtype out_dt, void *out, double scale);
 
 /* Backward of max/min: for each kept position k, count the inputs equal to
  * y[k] and give each g[k]/count, the rest 0. kw: operands 0 g, 1 x, 2 gx

@@ -1,17 +1,20 @@
 /* device.c — devices as the rest of the engine sees them: naming, moving a
  * tensor between devices (em_to, differentiable), the same-device check ops
- * run on their inputs, and which ops have CUDA kernels.
+ * run on their inputs, and which functions take CUDA tensors.
  *
- * The CUDA op list is the safety net: the CPU kernels read memory through
+ * That last answer is the safety net: the CPU kernels read memory through
  * host pointers, so a CUDA tensor reaching an op without a CUDA path would
- * crash the process. t_resolve asks cuda_op_ok for every CUDA tensor, and an
- * op not on the list fails with EM_ERR_DEVICE naming it. An op goes on the
- * list when its forward and backward both have CUDA paths (and tests). */
+ * crash the process. t_resolve asks cuda_op_ok for every CUDA tensor, and a
+ * name it refuses fails with EM_ERR_DEVICE naming it. For an op the op list
+ * answers (tensor/ops.def: CPU_CUDA once its forward and backward both have
+ * CUDA paths, and tests); the few API functions that are not ops but take
+ * CUDA tensors are listed here. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ember/runtime.h"
+#include "ops.h"
 #include "tensor_impl.h"
 
 em_device em_device_cpu(void) { return (em_device){EM_CPU, 0}; }
@@ -70,51 +73,41 @@ em_status t_same_device(const char *op, int n, tensor *const *in, em_device *dev
     return EM_OK;
 }
 
-/* ---- which ops run on CUDA ----------------------------------------------------------------
- * Names as the public wrappers pass them to t_resolve. Metadata and lifetime
- * functions never touch the data, so they take any device. */
-static const char *const cuda_ops[] = {
-    /* metadata, lifetime, autograd plumbing */
+/* ---- which functions take CUDA tensors ----------------------------------------------------
+ * Ops: the op list's backends (tensor/ops.def). Below, the API functions that
+ * are not ops (names as they pass them to t_resolve) but handle a CUDA
+ * tensor correctly: they never read its data through a host pointer. A name
+ * is an op or an entry here, never both (tests/test_cuda_ops.c checks). */
+/* clang-format off */
+static const char *const cuda_entry_points[] = {
+    /* metadata, lifetime, autograd plumbing: never touch the data */
     "em_device_of", "em_is_contiguous", "em_ndim", "em_size", "em_shape", "em_strides", "em_offset", "em_numel",
     "em_dtype_of", "em_free", "em_keep", "em_data", "em_shares_storage", "em_requires_grad", "em_set_requires_grad",
     "em_grad", "em_zero_grad", "em_backward", "em_detach", "em_register_grad_hook", "em_clear_grad_hooks",
     "em_is_leaf", "em_to", "em_set_grad_buffer", "em_module_to", "em_module_flatten", "em_describe",
     /* values in and out: a device tensor's values are copied off the device */
     "em_copy_into", "em_to_array", "em_item", "em_zeros_like", "em_ones_like", "em_safetensors_save", "em_module_load",
-    /* layers and the GPT: composites of the ops below (nn/layers.c, nn/gpt.c,
-     * the KV-cache sampler included: views, copies, matmul, softmax, norms) */
+    /* layers and the GPT: composites of ops (nn/layers.c, nn/gpt.c, the
+     * KV-cache sampler included: views, copies, matmul, softmax, norms) */
     "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss", "em_gpt_forward_cached",
-    /* views and copies: geometry only, or the core copy kernel; expand's
-     * backward is the device sum (ag_sum_to), concat/stack copy with the core
-     * copy kernel and their backward is views (tensor/ops_join.c) */
-    "reshape", "view", "flatten", "transpose", "permute", "squeeze", "unsqueeze", "slice", "narrow", "expand",
-    "contiguous", "copy", "cast", "concat", "stack", "split", "chunk",
-    /* elementwise, compare, reductions (tensor/ops_elementwise.cu) */
-    "add", "sub", "mul", "div", "add_scalar", "mul_scalar", "neg", "pow_scalar", "exp", "log", "sqrt", "rsqrt", "abs",
-    "tanh", "sigmoid", "relu", "gelu", "gelu_tanh", "silu", "eq", "ne", "lt", "le", "gt", "ge", "where",
-    "masked_fill", "sum", "mean", "max", "min", "argmax",
-    /* matmul and attention (tensor/ops_matmul.cu); conv2d and pooling
-     * (tensor/ops_conv.cu, conv2d's products through cuBLAS) */
-    "matmul", "attention", "conv2d", "max_pool2d", "avg_pool2d",
-    /* softmax, losses, norms, embedding, scatter_add, dropout (tensor/ops_nn.cu;
-     * mse_loss is composite (nn/layers.c: sub, mul, sum, mul_scalar)) */
-    "softmax", "log_softmax", "cross_entropy", "mse_loss", "layer_norm", "rms_norm", "embedding", "index_select",
-    "scatter_add", "dropout",
     /* optimizers, clipping, scaler, collectives (optim/optim.cu, dist/nccl.c;
      * collectives without NCCL fail in dist/collectives.c, naming why) */
     "em_sgd_new", "em_adam_new", "em_adamw_new", "em_optim_add_group", "em_optim_step", "em_optim_zero_grad",
     "em_optim_load_state", "em_clip_grad_norm", "em_scaler_unscale", "all_reduce", "broadcast", "all_gather",
     "reduce_scatter", "gather", "send", "recv",
 };
+/* clang-format on */
 
-size_t cuda_op_count(void) { return sizeof cuda_ops / sizeof cuda_ops[0]; }
-const char *cuda_op_name(size_t i) { return i < cuda_op_count() ? cuda_ops[i] : NULL; }
+size_t cuda_entry_count(void) { return sizeof cuda_entry_points / sizeof cuda_entry_points[0]; }
+const char *cuda_entry_name(size_t i) { return i < cuda_entry_count() ? cuda_entry_points[i] : NULL; }
 
-bool cuda_op_ok(const char *op)
+bool cuda_op_ok(const char *name)
 {
-    if (!op) return false;
-    for (size_t i = 0; i < sizeof cuda_ops / sizeof cuda_ops[0]; i++)
-        if (!strcmp(cuda_ops[i], op)) return true;
+    if (!name) return false;
+    int op = op_find(name);
+    if (op >= 0) return (op_table[op].backends & OPB_CUDA) != 0;
+    for (size_t i = 0; i < cuda_entry_count(); i++)
+        if (!strcmp(cuda_entry_points[i], name)) return true;
     return false;
 }
 

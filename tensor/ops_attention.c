@@ -290,7 +290,7 @@ static bool same_shape(const tensor *a, const tensor *b)
 static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
 {
     if (!q || !k || !v) return NULL;
-    if (!(q = amp_in(AMP_ATTENTION, q)) || !(k = amp_in(AMP_ATTENTION, k)) || !(v = amp_in(AMP_ATTENTION, v)))
+    if (!(q = amp_in(OP_ATTENTION, q)) || !(k = amp_in(OP_ATTENTION, k)) || !(v = amp_in(OP_ATTENTION, v)))
         return NULL;
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
         return em_fail(EM_ERR_SHAPE, "attention: q, k, v must be 4-D (B,H,T,D): q is %s, k is %s, v is %s",

@@ -1,40 +1,22 @@
 /* ops_binary.c — add, sub, mul, div with broadcasting, their scalar forms,
  * and neg: shape/dtype checks, CPU forward, backward, in one place. On a
  * CUDA device the same ops run through tensor/ops_elementwise.cu (bin_run,
- * affine_run); the backward functions only call ops that do too.
+ * affine_run); the backward functions only call ops that do too. The
+ * per-element arithmetic is tensor/elementwise_formulas.h, which both
+ * backends share.
  *
  * This file is the pattern for an op family: a checked entry point t_xxx on
  * internal tensors, a kernel that is a plain loop (with a fast path for the
  * common contiguous f32 case beside the general strided one), a backward
  * function recorded with ag_record, and a public em_xxx wrapper. */
 #include "amp/amp_impl.h"
+#include "elementwise_math.h"
 #include "tensor_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif
 
-typedef enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV } binop;
-static const char *binop_name[] = {"add", "sub", "mul", "div"};
-
-static inline double apply(binop k, double x, double y)
-{
-    switch (k) {
-    case OP_ADD: return x + y;
-    case OP_SUB: return x - y;
-    case OP_MUL: return x * y;
-    default: return x / y;
-    }
-}
-
-static inline float applyf(binop k, float x, float y)
-{
-    switch (k) {
-    case OP_ADD: return x + y;
-    case OP_SUB: return x - y;
-    case OP_MUL: return x * y;
-    default: return x / y;
-    }
-}
+#pragma GCC diagnostic error "-Wswitch-enum" /* a switch over binop names every op */
 
 typedef struct bin_ctx {
     binop k;
@@ -43,25 +25,20 @@ typedef struct bin_ctx {
     int64_t inner;                            /* fast path: contiguous run length */
 } bin_ctx;
 
-/* Same shape, both contiguous, f32: one flat loop per range. */
+/* Same shape, both contiguous, f32: one flat loop per range, one loop per
+ * op (generated from the op list) so that each vectorises. */
 static void bin_flat_f32(void *p, int64_t lo, int64_t hi)
 {
     bin_ctx *c = p;
     const float *x = t_ptr(c->a), *y = t_ptr(c->b);
     float *o = t_ptr(c->out);
     switch (c->k) {
-    case OP_ADD:
-        for (int64_t i = lo; i < hi; i++) o[i] = x[i] + y[i];
+#define DEF_OP(id, name, kind, arity, amp, be)
+#define DEF_BINARY(id, name, amp, be)                                                                        \
+    case BIN_##id:                                                                                           \
+        for (int64_t i = lo; i < hi; i++) o[i] = ew_binary_f32v(BIN_##id, x[i], y[i]);                       \
         break;
-    case OP_SUB:
-        for (int64_t i = lo; i < hi; i++) o[i] = x[i] - y[i];
-        break;
-    case OP_MUL:
-        for (int64_t i = lo; i < hi; i++) o[i] = x[i] * y[i];
-        break;
-    case OP_DIV:
-        for (int64_t i = lo; i < hi; i++) o[i] = x[i] / y[i];
-        break;
+#include "ops.def"
     }
 }
 
@@ -75,7 +52,7 @@ static void bin_rows_f32(void *p, int64_t lo, int64_t hi)
     for (int64_t r = lo; r < hi; r++) {
         const float *x = (const float *)t_ptr(c->a) + r * n;
         float *o = (float *)t_ptr(c->out) + r * n;
-        for (int64_t i = 0; i < n; i++) o[i] = applyf(c->k, x[i], y[i]);
+        for (int64_t i = 0; i < n; i++) o[i] = ew_binary_f32v(c->k, x[i], y[i]);
     }
 }
 
@@ -93,14 +70,15 @@ static void bin_strided(void *p, int64_t lo, int64_t hi)
     nditer_seek(&it, lo);
     if (dt == EM_F32) {
         for (int64_t i = lo; i < hi; i++) {
-            ((float *)op)[i] = applyf(c->k, ((const float *)ap)[it.off[0]], ((const float *)bp)[it.off[1]]);
+            ((float *)op)[i] =
+                ew_binary_f32v(c->k, ((const float *)ap)[it.off[0]], ((const float *)bp)[it.off[1]]);
             nditer_next(&it);
         }
         return;
     }
     for (int64_t i = lo; i < hi; i++) {
         double x = ld(dt, ap + it.off[0] * (int64_t)es), y = ld(dt, bp + it.off[1] * (int64_t)es);
-        st(dt, op + i * (int64_t)es, apply(c->k, x, y));
+        st(dt, op + i * (int64_t)es, ew_binary_f64(c->k, x, y));
         nditer_next(&it);
     }
 }
@@ -114,7 +92,7 @@ static em_status add_backward(node *n, tensor *g)
         if (!ga || (s = ag_accum(a, ga))) return s ? s : em_last_status();
     }
     if (b->requires_grad) {
-        tensor *gb = n->ip[0] == OP_SUB ? t_neg(g) : g;
+        tensor *gb = n->ip[0] == BIN_SUB ? t_neg(g) : g;
         gb = gb ? ag_sum_to(gb, b->ndim, b->shape) : NULL;
         if (!gb || (s = ag_accum(b, gb))) return s ? s : em_last_status();
     }
@@ -125,7 +103,7 @@ static em_status add_backward(node *n, tensor *g)
 static em_status muldiv_backward(node *n, tensor *g)
 {
     tensor *a = n->in[0], *b = n->in[1];
-    bool div = n->ip[0] == OP_DIV;
+    bool div = n->ip[0] == BIN_DIV;
     em_status s;
     if (a->requires_grad) {
         tensor *ga = ag_sum_to(div ? t_div(g, b) : t_mul(g, b), a->ndim, a->shape);
@@ -148,14 +126,12 @@ static em_status bin_run(binop k, tensor *out, tensor *a, tensor *b)
     const int64_t *shape = out->shape;
 #if EM_HAVE_CUDA
     if (t_on_cuda(out)) {
-        static const cu_binop cu_of[] = {
-            [OP_ADD] = CU_ADD, [OP_SUB] = CU_SUB, [OP_MUL] = CU_MUL, [OP_DIV] = CU_DIV};
         cu_walk w = {.ndim = nd};
         memcpy(w.shape, shape, sizeof(int64_t) * (size_t)nd);
         t_contig_strides(nd, shape, w.stride[0]);
         bcast_strides(a, nd, shape, w.stride[1]);
         bcast_strides(b, nd, shape, w.stride[2]);
-        return cu_binary(out->device.index, cu_of[k], &w, a->dtype, t_ptr(out), t_ptr(a), t_ptr(b));
+        return cu_binary(out->device.index, k, &w, a->dtype, t_ptr(out), t_ptr(a), t_ptr(b));
     }
 #endif
     int64_t n = t_numel(out);
@@ -180,13 +156,11 @@ static em_status bin_run(binop k, tensor *out, tensor *a, tensor *b)
 
 static tensor *binary(binop k, tensor *a, tensor *b)
 {
-    const char *name = binop_name[k];
+    const char *name = binop_name(k);
     if (!a || !b) return NULL;
-    static const amp_op amp_of[] = {
-        [OP_ADD] = AMP_ADD, [OP_SUB] = AMP_SUB, [OP_MUL] = AMP_MUL, [OP_DIV] = AMP_DIV};
-    if (!amp_promote(amp_of[k], &a, &b)) return NULL;
+    if (!amp_promote(binop_ops[k], &a, &b)) return NULL;
     if (!chk_same_dtype(name, a, b)) return NULL;
-    if (a->dtype == EM_BOOL || (k == OP_DIV && !em_dtype_is_float(a->dtype)))
+    if (a->dtype == EM_BOOL || (k == BIN_DIV && !em_dtype_is_float(a->dtype)))
         return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s and %s)", name,
                        em_dtype_name(a->dtype), shp(a), shp(b));
     int nd;
@@ -200,17 +174,18 @@ static tensor *binary(binop k, tensor *a, tensor *b)
     tensor *in[2] = {a, b};
     if (ag_needed(2, in)) {
         if (!chk_float(name, a)) return NULL;
-        node *nd_ = ag_record(name, k <= OP_SUB ? add_backward : muldiv_backward, out, 2, in);
+        node *nd_ =
+            ag_record(name, k == BIN_ADD || k == BIN_SUB ? add_backward : muldiv_backward, out, 2, in);
         if (!nd_) return NULL;
         nd_->ip[0] = k;
     }
     return out;
 }
 
-tensor *t_add(tensor *a, tensor *b) { return binary(OP_ADD, a, b); }
-tensor *t_sub(tensor *a, tensor *b) { return binary(OP_SUB, a, b); }
-tensor *t_mul(tensor *a, tensor *b) { return binary(OP_MUL, a, b); }
-tensor *t_div(tensor *a, tensor *b) { return binary(OP_DIV, a, b); }
+tensor *t_add(tensor *a, tensor *b) { return binary(BIN_ADD, a, b); }
+tensor *t_sub(tensor *a, tensor *b) { return binary(BIN_SUB, a, b); }
+tensor *t_mul(tensor *a, tensor *b) { return binary(BIN_MUL, a, b); }
+tensor *t_div(tensor *a, tensor *b) { return binary(BIN_DIV, a, b); }
 
 /* ---- scalar forms: out = a*m + s (add_scalar: m=1; mul_scalar: s=0; neg: m=-1) */
 
@@ -226,7 +201,7 @@ static void affine_range(void *p, int64_t lo, int64_t hi)
     if (a->dtype == EM_F32 && t_is_contig(a)) {
         const float *x = t_ptr(a);
         float *o = t_ptr(c->out), m = (float)c->m, s = (float)c->s;
-        for (int64_t i = lo; i < hi; i++) o[i] = x[i] * m + s;
+        for (int64_t i = lo; i < hi; i++) o[i] = ew_affine_f32v(x[i], m, s);
         return;
     }
     size_t es = t_esize(a);
@@ -236,7 +211,8 @@ static void affine_range(void *p, int64_t lo, int64_t hi)
     nditer_init(&it, a->ndim, a->shape, 1, (const int64_t *[]){a->stride});
     nditer_seek(&it, lo);
     for (int64_t i = lo; i < hi; i++) {
-        st(a->dtype, o + i * (int64_t)es, ld(a->dtype, x + it.off[0] * (int64_t)es) * c->m + c->s);
+        st(a->dtype, o + i * (int64_t)es,
+           ew_affine_f64(ld(a->dtype, x + it.off[0] * (int64_t)es), c->m, c->s));
         nditer_next(&it);
     }
 }
@@ -247,30 +223,33 @@ static em_status affine_backward(node *n, tensor *g)
     return ga ? ag_accum(n->in[0], ga) : em_last_status();
 }
 
-/* out (contiguous, a's shape) = a*m + s, on a's device */
-static em_status affine_run(tensor *out, tensor *a, double m, double s)
+/* out (contiguous, a's shape) = a*m + s, on a's device; op names it */
+static em_status affine_run(op_id op, tensor *out, tensor *a, double m, double s)
 {
 #if EM_HAVE_CUDA
     if (t_on_cuda(a)) {
         cu_walk w;
         cu_walk_of(&w, out, 2, (const tensor *[]){out, a});
-        return cu_unary(a->device.index, CU_AFFINE, &w, a->dtype, t_ptr(out), t_ptr(a), m, s);
+        return cu_affine(a->device.index, op, &w, a->dtype, t_ptr(out), t_ptr(a), m, s);
     }
+#else
+    (void)op;
 #endif
     affine_ctx c = {out, a, m, s};
     parallel_for(t_numel(a), 1 << 15, affine_range, &c);
     return EM_OK;
 }
 
-static tensor *affine(const char *name, tensor *a, double m, double s)
+static tensor *affine(op_id op, tensor *a, double m, double s)
 {
+    const char *name = op_name(op);
     if (!a) return NULL;
     if (a->dtype == EM_BOOL || (a->dtype == EM_U8 && m < 0))
         return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s)", name, em_dtype_name(a->dtype),
                        shp(a));
     tensor *out = t_new_like(a);
     if (!out) return NULL;
-    if (affine_run(out, a, m, s)) return NULL;
+    if (affine_run(op, out, a, m, s)) return NULL;
     if (ag_needed(1, &a)) {
         node *n = ag_record(name, affine_backward, out, 1, &a);
         if (!n) return NULL;
@@ -279,37 +258,30 @@ static tensor *affine(const char *name, tensor *a, double m, double s)
     return out;
 }
 
-tensor *t_add_scalar(tensor *a, double s) { return affine("add_scalar", a, 1.0, s); }
-tensor *t_mul_scalar(tensor *a, double m) { return affine("mul_scalar", a, m, 0.0); }
-tensor *t_neg(tensor *a) { return affine("neg", a, -1.0, 0.0); }
+tensor *t_add_scalar(tensor *a, double s) { return affine(OP_ADD_SCALAR, a, 1.0, s); }
+tensor *t_mul_scalar(tensor *a, double m) { return affine(OP_MUL_SCALAR, a, m, 0.0); }
+tensor *t_neg(tensor *a) { return affine(OP_NEG, a, -1.0, 0.0); }
 
 /* ---- public wrappers ---------------------------------------------------------- */
 
-static em_tensor *pub2(tensor *(*f)(tensor *, tensor *), const char *name, em_tensor *a, em_tensor *b)
+static em_tensor *pub2(binop k, em_tensor *a, em_tensor *b)
 {
+    const char *name = binop_name(k);
     tensor *x = t_resolve(a, name), *y = x ? t_resolve(b, name) : NULL;
-    return y ? t_handle(f(x, y)) : NULL;
+    return y ? t_handle(binary(k, x, y)) : NULL;
 }
 
-em_tensor *em_add(em_tensor *a, em_tensor *b) { return pub2(t_add, "add", a, b); }
-em_tensor *em_sub(em_tensor *a, em_tensor *b) { return pub2(t_sub, "sub", a, b); }
-em_tensor *em_mul(em_tensor *a, em_tensor *b) { return pub2(t_mul, "mul", a, b); }
-em_tensor *em_div(em_tensor *a, em_tensor *b) { return pub2(t_div, "div", a, b); }
+em_tensor *em_add(em_tensor *a, em_tensor *b) { return pub2(BIN_ADD, a, b); }
+em_tensor *em_sub(em_tensor *a, em_tensor *b) { return pub2(BIN_SUB, a, b); }
+em_tensor *em_mul(em_tensor *a, em_tensor *b) { return pub2(BIN_MUL, a, b); }
+em_tensor *em_div(em_tensor *a, em_tensor *b) { return pub2(BIN_DIV, a, b); }
 
-em_tensor *em_add_scalar(em_tensor *a, double s)
+static em_tensor *pub_affine(op_id op, em_tensor *a, double m, double s)
 {
-    tensor *x = t_resolve(a, "add_scalar");
-    return x ? t_handle(t_add_scalar(x, s)) : NULL;
+    tensor *x = t_resolve(a, op_name(op));
+    return x ? t_handle(affine(op, x, m, s)) : NULL;
 }
 
-em_tensor *em_mul_scalar(em_tensor *a, double s)
-{
-    tensor *x = t_resolve(a, "mul_scalar");
-    return x ? t_handle(t_mul_scalar(x, s)) : NULL;
-}
-
-em_tensor *em_neg(em_tensor *a)
-{
-    tensor *x = t_resolve(a, "neg");
-    return x ? t_handle(t_neg(x)) : NULL;
-}
+em_tensor *em_add_scalar(em_tensor *a, double s) { return pub_affine(OP_ADD_SCALAR, a, 1.0, s); }
+em_tensor *em_mul_scalar(em_tensor *a, double s) { return pub_affine(OP_MUL_SCALAR, a, s, 0.0); }
+em_tensor *em_neg(em_tensor *a) { return pub_affine(OP_NEG, a, -1.0, 0.0); }

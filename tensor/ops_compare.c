@@ -2,29 +2,15 @@
  * not differentiable) and selection by a bool mask: where(cond, a, b) and
  * masked_fill(a, mask, value), both differentiable in their float inputs.
  * On a CUDA device they run through tensor/ops_elementwise.cu: compares as
- * cu_binary, the selections as a strided copy then cu_select. */
+ * cu_compare, the selections as a strided copy then cu_select. */
 #include "amp/amp_impl.h"
+#include "elementwise_math.h"
 #include "tensor_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif
 
-typedef enum { C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE } cmpop;
-static const char *cmpop_name[] = {"eq", "ne", "lt", "le", "gt", "ge"};
-
-/* NaN compares unequal to everything, as IEEE says. f32 operands widen to
- * double exactly, so one function serves every dtype. */
-static inline bool cmp(cmpop k, double x, double y)
-{
-    switch (k) {
-    case C_EQ: return x == y;
-    case C_NE: return x != y;
-    case C_LT: return x < y;
-    case C_LE: return x <= y;
-    case C_GT: return x > y;
-    default: return x >= y;
-    }
-}
+#pragma GCC diagnostic error "-Wswitch-enum" /* a switch over an op enum names every op */
 
 typedef struct cmp_ctx {
     cmpop k;
@@ -39,7 +25,7 @@ static void cmp_range(void *p, int64_t lo, int64_t hi)
     uint8_t *o = t_ptr(c->out);
     if (c->flat) {
         const float *x = t_ptr(c->a), *y = t_ptr(c->b);
-        for (int64_t i = lo; i < hi; i++) o[i] = cmp(c->k, x[i], y[i]);
+        for (int64_t i = lo; i < hi; i++) o[i] = ew_compare(c->k, x[i], y[i]);
         return;
     }
     em_dtype dt = c->a->dtype;
@@ -49,7 +35,7 @@ static void cmp_range(void *p, int64_t lo, int64_t hi)
     nditer_init(&it, c->out->ndim, c->out->shape, 2, (const int64_t *[]){c->sa, c->sb});
     nditer_seek(&it, lo);
     for (int64_t i = lo; i < hi; i++) {
-        o[i] = cmp(c->k, ld(dt, ap + it.off[0] * (int64_t)es), ld(dt, bp + it.off[1] * (int64_t)es));
+        o[i] = ew_compare(c->k, ld(dt, ap + it.off[0] * (int64_t)es), ld(dt, bp + it.off[1] * (int64_t)es));
         nditer_next(&it);
     }
 }
@@ -71,7 +57,7 @@ static void bcast_walk(cu_walk *w, const tensor *out, const tensor *a, const ten
 /* out = a <op> b, broadcast, EM_BOOL; never recorded on the tape */
 static tensor *compare(cmpop k, tensor *a, tensor *b)
 {
-    const char *name = cmpop_name[k];
+    const char *name = cmpop_name(k);
     if (!a || !b) return NULL;
     if (!chk_same_dtype(name, a, b)) return NULL;
     int nd;
@@ -83,11 +69,9 @@ static tensor *compare(cmpop k, tensor *a, tensor *b)
     if (!out) return NULL;
 #if EM_HAVE_CUDA
     if (t_on_cuda(out)) {
-        static const cu_binop cu_of[] = {
-            [C_EQ] = CU_EQ, [C_NE] = CU_NE, [C_LT] = CU_LT, [C_LE] = CU_LE, [C_GT] = CU_GT, [C_GE] = CU_GE};
         cu_walk w;
         bcast_walk(&w, out, a, b);
-        return cu_binary(dev.index, cu_of[k], &w, a->dtype, t_ptr(out), t_ptr(a), t_ptr(b)) ? NULL : out;
+        return cu_compare(dev.index, k, &w, a->dtype, t_ptr(out), t_ptr(a), t_ptr(b)) ? NULL : out;
     }
 #endif
     int64_t n = t_numel(out);
@@ -231,7 +215,7 @@ static em_status where_backward(node *n, tensor *g)
 static tensor *t_where(tensor *cond, tensor *a, tensor *b)
 {
     if (!cond || !a || !b) return NULL;
-    if (!amp_promote(AMP_WHERE, &a, &b)) return NULL;
+    if (!amp_promote(OP_WHERE, &a, &b)) return NULL;
     if (!chk_dtype("where", cond, EM_BOOL, "cond")) return NULL;
     if (!chk_same_dtype("where", a, b)) return NULL;
     int n1, nd;
@@ -280,16 +264,16 @@ static tensor *t_masked_fill(tensor *a, tensor *mask, double value)
 
 static em_tensor *pubc(cmpop k, em_tensor *a, em_tensor *b)
 {
-    tensor *x = t_resolve(a, cmpop_name[k]), *y = x ? t_resolve(b, cmpop_name[k]) : NULL;
+    tensor *x = t_resolve(a, cmpop_name(k)), *y = x ? t_resolve(b, cmpop_name(k)) : NULL;
     return y ? t_handle(compare(k, x, y)) : NULL;
 }
 
-em_tensor *em_eq(em_tensor *a, em_tensor *b) { return pubc(C_EQ, a, b); }
-em_tensor *em_ne(em_tensor *a, em_tensor *b) { return pubc(C_NE, a, b); }
-em_tensor *em_lt(em_tensor *a, em_tensor *b) { return pubc(C_LT, a, b); }
-em_tensor *em_le(em_tensor *a, em_tensor *b) { return pubc(C_LE, a, b); }
-em_tensor *em_gt(em_tensor *a, em_tensor *b) { return pubc(C_GT, a, b); }
-em_tensor *em_ge(em_tensor *a, em_tensor *b) { return pubc(C_GE, a, b); }
+em_tensor *em_eq(em_tensor *a, em_tensor *b) { return pubc(CMP_EQ, a, b); }
+em_tensor *em_ne(em_tensor *a, em_tensor *b) { return pubc(CMP_NE, a, b); }
+em_tensor *em_lt(em_tensor *a, em_tensor *b) { return pubc(CMP_LT, a, b); }
+em_tensor *em_le(em_tensor *a, em_tensor *b) { return pubc(CMP_LE, a, b); }
+em_tensor *em_gt(em_tensor *a, em_tensor *b) { return pubc(CMP_GT, a, b); }
+em_tensor *em_ge(em_tensor *a, em_tensor *b) { return pubc(CMP_GE, a, b); }
 
 em_tensor *em_where(em_tensor *cond, em_tensor *a, em_tensor *b)
 {

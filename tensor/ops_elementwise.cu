@@ -1,75 +1,25 @@
 // ops_elementwise.cu — CUDA kernels of the elementwise, compare and reduction
 // families: one strided kernel per family, driven by an op code (see
 // tensor/cuda_elementwise.h for the contract, tensor/cuda_impl.h for the
-// conventions). The maths mirrors the CPU kernels in ops_binary.c,
-// ops_unary.c, ops_compare.c and ops_reduce.c: the same precision per dtype,
-// the same formulas, the same rounding on store.
+// conventions). The op codes are the op list's (tensor/ops.h). The
+// per-element maths is the CPU kernels' own, tensor/elementwise_formulas.h,
+// in its exact flavours (_f32 with expf/tanhf/erff, _f64) where the CPU's
+// floats use vectorisable approximations that tests/test_unary.c holds to
+// them; the same precision per dtype and the same rounding on store as the
+// CPU kernels in ops_binary.c, ops_unary.c, ops_compare.c and ops_reduce.c.
 #include "cuda_common.cuh"
 #include "cuda_elementwise.h"
+#include "elementwise_math.h"
 
 using namespace em_cu;
 
 namespace
 {
 
-#define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
-#define GELU_C 0.044715
-#define INV_SQRT2 0.7071067811865476
-#define INV_SQRT_2PI 0.3989422804014327
-
-const char *const binop_name[] = {"add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge"};
-const char *const unop_name[] = {"pow_scalar",
-                                 "exp",
-                                 "log",
-                                 "sqrt",
-                                 "rsqrt",
-                                 "abs",
-                                 "tanh",
-                                 "sigmoid",
-                                 "relu",
-                                 "gelu",
-                                 "gelu_tanh",
-                                 "silu",
-                                 "add_scalar/mul_scalar/neg"};
-const char *const redop_name[] = {"sum", "max", "min", "argmax"};
-
 // ---- binary and compare ---------------------------------------------------------------
 
-__device__ __forceinline__ double arith(cu_binop op, double x, double y)
-{
-    switch (op) {
-    case CU_ADD: return x + y;
-    case CU_SUB: return x - y;
-    case CU_MUL: return x * y;
-    default: return x / y;
-    }
-}
-
-__device__ __forceinline__ float arithf(cu_binop op, float x, float y)
-{
-    switch (op) {
-    case CU_ADD: return x + y;
-    case CU_SUB: return x - y;
-    case CU_MUL: return x * y;
-    default: return x / y;
-    }
-}
-
-// NaN compares unequal to everything, as IEEE says
-__device__ __forceinline__ bool compare(cu_binop op, double x, double y)
-{
-    switch (op) {
-    case CU_EQ: return x == y;
-    case CU_NE: return x != y;
-    case CU_LT: return x < y;
-    case CU_LE: return x <= y;
-    case CU_GT: return x > y;
-    default: return x >= y;
-    }
-}
-
 // out = a op b: f32 in float, every other dtype in double (as the CPU)
-__global__ void binary_kernel(cu_walk w, int64_t n, cu_binop op, em_dtype dt, void *out, const void *a,
+__global__ void binary_kernel(cu_walk w, int64_t n, binop op, em_dtype dt, void *out, const void *a,
                               const void *b)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -77,142 +27,57 @@ __global__ void binary_kernel(cu_walk w, int64_t n, cu_binop op, em_dtype dt, vo
         int64_t off[3];
         walk_offsets<3>(w, i, off);
         double x = load(dt, a, off[1]), y = load(dt, b, off[2]);
-        if (op >= CU_EQ)
-            ((uint8_t *)out)[off[0]] = compare(op, x, y);
-        else if (dt == EM_F32)
-            ((float *)out)[off[0]] = arithf(op, (float)x, (float)y);
+        if (dt == EM_F32)
+            ((float *)out)[off[0]] = ew_binary_f32(op, (float)x, (float)y);
         else
-            store(dt, out, off[0], arith(op, x, y));
+            store(dt, out, off[0], ew_binary_f64(op, x, y));
+    }
+}
+
+// out = a op b as bool, compared in double (exact for every dtype)
+__global__ void compare_kernel(cu_walk w, int64_t n, cmpop op, em_dtype dt, uint8_t *out, const void *a,
+                               const void *b)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t off[3];
+        walk_offsets<3>(w, i, off);
+        out[off[0]] = ew_compare(op, load(dt, a, off[1]), load(dt, b, off[2]));
     }
 }
 
 // ---- unary --------------------------------------------------------------------------
 
-// sigmoid(x) = 1/(1+e^-x), written so that exp never overflows
-__device__ __forceinline__ double sigm(double x)
+// out = f(x). Precision as the CPU: float for f32, f16 and bf16, double for
+// f64 and integers (abs)
+__global__ void unary_kernel(cu_walk w, int64_t n, unop op, em_dtype dt, void *out, const void *x, double p)
 {
-    if (x >= 0) return 1.0 / (1.0 + exp(-x));
-    double e = exp(x);
-    return e / (1.0 + e);
-}
-
-__device__ __forceinline__ float sigmf(float x)
-{
-    if (x >= 0) return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
-}
-
-// f(x); affine is x*p0 + p1, rounded after each step (no fused multiply-add,
-// as on the CPU)
-__device__ double fwd(cu_unop k, double x, double p0, double p1)
-{
-    switch (k) {
-    case CU_POW: return pow(x, p0);
-    case CU_EXP: return exp(x);
-    case CU_LOG: return log(x);
-    case CU_SQRT: return sqrt(x);
-    case CU_RSQRT: return 1.0 / sqrt(x);
-    case CU_ABS: return fabs(x);
-    case CU_TANH: return tanh(x);
-    case CU_SIGMOID: return sigm(x);
-    case CU_RELU: return x > 0 ? x : 0.0;
-    case CU_GELU: return 0.5 * x * (1.0 + erf(x * INV_SQRT2));
-    case CU_GELU_TANH: return 0.5 * x * (1.0 + tanh(GELU_K * (x + GELU_C * x * x * x)));
-    case CU_SILU: return x * sigm(x);
-    default: return __dadd_rn(__dmul_rn(x, p0), p1);
-    }
-}
-
-__device__ float fwdf(cu_unop k, float x, float p0, float p1)
-{
-    switch (k) {
-    case CU_POW: return powf(x, p0);
-    case CU_EXP: return expf(x);
-    case CU_LOG: return logf(x);
-    case CU_SQRT: return sqrtf(x);
-    case CU_RSQRT: return 1.0f / sqrtf(x);
-    case CU_ABS: return fabsf(x);
-    case CU_TANH: return tanhf(x);
-    case CU_SIGMOID: return sigmf(x);
-    case CU_RELU: return x > 0 ? x : 0.0f;
-    case CU_GELU: return 0.5f * x * (1.0f + erff(x * (float)INV_SQRT2));
-    case CU_GELU_TANH: return 0.5f * x * (1.0f + tanhf((float)GELU_K * (x + (float)GELU_C * x * x * x)));
-    case CU_SILU: return x * sigmf(x);
-    default: return __fadd_rn(__fmul_rn(x, p0), p1);
-    }
-}
-
-// dy/dx from the input x and the output y (p: the power of pow_scalar)
-__device__ double deriv(cu_unop k, double x, double y, double p)
-{
-    switch (k) {
-    case CU_POW: return p == 0 ? 0.0 : p * pow(x, p - 1);
-    case CU_EXP: return y;
-    case CU_LOG: return 1.0 / x;
-    case CU_SQRT: return 0.5 / y;
-    case CU_RSQRT: return -0.5 * y * y * y;
-    case CU_ABS: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
-    case CU_TANH: return 1.0 - y * y;
-    case CU_SIGMOID: return y * (1.0 - y);
-    case CU_RELU: return x > 0 ? 1.0 : 0.0;
-    case CU_GELU: return 0.5 * (1.0 + erf(x * INV_SQRT2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x);
-    case CU_GELU_TANH: {
-        double t = tanh(GELU_K * (x + GELU_C * x * x * x));
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_C * x * x);
-    }
-    default: { // silu
-        double s = sigm(x);
-        return s * (1.0 + x * (1.0 - s));
-    }
-    }
-}
-
-__device__ float derivf(cu_unop k, float x, float y, float p)
-{
-    switch (k) {
-    case CU_POW: return p == 0 ? 0.0f : p * powf(x, p - 1);
-    case CU_EXP: return y;
-    case CU_LOG: return 1.0f / x;
-    case CU_SQRT: return 0.5f / y;
-    case CU_RSQRT: return -0.5f * y * y * y;
-    case CU_ABS: return x > 0 ? 1.0f : x < 0 ? -1.0f : 0.0f;
-    case CU_TANH: return 1.0f - y * y;
-    case CU_SIGMOID: return y * (1.0f - y);
-    case CU_RELU: return x > 0 ? 1.0f : 0.0f;
-    case CU_GELU:
-        return 0.5f * (1.0f + erff(x * (float)INV_SQRT2)) + x * (float)INV_SQRT_2PI * expf(-0.5f * x * x);
-    case CU_GELU_TANH: {
-        float t = tanhf((float)GELU_K * (x + (float)GELU_C * x * x * x));
-        return 0.5f * (1.0f + t) +
-               0.5f * x * (1.0f - t * t) * (float)GELU_K * (1.0f + 3.0f * (float)GELU_C * x * x);
-    }
-    default: {
-        float s = sigmf(x);
-        return s * (1.0f + x * (1.0f - s));
-    }
-    }
-}
-
-// out = f(x). Precision as the CPU: the maths functions in float for f32,
-// f16 and bf16, in double for f64 and integers (abs); affine in float for
-// f32 only (the CPU's f16/bf16 affine runs in double)
-__global__ void unary_kernel(cu_walk w, int64_t n, cu_unop op, em_dtype dt, void *out, const void *x,
-                             double p0, double p1)
-{
-    bool flt = op == CU_AFFINE ? dt == EM_F32 : dt == EM_F32 || dt == EM_F16 || dt == EM_BF16;
+    bool flt = dt == EM_F32 || dt == EM_F16 || dt == EM_BF16;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t off[2];
         walk_offsets<2>(w, i, off);
         double v = load(dt, x, off[1]);
-        v = flt ? (double)fwdf(op, (float)v, (float)p0, (float)p1) : fwd(op, v, p0, p1);
+        v = flt ? (double)ew_unary_f32(op, (float)v, (float)p) : ew_unary_f64(op, v, p);
+        store(dt, out, off[0], v);
+    }
+}
+
+// out = x*m + s: float for f32 only (the CPU's f16/bf16 affine runs in double)
+__global__ void affine_kernel(cu_walk w, int64_t n, em_dtype dt, void *out, const void *x, double m, double s)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t off[2];
+        walk_offsets<2>(w, i, off);
+        double v = load(dt, x, off[1]);
+        v = dt == EM_F32 ? (double)ew_affine_f32((float)v, (float)m, (float)s) : ew_affine_f64(v, m, s);
         store(dt, out, off[0], v);
     }
 }
 
 // gx = g * f'(x, y); gx and y contiguous, so y's offset is gx's
-__global__ void unary_bw_kernel(cu_walk w, int64_t n, cu_unop op, em_dtype dt, void *gx, const void *x,
+__global__ void unary_bw_kernel(cu_walk w, int64_t n, unop op, em_dtype dt, void *gx, const void *x,
                                 const void *y, em_dtype gdt, const void *g, double p)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -220,8 +85,9 @@ __global__ void unary_bw_kernel(cu_walk w, int64_t n, cu_unop op, em_dtype dt, v
         int64_t off[3];
         walk_offsets<3>(w, i, off);
         double xv = load(dt, x, off[1]), yv = load(dt, y, off[0]), gv = load(gdt, g, off[2]);
-        double d = dt == EM_F64 ? deriv(op, xv, yv, p) : (double)derivf(op, (float)xv, (float)yv, (float)p);
-        store(dt, gx, off[0], gv * d);
+        double d = dt == EM_F64 ? ew_unary_grad_f64(op, xv, yv, gv, p)
+                                : (double)ew_unary_grad_f32(op, (float)xv, (float)yv, (float)gv, (float)p);
+        store(dt, gx, off[0], d);
     }
 }
 
@@ -255,23 +121,31 @@ __global__ void select_kernel(cu_walk w, int64_t n, em_dtype dt, int esize, void
 // at) in a max/min: the first NaN wins, else the larger (smaller) value,
 // else on a tie the earlier position; position -1 is "nothing yet". The rule
 // is associative, so the tree gives what the CPU's left-to-right scan gives.
-__device__ __forceinline__ bool beats(cu_redop op, double v, int64_t j, double m, int64_t at)
+__device__ __forceinline__ bool beats(redop op, double v, int64_t j, double m, int64_t at)
 {
     if (j < 0) return false;
     if (at < 0) return true;
     bool vn = v != v, mn = m != m;
     if (vn || mn) return vn && mn ? j < at : vn;
     if (v == m) return j < at;
-    return op == CU_RED_MIN ? v < m : v > m;
+    return op == RED_MIN ? v < m : v > m;
 }
 
 // One block per output element (grid-stride over them): each thread walks
 // positions threadIdx.x, +blockDim.x, ... of the reduction, then a tree in
 // shared memory combines the threads. blockDim.x is a power of two; shared
 // memory holds blockDim.x doubles then blockDim.x positions.
-__global__ void reduce_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn, cu_redop op, em_dtype it,
+__global__ void reduce_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn, redop op, em_dtype it,
                               const void *in, em_dtype ot, void *out, double scale)
 {
+    bool sum = false; // else the max/min rule of beats(), argmax writing the position
+    switch (op) {     // no default: a new reduction is a compile error here until it has its case
+    case RED_SUM:
+    case RED_MEAN: sum = true; break;
+    case RED_MAX:
+    case RED_MIN:
+    case RED_ARGMAX: break;
+    }
     EM_DYNAMIC_SHARED(double, sh_v);
     int64_t *sh_at = (int64_t *)(sh_v + blockDim.x);
     unsigned t = threadIdx.x;
@@ -284,7 +158,7 @@ __global__ void reduce_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn, cu
             int64_t ro[2];
             walk_offsets<2>(rw, j, ro);
             double x = load(it, in, ko[1] + ro[1]);
-            if (op == CU_RED_SUM) {
+            if (sum) {
                 v += x;
             } else if (beats(op, x, j, v, at)) {
                 v = x;
@@ -296,7 +170,7 @@ __global__ void reduce_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn, cu
         __syncthreads();
         for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
             if (t < s) {
-                if (op == CU_RED_SUM) {
+                if (sum) {
                     sh_v[t] += sh_v[t + s];
                 } else if (beats(op, sh_v[t + s], sh_at[t + s], sh_v[t], sh_at[t])) {
                     sh_v[t] = sh_v[t + s];
@@ -306,9 +180,9 @@ __global__ void reduce_kernel(cu_walk kw, cu_walk rw, int64_t kn, int64_t rn, cu
             __syncthreads();
         }
         if (t == 0) {
-            if (op == CU_RED_SUM)
+            if (sum)
                 store(ot, out, ko[0], sh_v[0] * scale);
-            else if (op == CU_RED_ARGMAX)
+            else if (op == RED_ARGMAX)
                 ((int32_t *)out)[ko[0]] = (int32_t)sh_at[0];
             else
                 store(ot, out, ko[0], sh_v[0]);
@@ -365,37 +239,59 @@ unsigned red_blocks(int64_t kn) { return (unsigned)(kn < (1 << 20) ? kn : (1 << 
 
 } // namespace
 
-extern "C" em_status cu_binary(int dev, cu_binop op, const cu_walk *w, em_dtype dt, void *out, const void *a,
+extern "C" em_status cu_binary(int dev, binop op, const cu_walk *w, em_dtype dt, void *out, const void *a,
                                const void *b)
 {
-    em_status s = cu_use(dev, binop_name[op]);
+    em_status s = cu_use(dev, binop_name(op));
     if (s) return s;
     int64_t n = walk_numel(*w);
     if (n == 0) return EM_OK;
     EM_LAUNCH(binary_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, op, dt, out, a, b);
-    return cu_launched(binop_name[op]);
+    return cu_launched(binop_name(op));
 }
 
-extern "C" em_status cu_unary(int dev, cu_unop op, const cu_walk *w, em_dtype dt, void *out, const void *x,
-                              double p0, double p1)
+extern "C" em_status cu_compare(int dev, cmpop op, const cu_walk *w, em_dtype dt, void *out, const void *a,
+                                const void *b)
 {
-    em_status s = cu_use(dev, unop_name[op]);
+    em_status s = cu_use(dev, cmpop_name(op));
     if (s) return s;
     int64_t n = walk_numel(*w);
     if (n == 0) return EM_OK;
-    EM_LAUNCH(unary_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, op, dt, out, x, p0, p1);
-    return cu_launched(unop_name[op]);
+    EM_LAUNCH(compare_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, op, dt, (uint8_t *)out, a, b);
+    return cu_launched(cmpop_name(op));
 }
 
-extern "C" em_status cu_unary_backward(int dev, cu_unop op, const cu_walk *w, em_dtype dt, void *gx,
+extern "C" em_status cu_unary(int dev, unop op, const cu_walk *w, em_dtype dt, void *out, const void *x,
+                              double p)
+{
+    em_status s = cu_use(dev, unop_name(op));
+    if (s) return s;
+    int64_t n = walk_numel(*w);
+    if (n == 0) return EM_OK;
+    EM_LAUNCH(unary_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, op, dt, out, x, p);
+    return cu_launched(unop_name(op));
+}
+
+extern "C" em_status cu_affine(int dev, op_id op, const cu_walk *w, em_dtype dt, void *out, const void *x,
+                               double m, double s)
+{
+    em_status rc = cu_use(dev, op_name(op));
+    if (rc) return rc;
+    int64_t n = walk_numel(*w);
+    if (n == 0) return EM_OK;
+    EM_LAUNCH(affine_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, dt, out, x, m, s);
+    return cu_launched(op_name(op));
+}
+
+extern "C" em_status cu_unary_backward(int dev, unop op, const cu_walk *w, em_dtype dt, void *gx,
                                        const void *x, const void *y, em_dtype gdt, const void *g, double p)
 {
-    em_status s = cu_use(dev, unop_name[op]);
+    em_status s = cu_use(dev, unop_name(op));
     if (s) return s;
     int64_t n = walk_numel(*w);
     if (n == 0) return EM_OK;
     EM_LAUNCH(unary_bw_kernel, blocks_for(n), THREADS, 0, stream(dev))(*w, n, op, dt, gx, x, y, gdt, g, p);
-    return cu_launched(unop_name[op]);
+    return cu_launched(unop_name(op));
 }
 
 extern "C" em_status cu_select(int dev, const cu_walk *w, em_dtype dt, void *out, const void *cond,
@@ -410,17 +306,17 @@ extern "C" em_status cu_select(int dev, const cu_walk *w, em_dtype dt, void *out
     return cu_launched("where");
 }
 
-extern "C" em_status cu_reduce(int dev, cu_redop op, const cu_walk *kw, const cu_walk *rw, em_dtype in_dt,
+extern "C" em_status cu_reduce(int dev, redop op, const cu_walk *kw, const cu_walk *rw, em_dtype in_dt,
                                const void *in, em_dtype out_dt, void *out, double scale)
 {
-    em_status s = cu_use(dev, redop_name[op]);
+    em_status s = cu_use(dev, redop_name(op));
     if (s) return s;
     int64_t kn = walk_numel(*kw), rn = walk_numel(*rw);
     if (kn == 0) return EM_OK;
     unsigned nt = red_threads(rn);
     EM_LAUNCH(reduce_kernel, red_blocks(kn), nt, nt *(sizeof(double) + sizeof(int64_t)), stream(dev))(
         *kw, *rw, kn, rn, op, in_dt, in, out_dt, out, scale);
-    return cu_launched(redop_name[op]);
+    return cu_launched(redop_name(op));
 }
 
 extern "C" em_status cu_extreme_backward(int dev, const cu_walk *kw, const cu_walk *rw, em_dtype xdt,

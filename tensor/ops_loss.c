@@ -232,7 +232,7 @@ static tensor *cross_entropy_cuda(tensor *x, tensor *tg, int ignore, bool rec)
 static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
 {
     const char *op = "cross_entropy";
-    if (!(x = amp_in(AMP_CROSS_ENTROPY, x))) return NULL;
+    if (!(x = amp_in(OP_CROSS_ENTROPY, x))) return NULL;
     if (!chk_float(op, x)) return NULL;
     if (!chk_dtype(op, tg, EM_I32, "targets")) return NULL;
     if (x->ndim < 1)

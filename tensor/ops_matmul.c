@@ -399,7 +399,7 @@ static tensor *matmul_cuda(tensor *a, tensor *b, int nb, const int64_t *shape, i
 tensor *t_matmul(tensor *a, tensor *b)
 {
     if (!a || !b) return NULL;
-    if (!(a = amp_in(AMP_MATMUL, a)) || !(b = amp_in(AMP_MATMUL, b))) return NULL;
+    if (!(a = amp_in(OP_MATMUL, a)) || !(b = amp_in(OP_MATMUL, b))) return NULL;
     tensor *in[2] = {a, b};
     if (t_same_device("matmul", 2, in, NULL)) return NULL;
     if (a->ndim < 2 || b->ndim < 2)

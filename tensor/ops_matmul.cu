@@ -483,8 +483,13 @@ extern "C" em_status cu_attention_forward(int dev, em_dtype dt, int64_t BH, int6
     case EM_F32: return forward<float>(dev, BH, T, (int)D, scale, q, k, v, o, lse);
     case EM_F64: return forward<double>(dev, BH, T, (int)D, scale, q, k, v, o, lse);
     case EM_F16: return forward<f16>(dev, BH, T, (int)D, scale, q, k, v, o, lse);
-    default: return forward<bf16>(dev, BH, T, (int)D, scale, q, k, v, o, lse);
+    case EM_BF16: return forward<bf16>(dev, BH, T, (int)D, scale, q, k, v, o, lse);
+    case EM_I32:
+    case EM_U8:
+    case EM_BOOL:
+    case EM_NUM_DTYPES: break; // refused by check_sizes
     }
+    return em_err(EM_ERR_DTYPE, "attention: no CUDA kernel for %s", em_dtype_name(dt));
 }
 
 extern "C" em_status cu_attention_backward(int dev, em_dtype dt, int64_t BH, int64_t T, int64_t D,
@@ -499,6 +504,11 @@ extern "C" em_status cu_attention_backward(int dev, em_dtype dt, int64_t BH, int
     case EM_F32: return backward<float>(dev, BH, T, (int)D, scale, q, k, v, o, dout, lse, dq, dk, dv);
     case EM_F64: return backward<double>(dev, BH, T, (int)D, scale, q, k, v, o, dout, lse, dq, dk, dv);
     case EM_F16: return backward<f16>(dev, BH, T, (int)D, scale, q, k, v, o, dout, lse, dq, dk, dv);
-    default: return backward<bf16>(dev, BH, T, (int)D, scale, q, k, v, o, dout, lse, dq, dk, dv);
+    case EM_BF16: return backward<bf16>(dev, BH, T, (int)D, scale, q, k, v, o, dout, lse, dq, dk, dv);
+    case EM_I32:
+    case EM_U8:
+    case EM_BOOL:
+    case EM_NUM_DTYPES: break; // refused by check_sizes
     }
+    return em_err(EM_ERR_DTYPE, "attention backward: no CUDA kernel for %s", em_dtype_name(dt));
 }

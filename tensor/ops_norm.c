@@ -335,7 +335,7 @@ static bool chk_param(const char *op, const char *what, const tensor *p, const t
 
 static tensor *norm_impl(const char *op, bool rms, tensor *x, tensor *w, tensor *b, double eps)
 {
-    amp_op ap = rms ? AMP_RMS_NORM : AMP_LAYER_NORM;
+    op_id ap = rms ? OP_RMS_NORM : OP_LAYER_NORM;
     if (!(x = amp_in(ap, x)) || (w && !(w = amp_in(ap, w))) || (b && !(b = amp_in(ap, b)))) return NULL;
     if (!chk_float(op, x)) return NULL;
     if (x->ndim < 1) return em_fail(EM_ERR_SHAPE, "%s: x must have at least 1 dim, got %s", op, shp(x));

@@ -12,6 +12,7 @@
  * On a CUDA device every reduction and the max/min backward run through
  * tensor/ops_elementwise.cu: one block per output element, a tree in shared
  * memory, double accumulators, a fixed order (results repeat run to run). */
+#include "ops.h"
 #include "tensor_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
@@ -212,7 +213,7 @@ static em_status sum_kernel(tensor *t, tensor *out, const red_geo *g, double sca
     if (t_on_cuda(t)) {
         cu_walk kw, rw;
         red_walks(g, &kw, &rw);
-        return cu_reduce(t->device.index, CU_RED_SUM, &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out),
+        return cu_reduce(t->device.index, RED_SUM, &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out),
                          scale);
     }
 #endif
@@ -321,18 +322,16 @@ static tensor *t_mean(tensor *t, int ndims, const int *dims, bool keepdim)
 
 /* ---- max / min / argmax ------------------------------------------------------------ */
 
-typedef enum { EXT_MAX, EXT_MIN, EXT_ARGMAX } ext_kind;
-
 /* v beats the best so far m: strictly larger (smaller), or the first NaN
  * (NaN propagates, as in PyTorch). Ties keep the first. */
-static inline bool beats(ext_kind k, double v, double m)
+static inline bool beats(redop k, double v, double m)
 {
     if (v != v) return m == m;
-    return k == EXT_MIN ? v < m : v > m;
+    return k == RED_MIN ? v < m : v > m;
 }
 
 typedef struct ext_ctx {
-    ext_kind k;
+    redop k; /* RED_MAX, RED_MIN or RED_ARGMAX */
     tensor *t, *out;
     const red_geo *g;
 } ext_ctx;
@@ -362,7 +361,7 @@ static void ext_range(void *p, int64_t lo, int64_t hi)
             nditer_next(&ri);
         }
         char *o = (char *)t_ptr(c->out) + i * os;
-        if (c->k == EXT_ARGMAX)
+        if (c->k == RED_ARGMAX)
             *(int32_t *)o = (int32_t)at;
         else
             st(c->out->dtype, o, m);
@@ -457,16 +456,13 @@ static em_status ext_backward(node *n, tensor *g)
 }
 
 /* out (contiguous, kept shape) = max/min/argmax of t over g, on t's device */
-static em_status ext_run(ext_kind k, tensor *t, tensor *out, const red_geo *g)
+static em_status ext_run(redop k, tensor *t, tensor *out, const red_geo *g)
 {
 #if EM_HAVE_CUDA
     if (t_on_cuda(t)) {
-        static const cu_redop cu_of[] = {
-            [EXT_MAX] = CU_RED_MAX, [EXT_MIN] = CU_RED_MIN, [EXT_ARGMAX] = CU_RED_ARGMAX};
         cu_walk kw, rw;
         red_walks(g, &kw, &rw);
-        return cu_reduce(t->device.index, cu_of[k], &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out),
-                         1.0);
+        return cu_reduce(t->device.index, k, &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out), 1.0);
     }
 #endif
     ext_ctx c = {.k = k, .t = t, .out = out, .g = g};
@@ -474,16 +470,18 @@ static em_status ext_run(ext_kind k, tensor *t, tensor *out, const red_geo *g)
     return EM_OK;
 }
 
-static tensor *extreme(const char *op, ext_kind k, tensor *t, int ndims, const int *dims, bool keepdim)
+/* k: RED_MAX, RED_MIN or RED_ARGMAX */
+static tensor *extreme(redop k, tensor *t, int ndims, const int *dims, bool keepdim)
 {
+    const char *op = redop_name(k);
     if (!t) return NULL;
     red_geo g;
     if (!red_setup(op, t, ndims, dims, keepdim, &g)) return NULL;
     if (!chk_nonempty(op, t, &g)) return NULL;
-    tensor *out = t_new_on(t->device, k == EXT_ARGMAX ? EM_I32 : t->dtype, g.on, g.oshape);
+    tensor *out = t_new_on(t->device, k == RED_ARGMAX ? EM_I32 : t->dtype, g.on, g.oshape);
     if (!out) return NULL;
     if (ext_run(k, t, out, &g)) return NULL;
-    if (k != EXT_ARGMAX && ag_needed(1, &t)) {
+    if (k != RED_ARGMAX && ag_needed(1, &t)) {
         node *nd = ag_record(op, ext_backward, out, 1, &t);
         if (!nd) return NULL;
         nd->ip[0] = g.bits;
@@ -508,17 +506,17 @@ em_tensor *em_mean(em_tensor *h, int ndims, const int *dims, bool keepdim)
 em_tensor *em_max(em_tensor *h, int ndims, const int *dims, bool keepdim)
 {
     tensor *t = t_resolve(h, "max");
-    return t ? t_handle(extreme("max", EXT_MAX, t, ndims, dims, keepdim)) : NULL;
+    return t ? t_handle(extreme(RED_MAX, t, ndims, dims, keepdim)) : NULL;
 }
 
 em_tensor *em_min(em_tensor *h, int ndims, const int *dims, bool keepdim)
 {
     tensor *t = t_resolve(h, "min");
-    return t ? t_handle(extreme("min", EXT_MIN, t, ndims, dims, keepdim)) : NULL;
+    return t ? t_handle(extreme(RED_MIN, t, ndims, dims, keepdim)) : NULL;
 }
 
 em_tensor *em_argmax(em_tensor *h, int dim, bool keepdim)
 {
     tensor *t = t_resolve(h, "argmax");
-    return t ? t_handle(extreme("argmax", EXT_ARGMAX, t, 1, &dim, keepdim)) : NULL;
+    return t ? t_handle(extreme(RED_ARGMAX, t, 1, &dim, keepdim)) : NULL;
 }

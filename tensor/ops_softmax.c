@@ -276,7 +276,7 @@ static em_status softmax_backward(node *n, tensor *g)
 
 static tensor *softmax_impl(const char *op, tensor *x, int dim, bool log)
 {
-    if (!x || !(x = amp_in(log ? AMP_LOG_SOFTMAX : AMP_SOFTMAX, x))) return NULL;
+    if (!x || !(x = amp_in(log ? OP_LOG_SOFTMAX : OP_SOFTMAX, x))) return NULL;
     if (!chk_float(op, x)) return NULL;
     /* a 0-dim tensor counts as one row of one element */
     int d = t_dim(op, dim, x->ndim ? x->ndim : 1, 0);

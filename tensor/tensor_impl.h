@@ -102,12 +102,14 @@ const char *shp_of(int ndim, const int64_t *shape);
  * "op: input is NULL" if there is none) or stale (EM_ERR_SCOPE naming op). */
 tensor *t_resolve(const em_tensor *h, const char *op);
 em_tensor *t_handle(tensor *t); /* NULL stays NULL */
-/* Whether op (a name as passed to t_resolve) takes CUDA tensors
- * (tensor/device.c); t_resolve refuses a CUDA tensor for any other op. */
-bool cuda_op_ok(const char *op);
-/* The CUDA list itself, for the test that every op on it has a test case. */
-size_t cuda_op_count(void);
-const char *cuda_op_name(size_t i);
+/* Whether `name` (an op of tensor/ops.def or an API function, as passed to
+ * t_resolve) takes CUDA tensors (tensor/device.c); t_resolve refuses a CUDA
+ * tensor for any other name. */
+bool cuda_op_ok(const char *name);
+/* The API functions that are not ops but take CUDA tensors, for the test
+ * that no name is both. */
+size_t cuda_entry_count(void);
+const char *cuda_entry_name(size_t i);
 
 /* ---- making tensors ------------------------------------------------------- */
 /* Contiguous, uninitialised, in the current scope (or persistent at depth 0). */

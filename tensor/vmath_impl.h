@@ -1,7 +1,10 @@
-/* vmath_impl.h — f32 exp, tanh and sigmoid written so that the compiler
- * vectorises a loop of them (libm's versions are a call per element). Used by
- * the contiguous-f32 fast paths of the unary ops, softmax, cross-entropy and
- * attention; the general paths and f64 use libm. */
+/* vmath_impl.h — f32 exp, tanh, sigmoid and erf written so that the
+ * compiler vectorises a loop of them (libm's versions are a call per
+ * element). The CPU's f32/f16/bf16 elementwise maths use them (the _f32v
+ * flavour of tensor/elementwise_math.h), as do the fast paths of softmax,
+ * cross-entropy and attention; f64 and the CUDA kernels use the exact
+ * functions. tests/test_unary.c holds each to its libm twin within the
+ * bounds stated here (measured on every float of the range). */
 #ifndef EMBER_VMATH_IMPL_H
 #define EMBER_VMATH_IMPL_H
 
@@ -10,8 +13,9 @@
 #include <string.h>
 
 /* e^x: x = k ln2 + r with |r| <= ln2/2, e^r by its degree-7 Taylor
- * polynomial (relative error ~1 ulp), 2^k built in the exponent bits. Below
- * -87 it returns 0 (no subnormals), above 88.72 inf; NaN stays NaN. */
+ * polynomial, 2^k built in the exponent bits: within 2 ulp of expf. Below
+ * -86.99 it returns 0 (no subnormals; expf is under 1.7e-38 there), above
+ * 88.72 inf (expf within 0.3% of FLT_MAX); NaN stays NaN. */
 static inline float vexpf(float x)
 {
     float xc = x < -87.0f ? -87.0f : x > 88.72f ? 88.72f : x;
@@ -34,7 +38,8 @@ static inline float vexpf(float x)
 }
 
 /* tanh x = sign(x) (1 - 2/(e^{2|x|} + 1)); below |x| = 1/8 that loses
- * relative accuracy, so there its odd Taylor series to x^7 is used. */
+ * relative accuracy, so there its odd Taylor series to x^7 is used. Within
+ * 1.2e-7 and 16 ulp of tanhf (15 just above 1/8). */
 static inline float vtanhf(float x)
 {
     float a = fabsf(x), x2 = x * x;
@@ -43,12 +48,15 @@ static inline float vtanhf(float x)
     return a < 0.125f ? s : t;
 }
 
-/* sigma(x) = 1 / (1 + e^-x): e^-x overflowing to inf gives exactly 0. */
+/* sigma(x) = 1 / (1 + e^-x): e^-x overflowing to inf gives exactly 0.
+ * Within 1.2e-7 and (above -86.9) 4 ulp of the exact sigmoid. */
 static inline float vsigmoidf(float x) { return 1.0f / (1.0f + vexpf(-x)); }
 
 /* erf x by Abramowitz & Stegun 7.1.26: 1 - (a1 t + ... + a5 t^5) e^{-x^2}
- * with t = 1/(1 + p|x|), odd in x; |error| < 1.5e-7, below f32's resolution
- * of the GELU that uses it. */
+ * with t = 1/(1 + p|x|), odd in x. The formula's error is under 1.5e-7;
+ * evaluated in f32 it is within 5.1e-7 of erff (the worst near 0, where
+ * 1 - poly e^{-x^2} cancels; relative to |x| there it is large, but the
+ * GELU that uses it multiplies by x). */
 static inline float verff(float x)
 {
     float a = fabsf(x), t = 1.0f / (1.0f + 0.3275911f * a);

@@ -170,43 +170,49 @@ TEST(test_cuda_ops_refuse_inputs_on_two_devices)
 
 /* ---- scalar forms and unary ------------------------------------------------------------ */
 
+/* The one-input ops by name; p is the power of pow_scalar, the addend of
+ * add_scalar and the factor of mul_scalar; pos: needs positive inputs. */
 typedef struct un_arg {
-    int k;
+    const char *name;
+    em_tensor *(*f)(em_tensor *);
+    em_tensor *(*fp)(em_tensor *, double);
     double p;
+    bool pos;
 } un_arg;
 
-static em_tensor *un_apply(int k, em_tensor *x, double p)
-{
-    switch (k) {
-    case 0: return em_pow_scalar(x, p);
-    case 1: return em_exp(x);
-    case 2: return em_log(x);
-    case 3: return em_sqrt(x);
-    case 4: return em_rsqrt(x);
-    case 5: return em_abs(x);
-    case 6: return em_tanh(x);
-    case 7: return em_sigmoid(x);
-    case 8: return em_relu(x);
-    case 9: return em_gelu(x);
-    case 10: return em_gelu_tanh(x);
-    case 11: return em_silu(x);
-    case 12: return em_add_scalar(x, p);
-    case 13: return em_mul_scalar(x, p);
-    default: return em_neg(x);
-    }
-}
-enum { NUM_UN = 15 };
+static const un_arg UN_OPS[] = {
+    {"pow_scalar", NULL, em_pow_scalar, 2.5, true},
+    {"exp", em_exp, NULL, 0, true},
+    {"log", em_log, NULL, 0, true},
+    {"sqrt", em_sqrt, NULL, 0, true},
+    {"rsqrt", em_rsqrt, NULL, 0, true},
+    {"abs", em_abs, NULL, 0, false},
+    {"tanh", em_tanh, NULL, 0, false},
+    {"sigmoid", em_sigmoid, NULL, 0, false},
+    {"relu", em_relu, NULL, 0, false},
+    {"gelu", em_gelu, NULL, 0, false},
+    {"gelu_tanh", em_gelu_tanh, NULL, 0, false},
+    {"silu", em_silu, NULL, 0, false},
+    {"add_scalar", NULL, em_add_scalar, 0.75, false},
+    {"mul_scalar", NULL, em_mul_scalar, -1.5, false},
+    {"neg", em_neg, NULL, 0, false},
+};
+enum { NUM_UN = sizeof UN_OPS / sizeof UN_OPS[0] };
 
-static em_tensor *un_plain(em_tensor *const *in, const void *arg)
+static const un_arg *un_op(const char *name)
 {
-    const un_arg *u = arg;
-    return un_apply(u->k, in[0], u->p);
+    for (int k = 0; k < NUM_UN; k++)
+        if (!strcmp(UN_OPS[k].name, name)) return &UN_OPS[k];
+    return NULL;
 }
+
+static em_tensor *un_apply(const un_arg *u, em_tensor *x) { return u->f ? u->f(x) : u->fp(x, u->p); }
+
+static em_tensor *un_plain(em_tensor *const *in, const void *arg) { return un_apply(arg, in[0]); }
 /* (6,4) seen transposed */
 static em_tensor *un_view(em_tensor *const *in, const void *arg)
 {
-    const un_arg *u = arg;
-    return un_apply(u->k, em_transpose(in[0], 0, 1), u->p);
+    return un_apply(arg, em_transpose(in[0], 0, 1));
 }
 
 TEST(test_cuda_unary_and_scalar_ops_match_the_cpu)
@@ -216,12 +222,12 @@ TEST(test_cuda_unary_and_scalar_ops_match_the_cpu)
         em_dtype dt = float_dts[d];
         for (int k = 0; k < NUM_UN; k++) {
             em_scope s = em_scope_begin();
-            un_arg u = {k, k == 0 ? 2.5 : k == 12 ? 0.75 : -1.5};
-            bool pos = k <= 4; /* pow, exp, log, sqrt, rsqrt: positive inputs */
-            em_tensor *x = pos ? positive(dt, EM_SHAPE(3, 33), 50 + k) : randn(dt, EM_SHAPE(3, 33), 50 + k);
-            CHECK_OP(un_plain, &u, tol_for(dt, 2e-6), tol_for(dt, 1e-5), x);
-            em_tensor *y = pos ? positive(dt, EM_SHAPE(6, 4), 70 + k) : randn(dt, EM_SHAPE(6, 4), 70 + k);
-            CHECK_OP(un_view, &u, tol_for(dt, 2e-6), tol_for(dt, 1e-5), y);
+            const un_arg *u = &UN_OPS[k];
+            em_tensor *x =
+                u->pos ? positive(dt, EM_SHAPE(3, 33), 50 + k) : randn(dt, EM_SHAPE(3, 33), 50 + k);
+            CHECK_OP(un_plain, u, tol_for(dt, 2e-6), tol_for(dt, 1e-5), x);
+            em_tensor *y = u->pos ? positive(dt, EM_SHAPE(6, 4), 70 + k) : randn(dt, EM_SHAPE(6, 4), 70 + k);
+            CHECK_OP(un_view, u, tol_for(dt, 2e-6), tol_for(dt, 1e-5), y);
             em_scope_end(s);
         }
     }
@@ -231,9 +237,8 @@ TEST(test_cuda_integer_abs_and_neg_are_exact)
 {
     CUDA_OR_SKIP();
     em_scope s = em_scope_begin();
-    un_arg abs_ = {5, 0}, neg = {14, 0};
-    CHECK_OP(un_plain, &abs_, 0, -1, whole(EM_I32, EM_SHAPE(5, 9), 5));
-    CHECK_OP(un_view, &neg, 0, -1, whole(EM_I32, EM_SHAPE(6, 4), 6));
+    CHECK_OP(un_plain, un_op("abs"), 0, -1, whole(EM_I32, EM_SHAPE(5, 9), 5));
+    CHECK_OP(un_view, un_op("neg"), 0, -1, whole(EM_I32, EM_SHAPE(6, 4), 6));
     em_scope_end(s);
 }
 

@@ -1,9 +1,10 @@
 /* test_cuda_ops.c — every op on every backend: one table of cases, each an
- * op on the CUDA list (tensor/device.c) with its inputs, run on the CPU and
- * on cuda:0 for every float dtype it takes; the outputs and the gradients
- * of sum(out * r) for a random r must agree within the dtype's tolerance.
- * Adding an op's CUDA path adds a row here. A last test checks the other
- * direction: every computing op on the CUDA list has a row.
+ * op the op list (tensor/ops.def) gives a CUDA backend, with its inputs,
+ * run on the CPU and on cuda:0 for every float dtype it takes; the outputs
+ * and the gradients of sum(out * r) for a random r must agree within the
+ * dtype's tolerance. Adding an op's CUDA path adds a row here. Two last
+ * tests check the other direction (every such op has a row) and that each
+ * name lives once (ops and the non-op CUDA entry points of tensor/device.c).
  *
  * Tolerances are relative to max(1, max |cpu|): f64 1e-10, f32 2e-5, f16
  * 4e-3, bf16 3e-2 (one rounding of the dtype plus a different order of
@@ -15,11 +16,13 @@
 #include <string.h>
 
 #include "cuda_test.h"
+#include "tensor/ops.h"
 
-/* from tensor/device.c: the ops that take CUDA tensors */
-bool cuda_op_ok(const char *op);
-size_t cuda_op_count(void);
-const char *cuda_op_name(size_t i);
+/* from tensor/device.c: whether a name takes CUDA tensors, and the API
+ * functions that are not ops but do */
+bool cuda_op_ok(const char *name);
+size_t cuda_entry_count(void);
+const char *cuda_entry_name(size_t i);
 
 typedef enum {
     IN_NORMAL,   /* N(0,1) */
@@ -40,7 +43,7 @@ typedef struct in_spec {
 typedef em_tensor *(*op_run)(em_tensor *const *in);
 
 typedef struct op_case {
-    const char *op; /* its name on the CUDA list */
+    const char *op; /* its name in the op list */
     op_run run;
     int nin;
     in_spec in[4];
@@ -314,7 +317,7 @@ TEST(test_cuda_every_op_matches_the_cpu_forward_and_backward_in_every_float_dtyp
     for (int i = 0; i < NCASES; i++) {
         const op_case *c = &cases[i];
         if (!cuda_op_ok(c->op)) {
-            fprintf(stderr, "  %s: not on the CUDA list (tensor/device.c)\n", c->op);
+            fprintf(stderr, "  %s: not a CUDA op of the op list (tensor/ops.def)\n", c->op);
             failures++;
             continue;
         }
@@ -333,32 +336,38 @@ TEST(test_cuda_every_op_matches_the_cpu_forward_and_backward_in_every_float_dtyp
     if (failures) th_fail(__FILE__, __LINE__, "%d op/dtype case(s) differ from the CPU (listed above)", failures);
 }
 
-/* Names on the CUDA list that do not compute (metadata, plumbing, the
- * optimizers and collectives, composites tested end to end elsewhere). */
-static const char *const not_ops[] = {
-    "em_device_of", "em_is_contiguous", "em_ndim", "em_size", "em_shape", "em_strides", "em_offset", "em_numel",
-    "em_dtype_of", "em_free", "em_keep", "em_data", "em_shares_storage", "em_requires_grad", "em_set_requires_grad",
-    "em_grad", "em_zero_grad", "em_backward", "em_detach", "em_register_grad_hook", "em_clear_grad_hooks",
-    "em_is_leaf", "em_to", "em_set_grad_buffer", "em_item", "em_to_array", "em_copy_into", "em_module_to",
-    "em_describe", "em_zeros_like", "em_ones_like",
-    "em_module_flatten", "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss", "em_gpt_forward_cached",
-    "em_sgd_new", "em_adam_new", "em_adamw_new", "em_optim_add_group", "em_optim_step", "em_optim_zero_grad",
-    "em_optim_load_state", "em_clip_grad_norm", "em_scaler_unscale", "all_reduce", "broadcast", "all_gather",
-    "reduce_scatter", "send", "recv", "gather", "em_safetensors_save", "em_module_load",
-};
-
-TEST(test_cuda_every_op_on_the_cuda_list_has_a_row_in_the_all_backends_table)
+TEST(test_cuda_every_op_with_a_cuda_backend_has_a_row_in_the_all_backends_table)
 {
     int missing = 0;
-    for (size_t i = 0; i < cuda_op_count(); i++) {
-        const char *op = cuda_op_name(i);
+    for (int op = 0; op < OP_COUNT; op++) {
+        if (!(op_table[op].backends & OPB_CUDA)) continue;
         bool found = false;
-        for (size_t k = 0; k < sizeof not_ops / sizeof not_ops[0] && !found; k++) found = !strcmp(not_ops[k], op);
-        for (int k = 0; k < NCASES && !found; k++) found = !strcmp(cases[k].op, op);
+        for (int k = 0; k < NCASES && !found; k++) found = !strcmp(cases[k].op, op_table[op].name);
         if (!found) {
-            fprintf(stderr, "  '%s' is on the CUDA list but has no case in tests/test_cuda_ops.c\n", op);
+            fprintf(stderr,
+                    "  '%s' has a CUDA backend (tensor/ops.def) but no case in tests/test_cuda_ops.c\n",
+                    op_table[op].name);
             missing++;
         }
     }
     CHECK(missing == 0);
+}
+
+TEST(test_every_op_name_is_unique_and_no_cuda_entry_point_is_an_op)
+{
+    int dup = 0;
+    for (int i = 0; i < OP_COUNT; i++) {
+        if (op_find(op_table[i].name) == i) continue;
+        fprintf(stderr, "  op '%s' is listed twice\n", op_table[i].name);
+        dup++;
+    }
+    for (size_t i = 0; i < cuda_entry_count(); i++) {
+        const char *name = cuda_entry_name(i);
+        bool twice = false;
+        for (size_t j = 0; j < i; j++) twice |= !strcmp(cuda_entry_name(j), name);
+        if (op_find(name) < 0 && !twice) continue;
+        fprintf(stderr, "  '%s' is %s\n", name, twice ? "listed twice" : "an op and a CUDA entry point");
+        dup++;
+    }
+    CHECK(dup == 0);
 }

@@ -1,7 +1,10 @@
 /* test_unary.c — pow_scalar, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu,
  * gelu, gelu_tanh, silu: reference values (tests/fixtures/gen_unary.py),
- * gradients, f32 vs f64, f16/bf16, non-contiguous inputs, errors. */
+ * gradients, f32 vs f64, f16/bf16, non-contiguous inputs, errors; and the
+ * CPU's vectorisable f32 approximations held to the exact formulas the CUDA
+ * kernels use (tensor/elementwise_math.h), with the tolerances stated there. */
 #include "harness.h"
+#include "tensor/elementwise_math.h"
 
 #include "fixtures/unary_ref.h"
 
@@ -16,20 +19,20 @@ typedef struct uop {
     bool pos;
 } uop;
 
-static const uop OP_EXP = {"exp", em_exp, 0, false};
-static const uop OP_LOG = {"log", em_log, 0, true};
-static const uop OP_SQRT = {"sqrt", em_sqrt, 0, true};
-static const uop OP_RSQRT = {"rsqrt", em_rsqrt, 0, true};
-static const uop OP_ABS = {"abs", em_abs, 0, false};
-static const uop OP_TANH = {"tanh", em_tanh, 0, false};
-static const uop OP_SIGMOID = {"sigmoid", em_sigmoid, 0, false};
-static const uop OP_RELU = {"relu", em_relu, 0, false};
-static const uop OP_GELU = {"gelu", em_gelu, 0, false};
-static const uop OP_GELU_TANH = {"gelu_tanh", em_gelu_tanh, 0, false};
-static const uop OP_SILU = {"silu", em_silu, 0, false};
-static const uop OP_POW3 = {"pow_scalar 3", NULL, 3.0, false};
-static const uop OP_POW2_5 = {"pow_scalar 2.5", NULL, 2.5, true};
-static const uop OP_POW_M1_5 = {"pow_scalar -1.5", NULL, -1.5, true};
+static const uop UOP_EXP = {"exp", em_exp, 0, false};
+static const uop UOP_LOG = {"log", em_log, 0, true};
+static const uop UOP_SQRT = {"sqrt", em_sqrt, 0, true};
+static const uop UOP_RSQRT = {"rsqrt", em_rsqrt, 0, true};
+static const uop UOP_ABS = {"abs", em_abs, 0, false};
+static const uop UOP_TANH = {"tanh", em_tanh, 0, false};
+static const uop UOP_SIGMOID = {"sigmoid", em_sigmoid, 0, false};
+static const uop UOP_RELU = {"relu", em_relu, 0, false};
+static const uop UOP_GELU = {"gelu", em_gelu, 0, false};
+static const uop UOP_GELU_TANH = {"gelu_tanh", em_gelu_tanh, 0, false};
+static const uop UOP_SILU = {"silu", em_silu, 0, false};
+static const uop UOP_POW3 = {"pow_scalar 3", NULL, 3.0, false};
+static const uop UOP_POW2_5 = {"pow_scalar 2.5", NULL, 2.5, true};
+static const uop UOP_POW_M1_5 = {"pow_scalar -1.5", NULL, -1.5, true};
 
 /* max |t| over all elements */
 static double max_abs(em_tensor *t)
@@ -70,20 +73,20 @@ static void ref_case(const uop *u, const double *want)
     em_scope_end(s);
 }
 
-TEST(test_exp_matches_reference_values) { ref_case(&OP_EXP, ref_exp); }
-TEST(test_log_matches_reference_values) { ref_case(&OP_LOG, ref_log); }
-TEST(test_sqrt_matches_reference_values) { ref_case(&OP_SQRT, ref_sqrt); }
-TEST(test_rsqrt_matches_reference_values) { ref_case(&OP_RSQRT, ref_rsqrt); }
-TEST(test_abs_matches_reference_values) { ref_case(&OP_ABS, ref_abs); }
-TEST(test_tanh_matches_reference_values) { ref_case(&OP_TANH, ref_tanh); }
-TEST(test_sigmoid_matches_reference_values) { ref_case(&OP_SIGMOID, ref_sigmoid); }
-TEST(test_relu_matches_reference_values) { ref_case(&OP_RELU, ref_relu); }
-TEST(test_gelu_matches_reference_values) { ref_case(&OP_GELU, ref_gelu); }
-TEST(test_gelu_tanh_matches_reference_values) { ref_case(&OP_GELU_TANH, ref_gelu_tanh); }
-TEST(test_silu_matches_reference_values) { ref_case(&OP_SILU, ref_silu); }
-TEST(test_pow_scalar_integer_power_matches_reference_values) { ref_case(&OP_POW3, ref_pow3); }
-TEST(test_pow_scalar_fractional_power_matches_reference_values) { ref_case(&OP_POW2_5, ref_pow2_5); }
-TEST(test_pow_scalar_negative_power_matches_reference_values) { ref_case(&OP_POW_M1_5, ref_pow_m1_5); }
+TEST(test_exp_matches_reference_values) { ref_case(&UOP_EXP, ref_exp); }
+TEST(test_log_matches_reference_values) { ref_case(&UOP_LOG, ref_log); }
+TEST(test_sqrt_matches_reference_values) { ref_case(&UOP_SQRT, ref_sqrt); }
+TEST(test_rsqrt_matches_reference_values) { ref_case(&UOP_RSQRT, ref_rsqrt); }
+TEST(test_abs_matches_reference_values) { ref_case(&UOP_ABS, ref_abs); }
+TEST(test_tanh_matches_reference_values) { ref_case(&UOP_TANH, ref_tanh); }
+TEST(test_sigmoid_matches_reference_values) { ref_case(&UOP_SIGMOID, ref_sigmoid); }
+TEST(test_relu_matches_reference_values) { ref_case(&UOP_RELU, ref_relu); }
+TEST(test_gelu_matches_reference_values) { ref_case(&UOP_GELU, ref_gelu); }
+TEST(test_gelu_tanh_matches_reference_values) { ref_case(&UOP_GELU_TANH, ref_gelu_tanh); }
+TEST(test_silu_matches_reference_values) { ref_case(&UOP_SILU, ref_silu); }
+TEST(test_pow_scalar_integer_power_matches_reference_values) { ref_case(&UOP_POW3, ref_pow3); }
+TEST(test_pow_scalar_fractional_power_matches_reference_values) { ref_case(&UOP_POW2_5, ref_pow2_5); }
+TEST(test_pow_scalar_negative_power_matches_reference_values) { ref_case(&UOP_POW_M1_5, ref_pow_m1_5); }
 
 TEST(test_gelu_exact_and_tanh_forms_differ_slightly)
 {
@@ -117,20 +120,20 @@ static void grad_case(const uop *u)
     em_free(x);
 }
 
-TEST(test_exp_gradient_matches_finite_difference) { grad_case(&OP_EXP); }
-TEST(test_log_gradient_matches_finite_difference) { grad_case(&OP_LOG); }
-TEST(test_sqrt_gradient_matches_finite_difference) { grad_case(&OP_SQRT); }
-TEST(test_rsqrt_gradient_matches_finite_difference) { grad_case(&OP_RSQRT); }
-TEST(test_abs_gradient_matches_finite_difference) { grad_case(&OP_ABS); }
-TEST(test_tanh_gradient_matches_finite_difference) { grad_case(&OP_TANH); }
-TEST(test_sigmoid_gradient_matches_finite_difference) { grad_case(&OP_SIGMOID); }
-TEST(test_relu_gradient_matches_finite_difference) { grad_case(&OP_RELU); }
-TEST(test_gelu_gradient_matches_finite_difference) { grad_case(&OP_GELU); }
-TEST(test_gelu_tanh_gradient_matches_finite_difference) { grad_case(&OP_GELU_TANH); }
-TEST(test_silu_gradient_matches_finite_difference) { grad_case(&OP_SILU); }
-TEST(test_pow_scalar_integer_power_gradient_matches_finite_difference) { grad_case(&OP_POW3); }
-TEST(test_pow_scalar_fractional_power_gradient_matches_finite_difference) { grad_case(&OP_POW2_5); }
-TEST(test_pow_scalar_negative_power_gradient_matches_finite_difference) { grad_case(&OP_POW_M1_5); }
+TEST(test_exp_gradient_matches_finite_difference) { grad_case(&UOP_EXP); }
+TEST(test_log_gradient_matches_finite_difference) { grad_case(&UOP_LOG); }
+TEST(test_sqrt_gradient_matches_finite_difference) { grad_case(&UOP_SQRT); }
+TEST(test_rsqrt_gradient_matches_finite_difference) { grad_case(&UOP_RSQRT); }
+TEST(test_abs_gradient_matches_finite_difference) { grad_case(&UOP_ABS); }
+TEST(test_tanh_gradient_matches_finite_difference) { grad_case(&UOP_TANH); }
+TEST(test_sigmoid_gradient_matches_finite_difference) { grad_case(&UOP_SIGMOID); }
+TEST(test_relu_gradient_matches_finite_difference) { grad_case(&UOP_RELU); }
+TEST(test_gelu_gradient_matches_finite_difference) { grad_case(&UOP_GELU); }
+TEST(test_gelu_tanh_gradient_matches_finite_difference) { grad_case(&UOP_GELU_TANH); }
+TEST(test_silu_gradient_matches_finite_difference) { grad_case(&UOP_SILU); }
+TEST(test_pow_scalar_integer_power_gradient_matches_finite_difference) { grad_case(&UOP_POW3); }
+TEST(test_pow_scalar_fractional_power_gradient_matches_finite_difference) { grad_case(&UOP_POW2_5); }
+TEST(test_pow_scalar_negative_power_gradient_matches_finite_difference) { grad_case(&UOP_POW_M1_5); }
 
 /* grad of sum(op(x)) for x = (-1, 0, 2), in f32, f64 and bf16 */
 static void grad_at(unary_fn f, const double *want)
@@ -166,8 +169,9 @@ TEST(test_pow_scalar_zero_power_gives_ones_and_zero_gradient)
 TEST(test_unary_f32_gradient_matches_f64_gradient)
 {
     /* backward in f32 (fast path) agrees with backward in f64 for every op */
-    const uop *ops[] = {&OP_EXP,  &OP_LOG,  &OP_SQRT,      &OP_RSQRT, &OP_ABS,  &OP_TANH,   &OP_SIGMOID,
-                        &OP_RELU, &OP_GELU, &OP_GELU_TANH, &OP_SILU,  &OP_POW3, &OP_POW2_5, &OP_POW_M1_5};
+    const uop *ops[] = {&UOP_EXP,  &UOP_LOG,     &UOP_SQRT,   &UOP_RSQRT,   &UOP_ABS,
+                        &UOP_TANH, &UOP_SIGMOID, &UOP_RELU,   &UOP_GELU,    &UOP_GELU_TANH,
+                        &UOP_SILU, &UOP_POW3,    &UOP_POW2_5, &UOP_POW_M1_5};
     for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
         const double *in = ops[k]->pos ? POS_IN : REAL_IN;
         em_tensor *x64 = th_tensor(EM_F64, EM_SHAPE(12), in), *x32 = th_tensor(EM_F32, EM_SHAPE(12), in);
@@ -190,8 +194,8 @@ TEST(test_unary_f32_gradient_matches_f64_gradient)
 
 TEST(test_unary_half_dtypes_compute_in_f32_and_keep_dtype)
 {
-    const uop *ops[] = {&OP_EXP,       &OP_TANH, &OP_SIGMOID, &OP_RELU, &OP_GELU,
-                        &OP_GELU_TANH, &OP_SILU, &OP_ABS,     &OP_POW3};
+    const uop *ops[] = {&UOP_EXP,       &UOP_TANH, &UOP_SIGMOID, &UOP_RELU, &UOP_GELU,
+                        &UOP_GELU_TANH, &UOP_SILU, &UOP_ABS,     &UOP_POW3};
     const double *want[] = {ref_exp,       ref_tanh, ref_sigmoid, ref_relu, ref_gelu,
                             ref_gelu_tanh, ref_silu, ref_abs,     ref_pow3};
     em_dtype dts[] = {EM_F16, EM_BF16};
@@ -339,4 +343,142 @@ TEST(test_unary_records_only_when_grad_needed)
     CHECK(em_tape_length() == n0 + 1 && em_requires_grad(y));
     em_scope_end(s);
     em_free(x);
+}
+
+/* ---- the CPU's fast f32 maths against the exact formulas ----------------------------
+ * The CPU computes f32 (and f16/bf16) elementwise maths with vexpf, vtanhf,
+ * verff and vsigmoidf (tensor/vmath_impl.h), which vectorise; the CUDA
+ * kernels use the same formulas with expf, tanhf, erff (the _f32 flavour).
+ * These tests state how far apart the two may be, over inputs from 2^-40
+ * to 100 in size (log-spaced), both signs, plus an even grid over
+ * [-30, 30]. The largest differences measured on every float in the range
+ * are in the comments. */
+
+enum { SWEEP = 120000 };
+
+/* the i-th input of the sweep, i in [0, SWEEP) */
+static float sweep_x(int i)
+{
+    int half = SWEEP / 2, j = i % half;
+    float x = i < half ? (float)pow(2.0, -40 + 46.65 * j / half) : (float)(-30 + 60.0 * j / half);
+    return j % 2 ? -x : x;
+}
+
+/* one unit in the last place of the float |v| (normal range) */
+static double ulp_of(float v)
+{
+    int e;
+    frexpf(fabsf(v), &e);
+    return ldexp(1.0, e - 24);
+}
+
+TEST(test_vexpf_is_within_2_ulp_of_expf_and_flushes_below_minus_87)
+{
+    for (int i = 0; i < SWEEP; i++) {
+        float x = 3 * sweep_x(i), v = vexpf(x), e = expf(x);
+        if (x < -86.99f) { /* below: 0 where expf is tiny or subnormal */
+            if (!(v == 0 && e < 1.7e-38f)) th_fail(__FILE__, __LINE__, "vexpf(%g) = %g, expf %g", x, v, e);
+        } else if (x > 88.72f) { /* above: inf where expf is within 0.3% of FLT_MAX, or inf */
+            if (!(isinf(v) && e > 3.39e38f)) th_fail(__FILE__, __LINE__, "vexpf(%g) = %g, expf %g", x, v, e);
+        } else if (!(fabs((double)v - e) <= 2 * ulp_of(e))) { /* measured: 2 ulp */
+            th_fail(__FILE__, __LINE__, "vexpf(%.9g) = %.9g, expf %.9g: %.1f ulp", x, v, e,
+                    fabs((double)v - e) / ulp_of(e));
+        }
+    }
+    CHECK(isnan(vexpf(NAN)) && vexpf(-INFINITY) == 0 && isinf(vexpf(INFINITY)));
+}
+
+TEST(test_vtanhf_is_within_16_ulp_and_1_2e_7_of_tanhf)
+{
+    for (int i = 0; i < SWEEP; i++) {
+        float x = sweep_x(i), v = vtanhf(x), e = tanhf(x);
+        double d = fabs((double)v - e);
+        /* measured: 15 ulp just above |x| = 1/8, where the series gives way
+         * to 1 - 2/(e^2x + 1); 1.19e-7 absolute */
+        if (!(d <= 16 * ulp_of(e) && d <= 1.2e-7))
+            th_fail(__FILE__, __LINE__, "vtanhf(%.9g) = %.9g, tanhf %.9g: %.1f ulp", x, v, e, d / ulp_of(e));
+    }
+}
+
+TEST(test_verff_is_within_6e_7_of_erff)
+{
+    for (int i = 0; i < SWEEP; i++) {
+        float x = sweep_x(i), v = verff(x), e = erff(x);
+        /* measured: 5.1e-7 (A&S 7.1.26's 1.5e-7 plus f32 rounding, the worst
+         * near 0 where 1 - poly e^-x^2 cancels) */
+        if (!(fabs((double)v - e) <= 6e-7))
+            th_fail(__FILE__, __LINE__, "verff(%.9g) = %.9g, erff %.9g", x, v, e);
+    }
+}
+
+TEST(test_vsigmoidf_is_within_4_ulp_and_1_2e_7_of_the_exact_sigmoid)
+{
+    for (int i = 0; i < SWEEP; i++) {
+        float x = 3 * sweep_x(i), v = vsigmoidf(x), e = ew_sigmoid_f32(x);
+        double d = fabs((double)v - e);
+        /* measured: 4 ulp above -86.9 (below, vexpf's overflow gives 0 where
+         * the exact value is under 1.7e-38); 1.19e-7 absolute */
+        if (!(d <= 1.2e-7 && (x < -86.9f || d <= 4 * ulp_of(e))))
+            th_fail(__FILE__, __LINE__, "vsigmoidf(%.9g) = %.9g, exact %.9g", x, v, e);
+    }
+}
+
+TEST(test_every_unary_op_fast_f32_forward_and_gradient_are_within_6e_7_of_the_exact_formula)
+{
+    /* |fast - exact| <= 6e-7 * max(1, |exact|); measured worst: silu's
+     * gradient 4.7e-7, gelu's forward 2.9e-7. p = 2.5 for pow_scalar. */
+    for (int k = 0; k < UN_COUNT; k++) {
+        for (int i = 0; i < SWEEP; i++) {
+            float x = sweep_x(i), p = 2.5f, g = 1.0f - (float)(i % 7) / 4;
+            if (k == UN_EXP && x > 88.7f) continue; /* vexpf's inf, tested above */
+            float yv = ew_unary_f32v((unop)k, x, p), ye = ew_unary_f32((unop)k, x, p);
+            float gv = ew_unary_grad_f32v((unop)k, x, yv, g, p), ge = ew_unary_grad_f32((unop)k, x, ye, g, p);
+            float got[2] = {yv, gv}, want[2] = {ye, ge};
+            for (int j = 0; j < 2; j++) {
+                if (isnan(want[j]) || (isinf(want[j]) && got[j] == want[j])) {
+                    if (!(isnan(want[j]) == isnan(got[j])))
+                        th_fail(__FILE__, __LINE__, "%s(%g): %g, exact %g", unop_name((unop)k), x, got[j],
+                                want[j]);
+                    continue;
+                }
+                double d = fabs((double)got[j] - want[j]) / fmax(1.0, fabs(want[j]));
+                if (!(d <= 6e-7))
+                    th_fail(__FILE__, __LINE__, "%s %s at %.9g: fast %.9g, exact %.9g", unop_name((unop)k),
+                            j ? "gradient" : "forward", x, got[j], want[j]);
+            }
+        }
+    }
+}
+
+TEST(test_unary_f32_strided_path_gives_the_fast_paths_bits_forward_and_backward)
+{
+    /* the strided kernel and the contiguous loop compute one formula, so a
+     * transposed input must give the contiguous result bit for bit */
+    const uop *ops[] = {&UOP_EXP,  &UOP_LOG,     &UOP_SQRT,   &UOP_RSQRT,   &UOP_ABS,
+                        &UOP_TANH, &UOP_SIGMOID, &UOP_RELU,   &UOP_GELU,    &UOP_GELU_TANH,
+                        &UOP_SILU, &UOP_POW3,    &UOP_POW2_5, &UOP_POW_M1_5};
+    for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+        em_scope s = em_scope_begin();
+        em_rng r = em_rng_new(40 + k);
+        em_tensor *x = em_mul_scalar(em_randn(EM_F32, EM_SHAPE(37, 29), &r), 3.0);
+        if (ops[k]->pos) x = em_add_scalar(em_abs(x), 0.05);
+        em_tensor *g = em_randn(EM_F32, EM_SHAPE(37, 29), &r);
+        em_tensor *a = em_detach(x), *b = em_detach(em_contiguous(em_transpose(x, 0, 1)));
+        CHECK_OK(em_set_requires_grad(a, true));
+        CHECK_OK(em_set_requires_grad(b, true));
+        em_tensor *ya = apply(ops[k], a);                     /* the contiguous loop */
+        em_tensor *yb = apply(ops[k], em_transpose(b, 0, 1)); /* the strided kernel */
+        if (th_max_abs_diff(ya, yb) != 0 || memcmp(em_data(ya), em_data(em_contiguous(yb)), 37 * 29 * 4))
+            th_fail(__FILE__, __LINE__, "%s: the strided forward differs from the contiguous one",
+                    ops[k]->name);
+        CHECK_OK(em_backward(em_sum(em_mul(ya, g), 0, NULL, false), NULL));
+        CHECK_OK(em_backward(em_sum(em_mul(yb, g), 0, NULL, false), NULL));
+        em_tensor *gb = em_contiguous(em_transpose(em_grad(b), 0, 1));
+        if (memcmp(em_data(em_grad(a)), em_data(gb), 37 * 29 * 4))
+            th_fail(__FILE__, __LINE__, "%s: the strided backward differs from the contiguous one",
+                    ops[k]->name);
+        em_scope_end(s);
+        em_free(a);
+        em_free(b);
+    }
 }

@@ -34,7 +34,7 @@ extern "C" {
 #endif
 
 /* ---- autocast (amp/autocast.c) ---------------------------------------------------
- * The policy is one table (amp/autocast.c), per op name:
+ * The policy comes from the op list (tensor/ops.def, one line per op):
  *   LOW      matmul (and so Linear): f32/f64 operands are cast to the
  *            autocast dtype; the result is in that dtype.
  *   F32      softmax, log_softmax, layer_norm, rms_norm, cross_entropy,
@@ -55,8 +55,9 @@ em_dtype em_autocast_set(em_dtype dt);
 /* EM_BF16 / EM_F16 while autocast is on in this thread, else EM_F32. */
 em_dtype em_autocast_dtype(void);
 /* Overrides one op's policy for the whole process (set it before threads
- * start training). EM_ERR_ARG naming op when the table has no such op, or
- * when p is not a policy. */
+ * start training). EM_ERR_ARG naming op when it is not one of the ops above
+ * (an op whose policy is NONE does not consult autocast), or when p is not
+ * a policy. */
 em_status em_amp_set_policy(const char *op, em_amp_policy p);
 /* The op's policy; EM_AMP_NONE for an op not in the table. */
 em_amp_policy em_amp_policy_of(const char *op);

@@ -1,0 +1,99 @@
+/* elementwise_formulas.h — every elementwise op's per-element maths, once:
+ * forward f(x), backward g * f'(x, y), binary arithmetic and x*m + s.
+ *
+ * Not a header to include directly: elementwise_math.h includes it once per
+ * flavour, with EW_T the number type, EW_FN(name) the flavoured function
+ * name, and EW_EXP, EW_TANH, EW_ERF, EW_SIGMOID, EW_POW, EW_LOG, EW_SQRT,
+ * EW_ABS, EW_MUL_ADD the primitives (see there). Constants are written as
+ * EW_C(v), v converted to EW_T, so one text is the same arithmetic as the
+ * double and the float formulas written out by hand.
+ *
+ * Adding a unary op: its case in ew_unary and in ew_unary_grad. A switch
+ * has no default: -Wswitch-enum (on for this file) makes a missing case a
+ * compile error. */
+#define EW_C(v) ((EW_T)(v))
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wswitch-enum"
+
+/* f(x); p is pow_scalar's power */
+static EM_HD inline EW_T EW_FN(ew_unary)(unop k, EW_T x, EW_T p)
+{
+    switch (k) {
+    case UN_POW_SCALAR: return EW_POW(x, p);
+    case UN_EXP: return EW_EXP(x);
+    case UN_LOG: return EW_LOG(x);
+    case UN_SQRT: return EW_SQRT(x);
+    case UN_RSQRT: return EW_C(1) / EW_SQRT(x);
+    case UN_ABS: return EW_ABS(x);
+    case UN_TANH: return EW_TANH(x);
+    case UN_SIGMOID: return EW_SIGMOID(x);
+    case UN_RELU: return x > 0 ? x : EW_C(0);
+    case UN_GELU: return EW_C(0.5) * x * (EW_C(1) + EW_ERF(x * EW_C(EW_INV_SQRT2))); /* x Phi(x) */
+    case UN_GELU_TANH:
+        return EW_C(0.5) * x * (EW_C(1) + EW_TANH(EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x)));
+    case UN_SILU: return x * EW_SIGMOID(x);
+    }
+    return (EW_T)NAN; /* not reached: every op has its case */
+}
+
+/* g * dy/dx, from the input x and the output y (whichever the derivative
+ * is cheaper from); p is pow_scalar's power. g multiplies last, except
+ * where the order below is the one the CPU's fast loops always had. */
+static EM_HD inline EW_T EW_FN(ew_unary_grad)(unop k, EW_T x, EW_T y, EW_T g, EW_T p)
+{
+    switch (k) {
+    case UN_POW_SCALAR: return g * (p == 0 ? EW_C(0) : p * EW_POW(x, p - 1)); /* d x^p = p x^(p-1) */
+    case UN_EXP: return g * y;                                                /* d e^x = e^x */
+    case UN_LOG: return g * (EW_C(1) / x);                                    /* d log x = 1/x */
+    case UN_SQRT: return g * (EW_C(0.5) / y);                                 /* 1/(2 sqrt x) */
+    case UN_RSQRT: return g * (EW_C(-0.5) * y * y * y);                       /* -x^-3/2 / 2 */
+    case UN_ABS: return g * (x > 0 ? EW_C(1) : x < 0 ? EW_C(-1) : EW_C(0));   /* sign(x), 0 at 0 */
+    case UN_TANH: return g * (EW_C(1) - y * y);                               /* 1 - tanh^2 */
+    case UN_SIGMOID: return g * y * (EW_C(1) - y);                            /* s (1 - s) */
+    case UN_RELU: return x > 0 ? g : EW_C(0);                                 /* 0 at 0 */
+    case UN_GELU:                                                             /* Phi(x) + x phi(x) */
+        return g * (EW_C(0.5) * (EW_C(1) + EW_ERF(x * EW_C(EW_INV_SQRT2))) +
+                    x * EW_C(EW_INV_SQRT_2PI) * EW_EXP(EW_C(-0.5) * x * x));
+    case UN_GELU_TANH: { /* u = k(x + c x^3), t = tanh u: (1 + t)/2 + x (1 - t^2) u' / 2 */
+        EW_T t = EW_TANH(EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x));
+        return g * (EW_C(0.5) * (EW_C(1) + t) + EW_C(0.5) * x * (EW_C(1) - t * t) * EW_C(EW_GELU_K) *
+                                                    (EW_C(1) + EW_C(3) * EW_C(EW_GELU_C) * x * x));
+    }
+    case UN_SILU: { /* d x s(x) = s (1 + x (1 - s)) */
+        EW_T s = EW_SIGMOID(x);
+        return g * s * (EW_C(1) + x * (EW_C(1) - s));
+    }
+    }
+    return (EW_T)NAN; /* not reached: every op has its case */
+}
+
+/* x <op> y */
+static EM_HD inline EW_T EW_FN(ew_binary)(binop k, EW_T x, EW_T y)
+{
+    switch (k) {
+    case BIN_ADD: return x + y;
+    case BIN_SUB: return x - y;
+    case BIN_MUL: return x * y;
+    case BIN_DIV: return x / y;
+    }
+    return (EW_T)NAN; /* not reached: every op has its case */
+}
+
+/* x*m + s: add_scalar (m = 1), mul_scalar (s = 0), neg (m = -1) */
+static EM_HD inline EW_T EW_FN(ew_affine)(EW_T x, EW_T m, EW_T s) { return EW_MUL_ADD(x, m, s); }
+
+#pragma GCC diagnostic pop
+
+#undef EW_C
+#undef EW_T
+#undef EW_FN
+#undef EW_EXP
+#undef EW_TANH
+#undef EW_ERF
+#undef EW_SIGMOID
+#undef EW_POW
+#undef EW_LOG
+#undef EW_SQRT
+#undef EW_ABS
+#undef EW_MUL_ADD
