@@ -15,75 +15,23 @@
  */
 #include <stdlib.h>
 
-#include "../amp/amp_impl.h"
-#include "../tensor/tensor_impl.h"
+#include "../tensor/dispatch.h"
+#include "ember/autograd.h"
 
-static _Thread_local node **tape;
-static _Thread_local int64_t tape_len, tape_cap;
-static _Thread_local bool grad_enabled = true;
+/* The tape itself (the nodes ops recorded) and grad mode live with the
+ * dispatcher (tensor/dispatch.c); this file is the engine that walks it. */
 
-int64_t em_tape_length(void) { return tape_len; }
+int64_t em_tape_length(void) { return tape_length(); }
 
-int64_t ag_tape_truncate(int64_t len)
-{
-    if (len < tape_len) tape_len = len;
-    return tape_len;
-}
+bool em_set_grad_enabled(bool enabled) { return op_set_grad_mode(enabled); }
 
-bool em_set_grad_enabled(bool enabled)
-{
-    bool prev = grad_enabled;
-    grad_enabled = enabled;
-    return prev;
-}
+bool em_is_grad_enabled(void) { return op_grad_mode(); }
 
-bool em_is_grad_enabled(void) { return grad_enabled; }
+static em_status accum(tensor *t, tensor *g);
 
-bool ag_needed(int nin, tensor *const *in)
-{
-    if (!grad_enabled) return false;
-    for (int i = 0; i < nin; i++)
-        if (in[i] && in[i]->requires_grad) return true;
-    return false;
-}
-
-/* On failure the op's output is dropped here, so no op leaks it. */
-node *ag_record(const char *op, backward_fn fn, tensor *out, int nin, tensor *const *in)
-{
-    node *n = NULL;
-    if (em_scope_depth() == 0)
-        em_fail(EM_ERR_SCOPE,
-                "%s: recording a gradient needs an open step scope (em_scope_begin), or run it "
-                "under em_set_grad_enabled(false)",
-                op);
-    else if (tape_len == tape_cap) {
-        int64_t cap = tape_cap ? tape_cap * 2 : 1024;
-        node **nt = realloc(tape, (size_t)cap * sizeof *nt);
-        if (nt) {
-            tape = nt;
-            tape_cap = cap;
-        } else {
-            em_fail(EM_ERR_OOM, "%s: out of memory growing the tape", op);
-        }
-    }
-    if (em_scope_depth() && tape_len < tape_cap) n = scope_alloc(sizeof *n + (size_t)nin * sizeof(tensor *));
-    if (!n) {
-        t_drop(out);
-        return NULL;
-    }
-    memset(n, 0, sizeof *n);
-    n->op = op;
-    n->backward = fn;
-    n->nin = nin;
-    n->in = (tensor **)(n + 1);
-    for (int i = 0; i < nin; i++) n->in[i] = in[i];
-    n->out = out;
-    n->index = tape_len;
-    tape[tape_len++] = n;
-    out->requires_grad = true;
-    out->grad_fn = n;
-    return n;
-}
+/* The engine serves the dispatcher's op_grad (backward functions hand their
+ * gradients there); registered when the library loads. */
+__attribute__((constructor)) static void register_engine(void) { op_set_grad_sink(accum); }
 
 /* ---- leaves ----------------------------------------------------------------- */
 
@@ -193,23 +141,12 @@ em_tensor *em_detach(em_tensor *h)
 
 /* ---- accumulation ----------------------------------------------------------- */
 
-/* Whether every value of dtype `from` is exactly a value of float dtype `to`. */
-bool widens_exactly(em_dtype from, em_dtype to)
-{
-    if (from == to) return true;
-    switch (to) {
-    case EM_F64: return from == EM_F32 || from == EM_F16 || from == EM_BF16;
-    case EM_F32: return from == EM_F16 || from == EM_BF16;
-    default: return false;
-    }
-}
-
 /* dst += src, elementwise, same shape; dst contiguous. */
 static void add_into(tensor *dst, tensor *src)
 {
     int64_t n = t_numel(dst);
 #if EM_HAVE_CUDA
-    if (t_on_cuda(dst)) { /* ag_accum checked both are on this device */
+    if (t_on_cuda(dst)) { /* accum checked both are on this device */
         cu_walk w;
         cu_walk_of(&w, dst, 2, (const tensor *[]){dst, src});
         cu_add_into(dst->device.index, &w, dst->dtype, t_ptr(dst), src->dtype, t_ptr(src));
@@ -241,9 +178,8 @@ static void add_into(tensor *dst, tensor *src)
     }
 }
 
-em_status ag_accum(tensor *t, tensor *g)
+static em_status accum(tensor *t, tensor *g)
 {
-    if (!t->requires_grad) return EM_OK;
     if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
         return em_err(EM_ERR_AUTOGRAD, "backward: gradient %s does not match tensor %s (op '%s')", shp(g),
                       shp(t), t->grad_fn ? t->grad_fn->op : "leaf");
@@ -276,23 +212,11 @@ em_status ag_accum(tensor *t, tensor *g)
     return EM_OK;
 }
 
-tensor *ag_sum_to(tensor *g, int ndim, const int64_t *shape)
-{
-    if (g->ndim == ndim && !memcmp(g->shape, shape, sizeof(int64_t) * (size_t)ndim)) return g;
-    int dims[EM_MAX_DIMS], nd = 0;
-    int lead = g->ndim - ndim;
-    for (int i = 0; i < g->ndim; i++)
-        if (i < lead || (shape[i - lead] == 1 && g->shape[i] != 1)) dims[nd++] = i;
-    tensor *s = nd ? t_sum(g, nd, dims, true) : g;
-    if (!s) return NULL;
-    return t_reshape(s, ndim, shape);
-}
-
 /* ---- backward --------------------------------------------------------------- */
 
 static void mark_reachable(node *root_node, tensor *root)
 {
-    for (int64_t i = 0; i < tape_len; i++) tape[i]->reachable = false;
+    for (int64_t i = 0; i < tape_length(); i++) tape_at(i)->reachable = false;
     if (!root_node) {
         root->pending = 1;
         return;
@@ -300,12 +224,12 @@ static void mark_reachable(node *root_node, tensor *root)
     root_node->reachable = true;
     /* leaves: reset counts first (a leaf may be used by several nodes) */
     for (int64_t i = root_node->index; i >= 0; i--) {
-        node *n = tape[i];
+        node *n = tape_at(i);
         for (int k = 0; k < n->nin; k++)
             if (n->in[k] && !n->in[k]->grad_fn) n->in[k]->pending = 0;
     }
     for (int64_t i = root_node->index; i >= 0; i--) {
-        node *n = tape[i];
+        node *n = tape_at(i);
         if (!n->reachable) continue;
         for (int k = 0; k < n->nin; k++) {
             tensor *x = n->in[k];
@@ -342,8 +266,8 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
     }
     if (root->grad_fn && em_scope_depth() == 0)
         return em_err(EM_ERR_SCOPE, "em_backward: needs an open step scope for its temporaries");
-    bool prev = em_set_grad_enabled(false);
-    em_dtype cast_prev = em_autocast_set(EM_F32); /* backward runs in the dtypes forward chose */
+    bool prev = op_set_grad_mode(false);
+    em_dtype cast_prev = op_set_autocast(EM_F32); /* backward runs in the dtypes forward chose */
     node *rn = root->grad_fn;
     mark_reachable(rn, root);
     em_status s = EM_OK;
@@ -359,15 +283,15 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
         if (g0) fill_n(g0->dtype, t_ptr(g0), 1.0, 1);
         if (fs) {
             if (g0 && g0->depth == 0) t_free(g0);
-            em_set_grad_enabled(prev);
-            em_autocast_set(cast_prev);
+            op_set_grad_mode(prev);
+            op_set_autocast(cast_prev);
             return fs;
         }
     }
-    s = ag_accum(root, g0);
+    s = accum(root, g0);
     if (!gh && g0->depth == 0) t_free(g0);
     for (int64_t i = rn ? rn->index : -1; i >= 0 && s == EM_OK; i--) {
-        node *n = tape[i];
+        node *n = tape_at(i);
         if (!n->reachable || !n->out->grad) continue;
         tensor *gout = n->out->grad;
         n->out->grad = NULL; /* non-leaf grads are temporaries of this walk */
@@ -377,10 +301,10 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
     }
     /* on failure, drop the temporaries the walk left behind */
     for (int64_t i = rn ? rn->index : -1; i >= 0; i--) {
-        tape[i]->out->grad = NULL;
-        tape[i]->out->grad_shared = false;
+        tape_at(i)->out->grad = NULL;
+        tape_at(i)->out->grad_shared = false;
     }
-    em_set_grad_enabled(prev);
-    em_autocast_set(cast_prev);
+    op_set_grad_mode(prev);
+    op_set_autocast(cast_prev);
     return s;
 }

@@ -15,7 +15,7 @@
 
 #include "ember/runtime.h"
 #include "ops.h"
-#include "tensor_impl.h"
+#include "dispatch.h"
 
 em_device em_device_cpu(void) { return (em_device){EM_CPU, 0}; }
 em_device em_device_cuda(int index) { return (em_device){EM_CUDA, index}; }
@@ -119,7 +119,7 @@ static tensor *t_to(tensor *t, em_device dev);
 static em_status to_backward(node *n, tensor *g)
 {
     tensor *gx = t_to(g, n->in[0]->device);
-    return gx ? ag_accum(n->in[0], gx) : em_last_status();
+    return gx ? op_grad(n->in[0], gx) : em_last_status();
 }
 #endif
 

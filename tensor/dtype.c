@@ -112,3 +112,13 @@ void fill_n(em_dtype dt, void *dst, double v, int64_t n)
     st(dt, one, v);
     for (int64_t i = 0; i < n; i++) memcpy((char *)dst + (size_t)i * s, one, s);
 }
+
+bool widens_exactly(em_dtype from, em_dtype to)
+{
+    if (from == to) return true;
+    switch (to) {
+    case EM_F64: return from == EM_F32 || from == EM_F16 || from == EM_BF16;
+    case EM_F32: return from == EM_F16 || from == EM_BF16;
+    default: return false;
+    }
+}

@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "tensor_impl.h"
+#include "dispatch.h"
 
 /* ---- slot table ------------------------------------------------------------ */
 
@@ -213,8 +213,6 @@ static _Thread_local scope_frame frames[MAX_SCOPES + 1];
 static _Thread_local int depth;
 static uint64_t next_scope_id = 1; /* shared across threads: ids stay unique */
 
-int64_t ag_tape_truncate(int64_t len); /* autograd/tape.c */
-int64_t em_tape_length(void);
 
 em_scope em_scope_begin(void)
 {
@@ -227,7 +225,7 @@ em_scope em_scope_begin(void)
     f->id = __atomic_fetch_add(&next_scope_id, 1, __ATOMIC_RELAXED);
     f->m = arena_mark(&scope_arena);
     f->tensors = NULL;
-    f->tape_len = em_tape_length();
+    f->tape_len = tape_length();
     return (em_scope){depth, f->id};
 }
 
@@ -273,7 +271,7 @@ em_status em_scope_end(em_scope s)
         next = t->scope_next;
         tensor_die(t);
     }
-    ag_tape_truncate(f->tape_len);
+    tape_truncate(f->tape_len);
     arena_rewind(&scope_arena, f->m);
     depth--;
     return EM_OK;

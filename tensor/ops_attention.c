@@ -18,7 +18,7 @@
 #include <limits.h>
 
 #include "amp/amp_impl.h"
-#include "tensor_impl.h"
+#include "dispatch.h"
 #include "vmath_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_matmul.h"
@@ -192,7 +192,7 @@ static em_status attention_backward(node *n, tensor *g)
         if (!x->requires_grad) continue;
         tensor *gx = x->dtype == ct ? grads[i] : t_cast(grads[i], x->dtype);
         if (!gx) return em_last_status();
-        em_status s = ag_accum(x, gx);
+        em_status s = op_grad(x, gx);
         if (s) return s;
     }
     return EM_OK;
@@ -242,7 +242,7 @@ static em_status attention_backward_cuda(node *n, tensor *g)
     if (gc != g) t_drop(gc);
     for (int i = 0; i < 3; i++) {
         if (!s && n->in[i]->requires_grad)
-            s = ag_accum(n->in[i], grads[i]); /* which may keep grads[i] */
+            s = op_grad(n->in[i], grads[i]); /* which may keep grads[i] */
         else
             t_drop(grads[i]);
     }

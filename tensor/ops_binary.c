@@ -11,7 +11,7 @@
  * function recorded with ag_record, and a public em_xxx wrapper. */
 #include "amp/amp_impl.h"
 #include "elementwise_math.h"
-#include "tensor_impl.h"
+#include "dispatch.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif
@@ -88,13 +88,13 @@ static em_status add_backward(node *n, tensor *g)
     tensor *a = n->in[0], *b = n->in[1];
     em_status s = EM_OK;
     if (a->requires_grad) {
-        tensor *ga = ag_sum_to(g, a->ndim, a->shape);
-        if (!ga || (s = ag_accum(a, ga))) return s ? s : em_last_status();
+        tensor *ga = t_sum_to(g, a->ndim, a->shape);
+        if (!ga || (s = op_grad(a, ga))) return s ? s : em_last_status();
     }
     if (b->requires_grad) {
         tensor *gb = n->ip[0] == BIN_SUB ? t_neg(g) : g;
-        gb = gb ? ag_sum_to(gb, b->ndim, b->shape) : NULL;
-        if (!gb || (s = ag_accum(b, gb))) return s ? s : em_last_status();
+        gb = gb ? t_sum_to(gb, b->ndim, b->shape) : NULL;
+        if (!gb || (s = op_grad(b, gb))) return s ? s : em_last_status();
     }
     return EM_OK;
 }
@@ -106,15 +106,15 @@ static em_status muldiv_backward(node *n, tensor *g)
     bool div = n->ip[0] == BIN_DIV;
     em_status s;
     if (a->requires_grad) {
-        tensor *ga = ag_sum_to(div ? t_div(g, b) : t_mul(g, b), a->ndim, a->shape);
+        tensor *ga = t_sum_to(div ? t_div(g, b) : t_mul(g, b), a->ndim, a->shape);
         if (!ga) return em_last_status();
-        if ((s = ag_accum(a, ga))) return s;
+        if ((s = op_grad(a, ga))) return s;
     }
     if (b->requires_grad) {
         tensor *gb = div ? t_neg(t_div(t_mul(g, n->out), b)) : t_mul(g, a);
-        gb = gb ? ag_sum_to(gb, b->ndim, b->shape) : NULL;
+        gb = gb ? t_sum_to(gb, b->ndim, b->shape) : NULL;
         if (!gb) return em_last_status();
-        if ((s = ag_accum(b, gb))) return s;
+        if ((s = op_grad(b, gb))) return s;
     }
     return EM_OK;
 }
@@ -220,7 +220,7 @@ static void affine_range(void *p, int64_t lo, int64_t hi)
 static em_status affine_backward(node *n, tensor *g)
 {
     tensor *ga = n->dp[0] == 1.0 ? g : t_mul_scalar(g, n->dp[0]);
-    return ga ? ag_accum(n->in[0], ga) : em_last_status();
+    return ga ? op_grad(n->in[0], ga) : em_last_status();
 }
 
 /* out (contiguous, a's shape) = a*m + s, on a's device; op names it */

@@ -5,7 +5,7 @@
  * cu_compare, the selections as a strided copy then cu_select. */
 #include "amp/amp_impl.h"
 #include "elementwise_math.h"
-#include "tensor_impl.h"
+#include "dispatch.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif
@@ -188,13 +188,13 @@ static tensor *masked_grad(tensor *g, tensor *mask, bool keep, tensor *t)
         memcpy(w.stride[2], g->stride, sizeof(int64_t) * (size_t)g->ndim);
         if (cu_select(g->device.index, &w, g->dtype, t_ptr(out), t_ptr(mask), t_ptr(g), keep, 0.0))
             return NULL;
-        return ag_sum_to(out, t->ndim, t->shape);
+        return t_sum_to(out, t->ndim, t->shape);
     }
 #endif
     mask_ctx c = {.out = out, .g = g, .mask = mask, .keep = keep};
     bcast_strides(mask, g->ndim, g->shape, c.sm);
     parallel_for(t_numel(g), 1 << 14, mask_range, &c);
-    return ag_sum_to(out, t->ndim, t->shape);
+    return t_sum_to(out, t->ndim, t->shape);
 }
 
 /* d where = g where cond (to a), g where !cond (to b); each summed to its shape */
@@ -206,7 +206,7 @@ static em_status where_backward(node *n, tensor *g)
         if (!x->requires_grad) continue;
         tensor *gx = masked_grad(g, cond, i == 1, x);
         if (!gx) return em_last_status();
-        em_status s = ag_accum(x, gx);
+        em_status s = op_grad(x, gx);
         if (s) return s;
     }
     return EM_OK;
@@ -239,7 +239,7 @@ static em_status masked_fill_backward(node *n, tensor *g)
 {
     tensor *a = n->in[0];
     tensor *ga = masked_grad(g, n->in[1], false, a);
-    return ga ? ag_accum(a, ga) : em_last_status();
+    return ga ? op_grad(a, ga) : em_last_status();
 }
 
 static tensor *t_masked_fill(tensor *a, tensor *mask, double value)

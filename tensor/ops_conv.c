@@ -16,7 +16,7 @@
 #include <limits.h>
 
 #include "ember/runtime.h"
-#include "tensor_impl.h"
+#include "dispatch.h"
 #if EM_HAVE_CUDA
 #include "cuda_conv.h"
 #include "cuda_matmul.h"
@@ -262,7 +262,7 @@ static em_status conv_backward_cuda(const geom *g, node *n, tensor *gout)
         s = dw ? gemm_cuda(dev, ct, false, true, g->O, ckk, cols, gt, col, dw) : em_last_status();
         t_drop(col);
         tensor *gw = s ? NULL : dw->dtype == w->dtype ? dw : t_cast(dw, w->dtype);
-        if (!s) s = gw ? ag_accum(w, gw) : em_last_status();
+        if (!s) s = gw ? op_grad(w, gw) : em_last_status();
     }
     if (!s && x->requires_grad) {
         tensor *wc = dev_as_ct(w, ct);
@@ -272,11 +272,11 @@ static em_status conv_backward_cuda(const geom *g, node *n, tensor *gout)
         if (!s) s = cu_col2im(dev, &cg, ct, t_ptr(dcol), x->dtype, t_ptr(dx));
         if (wc != w) t_drop(wc);
         t_drop(dcol);
-        if (!s) s = ag_accum(x, dx);
+        if (!s) s = op_grad(x, dx);
     }
     if (!s && b && b->requires_grad) {
         tensor *db = t_sum(gout, 3, (const int[]){0, 2, 3}, false);
-        s = db ? ag_accum(b, db) : em_last_status();
+        s = db ? op_grad(b, db) : em_last_status();
     }
     t_drop(gt);
     return s;
@@ -342,7 +342,7 @@ static em_status conv_backward(node *n, tensor *gout)
     for (int k = 0; k < 3; k++) {
         if (!gs[k]) continue;
         tensor *gk = gs[k]->dtype == ins[k]->dtype ? gs[k] : t_cast(gs[k], ins[k]->dtype);
-        em_status st_ = gk ? ag_accum(ins[k], gk) : em_last_status();
+        em_status st_ = gk ? op_grad(ins[k], gk) : em_last_status();
         if (st_) return st_;
     }
     return EM_OK;
@@ -533,7 +533,7 @@ static em_status pool_backward(node *n, tensor *gout)
                                        t_ptr(dx))
                          : em_last_status();
         if (gc != gout) t_drop(gc);
-        return s ? s : ag_accum(x, dx);
+        return s ? s : op_grad(x, dx);
     }
 #endif
     em_dtype ct = c.g.dbl ? EM_F64 : EM_F32;
@@ -550,7 +550,7 @@ static em_status pool_backward(node *n, tensor *gout)
     parallel_for(c.g.N * c.g.C, 1 + (1 << 14) / work, is_max ? maxpool_back_range : avgpool_range, &c);
     tmp_release(m);
     tensor *gx = ct == x->dtype ? dx : t_cast(dx, x->dtype);
-    return gx ? ag_accum(x, gx) : em_last_status();
+    return gx ? op_grad(x, gx) : em_last_status();
 }
 
 /* y (N,C,OH,OW) of x's dtype on the CPU; c->arg set (in the scope) when want_arg */

@@ -8,7 +8,7 @@
  * The per-element rules are tensor/dropout_math.h's, shared with the CUDA
  * kernels (tensor/ops_nn.cu). */
 #include "dropout_math.h"
-#include "tensor_impl.h"
+#include "dispatch.h"
 #if EM_HAVE_CUDA
 #include "cuda_nn.h"
 #endif
@@ -81,12 +81,12 @@ static em_status dropout_backward(node *n, tensor *g)
                                           t_numel(g), n->dp[0])
                          : em_last_status();
         if (gc && gc != g) t_drop(gc);
-        return s ? s : ag_accum(n->in[0], gx);
+        return s ? s : op_grad(n->in[0], gx);
     }
 #endif
     dback_ctx c = {g, gx, n->saved, n->dp[0]};
     parallel_for(t_numel(g), 1 << 14, dback_range, &c);
-    return ag_accum(n->in[0], gx);
+    return op_grad(n->in[0], gx);
 }
 
 static tensor *t_dropout(tensor *t, double p, bool training, em_rng *rng)

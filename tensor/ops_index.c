@@ -9,7 +9,7 @@
  * the device are checked on a host copy first. */
 #include <stdio.h>
 
-#include "tensor_impl.h"
+#include "dispatch.h"
 #if EM_HAVE_CUDA
 #include "cuda_nn.h"
 #endif
@@ -220,7 +220,7 @@ static em_status index_add_backward(tensor *in, int d, const tensor *idx, tensor
         if (gc && gc != g) t_drop(gc);
         if (ic && ic != idx) t_drop(ic);
         tensor *gx = s ? NULL : ct == in->dtype ? acc : t_cast(acc, in->dtype);
-        return gx ? ag_accum(in, gx) : s ? s : em_last_status();
+        return gx ? op_grad(in, gx) : s ? s : em_last_status();
     }
 #endif
     tensor *gc = g->dtype == ct ? t_contig(g) : t_cast(g, ct);
@@ -241,7 +241,7 @@ static em_status index_add_backward(tensor *in, int d, const tensor *idx, tensor
         tmp_release(m);
     }
     tensor *gx = ct == in->dtype ? acc : t_cast(acc, in->dtype);
-    return gx ? ag_accum(in, gx) : em_last_status();
+    return gx ? op_grad(in, gx) : em_last_status();
 }
 
 /* d index_select = index_add of g into zeros(t) along dim */
@@ -403,7 +403,7 @@ static em_status scatter_backward(node *n, tensor *g)
 {
     tensor *t = n->in[0], *index = n->in[1], *src = n->in[2];
     em_status s;
-    if (t->requires_grad && (s = ag_accum(t, g))) return s;
+    if (t->requires_grad && (s = op_grad(t, g))) return s;
     if (!src->requires_grad) return EM_OK;
     tensor *gs = t_new_on(g->device, g->dtype, index->ndim, index->shape);
     if (!gs) return em_last_status();
@@ -415,12 +415,12 @@ static em_status scatter_backward(node *n, tensor *g)
         scat_walk(&c, &w);
         s = cu_gather_dim(g->device.index, t_esize(g), &w, c.L, gs->stride[c.d], index->stride[c.d], g->stride[c.d],
                           t_ptr(gs), t_ptr(index), t_ptr(g));
-        return s ? s : ag_accum(src, gs);
+        return s ? s : op_grad(src, gs);
     }
 #endif
     /* gather_range reads g through c.rs and writes gs through c.ro */
     parallel_for(shape_numel(c.nr, c.rshape), scat_grain(c.L), gather_range, &c);
-    return ag_accum(src, gs);
+    return op_grad(src, gs);
 }
 
 static tensor *t_scatter_add(tensor *t, int dim, tensor *index, tensor *src)

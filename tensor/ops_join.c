@@ -4,7 +4,7 @@
  * Every input must be on one device; on CUDA the copies are the core
  * strided-copy kernel (copy_strided) and the backward is views plus
  * gradient accumulation, so both directions run on the device. */
-#include "tensor_impl.h"
+#include "dispatch.h"
 
 /* Checks the array itself: n >= 1, no NULL entries. */
 static bool chk_list(const char *op, int n, tensor *const *ts)
@@ -58,7 +58,7 @@ static em_status concat_backward(node *n, tensor *g)
         if (x->requires_grad) {
             tensor v = part_of(g, d, off, x->shape[d]);
             tensor *gx = t_view_of(g, v.ndim, v.shape, v.stride, v.offset);
-            em_status s = gx ? ag_accum(x, gx) : em_last_status();
+            em_status s = gx ? op_grad(x, gx) : em_last_status();
             if (s) return s;
         }
         off += x->shape[d];
@@ -111,7 +111,7 @@ static em_status stack_backward(node *n, tensor *g)
         if (!x->requires_grad) continue;
         tensor v = part_of(g, d, i, -1);
         tensor *gx = t_view_of(g, v.ndim, v.shape, v.stride, v.offset);
-        em_status s = gx ? ag_accum(x, gx) : em_last_status();
+        em_status s = gx ? op_grad(x, gx) : em_last_status();
         if (s) return s;
     }
     return EM_OK;

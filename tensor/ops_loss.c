@@ -6,6 +6,7 @@
  * backward writes (softmax - onehot) * g / count directly, zero rows for
  * ignored targets. f16/bf16 logits are computed in f32. */
 #include "amp/amp_impl.h"
+#include "dispatch.h"
 #include "rows_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_nn.h"
@@ -133,7 +134,7 @@ static em_status ce_backward(node *n, tensor *g)
         rows_done(dx, last, c.dx);
     }
     tmp_release(m);
-    return ok ? ag_accum(x, dx) : em_last_status();
+    return ok ? op_grad(x, dx) : em_last_status();
 }
 
 /* Every target in [0, C) or equal to ignore; the first bad one is reported
@@ -180,7 +181,7 @@ static em_status ce_backward_cuda(node *n, tensor *g)
                                             n->ip[0], t_ptr(sv->stats), g->dtype, t_ptr(g), t_ptr(dx))
                      : em_last_status();
     if (xr && xr != x) t_drop(xr);
-    return s ? s : ag_accum(x, dx);
+    return s ? s : op_grad(x, dx);
 }
 
 /* The targets are range-checked on the host (a copy of them comes back first). */

@@ -21,7 +21,7 @@
 
 #include "amp/amp_impl.h"
 #include "ember/runtime.h"
-#include "tensor_impl.h"
+#include "dispatch.h"
 #if EM_HAVE_CUDA
 #include "cuda_matmul.h"
 #endif
@@ -187,9 +187,9 @@ static em_status matmul_backward(node *n, tensor *g)
     em_status s;
     if (a->requires_grad) {
         tensor *ga = t_matmul(g, t_transpose(b, -1, -2));
-        ga = ga ? ag_sum_to(ga, a->ndim, a->shape) : NULL;
+        ga = ga ? t_sum_to(ga, a->ndim, a->shape) : NULL;
         if (!ga) return em_last_status();
-        if ((s = ag_accum(a, ga))) return s;
+        if ((s = op_grad(a, ga))) return s;
     }
     if (b->requires_grad) {
         tensor *gb;
@@ -205,10 +205,10 @@ static em_status matmul_backward(node *n, tensor *g)
                 gb = a2 && g2 ? t_matmul(t_transpose(a2, 0, 1), g2) : NULL;
         } else {
             gb = t_matmul(t_transpose(a, -1, -2), g);
-            gb = gb ? ag_sum_to(gb, b->ndim, b->shape) : NULL;
+            gb = gb ? t_sum_to(gb, b->ndim, b->shape) : NULL;
         }
         if (!gb) return em_last_status();
-        if ((s = ag_accum(b, gb))) return s;
+        if ((s = op_grad(b, gb))) return s;
     }
     return EM_OK;
 }

@@ -6,6 +6,7 @@
  * fused kernel (rows split across threads, each with its own dweight/dbias
  * partial sums, added up at the end). f16/bf16 are computed in f32. */
 #include "amp/amp_impl.h"
+#include "dispatch.h"
 #include "rows_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_nn.h"
@@ -238,9 +239,9 @@ static em_status norm_backward_cuda(node *n, tensor *g)
     if (gr) drop_copy(gr, g);
     if (wr) drop_copy(wr, w);
     t_drop(part);
-    if (!s && dx) s = ag_accum(x, dx);
-    if (!s && dw) s = ag_accum(w, dw);
-    if (!s && db) s = ag_accum(b, db);
+    if (!s && dx) s = op_grad(x, dx);
+    if (!s && dw) s = op_grad(w, dw);
+    if (!s && db) s = op_grad(b, db);
     return s;
 }
 
@@ -309,9 +310,9 @@ static em_status norm_backward(node *n, tensor *g)
     tmp_release(m);
     em_status s = EM_OK;
     if (!ok || (need_w && !dw) || (need_b && !db)) return em_last_status();
-    if (dx && (s = ag_accum(x, dx))) return s;
-    if (dw && (s = ag_accum(w, dw))) return s;
-    if (db && (s = ag_accum(b, db))) return s;
+    if (dx && (s = op_grad(x, dx))) return s;
+    if (dw && (s = op_grad(w, dw))) return s;
+    if (db && (s = op_grad(b, db))) return s;
     return EM_OK;
 }
 

@@ -13,7 +13,7 @@
  * tensor/ops_elementwise.cu: one block per output element, a tree in shared
  * memory, double accumulators, a fixed order (results repeat run to run). */
 #include "ops.h"
-#include "tensor_impl.h"
+#include "dispatch.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif
@@ -281,7 +281,7 @@ static em_status sum_backward(node *n, tensor *g)
     for (int i = 0; i < x->ndim; i++) ks[i] = (n->ip[0] >> i) & 1 ? 1 : x->shape[i];
     tensor *gs = n->dp[0] == 1.0 ? g : t_mul_scalar(g, n->dp[0]);
     tensor *gx = gs ? t_expand(t_reshape(gs, x->ndim, ks), x->ndim, x->shape) : NULL;
-    return gx ? ag_accum(x, gx) : em_last_status();
+    return gx ? op_grad(x, gx) : em_last_status();
 }
 
 static tensor *sum_like(const char *op, tensor *t, int ndims, const int *dims, bool keepdim, bool mean)
@@ -447,12 +447,12 @@ static em_status ext_backward(node *n, tensor *g)
         memcpy(rw.stride[2], c.rgx, sizeof(int64_t) * (size_t)c.nr);
         s = cu_extreme_backward(x->device.index, &kw, &rw, x->dtype, t_ptr(x), n->out->dtype, t_ptr(n->out),
                                 g->dtype, t_ptr(g), t_ptr(gx));
-        return s ? s : ag_accum(x, gx);
+        return s ? s : op_grad(x, gx);
     }
 #endif
     int64_t kn = shape_numel(c.nk, c.kshape), rn = shape_numel(c.nr, c.rshape);
     parallel_for(kn, rn >= 4096 ? 1 : 4096 / (rn + 1) + 1, ext_bw_range, &c);
-    return ag_accum(x, gx);
+    return op_grad(x, gx);
 }
 
 /* out (contiguous, kept shape) = max/min/argmax of t over g, on t's device */
@@ -519,4 +519,16 @@ em_tensor *em_argmax(em_tensor *h, int dim, bool keepdim)
 {
     tensor *t = t_resolve(h, "argmax");
     return t ? t_handle(extreme(RED_ARGMAX, t, 1, &dim, keepdim)) : NULL;
+}
+
+tensor *t_sum_to(tensor *g, int ndim, const int64_t *shape)
+{
+    if (g->ndim == ndim && !memcmp(g->shape, shape, sizeof(int64_t) * (size_t)ndim)) return g;
+    int dims[EM_MAX_DIMS], nd = 0;
+    int lead = g->ndim - ndim;
+    for (int i = 0; i < g->ndim; i++)
+        if (i < lead || (shape[i - lead] == 1 && g->shape[i] != 1)) dims[nd++] = i;
+    tensor *s = nd ? t_sum(g, nd, dims, true) : g;
+    if (!s) return NULL;
+    return t_reshape(s, ndim, shape);
 }

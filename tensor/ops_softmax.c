@@ -8,6 +8,7 @@
  * ops_loss.c use the same helpers, and ops_loss.c the f32 row primitives
  * (max, exp-and-sum with a vectorisable exp). Rows are split across threads. */
 #include "amp/amp_impl.h"
+#include "dispatch.h"
 #include "rows_impl.h"
 #include "vmath_impl.h"
 #if EM_HAVE_CUDA
@@ -257,7 +258,7 @@ static em_status softmax_backward(node *n, tensor *g)
         if (dr) nn_rows_done(dx, d, dr);
         if (yr && yr != y) t_drop(yr);
         if (gr && gr != g) t_drop(gr);
-        return s ? s : ag_accum(x, dx);
+        return s ? s : op_grad(x, dx);
     }
 #endif
     size_t m = tmp_mark();
@@ -271,7 +272,7 @@ static em_status softmax_backward(node *n, tensor *g)
                  &c);
     rows_done(dx, d, c.out);
     tmp_release(m);
-    return ag_accum(x, dx);
+    return op_grad(x, dx);
 }
 
 static tensor *softmax_impl(const char *op, tensor *x, int dim, bool log)

@@ -10,7 +10,7 @@
  * (tensor/ops_elementwise.cu); the CPU computes floats in its _f32v flavour
  * (vectorisable exp/tanh/erf, see tensor/elementwise_math.h). */
 #include "elementwise_math.h"
-#include "tensor_impl.h"
+#include "dispatch.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif
@@ -121,12 +121,12 @@ static em_status unary_backward(node *n, tensor *g)
         cu_walk_of(&w, gx, 3, (const tensor *[]){gx, x, g});
         s = cu_unary_backward(x->device.index, k, &w, x->dtype, t_ptr(gx), t_ptr(x), t_ptr(n->out), g->dtype,
                               t_ptr(g), n->dp[0]);
-        return s ? s : ag_accum(x, gx);
+        return s ? s : op_grad(x, gx);
     }
 #endif
     un_ctx c = {.k = k, .p = n->dp[0], .out = gx, .x = x, .g = g, .y = n->out};
     parallel_for(t_numel(x), 1 << 13, bwd_range, &c);
-    return ag_accum(x, gx);
+    return op_grad(x, gx);
 }
 
 /* out (contiguous, x's shape) = f(x), on x's device */

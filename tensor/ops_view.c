@@ -3,7 +3,7 @@
  * squeeze/unsqueeze; and the copies contiguous, copy and cast.
  * Each view is differentiable: its backward maps the gradient back through
  * the inverse geometry. */
-#include "tensor_impl.h"
+#include "dispatch.h"
 
 static tensor *record1(tensor *out, tensor *in, const char *op, backward_fn fn)
 {
@@ -90,7 +90,7 @@ static em_status reshape_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
     tensor *gx = t_reshape(g, x->ndim, x->shape);
-    return gx ? ag_accum(x, gx) : em_last_status();
+    return gx ? op_grad(x, gx) : em_last_status();
 }
 
 static tensor *reshape_impl(const char *op, tensor *t, int ndim, const int64_t *shape, bool may_copy)
@@ -126,7 +126,7 @@ static em_status permute_backward(node *n, tensor *g)
     int inv[EM_MAX_DIMS];
     for (int i = 0; i < g->ndim; i++) inv[n->ip[i]] = i;
     tensor *gx = t_permute(g, inv);
-    return gx ? ag_accum(n->in[0], gx) : em_last_status();
+    return gx ? op_grad(n->in[0], gx) : em_last_status();
 }
 
 tensor *t_permute(tensor *t, const int *dims)
@@ -182,7 +182,7 @@ static em_status slice_backward(node *n, tensor *g)
     tensor *v = t_view_of(gx, g->ndim, g->shape, stride, start * gx->stride[d]);
     if (!v) return em_last_status();
     copy_strided(v, g);
-    return ag_accum(x, gx);
+    return op_grad(x, gx);
 }
 
 static tensor *slice_impl(const char *op, tensor *t, int dim, int64_t start, int64_t len, int64_t step)
@@ -233,8 +233,8 @@ static tensor *t_slice(tensor *t, int dim, int64_t start, int64_t end, int64_t s
 static em_status expand_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
-    tensor *gx = ag_sum_to(g, x->ndim, x->shape);
-    return gx ? ag_accum(x, gx) : em_last_status();
+    tensor *gx = t_sum_to(g, x->ndim, x->shape);
+    return gx ? op_grad(x, gx) : em_last_status();
 }
 
 tensor *t_expand(tensor *t, int ndim, const int64_t *shape)
@@ -308,15 +308,15 @@ tensor *t_unsqueeze(tensor *t, int dim)
 
 /* ---- copies ------------------------------------------------------------------------------ */
 
-static em_status identity_backward(node *n, tensor *g) { return ag_accum(n->in[0], g); }
+static em_status identity_backward(node *n, tensor *g) { return op_grad(n->in[0], g); }
 
 static em_status cast_backward(node *n, tensor *g)
 {
     /* back to a wider dtype (a low-precision copy's gradient reaching its
      * f32 master): accumulation converts exactly on the way, no copy first */
-    if (widens_exactly(g->dtype, n->in[0]->dtype)) return ag_accum(n->in[0], g);
+    if (widens_exactly(g->dtype, n->in[0]->dtype)) return op_grad(n->in[0], g);
     tensor *gx = t_cast(g, n->in[0]->dtype);
-    return gx ? ag_accum(n->in[0], gx) : em_last_status();
+    return gx ? op_grad(n->in[0], gx) : em_last_status();
 }
 
 tensor *t_cast(tensor *t, em_dtype dt)

@@ -19,7 +19,6 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "ember/autograd.h"
 #include "ember/tensor.h"
 #include "ember_config.h"
 #if EM_HAVE_CUDA
@@ -38,9 +37,11 @@ typedef struct tensor tensor;
 typedef struct node node;
 typedef struct hook_entry hook_entry;
 
+/* a leaf's gradient hook: fn is an em_grad_hook (ember/autograd.h; the
+ * autograd engine stores and calls them, the tensor only holds the list) */
 struct hook_entry {
     hook_entry *next;
-    em_grad_hook fn;
+    em_status (*fn)(em_tensor *t, em_tensor *grad, void *ctx);
     void *ctx;
 };
 
@@ -277,21 +278,17 @@ bool gemm_bf16_fast(void);
 bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B,
                int64_t ldb, void *C, bool c_bf16, int64_t ldc);
 
-/* ---- autograd (autograd/tape.c) -------------------------------------------- */
-/* True when grad mode is on and some input requires grad. */
+/* ---- recording, the old way (tensor/dispatch.c) ------------------------------
+ * Transitional, until every op goes through op_begin/op_end (dispatch.h):
+ * ag_needed is op_begin's record flag, ag_record its op_end under a name. */
 bool ag_needed(int nin, tensor *const *in);
-/* Records out = op(in...) on the tape (copies the input array), marks out as
- * requiring grad. NULL + error when no scope is open or on OOM. */
 node *ag_record(const char *op, backward_fn fn, tensor *out, int nin, tensor *const *in);
-/* Accumulates g (t's shape, any strides and float dtype) into t's gradient;
- * fires t's hooks when that was t's last pending use. No-op if t does not
- * require grad. */
-em_status ag_accum(tensor *t, tensor *g);
 /* Whether every value of dtype `from` is exactly a value of float dtype `to`
- * (f16/bf16 -> f32 -> f64, and any dtype to itself). */
+ * (f16/bf16 -> f32 -> f64, and any dtype to itself). tensor/dtype.c */
 bool widens_exactly(em_dtype from, em_dtype to);
-/* Sums g (which broadcasts from (ndim, shape)) back down to (ndim, shape). */
-tensor *ag_sum_to(tensor *g, int ndim, const int64_t *shape);
+/* Sums g (which broadcasts from (ndim, shape)) back down to (ndim, shape):
+ * the gradient of a broadcast. g itself when the shapes agree. */
+tensor *t_sum_to(tensor *g, int ndim, const int64_t *shape);
 
 /* ---- internal ops, callable from backward functions ------------------------
  * Same contracts as the public em_ functions of the same name. */

@@ -1,0 +1,232 @@
+/* dispatch.c — the steps every op shares (dispatch.h), and the state they
+ * consult: grad mode, autocast and the tape, each owned here. */
+#include <stdlib.h>
+
+#include "dispatch.h"
+
+#pragma GCC diagnostic error "-Wswitch-enum" /* a switch over the policies names each */
+
+/* ---- state ------------------------------------------------------------------------------ */
+
+static _Thread_local bool grad_mode = true;
+static _Thread_local em_dtype autocast = EM_F32; /* EM_F32: off */
+static _Thread_local node **tape;
+static _Thread_local int64_t tape_len, tape_cap;
+
+/* The policy of every op, by op id: ops.def's, until em_amp_set_policy. */
+static em_amp_policy policy[] = {
+#define DEF_OP(id, name, kind, arity, amp, be) [OP_##id] = EM_AMP_##amp,
+#include "ops.def"
+};
+_Static_assert(sizeof policy / sizeof policy[0] == OP_COUNT, "dispatch: one autocast policy per op");
+
+static grad_sink sink;
+
+bool op_grad_mode(void) { return grad_mode; }
+
+bool op_set_grad_mode(bool on)
+{
+    bool prev = grad_mode;
+    grad_mode = on;
+    return prev;
+}
+
+em_dtype op_autocast(void) { return autocast; }
+
+em_dtype op_set_autocast(em_dtype dt)
+{
+    em_dtype prev = autocast;
+    autocast = dt;
+    return prev;
+}
+
+em_amp_policy op_policy(op_id op) { return policy[op]; }
+void op_set_policy(op_id op, em_amp_policy p) { policy[op] = p; }
+
+int64_t tape_length(void) { return tape_len; }
+node *tape_at(int64_t i) { return tape[i]; }
+
+void tape_truncate(int64_t len)
+{
+    if (len < tape_len) tape_len = len;
+}
+
+void op_set_grad_sink(grad_sink s) { sink = s; }
+
+em_status op_grad(tensor *t, tensor *g)
+{
+    if (!t->requires_grad) return EM_OK;
+    if (!sink) return em_err(EM_ERR_AUTOGRAD, "backward: no autograd engine is registered");
+    return sink(t, g);
+}
+
+/* ---- autocast ----------------------------------------------------------------------------- */
+
+/* A cast that keeps a transposed matrix transposed (W^T in a Linear): the
+ * copy then runs along memory instead of across it, and the matmul still
+ * sees a BLAS layout. */
+static tensor *cast_keeping_layout(tensor *t, em_dtype dt)
+{
+    if (t->ndim >= 2 && !t_is_contig(t)) {
+        tensor *tt = t_transpose(t, -1, -2);
+        if (!tt) return NULL;
+        if (t_is_contig(tt)) {
+            tensor *c = t_cast(tt, dt);
+            return c ? t_transpose(c, -1, -2) : NULL;
+        }
+    }
+    return t_cast(t, dt);
+}
+
+tensor *op_autocast_one(op_id op, tensor *t)
+{
+    if (autocast == EM_F32 || !t || !em_dtype_is_float(t->dtype)) return t;
+    switch (policy[op]) {
+    case EM_AMP_LOW: return t->dtype == EM_F32 || t->dtype == EM_F64 ? cast_keeping_layout(t, autocast) : t;
+    case EM_AMP_F32: return t->dtype == EM_F16 || t->dtype == EM_BF16 ? cast_keeping_layout(t, EM_F32) : t;
+    case EM_AMP_NONE: return t;
+    case EM_AMP_PROMOTE: return t; /* over all inputs: promote() */
+    }
+    return t;
+}
+
+/* f64 > f32 > bf16, f16; bf16 against f16 meets at f32 */
+static em_dtype wider(em_dtype a, em_dtype b)
+{
+    if (a == EM_F64 || b == EM_F64) return EM_F64;
+    if (a == EM_F32 || b == EM_F32 || a != b) return EM_F32;
+    return a;
+}
+
+/* PROMOTE: the float inputs that differ are cast to the widest of them. */
+static bool promote(int nin, tensor **in)
+{
+    int nf = 0;
+    em_dtype w = EM_F32;
+    bool differ = false;
+    for (int i = 0; i < nin; i++) {
+        if (!em_dtype_is_float(in[i]->dtype)) continue;
+        if (nf++ == 0)
+            w = in[i]->dtype;
+        else if (in[i]->dtype != w) {
+            differ = true;
+            w = wider(w, in[i]->dtype);
+        }
+    }
+    if (!differ) return true;
+    for (int i = 0; i < nin; i++)
+        if (em_dtype_is_float(in[i]->dtype) && in[i]->dtype != w && !(in[i] = t_cast(in[i], w))) return false;
+    return true;
+}
+
+bool op_autocast_inputs(op_id op, int nin, tensor **in)
+{
+    if (autocast == EM_F32 || policy[op] == EM_AMP_NONE) return true;
+    if (policy[op] == EM_AMP_PROMOTE) return promote(nin, in);
+    for (int i = 0; i < nin; i++)
+        if (!(in[i] = op_autocast_one(op, in[i]))) return false;
+    return true;
+}
+
+/* ---- the steps --------------------------------------------------------------------------- */
+
+bool op_begin(op_call *c, op_id op, int nin, tensor **in)
+{
+    *c = (op_call){.op = op, .nin = nin, .in = in, .dev = em_device_cpu()};
+    const char *name = op_name(op);
+    for (int i = 0; i < nin; i++)
+        if (!in[i]) {
+            if (em_last_status() == EM_OK) em_fail(EM_ERR_ARG, "%s: input %d is NULL", name, i);
+            return false;
+        }
+    if (!op_autocast_inputs(op, nin, in)) return false;
+    if (t_same_device(name, nin, in, &c->dev)) return false;
+    if (c->dev.type == EM_CUDA && !(op_table[op].backends & OPB_CUDA)) {
+        em_fail(EM_ERR_DEVICE, "%s: no CUDA kernel for this op yet; its input is on cuda:%d (em_to(t, em_device_cpu()) "
+                               "moves it to the CPU)",
+                name, c->dev.index);
+        return false;
+    }
+    if (grad_mode)
+        for (int i = 0; i < nin && !c->record; i++) c->record = in[i]->requires_grad;
+    return true;
+}
+
+tensor *op_out(const op_call *c, em_dtype dt, int ndim, const int64_t *shape)
+{
+    return t_new_on(c->dev, dt, ndim, shape);
+}
+
+em_status op_run(const op_call *c, const op_kernels *k, tensor *out)
+{
+    op_kernel fn = c->dev.type == EM_CUDA ? k->cuda : k->cpu;
+    if (!fn)
+        return em_err(EM_ERR_DEVICE, "%s: no kernel for %s tensors (the op list says there is one)", op_name(c->op),
+                      c->dev.type == EM_CUDA ? "CUDA" : "CPU");
+    return fn(c, out);
+}
+
+/* Appends a node `name` for out = c->op(c->in) to the tape. On failure out
+ * is dropped here, so no op leaks it. */
+static node *record(const op_call *c, const char *name, backward_fn bw, tensor *out)
+{
+    node *n = NULL;
+    if (em_scope_depth() == 0)
+        em_fail(EM_ERR_SCOPE,
+                "%s: recording a gradient needs an open step scope (em_scope_begin), or run it "
+                "under em_set_grad_enabled(false)",
+                name);
+    else if (tape_len == tape_cap) {
+        int64_t cap = tape_cap ? tape_cap * 2 : 1024;
+        node **nt = realloc(tape, (size_t)cap * sizeof *nt);
+        if (nt) {
+            tape = nt;
+            tape_cap = cap;
+        } else {
+            em_fail(EM_ERR_OOM, "%s: out of memory growing the tape", name);
+        }
+    }
+    if (em_scope_depth() && tape_len < tape_cap) n = scope_alloc(sizeof *n + (size_t)c->nin * sizeof(tensor *));
+    if (!n) {
+        t_drop(out);
+        return NULL;
+    }
+    memset(n, 0, sizeof *n);
+    n->op = name;
+    n->backward = bw;
+    n->nin = c->nin;
+    n->in = (tensor **)(n + 1);
+    for (int i = 0; i < c->nin; i++) n->in[i] = c->in[i];
+    n->out = out;
+    memcpy(n->ip, c->ip, sizeof n->ip);
+    memcpy(n->dp, c->dp, sizeof n->dp);
+    n->saved = c->saved;
+    n->index = tape_len;
+    tape[tape_len++] = n;
+    out->requires_grad = true;
+    out->grad_fn = n;
+    return n;
+}
+
+tensor *op_end(op_call *c, tensor *out, backward_fn bw)
+{
+    if (!out) return NULL;
+    if (c->record && !record(c, op_name(c->op), bw, out)) return NULL;
+    return out;
+}
+
+/* ---- transitional: ops not yet written with op_begin/op_end -------------------------------- */
+
+bool ag_needed(int nin, tensor *const *in)
+{
+    if (!grad_mode) return false;
+    for (int i = 0; i < nin; i++)
+        if (in[i] && in[i]->requires_grad) return true;
+    return false;
+}
+
+node *ag_record(const char *op, backward_fn fn, tensor *out, int nin, tensor *const *in)
+{
+    op_call c = {.nin = nin, .in = (tensor **)in};
+    return record(&c, op, fn, out);
+}

@@ -1,0 +1,119 @@
+/* dispatch.h — the one road every op takes, and the state it consults.
+ *
+ * An op (a line of tensor/ops.def) is written as four steps; the first,
+ * third and fourth are the dispatcher's, the same for every op:
+ *
+ *     op_call c;
+ *     if (!op_begin(&c, OP_X, 2, in)) return NULL;   inputs present, autocast,
+ *                                                    one device, a kernel there,
+ *                                                    whether to record
+ *     ... the op's own checks, its output's shape ...
+ *     tensor *out = op_out(&c, dtype, ndim, shape);  in the scope, on c.dev
+ *     if (op_run(&c, &x_kernels, out)) return NULL;  the backend's kernel
+ *     c.ip[0] = ...;                                 what backward needs
+ *     return op_end(&c, out, x_backward);            onto the tape if c.record
+ *
+ * Kernels (op_kernels: one function per backend) see plain tensors and the
+ * call's parameters; they know neither the tape nor autocast. Backward
+ * functions hand each input's gradient to op_grad (which the autograd
+ * engine, autograd/tape.c, serves: it registers itself with
+ * op_set_grad_sink) and call internal t_ ops, which record nothing because
+ * the engine runs them with grad mode off.
+ *
+ * State with one owner, here, per thread: grad mode, the autocast dtype,
+ * the tape of recorded nodes (ended with the scope that holds them); and
+ * per process the autocast policy of each op (ops.def's, until
+ * em_amp_set_policy). autograd/ and amp/ read and set it through the
+ * functions below; nothing in tensor/ calls up into them. */
+#ifndef EMBER_DISPATCH_H
+#define EMBER_DISPATCH_H
+
+#include "ops.h"
+#include "tensor_impl.h"
+
+/* ---- one call of an op ---------------------------------------------------------------- */
+
+typedef struct op_call {
+    op_id op;
+    int nin;
+    tensor **in;   /* the caller's array of inputs, autocast applied in place */
+    em_device dev; /* where every input is (the CPU for an op without inputs) */
+    bool record;   /* grad mode is on and an input requires grad: op_end will
+                    * record, so compute what backward needs */
+    /* the call's parameters: the kernel reads them, op_end copies them to
+     * the node for backward */
+    int64_t ip[8];
+    double dp[4];
+    void *saved; /* op-specific, in the scope arena (scope_alloc) */
+} op_call;
+
+/* Starts op `op` on in[0..nin) (nin >= 0; `in` is updated in place and must
+ * stay alive until op_end). In order: every input is non-NULL (a NULL keeps
+ * the error that made it, or sets "op: input is NULL"); autocast applies
+ * the op's policy (LOW, F32: each float input cast; PROMOTE: the float
+ * inputs cast to the widest of them); all inputs are on one device, and the
+ * op has a kernel there (ops.def's backends); c->record is set. false with
+ * the thread's error set (EM_ERR_DEVICE, EM_ERR_OOM from a cast) otherwise. */
+bool op_begin(op_call *c, op_id op, int nin, tensor **in);
+
+/* A contiguous, uninitialised output on c->dev in the current scope
+ * (persistent when none is open): t_new_on. NULL + EM_ERR_OOM. */
+tensor *op_out(const op_call *c, em_dtype dt, int ndim, const int64_t *shape);
+
+/* An op's kernels, one per backend: compute `out` from c->in and c's
+ * parameters. NULL: the op has none on that backend. */
+typedef em_status (*op_kernel)(const op_call *c, tensor *out);
+typedef struct op_kernels {
+    op_kernel cpu, cuda;
+} op_kernels;
+
+/* Runs the kernel of c->dev's backend from k on out. EM_ERR_DEVICE naming
+ * the op when that backend has none (ops.def promised one: a bug). */
+em_status op_run(const op_call *c, const op_kernels *k, tensor *out);
+
+/* Ends the call: when c->record, records out = op(c->in) with backward `bw`
+ * on the tape (node: the op's name, the inputs, c's ip/dp/saved) and marks
+ * out as requiring grad. Returns out; NULL when out is NULL or recording
+ * failed (no scope open, out of memory: error set, out dropped). */
+tensor *op_end(op_call *c, tensor *out, backward_fn bw);
+
+/* ---- for backward functions ------------------------------------------------------------ */
+
+/* Hands g (t's shape, any strides and float dtype) to the autograd engine as
+ * a contribution to t's gradient. No-op when t does not require grad. */
+em_status op_grad(tensor *t, tensor *g);
+
+/* The engine's side: sink(t, g) receives every op_grad. */
+typedef em_status (*grad_sink)(tensor *t, tensor *g);
+void op_set_grad_sink(grad_sink sink);
+
+/* ---- state: grad mode, autocast, the tape ---------------------------------------------- */
+
+/* Grad mode of the calling thread (on by default): whether ops record. */
+bool op_grad_mode(void);
+bool op_set_grad_mode(bool on); /* returns the previous mode */
+
+/* The calling thread's autocast dtype: EM_F32 is off, else EM_BF16 or EM_F16
+ * (the caller, amp/autocast.c, checks). Returns the previous one. */
+em_dtype op_autocast(void);
+em_dtype op_set_autocast(em_dtype dt);
+/* The autocast policy of op (per process). */
+em_amp_policy op_policy(op_id op);
+void op_set_policy(op_id op, em_amp_policy p);
+/* in[0..nin) (non-NULL) as op's policy wants them under the current
+ * autocast, replaced in place: what op_begin does first. For a composite op
+ * that applies its policy before calling other ops (mse_loss). false + error
+ * when a cast fails. */
+bool op_autocast_inputs(op_id op, int nin, tensor **in);
+/* One tensor under a LOW/F32 policy (t itself when autocast is off, for
+ * NONE and PROMOTE, and for non-float t); NULL + error when the cast fails. */
+tensor *op_autocast_one(op_id op, tensor *t);
+
+/* The calling thread's tape: nodes recorded so far, oldest first. The
+ * autograd engine walks it; scope ends truncate it to what was there when
+ * the scope began. */
+int64_t tape_length(void);
+node *tape_at(int64_t i);
+void tape_truncate(int64_t len);
+
+#endif
