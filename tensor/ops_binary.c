@@ -1,17 +1,18 @@
 /* ops_binary.c — add, sub, mul, div with broadcasting, their scalar forms,
  * and neg: shape/dtype checks, CPU forward, backward, in one place. On a
- * CUDA device the same ops run through tensor/ops_elementwise.cu (bin_run,
- * affine_run); the backward functions only call ops that do too. The
+ * CUDA device the same ops run through tensor/ops_elementwise.cu (bin_cuda,
+ * affine_cuda); the backward functions only call ops that do too. The
  * per-element arithmetic is tensor/elementwise_formulas.h, which both
  * backends share.
  *
- * This file is the pattern for an op family: a checked entry point t_xxx on
- * internal tensors, a kernel that is a plain loop (with a fast path for the
- * common contiguous f32 case beside the general strided one), a backward
- * function recorded with ag_record, and a public em_xxx wrapper. */
-#include "amp/amp_impl.h"
-#include "elementwise_math.h"
+ * This file is the pattern for an op family: an internal t_xxx that goes
+ * through the dispatcher (op_begin, its own checks and output shape,
+ * op_out, op_run, op_end: tensor/dispatch.h), its kernels per backend
+ * (plain loops, with a fast path for the common contiguous f32 case beside
+ * the general strided one), a backward function, and a public em_xxx
+ * wrapper. */
 #include "dispatch.h"
+#include "elementwise_math.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif
@@ -119,23 +120,14 @@ static em_status muldiv_backward(node *n, tensor *g)
     return EM_OK;
 }
 
-/* out (contiguous, of the broadcast shape) = a <k> b, on out's device */
-static em_status bin_run(binop k, tensor *out, tensor *a, tensor *b)
+/* out (contiguous, of the broadcast shape) = a <k> b; the binop in ip[0] */
+static em_status bin_cpu(const op_call *call, tensor *out)
 {
+    tensor *a = call->in[0], *b = call->in[1];
     int nd = out->ndim;
     const int64_t *shape = out->shape;
-#if EM_HAVE_CUDA
-    if (t_on_cuda(out)) {
-        cu_walk w = {.ndim = nd};
-        memcpy(w.shape, shape, sizeof(int64_t) * (size_t)nd);
-        t_contig_strides(nd, shape, w.stride[0]);
-        bcast_strides(a, nd, shape, w.stride[1]);
-        bcast_strides(b, nd, shape, w.stride[2]);
-        return cu_binary(out->device.index, k, &w, a->dtype, t_ptr(out), t_ptr(a), t_ptr(b));
-    }
-#endif
     int64_t n = t_numel(out);
-    bin_ctx c = {.k = k, .out = out, .a = a, .b = b};
+    bin_ctx c = {.k = (binop)call->ip[0], .out = out, .a = a, .b = b};
     bool same = a->ndim == nd && b->ndim == nd && !memcmp(a->shape, shape, sizeof(int64_t) * (size_t)nd) &&
                 !memcmp(b->shape, shape, sizeof(int64_t) * (size_t)nd);
     int64_t nb = t_numel(b);
@@ -154,32 +146,46 @@ static em_status bin_run(binop k, tensor *out, tensor *a, tensor *b)
     return EM_OK;
 }
 
+#if EM_HAVE_CUDA
+static em_status bin_cuda(const op_call *call, tensor *out)
+{
+    tensor *a = call->in[0], *b = call->in[1];
+    int nd = out->ndim;
+    cu_walk w = {.ndim = nd};
+    memcpy(w.shape, out->shape, sizeof(int64_t) * (size_t)nd);
+    t_contig_strides(nd, out->shape, w.stride[0]);
+    bcast_strides(a, nd, out->shape, w.stride[1]);
+    bcast_strides(b, nd, out->shape, w.stride[2]);
+    return cu_binary(out->device.index, (binop)call->ip[0], &w, a->dtype, t_ptr(out), t_ptr(a), t_ptr(b));
+}
+#endif
+
+static const op_kernels bin_kernels = {
+    .cpu = bin_cpu,
+#if EM_HAVE_CUDA
+    .cuda = bin_cuda,
+#endif
+};
+
 static tensor *binary(binop k, tensor *a, tensor *b)
 {
     const char *name = binop_name(k);
-    if (!a || !b) return NULL;
-    if (!amp_promote(binop_ops[k], &a, &b)) return NULL;
+    tensor *in[2] = {a, b};
+    op_call c;
+    if (!op_begin(&c, binop_ops[k], 2, in)) return NULL;
+    a = in[0], b = in[1];
     if (!chk_same_dtype(name, a, b)) return NULL;
     if (a->dtype == EM_BOOL || (k == BIN_DIV && !em_dtype_is_float(a->dtype)))
         return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s and %s)", name,
                        em_dtype_name(a->dtype), shp(a), shp(b));
+    if (c.record && !chk_float(name, a)) return NULL;
     int nd;
     int64_t shape[EM_MAX_DIMS];
     if (bcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
-    em_device dev;
-    if (t_same_device(name, 2, (tensor *[]){a, b}, &dev)) return NULL;
-    tensor *out = t_new_on(dev, a->dtype, nd, shape);
-    if (!out) return NULL;
-    if (bin_run(k, out, a, b)) return NULL;
-    tensor *in[2] = {a, b};
-    if (ag_needed(2, in)) {
-        if (!chk_float(name, a)) return NULL;
-        node *nd_ =
-            ag_record(name, k == BIN_ADD || k == BIN_SUB ? add_backward : muldiv_backward, out, 2, in);
-        if (!nd_) return NULL;
-        nd_->ip[0] = k;
-    }
-    return out;
+    tensor *out = op_out(&c, a->dtype, nd, shape);
+    c.ip[0] = k;
+    if (!out || op_run(&c, &bin_kernels, out)) return NULL;
+    return op_end(&c, out, k == BIN_ADD || k == BIN_SUB ? add_backward : muldiv_backward);
 }
 
 tensor *t_add(tensor *a, tensor *b) { return binary(BIN_ADD, a, b); }
@@ -223,39 +229,43 @@ static em_status affine_backward(node *n, tensor *g)
     return ga ? op_grad(n->in[0], ga) : em_last_status();
 }
 
-/* out (contiguous, a's shape) = a*m + s, on a's device; op names it */
-static em_status affine_run(op_id op, tensor *out, tensor *a, double m, double s)
+/* out (contiguous, a's shape) = a*m + s: m in dp[0], s in dp[1] */
+static em_status affine_cpu(const op_call *call, tensor *out)
 {
-#if EM_HAVE_CUDA
-    if (t_on_cuda(a)) {
-        cu_walk w;
-        cu_walk_of(&w, out, 2, (const tensor *[]){out, a});
-        return cu_affine(a->device.index, op, &w, a->dtype, t_ptr(out), t_ptr(a), m, s);
-    }
-#else
-    (void)op;
-#endif
-    affine_ctx c = {out, a, m, s};
-    parallel_for(t_numel(a), 1 << 15, affine_range, &c);
+    affine_ctx c = {out, call->in[0], call->dp[0], call->dp[1]};
+    parallel_for(t_numel(out), 1 << 15, affine_range, &c);
     return EM_OK;
 }
 
+#if EM_HAVE_CUDA
+static em_status affine_cuda(const op_call *call, tensor *out)
+{
+    tensor *a = call->in[0];
+    cu_walk w;
+    cu_walk_of(&w, out, 2, (const tensor *[]){out, a});
+    return cu_affine(a->device.index, call->op, &w, a->dtype, t_ptr(out), t_ptr(a), call->dp[0], call->dp[1]);
+}
+#endif
+
+static const op_kernels affine_kernels = {
+    .cpu = affine_cpu,
+#if EM_HAVE_CUDA
+    .cuda = affine_cuda,
+#endif
+};
+
 static tensor *affine(op_id op, tensor *a, double m, double s)
 {
-    const char *name = op_name(op);
-    if (!a) return NULL;
+    op_call c;
+    if (!op_begin(&c, op, 1, &a)) return NULL;
     if (a->dtype == EM_BOOL || (a->dtype == EM_U8 && m < 0))
-        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s)", name, em_dtype_name(a->dtype),
+        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s)", op_name(op), em_dtype_name(a->dtype),
                        shp(a));
-    tensor *out = t_new_like(a);
-    if (!out) return NULL;
-    if (affine_run(op, out, a, m, s)) return NULL;
-    if (ag_needed(1, &a)) {
-        node *n = ag_record(name, affine_backward, out, 1, &a);
-        if (!n) return NULL;
-        n->dp[0] = m;
-    }
-    return out;
+    tensor *out = op_out(&c, a->dtype, a->ndim, a->shape);
+    c.dp[0] = m;
+    c.dp[1] = s;
+    if (!out || op_run(&c, &affine_kernels, out)) return NULL;
+    return op_end(&c, out, affine_backward);
 }
 
 tensor *t_add_scalar(tensor *a, double s) { return affine(OP_ADD_SCALAR, a, 1.0, s); }

@@ -129,41 +129,46 @@ static em_status unary_backward(node *n, tensor *g)
     return op_grad(x, gx);
 }
 
-/* out (contiguous, x's shape) = f(x), on x's device */
-static em_status unary_run(unop k, double p, tensor *out, tensor *x)
+/* out (contiguous, x's shape) = f(x); the unop in ip[0], its parameter in dp[0] */
+static em_status unary_cpu(const op_call *c, tensor *out)
 {
-#if EM_HAVE_CUDA
-    if (t_on_cuda(x)) {
-        cu_walk w;
-        cu_walk_of(&w, out, 2, (const tensor *[]){out, x});
-        return cu_unary(x->device.index, k, &w, x->dtype, t_ptr(out), t_ptr(x), p);
-    }
-#endif
-    un_ctx c = {.k = k, .p = p, .out = out, .x = x};
-    parallel_for(t_numel(x), 1 << 13, fwd_range, &c);
+    un_ctx u = {.k = (unop)c->ip[0], .p = c->dp[0], .out = out, .x = c->in[0]};
+    parallel_for(t_numel(out), 1 << 13, fwd_range, &u);
     return EM_OK;
 }
 
+#if EM_HAVE_CUDA
+static em_status unary_cuda(const op_call *c, tensor *out)
+{
+    tensor *x = c->in[0];
+    cu_walk w;
+    cu_walk_of(&w, out, 2, (const tensor *[]){out, x});
+    return cu_unary(x->device.index, (unop)c->ip[0], &w, x->dtype, t_ptr(out), t_ptr(x), c->dp[0]);
+}
+#endif
+
+static const op_kernels unary_kernels = {
+    .cpu = unary_cpu,
+#if EM_HAVE_CUDA
+    .cuda = unary_cuda,
+#endif
+};
+
 static tensor *unary(unop k, tensor *x, double p)
 {
-    const char *name = unop_name(k);
-    if (!x) return NULL;
+    op_call c;
+    if (!op_begin(&c, unop_ops[k], 1, &x)) return NULL;
     if (k == UN_ABS) {
         if (x->dtype == EM_BOOL)
             return em_fail(EM_ERR_DTYPE, "abs: does not take bool tensors, got bool%s", shp(x));
-    } else if (!chk_float(name, x)) {
+    } else if (!chk_float(unop_name(k), x)) {
         return NULL;
     }
-    tensor *out = t_new_like(x);
-    if (!out) return NULL;
-    if (unary_run(k, p, out, x)) return NULL;
-    if (ag_needed(1, &x)) {
-        node *n = ag_record(name, unary_backward, out, 1, &x);
-        if (!n) return NULL;
-        n->ip[0] = k;
-        n->dp[0] = p;
-    }
-    return out;
+    tensor *out = op_out(&c, x->dtype, x->ndim, x->shape);
+    c.ip[0] = k;
+    c.dp[0] = p;
+    if (!out || op_run(&c, &unary_kernels, out)) return NULL;
+    return op_end(&c, out, unary_backward);
 }
 
 /* ---- public wrappers ------------------------------------------------------------------ */
