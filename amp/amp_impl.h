@@ -17,4 +17,11 @@ tensor *amp_in(op_id op, tensor *t);
  * they differ. false (error set) if a cast fails. */
 bool amp_promote(op_id op, tensor **a, tensor **b);
 
+/* em_scaler_unscale's agreement across ranks: *bad becomes true on every rank
+ * of pg when it is true on any (a collective: every rank calls it). amp
+ * sits below dist, so dist registers the function (dist/collectives.c, when
+ * the library loads) instead of amp calling up into it. */
+typedef em_status (*amp_vote_fn)(em_pg *pg, bool *bad);
+void amp_set_overflow_vote(amp_vote_fn fn);
+
 #endif

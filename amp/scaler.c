@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "amp/amp_impl.h"
-#include "ember/dist.h"
+#include "ember/autograd.h"
 #include "optim/update_math.h"
 #if EM_HAVE_CUDA
 #include "optim/cuda_optim.h"
@@ -71,6 +71,10 @@ static bool unscale_one(tensor *g, double inv)
     return bad;
 }
 
+static amp_vote_fn overflow_vote;
+
+void amp_set_overflow_vote(amp_vote_fn fn) { overflow_vote = fn; }
+
 em_status em_scaler_unscale(em_grad_scaler *s, int n, em_tensor *const *params, em_pg *pg)
 {
     if (!s) return em_err(EM_ERR_ARG, "em_scaler_unscale: scaler is NULL");
@@ -124,14 +128,10 @@ em_status em_scaler_unscale(em_grad_scaler *s, int n, em_tensor *const *params, 
     }
 #endif
     if (st) return st;
-    if (pg && em_pg_world(pg) > 1) { /* every rank skips the same steps */
-        int64_t one = 1;
-        em_tensor *flag = em_full(EM_F32, 1, &one, bad ? 1.0 : 0.0);
-        if (!flag) return em_last_status();
-        em_status st = em_all_reduce(pg, flag, EM_RED_MAX, NULL);
-        bad = ((float *)em_data(flag))[0] != 0;
-        if (!em_scope_depth()) em_free(flag);
-        if (st) return st;
+    if (pg) { /* every rank skips the same steps */
+        if (!overflow_vote)
+            return em_err(EM_ERR_ARG, "em_scaler_unscale: a process group was given but no collectives are linked");
+        if ((st = overflow_vote(pg, &bad))) return st;
     }
     s->found_inf = bad;
     s->unscaled = true;

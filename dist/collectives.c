@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amp/amp_impl.h"
 #include "dist/pg_impl.h"
 #include "tensor/tensor_impl.h"
 
@@ -396,6 +397,23 @@ em_status em_all_reduce(em_pg *pg, em_tensor *t, em_reduce_op op, em_work **work
     if (!s && (op < EM_RED_SUM || op > EM_RED_MIN)) s = em_err(EM_ERR_ARG, "all_reduce: unknown reduce op %d", (int)op);
     return s ? s : issue(pg, CALL_ALL_REDUCE, dt, op, 0, n, p, NULL, dev, work);
 }
+
+/* em_scaler_unscale's overflow vote (amp/amp_impl.h): the max of a 0/1
+ * flag over the group, so every rank skips the same steps. A group of one
+ * agrees with itself. */
+static em_status overflow_vote(em_pg *pg, bool *bad)
+{
+    if (em_pg_world(pg) <= 1) return EM_OK;
+    int64_t one = 1;
+    em_tensor *flag = em_full(EM_F32, 1, &one, *bad ? 1.0 : 0.0);
+    if (!flag) return em_last_status();
+    em_status st = em_all_reduce(pg, flag, EM_RED_MAX, NULL);
+    *bad = ((float *)em_data(flag))[0] != 0;
+    if (!em_scope_depth()) em_free(flag);
+    return st;
+}
+
+__attribute__((constructor)) static void register_overflow_vote(void) { amp_set_overflow_vote(overflow_vote); }
 
 em_status em_broadcast(em_pg *pg, em_tensor *t, int root, em_work **work)
 {
