@@ -7,6 +7,10 @@
 #include "amp/amp_impl.h"
 #include "tensor/dispatch.h"
 
+_Static_assert(EM_AMP_NONE == (int)POL_NONE && EM_AMP_LOW == (int)POL_LOW && EM_AMP_F32 == (int)POL_F32 &&
+                   EM_AMP_PROMOTE == (int)POL_PROMOTE,
+               "autocast: the public policies are the op list's");
+
 em_dtype em_autocast_set(em_dtype dt)
 {
     em_dtype prev = op_autocast();
@@ -25,7 +29,7 @@ em_dtype em_autocast_dtype(void) { return op_autocast(); }
 static int find(const char *name)
 {
     int i = op_find(name);
-    return i >= 0 && op_table[i].amp != EM_AMP_NONE ? i : -1;
+    return i >= 0 && op_table[i].amp != POL_NONE ? i : -1;
 }
 
 em_status em_amp_set_policy(const char *op, em_amp_policy p)
@@ -33,14 +37,14 @@ em_status em_amp_set_policy(const char *op, em_amp_policy p)
     int i = find(op);
     if (i < 0) return em_err(EM_ERR_ARG, "em_amp_set_policy: '%s' is not an op of the autocast table", op ? op : "(null)");
     if (p < EM_AMP_NONE || p > EM_AMP_PROMOTE) return em_err(EM_ERR_ARG, "em_amp_set_policy: %d is not a policy", (int)p);
-    op_set_policy((op_id)i, p);
+    op_set_policy((op_id)i, (op_policy)p);
     return EM_OK;
 }
 
 em_amp_policy em_amp_policy_of(const char *op)
 {
     int i = find(op);
-    return i < 0 ? EM_AMP_NONE : op_policy((op_id)i);
+    return i < 0 ? EM_AMP_NONE : (em_amp_policy)op_policy_of((op_id)i);
 }
 
 /* ---- transitional: ops not yet written with op_begin ---------------------------------- */

@@ -14,8 +14,8 @@ static _Thread_local node **tape;
 static _Thread_local int64_t tape_len, tape_cap;
 
 /* The policy of every op, by op id: ops.def's, until em_amp_set_policy. */
-static em_amp_policy policy[] = {
-#define DEF_OP(id, name, kind, arity, amp, be) [OP_##id] = EM_AMP_##amp,
+static op_policy policy[] = {
+#define DEF_OP(id, name, kind, arity, amp, be) [OP_##id] = POL_##amp,
 #include "ops.def"
 };
 _Static_assert(sizeof policy / sizeof policy[0] == OP_COUNT, "dispatch: one autocast policy per op");
@@ -40,8 +40,8 @@ em_dtype op_set_autocast(em_dtype dt)
     return prev;
 }
 
-em_amp_policy op_policy(op_id op) { return policy[op]; }
-void op_set_policy(op_id op, em_amp_policy p) { policy[op] = p; }
+op_policy op_policy_of(op_id op) { return policy[op]; }
+void op_set_policy(op_id op, op_policy p) { policy[op] = p; }
 
 int64_t tape_length(void) { return tape_len; }
 node *tape_at(int64_t i) { return tape[i]; }
@@ -82,10 +82,10 @@ tensor *op_autocast_one(op_id op, tensor *t)
 {
     if (autocast == EM_F32 || !t || !em_dtype_is_float(t->dtype)) return t;
     switch (policy[op]) {
-    case EM_AMP_LOW: return t->dtype == EM_F32 || t->dtype == EM_F64 ? cast_keeping_layout(t, autocast) : t;
-    case EM_AMP_F32: return t->dtype == EM_F16 || t->dtype == EM_BF16 ? cast_keeping_layout(t, EM_F32) : t;
-    case EM_AMP_NONE: return t;
-    case EM_AMP_PROMOTE: return t; /* over all inputs: promote() */
+    case POL_LOW: return t->dtype == EM_F32 || t->dtype == EM_F64 ? cast_keeping_layout(t, autocast) : t;
+    case POL_F32: return t->dtype == EM_F16 || t->dtype == EM_BF16 ? cast_keeping_layout(t, EM_F32) : t;
+    case POL_NONE: return t;
+    case POL_PROMOTE: return t; /* over all inputs: promote() */
     }
     return t;
 }
@@ -121,8 +121,8 @@ static bool promote(int nin, tensor **in)
 
 bool op_autocast_inputs(op_id op, int nin, tensor **in)
 {
-    if (autocast == EM_F32 || policy[op] == EM_AMP_NONE) return true;
-    if (policy[op] == EM_AMP_PROMOTE) return promote(nin, in);
+    if (autocast == EM_F32 || policy[op] == POL_NONE) return true;
+    if (policy[op] == POL_PROMOTE) return promote(nin, in);
     for (int i = 0; i < nin; i++)
         if (!(in[i] = op_autocast_one(op, in[i]))) return false;
     return true;

@@ -98,8 +98,8 @@ bool op_set_grad_mode(bool on); /* returns the previous mode */
 em_dtype op_autocast(void);
 em_dtype op_set_autocast(em_dtype dt);
 /* The autocast policy of op (per process). */
-em_amp_policy op_policy(op_id op);
-void op_set_policy(op_id op, em_amp_policy p);
+op_policy op_policy_of(op_id op);
+void op_set_policy(op_id op, op_policy p);
 /* in[0..nin) (non-NULL) as op's policy wants them under the current
  * autocast, replaced in place: what op_begin does first. For a composite op
  * that applies its policy before calling other ops (mse_loss). false + error

@@ -10,7 +10,7 @@
 #ifndef EMBER_OPS_H
 #define EMBER_OPS_H
 
-#include "ember/amp.h"
+#include "ember/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -53,6 +53,16 @@ typedef enum op_kind {
     OPK_COMPOSITE, /* built from other ops, no kernel of its own */
 } op_kind;
 
+/* autocast policy (ops.def's amp column): what the dispatcher does to an
+ * op's float inputs while autocast is on. The public names are ember/amp.h's
+ * em_amp_policy, EM_AMP_<same>; amp/autocast.c checks the values agree. */
+typedef enum op_policy {
+    POL_NONE,    /* untouched (the op does not consult autocast) */
+    POL_LOW,     /* f32/f64 inputs cast to the autocast dtype */
+    POL_F32,     /* f16/bf16 inputs cast to f32 */
+    POL_PROMOTE, /* float inputs of different dtypes cast to the widest */
+} op_policy;
+
 /* backends with the op's forward and backward, as bits */
 enum { OPB_CPU = 1, OPB_CUDA = 2, OPB_CPU_CUDA = OPB_CPU | OPB_CUDA };
 
@@ -60,7 +70,7 @@ typedef struct op_info {
     const char *name;
     op_kind kind;
     int arity;         /* tensor inputs; -1: a list */
-    em_amp_policy amp; /* the policy ops.def gives (amp/autocast.c may override it) */
+    op_policy amp;     /* the policy ops.def gives (em_amp_set_policy may override it) */
     unsigned backends; /* OPB_* bits */
 } op_info;
 

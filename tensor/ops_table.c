@@ -5,7 +5,7 @@
 #include "ops.h"
 
 const op_info op_table[] = {
-#define DEF_OP(id, name, kind, arity, amp, be) [OP_##id] = {name, OPK_##kind, arity, EM_AMP_##amp, OPB_##be},
+#define DEF_OP(id, name, kind, arity, amp, be) [OP_##id] = {name, OPK_##kind, arity, POL_##amp, OPB_##be},
 #include "ops.def"
 };
 
