@@ -27,6 +27,9 @@ void th_register(const char *name, th_fn fn, const char *file);
 _Noreturn void th_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 _Noreturn void th_skip(const char *reason);
+/* Names the case a table-driven test is on: a failure until the next call
+ * (or th_case(NULL)) says "[in case: ...]" after its message. */
+void th_case(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define TEST(name)                                                                                           \
     static void name(void);                                                                                  \

@@ -25,6 +25,18 @@ void th_register(const char *name, th_fn fn, const char *file)
     if (n_tests < (int)(sizeof tests / sizeof tests[0])) tests[n_tests++] = (th_test){name, file, fn};
 }
 
+static char current_case[256];
+
+void th_case(const char *fmt, ...)
+{
+    current_case[0] = 0;
+    if (!fmt) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(current_case, sizeof current_case, fmt, ap);
+    va_end(ap);
+}
+
 void th_fail(const char *file, int line, const char *fmt, ...)
 {
     va_list ap;
@@ -34,8 +46,9 @@ void th_fail(const char *file, int line, const char *fmt, ...)
     char msg[1536];
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    char full[2100];
-    snprintf(full, sizeof full, "%s%s", where, msg);
+    char full[2400];
+    snprintf(full, sizeof full, "%s%s%s%s%s", where, msg, current_case[0] ? " [in case: " : "", current_case,
+             current_case[0] ? "]" : "");
     if (result_fd >= 0) {
         ssize_t w = write(result_fd, full, strlen(full));
         (void)w;

@@ -2,7 +2,8 @@
  * op the op list (tensor/ops.def) gives a CUDA backend, with its inputs,
  * run on the CPU and on cuda:0 for every float dtype it takes; the outputs
  * and the gradients of sum(out * r) for a random r must agree within the
- * dtype's tolerance. Adding an op's CUDA path adds a row here. Two last
+ * dtype's tolerance. Adding an op's CUDA path adds a row here (a unary op
+ * adds its row to tests/unary_cases.h, which this file shares). Two last
  * tests check the other direction (every such op has a row) and that each
  * name lives once (ops and the non-op CUDA entry points of tensor/device.c).
  *
@@ -17,6 +18,7 @@
 
 #include "cuda_test.h"
 #include "tensor/ops.h"
+#include "unary_cases.h"
 
 /* from tensor/device.c: whether a name takes CUDA tensors, and the API
  * functions that are not ops but do */
@@ -47,8 +49,9 @@ typedef struct op_case {
     op_run run;
     int nin;
     in_spec in[4];
-    bool no_grad; /* an output that is not differentiable (compares, argmax) */
-    bool exact;   /* the device must give the CPU's bits (copies, views, dropout masks) */
+    bool no_grad;         /* an output that is not differentiable (compares, argmax) */
+    bool exact;           /* the device must give the CPU's bits (copies, views, dropout masks) */
+    const unary_case *un; /* a unary op: run is NULL, uc_apply runs it */
 } op_case;
 
 #define S(...) {__VA_ARGS__}
@@ -69,18 +72,6 @@ UN(div, em_div(in[0], in[1]))
 UN(add_scalar, em_add_scalar(in[0], 0.75))
 UN(mul_scalar, em_mul_scalar(in[0], -1.25))
 UN(neg, em_neg(in[0]))
-UN(pow_scalar, em_pow_scalar(in[0], 1.5))
-UN(exp, em_exp(in[0]))
-UN(log, em_log(in[0]))
-UN(sqrt, em_sqrt(in[0]))
-UN(rsqrt, em_rsqrt(in[0]))
-UN(abs, em_abs(in[0]))
-UN(tanh, em_tanh(in[0]))
-UN(sigmoid, em_sigmoid(in[0]))
-UN(relu, em_relu(in[0]))
-UN(gelu, em_gelu(in[0]))
-UN(gelu_tanh, em_gelu_tanh(in[0]))
-UN(silu, em_silu(in[0]))
 UN(eq, em_eq(in[0], in[1]))
 UN(ne, em_ne(in[0], in[1]))
 UN(lt, em_lt(in[0], in[1]))
@@ -158,19 +149,7 @@ static const op_case cases[] = {
     {"add_scalar", run_add_scalar, 1, {NT(2, 7, 9)}},
     {"mul_scalar", run_mul_scalar, 1, {N(2, 7, 9)}},
     {"neg", run_neg, 1, {N(1, 31)}},
-    /* unary maths */
-    {"pow_scalar", run_pow_scalar, 1, {P(2, 7, 33)}},
-    {"exp", run_exp, 1, {NT(2, 7, 33)}},
-    {"log", run_log, 1, {P(2, 7, 33)}},
-    {"sqrt", run_sqrt, 1, {P(2, 7, 33)}},
-    {"rsqrt", run_rsqrt, 1, {P(2, 7, 33)}},
-    {"abs", run_abs, 1, {N(2, 7, 33)}},
-    {"tanh", run_tanh, 1, {NT(2, 7, 33)}},
-    {"sigmoid", run_sigmoid, 1, {N(2, 7, 33)}},
-    {"relu", run_relu, 1, {N(2, 7, 33)}},
-    {"gelu", run_gelu, 1, {NT(2, 7, 33)}},
-    {"gelu_tanh", run_gelu_tanh, 1, {N(2, 7, 33)}},
-    {"silu", run_silu, 1, {N(2, 7, 33)}},
+    /* unary maths: a row per line of tests/unary_cases.h, added by with_unary_cases */
     /* compares: exact */
     {"eq", run_eq, 2, {W(2, 9, 8), W(2, 9, 8)}, true, true},
     {"ne", run_ne, 2, {W(2, 9, 8), W(1, 8)}, true, true},
@@ -225,7 +204,26 @@ static const op_case cases[] = {
     {"avg_pool2d", run_avg_pool2d, 1, {N(4, 2, 3, 7, 7)}},
 };
 #pragma GCC diagnostic pop
-enum { NCASES = sizeof cases / sizeof cases[0] };
+enum { NCASES = sizeof cases / sizeof cases[0], NALL = NCASES + N_UNARY_CASES };
+
+/* cases, then a case per row of the unary test table (normal inputs, every
+ * other one transposed; positive ones where the op needs them) */
+static const op_case *with_unary_cases(void)
+{
+    static op_case all[NALL];
+    memcpy(all, cases, sizeof cases);
+    for (int k = 0; k < N_UNARY_CASES; k++) {
+        const unary_case *u = &unary_cases[k];
+        in_spec in = {u->domain == UC_POS ? IN_POSITIVE : IN_NORMAL, 2, S(7, 33), 0, k % 2 == 1};
+        all[NCASES + k] = (op_case){.op = u->op, .nin = 1, .in = {in}, .un = u};
+    }
+    return all;
+}
+
+static em_tensor *run_op(const op_case *c, em_tensor *const *in)
+{
+    return c->un ? uc_apply(c->un, in[0]) : c->run(in);
+}
 
 /* ---- running a case ------------------------------------------------------------------- */
 
@@ -245,7 +243,9 @@ static em_tensor *make_input(const in_spec *sp, em_dtype dt, uint64_t seed)
     case IN_INDEX: return em_randint(0, sp->hi, EM_I32, sp->ndim, shape, &r);
     case IN_MASK: return em_gt(em_randn(EM_F32, sp->ndim, shape, &r), em_scalar(EM_F32, 0.0));
     case IN_POSITIVE: x = em_add_scalar(em_abs(em_randn(EM_F32, sp->ndim, shape, &r)), 0.5); break;
-    case IN_WHOLE: x = em_cast(em_cast(em_mul_scalar(em_randn(EM_F32, sp->ndim, shape, &r), 2.0), EM_I32), EM_F32); break;
+    case IN_WHOLE:
+        x = em_cast(em_cast(em_mul_scalar(em_randn(EM_F32, sp->ndim, shape, &r), 2.0), EM_I32), EM_F32);
+        break;
     default: x = em_randn(EM_F32, sp->ndim, shape, &r);
     }
     x = em_contiguous(em_cast(x, dt));
@@ -260,7 +260,8 @@ static const char *compare(em_tensor *got, em_tensor *want, bool exact, double t
     if (em_device_of(got).type != EM_CUDA) return snprintf(msg, n, "the result is not on the device"), msg;
     em_tensor *g = em_to(got, em_device_cpu());
     if (!g) return snprintf(msg, n, "em_to cpu: %s", em_last_error()), msg;
-    if (em_ndim(g) != em_ndim(want) || memcmp(em_shape(g), em_shape(want), sizeof(int64_t) * (size_t)em_ndim(g)))
+    if (em_ndim(g) != em_ndim(want) ||
+        memcmp(em_shape(g), em_shape(want), sizeof(int64_t) * (size_t)em_ndim(g)))
         return snprintf(msg, n, "shapes differ"), msg;
     if (em_dtype_of(g) != em_dtype_of(want)) return snprintf(msg, n, "dtypes differ"), msg;
     if (exact) {
@@ -288,9 +289,9 @@ static const char *run_case(const op_case *c, em_dtype dt, char *msg, size_t n)
         if (fl && (em_set_requires_grad(cin[k], true) || em_set_requires_grad(gin[k], true)))
             return snprintf(msg, n, "requires_grad: %s", em_last_error()), msg;
     }
-    em_tensor *yc = c->run(cin);
+    em_tensor *yc = run_op(c, cin);
     if (!yc) return snprintf(msg, n, "the CPU op failed: %s", em_last_error()), msg;
-    em_tensor *yg = c->run(gin);
+    em_tensor *yg = run_op(c, gin);
     const char *bad = compare(yg, yc, c->exact, ct_tol(dt), msg, n);
     if (bad) return bad;
     if (c->no_grad || !em_dtype_is_float(em_dtype_of(yc)) || !em_requires_grad(yc)) return NULL;
@@ -314,8 +315,9 @@ TEST(test_cuda_every_op_matches_the_cpu_forward_and_backward_in_every_float_dtyp
     CUDA_OR_SKIP();
     static const em_dtype dts[] = {EM_F32, EM_F64, EM_F16, EM_BF16};
     int failures = 0;
-    for (int i = 0; i < NCASES; i++) {
-        const op_case *c = &cases[i];
+    const op_case *all = with_unary_cases();
+    for (int i = 0; i < NALL; i++) {
+        const op_case *c = &all[i];
         if (!cuda_op_ok(c->op)) {
             fprintf(stderr, "  %s: not a CUDA op of the op list (tensor/ops.def)\n", c->op);
             failures++;
@@ -333,19 +335,22 @@ TEST(test_cuda_every_op_matches_the_cpu_forward_and_backward_in_every_float_dtyp
             em_clear_error();
         }
     }
-    if (failures) th_fail(__FILE__, __LINE__, "%d op/dtype case(s) differ from the CPU (listed above)", failures);
+    if (failures)
+        th_fail(__FILE__, __LINE__, "%d op/dtype case(s) differ from the CPU (listed above)", failures);
 }
 
 TEST(test_cuda_every_op_with_a_cuda_backend_has_a_row_in_the_all_backends_table)
 {
     int missing = 0;
+    const op_case *all = with_unary_cases();
     for (int op = 0; op < OP_COUNT; op++) {
         if (!(op_table[op].backends & OPB_CUDA)) continue;
         bool found = false;
-        for (int k = 0; k < NCASES && !found; k++) found = !strcmp(cases[k].op, op_table[op].name);
+        for (int k = 0; k < NALL && !found; k++) found = !strcmp(all[k].op, op_table[op].name);
         if (!found) {
             fprintf(stderr,
-                    "  '%s' has a CUDA backend (tensor/ops.def) but no case in tests/test_cuda_ops.c\n",
+                    "  '%s' has a CUDA backend (tensor/ops.def) but no case in tests/test_cuda_ops.c or "
+                    "tests/unary_cases.h\n",
                     op_table[op].name);
             missing++;
         }
