@@ -188,10 +188,13 @@ static tensor *binary(binop k, tensor *a, tensor *b)
     return op_end(&c, out, k == BIN_ADD || k == BIN_SUB ? add_backward : muldiv_backward);
 }
 
-tensor *t_add(tensor *a, tensor *b) { return binary(BIN_ADD, a, b); }
-tensor *t_sub(tensor *a, tensor *b) { return binary(BIN_SUB, a, b); }
-tensor *t_mul(tensor *a, tensor *b) { return binary(BIN_MUL, a, b); }
-tensor *t_div(tensor *a, tensor *b) { return binary(BIN_DIV, a, b); }
+/* t_add, t_sub, ...: one per DEF_BINARY line of the op list (declared in
+ * tensor_impl.h; a line without a declaration is a compile error) */
+#pragma GCC diagnostic error "-Wmissing-prototypes"
+#define DEF_OP(id, name, kind, arity, amp, be)
+#define DEF_BINARY(id, fn, amp, be)                                                                          \
+    tensor *t_##fn(tensor *a, tensor *b) { return binary(BIN_##id, a, b); }
+#include "ops.def"
 
 /* ---- scalar forms: out = a*m + s (add_scalar: m=1; mul_scalar: s=0; neg: m=-1) */
 
@@ -281,10 +284,12 @@ static em_tensor *pub2(binop k, em_tensor *a, em_tensor *b)
     return y ? t_handle(binary(k, x, y)) : NULL;
 }
 
-em_tensor *em_add(em_tensor *a, em_tensor *b) { return pub2(BIN_ADD, a, b); }
-em_tensor *em_sub(em_tensor *a, em_tensor *b) { return pub2(BIN_SUB, a, b); }
-em_tensor *em_mul(em_tensor *a, em_tensor *b) { return pub2(BIN_MUL, a, b); }
-em_tensor *em_div(em_tensor *a, em_tensor *b) { return pub2(BIN_DIV, a, b); }
+/* em_add, em_sub, ...: one per DEF_BINARY line (declared, with their
+ * documentation, in include/ember/tensor.h) */
+#define DEF_OP(id, name, kind, arity, amp, be)
+#define DEF_BINARY(id, fn, amp, be)                                                                          \
+    em_tensor *em_##fn(em_tensor *a, em_tensor *b) { return pub2(BIN_##id, a, b); }
+#include "ops.def"
 
 static em_tensor *pub_affine(op_id op, em_tensor *a, double m, double s)
 {
