@@ -152,6 +152,14 @@ bool op_begin(op_call *c, op_id op, int nin, tensor **in)
     return true;
 }
 
+bool op_begin_backward(op_call *c, const node *n, op_id op, int nin, tensor **in)
+{
+    *c = (op_call){.op = op, .nin = nin, .in = in, .dev = em_device_cpu(), .saved = n->saved};
+    memcpy(c->ip, n->ip, sizeof c->ip);
+    memcpy(c->dp, n->dp, sizeof c->dp);
+    return t_same_device(n->op, nin, in, &c->dev) == EM_OK;
+}
+
 tensor *op_out(const op_call *c, em_dtype dt, int ndim, const int64_t *shape)
 {
     return t_new_on(c->dev, dt, ndim, shape);

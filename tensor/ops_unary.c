@@ -107,26 +107,42 @@ static void bwd_range(void *ctx, int64_t lo, int64_t hi)
     }
 }
 
+/* gx = g * f'(x, y): in = {x, y, g}, the unop in ip[0], its parameter in dp[0] */
+static em_status unary_grad_cpu(const op_call *c, tensor *gx)
+{
+    un_ctx u = {.k = (unop)c->ip[0], .p = c->dp[0], .out = gx, .x = c->in[0], .y = c->in[1], .g = c->in[2]};
+    parallel_for(t_numel(gx), 1 << 13, bwd_range, &u);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+static em_status unary_grad_cuda(const op_call *c, tensor *gx)
+{
+    tensor *x = c->in[0], *y = c->in[1], *g = c->in[2];
+    cu_walk w;
+    cu_walk_of(&w, gx, 3, (const tensor *[]){gx, x, g});
+    return cu_unary_backward(x->device.index, (unop)c->ip[0], &w, x->dtype, t_ptr(gx), t_ptr(x), t_ptr(y), g->dtype,
+                             t_ptr(g), c->dp[0]);
+}
+#endif
+
+static const op_kernels unary_grad_kernels = {
+    .cpu = unary_grad_cpu,
+#if EM_HAVE_CUDA
+    .cuda = unary_grad_cuda,
+#endif
+};
+
 static em_status unary_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
-    tensor *gx = t_new_like(x);
+    tensor *in[3] = {x, n->out, g};
+    op_call c;
+    if (!op_begin_backward(&c, n, unop_ops[n->ip[0]], 3, in)) return em_last_status();
+    tensor *gx = op_out(&c, x->dtype, x->ndim, x->shape);
     if (!gx) return em_last_status();
-    unop k = (unop)n->ip[0];
-#if EM_HAVE_CUDA
-    if (t_on_cuda(x)) {
-        em_status s = t_same_device(unop_name(k), 2, (tensor *[]){x, g}, NULL);
-        if (s) return s;
-        cu_walk w;
-        cu_walk_of(&w, gx, 3, (const tensor *[]){gx, x, g});
-        s = cu_unary_backward(x->device.index, k, &w, x->dtype, t_ptr(gx), t_ptr(x), t_ptr(n->out), g->dtype,
-                              t_ptr(g), n->dp[0]);
-        return s ? s : op_grad(x, gx);
-    }
-#endif
-    un_ctx c = {.k = k, .p = n->dp[0], .out = gx, .x = x, .g = g, .y = n->out};
-    parallel_for(t_numel(x), 1 << 13, bwd_range, &c);
-    return op_grad(x, gx);
+    em_status s = op_run(&c, &unary_grad_kernels, gx);
+    return s ? s : op_grad(x, gx);
 }
 
 /* out (contiguous, x's shape) = f(x); the unop in ip[0], its parameter in dp[0] */
