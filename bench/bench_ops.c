@@ -3,7 +3,12 @@
  *   (a) em_matmul vs raw cblas_sgemm on GPT-2 GEMM shapes, GFLOP/s;
  *   (b) elementwise ops and layer_norm vs memcpy of the same bytes, GB/s;
  *   (c) whether OpenBLAS's threads and ember's pool get in each other's way:
- *       em_matmul and em_add alone and alternating, per thread setting.
+ *       em_matmul and em_add alone and alternating, per thread setting;
+ *   (d) the fixed cost of one op call (handles, the dispatcher's autocast,
+ *       device and recording steps, allocation in the scope): ops on 4-element
+ *       tensors, ns per call, with grad mode off and recording on the tape.
+ *       Before/after a change to the op path, run this binary against each
+ *       build's libember.so (LD_LIBRARY_PATH) in one session.
  * Every number is the median over repetitions after a warm-up; ember and the
  * reference are timed interleaved in the same run. Each ember repetition runs
  * in its own step scope, so the arena is reused and nothing grows.
@@ -278,6 +283,46 @@ static void bench_interference(int iters)
     em_free(x);
 }
 
+/* ns per call of `which` on 4-element f32 tensors: calls made in scopes of
+ * 1000, the median over reps rounds. record: inputs require grad, so each
+ * call records a node. */
+static double call_ns(int which, bool record, int reps)
+{
+    enum { CALLS = 1000, ROUNDS_PER_REP = 20 };
+    em_tensor *a = em_full(EM_F32, EM_SHAPE(2, 2), 0.5), *b = em_full(EM_F32, EM_SHAPE(2, 2), 1.5);
+    if (!a || !b) die("call setup");
+    if (record && (em_set_requires_grad(a, true) || em_set_requires_grad(b, true))) die("requires_grad");
+    bool prev = em_set_grad_enabled(record);
+    double t[MAX_REPS];
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        for (int k = 0; k < ROUNDS_PER_REP; k++) {
+            em_scope s = em_scope_begin();
+            for (int i = 0; i < CALLS; i++) {
+                em_tensor *y = which == 0 ? em_add(a, b) : which == 1 ? em_gelu(a) : em_matmul(a, b);
+                if (!y) die("op call");
+            }
+            em_scope_end(s);
+        }
+        t[r] = (now() - t0) / (CALLS * ROUNDS_PER_REP) * 1e9;
+    }
+    em_set_grad_enabled(prev);
+    em_free(a);
+    em_free(b);
+    return median(t, reps);
+}
+
+static void bench_call_cost(int reps)
+{
+    const char *names[] = {"add", "gelu", "matmul"};
+    printf("\n(d) the fixed cost of an op call on (2,2) f32 tensors, ns per call, median of %d rounds of "
+           "20000\n",
+           reps);
+    printf("%8s %10s %10s\n", "op", "no grad", "recorded");
+    for (int w = 0; w < 3; w++)
+        printf("%8s %10.0f %10.0f\n", names[w], call_ns(w, false, reps), call_ns(w, true, reps));
+}
+
 int main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 9;
@@ -291,6 +336,7 @@ int main(int argc, char **argv)
     bench_matmul(reps);
     bench_elementwise(reps);
     bench_interference(reps * 2);
+    bench_call_cost(reps);
     printf("\ntotal %.1f s\n", now() - t0);
     return 0;
 }
