@@ -9,7 +9,7 @@
  * run outside any scope with grad mode off leaves only its result. */
 #include <stdlib.h>
 
-#include "amp/amp_impl.h"
+#include "../tensor/dispatch.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
 
@@ -320,11 +320,14 @@ em_tensor *em_nn_flatten(em_tensor *xh, int start_dim)
 
 /* ---- MSE loss ------------------------------------------------------------------------ */
 
-/* L = sum((p - t)^2) / n;  dL/dp = 2 (p - t) / n */
+/* L = sum((p - t)^2) / n;  dL/dp = 2 (p - t) / n. Composed of ops, after
+ * mse_loss's own autocast policy (ops.def) is applied to both inputs. */
 em_tensor *em_mse_loss(em_tensor *pred, em_tensor *target)
 {
     tensor *p = t_resolve(pred, "mse_loss"), *t = p ? t_resolve(target, "mse_loss") : NULL;
-    if (!t || !(p = amp_in(OP_MSE_LOSS, p)) || !(t = amp_in(OP_MSE_LOSS, t))) return NULL;
+    tensor *in[2] = {p, t};
+    if (!t || !op_autocast_inputs(OP_MSE_LOSS, 2, in)) return NULL;
+    p = in[0], t = in[1];
     if (p->ndim != t->ndim || memcmp(p->shape, t->shape, sizeof(int64_t) * (size_t)p->ndim))
         return em_fail(EM_ERR_SHAPE, "mse_loss: pred is %s but target is %s; shapes must be equal", shp(p),
                        shp(t));

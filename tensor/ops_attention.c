@@ -13,11 +13,11 @@
  * On a CUDA device the op is one fused kernel (tensor/ops_matmul.cu,
  * flash-attention style): P is never stored; the forward saves the
  * log-sum-exp of each row (B,H,T) instead, and the backward recomputes P
- * from it (see attention_cuda below). */
+ * from it (see attention_cuda below). The op goes through the dispatcher
+ * (tensor/dispatch.h); the node it records is "attention". */
 #include <cblas.h>
 #include <limits.h>
 
-#include "amp/amp_impl.h"
 #include "dispatch.h"
 #include "vmath_impl.h"
 #if EM_HAVE_CUDA
@@ -250,35 +250,19 @@ static em_status attention_backward_cuda(node *n, tensor *g)
 }
 
 /* The forward on the inputs' CUDA device (checked as attention_causal
- * checks them; scale resolved). */
-static tensor *attention_cuda(tensor *q, tensor *k, tensor *v, double scale, bool need)
+ * checks them; the resolved scale in dp[0]); the (B,H,T) log-sum-exp goes
+ * to the tensor in c->saved. */
+static em_status attention_cuda(const op_call *c, tensor *out)
 {
-    int64_t D = q->shape[3];
-    if (D > CU_ATTENTION_MAX_D)
-        return em_fail(EM_ERR_UNSUPPORTED,
-                       "attention: head dim D = %lld is beyond the CUDA kernel's %d: q is %s", (long long)D,
-                       (int)CU_ATTENTION_MAX_D, shp(q));
-    em_dtype dt = q->dtype;
-    tensor *in[3] = {q, k, v}, *c[3] = {0};
-    tensor *out = t_new_like(q);
-    tensor *lse = out ? t_new_on(q->device, dt == EM_F64 ? EM_F64 : EM_F32, 3, q->shape) : NULL;
-    node *n = lse && need ? ag_record("attention_causal", attention_backward, out, 3, in) : NULL;
-    em_status s = !lse || (need && !n) ? em_last_status() : EM_OK;
-    if (!s && !contig_all(3, in, c)) s = em_last_status();
+    tensor *q = c->in[0];
+    tensor *in[3] = {c->in[0], c->in[1], c->in[2]}, *cc[3] = {0};
+    em_status s = contig_all(3, in, cc) ? EM_OK : em_last_status();
     if (!s)
-        s = cu_attention_forward(q->device.index, dt, q->shape[0] * q->shape[1], q->shape[2], D, scale,
-                                 t_ptr(c[0]), t_ptr(c[1]), t_ptr(c[2]), t_ptr(out), t_ptr(lse));
-    drop_copies(3, in, c);
-    if (s || !n) t_drop(lse);
-    if (s) {
-        t_drop(out);
-        return NULL;
-    }
-    if (n) {
-        n->saved = lse; /* a tensor of the open scope: lives as long as the tape */
-        n->dp[0] = scale;
-    }
-    return out;
+        s = cu_attention_forward(q->device.index, q->dtype, q->shape[0] * q->shape[1], q->shape[2],
+                                 q->shape[3], c->dp[0], t_ptr(cc[0]), t_ptr(cc[1]), t_ptr(cc[2]), t_ptr(out),
+                                 t_ptr((tensor *)c->saved));
+    drop_copies(3, in, cc);
+    return s;
 }
 #endif
 
@@ -287,11 +271,46 @@ static bool same_shape(const tensor *a, const tensor *b)
     return a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim);
 }
 
+/* The forward on the CPU: the resolved scale in dp[0]; P (B,H,T,T) in
+ * c->saved, scope memory allocated by the caller, when recording. */
+static em_status attention_cpu(const op_call *c, tensor *out)
+{
+    tensor *q = c->in[0], *k = c->in[1], *v = c->in[2];
+    em_dtype dt = q->dtype, ct = compute_dtype(dt);
+    size_t es = em_dtype_size(ct);
+    int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3];
+    size_t mk = tmp_mark();
+    /* P lives as long as the tape when it is saved, else only for this call */
+    void *P = c->saved ? c->saved : tmp_alloc((size_t)(BH * T * T) * es + 1);
+    const char *qc = as_compute(q, ct), *kc = as_compute(k, ct), *vc = as_compute(v, ct);
+    char *o = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * es + 1);
+    if (!P || !qc || !kc || !vc || !o) {
+        tmp_release(mk);
+        return em_last_status();
+    }
+    for (int64_t h = 0; h < BH && D > 0; h++) {
+        int64_t off = h * T * D;
+        head_forward(ct, T, D, c->dp[0], at(qc, off, es), at(kc, off, es), at(vc, off, es),
+                     o + off * (int64_t)es, (void *)at(P, h * T * T, es));
+    }
+    if (dt != ct) convert_n(dt, t_ptr(out), ct, o, t_numel(out));
+    tmp_release(mk);
+    return EM_OK;
+}
+
+static const op_kernels attention_kernels = {
+    .cpu = attention_cpu,
+#if EM_HAVE_CUDA
+    .cuda = attention_cuda,
+#endif
+};
+
 static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
 {
-    if (!q || !k || !v) return NULL;
-    if (!(q = amp_in(OP_ATTENTION, q)) || !(k = amp_in(OP_ATTENTION, k)) || !(v = amp_in(OP_ATTENTION, v)))
-        return NULL;
+    tensor *in[3] = {q, k, v};
+    op_call c;
+    if (!op_begin(&c, OP_ATTENTION, 3, in)) return NULL;
+    q = in[0], k = in[1], v = in[2];
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
         return em_fail(EM_ERR_SHAPE, "attention: q, k, v must be 4-D (B,H,T,D): q is %s, k is %s, v is %s",
                        shp(q), shp(k), shp(v));
@@ -303,10 +322,7 @@ static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
         return NULL;
     if (isnan(scale) || isinf(scale))
         return em_fail(EM_ERR_ARG, "attention: scale must be finite, got %g (<= 0 means 1/sqrt(D))", scale);
-    tensor *in[3] = {q, k, v};
-    if (t_same_device("attention", 3, in, NULL)) return NULL;
-    bool need = ag_needed(3, in);
-    if (need && em_scope_depth() == 0)
+    if (c.record && em_scope_depth() == 0)
         return em_fail(EM_ERR_SCOPE,
                        "attention: recording a gradient needs an open step scope (em_scope_begin), "
                        "or run it under em_set_grad_enabled(false)");
@@ -315,38 +331,38 @@ static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
         return em_fail(EM_ERR_UNSUPPORTED, "attention: T or D beyond BLAS's int range: q is %s", shp(q));
     if (scale <= 0) scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
 #if EM_HAVE_CUDA
-    if (t_on_cuda(q)) return attention_cuda(q, k, v, scale, need);
+    if (c.dev.type == EM_CUDA && D > CU_ATTENTION_MAX_D)
+        return em_fail(EM_ERR_UNSUPPORTED,
+                       "attention: head dim D = %lld is beyond the CUDA kernel's %d: q is %s", (long long)D,
+                       (int)CU_ATTENTION_MAX_D, shp(q));
 #endif
-    em_dtype dt = q->dtype, ct = compute_dtype(dt);
-    size_t es = em_dtype_size(ct);
-    tensor *out = t_new(dt, 4, q->shape);
+    tensor *out = op_out(&c, q->dtype, 4, q->shape);
     if (!out) return NULL;
-    node *n = need ? ag_record("attention_causal", attention_backward, out, 3, in) : NULL;
-    if (need && !n) return NULL;
-    /* P lives as long as the tape when it is saved, else only for this call */
-    void *P = need ? scope_alloc((size_t)(BH * T * T) * es + 1) : NULL;
-    if (need && !P) return NULL;
-
-    size_t mk = tmp_mark();
-    if (!P) P = tmp_alloc((size_t)(BH * T * T) * es + 1);
-    const char *qc = as_compute(q, ct), *kc = as_compute(k, ct), *vc = as_compute(v, ct);
-    char *o = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * es + 1);
-    if (!P || !qc || !kc || !vc || !o) {
-        tmp_release(mk);
+    c.dp[0] = scale;
+    /* what backward reads: on the CPU, P (B,H,T,T) in the scope arena (made
+     * by the kernel in temp memory when not recording); on CUDA, the
+     * log-sum-exp of each row, a (B,H,T) scope tensor (f64 for f64 inputs,
+     * else f32) the kernel always writes */
+    if (c.dev.type == EM_CUDA)
+        c.saved = t_new_on(c.dev, q->dtype == EM_F64 ? EM_F64 : EM_F32, 3, q->shape);
+    else if (c.record)
+        c.saved = scope_alloc((size_t)(BH * T * T) * em_dtype_size(compute_dtype(q->dtype)) + 1);
+    if ((c.dev.type == EM_CUDA || c.record) && !c.saved) {
+        t_drop(out);
         return NULL;
     }
-    for (int64_t h = 0; h < BH && D > 0; h++) {
-        int64_t off = h * T * D;
-        head_forward(ct, T, D, scale, at(qc, off, es), at(kc, off, es), at(vc, off, es),
-                     o + off * (int64_t)es, (void *)at(P, h * T * T, es));
+    if (op_run(&c, &attention_kernels, out)) {
+        if (c.dev.type == EM_CUDA) t_drop(c.saved);
+        t_drop(out);
+        return NULL;
     }
-    if (dt != ct) convert_n(dt, t_ptr(out), ct, o, t_numel(out));
-    tmp_release(mk);
-    if (n) {
-        n->saved = P; /* from the scope arena: lives as long as the tape */
-        n->dp[0] = scale;
+    if (c.dev.type == EM_CUDA && !c.record) {
+        t_drop(c.saved);
+        c.saved = NULL;
     }
-    return out;
+    tensor *r = op_end(&c, out, attention_backward);
+    if (!r && c.dev.type == EM_CUDA) t_drop(c.saved); /* the lse, when recording failed */
+    return r;
 }
 
 em_tensor *em_attention_causal(em_tensor *q, em_tensor *k, em_tensor *v, double scale)

@@ -11,7 +11,12 @@
  * CUDA tensors take the same plan on the device (tensor/ops_conv.cu,
  * cuda_conv.h): im2col of the whole batch, cuBLAS products through
  * cu_matmul, col2im; pooling as direct kernels. The bias gradient there is
- * the device sum over (N, OH, OW). */
+ * the device sum over (N, OH, OW).
+ *
+ * The ops go through the dispatcher (tensor/dispatch.h): conv2d's inputs are
+ * (x, w) or (x, w, bias), ip[0] its stride, ip[1] its padding; a pool's input
+ * is x, ip[0..3] kernel, stride, padding and whether it is max_pool2d, and
+ * c.saved the max's choices when recording. */
 #include <cblas.h>
 #include <limits.h>
 
@@ -213,31 +218,33 @@ static tensor *im2col_cuda(const geom *g, tensor *x, em_dtype ct)
 
 /* out (N,O,OH,OW) of x's dtype: yt (O, N,OH,OW) = W @ col, + bias, then
  * permuted into place (the core copy converts to x's dtype) */
-static tensor *conv2d_cuda(const geom *g, tensor *x, tensor *w, tensor *b)
+static em_status conv2d_cuda(const op_call *c, tensor *out)
 {
+    tensor *x = c->in[0], *w = c->in[1], *b = c->nin > 2 ? c->in[2] : NULL;
+    geom g;
+    conv_geom(&g, x, w, c->ip[0], c->ip[1]);
     int dev = x->device.index;
-    em_dtype ct = g->dbl ? EM_F64 : EM_F32;
-    int64_t ckk = g->C * g->KH * g->KW, cols = g->N * g->OH * g->OW;
-    tensor *wc = dev_as_ct(w, ct), *col = wc ? im2col_cuda(g, x, ct) : NULL;
-    tensor *yt = col ? t_new_on(x->device, ct, 4, (int64_t[]){g->O, g->N, g->OH, g->OW}) : NULL;
-    tensor *out = NULL;
-    em_status s = yt ? gemm_cuda(dev, ct, false, false, g->O, cols, ckk, wc, col, yt) : em_last_status();
+    em_dtype ct = g.dbl ? EM_F64 : EM_F32;
+    int64_t ckk = g.C * g.KH * g.KW, cols = g.N * g.OH * g.OW;
+    tensor *wc = dev_as_ct(w, ct), *col = wc ? im2col_cuda(&g, x, ct) : NULL;
+    tensor *yt = col ? t_new_on(x->device, ct, 4, (int64_t[]){g.O, g.N, g.OH, g.OW}) : NULL;
+    em_status s = yt ? gemm_cuda(dev, ct, false, false, g.O, cols, ckk, wc, col, yt) : em_last_status();
     if (!s && b) { /* yt[o, :] += b[o], summed in ct as the CPU does */
-        cu_walk bw = {.ndim = 2, .shape = {g->O, cols}, .stride = {{cols, 1}, {b->stride[0], 0}}};
+        cu_walk bw = {.ndim = 2, .shape = {g.O, cols}, .stride = {{cols, 1}, {b->stride[0], 0}}};
         s = cu_add_into(dev, &bw, ct, t_ptr(yt), b->dtype, t_ptr(b));
     }
-    if (!s && (out = t_new_on(x->device, x->dtype, 4, (int64_t[]){g->N, g->O, g->OH, g->OW}))) {
+    if (!s) {
         tensor v = *yt; /* a stack header: yt seen as (N,O,OH,OW) */
-        int64_t ohw = g->OH * g->OW;
+        int64_t ohw = g.OH * g.OW;
         memcpy(v.shape, out->shape, sizeof v.shape);
-        int64_t st[4] = {ohw, g->N * ohw, g->OW, 1};
+        int64_t st[4] = {ohw, g.N * ohw, g.OW, 1};
         memcpy(v.stride, st, sizeof st);
         copy_strided(out, &v);
     }
-    if (wc != w) t_drop(wc);
+    if (wc && wc != w) t_drop(wc);
     t_drop(col);
     t_drop(yt);
-    return out;
+    return s;
 }
 
 /* dx = col2im(W^T gt); dW = gt col^T; db = sum of g over (N,OH,OW), with
@@ -348,22 +355,38 @@ static em_status conv_backward(node *n, tensor *gout)
     return EM_OK;
 }
 
-/* out (N,O,OH,OW) of x's dtype: per image, im2col then (O,CKK) @ (CKK,OHW) + bias */
-static tensor *conv2d_cpu(const geom *gp, tensor *x, tensor *w, tensor *b)
+/* A tensor of dtype ct and out's shape to compute into: out itself when it
+ * is of ct, else a new one, which conv_done copies into out and drops. */
+static tensor *compute_into(tensor *out, em_dtype ct)
 {
-    const geom g = *gp;
+    return ct == out->dtype ? out : t_new_on(out->device, ct, out->ndim, out->shape);
+}
+
+static void compute_done(tensor *out, tensor *acc_t)
+{
+    if (acc_t == out) return;
+    copy_strided(out, acc_t); /* to out's dtype */
+    t_drop(acc_t);
+}
+
+/* out (N,O,OH,OW) of x's dtype: per image, im2col then (O,CKK) @ (CKK,OHW) + bias */
+static em_status conv2d_cpu(const op_call *c, tensor *out)
+{
+    tensor *x = c->in[0], *w = c->in[1], *b = c->nin > 2 ? c->in[2] : NULL;
+    geom g;
+    conv_geom(&g, x, w, c->ip[0], c->ip[1]);
     em_dtype ct = g.dbl ? EM_F64 : EM_F32;
     size_t es = em_dtype_size(ct);
     int64_t ckk = g.C * g.KH * g.KW, ohw = g.OH * g.OW;
-    tensor *acc_t = t_new(ct, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
-    if (!acc_t) return NULL;
+    tensor *acc_t = compute_into(out, ct);
+    if (!acc_t) return em_last_status();
     size_t m = tmp_mark();
     const void *xp = as_ct(x, ct), *wp = as_ct(w, ct), *bp = b ? as_ct(b, ct) : NULL;
     void *col = col_is_image(&g) ? NULL : tmp_alloc((size_t)(ckk * ohw) * es);
     if (!xp || !wp || (b && !bp) || (!col && !col_is_image(&g))) {
         tmp_release(m);
-        t_drop(acc_t);
-        return NULL;
+        if (acc_t != out) t_drop(acc_t);
+        return em_last_status();
     }
     for (int64_t i = 0; i < g.N; i++) {
         const void *ci = (const char *)xp + (size_t)(i * g.C * g.H * g.W) * es;
@@ -378,14 +401,24 @@ static tensor *conv2d_cpu(const geom *gp, tensor *x, tensor *w, tensor *b)
                 for (int64_t j = 0; j < ohw; j++) acc(oi, g.dbl, o * ohw + j, rd(bp, g.dbl, o));
     }
     tmp_release(m);
-    tensor *out = ct == x->dtype ? acc_t : t_cast(acc_t, x->dtype);
-    if (out != acc_t) t_drop(acc_t);
-    return out;
+    compute_done(out, acc_t);
+    return EM_OK;
 }
+
+static const op_kernels conv2d_kernels = {
+    .cpu = conv2d_cpu,
+#if EM_HAVE_CUDA
+    .cuda = conv2d_cuda,
+#endif
+};
 
 static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding)
 {
     const char *op = "conv2d";
+    tensor *in[3] = {x, w, b};
+    op_call c;
+    if (!op_begin(&c, OP_CONV2D, b ? 3 : 2, in)) return NULL;
+    x = in[0], w = in[1], b = b ? in[2] : NULL;
     if (!chk_float(op, x) || !chk_same_dtype(op, x, w) || (b && !chk_same_dtype(op, x, b))) return NULL;
     if (!chk_4d(op, x, "input") || !chk_4d(op, w, "weight")) return NULL;
     if (x->shape[1] != w->shape[1])
@@ -396,9 +429,6 @@ static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding
                        (long long)w->shape[0], shp(w));
     if (stride < 1 || padding < 0)
         return em_fail(EM_ERR_ARG, "conv2d: stride %d must be >= 1 and padding %d >= 0", stride, padding);
-    tensor *in[3] = {x, w, b};
-    int nin = b ? 3 : 2;
-    if (t_same_device(op, nin, in, NULL)) return NULL;
     geom g;
     conv_geom(&g, x, w, stride, padding);
     if (x->shape[2] + 2 * padding < g.KH || x->shape[3] + 2 * padding < g.KW || g.KH < 1 || g.KW < 1)
@@ -406,20 +436,17 @@ static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding
                        (long long)g.KH, (long long)g.KW, shp(x), padding);
     int64_t ckk = g.C * g.KH * g.KW, ohw = g.OH * g.OW;
     /* the device multiplies the whole batch at once: N*OH*OW columns */
-    if (ckk > INT_MAX || ohw > INT_MAX || g.O > INT_MAX || (t_on_cuda(x) && g.N * ohw > INT_MAX))
+    if (ckk > INT_MAX || ohw > INT_MAX || g.O > INT_MAX || (c.dev.type == EM_CUDA && g.N * ohw > INT_MAX))
         return em_fail(EM_ERR_SHAPE, "conv2d: input %s with weight %s is too large for gemm", shp(x), shp(w));
-#if EM_HAVE_CUDA
-    tensor *out = t_on_cuda(x) ? conv2d_cuda(&g, x, w, b) : conv2d_cpu(&g, x, w, b);
-#else
-    tensor *out = conv2d_cpu(&g, x, w, b);
-#endif
-    if (out && ag_needed(nin, in)) {
-        node *n = ag_record(op, conv_backward, out, nin, in);
-        if (!n) return NULL;
-        n->ip[0] = stride;
-        n->ip[1] = padding;
+    tensor *out = op_out(&c, x->dtype, 4, (int64_t[]){g.N, g.O, g.OH, g.OW});
+    if (!out) return NULL;
+    c.ip[0] = stride;
+    c.ip[1] = padding;
+    if (op_run(&c, &conv2d_kernels, out)) {
+        t_drop(out);
+        return NULL;
     }
-    return out;
+    return op_end(&c, out, conv_backward);
 }
 
 /* ---- pooling ---------------------------------------------------------------------------
@@ -553,89 +580,106 @@ static em_status pool_backward(node *n, tensor *gout)
     return gx ? op_grad(x, gx) : em_last_status();
 }
 
-/* y (N,C,OH,OW) of x's dtype on the CPU; c->arg set (in the scope) when want_arg */
-static tensor *pool_cpu(pool_ctx *c, bool is_max, tensor *x, bool want_arg)
+/* c->in[0]'s geometry and the pool's (ip[0..2]); the max's choices to c->saved when given */
+static pool_ctx pool_of(const op_call *c)
 {
-    em_dtype ct = c->g.dbl ? EM_F64 : EM_F32;
-    int64_t ny = c->g.N * c->g.C * c->g.OH * c->g.OW;
-    tensor *y = t_new(ct, 4, (int64_t[]){c->g.N, c->g.C, c->g.OH, c->g.OW});
-    if (!y) return NULL;
-    if (want_arg && !(c->arg = scope_alloc(sizeof(int32_t) * (size_t)(ny ? ny : 1)))) return NULL;
+    pool_ctx p = {.arg = c->saved};
+    pool_geom(&p.g, c->in[0], c->ip[0], c->ip[1], c->ip[2]);
+    return p;
+}
+
+/* out (N,C,OH,OW) of x's dtype on the CPU */
+static em_status pool_cpu(const op_call *call, tensor *out)
+{
+    tensor *x = call->in[0];
+    bool is_max = call->ip[3];
+    pool_ctx c = pool_of(call);
+    em_dtype ct = c.g.dbl ? EM_F64 : EM_F32;
+    tensor *y = compute_into(out, ct);
+    if (!y) return em_last_status();
     size_t m = tmp_mark();
-    c->x = as_ct(x, ct);
-    c->y = t_ptr(y);
-    if (!c->x) {
+    c.x = as_ct(x, ct);
+    c.y = t_ptr(y);
+    if (!c.x) {
         tmp_release(m);
-        t_drop(y);
-        return NULL;
+        if (y != out) t_drop(y);
+        return em_last_status();
     }
-    int64_t work = c->g.KH * c->g.KW * c->g.OH * c->g.OW + 1;
-    parallel_for(c->g.N * c->g.C, 1 + (1 << 14) / work, is_max ? maxpool_range : avgpool_range, c);
+    int64_t work = c.g.KH * c.g.KW * c.g.OH * c.g.OW + 1;
+    parallel_for(c.g.N * c.g.C, 1 + (1 << 14) / work, is_max ? maxpool_range : avgpool_range, &c);
     tmp_release(m);
-    tensor *out = ct == x->dtype ? y : t_cast(y, x->dtype);
-    if (out != y) t_drop(y);
-    return out;
+    compute_done(out, y);
+    return EM_OK;
 }
 
 #if EM_HAVE_CUDA
-/* y (N,C,OH,OW) of x's dtype on x's device; when want_arg, the max's choices
- * go to a new i32 device tensor *argt (c->arg its data), which lives in the
- * scope as the CPU's scope_alloc'd choices do. */
-static tensor *pool_cuda(pool_ctx *c, bool is_max, tensor *x, bool want_arg, tensor **argt)
+/* out (N,C,OH,OW) of x's dtype on x's device */
+static em_status pool_cuda(const op_call *call, tensor *out)
 {
-    cu_conv_geom cg = cu_geom(&c->g);
-    int64_t ys[4] = {c->g.N, c->g.C, c->g.OH, c->g.OW};
-    tensor *xc = t_contig(x), *y = xc ? t_new_on(x->device, x->dtype, 4, ys) : NULL;
-    tensor *a = y && want_arg ? t_new_on(x->device, EM_I32, 4, ys) : NULL;
-    em_status s = y && (a || !want_arg) ? cu_pool_fwd(x->device.index, is_max, &cg, x->dtype, t_ptr(xc), t_ptr(y),
-                                                      a ? t_ptr(a) : NULL)
-                                        : em_last_status();
-    if (xc != x) t_drop(xc);
-    if (s) {
-        t_drop(y);
-        t_drop(a);
-        return NULL;
-    }
-    c->arg = a ? t_ptr(a) : NULL;
-    *argt = a;
-    return y;
+    tensor *x = call->in[0];
+    pool_ctx c = pool_of(call);
+    cu_conv_geom cg = cu_geom(&c.g);
+    tensor *xc = t_contig(x);
+    em_status s =
+        xc ? cu_pool_fwd(x->device.index, call->ip[3] != 0, &cg, x->dtype, t_ptr(xc), t_ptr(out), c.arg)
+           : em_last_status();
+    if (xc && xc != x) t_drop(xc);
+    return s;
 }
 #endif
 
-static tensor *t_pool(const char *op, bool is_max, tensor *x, int kernel, int stride, int padding)
+static const op_kernels pool_kernels = {
+    .cpu = pool_cpu,
+#if EM_HAVE_CUDA
+    .cuda = pool_cuda,
+#endif
+};
+
+static tensor *t_pool(op_id opid, tensor *x, int kernel, int stride, int padding)
 {
+    const char *op = op_name(opid);
+    bool is_max = opid == OP_MAX_POOL2D;
+    op_call c;
+    if (!op_begin(&c, opid, 1, &x)) return NULL;
     if (!chk_float(op, x) || !chk_4d(op, x, "input")) return NULL;
     if (kernel < 1 || stride < 1 || padding < 0)
         return em_fail(EM_ERR_ARG, "%s: kernel %d and stride %d must be >= 1, padding %d >= 0", op, kernel,
                        stride, padding);
     if (padding > kernel / 2)
         return em_fail(EM_ERR_ARG, "%s: padding %d must be at most half the kernel %d", op, padding, kernel);
-    pool_ctx c = {0};
-    pool_geom(&c.g, x, kernel, stride, padding);
+    geom g;
+    pool_geom(&g, x, kernel, stride, padding);
     if (x->shape[2] + 2 * padding < kernel || x->shape[3] + 2 * padding < kernel)
         return em_fail(EM_ERR_SHAPE, "%s: kernel %d does not fit input %s with padding %d", op, kernel,
                        shp(x), padding);
-    bool grad = ag_needed(1, &x);
+    int64_t ys[4] = {g.N, g.C, g.OH, g.OW};
+    tensor *out = op_out(&c, x->dtype, 4, ys);
+    if (!out) return NULL;
+    c.ip[0] = kernel;
+    c.ip[1] = stride;
+    c.ip[2] = padding;
+    c.ip[3] = is_max;
+    /* the max's choices (h*W+w per output element, i32) for backward: scope
+     * memory on the CPU, an i32 tensor of the scope on CUDA */
     tensor *argt = NULL;
-#if EM_HAVE_CUDA
-    tensor *out = t_on_cuda(x) ? pool_cuda(&c, is_max, x, grad && is_max, &argt)
-                               : pool_cpu(&c, is_max, x, grad && is_max);
-#else
-    tensor *out = pool_cpu(&c, is_max, x, grad && is_max);
-#endif
-    if (out && grad) {
-        node *n = ag_record(op, pool_backward, out, 1, &x);
-        if (!n) {
-            t_drop(argt);
+    if (c.record && is_max) {
+        if (c.dev.type == EM_CUDA)
+            c.saved = (argt = t_new_on(c.dev, EM_I32, 4, ys)) ? t_ptr(argt) : NULL;
+        else
+            c.saved = scope_alloc(sizeof(int32_t) * (size_t)(t_numel(out) ? t_numel(out) : 1));
+        if (!c.saved) {
+            t_drop(out);
             return NULL;
         }
-        n->saved = c.arg;
-        n->ip[0] = kernel;
-        n->ip[1] = stride;
-        n->ip[2] = padding;
-        n->ip[3] = is_max;
     }
-    return out;
+    if (op_run(&c, &pool_kernels, out)) {
+        t_drop(argt);
+        t_drop(out);
+        return NULL;
+    }
+    tensor *r = op_end(&c, out, pool_backward);
+    if (!r) t_drop(argt);
+    return r;
 }
 
 /* ---- public wrappers ------------------------------------------------------------------------ */
@@ -651,11 +695,11 @@ em_tensor *em_conv2d(em_tensor *x, em_tensor *w, em_tensor *bias, int stride, in
 em_tensor *em_max_pool2d(em_tensor *x, int kernel, int stride, int padding)
 {
     tensor *t = t_resolve(x, "max_pool2d");
-    return t ? t_handle(t_pool("max_pool2d", true, t, kernel, stride, padding)) : NULL;
+    return t ? t_handle(t_pool(OP_MAX_POOL2D, t, kernel, stride, padding)) : NULL;
 }
 
 em_tensor *em_avg_pool2d(em_tensor *x, int kernel, int stride, int padding)
 {
     tensor *t = t_resolve(x, "avg_pool2d");
-    return t ? t_handle(t_pool("avg_pool2d", false, t, kernel, stride, padding)) : NULL;
+    return t ? t_handle(t_pool(OP_AVG_POOL2D, t, kernel, stride, padding)) : NULL;
 }

@@ -6,7 +6,10 @@
  * mask depends only on (seed, offset), never on the thread split. The draw
  * advances rng->offset by ceil(n/4). Kept values are scaled by 1/(1-p).
  * The per-element rules are tensor/dropout_math.h's, shared with the CUDA
- * kernels (tensor/ops_nn.cu). */
+ * kernels (tensor/ops_nn.cu). The op goes through the dispatcher
+ * (tensor/dispatch.h): the call's ip[0], ip[1] are the generator's seed and
+ * offset (as bits), dp[0] the scale 1/(1-p), dp[1] p; the mask is c.saved
+ * when recording. */
 #include "dropout_math.h"
 #include "dispatch.h"
 #if EM_HAVE_CUDA
@@ -89,56 +92,75 @@ static em_status dropout_backward(node *n, tensor *g)
     return op_grad(n->in[0], gx);
 }
 
+/* The generator state of a call (ip[0], ip[1]). */
+static em_rng rng_of(const op_call *c) { return (em_rng){(uint64_t)c->ip[0], (uint64_t)c->ip[1]}; }
+
+/* out = dropout of c->in[0]; the mask (n bytes, scope memory) to c->saved when given */
+static em_status dropout_cpu(const op_call *call, tensor *out)
+{
+    tensor *x = call->in[0];
+    int64_t n = t_numel(x);
+    drop_ctx c = {x, out, call->saved, rng_of(call), call->dp[1], call->dp[0], n};
+    parallel_for((n + 3) / 4, 1024, drop_range, &c);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+/* the same counters and arithmetic on the device: the CPU's mask, bit for
+ * bit; c->saved, when given, a u8 device tensor of n for the mask */
+static em_status dropout_cuda(const op_call *c, tensor *out)
+{
+    tensor *x = c->in[0], *mask = c->saved, *xc = t_contig(x);
+    em_rng rng = rng_of(c);
+    em_status s =
+        xc ? cu_dropout_fwd(x->device.index, x->dtype, t_ptr(xc), t_ptr(out), mask ? t_ptr(mask) : NULL,
+                            t_numel(x), rng.seed, rng.offset, c->dp[1], c->dp[0])
+           : em_last_status();
+    if (xc && xc != x) t_drop(xc);
+    return s;
+}
+#endif
+
+static const op_kernels dropout_kernels = {
+    .cpu = dropout_cpu,
+#if EM_HAVE_CUDA
+    .cuda = dropout_cuda,
+#endif
+};
+
 static tensor *t_dropout(tensor *t, double p, bool training, em_rng *rng)
 {
-    if (!t) return NULL;
+    op_call c;
+    if (!op_begin(&c, OP_DROPOUT, 1, &t)) return NULL;
     if (!(p >= 0.0 && p <= 1.0)) return em_fail(EM_ERR_ARG, "dropout: p = %g is not in [0, 1]", p);
     if (!chk_float("dropout", t)) return NULL;
     if (!training || p == 0.0) return t;
     if (!rng) rng = em_default_rng();
     int64_t n = t_numel(t), blocks = (n + 3) / 4;
-    bool grad = ag_needed(1, &t);
-    tensor *out = t_new_like(t);
-#if EM_HAVE_CUDA
-    if (out && t_on_cuda(t)) {
-        /* the same counters and arithmetic on the device: the CPU's mask, bit for bit */
-        tensor *mask = grad ? t_new_on(t->device, EM_U8, 1, (const int64_t[]){n}) : NULL;
-        tensor *xc = !grad || mask ? t_contig(t) : NULL;
-        double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
-        em_status s = xc ? cu_dropout_fwd(t->device.index, t->dtype, t_ptr(xc), t_ptr(out),
-                                          mask ? t_ptr(mask) : NULL, n, rng->seed, rng->offset, p, scale)
-                         : em_last_status();
-        if (xc && xc != t) t_drop(xc);
-        if (s) {
-            t_drop(mask);
+    bool cuda = c.dev.type == EM_CUDA;
+    tensor *out = op_out(&c, t->dtype, t->ndim, t->shape);
+    if (!out) return NULL;
+    c.ip[0] = (int64_t)rng->seed;
+    c.ip[1] = (int64_t)rng->offset;
+    c.dp[0] = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+    c.dp[1] = p;
+    if (c.record) {
+        c.saved =
+            cuda ? (void *)t_new_on(c.dev, EM_U8, 1, (const int64_t[]){n}) : scope_alloc((size_t)(n ? n : 1));
+        if (!c.saved) {
+            t_drop(out);
             return NULL;
         }
-        rng->offset += (uint64_t)blocks;
-        if (grad) {
-            node *nd = ag_record("dropout", dropout_backward, out, 1, &t);
-            if (!nd) {
-                t_drop(mask);
-                return NULL;
-            }
-            nd->saved = mask;
-            nd->dp[0] = scale;
-        }
-        return out;
     }
-#endif
-    uint8_t *mask = grad && out ? scope_alloc((size_t)(n ? n : 1)) : NULL;
-    if (!out || (grad && !mask)) return NULL;
-    double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
-    drop_ctx c = {t, out, mask, *rng, p, scale, n};
-    parallel_for(blocks, 1024, drop_range, &c);
+    if (op_run(&c, &dropout_kernels, out)) {
+        if (cuda) t_drop(c.saved);
+        t_drop(out);
+        return NULL;
+    }
     rng->offset += (uint64_t)blocks;
-    if (grad) {
-        node *nd = ag_record("dropout", dropout_backward, out, 1, &t);
-        if (!nd) return NULL;
-        nd->saved = mask;
-        nd->dp[0] = scale;
-    }
-    return out;
+    tensor *r = op_end(&c, out, dropout_backward);
+    if (!r && cuda) t_drop(c.saved); /* the mask, when recording failed */
+    return r;
 }
 
 em_tensor *em_dropout(em_tensor *h, double p, bool training, em_rng *rng)

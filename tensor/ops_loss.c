@@ -4,8 +4,9 @@
  * Targets are range-checked before anything is allocated. The forward saves
  * each row's log-sum-exp and the targets in the node (scope arena); the
  * backward writes (softmax - onehot) * g / count directly, zero rows for
- * ignored targets. f16/bf16 logits are computed in f32. */
-#include "amp/amp_impl.h"
+ * ignored targets. f16/bf16 logits are computed in f32. The op goes
+ * through the dispatcher (tensor/dispatch.h) with inputs (logits, targets);
+ * ip[0] is ignore_index. */
 #include "dispatch.h"
 #include "rows_impl.h"
 #if EM_HAVE_CUDA
@@ -184,13 +185,16 @@ static em_status ce_backward_cuda(node *n, tensor *g)
     return s ? s : op_grad(x, dx);
 }
 
-/* The targets are range-checked on the host (a copy of them comes back first). */
-static tensor *cross_entropy_cuda(tensor *x, tensor *tg, int ignore, bool rec)
+/* The targets of a CUDA call range-checked on the host (a copy of them
+ * comes back first), and what the kernel writes besides the loss: sv's
+ * contiguous copy of the targets and its stats tensor, both new (the
+ * caller drops them unless the node keeps them). false + error, nothing
+ * left allocated, otherwise. */
+static bool ce_cuda_prepare(ce_cuda_saved *sv, tensor *x, tensor *tg, int ignore)
 {
-    int last = x->ndim - 1, dev = x->device.index;
-    int64_t C = x->shape[last], rows = t_numel(tg);
+    int64_t C = x->shape[x->ndim - 1], rows = t_numel(tg);
     tensor *tv = t_clone(tg); /* the node keeps its own contiguous copy */
-    if (!tv) return NULL;
+    if (!tv) return false;
     size_t m = tmp_mark();
     int32_t *host = tmp_alloc(sizeof(int32_t) * (size_t)(rows + 1));
     bool ok =
@@ -206,65 +210,46 @@ static tensor *cross_entropy_cuda(tensor *x, tensor *tg, int ignore, bool rec)
     }
     tmp_release(m);
     tensor *stats = ok ? t_new_on(x->device, EM_F64, 1, (const int64_t[]){3 * rows + 1}) : NULL;
-    tensor *out = stats ? t_new_on(x->device, x->dtype, 0, NULL) : NULL;
-    tensor *xr = out ? nn_rows(x, last) : NULL;
-    ce_cuda_saved *sv = xr && rec ? scope_alloc(sizeof *sv) : NULL;
-    ok =
-        xr && (!rec || sv) &&
-        !cu_cross_entropy_fwd(dev, x->dtype, t_ptr(xr), t_ptr(tv), rows, C, ignore, t_ptr(stats), t_ptr(out));
+    if (!stats) {
+        t_drop(tv);
+        return false;
+    }
+    *sv = (ce_cuda_saved){tv, stats};
+    return true;
+}
+
+/* the loss of c->in[0] against c->saved's targets; stats to c->saved's */
+static em_status ce_cuda(const op_call *c, tensor *out)
+{
+    tensor *x = c->in[0];
+    const ce_cuda_saved *sv = c->saved;
+    int last = x->ndim - 1;
+    int64_t C = x->shape[last], rows = t_numel(sv->tgt);
+    tensor *xr = nn_rows(x, last);
+    em_status s = xr ? cu_cross_entropy_fwd(x->device.index, x->dtype, t_ptr(xr), t_ptr(sv->tgt), rows, C,
+                                            (int)c->ip[0], t_ptr(sv->stats), t_ptr(out))
+                     : em_last_status();
     if (xr && xr != x) t_drop(xr);
-    node *nd = ok && rec ? ag_record("cross_entropy", ce_backward_cuda, out, 1, &x) : NULL;
-    if (nd) {
-        *sv = (ce_cuda_saved){tv, stats};
-        nd->saved = sv;
-        nd->ip[0] = ignore;
-        return out;
-    }
-    t_drop(tv);
-    t_drop(stats);
-    if (!ok || rec) { /* rec here means ag_record failed */
-        t_drop(out);
-        return NULL;
-    }
-    return out;
+    return s;
 }
 #endif
 
-static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
+/* the loss of c->in[0] against the targets c->in[1] into out (0-dim); when
+ * recording, c->saved is a ce_saved whose lse and tgt (scope memory) the
+ * kernel fills, with the count of targets not ignored */
+static em_status ce_cpu(const op_call *call, tensor *out)
 {
-    const char *op = "cross_entropy";
-    if (!(x = amp_in(OP_CROSS_ENTROPY, x))) return NULL;
-    if (!chk_float(op, x)) return NULL;
-    if (!chk_dtype(op, tg, EM_I32, "targets")) return NULL;
-    if (x->ndim < 1)
-        return em_fail(EM_ERR_SHAPE, "%s: logits must have a class dim (...,C), got %s", op, shp(x));
-    if (tg->ndim != x->ndim - 1 || memcmp(tg->shape, x->shape, sizeof(int64_t) * (size_t)tg->ndim))
-        return em_fail(EM_ERR_SHAPE,
-                       "%s: targets %s must have the shape of logits %s without the last dim, %s", op,
-                       shp(tg), shp(x), shp_of(x->ndim - 1, x->shape));
-    if (t_same_device(op, 2, (tensor *[]){x, tg}, NULL)) return NULL;
+    tensor *x = call->in[0], *tg = call->in[1];
+    ce_saved *sv = call->saved;
     int last = x->ndim - 1;
     int64_t C = x->shape[last], rows = t_numel(tg);
-    if (!t_on_cuda(x) && !chk_targets(tg, C, ignore)) return NULL; /* CUDA: checked on a host copy */
-    bool rec = ag_needed(1, &x);
-    if (rec && em_scope_depth() == 0)
-        return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)",
-                       op);
-#if EM_HAVE_CUDA
-    if (t_on_cuda(x)) return cross_entropy_cuda(x, tg, ignore, rec);
-#endif
-    tensor *out = t_new(x->dtype, 0, NULL);
-    if (!out) return NULL;
-    ce_saved *sv = rec ? scope_alloc(sizeof *sv) : NULL;
-    if (rec && !sv) return NULL;
     size_t m = tmp_mark();
     size_t lbytes = sizeof(double) * (size_t)(rows + 1), tbytes = sizeof(int32_t) * (size_t)(rows + 1);
-    ce_ctx c = {.f64 = rows_dtype(x->dtype) == EM_F64, .rows = rows, .C = C, .ignore = ignore};
+    ce_ctx c = {.f64 = rows_dtype(x->dtype) == EM_F64, .rows = rows, .C = C, .ignore = call->ip[0]};
     int64_t per = (1 << 14) / (C + 1) + 1;
     c.nparts = rows / per < em_num_threads() ? rows / per : em_num_threads();
     if (c.nparts < 1) c.nparts = 1;
-    bool ok = (c.lse = rec ? scope_alloc(lbytes) : tmp_alloc(lbytes)) &&
-              (c.tgt = rec ? scope_alloc(tbytes) : tmp_alloc(tbytes)) &&
+    bool ok = (c.lse = sv ? sv->lse : tmp_alloc(lbytes)) && (c.tgt = sv ? sv->tgt : tmp_alloc(tbytes)) &&
               (c.part_loss = tmp_alloc(sizeof(double) * (size_t)c.nparts)) &&
               (c.part_count = tmp_alloc(sizeof(int64_t) * (size_t)c.nparts)) && (c.x = rows_in(x, last));
     if (ok) {
@@ -284,17 +269,84 @@ static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
             count += c.part_count[q];
         }
         st(out->dtype, t_ptr(out), loss / (double)count); /* NaN when every target is ignored */
-        if (sv) *sv = (ce_saved){c.lse, tv, count};
+        if (sv) sv->count = count;
     }
     tmp_release(m);
-    if (!ok) return NULL;
-    if (rec) {
-        node *nd = ag_record(op, ce_backward, out, 1, &x);
-        if (!nd) return NULL;
-        nd->saved = sv;
-        nd->ip[0] = ignore;
+    return ok ? EM_OK : em_last_status();
+}
+
+static const op_kernels ce_kernels = {
+    .cpu = ce_cpu,
+#if EM_HAVE_CUDA
+    .cuda = ce_cuda,
+#endif
+};
+
+static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
+{
+    const char *op = "cross_entropy";
+    tensor *in[2] = {x, tg};
+    op_call c;
+    if (!op_begin(&c, OP_CROSS_ENTROPY, 2, in)) return NULL;
+    x = in[0], tg = in[1];
+    if (!chk_float(op, x)) return NULL;
+    if (!chk_dtype(op, tg, EM_I32, "targets")) return NULL;
+    if (x->ndim < 1)
+        return em_fail(EM_ERR_SHAPE, "%s: logits must have a class dim (...,C), got %s", op, shp(x));
+    if (tg->ndim != x->ndim - 1 || memcmp(tg->shape, x->shape, sizeof(int64_t) * (size_t)tg->ndim))
+        return em_fail(EM_ERR_SHAPE,
+                       "%s: targets %s must have the shape of logits %s without the last dim, %s", op,
+                       shp(tg), shp(x), shp_of(x->ndim - 1, x->shape));
+    int64_t C = x->shape[x->ndim - 1], rows = t_numel(tg);
+    bool cuda = c.dev.type == EM_CUDA;
+    if (!cuda && !chk_targets(tg, C, ignore)) return NULL; /* CUDA: checked on a host copy */
+    if (c.record && em_scope_depth() == 0)
+        return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)",
+                       op);
+    c.ip[0] = ignore;
+#if EM_HAVE_CUDA
+    ce_cuda_saved cs = {0};
+    if (cuda && !ce_cuda_prepare(&cs, x, tg, ignore)) return NULL;
+#endif
+    tensor *out = op_out(&c, x->dtype, 0, NULL);
+    bool ok = out != NULL;
+    if (ok && !cuda && c.record) { /* what backward reads, kept in the scope */
+        ce_saved *sv = scope_alloc(sizeof *sv);
+        size_t lbytes = sizeof(double) * (size_t)(rows + 1), tbytes = sizeof(int32_t) * (size_t)(rows + 1);
+        ok = sv && (sv->lse = scope_alloc(lbytes)) && (sv->tgt = scope_alloc(tbytes));
+        c.saved = sv;
     }
-    return out;
+#if EM_HAVE_CUDA
+    if (ok && cuda) {
+        ce_cuda_saved *sv = c.record ? scope_alloc(sizeof *sv) : &cs;
+        if ((ok = sv != NULL)) *sv = cs;
+        c.saved = sv;
+    }
+#endif
+    ok = ok && !op_run(&c, &ce_kernels, out);
+#if EM_HAVE_CUDA
+    if (cuda && (!ok || !c.record)) { /* the node keeps them only when recording */
+        t_drop(cs.tgt);
+        t_drop(cs.stats);
+        c.saved = NULL;
+    }
+#endif
+    if (!ok) {
+        t_drop(out);
+        return NULL;
+    }
+    backward_fn bw = ce_backward;
+#if EM_HAVE_CUDA
+    if (cuda) bw = ce_backward_cuda;
+#endif
+    tensor *r = op_end(&c, out, bw);
+#if EM_HAVE_CUDA
+    if (!r && cuda) { /* recording failed */
+        t_drop(cs.tgt);
+        t_drop(cs.stats);
+    }
+#endif
+    return r;
 }
 
 em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets, int ignore_index)

@@ -14,12 +14,12 @@
  * (B,T,C)), the whole product is a single GEMM of (B*T,K) @ (K,N).
  * On a CUDA device the product is one cuBLAS strided-batched GEMM (see
  * matmul_cuda below): f32 (TF32 when em_cuda_tf32), f64, and f16/bf16
- * multiplied as they are with f32 accumulation. The backward is built from
- * t_matmul, views and ag_sum_to, so it runs wherever the forward does. */
+ * multiplied as they are with f32 accumulation. t_matmul goes through the
+ * dispatcher (tensor/dispatch.h); the backward is built from t_matmul, views
+ * and t_sum_to, so it runs wherever the forward does. */
 #include <cblas.h>
 #include <limits.h>
 
-#include "amp/amp_impl.h"
 #include "ember/runtime.h"
 #include "dispatch.h"
 #if EM_HAVE_CUDA
@@ -213,10 +213,13 @@ static em_status matmul_backward(node *n, tensor *g)
     return EM_OK;
 }
 
-/* The CPU product of a (...,M,K) and b (...,K,N) (checked) into a new
- * tensor of (nb + 2, shape). */
-static tensor *matmul_cpu(tensor *a, tensor *b, int nb, const int64_t *shape, int64_t M, int64_t N, int64_t K)
+/* The CPU product of c->in[0] (...,M,K) and c->in[1] (...,K,N) (checked)
+ * into out (contiguous, (...,M,N)). */
+static em_status matmul_cpu(const op_call *call, tensor *out)
 {
+    tensor *a = call->in[0], *b = call->in[1];
+    int nb = out->ndim - 2;
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
     em_dtype dt = a->dtype;
     /* the compute dtype: bf16 stays bf16 where AMX multiplies it (f32
      * accumulation, one rounding of each result), everything else goes
@@ -224,21 +227,17 @@ static tensor *matmul_cpu(tensor *a, tensor *b, int nb, const int64_t *shape, in
     em_dtype ct = dt == EM_BF16 && gemm_bf16_fast()               ? EM_BF16
                   : dt == EM_F32 || dt == EM_F16 || dt == EM_BF16 ? EM_F32
                                                                   : EM_F64;
-    tensor *out = t_new(dt, nb + 2, shape);
-    if (!out) return NULL;
-
     size_t mk = tmp_mark();
     operand oa, ob;
     char *c = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * em_dtype_size(ct) + 1);
     if (!c || !prepare(&oa, a, ct) || !prepare(&ob, b, ct)) {
         tmp_release(mk);
-        t_drop(out);
-        return NULL;
+        return em_last_status();
     }
-    matmul_kernel(ct, &oa, &ob, c, nb, shape, M, N, K);
+    matmul_kernel(ct, &oa, &ob, c, nb, out->shape, M, N, K);
     if (dt != ct) convert_par(dt, t_ptr(out), ct, c, t_numel(out));
     tmp_release(mk);
-    return out;
+    return EM_OK;
 }
 
 #if EM_HAVE_CUDA
@@ -333,34 +332,22 @@ static em_status cu_operand_of(cu_operand *op, tensor *t, int nb, const int64_t 
     return EM_OK;
 }
 
-/* The product on a's CUDA device (a and b checked, on one device). */
-static tensor *matmul_cuda(tensor *a, tensor *b, int nb, const int64_t *shape, int64_t M, int64_t N,
-                           int64_t K)
+/* The product on the inputs' CUDA device (checked) into out. */
+static em_status matmul_cuda(const op_call *call, tensor *out)
 {
-    em_dtype dt = a->dtype;
-    if (dt != EM_F32 && dt != EM_F64 && dt != EM_F16 && dt != EM_BF16)
-        return em_fail(EM_ERR_DTYPE, "matmul: no CUDA product for %s (f32, f64, f16, bf16): a is %s",
-                       em_dtype_name(dt), shp(a));
+    tensor *a = call->in[0], *b = call->in[1];
+    int nb = out->ndim - 2;
+    const int64_t *shape = out->shape;
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
     int64_t nbatch = shape_numel(nb, shape);
-    if (nbatch > INT_MAX)
-        return em_fail(EM_ERR_UNSUPPORTED, "matmul: %lld batch elements are beyond cuBLAS's int range",
-                       (long long)nbatch);
-    tensor *out = t_new_on(a->device, dt, nb + 2, shape);
-    if (!out) return NULL;
-    if (M == 0 || N == 0 || nbatch == 0) return out;
-    if (K == 0) { /* an empty sum */
-        if (t_fill_zero(out)) {
-            t_drop(out);
-            return NULL;
-        }
-        return out;
-    }
+    if (M == 0 || N == 0 || nbatch == 0) return EM_OK;
+    if (K == 0) return t_fill_zero(out); /* an empty sum */
     cu_operand oa, ob;
     tensor *ca = NULL, *cb = NULL;
     em_status s = cu_operand_of(&oa, a, nb, shape, &ca);
     if (!s) s = cu_operand_of(&ob, b, nb, shape, &cb);
     if (!s) {
-        cu_gemm g = {.dt = dt,
+        cu_gemm g = {.dt = a->dtype,
                      .tf32 = em_cuda_tf32(),
                      .M = M,
                      .N = N,
@@ -388,20 +375,23 @@ static tensor *matmul_cuda(tensor *a, tensor *b, int nb, const int64_t *shape, i
     }
     t_drop(ca); /* in stream order: the GEMM was queued first */
     t_drop(cb);
-    if (s) {
-        t_drop(out);
-        return NULL;
-    }
-    return out;
+    return s;
 }
 #endif
 
+static const op_kernels matmul_kernels = {
+    .cpu = matmul_cpu,
+#if EM_HAVE_CUDA
+    .cuda = matmul_cuda,
+#endif
+};
+
 tensor *t_matmul(tensor *a, tensor *b)
 {
-    if (!a || !b) return NULL;
-    if (!(a = amp_in(OP_MATMUL, a)) || !(b = amp_in(OP_MATMUL, b))) return NULL;
     tensor *in[2] = {a, b};
-    if (t_same_device("matmul", 2, in, NULL)) return NULL;
+    op_call c;
+    if (!op_begin(&c, OP_MATMUL, 2, in)) return NULL;
+    a = in[0], b = in[1];
     if (a->ndim < 2 || b->ndim < 2)
         return em_fail(EM_ERR_SHAPE,
                        "matmul: operands must be at least 2-D: a is %s, b is %s (unsqueeze a vector)", shp(a),
@@ -421,16 +411,23 @@ tensor *t_matmul(tensor *a, tensor *b)
         return em_fail(EM_ERR_SHAPE, "matmul: batch dims do not broadcast: a is %s, b is %s", shp(a), shp(b));
     shape[nb] = M;
     shape[nb + 1] = N;
-    tensor *out;
-#if EM_HAVE_CUDA
-    if (t_on_cuda(a))
-        out = matmul_cuda(a, b, nb, shape, M, N, K);
-    else
-#endif
-        out = matmul_cpu(a, b, nb, shape, M, N, K);
+    if (c.dev.type == EM_CUDA) {
+        em_dtype dt = a->dtype;
+        if (dt != EM_F32 && dt != EM_F64 && dt != EM_F16 && dt != EM_BF16)
+            return em_fail(EM_ERR_DTYPE, "matmul: no CUDA product for %s (f32, f64, f16, bf16): a is %s",
+                           em_dtype_name(dt), shp(a));
+        int64_t nbatch = shape_numel(nb, shape);
+        if (nbatch > INT_MAX)
+            return em_fail(EM_ERR_UNSUPPORTED, "matmul: %lld batch elements are beyond cuBLAS's int range",
+                           (long long)nbatch);
+    }
+    tensor *out = op_out(&c, a->dtype, nb + 2, shape);
     if (!out) return NULL;
-    if (ag_needed(2, in) && !ag_record("matmul", matmul_backward, out, 2, in)) return NULL;
-    return out;
+    if (op_run(&c, &matmul_kernels, out)) {
+        t_drop(out);
+        return NULL;
+    }
+    return op_end(&c, out, matmul_backward);
 }
 
 em_tensor *em_matmul(em_tensor *a, em_tensor *b)

@@ -4,8 +4,12 @@
  * double), a second writes y. mean and rstd per row are saved in the node
  * (scope arena) for the backward, which computes dx, dweight and dbias in one
  * fused kernel (rows split across threads, each with its own dweight/dbias
- * partial sums, added up at the end). f16/bf16 are computed in f32. */
-#include "amp/amp_impl.h"
+ * partial sums, added up at the end). f16/bf16 are computed in f32.
+ *
+ * Both go through the dispatcher (tensor/dispatch.h) with the inputs that are
+ * present, x first, then weight and bias when given: the call's (and the
+ * node's) ip[1] and ip[2] say whether weight and bias are among them, ip[0]
+ * whether it is rms_norm, dp[0] is eps. */
 #include "dispatch.h"
 #include "rows_impl.h"
 #if EM_HAVE_CUDA
@@ -205,11 +209,16 @@ static tensor *sum_partials(const double *part, int64_t nparts, int64_t C, em_dt
     return t;
 }
 
+/* The weight and bias among in[0..nin) (NULL when not given), as ip[1], ip[2] say. */
+static void params_of(tensor *const *in, int nin, const int64_t *ip, tensor **w, tensor **b)
+{
+    *w = ip[1] ? in[1] : NULL;
+    *b = ip[2] ? in[nin - 1] : NULL;
+}
+
 #if EM_HAVE_CUDA
 /* ---- CUDA (tensor/ops_nn.cu): the node saves a device tensor of per-row
  * mean and rstd (compute dtype, (2*rows)) instead of host doubles. */
-
-static em_status norm_backward(node *n, tensor *g);
 
 static void drop_copy(tensor *copy, const tensor *orig)
 {
@@ -218,7 +227,8 @@ static void drop_copy(tensor *copy, const tensor *orig)
 
 static em_status norm_backward_cuda(node *n, tensor *g)
 {
-    tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL, *stats = n->saved;
+    tensor *x = n->in[0], *w, *b, *stats = n->saved;
+    params_of(n->in, n->nin, n->ip, &w, &b);
     int last = x->ndim - 1;
     int64_t C = x->shape[last], rows = C ? t_numel(x) / C : 0, nch = cu_norm_chunks(rows);
     bool need_w = w && w->requires_grad, need_b = b && b->requires_grad;
@@ -245,33 +255,24 @@ static em_status norm_backward_cuda(node *n, tensor *g)
     return s;
 }
 
-static tensor *norm_cuda(const char *op, bool rms, tensor *const *in, int nin, bool rec, double eps,
-                         tensor *y)
+/* y = the norm of c->in on the device; per-row mean and rstd to the tensor in c->saved */
+static em_status norm_cuda(const op_call *c, tensor *y)
 {
-    tensor *x = in[0], *w = in[1], *b = nin > 2 ? in[2] : NULL;
+    tensor *x = c->in[0], *w, *b;
+    params_of(c->in, c->nin, c->ip, &w, &b);
     int last = x->ndim - 1;
     int64_t C = x->shape[last], rows = C ? t_numel(x) / C : 0;
-    tensor *stats = t_new_on(x->device, rows_dtype(x->dtype), 1, (const int64_t[]){2 * rows});
-    tensor *xr = stats ? nn_rows(x, last) : NULL;
+    tensor *xr = nn_rows(x, last);
     tensor *wr = xr && w ? nn_rows(w, 0) : NULL, *br = xr && b ? nn_rows(b, 0) : NULL;
-    bool ok = xr && (!w || wr) && (!b || br) &&
-              !cu_norm_fwd(x->device.index, x->dtype, rms, t_ptr(xr), wr ? t_ptr(wr) : NULL,
-                           br ? t_ptr(br) : NULL, t_ptr(y), t_ptr(stats), rows, C, eps);
+    em_status s =
+        xr && (!w || wr) && (!b || br)
+            ? cu_norm_fwd(x->device.index, x->dtype, c->ip[0] != 0, t_ptr(xr), wr ? t_ptr(wr) : NULL,
+                          br ? t_ptr(br) : NULL, t_ptr(y), t_ptr((tensor *)c->saved), rows, C, c->dp[0])
+            : em_last_status();
     if (xr) drop_copy(xr, x);
     if (wr) drop_copy(wr, w);
     if (br) drop_copy(br, b);
-    node *nd = ok && rec ? ag_record(op, norm_backward, y, nin, in) : NULL;
-    if (nd) {
-        nd->saved = stats;
-        nd->ip[0] = rms;
-        return y;
-    }
-    t_drop(stats);
-    if (!ok || rec) { /* rec here means ag_record failed */
-        t_drop(y);
-        return NULL;
-    }
-    return y;
+    return s;
 }
 #endif
 
@@ -280,7 +281,8 @@ static em_status norm_backward(node *n, tensor *g)
 #if EM_HAVE_CUDA
     if (t_on_cuda(n->in[0])) return norm_backward_cuda(n, g);
 #endif
-    tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
+    tensor *x = n->in[0], *w, *b;
+    params_of(n->in, n->nin, n->ip, &w, &b);
     int last = x->ndim - 1;
     int64_t C = x->shape[last], rows = C ? t_numel(x) / C : 0;
     bool need_w = w && w->requires_grad, need_b = b && b->requires_grad;
@@ -334,37 +336,21 @@ static bool chk_param(const char *op, const char *what, const tensor *p, const t
     return true;
 }
 
-static tensor *norm_impl(const char *op, bool rms, tensor *x, tensor *w, tensor *b, double eps)
+/* y = the norm of c->in on the CPU; per-row mean and rstd (2*rows doubles)
+ * to c->saved when recording (scope memory), else to temp memory */
+static em_status norm_cpu(const op_call *call, tensor *y)
 {
-    op_id ap = rms ? OP_RMS_NORM : OP_LAYER_NORM;
-    if (!(x = amp_in(ap, x)) || (w && !(w = amp_in(ap, w))) || (b && !(b = amp_in(ap, b)))) return NULL;
-    if (!chk_float(op, x)) return NULL;
-    if (x->ndim < 1) return em_fail(EM_ERR_SHAPE, "%s: x must have at least 1 dim, got %s", op, shp(x));
-    if (!chk_param(op, "weight", w, x) || !chk_param(op, "bias", b, x)) return NULL;
-    if (!(eps >= 0) || isinf(eps))
-        return em_fail(EM_ERR_ARG, "%s: eps must be finite and >= 0, got %g", op, eps);
-    int64_t C = x->shape[x->ndim - 1];
-    int64_t rows = C ? t_numel(x) / C : 0;
-    tensor *in[3] = {x, w, b};
-    int nin = rms ? 2 : 3;
-    if (t_same_device(op, nin, in, NULL)) return NULL;
-    bool rec = ag_needed(nin, in);
-    if (rec && em_scope_depth() == 0)
-        return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)",
-                       op);
-    tensor *y = t_new_like(x);
-    if (!y) return NULL;
-#if EM_HAVE_CUDA
-    if (t_on_cuda(x)) return norm_cuda(op, rms, in, nin, rec, eps, y);
-#endif
-    size_t m = tmp_mark(), nstat = sizeof(double) * (size_t)(2 * rows + 1);
-    double *stats = rec ? scope_alloc(nstat) : tmp_alloc(nstat);
+    tensor *x = call->in[0], *w, *b;
+    params_of(call->in, call->nin, call->ip, &w, &b);
     int last = x->ndim - 1;
-    norm_ctx c = {.rms = rms,
+    int64_t C = x->shape[last], rows = C ? t_numel(x) / C : 0;
+    size_t m = tmp_mark();
+    double *stats = call->saved ? call->saved : tmp_alloc(sizeof(double) * (size_t)(2 * rows + 1));
+    norm_ctx c = {.rms = call->ip[0] != 0,
                   .f64 = rows_dtype(x->dtype) == EM_F64,
                   .rows = rows,
                   .C = C,
-                  .eps = eps,
+                  .eps = call->dp[0],
                   .mean = stats,
                   .rstd = stats + rows};
     bool ok = stats && (c.x = rows_in(x, last)) && (!w || (c.w = rows_in(w, 0))) &&
@@ -375,14 +361,67 @@ static tensor *norm_impl(const char *op, bool rms, tensor *x, tensor *w, tensor 
         rows_done(y, last, c.y);
     }
     tmp_release(m);
-    if (!ok) return NULL;
-    if (rec) {
-        node *nd = ag_record(op, norm_backward, y, nin, in);
-        if (!nd) return NULL;
-        nd->saved = stats;
-        nd->ip[0] = rms;
+    return ok ? EM_OK : em_last_status();
+}
+
+static const op_kernels norm_kernels = {
+    .cpu = norm_cpu,
+#if EM_HAVE_CUDA
+    .cuda = norm_cuda,
+#endif
+};
+
+static tensor *norm_impl(op_id opid, tensor *x, tensor *w, tensor *b, double eps)
+{
+    const char *op = op_name(opid);
+    bool rms = opid == OP_RMS_NORM;
+    tensor *in[3] = {x};
+    int nin = 1;
+    if (w) in[nin++] = w;
+    if (b) in[nin++] = b;
+    op_call c;
+    if (!op_begin(&c, opid, nin, in)) return NULL;
+    x = in[0];
+    c.ip[0] = rms;
+    c.ip[1] = w != NULL;
+    c.ip[2] = b != NULL;
+    params_of(in, nin, c.ip, &w, &b);
+    if (!chk_float(op, x)) return NULL;
+    if (x->ndim < 1) return em_fail(EM_ERR_SHAPE, "%s: x must have at least 1 dim, got %s", op, shp(x));
+    if (!chk_param(op, "weight", w, x) || !chk_param(op, "bias", b, x)) return NULL;
+    if (!(eps >= 0) || isinf(eps))
+        return em_fail(EM_ERR_ARG, "%s: eps must be finite and >= 0, got %g", op, eps);
+    c.dp[0] = eps;
+    int64_t C = x->shape[x->ndim - 1];
+    int64_t rows = C ? t_numel(x) / C : 0;
+    if (c.record && em_scope_depth() == 0)
+        return em_fail(EM_ERR_SCOPE, "%s: recording a gradient needs an open step scope (em_scope_begin)",
+                       op);
+    tensor *y = op_out(&c, x->dtype, x->ndim, x->shape);
+    if (!y) return NULL;
+    /* the per-row mean and rstd backward reads: on CUDA a device tensor of
+     * the compute dtype the kernel always writes, kept only when recording;
+     * on the CPU scope memory when recording (else the kernel's temp memory) */
+    if (c.dev.type == EM_CUDA)
+        c.saved = t_new_on(c.dev, rows_dtype(x->dtype), 1, (const int64_t[]){2 * rows});
+    else if (c.record)
+        c.saved = scope_alloc(sizeof(double) * (size_t)(2 * rows + 1));
+    if ((c.dev.type == EM_CUDA || c.record) && !c.saved) {
+        t_drop(y);
+        return NULL;
     }
-    return y;
+    if (op_run(&c, &norm_kernels, y)) {
+        if (c.dev.type == EM_CUDA) t_drop(c.saved);
+        t_drop(y);
+        return NULL;
+    }
+    if (c.dev.type == EM_CUDA && !c.record) {
+        t_drop(c.saved);
+        c.saved = NULL;
+    }
+    tensor *r = op_end(&c, y, norm_backward);
+    if (!r && c.dev.type == EM_CUDA) t_drop(c.saved); /* the stats, when recording failed */
+    return r;
 }
 
 em_tensor *em_layer_norm(em_tensor *x, em_tensor *weight, em_tensor *bias, double eps)
@@ -393,7 +432,7 @@ em_tensor *em_layer_norm(em_tensor *x, em_tensor *weight, em_tensor *bias, doubl
     if (weight && !w) return NULL;
     tensor *b = bias ? t_resolve(bias, "layer_norm") : NULL;
     if (bias && !b) return NULL;
-    return t_handle(norm_impl("layer_norm", false, xt, w, b, eps));
+    return t_handle(norm_impl(OP_LAYER_NORM, xt, w, b, eps));
 }
 
 em_tensor *em_rms_norm(em_tensor *x, em_tensor *weight, double eps)
@@ -402,5 +441,5 @@ em_tensor *em_rms_norm(em_tensor *x, em_tensor *weight, double eps)
     if (!xt) return NULL;
     tensor *w = weight ? t_resolve(weight, "rms_norm") : NULL;
     if (weight && !w) return NULL;
-    return t_handle(norm_impl("rms_norm", true, xt, w, NULL, eps));
+    return t_handle(norm_impl(OP_RMS_NORM, xt, w, NULL, eps));
 }

@@ -7,7 +7,6 @@
  * f16/bf16 widened to f32) and results are scattered back. ops_norm.c and
  * ops_loss.c use the same helpers, and ops_loss.c the f32 row primitives
  * (max, exp-and-sum with a vectorisable exp). Rows are split across threads. */
-#include "amp/amp_impl.h"
 #include "dispatch.h"
 #include "rows_impl.h"
 #include "vmath_impl.h"
@@ -275,55 +274,76 @@ static em_status softmax_backward(node *n, tensor *g)
     return op_grad(x, dx);
 }
 
-static tensor *softmax_impl(const char *op, tensor *x, int dim, bool log)
+/* y = softmax or log_softmax of c->in[0] along dim ip[0] (log: ip[1]) */
+static em_status softmax_cpu(const op_call *call, tensor *y)
 {
-    if (!x || !(x = amp_in(log ? OP_LOG_SOFTMAX : OP_SOFTMAX, x))) return NULL;
+    tensor *x = call->in[0];
+    int d = (int)call->ip[0];
+    int64_t len = x->ndim ? x->shape[d] : 1, rows = len ? t_numel(x) / len : 0;
+    size_t m = tmp_mark();
+    sm_ctx c = {.x = rows_in(x, d), .out = rows_out(y, d), .n = len, .log = call->ip[1] != 0};
+    if (!c.x || !c.out) {
+        tmp_release(m);
+        return em_last_status();
+    }
+    parallel_for(rows, (1 << 14) / (len + 1) + 1, rows_dtype(x->dtype) == EM_F32 ? sm_fwd_f32 : sm_fwd_f64,
+                 &c);
+    rows_done(y, d, c.out);
+    tmp_release(m);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+static em_status softmax_cuda(const op_call *call, tensor *y)
+{
+    tensor *x = call->in[0];
+    int d = (int)call->ip[0];
+    int64_t len = x->ndim ? x->shape[d] : 1, rows = len ? t_numel(x) / len : 0;
+    tensor *xr = nn_rows(x, d), *yr = xr ? nn_rows_out(y, d) : NULL;
+    em_status s =
+        yr ? cu_softmax_fwd(x->device.index, x->dtype, t_ptr(xr), t_ptr(yr), rows, len, call->ip[1] != 0)
+           : em_last_status();
+    if (yr) nn_rows_done(y, d, yr);
+    if (xr && xr != x) t_drop(xr);
+    return s;
+}
+#endif
+
+static const op_kernels softmax_kernels = {
+    .cpu = softmax_cpu,
+#if EM_HAVE_CUDA
+    .cuda = softmax_cuda,
+#endif
+};
+
+static tensor *softmax_impl(op_id opid, tensor *x, int dim, bool log)
+{
+    const char *op = op_name(opid);
+    op_call c;
+    if (!op_begin(&c, opid, 1, &x)) return NULL;
     if (!chk_float(op, x)) return NULL;
     /* a 0-dim tensor counts as one row of one element */
     int d = t_dim(op, dim, x->ndim ? x->ndim : 1, 0);
     if (d < 0) return NULL;
-    tensor *y = t_new_like(x);
+    tensor *y = op_out(&c, x->dtype, x->ndim, x->shape);
     if (!y) return NULL;
-    int64_t len = x->ndim ? x->shape[d] : 1, rows = len ? t_numel(x) / len : 0;
-#if EM_HAVE_CUDA
-    if (t_on_cuda(x)) {
-        tensor *xr = nn_rows(x, d), *yr = xr ? nn_rows_out(y, d) : NULL;
-        em_status s = yr ? cu_softmax_fwd(x->device.index, x->dtype, t_ptr(xr), t_ptr(yr), rows, len, log)
-                         : em_last_status();
-        if (yr) nn_rows_done(y, d, yr);
-        if (xr && xr != x) t_drop(xr);
-        if (s) return NULL;
-    } else
-#endif
-    {
-        size_t m = tmp_mark();
-        sm_ctx c = {.x = rows_in(x, d), .out = rows_out(y, d), .n = len, .log = log};
-        if (!c.x || !c.out) {
-            tmp_release(m);
-            return NULL;
-        }
-        parallel_for(rows, (1 << 14) / (len + 1) + 1,
-                     rows_dtype(x->dtype) == EM_F32 ? sm_fwd_f32 : sm_fwd_f64, &c);
-        rows_done(y, d, c.out);
-        tmp_release(m);
+    c.ip[0] = d;
+    c.ip[1] = log;
+    if (op_run(&c, &softmax_kernels, y)) {
+        t_drop(y);
+        return NULL;
     }
-    if (ag_needed(1, &x)) {
-        node *nd = ag_record(op, softmax_backward, y, 1, &x);
-        if (!nd) return NULL;
-        nd->ip[0] = d;
-        nd->ip[1] = log;
-    }
-    return y;
+    return op_end(&c, y, softmax_backward);
 }
 
 em_tensor *em_softmax(em_tensor *t, int dim)
 {
     tensor *x = t_resolve(t, "softmax");
-    return x ? t_handle(softmax_impl("softmax", x, dim, false)) : NULL;
+    return x ? t_handle(softmax_impl(OP_SOFTMAX, x, dim, false)) : NULL;
 }
 
 em_tensor *em_log_softmax(em_tensor *t, int dim)
 {
     tensor *x = t_resolve(t, "log_softmax");
-    return x ? t_handle(softmax_impl("log_softmax", x, dim, true)) : NULL;
+    return x ? t_handle(softmax_impl(OP_LOG_SOFTMAX, x, dim, true)) : NULL;
 }

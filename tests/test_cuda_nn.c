@@ -111,10 +111,13 @@ static em_tensor *norm_graph(em_tensor **in, void *ctx)
 TEST(test_cuda_layer_norm_and_rms_norm_match_the_cpu_with_and_without_affine)
 {
     CUDA_OR_SKIP();
-    const norm_case cases[] = {
-        {false, true, true}, {false, false, false}, {true, true, false}, {true, false, false}};
+    const norm_case cases[] = {{false, true, true},
+                               {false, false, true},
+                               {false, false, false},
+                               {true, true, false},
+                               {true, false, false}};
     for (int k = 0; k < 4; k++)
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < 5; c++) {
             em_scope s = em_scope_begin();
             em_dtype dt = CT_FLOAT_DTYPES[k];
             /* an offset mean, and enough rows (300) for several dweight chunks */

@@ -92,6 +92,11 @@ static em_tensor *f_ln_w(em_tensor **x, void *ctx)
     (void)ctx;
     return em_layer_norm(x[0], x[1], NULL, 1e-5);
 }
+static em_tensor *f_ln_b(em_tensor **x, void *ctx)
+{
+    (void)ctx;
+    return em_layer_norm(x[0], NULL, x[1], 1e-5);
+}
 static em_tensor *f_ln(em_tensor **x, void *ctx)
 {
     (void)ctx;
@@ -129,6 +134,7 @@ TEST(test_layer_norm_weight_only_gradient_matches_finite_difference)
 {
     grad_case("layer_norm(w)", f_ln_w, 2);
 }
+TEST(test_layer_norm_bias_only_gradient_matches_finite_difference) { grad_case("layer_norm(b)", f_ln_b, 2); }
 TEST(test_layer_norm_plain_gradient_matches_finite_difference) { grad_case("layer_norm()", f_ln, 1); }
 TEST(test_rms_norm_gradient_matches_finite_difference) { grad_case("rms_norm", f_rms_w, 2); }
 TEST(test_rms_norm_plain_gradient_matches_finite_difference) { grad_case("rms_norm()", f_rms, 1); }
@@ -165,6 +171,21 @@ TEST(test_layer_norm_parameter_gradients_sum_over_many_rows)
     CHECK(th_max_abs_diff(em_grad(w), em_sum(xhat, 1, (int[]){0}, false)) < 1e-3);
     em_scope_end(s);
     em_free(w);
+    em_free(b);
+}
+
+/* Without a weight the bias is the op's second input: it is added, not
+ * multiplied, and its gradient is the number of rows. */
+TEST(test_layer_norm_with_bias_only_adds_the_bias)
+{
+    em_tensor *b = nb(EM_F64);
+    CHECK_OK(em_set_requires_grad(b, true));
+    em_scope s = em_scope_begin();
+    em_tensor *y = em_layer_norm(nx(EM_F64), NULL, b, 1e-5);
+    CHECK(th_max_abs_diff(y, em_add(em_layer_norm(nx(EM_F64), NULL, NULL, 1e-5), b)) < 1e-12);
+    CHECK_OK(em_backward(em_sum(y, 0, NULL, false), NULL));
+    CHECK(th_max_abs_diff(em_grad(b), em_full(EM_F64, EM_SHAPE(5), 3)) < 1e-12);
+    em_scope_end(s);
     em_free(b);
 }
 
