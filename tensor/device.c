@@ -148,15 +148,20 @@ tensor *t_copy_to(tensor *t, em_device dev)
 #endif
 }
 
+/* The op "to" (ops.def): op_begin on the input (whose device c.dev is), the
+ * copy on `dev` made by t_copy_to, op_end recording it (only a copy between
+ * devices: t itself is returned as it is, and without CUDA there is none). */
 static tensor *t_to(tensor *t, em_device dev)
 {
+    op_call c;
+    if (!op_begin(&c, OP_TO, 1, &t)) return NULL;
     tensor *out = t_copy_to(t, dev);
     if (!out || out == t) return out;
 #if EM_HAVE_CUDA
-    tensor *in[1] = {t};
-    if (ag_needed(1, in) && !ag_record("to", to_backward, out, 1, in)) return NULL;
-#endif
+    return op_end(&c, out, to_backward);
+#else
     return out;
+#endif
 }
 
 em_tensor *em_to(em_tensor *h, em_device dev)

@@ -3,9 +3,8 @@
  * masked_fill(a, mask, value), both differentiable in their float inputs.
  * On a CUDA device they run through tensor/ops_elementwise.cu: compares as
  * cu_compare, the selections as a strided copy then cu_select. */
-#include "amp/amp_impl.h"
-#include "elementwise_math.h"
 #include "dispatch.h"
+#include "elementwise_math.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif
@@ -54,33 +53,53 @@ static void bcast_walk(cu_walk *w, const tensor *out, const tensor *a, const ten
 }
 #endif
 
+/* out (contiguous, the broadcast shape, EM_BOOL) = a <k> b; the cmpop in ip[0] */
+static em_status cmp_cpu(const op_call *call, tensor *out)
+{
+    tensor *a = call->in[0], *b = call->in[1];
+    int64_t n = t_numel(out);
+    cmp_ctx c = {.k = (cmpop)call->ip[0], .out = out, .a = a, .b = b};
+    c.flat = a->dtype == EM_F32 && t_is_contig(a) && t_is_contig(b) && t_numel(a) == n && t_numel(b) == n;
+    bcast_strides(a, out->ndim, out->shape, c.sa);
+    bcast_strides(b, out->ndim, out->shape, c.sb);
+    parallel_for(n, 1 << 14, cmp_range, &c);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+static em_status cmp_cuda(const op_call *call, tensor *out)
+{
+    tensor *a = call->in[0], *b = call->in[1];
+    cu_walk w;
+    bcast_walk(&w, out, a, b);
+    return cu_compare(out->device.index, (cmpop)call->ip[0], &w, a->dtype, t_ptr(out), t_ptr(a), t_ptr(b));
+}
+#endif
+
+static const op_kernels cmp_kernels = {
+    .cpu = cmp_cpu,
+#if EM_HAVE_CUDA
+    .cuda = cmp_cuda,
+#endif
+};
+
 /* out = a <op> b, broadcast, EM_BOOL; never recorded on the tape */
 static tensor *compare(cmpop k, tensor *a, tensor *b)
 {
     const char *name = cmpop_name(k);
-    if (!a || !b) return NULL;
+    tensor *in[2] = {a, b};
+    op_call c;
+    if (!op_begin(&c, cmpop_ops[k], 2, in)) return NULL;
+    a = in[0], b = in[1];
     if (!chk_same_dtype(name, a, b)) return NULL;
     int nd;
     int64_t shape[EM_MAX_DIMS];
     if (bcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
-    em_device dev;
-    if (t_same_device(name, 2, (tensor *[]){a, b}, &dev)) return NULL;
-    tensor *out = t_new_on(dev, EM_BOOL, nd, shape);
-    if (!out) return NULL;
-#if EM_HAVE_CUDA
-    if (t_on_cuda(out)) {
-        cu_walk w;
-        bcast_walk(&w, out, a, b);
-        return cu_compare(dev.index, k, &w, a->dtype, t_ptr(out), t_ptr(a), t_ptr(b)) ? NULL : out;
-    }
-#endif
-    int64_t n = t_numel(out);
-    cmp_ctx c = {.k = k, .out = out, .a = a, .b = b};
-    c.flat = a->dtype == EM_F32 && t_is_contig(a) && t_is_contig(b) && t_numel(a) == n && t_numel(b) == n;
-    bcast_strides(a, nd, shape, c.sa);
-    bcast_strides(b, nd, shape, c.sb);
-    parallel_for(n, 1 << 14, cmp_range, &c);
-    return out;
+    tensor *out = op_out(&c, EM_BOOL, nd, shape);
+    c.ip[0] = k;
+    c.record = false; /* a comparison has no gradient */
+    if (!out || op_run(&c, &cmp_kernels, out)) return NULL;
+    return op_end(&c, out, NULL);
 }
 
 /* ---- where / masked_fill ------------------------------------------------------------ */
@@ -119,33 +138,57 @@ static void sel_range(void *p, int64_t lo, int64_t hi)
     }
 }
 
-/* out (contiguous, the broadcast shape) = cond ? a : b, with `fill` standing
- * for a NULL a or b; on out's device */
-static em_status sel_run(tensor *out, tensor *cond, tensor *a, tensor *b, double fill)
+/* The operands of a selection out = cond ? a : b, with `fill` standing for a
+ * NULL a or b: where(cond, a, b) is in[0..3); masked_fill(a, mask, value)
+ * is mask ? value : a, the value in dp[0]. */
+typedef struct sel_args {
+    tensor *cond, *a, *b;
+    double fill;
+} sel_args;
+
+static sel_args sel_args_of(const op_call *call)
 {
+    if (call->op == OP_WHERE) return (sel_args){call->in[0], call->in[1], call->in[2], 0.0};
+    return (sel_args){call->in[1], NULL, call->in[0], call->dp[0]};
+}
+
+/* out (contiguous, the broadcast shape) = the selection (sel_args_of) */
+static em_status sel_cpu(const op_call *call, tensor *out)
+{
+    sel_args s = sel_args_of(call);
     int nd = out->ndim;
     const int64_t *shape = out->shape;
-#if EM_HAVE_CUDA
-    if (t_on_cuda(out)) {
-        /* out = b (or fill), then a (or fill) over it where cond */
-        cu_walk w;
-        bcast_walk(&w, out, b, NULL);
-        int dev = out->device.index;
-        em_status s = b ? cu_copy(dev, &w, out->dtype, t_ptr(out), b->dtype, t_ptr(b))
-                        : cu_fill(dev, out->dtype, t_ptr(out), t_numel(out), fill);
-        if (s) return s;
-        bcast_walk(&w, out, cond, a);
-        return cu_select(dev, &w, out->dtype, t_ptr(out), t_ptr(cond), a ? t_ptr(a) : NULL, true, fill);
-    }
-#endif
-    sel_ctx c = {.out = out, .cond = cond, .a = a, .b = b};
-    st(out->dtype, c.fill, fill);
-    bcast_strides(cond, nd, shape, c.sc);
-    if (a) bcast_strides(a, nd, shape, c.sa);
-    if (b) bcast_strides(b, nd, shape, c.sb);
+    sel_ctx c = {.out = out, .cond = s.cond, .a = s.a, .b = s.b};
+    st(out->dtype, c.fill, s.fill);
+    bcast_strides(s.cond, nd, shape, c.sc);
+    if (s.a) bcast_strides(s.a, nd, shape, c.sa);
+    if (s.b) bcast_strides(s.b, nd, shape, c.sb);
     parallel_for(t_numel(out), 1 << 14, sel_range, &c);
     return EM_OK;
 }
+
+#if EM_HAVE_CUDA
+static em_status sel_cuda(const op_call *call, tensor *out)
+{
+    sel_args s = sel_args_of(call);
+    /* out = b (or fill), then a (or fill) over it where cond */
+    cu_walk w;
+    bcast_walk(&w, out, s.b, NULL);
+    int dev = out->device.index;
+    em_status e = s.b ? cu_copy(dev, &w, out->dtype, t_ptr(out), s.b->dtype, t_ptr(s.b))
+                      : cu_fill(dev, out->dtype, t_ptr(out), t_numel(out), s.fill);
+    if (e) return e;
+    bcast_walk(&w, out, s.cond, s.a);
+    return cu_select(dev, &w, out->dtype, t_ptr(out), t_ptr(s.cond), s.a ? t_ptr(s.a) : NULL, true, s.fill);
+}
+#endif
+
+static const op_kernels sel_kernels = {
+    .cpu = sel_cpu,
+#if EM_HAVE_CUDA
+    .cuda = sel_cuda,
+#endif
+};
 
 /* out = g where mask == keep, else 0 (g's shape and dtype, contiguous) */
 typedef struct mask_ctx {
@@ -214,8 +257,10 @@ static em_status where_backward(node *n, tensor *g)
 
 static tensor *t_where(tensor *cond, tensor *a, tensor *b)
 {
-    if (!cond || !a || !b) return NULL;
-    if (!amp_promote(OP_WHERE, &a, &b)) return NULL;
+    tensor *in[3] = {cond, a, b};
+    op_call c;
+    if (!op_begin(&c, OP_WHERE, 3, in)) return NULL; /* PROMOTE: a and b (cond is bool) */
+    cond = in[0], a = in[1], b = in[2];
     if (!chk_dtype("where", cond, EM_BOOL, "cond")) return NULL;
     if (!chk_same_dtype("where", a, b)) return NULL;
     int n1, nd;
@@ -224,14 +269,9 @@ static tensor *t_where(tensor *cond, tensor *a, tensor *b)
         bcast_shape("where", cond->ndim, cond->shape, n1, s1, &nd, shape))
         return em_fail(EM_ERR_SHAPE, "where: cond %s, a %s and b %s do not broadcast together", shp(cond),
                        shp(a), shp(b));
-    tensor *in[3] = {cond, a, b};
-    em_device dev;
-    if (t_same_device("where", 3, in, &dev)) return NULL;
-    tensor *out = t_new_on(dev, a->dtype, nd, shape);
-    if (!out) return NULL;
-    if (sel_run(out, cond, a, b, 0.0)) return NULL;
-    if (ag_needed(3, in) && !ag_record("where", where_backward, out, 3, in)) return NULL;
-    return out;
+    tensor *out = op_out(&c, a->dtype, nd, shape);
+    if (!out || op_run(&c, &sel_kernels, out)) return NULL;
+    return op_end(&c, out, where_backward);
 }
 
 /* d masked_fill = g where !mask */
@@ -244,7 +284,10 @@ static em_status masked_fill_backward(node *n, tensor *g)
 
 static tensor *t_masked_fill(tensor *a, tensor *mask, double value)
 {
-    if (!a || !mask) return NULL;
+    tensor *in[2] = {a, mask};
+    op_call c;
+    if (!op_begin(&c, OP_MASKED_FILL, 2, in)) return NULL;
+    a = in[0], mask = in[1];
     if (!chk_dtype("masked_fill", mask, EM_BOOL, "mask")) return NULL;
     int nd;
     int64_t shape[EM_MAX_DIMS];
@@ -252,12 +295,10 @@ static tensor *t_masked_fill(tensor *a, tensor *mask, double value)
         memcmp(shape, a->shape, sizeof(int64_t) * (size_t)nd))
         return em_fail(EM_ERR_SHAPE, "masked_fill: mask %s does not broadcast to a's shape %s", shp(mask),
                        shp(a));
-    tensor *in[2] = {a, mask};
-    if (t_same_device("masked_fill", 2, in, NULL)) return NULL;
-    tensor *out = t_new_like(a);
-    if (!out || sel_run(out, mask, NULL, a, value)) return NULL; /* mask ? value : a */
-    if (ag_needed(2, in) && !ag_record("masked_fill", masked_fill_backward, out, 2, in)) return NULL;
-    return out;
+    tensor *out = op_out(&c, a->dtype, a->ndim, a->shape);
+    c.dp[0] = value;
+    if (!out || op_run(&c, &sel_kernels, out)) return NULL; /* mask ? value : a */
+    return op_end(&c, out, masked_fill_backward);
 }
 
 /* ---- public wrappers ------------------------------------------------------------------ */

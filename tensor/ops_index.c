@@ -127,27 +127,28 @@ static void load_index(const tensor *idx, int32_t *dst)
     }
 }
 
-/* Gathers slices of t along dim d into out (shape of t with dim d = K). The
- * caller has checked the indices. */
-static bool select_kernel(tensor *t, int d, const tensor *idx, tensor *out)
+/* The selection's sizes: t (outer, S, inner) along d by K indices */
+static void select_sizes(const tensor *t, int d, const tensor *idx, int64_t *outer, int64_t *K,
+                         int64_t *inner)
 {
-    int64_t K = t_numel(idx), outer = 1, inner = 1;
-    for (int i = 0; i < d; i++) outer *= t->shape[i];
-    for (int i = d + 1; i < t->ndim; i++) inner *= t->shape[i];
-    if (outer * K * inner == 0) return true;
-#if EM_HAVE_CUDA
-    if (t_on_cuda(t)) {
-        tensor *tc = t_contig(t), *ic = tc ? t_contig((tensor *)idx) : NULL;
-        bool ok = ic && !cu_index_gather(t->device.index, t_esize(t), t_ptr(tc), t_ptr(ic), t_ptr(out), outer,
-                                         t->shape[d], K, inner);
-        if (tc && tc != t) t_drop(tc);
-        if (ic && ic != idx) t_drop(ic);
-        return ok;
-    }
-#endif
+    *K = t_numel(idx);
+    *outer = *inner = 1;
+    for (int i = 0; i < d; i++) *outer *= t->shape[i];
+    for (int i = d + 1; i < t->ndim; i++) *inner *= t->shape[i];
+}
+
+/* Gathers slices of t = in[0] along dim d = ip[0] by idx = in[1] into out
+ * (shape of t with dim d = K). The op has checked the indices. */
+static em_status select_cpu(const op_call *call, tensor *out)
+{
+    tensor *t = call->in[0], *idx = call->in[1];
+    int d = (int)call->ip[0];
+    int64_t K, outer, inner;
+    select_sizes(t, d, idx, &outer, &K, &inner);
+    if (outer * K * inner == 0) return EM_OK;
     size_t m = tmp_mark();
     int32_t *iv = tmp_alloc(sizeof(int32_t) * (size_t)K);
-    if (!iv) return false;
+    if (!iv) return em_last_status();
     load_index(idx, iv);
     bool ic = true;
     int64_t s = 1;
@@ -159,8 +160,34 @@ static bool select_kernel(tensor *t, int d, const tensor *idx, tensor *out)
     int64_t rows = outer * K;
     parallel_for(rows, (1 << 14) / inner + 1, select_range, &c);
     tmp_release(m);
-    return true;
+    return EM_OK;
 }
+
+#if EM_HAVE_CUDA
+static em_status select_cuda(const op_call *call, tensor *out)
+{
+    tensor *t = call->in[0], *idx = call->in[1];
+    int d = (int)call->ip[0];
+    int64_t K, outer, inner;
+    select_sizes(t, d, idx, &outer, &K, &inner);
+    if (outer * K * inner == 0) return EM_OK;
+    tensor *tc = t_contig(t), *ic = tc ? t_contig(idx) : NULL;
+    em_status s = ic ? cu_index_gather(t->device.index, t_esize(t), t_ptr(tc), t_ptr(ic), t_ptr(out), outer,
+                                       t->shape[d], K, inner)
+                     : em_last_status();
+    if (tc && tc != t) t_drop(tc);
+    if (ic && ic != idx) t_drop(ic);
+    return s;
+}
+#endif
+
+/* index_select and embedding: one gather (embedding is dim 0 of its weight) */
+static const op_kernels select_kernels = {
+    .cpu = select_cpu,
+#if EM_HAVE_CUDA
+    .cuda = select_cuda,
+#endif
+};
 
 /* ---- index-add (the backward of selection) -------------------------------------
  * acc (outer, S, inner) += g (outer, K, inner) at rows idx; acc and g contiguous,
@@ -267,48 +294,46 @@ static bool chk_index_dtype(const char *op, const tensor *idx)
 
 static tensor *t_index_select(tensor *t, int dim, tensor *idx)
 {
-    if (!t || !idx) return NULL;
+    tensor *in[2] = {t, idx};
+    op_call c;
+    if (!op_begin(&c, OP_INDEX_SELECT, 2, in)) return NULL;
+    t = in[0], idx = in[1];
     int d = t_dim("index_select", dim, t->ndim, 0);
     if (d < 0 || !chk_index_dtype("index_select", idx)) return NULL;
     if (idx->ndim != 1) return em_fail(EM_ERR_SHAPE, "index_select: indices must be 1-D, got %s", shp(idx));
-    if (t_same_device("index_select", 2, (tensor *[]){t, idx}, NULL)) return NULL;
     char range[96];
     snprintf(range, sizeof range, "for dim %d of size %lld (shape %s)", dim, (long long)t->shape[d], shp(t));
     if (!check_index_any("index_select", idx, t->shape[d], range)) return NULL;
     int64_t shape[EM_MAX_DIMS];
     memcpy(shape, t->shape, sizeof shape);
     shape[d] = idx->shape[0];
-    tensor *out = t_new_on(t->device, t->dtype, t->ndim, shape);
-    if (!out || !select_kernel(t, d, idx, out)) return NULL;
-    tensor *in[2] = {t, idx};
-    if (ag_needed(1, &t)) {
-        node *n = ag_record("index_select", select_backward, out, 2, in);
-        if (!n) return NULL;
-        n->ip[0] = d;
-    }
-    return out;
+    tensor *out = op_out(&c, t->dtype, t->ndim, shape);
+    c.ip[0] = d;
+    if (!out || op_run(&c, &select_kernels, out)) return NULL;
+    return op_end(&c, out, select_backward); /* idx (i32) never requires grad */
 }
 
 static tensor *t_embedding(tensor *w, tensor *idx)
 {
-    if (!w || !idx) return NULL;
+    tensor *in[2] = {w, idx};
+    op_call c;
+    if (!op_begin(&c, OP_EMBEDDING, 2, in)) return NULL;
+    w = in[0], idx = in[1];
     if (w->ndim != 2) return em_fail(EM_ERR_SHAPE, "embedding: weight must be 2-D (V,C), got %s", shp(w));
     if (!chk_index_dtype("embedding", idx)) return NULL;
     if (idx->ndim + 1 > EM_MAX_DIMS)
         return em_fail(EM_ERR_SHAPE, "embedding: indices %s have too many dims for a (...,C) result",
                        shp(idx));
-    if (t_same_device("embedding", 2, (tensor *[]){w, idx}, NULL)) return NULL;
     char range[64];
     snprintf(range, sizeof range, "for %lld rows", (long long)w->shape[0]);
     if (!check_index_any("embedding", idx, w->shape[0], range)) return NULL;
     int64_t shape[EM_MAX_DIMS];
     memcpy(shape, idx->shape, sizeof(int64_t) * (size_t)idx->ndim);
     shape[idx->ndim] = w->shape[1];
-    tensor *out = t_new_on(w->device, w->dtype, idx->ndim + 1, shape);
-    if (!out || !select_kernel(w, 0, idx, out)) return NULL;
-    tensor *in[2] = {w, idx};
-    if (ag_needed(1, &w) && !ag_record("embedding", embedding_backward, out, 2, in)) return NULL;
-    return out;
+    tensor *out = op_out(&c, w->dtype, idx->ndim + 1, shape);
+    c.ip[0] = 0; /* rows of w */
+    if (!out || op_run(&c, &select_kernels, out)) return NULL;
+    return op_end(&c, out, embedding_backward);
 }
 
 /* ---- scatter_add / gather ---------------------------------------------------------
@@ -423,10 +448,45 @@ static em_status scatter_backward(node *n, tensor *g)
     return op_grad(src, gs);
 }
 
+/* out (a copy of t = in[0]) += src = in[2] at index = in[1] along dim ip[0] */
+static em_status scatter_cpu(const op_call *call, tensor *out)
+{
+    copy_strided(out, call->in[0]);
+    scat_ctx c;
+    scat_init(&c, out, call->in[1], call->in[2], (int)call->ip[0]);
+    parallel_for(shape_numel(c.nr, c.rshape), scat_grain(c.L), scatter_range, &c);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+static em_status scatter_cuda(const op_call *call, tensor *out)
+{
+    tensor *t = call->in[0], *index = call->in[1], *src = call->in[2];
+    int d = (int)call->ip[0];
+    copy_strided(out, t);
+    scat_ctx c;
+    scat_init(&c, out, index, src, d);
+    cu_walk w;
+    scat_walk(&c, &w);
+    return cu_scatter_add(t->device.index, t->dtype, &w, c.L, out->stride[d], index->stride[d],
+                          src->stride[d], t_ptr(out), t_ptr(index), t_ptr(src));
+}
+#endif
+
+static const op_kernels scatter_kernels = {
+    .cpu = scatter_cpu,
+#if EM_HAVE_CUDA
+    .cuda = scatter_cuda,
+#endif
+};
+
 static tensor *t_scatter_add(tensor *t, int dim, tensor *index, tensor *src)
 {
     const char *op = "scatter_add";
-    if (!t || !index || !src) return NULL;
+    tensor *in[3] = {t, index, src};
+    op_call c;
+    if (!op_begin(&c, OP_SCATTER_ADD, 3, in)) return NULL;
+    t = in[0], index = in[1], src = in[2];
     int d = t_dim(op, dim, t->ndim, 0);
     if (d < 0 || !chk_index_dtype(op, index) || !chk_same_dtype(op, t, src)) return NULL;
     if (t->dtype == EM_BOOL) return em_fail(EM_ERR_DTYPE, "%s: does not take bool tensors (%s)", op, shp(t));
@@ -442,29 +502,11 @@ static tensor *t_scatter_add(tensor *t, int dim, tensor *index, tensor *src)
                            shp(t), i);
     char range[96];
     snprintf(range, sizeof range, "for dim %d of size %lld (input %s)", dim, (long long)t->shape[d], shp(t));
-    if (t_same_device(op, 3, (tensor *[]){t, index, src}, NULL)) return NULL;
     if (!check_index_any(op, index, t->shape[d], range)) return NULL;
-    tensor *out = t_clone(t);
-    if (!out) return NULL;
-    scat_ctx c;
-    scat_init(&c, out, index, src, d);
-#if EM_HAVE_CUDA
-    if (t_on_cuda(t)) {
-        cu_walk w;
-        scat_walk(&c, &w);
-        if (cu_scatter_add(t->device.index, t->dtype, &w, c.L, out->stride[d], index->stride[d], src->stride[d],
-                           t_ptr(out), t_ptr(index), t_ptr(src)))
-            return NULL;
-    } else
-#endif
-        parallel_for(shape_numel(c.nr, c.rshape), scat_grain(c.L), scatter_range, &c);
-    tensor *in[3] = {t, index, src};
-    if (ag_needed(3, in)) {
-        node *n = ag_record(op, scatter_backward, out, 3, in);
-        if (!n) return NULL;
-        n->ip[0] = d;
-    }
-    return out;
+    tensor *out = op_out(&c, t->dtype, t->ndim, t->shape);
+    c.ip[0] = d;
+    if (!out || op_run(&c, &scatter_kernels, out)) return NULL;
+    return op_end(&c, out, scatter_backward);
 }
 
 /* ---- public wrappers ------------------------------------------------------------------ */

@@ -3,29 +3,34 @@
  * chunk return views made with t_narrow, so gradients flow through them.
  * Every input must be on one device; on CUDA the copies are the core
  * strided-copy kernel (copy_strided) and the backward is views plus
- * gradient accumulation, so both directions run on the device. */
+ * gradient accumulation, so both directions run on the device. concat and
+ * stack go through the dispatcher with their list as the inputs; split and
+ * chunk check their input there, and each piece is a narrow, recorded as
+ * one. */
 #include "dispatch.h"
 
-/* Checks the array itself: n >= 1, no NULL entries. */
-static bool chk_list(const char *op, int n, tensor *const *ts)
+/* Starts op `op` (concat, stack) on the list ts[0..n): the array itself
+ * (n >= 1, not NULL), then op_begin (no NULL entries, one device), then
+ * one dtype. */
+static bool begin_list(op_call *c, op_id op, int n, tensor **ts)
 {
+    const char *name = op_name(op);
     if (n <= 0) {
-        em_fail(EM_ERR_ARG, "%s: needs at least one tensor, got n = %d", op, n);
+        em_fail(EM_ERR_ARG, "%s: needs at least one tensor, got n = %d", name, n);
         return false;
     }
     if (!ts) {
-        em_fail(EM_ERR_ARG, "%s: tensor array is NULL", op);
+        em_fail(EM_ERR_ARG, "%s: tensor array is NULL", name);
         return false;
     }
-    for (int i = 0; i < n; i++)
-        if (!ts[i]) return false; /* keeps the error resolve set */
+    if (!op_begin(c, op, n, ts)) return false;
     for (int i = 1; i < n; i++)
         if (ts[i]->dtype != ts[0]->dtype) {
-            em_fail(EM_ERR_DTYPE, "%s: tensor %d is %s%s but tensor 0 is %s%s", op, i,
+            em_fail(EM_ERR_DTYPE, "%s: tensor %d is %s%s but tensor 0 is %s%s", name, i,
                     em_dtype_name(ts[i]->dtype), shp(ts[i]), em_dtype_name(ts[0]->dtype), shp(ts[0]));
             return false;
         }
-    return !t_same_device(op, n, ts, NULL);
+    return true;
 }
 
 /* A header-only copy of t (never handed out) seeing part of its storage:
@@ -66,9 +71,31 @@ static em_status concat_backward(node *n, tensor *g)
     return EM_OK;
 }
 
-static tensor *t_concat(int n, tensor *const *ts, int dim)
+/* out (contiguous) = in[0..nin) side by side along dim ip[0] */
+static em_status concat_kernel(const op_call *c, tensor *out)
 {
-    if (!chk_list("concat", n, ts)) return NULL;
+    int d = (int)c->ip[0];
+    int64_t off = 0;
+    for (int i = 0; i < c->nin; i++) {
+        tensor v = part_of(out, d, off, c->in[i]->shape[d]);
+        copy_strided(&v, c->in[i]);
+        off += c->in[i]->shape[d];
+    }
+    return EM_OK;
+}
+
+/* copy_strided runs on the device of its tensors: one kernel for both backends */
+static const op_kernels concat_kernels = {
+    .cpu = concat_kernel,
+#if EM_HAVE_CUDA
+    .cuda = concat_kernel,
+#endif
+};
+
+static tensor *t_concat(int n, tensor **ts, int dim)
+{
+    op_call c;
+    if (!begin_list(&c, OP_CONCAT, n, ts)) return NULL;
     int nd = ts[0]->ndim;
     int d = t_dim("concat", dim, nd, 0);
     if (d < 0) return NULL;
@@ -84,20 +111,10 @@ static tensor *t_concat(int n, tensor *const *ts, int dim)
                            i, shp(ts[i]), shp(ts[0]), dim);
         shape[d] += ts[i]->shape[d];
     }
-    tensor *out = t_new_on(ts[0]->device, ts[0]->dtype, nd, shape);
-    if (!out) return NULL;
-    int64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        tensor v = part_of(out, d, off, ts[i]->shape[d]);
-        copy_strided(&v, ts[i]);
-        off += ts[i]->shape[d];
-    }
-    if (ag_needed(n, ts)) {
-        node *nd_ = ag_record("concat", concat_backward, out, n, ts);
-        if (!nd_) return NULL;
-        nd_->ip[0] = d;
-    }
-    return out;
+    tensor *out = op_out(&c, ts[0]->dtype, nd, shape);
+    c.ip[0] = d;
+    if (!out || op_run(&c, &concat_kernels, out)) return NULL;
+    return op_end(&c, out, concat_backward);
 }
 
 /* ---- stack ---------------------------------------------------------------------- */
@@ -117,9 +134,27 @@ static em_status stack_backward(node *n, tensor *g)
     return EM_OK;
 }
 
-static tensor *t_stack(int n, tensor *const *ts, int dim)
+/* out (contiguous) = in[0..nin) stacked along a new dim ip[0] */
+static em_status stack_kernel(const op_call *c, tensor *out)
 {
-    if (!chk_list("stack", n, ts)) return NULL;
+    for (int i = 0; i < c->nin; i++) {
+        tensor v = part_of(out, (int)c->ip[0], i, -1);
+        copy_strided(&v, c->in[i]);
+    }
+    return EM_OK;
+}
+
+static const op_kernels stack_kernels = {
+    .cpu = stack_kernel,
+#if EM_HAVE_CUDA
+    .cuda = stack_kernel,
+#endif
+};
+
+static tensor *t_stack(int n, tensor **ts, int dim)
+{
+    op_call c;
+    if (!begin_list(&c, OP_STACK, n, ts)) return NULL;
     int nd = ts[0]->ndim;
     if (nd >= EM_MAX_DIMS)
         return em_fail(EM_ERR_SHAPE, "stack: inputs %s already have %d dims", shp(ts[0]), nd);
@@ -132,18 +167,10 @@ static tensor *t_stack(int n, tensor *const *ts, int dim)
                            shp(ts[i]), shp(ts[0]));
     int64_t shape[EM_MAX_DIMS];
     for (int i = 0, j = 0; i <= nd; i++) shape[i] = i == d ? n : ts[0]->shape[j++];
-    tensor *out = t_new_on(ts[0]->device, ts[0]->dtype, nd + 1, shape);
-    if (!out) return NULL;
-    for (int i = 0; i < n; i++) {
-        tensor v = part_of(out, d, i, -1);
-        copy_strided(&v, ts[i]);
-    }
-    if (ag_needed(n, ts)) {
-        node *nd_ = ag_record("stack", stack_backward, out, n, ts);
-        if (!nd_) return NULL;
-        nd_->ip[0] = d;
-    }
-    return out;
+    tensor *out = op_out(&c, ts[0]->dtype, nd + 1, shape);
+    c.ip[0] = d;
+    if (!out || op_run(&c, &stack_kernels, out)) return NULL;
+    return op_end(&c, out, stack_backward);
 }
 
 /* ---- split / chunk ------------------------------------------------------------------ */
@@ -166,8 +193,12 @@ static int split_views(const char *op, tensor *t, int64_t size, int d, int64_t c
     return (int)count;
 }
 
+/* split and chunk record nothing of their own (each piece is a narrow):
+ * op_begin checks the input, there is no op_end */
 static int t_split(tensor *t, int64_t size, int dim, tensor **out, int max_out)
 {
+    op_call c;
+    if (!op_begin(&c, OP_SPLIT, 1, &t)) return -1;
     int d = t_dim("split", dim, t->ndim, 0);
     if (d < 0) return -1;
     if (size < 1) return em_err(EM_ERR_ARG, "split: size %lld must be >= 1", (long long)size), -1;
@@ -178,6 +209,8 @@ static int t_split(tensor *t, int64_t size, int dim, tensor **out, int max_out)
 /* torch.chunk: pieces of ceil(S/chunks), so there may be fewer than chunks */
 static int t_chunk(tensor *t, int chunks, int dim, tensor **out, int max_out)
 {
+    op_call c;
+    if (!op_begin(&c, OP_CHUNK, 1, &t)) return -1;
     int d = t_dim("chunk", dim, t->ndim, 0);
     if (d < 0) return -1;
     if (chunks < 1) return em_err(EM_ERR_ARG, "chunk: chunks %d must be >= 1", chunks), -1;
@@ -203,7 +236,7 @@ static bool resolve_list(const char *op, int n, em_tensor *const *hs, tensor **t
     return true;
 }
 
-static em_tensor *join(tensor *(*f)(int, tensor *const *, int), const char *op, int n, em_tensor *const *hs,
+static em_tensor *join(tensor *(*f)(int, tensor **, int), const char *op, int n, em_tensor *const *hs,
                        int dim)
 {
     size_t m = tmp_mark();

@@ -50,10 +50,9 @@ typedef struct red_geo {
     int64_t kn, rn; /* output elements, elements per output */
 } red_geo;
 
-static bool red_setup(const char *op, const tensor *t, int ndims, const int *dims, bool keepdim, red_geo *g)
+/* Fills g from g->mask (set) and t. */
+static void red_split(const tensor *t, bool keepdim, red_geo *g)
 {
-    memset(g, 0, sizeof *g);
-    if (!reduce_mask(op, t, ndims, dims, g->mask)) return false;
     for (int i = 0; i < t->ndim; i++) {
         if (g->mask[i]) {
             g->bits |= (int64_t)1 << i;
@@ -68,7 +67,23 @@ static bool red_setup(const char *op, const tensor *t, int ndims, const int *dim
     }
     g->kn = shape_numel(g->nk, g->kshape);
     g->rn = shape_numel(g->nr, g->rshape);
+}
+
+static bool red_setup(const char *op, const tensor *t, int ndims, const int *dims, bool keepdim, red_geo *g)
+{
+    memset(g, 0, sizeof *g);
+    if (!reduce_mask(op, t, ndims, dims, g->mask)) return false;
+    red_split(t, keepdim, g);
     return true;
+}
+
+/* The geometry a kernel needs (kept and reduced dims, not the output's
+ * shape) from its input and the reduced dims as bits (ip[0]). */
+static void red_geo_of(const tensor *t, int64_t bits, red_geo *g)
+{
+    memset(g, 0, sizeof *g);
+    for (int i = 0; i < t->ndim; i++) g->mask[i] = (bits >> i) & 1;
+    red_split(t, false, g);
 }
 
 /* max/min/argmax have no value for an empty reduction. */
@@ -206,17 +221,15 @@ static void sum_strided(void *p, int64_t lo, int64_t hi)
     }
 }
 
-/* Runs the sum of t over g into out (values times scale). */
-static em_status sum_kernel(tensor *t, tensor *out, const red_geo *g, double scale)
+/* out (contiguous, the kept shape) = the sum of in[0] over the dims in the
+ * bits of ip[0], times dp[0] (1 for sum, 1/count for mean). */
+static em_status sum_cpu(const op_call *call, tensor *out)
 {
-#if EM_HAVE_CUDA
-    if (t_on_cuda(t)) {
-        cu_walk kw, rw;
-        red_walks(g, &kw, &rw);
-        return cu_reduce(t->device.index, RED_SUM, &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out),
-                         scale);
-    }
-#endif
+    tensor *t = call->in[0];
+    double scale = call->dp[0];
+    red_geo geo;
+    const red_geo *g = &geo;
+    red_geo_of(t, call->ip[0], &geo);
     sum_ctx c = {.t = t, .out = out, .g = g, .scale = scale};
     int nd = t->ndim, first = nd, last = -1;
     for (int i = 0; i < nd; i++)
@@ -272,6 +285,26 @@ static em_status sum_kernel(tensor *t, tensor *out, const red_geo *g, double sca
     return EM_OK;
 }
 
+#if EM_HAVE_CUDA
+static em_status sum_cuda(const op_call *call, tensor *out)
+{
+    tensor *t = call->in[0];
+    red_geo g;
+    red_geo_of(t, call->ip[0], &g);
+    cu_walk kw, rw;
+    red_walks(&g, &kw, &rw);
+    return cu_reduce(t->device.index, RED_SUM, &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out),
+                     call->dp[0]);
+}
+#endif
+
+static const op_kernels sum_kernels = {
+    .cpu = sum_cpu,
+#if EM_HAVE_CUDA
+    .cuda = sum_cuda,
+#endif
+};
+
 /* d sum = g broadcast back over the reduced dims; d mean = that / count.
  * g has the kept shape (keepdim or not). */
 static em_status sum_backward(node *n, tensor *g)
@@ -284,9 +317,13 @@ static em_status sum_backward(node *n, tensor *g)
     return gx ? op_grad(x, gx) : em_last_status();
 }
 
-static tensor *sum_like(const char *op, tensor *t, int ndims, const int *dims, bool keepdim, bool mean)
+/* sum (OP_SUM) or mean (OP_MEAN) */
+static tensor *sum_like(op_id id, tensor *t, int ndims, const int *dims, bool keepdim)
 {
-    if (!t) return NULL;
+    const char *op = op_name(id);
+    bool mean = id == OP_MEAN;
+    op_call c;
+    if (!op_begin(&c, id, 1, &t)) return NULL;
     red_geo g;
     if (!red_setup(op, t, ndims, dims, keepdim, &g)) return NULL;
     if (mean && !em_dtype_is_float(t->dtype))
@@ -296,28 +333,22 @@ static tensor *sum_like(const char *op, tensor *t, int ndims, const int *dims, b
         return em_fail(EM_ERR_DTYPE, "%s: does not take bool tensors (%s); cast first", op, shp(t));
     /* integer sums accumulate in i32 like their inputs (u8 widens to i32) */
     em_dtype odt = t->dtype == EM_U8 ? EM_I32 : t->dtype;
-    tensor *out = t_new_on(t->device, odt, g.on, g.oshape);
-    if (!out) return NULL;
+    tensor *out = op_out(&c, odt, g.on, g.oshape);
+    c.ip[0] = g.bits;
     /* mean of nothing is 0/0 = NaN */
-    double scale = mean ? (g.rn ? 1.0 / (double)g.rn : NAN) : 1.0;
-    if (sum_kernel(t, out, &g, scale)) return NULL;
-    if (ag_needed(1, &t)) {
-        node *nd = ag_record(op, sum_backward, out, 1, &t);
-        if (!nd) return NULL;
-        nd->ip[0] = g.bits;
-        nd->dp[0] = scale;
-    }
-    return out;
+    c.dp[0] = mean ? (g.rn ? 1.0 / (double)g.rn : NAN) : 1.0;
+    if (!out || op_run(&c, &sum_kernels, out)) return NULL;
+    return op_end(&c, out, sum_backward);
 }
 
 tensor *t_sum(tensor *t, int ndims, const int *dims, bool keepdim)
 {
-    return sum_like("sum", t, ndims, dims, keepdim, false);
+    return sum_like(OP_SUM, t, ndims, dims, keepdim);
 }
 
 static tensor *t_mean(tensor *t, int ndims, const int *dims, bool keepdim)
 {
-    return sum_like("mean", t, ndims, dims, keepdim, true);
+    return sum_like(OP_MEAN, t, ndims, dims, keepdim);
 }
 
 /* ---- max / min / argmax ------------------------------------------------------------ */
@@ -455,38 +486,52 @@ static em_status ext_backward(node *n, tensor *g)
     return op_grad(x, gx);
 }
 
-/* out (contiguous, kept shape) = max/min/argmax of t over g, on t's device */
-static em_status ext_run(redop k, tensor *t, tensor *out, const red_geo *g)
+/* out (contiguous, kept shape) = max/min/argmax (the redop in ip[1]) of
+ * in[0] over the dims in the bits of ip[0] */
+static em_status ext_cpu(const op_call *call, tensor *out)
 {
-#if EM_HAVE_CUDA
-    if (t_on_cuda(t)) {
-        cu_walk kw, rw;
-        red_walks(g, &kw, &rw);
-        return cu_reduce(t->device.index, k, &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out), 1.0);
-    }
-#endif
-    ext_ctx c = {.k = k, .t = t, .out = out, .g = g};
-    parallel_for(g->kn, g->rn >= 4096 ? 1 : 4096 / (g->rn + 1) + 1, ext_range, &c);
+    red_geo g;
+    red_geo_of(call->in[0], call->ip[0], &g);
+    ext_ctx c = {.k = (redop)call->ip[1], .t = call->in[0], .out = out, .g = &g};
+    parallel_for(g.kn, g.rn >= 4096 ? 1 : 4096 / (g.rn + 1) + 1, ext_range, &c);
     return EM_OK;
 }
+
+#if EM_HAVE_CUDA
+static em_status ext_cuda(const op_call *call, tensor *out)
+{
+    tensor *t = call->in[0];
+    red_geo g;
+    red_geo_of(t, call->ip[0], &g);
+    cu_walk kw, rw;
+    red_walks(&g, &kw, &rw);
+    return cu_reduce(t->device.index, (redop)call->ip[1], &kw, &rw, t->dtype, t_ptr(t), out->dtype,
+                     t_ptr(out), 1.0);
+}
+#endif
+
+static const op_kernels ext_kernels = {
+    .cpu = ext_cpu,
+#if EM_HAVE_CUDA
+    .cuda = ext_cuda,
+#endif
+};
 
 /* k: RED_MAX, RED_MIN or RED_ARGMAX */
 static tensor *extreme(redop k, tensor *t, int ndims, const int *dims, bool keepdim)
 {
     const char *op = redop_name(k);
-    if (!t) return NULL;
+    op_call c;
+    if (!op_begin(&c, redop_ops[k], 1, &t)) return NULL;
     red_geo g;
     if (!red_setup(op, t, ndims, dims, keepdim, &g)) return NULL;
     if (!chk_nonempty(op, t, &g)) return NULL;
-    tensor *out = t_new_on(t->device, k == RED_ARGMAX ? EM_I32 : t->dtype, g.on, g.oshape);
-    if (!out) return NULL;
-    if (ext_run(k, t, out, &g)) return NULL;
-    if (k != RED_ARGMAX && ag_needed(1, &t)) {
-        node *nd = ag_record(op, ext_backward, out, 1, &t);
-        if (!nd) return NULL;
-        nd->ip[0] = g.bits;
-    }
-    return out;
+    tensor *out = op_out(&c, k == RED_ARGMAX ? EM_I32 : t->dtype, g.on, g.oshape);
+    c.ip[0] = g.bits;
+    c.ip[1] = k;
+    if (k == RED_ARGMAX) c.record = false; /* indices have no gradient */
+    if (!out || op_run(&c, &ext_kernels, out)) return NULL;
+    return op_end(&c, out, ext_backward);
 }
 
 /* ---- public wrappers ------------------------------------------------------------------ */

@@ -2,15 +2,15 @@
  * reshape/view, flatten, transpose, permute, narrow, slice, expand,
  * squeeze/unsqueeze; and the copies contiguous, copy and cast.
  * Each view is differentiable: its backward maps the gradient back through
- * the inverse geometry. */
+ * the inverse geometry.
+ *
+ * A view goes through the dispatcher without a kernel: op_begin, the view
+ * (t_view_of: no allocation, no copy), op_end. The copies have one kernel
+ * for both backends, the core strided copy (copy_strided), which runs on
+ * the device of its tensors. These ops' autocast policy is NONE (ops.def):
+ * the dispatcher's autocast itself calls t_cast and t_transpose, so they
+ * must never autocast their own input. */
 #include "dispatch.h"
-
-static tensor *record1(tensor *out, tensor *in, const char *op, backward_fn fn)
-{
-    if (!out || !ag_needed(1, &in)) return out;
-    node *n = ag_record(op, fn, out, 1, &in);
-    return n ? out : NULL;
-}
 
 /* ---- reshape / view ----------------------------------------------------------- */
 
@@ -93,30 +93,34 @@ static em_status reshape_backward(node *n, tensor *g)
     return gx ? op_grad(x, gx) : em_last_status();
 }
 
-static tensor *reshape_impl(const char *op, tensor *t, int ndim, const int64_t *shape, bool may_copy)
+/* reshape (OP_RESHAPE, copies when it must) or view (OP_VIEW, never copies) */
+static tensor *reshape_impl(op_id id, tensor *t, int ndim, const int64_t *shape)
 {
-    if (!t) return NULL;
+    const char *op = op_name(id);
+    bool may_copy = id == OP_RESHAPE;
+    op_call c;
+    if (!op_begin(&c, id, 1, &t)) return NULL;
     int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
     if (!infer_shape(op, t, ndim, shape, ns)) return NULL;
     tensor *out;
     if (view_strides(t->ndim, t->shape, t->stride, ndim, ns, nst)) {
         out = t_view_of(t, ndim, ns, nst, t->offset);
     } else if (may_copy) {
-        tensor *c = t_clone(t);
-        if (!c) return NULL;
+        tensor *copy = t_clone(t);
+        if (!copy) return NULL;
         t_contig_strides(ndim, ns, nst);
-        out = t_view_of(c, ndim, ns, nst, 0);
-        t_drop(c); /* the view holds the storage */
+        out = t_view_of(copy, ndim, ns, nst, 0);
+        t_drop(copy); /* the view holds the storage */
     } else {
         return em_fail(EM_ERR_SHAPE, "%s: %s with strides %s cannot be viewed as %s; use reshape (copies)",
                        op, shp(t), shp_of(t->ndim, t->stride), shp_of(ndim, ns));
     }
-    return record1(out, t, op, reshape_backward);
+    return op_end(&c, out, reshape_backward);
 }
 
 tensor *t_reshape(tensor *t, int ndim, const int64_t *shape)
 {
-    return reshape_impl("reshape", t, ndim, shape, true);
+    return reshape_impl(OP_RESHAPE, t, ndim, shape);
 }
 
 /* ---- transpose / permute ------------------------------------------------------- */
@@ -131,7 +135,8 @@ static em_status permute_backward(node *n, tensor *g)
 
 tensor *t_permute(tensor *t, const int *dims)
 {
-    if (!t) return NULL;
+    op_call c;
+    if (!op_begin(&c, OP_PERMUTE, 1, &t)) return NULL;
     if (!dims && t->ndim) return em_fail(EM_ERR_ARG, "permute: dims is NULL");
     int64_t shape[EM_MAX_DIMS], stride[EM_MAX_DIMS];
     bool seen[EM_MAX_DIMS] = {false};
@@ -145,13 +150,9 @@ tensor *t_permute(tensor *t, const int *dims)
         seen[d[i]] = true;
         shape[i] = t->shape[d[i]];
         stride[i] = t->stride[d[i]];
+        c.ip[i] = d[i];
     }
-    tensor *out = t_view_of(t, t->ndim, shape, stride, t->offset);
-    if (!out || !ag_needed(1, &t)) return out;
-    node *n = ag_record("permute", permute_backward, out, 1, &t);
-    if (!n) return NULL;
-    for (int i = 0; i < t->ndim; i++) n->ip[i] = d[i];
-    return out;
+    return op_end(&c, t_view_of(t, t->ndim, shape, stride, t->offset), permute_backward);
 }
 
 tensor *t_transpose(tensor *t, int d0, int d1)
@@ -185,37 +186,38 @@ static em_status slice_backward(node *n, tensor *g)
     return op_grad(x, gx);
 }
 
-static tensor *slice_impl(const char *op, tensor *t, int dim, int64_t start, int64_t len, int64_t step)
+/* Ends call c (narrow or slice of c->in[0]) with the view that keeps len
+ * elements of dim d, step apart, from start. */
+static tensor *slice_impl(op_call *c, int d, int64_t start, int64_t len, int64_t step)
 {
+    tensor *t = c->in[0];
     int64_t shape[EM_MAX_DIMS], stride[EM_MAX_DIMS];
     memcpy(shape, t->shape, sizeof shape);
     memcpy(stride, t->stride, sizeof stride);
-    shape[dim] = len;
-    stride[dim] *= step;
-    tensor *out = t_view_of(t, t->ndim, shape, stride, t->offset + start * t->stride[dim]);
-    if (!out || !ag_needed(1, &t)) return out;
-    node *n = ag_record(op, slice_backward, out, 1, &t);
-    if (!n) return NULL;
-    n->ip[0] = dim;
-    n->ip[1] = start;
-    n->ip[2] = step;
-    return out;
+    shape[d] = len;
+    stride[d] *= step;
+    c->ip[0] = d;
+    c->ip[1] = start;
+    c->ip[2] = step;
+    return op_end(c, t_view_of(t, t->ndim, shape, stride, t->offset + start * t->stride[d]), slice_backward);
 }
 
 tensor *t_narrow(tensor *t, int dim, int64_t start, int64_t len)
 {
-    if (!t) return NULL;
+    op_call c;
+    if (!op_begin(&c, OP_NARROW, 1, &t)) return NULL;
     int d = t_dim("narrow", dim, t->ndim, 0);
     if (d < 0) return NULL;
     if (start < 0 || len < 0 || start + len > t->shape[d])
         return em_fail(EM_ERR_INDEX, "narrow: [%lld, %lld) is outside dim %d of size %lld (shape %s)",
                        (long long)start, (long long)(start + len), dim, (long long)t->shape[d], shp(t));
-    return slice_impl("narrow", t, d, start, len, 1);
+    return slice_impl(&c, d, start, len, 1);
 }
 
 static tensor *t_slice(tensor *t, int dim, int64_t start, int64_t end, int64_t step)
 {
-    if (!t) return NULL;
+    op_call c;
+    if (!op_begin(&c, OP_SLICE, 1, &t)) return NULL;
     int d = t_dim("slice", dim, t->ndim, 0);
     if (d < 0) return NULL;
     if (step < 1) return em_fail(EM_ERR_ARG, "slice: step %lld must be >= 1", (long long)step);
@@ -225,7 +227,7 @@ static tensor *t_slice(tensor *t, int dim, int64_t start, int64_t end, int64_t s
     start = start < 0 ? 0 : start > n ? n : start;
     end = end < start ? start : end > n ? n : end;
     int64_t len = (end - start + step - 1) / step;
-    return slice_impl("slice", t, d, start, len, step);
+    return slice_impl(&c, d, start, len, step);
 }
 
 /* ---- expand -------------------------------------------------------------------------- */
@@ -239,7 +241,8 @@ static em_status expand_backward(node *n, tensor *g)
 
 tensor *t_expand(tensor *t, int ndim, const int64_t *shape)
 {
-    if (!t) return NULL;
+    op_call c;
+    if (!op_begin(&c, OP_EXPAND, 1, &t)) return NULL;
     if (ndim < t->ndim || ndim > EM_MAX_DIMS || (ndim && !shape))
         return em_fail(EM_ERR_SHAPE, "expand: cannot expand %s to %d dims", shp(t), ndim);
     int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
@@ -264,14 +267,15 @@ tensor *t_expand(tensor *t, int ndim, const int64_t *shape)
                            shp_of(ndim, shape), i, (long long)t->shape[j], (long long)want);
         }
     }
-    return record1(t_view_of(t, ndim, ns, nst, t->offset), t, "expand", expand_backward);
+    return op_end(&c, t_view_of(t, ndim, ns, nst, t->offset), expand_backward);
 }
 
 /* ---- squeeze / unsqueeze -------------------------------------------------------------- */
 
 tensor *t_squeeze(tensor *t, int dim)
 {
-    if (!t) return NULL;
+    op_call c;
+    if (!op_begin(&c, OP_SQUEEZE, 1, &t)) return NULL;
     int d = t_dim("squeeze", dim, t->ndim, 0);
     if (d < 0) return NULL;
     if (t->shape[d] != 1)
@@ -283,12 +287,13 @@ tensor *t_squeeze(tensor *t, int dim)
             shape[j] = t->shape[i];
             stride[j++] = t->stride[i];
         }
-    return record1(t_view_of(t, t->ndim - 1, shape, stride, t->offset), t, "squeeze", reshape_backward);
+    return op_end(&c, t_view_of(t, t->ndim - 1, shape, stride, t->offset), reshape_backward);
 }
 
 tensor *t_unsqueeze(tensor *t, int dim)
 {
-    if (!t) return NULL;
+    op_call c;
+    if (!op_begin(&c, OP_UNSQUEEZE, 1, &t)) return NULL;
     int d = t_dim("unsqueeze", dim, t->ndim, 1);
     if (d < 0) return NULL;
     if (t->ndim >= EM_MAX_DIMS)
@@ -303,10 +308,25 @@ tensor *t_unsqueeze(tensor *t, int dim)
             stride[i] = t->stride[j++];
         }
     }
-    return record1(t_view_of(t, t->ndim + 1, shape, stride, t->offset), t, "unsqueeze", reshape_backward);
+    return op_end(&c, t_view_of(t, t->ndim + 1, shape, stride, t->offset), reshape_backward);
 }
 
 /* ---- copies ------------------------------------------------------------------------------ */
+
+/* out (in[0]'s shape, contiguous, maybe another dtype) = in[0], on either
+ * backend: copy_strided runs where its tensors are */
+static em_status copy_kernel(const op_call *c, tensor *out)
+{
+    copy_strided(out, c->in[0]);
+    return EM_OK;
+}
+
+static const op_kernels copy_kernels = {
+    .cpu = copy_kernel,
+#if EM_HAVE_CUDA
+    .cuda = copy_kernel,
+#endif
+};
 
 static em_status identity_backward(node *n, tensor *g) { return op_grad(n->in[0], g); }
 
@@ -319,18 +339,29 @@ static em_status cast_backward(node *n, tensor *g)
     return gx ? op_grad(n->in[0], gx) : em_last_status();
 }
 
+/* The dispatcher's autocast calls t_cast: cast's policy is NONE (ops.def,
+ * and em_amp_set_policy refuses it), so op_begin casts nothing here. */
 tensor *t_cast(tensor *t, em_dtype dt)
 {
-    if (!t) return NULL;
+    op_call c;
+    if (!op_begin(&c, OP_CAST, 1, &t)) return NULL;
     if ((unsigned)dt >= EM_NUM_DTYPES) return em_fail(EM_ERR_DTYPE, "cast: invalid dtype %d", (int)dt);
-    tensor *out = t_new_on(t->device, dt, t->ndim, t->shape);
-    if (!out) return NULL;
-    copy_strided(out, t);
-    if (!em_dtype_is_float(dt)) return out; /* integer results carry no gradient */
-    return record1(out, t, "cast", cast_backward);
+    if (!em_dtype_is_float(dt)) c.record = false; /* integer results carry no gradient */
+    tensor *out = op_out(&c, dt, t->ndim, t->shape);
+    if (!out || op_run(&c, &copy_kernels, out)) return NULL;
+    return op_end(&c, out, cast_backward);
 }
 
-static tensor *t_copy(tensor *t) { return t ? record1(t_clone(t), t, "copy", identity_backward) : NULL; }
+/* a contiguous copy of t: copy (OP_COPY) or contiguous (OP_CONTIGUOUS, only
+ * called for a t that is not contiguous) */
+static tensor *t_copy(op_id id, tensor *t)
+{
+    op_call c;
+    if (!op_begin(&c, id, 1, &t)) return NULL;
+    tensor *out = op_out(&c, t->dtype, t->ndim, t->shape);
+    if (!out || op_run(&c, &copy_kernels, out)) return NULL;
+    return op_end(&c, out, identity_backward);
+}
 
 /* ---- public wrappers ------------------------------------------------------------------------ */
 
@@ -342,7 +373,7 @@ em_tensor *em_reshape(em_tensor *t, int ndim, const int64_t *shape)
 em_tensor *em_view(em_tensor *t, int ndim, const int64_t *shape)
 {
     tensor *x = t_resolve(t, "view");
-    return x ? t_handle(reshape_impl("view", x, ndim, shape, false)) : NULL;
+    return x ? t_handle(reshape_impl(OP_VIEW, x, ndim, shape)) : NULL;
 }
 em_tensor *em_flatten(em_tensor *t)
 {
@@ -387,12 +418,12 @@ em_tensor *em_unsqueeze(em_tensor *t, int dim)
 em_tensor *em_contiguous(em_tensor *t)
 {
     tensor *x = t_resolve(t, "contiguous");
-    return x ? t_is_contig(x) ? t : t_handle(t_copy(x)) : NULL;
+    return x ? t_is_contig(x) ? t : t_handle(t_copy(OP_CONTIGUOUS, x)) : NULL;
 }
 em_tensor *em_copy(em_tensor *t)
 {
     tensor *x = t_resolve(t, "copy");
-    return x ? t_handle(t_copy(x)) : NULL;
+    return x ? t_handle(t_copy(OP_COPY, x)) : NULL;
 }
 em_tensor *em_cast(em_tensor *t, em_dtype dt)
 {

@@ -55,6 +55,19 @@ TEST(test_amp_policy_can_be_overridden_per_op)
     CHECK_OK(em_amp_set_policy("matmul", EM_AMP_LOW));
 }
 
+/* The dispatcher's autocast casts with t_cast, and keeps a transposed weight's
+ * layout with t_transpose (a permute): were these ops autocast themselves,
+ * each cast would start another without end. */
+TEST(test_amp_policy_cannot_be_set_on_the_ops_autocast_calls_itself)
+{
+    const char *ops[] = {"cast", "transpose", "permute"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(em_amp_policy_of(ops[i]) == EM_AMP_NONE);
+        CHECK_ERR(em_amp_set_policy(ops[i], EM_AMP_LOW), EM_ERR_ARG, "is not an op of the autocast table");
+        CHECK(em_amp_policy_of(ops[i]) == EM_AMP_NONE);
+    }
+}
+
 /* ---- casts and products ------------------------------------------------------------ */
 
 TEST(test_casts_round_trip_within_the_dtypes_precision)

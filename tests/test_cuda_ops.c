@@ -108,6 +108,8 @@ UN(narrow, em_narrow(in[0], 0, 1, 3))
 UN(contiguous, em_contiguous(in[0]))
 UN(copy, em_copy(in[0]))
 UN(cast, em_cast(em_cast(in[0], EM_F64), em_dtype_of(in[0])))
+/* to the CPU and back: on the device two moves, on the CPU none */
+UN(to, em_to(em_to(in[0], em_device_cpu()), em_device_of(in[0])))
 UN(expand, em_expand(in[0], EM_SHAPE(3, 4, 5)))
 UN(concat, em_concat(2, (em_tensor *[]){in[0], in[1]}, 1))
 UN(stack, em_stack(2, (em_tensor *[]){in[0], in[1]}, 0))
@@ -192,6 +194,7 @@ static const op_case cases[] = {
     {"contiguous", run_contiguous, 1, {NT(2, 5, 6)}, false, true},
     {"copy", run_copy, 1, {NT(2, 5, 6)}, false, true},
     {"cast", run_cast, 1, {N(2, 5, 6)}, false, true},
+    {"to", run_to, 1, {NT(2, 5, 6)}, false, true},
     {"expand", run_expand, 1, {N(3, 1, 4, 1)}},
     {"concat", run_concat, 2, {N(2, 3, 4), NT(2, 3, 2)}, false, true},
     {"stack", run_stack, 2, {N(2, 3, 4), NT(2, 3, 4)}, false, true},
