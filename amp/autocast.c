@@ -25,7 +25,7 @@ em_dtype em_autocast_set(em_dtype dt)
 em_dtype em_autocast_dtype(void) { return op_autocast(); }
 
 /* The op called `name` if it consults autocast (its ops.def policy is not
- * NONE: only those ops call amp_in / amp_promote), else -1. */
+ * NONE: the dispatcher casts only those ops' inputs), else -1. */
 static int find(const char *name)
 {
     int i = op_find(name);
@@ -45,18 +45,4 @@ em_amp_policy em_amp_policy_of(const char *op)
 {
     int i = find(op);
     return i < 0 ? EM_AMP_NONE : (em_amp_policy)op_policy_of((op_id)i);
-}
-
-/* ---- transitional: ops not yet written with op_begin ---------------------------------- */
-
-tensor *amp_in(op_id op, tensor *t) { return op_autocast_one(op, t); }
-
-bool amp_promote(op_id op, tensor **a, tensor **b)
-{
-    if (!*a || !*b) return true;
-    tensor *in[2] = {*a, *b};
-    if (!op_autocast_inputs(op, 2, in)) return false;
-    *a = in[0];
-    *b = in[1];
-    return true;
 }

@@ -222,19 +222,3 @@ tensor *op_end(op_call *c, tensor *out, backward_fn bw)
     if (c->record && !record(c, op_name(c->op), bw, out)) return NULL;
     return out;
 }
-
-/* ---- transitional: ops not yet written with op_begin/op_end -------------------------------- */
-
-bool ag_needed(int nin, tensor *const *in)
-{
-    if (!grad_mode) return false;
-    for (int i = 0; i < nin; i++)
-        if (in[i] && in[i]->requires_grad) return true;
-    return false;
-}
-
-node *ag_record(const char *op, backward_fn fn, tensor *out, int nin, tensor *const *in)
-{
-    op_call c = {.nin = nin, .in = (tensor **)in};
-    return record(&c, op, fn, out);
-}

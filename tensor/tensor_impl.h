@@ -72,7 +72,7 @@ struct tensor {
 
 /* A backward function receives the gradient of n->out (shape of out, dtype of
  * out, any strides) and accumulates into each input that requires grad with
- * ag_accum. It runs with grad mode off. */
+ * op_grad (tensor/dispatch.h). It runs with grad mode off. */
 typedef em_status (*backward_fn)(node *n, tensor *gout);
 
 struct node {
@@ -278,11 +278,6 @@ bool gemm_bf16_fast(void);
 bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B,
                int64_t ldb, void *C, bool c_bf16, int64_t ldc);
 
-/* ---- recording, the old way (tensor/dispatch.c) ------------------------------
- * Transitional, until every op goes through op_begin/op_end (dispatch.h):
- * ag_needed is op_begin's record flag, ag_record its op_end under a name. */
-bool ag_needed(int nin, tensor *const *in);
-node *ag_record(const char *op, backward_fn fn, tensor *out, int nin, tensor *const *in);
 /* Whether every value of dtype `from` is exactly a value of float dtype `to`
  * (f16/bf16 -> f32 -> f64, and any dtype to itself). tensor/dtype.c */
 bool widens_exactly(em_dtype from, em_dtype to);
