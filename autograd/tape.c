@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "../tensor/dispatch.h"
+#include "../tensor/kernel_impl.h"
 #include "ember/autograd.h"
 
 /* The tape itself (the nodes ops recorded) and grad mode live with the

@@ -4,9 +4,10 @@
  * size per dim. Example i: x = image i as f32 (1,H,W) / 255, y = label (i32). */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <zlib.h>
 
-#include "../tensor/tensor_impl.h"
+#include "../tensor/error_impl.h"
 #include "ember/data.h"
 
 #define IDX_MAGIC_IMAGES 0x00000803u

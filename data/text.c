@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "../tensor/fileio_impl.h"
+#include "../tensor/kernel_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/data.h"
 

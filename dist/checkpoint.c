@@ -49,8 +49,8 @@
 
 #include "dist/checkpoint_impl.h"
 #include "nn/json_impl.h"
+#include "tensor/error_impl.h"
 #include "tensor/fault_impl.h"
-#include "tensor/tensor_impl.h"
 
 #define MANIFEST_MAX ((size_t)1 << 24)
 #define JSON_MAX ((size_t)1 << 24) /* a rank file */

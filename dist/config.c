@@ -17,7 +17,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
-#include "../tensor/tensor_impl.h"
+#include "../tensor/error_impl.h"
 #include "ember/dist.h"
 #include "tensor/fileio_impl.h"
 

@@ -30,7 +30,7 @@
 #include "dist/dist_impl.h"
 #include "dist/pg_impl.h"
 #include "ember_config.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/error_impl.h"
 
 #define PG_MAGIC 0x656d6267u /* "embg" */
 

@@ -59,7 +59,7 @@
 #include <unistd.h>
 
 #include "dist/pg_impl.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/error_impl.h"
 
 #define SLOT_BYTES ((size_t)1 << 20) /* per rank: two halves of 512 KiB */
 #define TINY_BYTES ((size_t)16 << 10) /* below this, every rank reduces everything */

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../tensor/tensor_impl.h"
+#include "../tensor/error_impl.h"
 #include "dist_impl.h"
 #include "store_proto.h"
 

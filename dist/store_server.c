@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../tensor/tensor_impl.h"
+#include "../tensor/error_impl.h"
 #include "dist_impl.h"
 #include "store_proto.h"
 

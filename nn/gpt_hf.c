@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../tensor/kernel_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
 

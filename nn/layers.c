@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "../tensor/dispatch.h"
+#include "../tensor/kernel_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
 

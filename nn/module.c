@@ -12,6 +12,7 @@
  * the whole buffer. */
 #include <stdlib.h>
 
+#include "../tensor/kernel_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
 

@@ -35,6 +35,7 @@
 
 #include "../tensor/fault_impl.h"
 #include "../tensor/fileio_impl.h"
+#include "../tensor/kernel_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
 #include "json_impl.h"

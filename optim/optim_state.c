@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "optim_impl.h"
+#include "tensor/kernel_impl.h"
 #include "update_math.h"
 #if EM_HAVE_CUDA
 #include "cuda_optim.h"

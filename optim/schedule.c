@@ -1,7 +1,9 @@
 /* schedule.c — learning-rate schedules as pure functions of the step:
  * constant, linear warm-up, warm-up then cosine decay (nanoGPT's get_lr), and
  * step decay (torch StepLR). Formulas in include/ember/optim.h. */
-#include "../tensor/tensor_impl.h"
+#include <math.h>
+
+#include "../tensor/error_impl.h"
 #include "ember/optim.h"
 
 em_status em_lr_schedule_check(const em_lr_schedule *s)

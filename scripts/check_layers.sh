@@ -153,7 +153,10 @@ done
 # ---- report ----
 echo "check_layers: layers, low to high: ${layers[*]}"
 for l in "${layers[@]}" examples; do
-    [ -n "${edges[$l]+x}" ] || continue
+    if [ -z "${edges[$l]+x}" ]; then
+        [ "$l" = examples ] || printf '  %-9s includes only itself\n' "$l"
+        continue
+    fi
     out=""
     for t in "${layers[@]}"; do
         case " ${edges[$l]} " in *" $t "*)

@@ -2,6 +2,7 @@
  * including f16 and bf16 (round to nearest, ties to even). */
 #include "dtype_math.h"
 #include "ember/runtime.h"
+#include "kernel_impl.h"
 #include "tensor_impl.h"
 
 static const size_t sizes[EM_NUM_DTYPES] = {4, 8, 2, 2, 4, 1, 1};

@@ -8,6 +8,7 @@
  * ARCHITECTURE.md "Threads"). One pool for everything removes the fight. */
 #include <cblas.h>
 
+#include "kernel_impl.h"
 #include "tensor_impl.h"
 
 /* OpenBLAS's thread control; absent from other BLAS libraries. */

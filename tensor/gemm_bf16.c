@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "dtype_math.h"
+#include "kernel_impl.h"
 #include "tensor_impl.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))

@@ -1,5 +1,6 @@
 /* iter.c — the shared machinery of ops: strided iteration, broadcasting,
  * dtype checks, contiguous copies and dim normalisation. */
+#include "kernel_impl.h"
 #include "tensor_impl.h"
 
 void nditer_init(nditer *it, int ndim, const int64_t *shape, int nop, const int64_t *const *strides)

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "dispatch.h"
+#include "kernel_impl.h"
 
 /* ---- slot table ------------------------------------------------------------ */
 

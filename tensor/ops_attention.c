@@ -19,6 +19,7 @@
 #include <limits.h>
 
 #include "dispatch.h"
+#include "kernel_impl.h"
 #include "vmath_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_matmul.h"

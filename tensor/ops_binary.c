@@ -13,6 +13,7 @@
  * wrapper. */
 #include "dispatch.h"
 #include "elementwise_math.h"
+#include "kernel_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif
@@ -262,8 +263,8 @@ static tensor *affine(op_id op, tensor *a, double m, double s)
     op_call c;
     if (!op_begin(&c, op, 1, &a)) return NULL;
     if (a->dtype == EM_BOOL || (a->dtype == EM_U8 && m < 0))
-        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s)", op_name(op), em_dtype_name(a->dtype),
-                       shp(a));
+        return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s)", op_name(op),
+                       em_dtype_name(a->dtype), shp(a));
     tensor *out = op_out(&c, a->dtype, a->ndim, a->shape);
     c.dp[0] = m;
     c.dp[1] = s;

@@ -5,6 +5,7 @@
  * cu_compare, the selections as a strided copy then cu_select. */
 #include "dispatch.h"
 #include "elementwise_math.h"
+#include "kernel_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif

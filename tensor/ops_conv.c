@@ -20,8 +20,9 @@
 #include <cblas.h>
 #include <limits.h>
 
-#include "ember/runtime.h"
 #include "dispatch.h"
+#include "ember/runtime.h"
+#include "kernel_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_conv.h"
 #include "cuda_matmul.h"

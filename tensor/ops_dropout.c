@@ -10,8 +10,9 @@
  * (tensor/dispatch.h): the call's ip[0], ip[1] are the generator's seed and
  * offset (as bits), dp[0] the scale 1/(1-p), dp[1] p; the mask is c.saved
  * when recording. */
-#include "dropout_math.h"
 #include "dispatch.h"
+#include "dropout_math.h"
+#include "kernel_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_nn.h"
 #endif

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "dispatch.h"
+#include "kernel_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_nn.h"
 #endif

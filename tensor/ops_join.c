@@ -8,6 +8,7 @@
  * chunk check their input there, and each piece is a narrow, recorded as
  * one. */
 #include "dispatch.h"
+#include "kernel_impl.h"
 
 /* Starts op `op` (concat, stack) on the list ts[0..n): the array itself
  * (n >= 1, not NULL), then op_begin (no NULL entries, one device), then

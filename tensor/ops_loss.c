@@ -8,6 +8,7 @@
  * through the dispatcher (tensor/dispatch.h) with inputs (logits, targets);
  * ip[0] is ignore_index. */
 #include "dispatch.h"
+#include "kernel_impl.h"
 #include "rows_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_nn.h"

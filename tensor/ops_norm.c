@@ -11,6 +11,7 @@
  * node's) ip[1] and ip[2] say whether weight and bias are among them, ip[0]
  * whether it is rms_norm, dp[0] is eps. */
 #include "dispatch.h"
+#include "kernel_impl.h"
 #include "rows_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_nn.h"

@@ -12,8 +12,9 @@
  * On a CUDA device every reduction and the max/min backward run through
  * tensor/ops_elementwise.cu: one block per output element, a tree in shared
  * memory, double accumulators, a fixed order (results repeat run to run). */
-#include "ops.h"
 #include "dispatch.h"
+#include "kernel_impl.h"
+#include "ops.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif

@@ -8,6 +8,7 @@
  * ops_loss.c use the same helpers, and ops_loss.c the f32 row primitives
  * (max, exp-and-sum with a vectorisable exp). Rows are split across threads. */
 #include "dispatch.h"
+#include "kernel_impl.h"
 #include "rows_impl.h"
 #include "vmath_impl.h"
 #if EM_HAVE_CUDA

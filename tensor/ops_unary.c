@@ -9,8 +9,9 @@
  * here: it is tensor/elementwise_formulas.h, shared with the CUDA kernels
  * (tensor/ops_elementwise.cu); the CPU computes floats in its _f32v flavour
  * (vectorisable exp/tanh/erf, see tensor/elementwise_math.h). */
-#include "elementwise_math.h"
 #include "dispatch.h"
+#include "elementwise_math.h"
+#include "kernel_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_elementwise.h"
 #endif
@@ -121,8 +122,8 @@ static em_status unary_grad_cuda(const op_call *c, tensor *gx)
     tensor *x = c->in[0], *y = c->in[1], *g = c->in[2];
     cu_walk w;
     cu_walk_of(&w, gx, 3, (const tensor *[]){gx, x, g});
-    return cu_unary_backward(x->device.index, (unop)c->ip[0], &w, x->dtype, t_ptr(gx), t_ptr(x), t_ptr(y), g->dtype,
-                             t_ptr(g), c->dp[0]);
+    return cu_unary_backward(x->device.index, (unop)c->ip[0], &w, x->dtype, t_ptr(gx), t_ptr(x), t_ptr(y),
+                             g->dtype, t_ptr(g), c->dp[0]);
 }
 #endif
 

@@ -11,6 +11,7 @@
  * the dispatcher's autocast itself calls t_cast and t_transpose, so they
  * must never autocast their own input. */
 #include "dispatch.h"
+#include "kernel_impl.h"
 
 /* ---- reshape / view ----------------------------------------------------------- */
 

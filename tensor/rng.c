@@ -3,6 +3,7 @@
  * uses counters offset .. offset+ceil(n/4)-1 under key `seed`; element i
  * takes word i%4 of counter offset + i/4. The result depends only on
  * (seed, offset), never on how the work is split across threads. */
+#include "kernel_impl.h"
 #include "philox.h"
 #include "tensor_impl.h"
 

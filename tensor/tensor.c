@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "kernel_impl.h"
 #include "tensor_impl.h"
 
 int em_ndim(const em_tensor *h)

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "kernel_impl.h"
 #include "tensor_impl.h"
 
 enum { MAX_THREADS = 64, SPIN = 1 << 14 };

@@ -1,0 +1,21 @@
+/* error_impl.h — how ember's code reports an error: the calling thread's
+ * error (tensor/error.c) set with a message naming the function and the
+ * values that were wrong. Everything that only reports errors includes this
+ * alone; tensor_impl.h includes it for the rest. */
+#ifndef EMBER_ERROR_IMPL_H
+#define EMBER_ERROR_IMPL_H
+
+#include "ember/tensor.h"
+
+typedef struct tensor tensor;
+
+/* em_fail sets the thread's error and returns NULL; em_err returns the code.
+ * Messages read "op: what is wrong: values". */
+void *em_fail(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+em_status em_err(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "(2,3)" for t's shape, in one of 8 rotating thread-local buffers, so up to 8
+ * can appear in one message. */
+const char *shp(const tensor *t);
+const char *shp_of(int ndim, const int64_t *shape);
+
+#endif
