@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "dispatch.h"
+#include "kernel_impl.h"
 
 #pragma GCC diagnostic error "-Wswitch-enum" /* a switch over the policies names each */
 
@@ -128,6 +129,37 @@ bool op_autocast_inputs(op_id op, int nin, tensor **in)
     return true;
 }
 
+/* The checks all ops of a kind share (dispatch.h, op_begin). */
+static bool kind_checks(op_call *c)
+{
+    const char *name = op_name(c->op);
+    tensor **in = c->in;
+    switch (op_table[c->op].kind) {
+    case OPK_BINARY:
+    case OPK_COMPARE:
+        return chk_same_dtype(name, in[0], in[1]) &&
+               bcast_shape(name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &c->ndim, c->shape) == EM_OK;
+    case OPK_SOFTMAX:
+    case OPK_NORM:
+    case OPK_LOSS:
+    case OPK_DROPOUT:
+    case OPK_ATTENTION:
+    case OPK_CONV:
+    case OPK_POOL: return chk_float(name, in[0]);
+    case OPK_UNARY: /* float, but abs takes integers too: the op checks */
+    case OPK_AFFINE:
+    case OPK_SELECT:
+    case OPK_REDUCE:
+    case OPK_VIEW:
+    case OPK_COPY:
+    case OPK_JOIN:
+    case OPK_MATMUL:
+    case OPK_INDEX:
+    case OPK_COMPOSITE: return true;
+    }
+    return true;
+}
+
 /* ---- the steps --------------------------------------------------------------------------- */
 
 bool op_begin(op_call *c, op_id op, int nin, tensor **in)
@@ -147,6 +179,7 @@ bool op_begin(op_call *c, op_id op, int nin, tensor **in)
                 name, c->dev.index);
         return false;
     }
+    if (!kind_checks(c)) return false;
     if (grad_mode)
         for (int i = 0; i < nin && !c->record; i++) c->record = in[i]->requires_grad;
     return true;

@@ -38,6 +38,9 @@ typedef struct op_call {
     int nin;
     tensor **in;   /* the caller's array of inputs, autocast applied in place */
     em_device dev; /* where every input is (the CPU for an op without inputs) */
+    /* the elementwise kinds (BINARY, COMPARE): the inputs' broadcast shape */
+    int ndim;
+    int64_t shape[EM_MAX_DIMS];
     bool record;   /* grad mode is on and an input requires grad: op_end will
                     * record, so compute what backward needs */
     /* the call's parameters: the kernel reads them, op_end copies them to
@@ -52,8 +55,12 @@ typedef struct op_call {
  * the error that made it, or sets "op: input is NULL"); autocast applies
  * the op's policy (LOW, F32: each float input cast; PROMOTE: the float
  * inputs cast to the widest of them); all inputs are on one device, and the
- * op has a kernel there (ops.def's backends); c->record is set. false with
- * the thread's error set (EM_ERR_DEVICE, EM_ERR_OOM from a cast) otherwise. */
+ * op has a kernel there (ops.def's backends); the checks every op of its
+ * kind shares (BINARY, COMPARE: both inputs of one dtype, their shapes
+ * broadcast, into c->ndim/c->shape; SOFTMAX, NORM, LOSS, DROPOUT,
+ * ATTENTION, CONV, POOL: the first input is a float tensor); c->record is
+ * set. false with the thread's error set (EM_ERR_DEVICE, EM_ERR_DTYPE,
+ * EM_ERR_SHAPE, EM_ERR_OOM from a cast) otherwise. */
 bool op_begin(op_call *c, op_id op, int nin, tensor **in);
 
 /* A contiguous, uninitialised output on c->dev in the current scope

@@ -318,9 +318,7 @@ static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
     if (!same_shape(q, k) || !same_shape(q, v))
         return em_fail(EM_ERR_SHAPE, "attention: q, k, v must have the same shape: q is %s, k is %s, v is %s",
                        shp(q), shp(k), shp(v));
-    if (!chk_same_dtype("attention", q, k) || !chk_same_dtype("attention", q, v) ||
-        !chk_float("attention", q))
-        return NULL;
+    if (!chk_same_dtype("attention", q, k) || !chk_same_dtype("attention", q, v)) return NULL;
     if (isnan(scale) || isinf(scale))
         return em_fail(EM_ERR_ARG, "attention: scale must be finite, got %g (<= 0 means 1/sqrt(D))", scale);
     if (c.record && em_scope_depth() == 0)

@@ -175,15 +175,11 @@ static tensor *binary(binop k, tensor *a, tensor *b)
     op_call c;
     if (!op_begin(&c, binop_ops[k], 2, in)) return NULL;
     a = in[0], b = in[1];
-    if (!chk_same_dtype(name, a, b)) return NULL;
     if (a->dtype == EM_BOOL || (k == BIN_DIV && !em_dtype_is_float(a->dtype)))
         return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s and %s)", name,
                        em_dtype_name(a->dtype), shp(a), shp(b));
     if (c.record && !chk_float(name, a)) return NULL;
-    int nd;
-    int64_t shape[EM_MAX_DIMS];
-    if (bcast_shape(name, a->ndim, a->shape, b->ndim, b->shape, &nd, shape)) return NULL;
-    tensor *out = op_out(&c, a->dtype, nd, shape);
+    tensor *out = op_out(&c, a->dtype, c.ndim, c.shape);
     c.ip[0] = k;
     if (!out || op_run(&c, &bin_kernels, out)) return NULL;
     return op_end(&c, out, k == BIN_ADD || k == BIN_SUB ? add_backward : muldiv_backward);

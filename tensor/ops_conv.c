@@ -420,7 +420,7 @@ static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding
     op_call c;
     if (!op_begin(&c, OP_CONV2D, b ? 3 : 2, in)) return NULL;
     x = in[0], w = in[1], b = b ? in[2] : NULL;
-    if (!chk_float(op, x) || !chk_same_dtype(op, x, w) || (b && !chk_same_dtype(op, x, b))) return NULL;
+    if (!chk_same_dtype(op, x, w) || (b && !chk_same_dtype(op, x, b))) return NULL;
     if (!chk_4d(op, x, "input") || !chk_4d(op, w, "weight")) return NULL;
     if (x->shape[1] != w->shape[1])
         return em_fail(EM_ERR_SHAPE, "conv2d: input %s has %lld channels but weight %s expects %lld", shp(x),
@@ -642,7 +642,7 @@ static tensor *t_pool(op_id opid, tensor *x, int kernel, int stride, int padding
     bool is_max = opid == OP_MAX_POOL2D;
     op_call c;
     if (!op_begin(&c, opid, 1, &x)) return NULL;
-    if (!chk_float(op, x) || !chk_4d(op, x, "input")) return NULL;
+    if (!chk_4d(op, x, "input")) return NULL;
     if (kernel < 1 || stride < 1 || padding < 0)
         return em_fail(EM_ERR_ARG, "%s: kernel %d and stride %d must be >= 1, padding %d >= 0", op, kernel,
                        stride, padding);

@@ -290,7 +290,6 @@ static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
     op_call c;
     if (!op_begin(&c, OP_CROSS_ENTROPY, 2, in)) return NULL;
     x = in[0], tg = in[1];
-    if (!chk_float(op, x)) return NULL;
     if (!chk_dtype(op, tg, EM_I32, "targets")) return NULL;
     if (x->ndim < 1)
         return em_fail(EM_ERR_SHAPE, "%s: logits must have a class dim (...,C), got %s", op, shp(x));

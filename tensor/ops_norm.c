@@ -387,7 +387,6 @@ static tensor *norm_impl(op_id opid, tensor *x, tensor *w, tensor *b, double eps
     c.ip[1] = w != NULL;
     c.ip[2] = b != NULL;
     params_of(in, nin, c.ip, &w, &b);
-    if (!chk_float(op, x)) return NULL;
     if (x->ndim < 1) return em_fail(EM_ERR_SHAPE, "%s: x must have at least 1 dim, got %s", op, shp(x));
     if (!chk_param(op, "weight", w, x) || !chk_param(op, "bias", b, x)) return NULL;
     if (!(eps >= 0) || isinf(eps))
