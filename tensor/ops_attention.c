@@ -157,45 +157,44 @@ static const void *as_compute(tensor *t, em_dtype ct)
     return buf;
 }
 
-#if EM_HAVE_CUDA
-static em_status attention_backward_cuda(node *n, tensor *g);
-#endif
+/* The backward's call: in = {q, k, v, out, g} (out the forward's output,
+ * g its gradient), the scale in dp[0]; out is dq and c.saved points to this:
+ * what the forward saved (the node's saved) and dk, dv. The gradients have
+ * q's shape and dtype. */
+typedef struct attn_grads {
+    void *saved;
+    tensor *dk, *dv;
+} attn_grads;
 
-static em_status attention_backward(node *n, tensor *g)
+/* On the CPU: per head from P (B,H,T,T, compute dtype), in the compute dtype */
+static em_status attention_grad_cpu(const op_call *c, tensor *dq)
 {
-#if EM_HAVE_CUDA
-    if (t_on_cuda(n->in[0])) return attention_backward_cuda(n, g);
-#endif
-    tensor *q = n->in[0];
-    em_dtype ct = compute_dtype(q->dtype);
-    int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3];
+    const attn_grads *o = c->saved;
+    tensor *q = c->in[0], *g = c->in[4], *grads[3] = {dq, o->dk, o->dv};
+    em_dtype dt = q->dtype, ct = compute_dtype(dt);
+    int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3], n = t_numel(q);
     size_t es = em_dtype_size(ct);
-    tensor *grads[3];
-    for (int i = 0; i < 3; i++)
-        if (!(grads[i] = t_new(ct, 4, q->shape))) return em_last_status();
     size_t mk = tmp_mark();
-    const char *qc = as_compute(n->in[0], ct), *kc = as_compute(n->in[1], ct), *vc = as_compute(n->in[2], ct);
+    const char *qc = as_compute(q, ct), *kc = as_compute(c->in[1], ct), *vc = as_compute(c->in[2], ct);
     const char *gc = as_compute(g, ct);
     void *ds = tmp_alloc((size_t)(T * T) * es + 1);
-    if (!qc || !kc || !vc || !gc || !ds) {
+    char *gp[3];
+    bool ok = qc && kc && vc && gc && ds;
+    for (int i = 0; i < 3 && ok; i++) /* in the compute dtype: the outputs, else temp memory */
+        ok = (gp[i] = dt == ct ? t_ptr(grads[i]) : tmp_alloc((size_t)n * es + 1)) != NULL;
+    if (!ok) {
         tmp_release(mk);
         return em_last_status();
     }
     for (int64_t h = 0; h < BH && D > 0; h++) { /* D == 0: the gradients are empty */
         int64_t off = h * T * D;
-        head_backward(ct, T, D, n->dp[0], at(qc, off, es), at(kc, off, es), at(vc, off, es),
-                      at(n->saved, h * T * T, es), at(gc, off, es), (void *)at(t_ptr(grads[0]), off, es),
-                      (void *)at(t_ptr(grads[1]), off, es), (void *)at(t_ptr(grads[2]), off, es), ds);
+        head_backward(ct, T, D, c->dp[0], at(qc, off, es), at(kc, off, es), at(vc, off, es),
+                      at(o->saved, h * T * T, es), at(gc, off, es), gp[0] + off * (int64_t)es,
+                      gp[1] + off * (int64_t)es, gp[2] + off * (int64_t)es, ds);
     }
+    if (dt != ct)
+        for (int i = 0; i < 3; i++) convert_par(dt, t_ptr(grads[i]), ct, gp[i], n);
     tmp_release(mk);
-    for (int i = 0; i < 3; i++) {
-        tensor *x = n->in[i];
-        if (!x->requires_grad) continue;
-        tensor *gx = x->dtype == ct ? grads[i] : t_cast(grads[i], x->dtype);
-        if (!gx) return em_last_status();
-        em_status s = op_grad(x, gx);
-        if (s) return s;
-    }
     return EM_OK;
 }
 
@@ -220,33 +219,26 @@ static void drop_copies(int n, tensor *const *in, tensor *const *out)
         if (out[i] && out[i] != in[i]) t_drop(out[i]);
 }
 
-static em_status attention_backward_cuda(node *n, tensor *g)
+/* On the device: one fused kernel, recomputing P from the log-sum-exp (a
+ * device tensor); g in q's dtype */
+static em_status attention_grad_cuda(const op_call *c, tensor *dq)
 {
-    tensor *q = n->in[0];
+    const attn_grads *o = c->saved;
+    tensor *q = c->in[0], *g = c->in[4];
     em_dtype dt = q->dtype;
-    if (!n->saved) /* the forward failed after recording */
+    if (!o->saved) /* the forward failed after recording */
         return em_err(EM_ERR_AUTOGRAD, "attention backward: the forward of %s did not complete", shp(q));
     tensor *gc = g->dtype == dt ? g : t_cast(g, dt);
     if (!gc) return em_last_status();
-    tensor *in[5] = {n->in[0], n->in[1], n->in[2], n->out, gc}, *c[5] = {0};
-    tensor *grads[3] = {0};
-    em_status s = t_same_device("attention backward", 5, in, NULL);
-    if (!s && !contig_all(5, in, c)) s = em_last_status();
-    for (int i = 0; i < 3 && !s; i++)
-        if (!(grads[i] = t_new_like(q))) s = em_last_status();
+    tensor *in[5] = {c->in[0], c->in[1], c->in[2], c->in[3], gc}, *cc[5] = {0};
+    em_status s = contig_all(5, in, cc) ? EM_OK : em_last_status();
     if (!s)
         s = cu_attention_backward(q->device.index, dt, q->shape[0] * q->shape[1], q->shape[2], q->shape[3],
-                                  n->dp[0], t_ptr(c[0]), t_ptr(c[1]), t_ptr(c[2]), t_ptr(c[3]), t_ptr(c[4]),
-                                  t_ptr((tensor *)n->saved), t_ptr(grads[0]), t_ptr(grads[1]),
-                                  t_ptr(grads[2]));
-    drop_copies(5, in, c);
+                                  c->dp[0], t_ptr(cc[0]), t_ptr(cc[1]), t_ptr(cc[2]), t_ptr(cc[3]),
+                                  t_ptr(cc[4]), t_ptr((tensor *)o->saved), t_ptr(dq), t_ptr(o->dk),
+                                  t_ptr(o->dv));
+    drop_copies(5, in, cc);
     if (gc != g) t_drop(gc);
-    for (int i = 0; i < 3; i++) {
-        if (!s && n->in[i]->requires_grad)
-            s = op_grad(n->in[i], grads[i]); /* which may keep grads[i] */
-        else
-            t_drop(grads[i]);
-    }
     return s;
 }
 
@@ -305,6 +297,35 @@ static const op_kernels attention_kernels = {
     .cuda = attention_cuda,
 #endif
 };
+
+static const op_kernels attention_grad_kernels = {
+    .cpu = attention_grad_cpu,
+#if EM_HAVE_CUDA
+    .cuda = attention_grad_cuda,
+#endif
+};
+
+/* dq, dk, dv, all three computed; handed on for the inputs that require grad */
+static em_status attention_backward(node *n, tensor *g)
+{
+    tensor *q = n->in[0], *in[5] = {n->in[0], n->in[1], n->in[2], n->out, g};
+    op_call c;
+    if (!op_begin_backward(&c, n, OP_ATTENTION, 5, in)) return em_last_status();
+    attn_grads o = {.saved = n->saved};
+    tensor *dq = op_out(&c, q->dtype, 4, q->shape);
+    if (!dq || !(o.dk = op_out(&c, q->dtype, 4, q->shape)) || !(o.dv = op_out(&c, q->dtype, 4, q->shape)))
+        return em_last_status();
+    c.saved = &o;
+    em_status s = op_run(&c, &attention_grad_kernels, dq);
+    tensor *grads[3] = {dq, o.dk, o.dv};
+    for (int i = 0; i < 3; i++) {
+        if (!s && n->in[i]->requires_grad)
+            s = op_grad(n->in[i], grads[i]); /* which may keep grads[i] */
+        else
+            t_drop(grads[i]);
+    }
+    return s;
+}
 
 static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
 {

@@ -213,26 +213,47 @@ static void mask_range(void *p, int64_t lo, int64_t hi)
     }
 }
 
-/* g masked to where mask (broadcast to g) equals keep, summed down to t's shape */
-static tensor *masked_grad(tensor *g, tensor *mask, bool keep, tensor *t)
+/* out (g's shape) = g = in[0] where mask = in[1] (broadcast to g) equals
+ * keep = ip[0], else 0 */
+static em_status mask_grad_cpu(const op_call *call, tensor *out)
 {
-    if (t_same_device("where", 2, (tensor *[]){g, mask}, NULL)) return NULL;
-    tensor *out = t_new_like(g);
-    if (!out) return NULL;
-#if EM_HAVE_CUDA
-    if (t_on_cuda(g)) {
-        if (t_fill_zero(out)) return NULL;
-        cu_walk w;
-        bcast_walk(&w, out, mask, NULL);
-        memcpy(w.stride[2], g->stride, sizeof(int64_t) * (size_t)g->ndim);
-        if (cu_select(g->device.index, &w, g->dtype, t_ptr(out), t_ptr(mask), t_ptr(g), keep, 0.0))
-            return NULL;
-        return t_sum_to(out, t->ndim, t->shape);
-    }
-#endif
-    mask_ctx c = {.out = out, .g = g, .mask = mask, .keep = keep};
+    tensor *g = call->in[0], *mask = call->in[1];
+    mask_ctx c = {.out = out, .g = g, .mask = mask, .keep = call->ip[0] != 0};
     bcast_strides(mask, g->ndim, g->shape, c.sm);
     parallel_for(t_numel(g), 1 << 14, mask_range, &c);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+static em_status mask_grad_cuda(const op_call *call, tensor *out)
+{
+    tensor *g = call->in[0], *mask = call->in[1];
+    em_status s = t_fill_zero(out);
+    if (s) return s;
+    cu_walk w;
+    bcast_walk(&w, out, mask, NULL);
+    memcpy(w.stride[2], g->stride, sizeof(int64_t) * (size_t)g->ndim);
+    return cu_select(g->device.index, &w, g->dtype, t_ptr(out), t_ptr(mask), t_ptr(g), call->ip[0] != 0, 0.0);
+}
+#endif
+
+static const op_kernels mask_grad_kernels = {
+    .cpu = mask_grad_cpu,
+#if EM_HAVE_CUDA
+    .cuda = mask_grad_cuda,
+#endif
+};
+
+/* For node n of op: g masked to where mask (broadcast to g) equals keep,
+ * summed down to t's shape */
+static tensor *masked_grad(const node *n, op_id op, tensor *g, tensor *mask, bool keep, tensor *t)
+{
+    tensor *in[2] = {g, mask};
+    op_call c;
+    if (!op_begin_backward(&c, n, op, 2, in)) return NULL;
+    c.ip[0] = keep; /* the kernels' parameter (this call's copy of the node's) */
+    tensor *out = op_out(&c, g->dtype, g->ndim, g->shape);
+    if (!out || op_run(&c, &mask_grad_kernels, out)) return NULL;
     return t_sum_to(out, t->ndim, t->shape);
 }
 
@@ -243,7 +264,7 @@ static em_status where_backward(node *n, tensor *g)
     for (int i = 1; i <= 2; i++) {
         tensor *x = n->in[i];
         if (!x->requires_grad) continue;
-        tensor *gx = masked_grad(g, cond, i == 1, x);
+        tensor *gx = masked_grad(n, OP_WHERE, g, cond, i == 1, x);
         if (!gx) return em_last_status();
         em_status s = op_grad(x, gx);
         if (s) return s;
@@ -274,7 +295,7 @@ static tensor *t_where(tensor *cond, tensor *a, tensor *b)
 static em_status masked_fill_backward(node *n, tensor *g)
 {
     tensor *a = n->in[0];
-    tensor *ga = masked_grad(g, n->in[1], false, a);
+    tensor *ga = masked_grad(n, OP_MASKED_FILL, g, n->in[1], false, a);
     return ga ? op_grad(a, ga) : em_last_status();
 }
 

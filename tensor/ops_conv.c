@@ -55,6 +55,40 @@ static inline void acc(void *p, bool dbl, int64_t i, double v)
         ((float *)p)[i] += (float)v;
 }
 
+/* A tensor of dtype ct and out's shape to compute into: out itself when it
+ * is of ct, else a new one, which conv_done copies into out and drops. */
+static tensor *compute_into(tensor *out, em_dtype ct)
+{
+    return ct == out->dtype ? out : t_new_on(out->device, ct, out->ndim, out->shape);
+}
+
+static void compute_done(tensor *out, tensor *acc_t)
+{
+    if (acc_t == out) return;
+    copy_strided(out, acc_t); /* to out's dtype */
+    t_drop(acc_t);
+}
+
+/* A zeroed tensor of dtype ct and out's shape to add into (compute_into's) */
+static tensor *zeros_into(tensor *out, em_dtype ct)
+{
+    tensor *t = compute_into(out, ct);
+    if (t && t_fill_zero(t)) {
+        if (t != out) t_drop(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* The conv backward's call: in = {x, w, g} (g the output's gradient), ip[0]
+ * and ip[1] the stride and padding; out is dx (NULL when x needs none) and
+ * c.saved points to this: dw and db (NULL when not wanted). Each gradient
+ * has its input's shape and dtype; the kernels compute in f32 (f64 for f64)
+ * and convert. */
+typedef struct conv_grads {
+    tensor *dw, *db;
+} conv_grads;
+
 /* t's values as contiguous elements of dtype ct: t's own data when it already
  * is, else a copy in the temp arena (the caller holds a tmp_mark). */
 static void *as_ct(tensor *t, em_dtype ct)
@@ -250,41 +284,46 @@ static em_status conv2d_cuda(const op_call *c, tensor *out)
 
 /* dx = col2im(W^T gt); dW = gt col^T; db = sum of g over (N,OH,OW), with
  * gt (O, N*OH*OW) the gradient regrouped by output channel */
-static em_status conv_backward_cuda(const geom *g, node *n, tensor *gout)
+static em_status conv_grad_cuda(const op_call *c, tensor *dx)
 {
-    tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
+    const conv_grads *o = c->saved;
+    tensor *x = c->in[0], *w = c->in[1], *gout = c->in[2];
+    geom g;
+    conv_geom(&g, x, w, c->ip[0], c->ip[1]);
     int dev = x->device.index;
-    em_dtype ct = g->dbl ? EM_F64 : EM_F32;
-    int64_t ckk = g->C * g->KH * g->KW, cols = g->N * g->OH * g->OW;
-    cu_conv_geom cg = cu_geom(g);
-    tensor *gt = t_new_on(x->device, ct, 4, (int64_t[]){g->O, g->N, g->OH, g->OW});
+    em_dtype ct = g.dbl ? EM_F64 : EM_F32;
+    int64_t ckk = g.C * g.KH * g.KW, cols = g.N * g.OH * g.OW;
+    cu_conv_geom cg = cu_geom(&g);
+    tensor *gt = t_new_on(x->device, ct, 4, (int64_t[]){g.O, g.N, g.OH, g.OW});
     if (!gt) return em_last_status();
     tensor v = *gout; /* gout seen as (O,N,OH,OW) */
     v.shape[0] = gout->shape[1], v.shape[1] = gout->shape[0];
     v.stride[0] = gout->stride[1], v.stride[1] = gout->stride[0];
     copy_strided(gt, &v);
     em_status s = EM_OK;
-    if (w->requires_grad) {
-        tensor *col = im2col_cuda(g, x, ct);
-        tensor *dw = col ? t_new_on(w->device, ct, 4, w->shape) : NULL;
-        s = dw ? gemm_cuda(dev, ct, false, true, g->O, ckk, cols, gt, col, dw) : em_last_status();
+    if (o->dw) {
+        tensor *col = im2col_cuda(&g, x, ct);
+        tensor *dw = col ? compute_into(o->dw, ct) : NULL;
+        s = dw ? gemm_cuda(dev, ct, false, true, g.O, ckk, cols, gt, col, dw) : em_last_status();
         t_drop(col);
-        tensor *gw = s ? NULL : dw->dtype == w->dtype ? dw : t_cast(dw, w->dtype);
-        if (!s) s = gw ? op_grad(w, gw) : em_last_status();
+        if (!s)
+            compute_done(o->dw, dw);
+        else if (dw && dw != o->dw)
+            t_drop(dw);
     }
-    if (!s && x->requires_grad) {
+    if (!s && dx) {
         tensor *wc = dev_as_ct(w, ct);
         tensor *dcol = wc ? t_new_on(x->device, ct, 2, (int64_t[]){ckk, cols}) : NULL;
-        tensor *dx = dcol ? t_new_on(x->device, x->dtype, 4, x->shape) : NULL;
-        s = dx ? gemm_cuda(dev, ct, true, false, ckk, cols, g->O, wc, gt, dcol) : em_last_status();
+        s = dcol ? gemm_cuda(dev, ct, true, false, ckk, cols, g.O, wc, gt, dcol) : em_last_status();
         if (!s) s = cu_col2im(dev, &cg, ct, t_ptr(dcol), x->dtype, t_ptr(dx));
-        if (wc != w) t_drop(wc);
+        if (wc && wc != w) t_drop(wc);
         t_drop(dcol);
-        if (!s) s = op_grad(x, dx);
     }
-    if (!s && b && b->requires_grad) {
+    if (!s && o->db) {
         tensor *db = t_sum(gout, 3, (const int[]){0, 2, 3}, false);
-        s = db ? op_grad(b, db) : em_last_status();
+        if (db) copy_strided(o->db, db); /* to the bias's dtype */
+        s = db ? EM_OK : em_last_status();
+        t_drop(db);
     }
     t_drop(gt);
     return s;
@@ -293,29 +332,31 @@ static em_status conv_backward_cuda(const geom *g, node *n, tensor *gout)
 #endif
 
 /* dx = col2im(W^T g_n); dW = sum_n g_n col_n^T; db = sum over n, oh, ow of g */
-static em_status conv_backward(node *n, tensor *gout)
+static em_status conv_grad_cpu(const op_call *c, tensor *dx_out)
 {
-    tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
+    const conv_grads *o = c->saved;
+    tensor *x = c->in[0], *w = c->in[1], *gout = c->in[2];
     geom g;
-    conv_geom(&g, x, w, n->ip[0], n->ip[1]);
-#if EM_HAVE_CUDA
-    if (t_on_cuda(x)) return conv_backward_cuda(&g, n, gout);
-#endif
+    conv_geom(&g, x, w, c->ip[0], c->ip[1]);
     em_dtype ct = g.dbl ? EM_F64 : EM_F32;
     size_t es = em_dtype_size(ct);
     int64_t ckk = g.C * g.KH * g.KW, ohw = g.OH * g.OW, chw = g.C * g.H * g.W;
-    tensor *dx = x->requires_grad ? t_zeros(ct, 4, x->shape) : NULL;
-    tensor *dw = w->requires_grad ? t_zeros(ct, 4, w->shape) : NULL;
-    tensor *db = b && b->requires_grad ? t_zeros(ct, 1, b->shape) : NULL;
-    if ((x->requires_grad && !dx) || (w->requires_grad && !dw) || (b && b->requires_grad && !db))
-        return em_last_status();
+    /* the sums in ct: the outputs themselves when they are of ct */
+    tensor *outs[3] = {dx_out, o->dw, o->db}, *sums[3] = {NULL, NULL, NULL};
+    bool ok = true;
+    for (int k = 0; k < 3 && ok; k++)
+        if (outs[k]) ok = (sums[k] = zeros_into(outs[k], ct)) != NULL;
+    tensor *dx = sums[0], *dw = sums[1], *db = sums[2];
     size_t m = tmp_mark();
-    const void *gp = as_ct(gout, ct), *xp = dw ? as_ct(x, ct) : NULL, *wp = dx ? as_ct(w, ct) : NULL;
+    const void *gp = ok ? as_ct(gout, ct) : NULL, *xp = dw ? as_ct(x, ct) : NULL,
+               *wp = dx ? as_ct(w, ct) : NULL;
     void *col = dw && !col_is_image(&g) ? tmp_alloc((size_t)(ckk * ohw) * es) : NULL;
     void *dcol = dx && !col_is_image(&g) ? tmp_alloc((size_t)(ckk * ohw) * es) : NULL;
     if (!gp || (dw && !xp) || (dx && !wp) || (dw && !col && !col_is_image(&g)) ||
         (dx && !dcol && !col_is_image(&g))) {
         tmp_release(m);
+        for (int k = 0; k < 3; k++)
+            if (sums[k] && sums[k] != outs[k]) t_drop(sums[k]);
         return em_last_status();
     }
     for (int64_t i = 0; i < g.N; i++) {
@@ -346,28 +387,36 @@ static em_status conv_backward(node *n, tensor *gout)
             }
     }
     tmp_release(m);
-    tensor *gs[3] = {dx, dw, db}, *ins[3] = {x, w, b};
-    for (int k = 0; k < 3; k++) {
-        if (!gs[k]) continue;
-        tensor *gk = gs[k]->dtype == ins[k]->dtype ? gs[k] : t_cast(gs[k], ins[k]->dtype);
-        em_status st_ = gk ? op_grad(ins[k], gk) : em_last_status();
-        if (st_) return st_;
-    }
+    for (int k = 0; k < 3; k++)
+        if (outs[k]) compute_done(outs[k], sums[k]);
     return EM_OK;
 }
 
-/* A tensor of dtype ct and out's shape to compute into: out itself when it
- * is of ct, else a new one, which conv_done copies into out and drops. */
-static tensor *compute_into(tensor *out, em_dtype ct)
-{
-    return ct == out->dtype ? out : t_new_on(out->device, ct, out->ndim, out->shape);
-}
+static const op_kernels conv_grad_kernels = {
+    .cpu = conv_grad_cpu,
+#if EM_HAVE_CUDA
+    .cuda = conv_grad_cuda,
+#endif
+};
 
-static void compute_done(tensor *out, tensor *acc_t)
+static em_status conv_backward(node *n, tensor *gout)
 {
-    if (acc_t == out) return;
-    copy_strided(out, acc_t); /* to out's dtype */
-    t_drop(acc_t);
+    tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
+    tensor *in[3] = {x, w, gout};
+    op_call c;
+    if (!op_begin_backward(&c, n, OP_CONV2D, 3, in)) return em_last_status();
+    conv_grads o = {NULL, NULL};
+    tensor *dx = NULL;
+    if ((x->requires_grad && !(dx = op_out(&c, x->dtype, x->ndim, x->shape))) ||
+        (w->requires_grad && !(o.dw = op_out(&c, w->dtype, w->ndim, w->shape))) ||
+        (b && b->requires_grad && !(o.db = op_out(&c, b->dtype, b->ndim, b->shape))))
+        return em_last_status();
+    c.saved = &o;
+    em_status s = op_run(&c, &conv_grad_kernels, dx);
+    if (!s && dx) s = op_grad(x, dx);
+    if (!s && o.dw) s = op_grad(w, o.dw);
+    if (!s && o.db) s = op_grad(b, o.db);
+    return s;
 }
 
 /* out (N,O,OH,OW) of x's dtype: per image, im2col then (O,CKK) @ (CKK,OHW) + bias */
@@ -547,38 +596,65 @@ static void pool_geom(geom *g, const tensor *x, int64_t k, int64_t s, int64_t p)
                 x->dtype == EM_F64};
 }
 
-static em_status pool_backward(node *n, tensor *gout)
+/* dx (x's shape and dtype) from g = in[0], the pool's ip[0..3]; the max's
+ * choices in c.saved */
+static em_status pool_grad_cpu(const op_call *call, tensor *dx)
 {
-    tensor *x = n->in[0];
-    bool is_max = n->ip[3];
-    pool_ctx c = {.arg = n->saved};
-    pool_geom(&c.g, x, n->ip[0], n->ip[1], n->ip[2]);
-#if EM_HAVE_CUDA
-    if (t_on_cuda(x)) { /* every element of dx written once: no zeroing */
-        cu_conv_geom cg = cu_geom(&c.g);
-        tensor *gc = t_contig(gout), *dx = gc ? t_new_on(x->device, x->dtype, 4, x->shape) : NULL;
-        em_status s = dx ? cu_pool_bwd(x->device.index, is_max, &cg, gout->dtype, t_ptr(gc), c.arg, x->dtype,
-                                       t_ptr(dx))
-                         : em_last_status();
-        if (gc != gout) t_drop(gc);
-        return s ? s : op_grad(x, dx);
-    }
-#endif
+    bool is_max = call->ip[3];
+    pool_ctx c = {.arg = call->saved};
+    pool_geom(&c.g, dx, call->ip[0], call->ip[1], call->ip[2]);
     em_dtype ct = c.g.dbl ? EM_F64 : EM_F32;
-    tensor *dx = t_zeros(ct, 4, x->shape);
-    if (!dx) return em_last_status();
+    tensor *sum = zeros_into(dx, ct);
+    if (!sum) return em_last_status();
     size_t m = tmp_mark();
-    c.gy = as_ct(gout, ct);
-    c.y = t_ptr(dx);
+    c.gy = as_ct(call->in[0], ct);
+    c.y = t_ptr(sum);
     if (!c.gy) {
         tmp_release(m);
+        if (sum != dx) t_drop(sum);
         return em_last_status();
     }
     int64_t work = (is_max ? 1 : c.g.KH * c.g.KW) * c.g.OH * c.g.OW + 1;
     parallel_for(c.g.N * c.g.C, 1 + (1 << 14) / work, is_max ? maxpool_back_range : avgpool_range, &c);
     tmp_release(m);
-    tensor *gx = ct == x->dtype ? dx : t_cast(dx, x->dtype);
-    return gx ? op_grad(x, gx) : em_last_status();
+    compute_done(dx, sum);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+/* every element of dx written once: no zeroing */
+static em_status pool_grad_cuda(const op_call *call, tensor *dx)
+{
+    tensor *gout = call->in[0];
+    geom g;
+    pool_geom(&g, dx, call->ip[0], call->ip[1], call->ip[2]);
+    cu_conv_geom cg = cu_geom(&g);
+    tensor *gc = t_contig(gout);
+    em_status s = gc ? cu_pool_bwd(dx->device.index, call->ip[3] != 0, &cg, gout->dtype, t_ptr(gc),
+                                   call->saved, dx->dtype, t_ptr(dx))
+                     : em_last_status();
+    if (gc && gc != gout) t_drop(gc);
+    return s;
+}
+#endif
+
+static const op_kernels pool_grad_kernels = {
+    .cpu = pool_grad_cpu,
+#if EM_HAVE_CUDA
+    .cuda = pool_grad_cuda,
+#endif
+};
+
+static em_status pool_backward(node *n, tensor *gout)
+{
+    tensor *x = n->in[0];
+    op_call c;
+    if (!op_begin_backward(&c, n, n->ip[3] ? OP_MAX_POOL2D : OP_AVG_POOL2D, 1, &gout))
+        return em_last_status();
+    tensor *dx = op_out(&c, x->dtype, x->ndim, x->shape);
+    if (!dx) return em_last_status();
+    em_status s = op_run(&c, &pool_grad_kernels, dx);
+    return s ? s : op_grad(x, dx);
 }
 
 /* c->in[0]'s geometry and the pool's (ip[0..2]); the max's choices to c->saved when given */

@@ -73,24 +73,45 @@ static void dback_range(void *p, int64_t lo, int64_t hi)
     }
 }
 
+/* gx = g * mask / (1-p): g = in[0], the mask c.saved (n bytes of scope
+ * memory), the scale dp[0] */
+static em_status dropout_grad_cpu(const op_call *call, tensor *gx)
+{
+    tensor *g = call->in[0];
+    dback_ctx c = {g, gx, call->saved, call->dp[0]};
+    parallel_for(t_numel(g), 1 << 14, dback_range, &c);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+/* the same; the mask is a u8 device tensor */
+static em_status dropout_grad_cuda(const op_call *call, tensor *gx)
+{
+    tensor *g = call->in[0], *mask = call->saved, *gc = t_contig(g);
+    em_status s = gc ? cu_dropout_bwd(g->device.index, g->dtype, t_ptr(gc), t_ptr(mask), t_ptr(gx),
+                                      t_numel(g), call->dp[0])
+                     : em_last_status();
+    if (gc && gc != g) t_drop(gc);
+    return s;
+}
+#endif
+
+static const op_kernels dropout_grad_kernels = {
+    .cpu = dropout_grad_cpu,
+#if EM_HAVE_CUDA
+    .cuda = dropout_grad_cuda,
+#endif
+};
+
 /* d dropout = g * mask / (1-p) */
 static em_status dropout_backward(node *n, tensor *g)
 {
-    tensor *gx = t_new_like(g);
+    op_call c;
+    if (!op_begin_backward(&c, n, OP_DROPOUT, 1, &g)) return em_last_status();
+    tensor *gx = op_out(&c, g->dtype, g->ndim, g->shape);
     if (!gx) return em_last_status();
-#if EM_HAVE_CUDA
-    if (t_on_cuda(g)) { /* n->saved is the mask as a u8 device tensor */
-        tensor *mask = n->saved, *gc = t_contig(g);
-        em_status s = gc ? cu_dropout_bwd(g->device.index, g->dtype, t_ptr(gc), t_ptr(mask), t_ptr(gx),
-                                          t_numel(g), n->dp[0])
-                         : em_last_status();
-        if (gc && gc != g) t_drop(gc);
-        return s ? s : op_grad(n->in[0], gx);
-    }
-#endif
-    dback_ctx c = {g, gx, n->saved, n->dp[0]};
-    parallel_for(t_numel(g), 1 << 14, dback_range, &c);
-    return op_grad(n->in[0], gx);
+    em_status s = op_run(&c, &dropout_grad_kernels, gx);
+    return s ? s : op_grad(n->in[0], gx);
 }
 
 /* The generator state of a call (ip[0], ip[1]). */

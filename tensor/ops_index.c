@@ -229,61 +229,85 @@ static void index_add_range(void *p, int64_t lo, int64_t hi)
     }
 }
 
-/* The gradient of x = selection from `in` (shape `in`) along d by idx, given
- * the gradient g of the selection. Duplicated indices accumulate. */
-static em_status index_add_backward(tensor *in, int d, const tensor *idx, tensor *g)
+/* acc (the selected tensor's shape, f32 or f64) = zeros + g = in[0] added
+ * at the indices idx = in[1] along dim ip[0]; duplicated indices accumulate */
+static em_status index_add_cpu(const op_call *call, tensor *acc)
 {
-    em_dtype ct = in->dtype == EM_F64 ? EM_F64 : EM_F32;
-#if EM_HAVE_CUDA
-    if (t_on_cuda(in)) {
-        /* the kernel reads g in its own dtype and adds in ct (atomics: see ops_nn.cu) */
-        int64_t K = t_numel(idx), outer = 1, inner = 1;
-        for (int i = 0; i < d; i++) outer *= in->shape[i];
-        for (int i = d + 1; i < in->ndim; i++) inner *= in->shape[i];
-        tensor *acc = t_zeros_on(in->device, ct, in->ndim, in->shape);
-        tensor *gc = acc ? t_contig(g) : NULL, *ic = gc ? t_contig((tensor *)idx) : NULL;
-        em_status s = ic ? cu_index_add(in->device.index, ct, t_ptr(acc), g->dtype, t_ptr(gc), t_ptr(ic),
-                                        outer, in->shape[d], K, inner)
-                         : em_last_status();
-        if (gc && gc != g) t_drop(gc);
-        if (ic && ic != idx) t_drop(ic);
-        tensor *gx = s ? NULL : ct == in->dtype ? acc : t_cast(acc, in->dtype);
-        return gx ? op_grad(in, gx) : s ? s : em_last_status();
-    }
-#endif
+    tensor *g = call->in[0], *idx = call->in[1];
+    int d = (int)call->ip[0];
+    em_dtype ct = acc->dtype;
     tensor *gc = g->dtype == ct ? t_contig(g) : t_cast(g, ct);
-    tensor *acc = gc ? t_zeros(ct, in->ndim, in->shape) : NULL;
-    if (!acc) return em_last_status();
-    int64_t K = t_numel(idx), outer = 1, inner = 1;
-    for (int i = 0; i < d; i++) outer *= in->shape[i];
-    for (int i = d + 1; i < in->ndim; i++) inner *= in->shape[i];
+    if (!gc) return em_last_status();
+    em_status s = t_fill_zero(acc);
+    if (s) return s;
+    int64_t K, outer, inner;
+    select_sizes(acc, d, idx, &outer, &K, &inner);
     if (outer * K * inner > 0) {
         size_t m = tmp_mark();
         int32_t *iv = tmp_alloc(sizeof(int32_t) * (size_t)K);
         if (!iv) return em_last_status();
         load_index(idx, iv);
         int64_t nblk = (inner + ADD_BLOCK - 1) / ADD_BLOCK;
-        iadd_ctx c = {acc, gc, iv, in->shape[d], K, inner, nblk};
+        iadd_ctx c = {acc, gc, iv, acc->shape[d], K, inner, nblk};
         parallel_for(outer * nblk, 1 + (1 << 14) / (K * (inner < ADD_BLOCK ? inner : ADD_BLOCK) + 1),
                      index_add_range, &c);
         tmp_release(m);
     }
-    tensor *gx = ct == in->dtype ? acc : t_cast(acc, in->dtype);
-    return gx ? op_grad(in, gx) : em_last_status();
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+/* the same on the device: the kernel reads g in its own dtype and adds in
+ * acc's (atomics: see ops_nn.cu) */
+static em_status index_add_cuda(const op_call *call, tensor *acc)
+{
+    tensor *g = call->in[0], *idx = call->in[1];
+    int d = (int)call->ip[0];
+    int64_t K, outer, inner;
+    select_sizes(acc, d, idx, &outer, &K, &inner);
+    em_status s = t_fill_zero(acc);
+    if (s) return s;
+    tensor *gc = t_contig(g), *ic = gc ? t_contig(idx) : NULL;
+    s = ic ? cu_index_add(acc->device.index, acc->dtype, t_ptr(acc), g->dtype, t_ptr(gc), t_ptr(ic), outer,
+                          acc->shape[d], K, inner)
+           : em_last_status();
+    if (gc && gc != g) t_drop(gc);
+    if (ic && ic != idx) t_drop(ic);
+    return s;
+}
+#endif
+
+static const op_kernels index_add_kernels = {
+    .cpu = index_add_cpu,
+#if EM_HAVE_CUDA
+    .cuda = index_add_cuda,
+#endif
+};
+
+/* The gradient of the selection node n (op) made from t = n->in[0] along
+ * dim n->ip[0] by idx = n->in[1], given the gradient g of the selection
+ * (t's dims with dim d of idx's length). */
+static em_status index_add_backward(node *n, op_id op, tensor *g)
+{
+    tensor *t = n->in[0], *in[2] = {g, n->in[1]};
+    op_call c;
+    if (!op_begin_backward(&c, n, op, 2, in)) return em_last_status();
+    em_dtype ct = t->dtype == EM_F64 ? EM_F64 : EM_F32;
+    tensor *acc = op_out(&c, ct, t->ndim, t->shape);
+    if (!acc || op_run(&c, &index_add_kernels, acc)) return em_last_status();
+    tensor *gx = ct == t->dtype ? acc : t_cast(acc, t->dtype);
+    return gx ? op_grad(t, gx) : em_last_status();
 }
 
 /* d index_select = index_add of g into zeros(t) along dim */
-static em_status select_backward(node *n, tensor *g)
-{
-    return index_add_backward(n->in[0], (int)n->ip[0], n->in[1], g);
-}
+static em_status select_backward(node *n, tensor *g) { return index_add_backward(n, OP_INDEX_SELECT, g); }
 
-/* d embedding: dW[idx[p]] += g[p]; g (...,C) seen as (P,C) */
+/* d embedding: dW[idx[p]] += g[p]; g (...,C) seen as (P,C) (the node's ip[0] is 0) */
 static em_status embedding_backward(node *n, tensor *g)
 {
     int64_t shape[2] = {t_numel(n->in[1]), n->in[0]->shape[1]};
     tensor *g2 = t_reshape(g, 2, shape);
-    return g2 ? index_add_backward(n->in[0], 0, n->in[1], g2) : em_last_status();
+    return g2 ? index_add_backward(n, OP_EMBEDDING, g2) : em_last_status();
 }
 
 static bool chk_index_dtype(const char *op, const tensor *idx)
@@ -424,6 +448,36 @@ static void scat_walk(const scat_ctx *c, cu_walk *w)
 }
 #endif
 
+/* out (index's shape) = g = in[1] gathered at index = in[0] along dim ip[0] */
+static em_status gather_cpu(const op_call *call, tensor *out)
+{
+    scat_ctx c;
+    scat_init(&c, out, call->in[0], call->in[1], (int)call->ip[0]);
+    /* gather_range reads g through c.rs and writes out through c.ro */
+    parallel_for(shape_numel(c.nr, c.rshape), scat_grain(c.L), gather_range, &c);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+static em_status gather_cuda(const op_call *call, tensor *out)
+{
+    tensor *index = call->in[0], *g = call->in[1];
+    scat_ctx c;
+    scat_init(&c, out, index, g, (int)call->ip[0]);
+    cu_walk w;
+    scat_walk(&c, &w);
+    return cu_gather_dim(g->device.index, t_esize(g), &w, c.L, out->stride[c.d], index->stride[c.d],
+                         g->stride[c.d], t_ptr(out), t_ptr(index), t_ptr(g));
+}
+#endif
+
+static const op_kernels gather_kernels = {
+    .cpu = gather_cpu,
+#if EM_HAVE_CUDA
+    .cuda = gather_cuda,
+#endif
+};
+
 /* d scatter_add: dt = g ; dsrc = gather(g, dim, index) */
 static em_status scatter_backward(node *n, tensor *g)
 {
@@ -431,22 +485,13 @@ static em_status scatter_backward(node *n, tensor *g)
     em_status s;
     if (t->requires_grad && (s = op_grad(t, g))) return s;
     if (!src->requires_grad) return EM_OK;
-    tensor *gs = t_new_on(g->device, g->dtype, index->ndim, index->shape);
+    tensor *in[2] = {index, g};
+    op_call c;
+    if (!op_begin_backward(&c, n, OP_SCATTER_ADD, 2, in)) return em_last_status();
+    tensor *gs = op_out(&c, g->dtype, index->ndim, index->shape);
     if (!gs) return em_last_status();
-    scat_ctx c;
-    scat_init(&c, gs, index, g, (int)n->ip[0]);
-#if EM_HAVE_CUDA
-    if (t_on_cuda(g)) {
-        cu_walk w;
-        scat_walk(&c, &w);
-        s = cu_gather_dim(g->device.index, t_esize(g), &w, c.L, gs->stride[c.d], index->stride[c.d], g->stride[c.d],
-                          t_ptr(gs), t_ptr(index), t_ptr(g));
-        return s ? s : op_grad(src, gs);
-    }
-#endif
-    /* gather_range reads g through c.rs and writes gs through c.ro */
-    parallel_for(shape_numel(c.nr, c.rshape), scat_grain(c.L), gather_range, &c);
-    return op_grad(src, gs);
+    s = op_run(&c, &gather_kernels, gs);
+    return s ? s : op_grad(src, gs);
 }
 
 /* out (a copy of t = in[0]) += src = in[2] at index = in[1] along dim ip[0] */

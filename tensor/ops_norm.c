@@ -197,17 +197,14 @@ static void norm_bwd(void *p, int64_t lo, int64_t hi)
     }
 }
 
-/* A (C) vector of doubles summed over nparts partials, as a tensor of dt. */
-static tensor *sum_partials(const double *part, int64_t nparts, int64_t C, em_dtype dt)
+/* t (C), contiguous, of any float dtype = the sum of nparts partials of C doubles */
+static void sum_partials(const double *part, int64_t nparts, int64_t C, tensor *t)
 {
-    tensor *t = t_new(dt, 1, (const int64_t[]){C});
-    if (!t) return NULL;
     for (int64_t j = 0; j < C; j++) {
         double s = 0;
         for (int64_t q = 0; q < nparts; q++) s += part[q * C + j];
-        st(dt, (char *)t_ptr(t) + j * (int64_t)t_esize(t), s);
+        st(t->dtype, (char *)t_ptr(t) + j * (int64_t)t_esize(t), s);
     }
-    return t;
 }
 
 /* The weight and bias among in[0..nin) (NULL when not given), as ip[1], ip[2] say. */
@@ -216,6 +213,15 @@ static void params_of(tensor *const *in, int nin, const int64_t *ip, tensor **w,
     *w = ip[1] ? in[1] : NULL;
     *b = ip[2] ? in[nin - 1] : NULL;
 }
+
+/* The backward kernels' call: in = {x, g} or {x, g, weight}; out is dx (NULL
+ * when x needs no gradient); c.saved points to this: the forward's per-row
+ * mean and rstd (the node's saved) and the other outputs, dw and db (NULL
+ * when not wanted), of the weight's and bias's dtype and shape. */
+typedef struct norm_grads {
+    void *stats;
+    tensor *dw, *db;
+} norm_grads;
 
 #if EM_HAVE_CUDA
 /* ---- CUDA (tensor/ops_nn.cu): the node saves a device tensor of per-row
@@ -226,33 +232,28 @@ static void drop_copy(tensor *copy, const tensor *orig)
     if (copy != orig) t_drop(copy);
 }
 
-static em_status norm_backward_cuda(node *n, tensor *g)
+/* dx, dw, db on the device (see norm_grads); the statistics are a device tensor */
+static em_status norm_grad_cuda(const op_call *c, tensor *dx)
 {
-    tensor *x = n->in[0], *w, *b, *stats = n->saved;
-    params_of(n->in, n->nin, n->ip, &w, &b);
+    const norm_grads *o = c->saved;
+    tensor *x = c->in[0], *g = c->in[1], *w = c->nin > 2 ? c->in[2] : NULL, *dw = o->dw, *db = o->db;
     int last = x->ndim - 1;
     int64_t C = x->shape[last], rows = C ? t_numel(x) / C : 0, nch = cu_norm_chunks(rows);
-    bool need_w = w && w->requires_grad, need_b = b && b->requires_grad;
-    tensor *xr = nn_rows(x, last), *gr = xr ? nn_rows(g, last) : NULL, *wr = gr && w ? nn_rows(w, 0) : NULL;
     /* zeros: with no rows the kernels write nothing, and the sums are 0 */
-    tensor *dx = x->requires_grad ? t_new_like(x) : NULL, *dw = need_w ? t_zeros_like(w) : NULL;
-    tensor *db = need_b ? t_zeros_like(b) : NULL;
-    tensor *part = need_w || need_b
-                       ? t_new_on(x->device, rows_dtype(x->dtype), 1, (const int64_t[]){2 * nch * C + 1})
-                       : NULL;
-    bool ok = xr && gr && (!w || wr) && (!x->requires_grad || dx) && (!need_w || dw) && (!need_b || db) &&
-              (!(need_w || need_b) || part);
-    em_status s = ok ? cu_norm_bwd(x->device.index, x->dtype, n->ip[0] != 0, t_ptr(xr), wr ? t_ptr(wr) : NULL,
-                                   t_ptr(gr), t_ptr(stats), dx ? t_ptr(dx) : NULL, dw ? t_ptr(dw) : NULL,
-                                   db ? t_ptr(db) : NULL, part ? t_ptr(part) : NULL, rows, C)
-                     : em_last_status();
+    if ((dw && t_fill_zero(dw)) || (db && t_fill_zero(db))) return em_last_status();
+    tensor *xr = nn_rows(x, last), *gr = xr ? nn_rows(g, last) : NULL, *wr = gr && w ? nn_rows(w, 0) : NULL;
+    tensor *part =
+        dw || db ? t_new_on(x->device, rows_dtype(x->dtype), 1, (const int64_t[]){2 * nch * C + 1}) : NULL;
+    bool ok = xr && gr && (!w || wr) && (!(dw || db) || part);
+    em_status s =
+        ok ? cu_norm_bwd(x->device.index, x->dtype, c->ip[0] != 0, t_ptr(xr), wr ? t_ptr(wr) : NULL,
+                         t_ptr(gr), t_ptr((tensor *)o->stats), dx ? t_ptr(dx) : NULL, dw ? t_ptr(dw) : NULL,
+                         db ? t_ptr(db) : NULL, part ? t_ptr(part) : NULL, rows, C)
+           : em_last_status();
     if (xr) drop_copy(xr, x);
     if (gr) drop_copy(gr, g);
     if (wr) drop_copy(wr, w);
     t_drop(part);
-    if (!s && dx) s = op_grad(x, dx);
-    if (!s && dw) s = op_grad(w, dw);
-    if (!s && db) s = op_grad(b, db);
     return s;
 }
 
@@ -277,20 +278,15 @@ static em_status norm_cuda(const op_call *c, tensor *y)
 }
 #endif
 
-static em_status norm_backward(node *n, tensor *g)
+/* dx, dw, db on the CPU (see norm_grads); the statistics are 2*rows doubles */
+static em_status norm_grad_cpu(const op_call *call, tensor *dx)
 {
-#if EM_HAVE_CUDA
-    if (t_on_cuda(n->in[0])) return norm_backward_cuda(n, g);
-#endif
-    tensor *x = n->in[0], *w, *b;
-    params_of(n->in, n->nin, n->ip, &w, &b);
+    const norm_grads *o = call->saved;
+    tensor *x = call->in[0], *g = call->in[1], *w = call->nin > 2 ? call->in[2] : NULL;
     int last = x->ndim - 1;
     int64_t C = x->shape[last], rows = C ? t_numel(x) / C : 0;
-    bool need_w = w && w->requires_grad, need_b = b && b->requires_grad;
-    tensor *dx = x->requires_grad ? t_new(x->dtype, x->ndim, x->shape) : NULL;
-    if (x->requires_grad && !dx) return em_last_status();
-    const double *saved = n->saved;
-    norm_ctx c = {.rms = n->ip[0] != 0,
+    const double *saved = o->stats;
+    norm_ctx c = {.rms = call->ip[0] != 0,
                   .f64 = rows_dtype(x->dtype) == EM_F64,
                   .rows = rows,
                   .C = C,
@@ -301,22 +297,45 @@ static em_status norm_backward(node *n, tensor *g)
     if (c.nparts < 1) c.nparts = 1;
     size_t m = tmp_mark(), part_bytes = sizeof(double) * (size_t)(c.nparts * C + 1);
     bool ok = (c.x = rows_in(x, last)) && (c.g = rows_in(g, last)) && (!w || (c.w = rows_in(w, 0))) &&
-              (!dx || (c.dx = rows_out(dx, last))) && (!need_w || (c.dw = tmp_alloc(part_bytes))) &&
-              (!need_b || (c.db = tmp_alloc(part_bytes))) && (c.f64 || (c.ones = const_row(C, 1)));
-    tensor *dw = NULL, *db = NULL;
+              (!dx || (c.dx = rows_out(dx, last))) && (!o->dw || (c.dw = tmp_alloc(part_bytes))) &&
+              (!o->db || (c.db = tmp_alloc(part_bytes))) && (c.f64 || (c.ones = const_row(C, 1)));
     if (ok) {
         parallel_for(c.nparts, 1, norm_bwd, &c);
         if (dx) rows_done(dx, last, c.dx);
-        dw = need_w ? sum_partials(c.dw, c.nparts, C, w->dtype) : NULL;
-        db = need_b ? sum_partials(c.db, c.nparts, C, b->dtype) : NULL;
+        if (o->dw) sum_partials(c.dw, c.nparts, C, o->dw);
+        if (o->db) sum_partials(c.db, c.nparts, C, o->db);
     }
     tmp_release(m);
-    em_status s = EM_OK;
-    if (!ok || (need_w && !dw) || (need_b && !db)) return em_last_status();
-    if (dx && (s = op_grad(x, dx))) return s;
-    if (dw && (s = op_grad(w, dw))) return s;
-    if (db && (s = op_grad(b, db))) return s;
-    return EM_OK;
+    return ok ? EM_OK : em_last_status();
+}
+
+static const op_kernels norm_grad_kernels = {
+    .cpu = norm_grad_cpu,
+#if EM_HAVE_CUDA
+    .cuda = norm_grad_cuda,
+#endif
+};
+
+static em_status norm_backward(node *n, tensor *g)
+{
+    tensor *x = n->in[0], *w, *b;
+    params_of(n->in, n->nin, n->ip, &w, &b);
+    tensor *in[3] = {x, g, w};
+    op_call c;
+    if (!op_begin_backward(&c, n, n->ip[0] ? OP_RMS_NORM : OP_LAYER_NORM, w ? 3 : 2, in))
+        return em_last_status();
+    norm_grads o = {.stats = n->saved};
+    tensor *dx = NULL;
+    if ((x->requires_grad && !(dx = op_out(&c, x->dtype, x->ndim, x->shape))) ||
+        (w && w->requires_grad && !(o.dw = op_out(&c, w->dtype, w->ndim, w->shape))) ||
+        (b && b->requires_grad && !(o.db = op_out(&c, b->dtype, b->ndim, b->shape))))
+        return em_last_status();
+    c.saved = &o;
+    em_status s = op_run(&c, &norm_grad_kernels, dx);
+    if (!s && dx) s = op_grad(x, dx);
+    if (!s && o.dw) s = op_grad(w, o.dw);
+    if (!s && o.db) s = op_grad(b, o.db);
+    return s;
 }
 
 /* weight / bias must be (C) of x's dtype */

@@ -444,47 +444,72 @@ static void ext_bw_range(void *p, int64_t lo, int64_t hi)
     }
 }
 
+/* The backward's geometry: x = in[0], y = in[1] (the result), g = in[2],
+ * the reduced dims in the bits of ip[0]; gx is the output. */
+static void ext_bw_of(const op_call *call, tensor *gx, ext_bw_ctx *c)
+{
+    tensor *x = call->in[0], *g = call->in[2];
+    *c = (ext_bw_ctx){.x = x, .y = call->in[1], .g = g, .gx = gx};
+    bool keep = g->ndim == x->ndim;
+    for (int i = 0; i < x->ndim; i++) {
+        if ((call->ip[0] >> i) & 1) {
+            c->rshape[c->nr] = x->shape[i];
+            c->rx[c->nr] = x->stride[i];
+            c->rgx[c->nr++] = gx->stride[i];
+        } else {
+            c->kshape[c->nk] = x->shape[i];
+            c->kx[c->nk] = x->stride[i];
+            c->kgx[c->nk] = gx->stride[i];
+            c->kg[c->nk] = keep ? g->stride[i] : g->stride[c->nk];
+            c->nk++;
+        }
+    }
+}
+
+static em_status ext_grad_cpu(const op_call *call, tensor *gx)
+{
+    ext_bw_ctx c;
+    ext_bw_of(call, gx, &c);
+    int64_t kn = shape_numel(c.nk, c.kshape), rn = shape_numel(c.nr, c.rshape);
+    parallel_for(kn, rn >= 4096 ? 1 : 4096 / (rn + 1) + 1, ext_bw_range, &c);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+static em_status ext_grad_cuda(const op_call *call, tensor *gx)
+{
+    ext_bw_ctx c;
+    ext_bw_of(call, gx, &c);
+    cu_walk kw = {.ndim = c.nk}, rw = {.ndim = c.nr};
+    memcpy(kw.shape, c.kshape, sizeof(int64_t) * (size_t)c.nk);
+    memcpy(kw.stride[0], c.kg, sizeof(int64_t) * (size_t)c.nk);
+    memcpy(kw.stride[1], c.kx, sizeof(int64_t) * (size_t)c.nk);
+    memcpy(kw.stride[2], c.kgx, sizeof(int64_t) * (size_t)c.nk);
+    memcpy(rw.shape, c.rshape, sizeof(int64_t) * (size_t)c.nr);
+    memcpy(rw.stride[1], c.rx, sizeof(int64_t) * (size_t)c.nr);
+    memcpy(rw.stride[2], c.rgx, sizeof(int64_t) * (size_t)c.nr);
+    return cu_extreme_backward(gx->device.index, &kw, &rw, c.x->dtype, t_ptr(c.x), c.y->dtype, t_ptr(c.y),
+                               c.g->dtype, t_ptr(c.g), t_ptr(gx));
+}
+#endif
+
+static const op_kernels ext_grad_kernels = {
+    .cpu = ext_grad_cpu,
+#if EM_HAVE_CUDA
+    .cuda = ext_grad_cuda,
+#endif
+};
+
 /* d amax = g / (number of ties) at the elements equal to the result, else 0 */
 static em_status ext_backward(node *n, tensor *g)
 {
-    tensor *x = n->in[0];
-    em_status s = t_same_device(n->op, 2, (tensor *[]){x, g}, NULL);
-    if (s) return s;
-    tensor *gx = t_new_like(x);
+    tensor *x = n->in[0], *in[3] = {x, n->out, g};
+    op_call c;
+    if (!op_begin_backward(&c, n, redop_ops[n->ip[1]], 3, in)) return em_last_status();
+    tensor *gx = op_out(&c, x->dtype, x->ndim, x->shape);
     if (!gx) return em_last_status();
-    ext_bw_ctx c = {.x = x, .y = n->out, .g = g, .gx = gx};
-    bool keep = g->ndim == x->ndim;
-    for (int i = 0; i < x->ndim; i++) {
-        if ((n->ip[0] >> i) & 1) {
-            c.rshape[c.nr] = x->shape[i];
-            c.rx[c.nr] = x->stride[i];
-            c.rgx[c.nr++] = gx->stride[i];
-        } else {
-            c.kshape[c.nk] = x->shape[i];
-            c.kx[c.nk] = x->stride[i];
-            c.kgx[c.nk] = gx->stride[i];
-            c.kg[c.nk] = keep ? g->stride[i] : g->stride[c.nk];
-            c.nk++;
-        }
-    }
-#if EM_HAVE_CUDA
-    if (t_on_cuda(x)) {
-        cu_walk kw = {.ndim = c.nk}, rw = {.ndim = c.nr};
-        memcpy(kw.shape, c.kshape, sizeof(int64_t) * (size_t)c.nk);
-        memcpy(kw.stride[0], c.kg, sizeof(int64_t) * (size_t)c.nk);
-        memcpy(kw.stride[1], c.kx, sizeof(int64_t) * (size_t)c.nk);
-        memcpy(kw.stride[2], c.kgx, sizeof(int64_t) * (size_t)c.nk);
-        memcpy(rw.shape, c.rshape, sizeof(int64_t) * (size_t)c.nr);
-        memcpy(rw.stride[1], c.rx, sizeof(int64_t) * (size_t)c.nr);
-        memcpy(rw.stride[2], c.rgx, sizeof(int64_t) * (size_t)c.nr);
-        s = cu_extreme_backward(x->device.index, &kw, &rw, x->dtype, t_ptr(x), n->out->dtype, t_ptr(n->out),
-                                g->dtype, t_ptr(g), t_ptr(gx));
-        return s ? s : op_grad(x, gx);
-    }
-#endif
-    int64_t kn = shape_numel(c.nk, c.kshape), rn = shape_numel(c.nr, c.rshape);
-    parallel_for(kn, rn >= 4096 ? 1 : 4096 / (rn + 1) + 1, ext_bw_range, &c);
-    return op_grad(x, gx);
+    em_status s = op_run(&c, &ext_grad_kernels, gx);
+    return s ? s : op_grad(x, gx);
 }
 
 /* out (contiguous, kept shape) = max/min/argmax (the redop in ip[1]) of

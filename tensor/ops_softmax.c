@@ -242,37 +242,60 @@ static void sm_bwd_f64(void *p, int64_t lo, int64_t hi)
     }
 }
 
-static em_status softmax_backward(node *n, tensor *g)
+/* dx = the gradient of softmax (log_softmax: ip[1]) along dim ip[0] from
+ * y = in[0] (the forward's output) and g = in[1] */
+static em_status softmax_grad_cpu(const op_call *call, tensor *dx)
 {
-    tensor *x = n->in[0], *y = n->out;
-    int d = (int)n->ip[0];
-    tensor *dx = t_new_like(x);
-    if (!dx) return em_last_status();
-    int64_t len = x->ndim ? x->shape[d] : 1, rows = len ? t_numel(x) / len : 0;
-#if EM_HAVE_CUDA
-    if (t_on_cuda(x)) {
-        tensor *yr = nn_rows(y, d), *gr = yr ? nn_rows(g, d) : NULL, *dr = gr ? nn_rows_out(dx, d) : NULL;
-        em_status s = dr ? cu_softmax_bwd(x->device.index, x->dtype, t_ptr(yr), t_ptr(gr), t_ptr(dr), rows,
-                                          len, n->ip[1] != 0)
-                         : em_last_status();
-        if (dr) nn_rows_done(dx, d, dr);
-        if (yr && yr != y) t_drop(yr);
-        if (gr && gr != g) t_drop(gr);
-        return s ? s : op_grad(x, dx);
-    }
-#endif
+    tensor *y = call->in[0], *g = call->in[1];
+    int d = (int)call->ip[0];
+    int64_t len = y->ndim ? y->shape[d] : 1, rows = len ? t_numel(y) / len : 0;
     size_t m = tmp_mark();
     sm_ctx c = {
-        .y = rows_in(y, d), .g = rows_in(g, d), .out = rows_out(dx, d), .n = len, .log = n->ip[1] != 0};
+        .y = rows_in(y, d), .g = rows_in(g, d), .out = rows_out(dx, d), .n = len, .log = call->ip[1] != 0};
     if (!c.y || !c.g || !c.out) {
         tmp_release(m);
         return em_last_status();
     }
-    parallel_for(rows, (1 << 14) / (len + 1) + 1, rows_dtype(x->dtype) == EM_F32 ? sm_bwd_f32 : sm_bwd_f64,
+    parallel_for(rows, (1 << 14) / (len + 1) + 1, rows_dtype(dx->dtype) == EM_F32 ? sm_bwd_f32 : sm_bwd_f64,
                  &c);
     rows_done(dx, d, c.out);
     tmp_release(m);
-    return op_grad(x, dx);
+    return EM_OK;
+}
+
+#if EM_HAVE_CUDA
+static em_status softmax_grad_cuda(const op_call *call, tensor *dx)
+{
+    tensor *y = call->in[0], *g = call->in[1];
+    int d = (int)call->ip[0];
+    int64_t len = y->ndim ? y->shape[d] : 1, rows = len ? t_numel(y) / len : 0;
+    tensor *yr = nn_rows(y, d), *gr = yr ? nn_rows(g, d) : NULL, *dr = gr ? nn_rows_out(dx, d) : NULL;
+    em_status s = dr ? cu_softmax_bwd(dx->device.index, dx->dtype, t_ptr(yr), t_ptr(gr), t_ptr(dr), rows, len,
+                                      call->ip[1] != 0)
+                     : em_last_status();
+    if (dr) nn_rows_done(dx, d, dr);
+    if (yr && yr != y) t_drop(yr);
+    if (gr && gr != g) t_drop(gr);
+    return s;
+}
+#endif
+
+static const op_kernels softmax_grad_kernels = {
+    .cpu = softmax_grad_cpu,
+#if EM_HAVE_CUDA
+    .cuda = softmax_grad_cuda,
+#endif
+};
+
+static em_status softmax_backward(node *n, tensor *g)
+{
+    tensor *x = n->in[0], *in[2] = {n->out, g};
+    op_call c;
+    if (!op_begin_backward(&c, n, n->ip[1] ? OP_LOG_SOFTMAX : OP_SOFTMAX, 2, in)) return em_last_status();
+    tensor *dx = op_out(&c, x->dtype, x->ndim, x->shape);
+    if (!dx) return em_last_status();
+    em_status s = op_run(&c, &softmax_grad_kernels, dx);
+    return s ? s : op_grad(x, dx);
 }
 
 /* y = softmax or log_softmax of c->in[0] along dim ip[0] (log: ip[1]) */
