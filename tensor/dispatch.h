@@ -73,6 +73,13 @@ typedef em_status (*op_kernel)(const op_call *c, tensor *out);
 typedef struct op_kernels {
     op_kernel cpu, cuda;
 } op_kernels;
+/* The table of an op with both kernels: the CUDA one is named only in CUDA
+ * builds (elsewhere it is not compiled, and no tensor is on a CUDA device). */
+#if EM_HAVE_CUDA
+#define OP_KERNELS(cpu_fn, cuda_fn) {.cpu = cpu_fn, .cuda = cuda_fn}
+#else
+#define OP_KERNELS(cpu_fn, cuda_fn) {.cpu = cpu_fn}
+#endif
 
 /* Runs the kernel of c->dev's backend from k on out. EM_ERR_DEVICE naming
  * the op when that backend has none (ops.def promised one: a bug). */

@@ -291,19 +291,9 @@ static em_status attention_cpu(const op_call *c, tensor *out)
     return EM_OK;
 }
 
-static const op_kernels attention_kernels = {
-    .cpu = attention_cpu,
-#if EM_HAVE_CUDA
-    .cuda = attention_cuda,
-#endif
-};
+static const op_kernels attention_kernels = OP_KERNELS(attention_cpu, attention_cuda);
 
-static const op_kernels attention_grad_kernels = {
-    .cpu = attention_grad_cpu,
-#if EM_HAVE_CUDA
-    .cuda = attention_grad_cuda,
-#endif
-};
+static const op_kernels attention_grad_kernels = OP_KERNELS(attention_grad_cpu, attention_grad_cuda);
 
 /* dq, dk, dv, all three computed; handed on for the inputs that require grad */
 static em_status attention_backward(node *n, tensor *g)

@@ -161,12 +161,7 @@ static em_status bin_cuda(const op_call *call, tensor *out)
 }
 #endif
 
-static const op_kernels bin_kernels = {
-    .cpu = bin_cpu,
-#if EM_HAVE_CUDA
-    .cuda = bin_cuda,
-#endif
-};
+static const op_kernels bin_kernels = OP_KERNELS(bin_cpu, bin_cuda);
 
 static tensor *binary(binop k, tensor *a, tensor *b)
 {
@@ -247,12 +242,7 @@ static em_status affine_cuda(const op_call *call, tensor *out)
 }
 #endif
 
-static const op_kernels affine_kernels = {
-    .cpu = affine_cpu,
-#if EM_HAVE_CUDA
-    .cuda = affine_cuda,
-#endif
-};
+static const op_kernels affine_kernels = OP_KERNELS(affine_cpu, affine_cuda);
 
 static tensor *affine(op_id op, tensor *a, double m, double s)
 {

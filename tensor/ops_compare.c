@@ -77,12 +77,7 @@ static em_status cmp_cuda(const op_call *call, tensor *out)
 }
 #endif
 
-static const op_kernels cmp_kernels = {
-    .cpu = cmp_cpu,
-#if EM_HAVE_CUDA
-    .cuda = cmp_cuda,
-#endif
-};
+static const op_kernels cmp_kernels = OP_KERNELS(cmp_cpu, cmp_cuda);
 
 /* out = a <op> b, broadcast, EM_BOOL; never recorded on the tape */
 static tensor *compare(cmpop k, tensor *a, tensor *b)
@@ -179,12 +174,7 @@ static em_status sel_cuda(const op_call *call, tensor *out)
 }
 #endif
 
-static const op_kernels sel_kernels = {
-    .cpu = sel_cpu,
-#if EM_HAVE_CUDA
-    .cuda = sel_cuda,
-#endif
-};
+static const op_kernels sel_kernels = OP_KERNELS(sel_cpu, sel_cuda);
 
 /* out = g where mask == keep, else 0 (g's shape and dtype, contiguous) */
 typedef struct mask_ctx {
@@ -237,12 +227,7 @@ static em_status mask_grad_cuda(const op_call *call, tensor *out)
 }
 #endif
 
-static const op_kernels mask_grad_kernels = {
-    .cpu = mask_grad_cpu,
-#if EM_HAVE_CUDA
-    .cuda = mask_grad_cuda,
-#endif
-};
+static const op_kernels mask_grad_kernels = OP_KERNELS(mask_grad_cpu, mask_grad_cuda);
 
 /* For node n of op: g masked to where mask (broadcast to g) equals keep,
  * summed down to t's shape */

@@ -392,12 +392,7 @@ static em_status conv_grad_cpu(const op_call *c, tensor *dx_out)
     return EM_OK;
 }
 
-static const op_kernels conv_grad_kernels = {
-    .cpu = conv_grad_cpu,
-#if EM_HAVE_CUDA
-    .cuda = conv_grad_cuda,
-#endif
-};
+static const op_kernels conv_grad_kernels = OP_KERNELS(conv_grad_cpu, conv_grad_cuda);
 
 static em_status conv_backward(node *n, tensor *gout)
 {
@@ -455,12 +450,7 @@ static em_status conv2d_cpu(const op_call *c, tensor *out)
     return EM_OK;
 }
 
-static const op_kernels conv2d_kernels = {
-    .cpu = conv2d_cpu,
-#if EM_HAVE_CUDA
-    .cuda = conv2d_cuda,
-#endif
-};
+static const op_kernels conv2d_kernels = OP_KERNELS(conv2d_cpu, conv2d_cuda);
 
 static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding)
 {
@@ -638,12 +628,7 @@ static em_status pool_grad_cuda(const op_call *call, tensor *dx)
 }
 #endif
 
-static const op_kernels pool_grad_kernels = {
-    .cpu = pool_grad_cpu,
-#if EM_HAVE_CUDA
-    .cuda = pool_grad_cuda,
-#endif
-};
+static const op_kernels pool_grad_kernels = OP_KERNELS(pool_grad_cpu, pool_grad_cuda);
 
 static em_status pool_backward(node *n, tensor *gout)
 {
@@ -705,12 +690,7 @@ static em_status pool_cuda(const op_call *call, tensor *out)
 }
 #endif
 
-static const op_kernels pool_kernels = {
-    .cpu = pool_cpu,
-#if EM_HAVE_CUDA
-    .cuda = pool_cuda,
-#endif
-};
+static const op_kernels pool_kernels = OP_KERNELS(pool_cpu, pool_cuda);
 
 static tensor *t_pool(op_id opid, tensor *x, int kernel, int stride, int padding)
 {

@@ -96,12 +96,7 @@ static em_status dropout_grad_cuda(const op_call *call, tensor *gx)
 }
 #endif
 
-static const op_kernels dropout_grad_kernels = {
-    .cpu = dropout_grad_cpu,
-#if EM_HAVE_CUDA
-    .cuda = dropout_grad_cuda,
-#endif
-};
+static const op_kernels dropout_grad_kernels = OP_KERNELS(dropout_grad_cpu, dropout_grad_cuda);
 
 /* d dropout = g * mask / (1-p) */
 static em_status dropout_backward(node *n, tensor *g)
@@ -143,12 +138,7 @@ static em_status dropout_cuda(const op_call *c, tensor *out)
 }
 #endif
 
-static const op_kernels dropout_kernels = {
-    .cpu = dropout_cpu,
-#if EM_HAVE_CUDA
-    .cuda = dropout_cuda,
-#endif
-};
+static const op_kernels dropout_kernels = OP_KERNELS(dropout_cpu, dropout_cuda);
 
 static tensor *t_dropout(tensor *t, double p, bool training, em_rng *rng)
 {

@@ -183,12 +183,7 @@ static em_status select_cuda(const op_call *call, tensor *out)
 #endif
 
 /* index_select and embedding: one gather (embedding is dim 0 of its weight) */
-static const op_kernels select_kernels = {
-    .cpu = select_cpu,
-#if EM_HAVE_CUDA
-    .cuda = select_cuda,
-#endif
-};
+static const op_kernels select_kernels = OP_KERNELS(select_cpu, select_cuda);
 
 /* ---- index-add (the backward of selection) -------------------------------------
  * acc (outer, S, inner) += g (outer, K, inner) at rows idx; acc and g contiguous,
@@ -277,12 +272,7 @@ static em_status index_add_cuda(const op_call *call, tensor *acc)
 }
 #endif
 
-static const op_kernels index_add_kernels = {
-    .cpu = index_add_cpu,
-#if EM_HAVE_CUDA
-    .cuda = index_add_cuda,
-#endif
-};
+static const op_kernels index_add_kernels = OP_KERNELS(index_add_cpu, index_add_cuda);
 
 /* The gradient of the selection node n (op) made from t = n->in[0] along
  * dim n->ip[0] by idx = n->in[1], given the gradient g of the selection
@@ -471,12 +461,7 @@ static em_status gather_cuda(const op_call *call, tensor *out)
 }
 #endif
 
-static const op_kernels gather_kernels = {
-    .cpu = gather_cpu,
-#if EM_HAVE_CUDA
-    .cuda = gather_cuda,
-#endif
-};
+static const op_kernels gather_kernels = OP_KERNELS(gather_cpu, gather_cuda);
 
 /* d scatter_add: dt = g ; dsrc = gather(g, dim, index) */
 static em_status scatter_backward(node *n, tensor *g)
@@ -519,12 +504,7 @@ static em_status scatter_cuda(const op_call *call, tensor *out)
 }
 #endif
 
-static const op_kernels scatter_kernels = {
-    .cpu = scatter_cpu,
-#if EM_HAVE_CUDA
-    .cuda = scatter_cuda,
-#endif
-};
+static const op_kernels scatter_kernels = OP_KERNELS(scatter_cpu, scatter_cuda);
 
 static tensor *t_scatter_add(tensor *t, int dim, tensor *index, tensor *src)
 {

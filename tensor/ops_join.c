@@ -86,12 +86,7 @@ static em_status concat_kernel(const op_call *c, tensor *out)
 }
 
 /* copy_strided runs on the device of its tensors: one kernel for both backends */
-static const op_kernels concat_kernels = {
-    .cpu = concat_kernel,
-#if EM_HAVE_CUDA
-    .cuda = concat_kernel,
-#endif
-};
+static const op_kernels concat_kernels = OP_KERNELS(concat_kernel, concat_kernel);
 
 static tensor *t_concat(int n, tensor **ts, int dim)
 {
@@ -145,12 +140,7 @@ static em_status stack_kernel(const op_call *c, tensor *out)
     return EM_OK;
 }
 
-static const op_kernels stack_kernels = {
-    .cpu = stack_kernel,
-#if EM_HAVE_CUDA
-    .cuda = stack_kernel,
-#endif
-};
+static const op_kernels stack_kernels = OP_KERNELS(stack_kernel, stack_kernel);
 
 static tensor *t_stack(int n, tensor **ts, int dim)
 {

@@ -276,12 +276,7 @@ static em_status ce_cpu(const op_call *call, tensor *out)
     return ok ? EM_OK : em_last_status();
 }
 
-static const op_kernels ce_kernels = {
-    .cpu = ce_cpu,
-#if EM_HAVE_CUDA
-    .cuda = ce_cuda,
-#endif
-};
+static const op_kernels ce_kernels = OP_KERNELS(ce_cpu, ce_cuda);
 
 static tensor *cross_entropy(tensor *x, tensor *tg, int ignore)
 {

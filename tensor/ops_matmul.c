@@ -380,12 +380,7 @@ static em_status matmul_cuda(const op_call *call, tensor *out)
 }
 #endif
 
-static const op_kernels matmul_kernels = {
-    .cpu = matmul_cpu,
-#if EM_HAVE_CUDA
-    .cuda = matmul_cuda,
-#endif
-};
+static const op_kernels matmul_kernels = OP_KERNELS(matmul_cpu, matmul_cuda);
 
 tensor *t_matmul(tensor *a, tensor *b)
 {

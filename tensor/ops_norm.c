@@ -309,12 +309,7 @@ static em_status norm_grad_cpu(const op_call *call, tensor *dx)
     return ok ? EM_OK : em_last_status();
 }
 
-static const op_kernels norm_grad_kernels = {
-    .cpu = norm_grad_cpu,
-#if EM_HAVE_CUDA
-    .cuda = norm_grad_cuda,
-#endif
-};
+static const op_kernels norm_grad_kernels = OP_KERNELS(norm_grad_cpu, norm_grad_cuda);
 
 static em_status norm_backward(node *n, tensor *g)
 {
@@ -384,12 +379,7 @@ static em_status norm_cpu(const op_call *call, tensor *y)
     return ok ? EM_OK : em_last_status();
 }
 
-static const op_kernels norm_kernels = {
-    .cpu = norm_cpu,
-#if EM_HAVE_CUDA
-    .cuda = norm_cuda,
-#endif
-};
+static const op_kernels norm_kernels = OP_KERNELS(norm_cpu, norm_cuda);
 
 static tensor *norm_impl(op_id opid, tensor *x, tensor *w, tensor *b, double eps)
 {

@@ -287,24 +287,21 @@ static em_status sum_cpu(const op_call *call, tensor *out)
 }
 
 #if EM_HAVE_CUDA
-static em_status sum_cuda(const op_call *call, tensor *out)
+/* every reduction on CUDA: the redop in ip[1], the reduced dims' bits in
+ * ip[0], the result times dp[0] (mean's 1/count; 1 otherwise) */
+static em_status reduce_cuda(const op_call *call, tensor *out)
 {
     tensor *t = call->in[0];
     red_geo g;
     red_geo_of(t, call->ip[0], &g);
     cu_walk kw, rw;
     red_walks(&g, &kw, &rw);
-    return cu_reduce(t->device.index, RED_SUM, &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out),
+    return cu_reduce(t->device.index, (redop)call->ip[1], &kw, &rw, t->dtype, t_ptr(t), out->dtype, t_ptr(out),
                      call->dp[0]);
 }
 #endif
 
-static const op_kernels sum_kernels = {
-    .cpu = sum_cpu,
-#if EM_HAVE_CUDA
-    .cuda = sum_cuda,
-#endif
-};
+static const op_kernels sum_kernels = OP_KERNELS(sum_cpu, reduce_cuda);
 
 /* d sum = g broadcast back over the reduced dims; d mean = that / count.
  * g has the kept shape (keepdim or not). */
@@ -337,6 +334,7 @@ static tensor *sum_like(op_id id, tensor *t, int ndims, const int *dims, bool ke
     tensor *out = op_out(&c, odt, g.on, g.oshape);
     c.ip[0] = g.bits;
     /* mean of nothing is 0/0 = NaN */
+    c.ip[1] = RED_SUM; /* for reduce_cuda: a mean is a sum times dp[0] */
     c.dp[0] = mean ? (g.rn ? 1.0 / (double)g.rn : NAN) : 1.0;
     if (!out || op_run(&c, &sum_kernels, out)) return NULL;
     return op_end(&c, out, sum_backward);
@@ -493,12 +491,7 @@ static em_status ext_grad_cuda(const op_call *call, tensor *gx)
 }
 #endif
 
-static const op_kernels ext_grad_kernels = {
-    .cpu = ext_grad_cpu,
-#if EM_HAVE_CUDA
-    .cuda = ext_grad_cuda,
-#endif
-};
+static const op_kernels ext_grad_kernels = OP_KERNELS(ext_grad_cpu, ext_grad_cuda);
 
 /* d amax = g / (number of ties) at the elements equal to the result, else 0 */
 static em_status ext_backward(node *n, tensor *g)
@@ -523,25 +516,8 @@ static em_status ext_cpu(const op_call *call, tensor *out)
     return EM_OK;
 }
 
-#if EM_HAVE_CUDA
-static em_status ext_cuda(const op_call *call, tensor *out)
-{
-    tensor *t = call->in[0];
-    red_geo g;
-    red_geo_of(t, call->ip[0], &g);
-    cu_walk kw, rw;
-    red_walks(&g, &kw, &rw);
-    return cu_reduce(t->device.index, (redop)call->ip[1], &kw, &rw, t->dtype, t_ptr(t), out->dtype,
-                     t_ptr(out), 1.0);
-}
-#endif
 
-static const op_kernels ext_kernels = {
-    .cpu = ext_cpu,
-#if EM_HAVE_CUDA
-    .cuda = ext_cuda,
-#endif
-};
+static const op_kernels ext_kernels = OP_KERNELS(ext_cpu, reduce_cuda);
 
 /* k: RED_MAX, RED_MIN or RED_ARGMAX */
 static tensor *extreme(redop k, tensor *t, int ndims, const int *dims, bool keepdim)
@@ -555,6 +531,7 @@ static tensor *extreme(redop k, tensor *t, int ndims, const int *dims, bool keep
     tensor *out = op_out(&c, k == RED_ARGMAX ? EM_I32 : t->dtype, g.on, g.oshape);
     c.ip[0] = g.bits;
     c.ip[1] = k;
+    c.dp[0] = 1.0;
     if (k == RED_ARGMAX) c.record = false; /* indices have no gradient */
     if (!out || op_run(&c, &ext_kernels, out)) return NULL;
     return op_end(&c, out, ext_backward);

@@ -280,12 +280,7 @@ static em_status softmax_grad_cuda(const op_call *call, tensor *dx)
 }
 #endif
 
-static const op_kernels softmax_grad_kernels = {
-    .cpu = softmax_grad_cpu,
-#if EM_HAVE_CUDA
-    .cuda = softmax_grad_cuda,
-#endif
-};
+static const op_kernels softmax_grad_kernels = OP_KERNELS(softmax_grad_cpu, softmax_grad_cuda);
 
 static em_status softmax_backward(node *n, tensor *g)
 {
@@ -333,12 +328,7 @@ static em_status softmax_cuda(const op_call *call, tensor *y)
 }
 #endif
 
-static const op_kernels softmax_kernels = {
-    .cpu = softmax_cpu,
-#if EM_HAVE_CUDA
-    .cuda = softmax_cuda,
-#endif
-};
+static const op_kernels softmax_kernels = OP_KERNELS(softmax_cpu, softmax_cuda);
 
 static tensor *softmax_impl(op_id opid, tensor *x, int dim, bool log)
 {

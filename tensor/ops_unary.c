@@ -127,12 +127,7 @@ static em_status unary_grad_cuda(const op_call *c, tensor *gx)
 }
 #endif
 
-static const op_kernels unary_grad_kernels = {
-    .cpu = unary_grad_cpu,
-#if EM_HAVE_CUDA
-    .cuda = unary_grad_cuda,
-#endif
-};
+static const op_kernels unary_grad_kernels = OP_KERNELS(unary_grad_cpu, unary_grad_cuda);
 
 static em_status unary_backward(node *n, tensor *g)
 {
@@ -164,12 +159,7 @@ static em_status unary_cuda(const op_call *c, tensor *out)
 }
 #endif
 
-static const op_kernels unary_kernels = {
-    .cpu = unary_cpu,
-#if EM_HAVE_CUDA
-    .cuda = unary_cuda,
-#endif
-};
+static const op_kernels unary_kernels = OP_KERNELS(unary_cpu, unary_cuda);
 
 static tensor *unary(unop k, tensor *x, double p)
 {

@@ -322,12 +322,7 @@ static em_status copy_kernel(const op_call *c, tensor *out)
     return EM_OK;
 }
 
-static const op_kernels copy_kernels = {
-    .cpu = copy_kernel,
-#if EM_HAVE_CUDA
-    .cuda = copy_kernel,
-#endif
-};
+static const op_kernels copy_kernels = OP_KERNELS(copy_kernel, copy_kernel);
 
 static em_status identity_backward(node *n, tensor *g) { return op_grad(n->in[0], g); }
 
