@@ -44,7 +44,7 @@ em_status em_set_requires_grad(em_tensor *h, bool rg)
         return em_err(EM_ERR_AUTOGRAD,
                       "em_set_requires_grad: %s%s was made by op '%s'; only leaves take requires_grad "
                       "(use em_detach first)",
-                      em_dtype_name(t->dtype), shp(t), t->grad_fn->op);
+                      em_dtype_name(t->dtype), shp(t), op_name(t->grad_fn->op));
     if (rg && !chk_float("em_set_requires_grad", t)) return em_last_status();
     t->requires_grad = rg;
     return EM_OK;
@@ -183,10 +183,10 @@ static em_status accum(tensor *t, tensor *g)
 {
     if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
         return em_err(EM_ERR_AUTOGRAD, "backward: gradient %s does not match tensor %s (op '%s')", shp(g),
-                      shp(t), t->grad_fn ? t->grad_fn->op : "leaf");
+                      shp(t), t->grad_fn ? op_name(t->grad_fn->op) : "leaf");
     if (!em_device_equal(g->device, t->device))
         return em_err(EM_ERR_DEVICE, "backward: gradient %s is on another device than tensor %s (op '%s')", shp(g),
-                      shp(t), t->grad_fn ? t->grad_fn->op : "leaf");
+                      shp(t), t->grad_fn ? op_name(t->grad_fn->op) : "leaf");
     bool leaf = !t->grad_fn;
     if (!t->grad && !leaf && g->dtype == t->dtype) {
         /* a non-leaf's first contribution is adopted, not copied: backward
@@ -298,7 +298,7 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
         n->out->grad = NULL; /* non-leaf grads are temporaries of this walk */
         n->out->grad_shared = false;
         s = n->backward(n, gout);
-        if (s != EM_OK && em_last_status() == EM_OK) em_err(s, "backward of '%s' failed", n->op);
+        if (s != EM_OK && em_last_status() == EM_OK) em_err(s, "backward of '%s' failed", op_name(n->op));
     }
     /* on failure, drop the temporaries the walk left behind */
     for (int64_t i = rn ? rn->index : -1; i >= 0; i--) {

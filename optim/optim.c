@@ -82,7 +82,7 @@ static em_status chk_params(const char *fn, const em_optimizer *o, int n, em_ten
                           em_dtype_name(t->dtype), shp(t));
         if (t->grad_fn)
             return em_err(EM_ERR_ARG, "%s: params[%d] %s%s is not a leaf (made by op '%s')", fn, i,
-                          em_dtype_name(t->dtype), shp(t), t->grad_fn->op);
+                          em_dtype_name(t->dtype), shp(t), op_name(t->grad_fn->op));
         if (!t->requires_grad)
             return em_err(EM_ERR_ARG, "%s: params[%d] %s%s does not require grad", fn, i,
                           em_dtype_name(t->dtype), shp(t));

@@ -185,12 +185,12 @@ bool op_begin(op_call *c, op_id op, int nin, tensor **in)
     return true;
 }
 
-bool op_begin_backward(op_call *c, const node *n, op_id op, int nin, tensor **in)
+bool op_begin_backward(op_call *c, const node *n, int nin, tensor **in)
 {
-    *c = (op_call){.op = op, .nin = nin, .in = in, .dev = em_device_cpu(), .saved = n->saved};
+    *c = (op_call){.op = n->op, .nin = nin, .in = in, .dev = em_device_cpu(), .saved = n->saved};
     memcpy(c->ip, n->ip, sizeof c->ip);
     memcpy(c->dp, n->dp, sizeof c->dp);
-    return t_same_device(n->op, nin, in, &c->dev) == EM_OK;
+    return t_same_device(op_name(n->op), nin, in, &c->dev) == EM_OK;
 }
 
 tensor *op_out(const op_call *c, em_dtype dt, int ndim, const int64_t *shape)
@@ -207,10 +207,11 @@ em_status op_run(const op_call *c, const op_kernels *k, tensor *out)
     return fn(c, out);
 }
 
-/* Appends a node `name` for out = c->op(c->in) to the tape. On failure out
- * is dropped here, so no op leaks it. */
-static node *record(const op_call *c, const char *name, backward_fn bw, tensor *out)
+/* Appends a node for out = c->op(c->in) to the tape. On failure out is
+ * dropped here, so no op leaks it. */
+static node *record(const op_call *c, backward_fn bw, tensor *out)
 {
+    const char *name = op_name(c->op);
     node *n = NULL;
     if (em_scope_depth() == 0)
         em_fail(EM_ERR_SCOPE,
@@ -233,7 +234,7 @@ static node *record(const op_call *c, const char *name, backward_fn bw, tensor *
         return NULL;
     }
     memset(n, 0, sizeof *n);
-    n->op = name;
+    n->op = c->op;
     n->backward = bw;
     n->nin = c->nin;
     n->in = (tensor **)(n + 1);
@@ -252,6 +253,6 @@ static node *record(const op_call *c, const char *name, backward_fn bw, tensor *
 tensor *op_end(op_call *c, tensor *out, backward_fn bw)
 {
     if (!out) return NULL;
-    if (c->record && !record(c, op_name(c->op), bw, out)) return NULL;
+    if (c->record && !record(c, bw, out)) return NULL;
     return out;
 }

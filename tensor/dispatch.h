@@ -99,7 +99,7 @@ tensor *op_end(op_call *c, tensor *out, backward_fn bw);
  * c->record false (backward runs with grad mode off). Then op_out and
  * op_run choose the backend's backward kernel as for a forward op. false +
  * EM_ERR_DEVICE when the tensors are on different devices. */
-bool op_begin_backward(op_call *c, const node *n, op_id op, int nin, tensor **in);
+bool op_begin_backward(op_call *c, const node *n, int nin, tensor **in);
 
 /* Hands g (t's shape, any strides and float dtype) to the autograd engine as
  * a contribution to t's gradient. No-op when t does not require grad. */

@@ -300,7 +300,7 @@ static em_status attention_backward(node *n, tensor *g)
 {
     tensor *q = n->in[0], *in[5] = {n->in[0], n->in[1], n->in[2], n->out, g};
     op_call c;
-    if (!op_begin_backward(&c, n, OP_ATTENTION, 5, in)) return em_last_status();
+    if (!op_begin_backward(&c, n, 5, in)) return em_last_status();
     attn_grads o = {.saved = n->saved};
     tensor *dq = op_out(&c, q->dtype, 4, q->shape);
     if (!dq || !(o.dk = op_out(&c, q->dtype, 4, q->shape)) || !(o.dv = op_out(&c, q->dtype, 4, q->shape)))

@@ -229,13 +229,13 @@ static em_status mask_grad_cuda(const op_call *call, tensor *out)
 
 static const op_kernels mask_grad_kernels = OP_KERNELS(mask_grad_cpu, mask_grad_cuda);
 
-/* For node n of op: g masked to where mask (broadcast to g) equals keep,
+/* For node n: g masked to where mask (broadcast to g) equals keep,
  * summed down to t's shape */
-static tensor *masked_grad(const node *n, op_id op, tensor *g, tensor *mask, bool keep, tensor *t)
+static tensor *masked_grad(const node *n, tensor *g, tensor *mask, bool keep, tensor *t)
 {
     tensor *in[2] = {g, mask};
     op_call c;
-    if (!op_begin_backward(&c, n, op, 2, in)) return NULL;
+    if (!op_begin_backward(&c, n, 2, in)) return NULL;
     c.ip[0] = keep; /* the kernels' parameter (this call's copy of the node's) */
     tensor *out = op_out(&c, g->dtype, g->ndim, g->shape);
     if (!out || op_run(&c, &mask_grad_kernels, out)) return NULL;
@@ -249,7 +249,7 @@ static em_status where_backward(node *n, tensor *g)
     for (int i = 1; i <= 2; i++) {
         tensor *x = n->in[i];
         if (!x->requires_grad) continue;
-        tensor *gx = masked_grad(n, OP_WHERE, g, cond, i == 1, x);
+        tensor *gx = masked_grad(n, g, cond, i == 1, x);
         if (!gx) return em_last_status();
         em_status s = op_grad(x, gx);
         if (s) return s;
@@ -280,7 +280,7 @@ static tensor *t_where(tensor *cond, tensor *a, tensor *b)
 static em_status masked_fill_backward(node *n, tensor *g)
 {
     tensor *a = n->in[0];
-    tensor *ga = masked_grad(n, OP_MASKED_FILL, g, n->in[1], false, a);
+    tensor *ga = masked_grad(n, g, n->in[1], false, a);
     return ga ? op_grad(a, ga) : em_last_status();
 }
 

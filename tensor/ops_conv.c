@@ -399,7 +399,7 @@ static em_status conv_backward(node *n, tensor *gout)
     tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     tensor *in[3] = {x, w, gout};
     op_call c;
-    if (!op_begin_backward(&c, n, OP_CONV2D, 3, in)) return em_last_status();
+    if (!op_begin_backward(&c, n, 3, in)) return em_last_status();
     conv_grads o = {NULL, NULL};
     tensor *dx = NULL;
     if ((x->requires_grad && !(dx = op_out(&c, x->dtype, x->ndim, x->shape))) ||
@@ -634,7 +634,7 @@ static em_status pool_backward(node *n, tensor *gout)
 {
     tensor *x = n->in[0];
     op_call c;
-    if (!op_begin_backward(&c, n, n->ip[3] ? OP_MAX_POOL2D : OP_AVG_POOL2D, 1, &gout))
+    if (!op_begin_backward(&c, n, 1, &gout))
         return em_last_status();
     tensor *dx = op_out(&c, x->dtype, x->ndim, x->shape);
     if (!dx) return em_last_status();

@@ -102,7 +102,7 @@ static const op_kernels dropout_grad_kernels = OP_KERNELS(dropout_grad_cpu, drop
 static em_status dropout_backward(node *n, tensor *g)
 {
     op_call c;
-    if (!op_begin_backward(&c, n, OP_DROPOUT, 1, &g)) return em_last_status();
+    if (!op_begin_backward(&c, n, 1, &g)) return em_last_status();
     tensor *gx = op_out(&c, g->dtype, g->ndim, g->shape);
     if (!gx) return em_last_status();
     em_status s = op_run(&c, &dropout_grad_kernels, gx);

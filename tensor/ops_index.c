@@ -274,14 +274,15 @@ static em_status index_add_cuda(const op_call *call, tensor *acc)
 
 static const op_kernels index_add_kernels = OP_KERNELS(index_add_cpu, index_add_cuda);
 
-/* The gradient of the selection node n (op) made from t = n->in[0] along
+/* The gradient of the selection node n made from t = n->in[0] along
  * dim n->ip[0] by idx = n->in[1], given the gradient g of the selection
- * (t's dims with dim d of idx's length). */
-static em_status index_add_backward(node *n, op_id op, tensor *g)
+ * (t's dims with dim d of idx's length): index_select's backward, an
+ * index_add of g into zeros(t) along dim. */
+static em_status index_add_backward(node *n, tensor *g)
 {
     tensor *t = n->in[0], *in[2] = {g, n->in[1]};
     op_call c;
-    if (!op_begin_backward(&c, n, op, 2, in)) return em_last_status();
+    if (!op_begin_backward(&c, n, 2, in)) return em_last_status();
     em_dtype ct = t->dtype == EM_F64 ? EM_F64 : EM_F32;
     tensor *acc = op_out(&c, ct, t->ndim, t->shape);
     if (!acc || op_run(&c, &index_add_kernels, acc)) return em_last_status();
@@ -289,15 +290,12 @@ static em_status index_add_backward(node *n, op_id op, tensor *g)
     return gx ? op_grad(t, gx) : em_last_status();
 }
 
-/* d index_select = index_add of g into zeros(t) along dim */
-static em_status select_backward(node *n, tensor *g) { return index_add_backward(n, OP_INDEX_SELECT, g); }
-
 /* d embedding: dW[idx[p]] += g[p]; g (...,C) seen as (P,C) (the node's ip[0] is 0) */
 static em_status embedding_backward(node *n, tensor *g)
 {
     int64_t shape[2] = {t_numel(n->in[1]), n->in[0]->shape[1]};
     tensor *g2 = t_reshape(g, 2, shape);
-    return g2 ? index_add_backward(n, OP_EMBEDDING, g2) : em_last_status();
+    return g2 ? index_add_backward(n, g2) : em_last_status();
 }
 
 static bool chk_index_dtype(const char *op, const tensor *idx)
@@ -325,7 +323,7 @@ static tensor *t_index_select(tensor *t, int dim, tensor *idx)
     tensor *out = op_out(&c, t->dtype, t->ndim, shape);
     c.ip[0] = d;
     if (!out || op_run(&c, &select_kernels, out)) return NULL;
-    return op_end(&c, out, select_backward); /* idx (i32) never requires grad */
+    return op_end(&c, out, index_add_backward); /* idx (i32) never requires grad */
 }
 
 static tensor *t_embedding(tensor *w, tensor *idx)
@@ -472,7 +470,7 @@ static em_status scatter_backward(node *n, tensor *g)
     if (!src->requires_grad) return EM_OK;
     tensor *in[2] = {index, g};
     op_call c;
-    if (!op_begin_backward(&c, n, OP_SCATTER_ADD, 2, in)) return em_last_status();
+    if (!op_begin_backward(&c, n, 2, in)) return em_last_status();
     tensor *gs = op_out(&c, g->dtype, index->ndim, index->shape);
     if (!gs) return em_last_status();
     s = op_run(&c, &gather_kernels, gs);

@@ -317,7 +317,7 @@ static em_status norm_backward(node *n, tensor *g)
     params_of(n->in, n->nin, n->ip, &w, &b);
     tensor *in[3] = {x, g, w};
     op_call c;
-    if (!op_begin_backward(&c, n, n->ip[0] ? OP_RMS_NORM : OP_LAYER_NORM, w ? 3 : 2, in))
+    if (!op_begin_backward(&c, n, w ? 3 : 2, in))
         return em_last_status();
     norm_grads o = {.stats = n->saved};
     tensor *dx = NULL;

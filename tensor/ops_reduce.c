@@ -498,7 +498,7 @@ static em_status ext_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0], *in[3] = {x, n->out, g};
     op_call c;
-    if (!op_begin_backward(&c, n, redop_ops[n->ip[1]], 3, in)) return em_last_status();
+    if (!op_begin_backward(&c, n, 3, in)) return em_last_status();
     tensor *gx = op_out(&c, x->dtype, x->ndim, x->shape);
     if (!gx) return em_last_status();
     em_status s = op_run(&c, &ext_grad_kernels, gx);

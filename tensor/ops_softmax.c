@@ -286,7 +286,7 @@ static em_status softmax_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0], *in[2] = {n->out, g};
     op_call c;
-    if (!op_begin_backward(&c, n, n->ip[1] ? OP_LOG_SOFTMAX : OP_SOFTMAX, 2, in)) return em_last_status();
+    if (!op_begin_backward(&c, n, 2, in)) return em_last_status();
     tensor *dx = op_out(&c, x->dtype, x->ndim, x->shape);
     if (!dx) return em_last_status();
     em_status s = op_run(&c, &softmax_grad_kernels, dx);

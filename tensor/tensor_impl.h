@@ -27,6 +27,7 @@
 #include "ember/tensor.h"
 #include "ember_config.h"
 #include "error_impl.h"
+#include "ops.h"
 #if EM_HAVE_CUDA
 #include "cuda_impl.h"
 #endif
@@ -82,7 +83,7 @@ struct tensor {
 typedef em_status (*backward_fn)(node *n, tensor *gout);
 
 struct node {
-    const char *op;
+    op_id op;          /* the op that recorded it (its name: op_name) */
     backward_fn backward;
     int nin;
     tensor **in;
