@@ -137,8 +137,8 @@ static bool kind_checks(op_call *c)
     switch (op_table[c->op].kind) {
     case OPK_BINARY:
     case OPK_COMPARE:
-        return chk_same_dtype(name, in[0], in[1]) &&
-               bcast_shape(name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &c->ndim, c->shape) == EM_OK;
+        if (!chk_same_dtype(name, in[0], in[1])) return false;
+        return bcast_shape(name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &c->ndim, c->shape) == EM_OK;
     case OPK_SOFTMAX:
     case OPK_NORM:
     case OPK_LOSS:
@@ -174,8 +174,9 @@ bool op_begin(op_call *c, op_id op, int nin, tensor **in)
     if (!op_autocast_inputs(op, nin, in)) return false;
     if (t_same_device(name, nin, in, &c->dev)) return false;
     if (c->dev.type == EM_CUDA && !(op_table[op].backends & OPB_CUDA)) {
-        em_fail(EM_ERR_DEVICE, "%s: no CUDA kernel for this op yet; its input is on cuda:%d (em_to(t, em_device_cpu()) "
-                               "moves it to the CPU)",
+        em_fail(EM_ERR_DEVICE,
+                "%s: no CUDA kernel for this op yet; its input is on cuda:%d (em_to(t, em_device_cpu()) "
+                "moves it to the CPU)",
                 name, c->dev.index);
         return false;
     }
@@ -202,8 +203,8 @@ em_status op_run(const op_call *c, const op_kernels *k, tensor *out)
 {
     op_kernel fn = c->dev.type == EM_CUDA ? k->cuda : k->cpu;
     if (!fn)
-        return em_err(EM_ERR_DEVICE, "%s: no kernel for %s tensors (the op list says there is one)", op_name(c->op),
-                      c->dev.type == EM_CUDA ? "CUDA" : "CPU");
+        return em_err(EM_ERR_DEVICE, "%s: no kernel for %s tensors (the op list says there is one)",
+                      op_name(c->op), c->dev.type == EM_CUDA ? "CUDA" : "CPU");
     return fn(c, out);
 }
 
@@ -228,7 +229,8 @@ static node *record(const op_call *c, backward_fn bw, tensor *out)
             em_fail(EM_ERR_OOM, "%s: out of memory growing the tape", name);
         }
     }
-    if (em_scope_depth() && tape_len < tape_cap) n = scope_alloc(sizeof *n + (size_t)c->nin * sizeof(tensor *));
+    if (em_scope_depth() && tape_len < tape_cap)
+        n = scope_alloc(sizeof *n + (size_t)c->nin * sizeof(tensor *));
     if (!n) {
         t_drop(out);
         return NULL;

@@ -41,8 +41,8 @@ typedef struct op_call {
     /* the elementwise kinds (BINARY, COMPARE): the inputs' broadcast shape */
     int ndim;
     int64_t shape[EM_MAX_DIMS];
-    bool record;   /* grad mode is on and an input requires grad: op_end will
-                    * record, so compute what backward needs */
+    bool record; /* grad mode is on and an input requires grad: op_end will
+                  * record, so compute what backward needs */
     /* the call's parameters: the kernel reads them, op_end copies them to
      * the node for backward */
     int64_t ip[8];
@@ -76,9 +76,15 @@ typedef struct op_kernels {
 /* The table of an op with both kernels: the CUDA one is named only in CUDA
  * builds (elsewhere it is not compiled, and no tensor is on a CUDA device). */
 #if EM_HAVE_CUDA
-#define OP_KERNELS(cpu_fn, cuda_fn) {.cpu = cpu_fn, .cuda = cuda_fn}
+#define OP_KERNELS(cpu_fn, cuda_fn)                                                                          \
+    {                                                                                                        \
+        .cpu = cpu_fn, .cuda = cuda_fn                                                                       \
+    }
 #else
-#define OP_KERNELS(cpu_fn, cuda_fn) {.cpu = cpu_fn}
+#define OP_KERNELS(cpu_fn, cuda_fn)                                                                          \
+    {                                                                                                        \
+        .cpu = cpu_fn                                                                                        \
+    }
 #endif
 
 /* Runs the kernel of c->dev's backend from k on out. EM_ERR_DEVICE naming
