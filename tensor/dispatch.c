@@ -138,7 +138,8 @@ static bool kind_checks(op_call *c)
     case OPK_BINARY:
     case OPK_COMPARE:
         if (!chk_same_dtype(name, in[0], in[1])) return false;
-        return bcast_shape(name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &c->ndim, c->shape) == EM_OK;
+        return bcast_shape(name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &c->ndim, c->shape) ==
+               EM_OK;
     case OPK_SOFTMAX:
     case OPK_NORM:
     case OPK_LOSS:
