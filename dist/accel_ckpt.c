@@ -78,7 +78,8 @@ em_status accel_ckpt_init(em_accelerator *a, const em_accel_config *cfg)
     em_status s;
     if (!a->auto_naming && (s = env_bool("EMBER_AUTOMATIC_CHECKPOINT_NAMING", &a->auto_naming))) return s;
     if (cfg->total_limit < 0)
-        return em_err(EM_ERR_ARG, "em_accelerator_new: total_limit %d must be >= 0 (0 keeps every checkpoint)",
+        return em_err(EM_ERR_ARG,
+                      "em_accelerator_new: total_limit %d must be >= 0 (0 keeps every checkpoint)",
                       cfg->total_limit);
     a->total_limit = cfg->total_limit;
     const char *v = getenv("EMBER_SAVE_TOTAL_LIMIT");
@@ -87,8 +88,8 @@ em_status accel_ckpt_init(em_accelerator *a, const em_accel_config *cfg)
         errno = 0;
         long x = strtol(v, &end, 10);
         if (errno || *end || x < 0 || x > INT_MAX)
-            return em_err(EM_ERR_ARG, "em_accelerator_new: EMBER_SAVE_TOTAL_LIMIT='%.64s' is not an integer >= 0",
-                          v);
+            return em_err(EM_ERR_ARG,
+                          "em_accelerator_new: EMBER_SAVE_TOTAL_LIMIT='%.64s' is not an integer >= 0", v);
         a->total_limit = (int)x;
     }
     if (a->auto_naming && !a->project_dir[0])
@@ -258,9 +259,8 @@ int em_accel_latest_checkpoint(const em_accelerator *a, char *buf, size_t n)
     }
     buf[0] = '\0';
     if (!a->project_dir[0]) {
-        em_err(EM_ERR_ARG,
-               "em_accel_latest_checkpoint: no project directory (em_accel_config.project_dir or "
-               "EMBER_PROJECT_DIR)");
+        em_err(EM_ERR_ARG, "em_accel_latest_checkpoint: no project directory (em_accel_config.project_dir or "
+                           "EMBER_PROJECT_DIR)");
         return -1;
     }
     char root[PATH_MAX], path[PATH_MAX];
@@ -280,10 +280,11 @@ int em_accel_latest_checkpoint(const em_accelerator *a, char *buf, size_t n)
 
 static em_status naming_off(const char *fn)
 {
-    return em_err(EM_ERR_ARG,
-                  "%s: the directory is NULL and automatic_checkpoint_naming is off (name a directory, or set "
-                  "project_dir and automatic_checkpoint_naming in em_accel_config)",
-                  fn);
+    return em_err(
+        EM_ERR_ARG,
+        "%s: the directory is NULL and automatic_checkpoint_naming is off (name a directory, or set "
+        "project_dir and automatic_checkpoint_naming in em_accel_config)",
+        fn);
 }
 
 /* Rank 0's plan for a save: the next N, and how many of the oldest go once
@@ -296,7 +297,8 @@ static em_status plan_save(em_accelerator *a, const char *root, int64_t **nums, 
     if (!s) s = list_numbers(root, nums, count, SAVE);
     if (s) return s;
     *next = *count ? (*nums)[*count - 1] + 1 : 0;
-    if (*next > 999999999999999999LL) return em_err(EM_ERR_IO, "%s: %s: checkpoint numbers are exhausted", SAVE, root);
+    if (*next > 999999999999999999LL)
+        return em_err(EM_ERR_IO, "%s: %s: checkpoint numbers are exhausted", SAVE, root);
     *nremove = a->total_limit > 0 && *count + 1 > a->total_limit ? *count + 1 - a->total_limit : 0;
     for (int i = 0; i < *nremove && !s; i++) {
         char path[PATH_MAX];
@@ -304,10 +306,11 @@ static em_status plan_save(em_accelerator *a, const char *root, int64_t **nums, 
         if ((s = ckpt_check_removable(path, SAVE))) {
             char msg[768];
             snprintf(msg, sizeof msg, "%s", em_last_error());
-            s = em_err(EM_ERR_IO,
-                       "%s; total_limit %d would remove it after this save, so nothing was saved (move it out "
-                       "of %s)",
-                       msg, a->total_limit, root);
+            s = em_err(
+                EM_ERR_IO,
+                "%s; total_limit %d would remove it after this save, so nothing was saved (move it out "
+                "of %s)",
+                msg, a->total_limit, root);
         }
     }
     return s;
@@ -349,8 +352,9 @@ em_status accel_load_auto(em_accelerator *a)
     em_status s = from_rank0(a, plan);
     if (s) return s;
     if (plan[0] < 0)
-        return a->rank == 0 ? em_set_error(EM_ERR_IO, "%s", msg)
-                            : em_err(EM_ERR_DIST, "%s: rank 0 cannot read %s (its error says why)", LOAD, root);
+        return a->rank == 0
+                   ? em_set_error(EM_ERR_IO, "%s", msg)
+                   : em_err(EM_ERR_DIST, "%s: rank 0 cannot read %s (its error says why)", LOAD, root);
     if (plan[0] == 0)
         return em_err(EM_ERR_IO,
                       "%s: no complete checkpoint in %s (automatic naming loads the newest checkpoint_N "
@@ -396,7 +400,8 @@ static em_status write_index(const char *path, int n, const em_named *v, char (*
     }
     jb_puts(&b, "  }\n}\n");
     free(p);
-    em_status s = b.oom ? em_err(EM_ERR_OOM, MODEL ": out of memory") : file_write_atomic(path, b.p, b.len, MODEL);
+    em_status s =
+        b.oom ? em_err(EM_ERR_OOM, MODEL ": out of memory") : file_write_atomic(path, b.p, b.len, MODEL);
     if (!s) *sum = (file_sum){.size = b.len, .crc = file_crc32(0, b.p, b.len)};
     free(b.p);
     return s;
@@ -500,9 +505,13 @@ em_status em_accel_save_model(em_accelerator *a, em_module *model, const char *d
     em_save_model_config c = cfg ? *cfg : (em_save_model_config){0};
     em_status s = EM_OK;
     if (!model || !dir || !*dir)
-        s = em_err(EM_ERR_ARG, MODEL ": %s", !model ? "model is NULL" : !dir ? "dir is NULL" : "dir is empty");
+        s = em_err(EM_ERR_ARG, MODEL ": %s",
+                   !model ? "model is NULL"
+                   : !dir ? "dir is NULL"
+                          : "dir is empty");
     else if (c.max_shard_size < 0)
-        s = em_err(EM_ERR_ARG, MODEL ": max_shard_size %" PRId64 " must be >= 0 (0 = one file)", c.max_shard_size);
+        s = em_err(EM_ERR_ARG, MODEL ": max_shard_size %" PRId64 " must be >= 0 (0 = one file)",
+                   c.max_shard_size);
     else if (c.dtype != EM_F32 && c.dtype != EM_F16 && c.dtype != EM_BF16)
         s = em_err(EM_ERR_ARG, MODEL ": dtype %s: want f32 (as held), f16 or bf16", em_dtype_name(c.dtype));
     if (!s && a->rank == 0) s = save_model_main(a, model, dir, &c);
