@@ -257,8 +257,8 @@ em_status ckpt_check_removable(const char *dir, const char *fn)
     }
     closedir(d);
     if (other[0])
-        return em_err(EM_ERR_IO, "%s: %s holds '%s', which is not a checkpoint file, so it is not removed", fn,
-                      dir, other);
+        return em_err(EM_ERR_IO, "%s: %s holds '%s', which is not a checkpoint file, so it is not removed",
+                      fn, dir, other);
     return EM_OK;
 }
 
