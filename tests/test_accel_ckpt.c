@@ -610,3 +610,35 @@ TEST(test_save_model_on_two_ranks_writes_the_main_process_model_once)
     make_base(base, sizeof base);
     TH_RANKS_ENV(2, two_rank_save_model, base);
 }
+
+/* ---- ember train --save-total-limit ---------------------------------------------- */
+
+TEST(test_train_save_total_limit_keeps_the_newest_checkpoints_and_resume_auto_takes_the_newest)
+{
+    clean_env();
+    char base[64], txt[128], out[128], root[160];
+    make_base(base, sizeof base);
+    snprintf(txt, sizeof txt, "%s/corpus.txt", base);
+    FILE *f = fopen(txt, "w");
+    CHECK(f != NULL);
+    for (int i = 0; i < 200; i++) fputs("the cat sat on the mat. the dog sat on the log.\n", f);
+    fclose(f);
+    snprintf(out, sizeof out, "%s/run", base);
+    snprintf(root, sizeof root, "%s/checkpoints", out);
+#define TRAIN(iters)                                                                                         \
+    th_run(EMBER_BUILD_DIR "/ember", "train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2",  \
+           "--embd", "16", "--block", "8", "--batch", "4", "--iters", iters, "--eval-every", "2",            \
+           "--eval-iters", "1", "--warmup", "1", "--save-total-limit", "2", "--resume", "auto", NULL)
+    th_run_result *r = TRAIN("6"); /* saves at steps 0, 2, 4, 6 */
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->out, "no checkpoint in") != NULL);
+    CHECK_LISTING(root, "checkpoint_2 checkpoint_3");
+    CHECK_LISTING(out, "checkpoints config metrics.jsonl model.safetensors");
+    r = TRAIN("8");
+    CHECK_EXIT(r, 0);
+    char want[256];
+    snprintf(want, sizeof want, "resuming at step 6 from %s/checkpoint_3", root);
+    if (!strstr(r->out, want)) th_fail(__FILE__, __LINE__, "output lacks \"%s\":\n%s", want, r->out);
+    CHECK_LISTING(root, "checkpoint_3 checkpoint_4");
+#undef TRAIN
+}
