@@ -259,7 +259,9 @@ em_status em_precision_parse(const char *s, em_precision_kind *out);
  * file (`ember config` writes it: $XDG_CONFIG_HOME/ember/default_config.yaml,
  * else ~/.config/ember/default_config.yaml; EMBER_CONFIG_FILE names another),
  * the environment (EMBER_GRAD_ACCUM, EMBER_MIXED_PRECISION, EMBER_SPLIT_
- * BATCHES, EMBER_EVEN_BATCHES, EMBER_TIMEOUT, plus the launcher's), and the
+ * BATCHES, EMBER_EVEN_BATCHES, EMBER_TIMEOUT, plus the launcher's; the
+ * project settings from EMBER_PROJECT_DIR, EMBER_AUTOMATIC_CHECKPOINT_NAMING
+ * and EMBER_SAVE_TOTAL_LIMIT, which the config file does not hold), and the
  * non-zero fields of the em_accel_config given in code. */
 typedef struct em_accel_config {
     int grad_accum;               /* micro-batches per optimizer step; 0 = config/env, else 1 */
@@ -444,7 +446,9 @@ bool em_accel_check_trigger(em_accelerator *a, em_status *status);
  *  - a checkpoint saved mid-accumulation (micro-step != 0) is refused
  *    (EM_ERR_ARG): its partial gradients were summed per rank.
  * Errors for what stays impossible say what the checkpoint has and what
- * this run has. */
+ * this run has.
+ *
+ * dir NULL: automatic naming (PROJECT/checkpoints/checkpoint_N, below). */
 em_status em_accel_save_state(em_accelerator *a, const char *dir);
 em_status em_accel_load_state(em_accelerator *a, const char *dir);
 
