@@ -552,6 +552,27 @@ TEST(test_save_model_writes_bf16_when_asked_and_leaves_integer_buffers_alone)
     em_module_free(m);
 }
 
+TEST(test_save_model_under_bf16_mixed_precision_writes_the_f32_master_weights)
+{
+    clean_env();
+    char base[64], dir[128];
+    make_base(base, sizeof base);
+    snprintf(dir, sizeof dir, "%s/model", base);
+    em_module *m = make_model(3);
+    em_accelerator *a = em_accelerator_new(&(em_accel_config){.mixed_precision = EM_PREC_BF16});
+    CHECK_NOTNULL(a);
+    CHECK_OK(em_accel_prepare(a, m, NULL, NULL, NULL)); /* autocast on in this thread from here */
+    CHECK_OK(em_accel_save_model(a, m, dir, NULL));
+    int64_t at = 0, total = 0;
+    const char *path = th_path(dir, "model.safetensors");
+    jval h = check_safetensors(path, &at, &total);
+    CHECK(!strcmp(json_get(json_get(&h, "big"), "dtype")->s, "F32"));
+    check_values(path, &h, at, "big", em_module_find(m, "big"));
+    json_free(&h);
+    em_accelerator_free(a);
+    em_module_free(m);
+}
+
 TEST(test_save_model_refuses_a_directory_holding_other_files)
 {
     clean_env();
