@@ -40,6 +40,17 @@ struct em_accelerator {
     bool sync;         /* sync_gradients of the current micro-step */
     bool end_of_data;  /* the last em_accel_next returned the epoch's last batch */
     bool trigger;
+    /* trackers (dist/accel_track.c) */
+    int log_with;        /* em_accel_config's, else EMBER_LOG_WITH */
+    char *logging_dir;   /* owned; NULL = the trackers' default */
+    em_tracker *tracker; /* main process, between init_trackers and end_training */
+    bool trackers_on;    /* every rank: init_trackers was called, end_training not yet */
 };
+
+/* dist/accel_track.c: em_accelerator_new's part (the config's log_with /
+ * logging_dir, EMBER_LOG_WITH; EM_ERR_ARG naming a bad one) and
+ * em_accelerator_free's (closes what is open). */
+em_status accel_trackers_setup(em_accelerator *a, const em_accel_config *cfg);
+void accel_trackers_free(em_accelerator *a);
 
 #endif
