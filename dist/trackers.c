@@ -18,7 +18,13 @@
  *     Value   { string tag = 1; float simple_value = 2; }
  *
  * The first record names the file's version ("brain.Event:2"); each
- * em_tracker_log call is one Event whose Summary holds its metrics.
+ * em_tracker_log call is one Event whose Summary holds its metrics. A run
+ * that continues an earlier one (cfg->append) puts an Event with
+ * SessionLog session_log = 7 { status = 1 (START) } at the step of its
+ * first record before it: TensorBoard then discards what the run's earlier
+ * files hold from that step on (what a killed run logged after the
+ * checkpoint it is resumed from), as it does for a restarted TensorFlow
+ * job.
  *
  * Each record (and each JSON line) is built in memory and handed to the
  * kernel with one write(2) before the call returns, so a process that dies
@@ -45,6 +51,7 @@ struct em_tracker {
     int fd[2];     /* [0] TensorBoard, [1] JSONL; -1 when not written */
     off_t size[2]; /* bytes of whole records in each file */
     char *path[2];
+    bool restart; /* TensorBoard, cfg->append: a SessionLog START goes before the first record */
 };
 
 /* ---- CRC-32C ------------------------------------------------------------------ */
@@ -136,6 +143,21 @@ static size_t value_len(const em_metric *m)
 {
     size_t tag = strlen(m->tag);
     return 1 + varint_len(tag) + tag + 1 + 4; /* tag = 1, simple_value = 2 */
+}
+
+/* Event{wall_time, step, session_log{status: START}} */
+static void put_start_event(buf *b, double wall_time, int64_t step)
+{
+    uint64_t wt;
+    memcpy(&wt, &wall_time, sizeof wt);
+    put_key(b, 1, WT_FIXED64);
+    put_le(b, wt, 8);
+    put_key(b, 2, WT_VARINT);
+    put_varint(b, (uint64_t)step);
+    put_key(b, 7, WT_BYTES); /* session_log */
+    put_varint(b, 2);
+    put_key(b, 1, WT_VARINT); /* status = START */
+    put_varint(b, 1);
 }
 
 /* Event{wall_time, step, file_version or summary{value[i] = {tag, simple_value}}} */
@@ -413,6 +435,7 @@ em_tracker *em_tracker_open(const char *run_name, const em_tracker_config *cfg)
     em_status s = EM_OK;
     if ((t->log_with & EM_TRACK_TENSORBOARD) || !cfg->jsonl_path) s = make_dirs(dir, fn);
     if (!s && (t->log_with & EM_TRACK_TENSORBOARD)) s = open_tensorboard(t, dir, fn);
+    t->restart = cfg->append;
     if (!s && (t->log_with & EM_TRACK_JSONL)) {
         if (cfg->jsonl_path) {
             s = open_jsonl(t, cfg->jsonl_path, cfg->append, fn);
@@ -441,9 +464,16 @@ em_status em_tracker_log(em_tracker *t, int64_t step, int n, const em_metric *m)
     if (s || n == 0) return s;
     if (t->fd[0] >= 0) {
         buf b = {0}, rec = {0};
-        put_event(&b, wall_clock(), step, NULL, n, m);
+        double now = wall_clock();
+        if (t->restart) { /* both records in one write */
+            put_start_event(&b, now, step);
+            put_record(&rec, b.p, b.n);
+            b.n = 0;
+        }
+        put_event(&b, now, step, NULL, n, m);
         put_record(&rec, b.p, b.n);
         s = b.oom || rec.oom ? em_err(EM_ERR_OOM, "%s: out of memory", fn) : append(t, 0, rec.p, rec.n, fn);
+        if (!s) t->restart = false;
         free(b.p);
         free(rec.p);
     }

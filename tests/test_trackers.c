@@ -47,6 +47,7 @@ typedef struct tb_event {
     double wall_time;
     int64_t step;
     char file_version[64];
+    int session_status; /* SessionLog.status, 0 when the Event has none */
     int nvalues;
     char tag[MAXV][64];
     float value[MAXV];
@@ -145,6 +146,14 @@ static bool decode_event(const unsigned char *p, const unsigned char *end, tb_ev
         else if (num == 3 && wire == 2 && n < sizeof e->file_version) {
             memcpy(e->file_version, d, n);
             e->file_version[n] = 0;
+        } else if (num == 7 && wire == 2) {
+            const unsigned char *q = d;
+            int sn, sw;
+            uint64_t sv = 0;
+            const unsigned char *sd = NULL;
+            size_t sl = 0;
+            if (!field(&q, d + n, &sn, &sw, &sv, &sd, &sl) || sn != 1 || sw != 0 || q != d + n) return false;
+            e->session_status = (int)sv;
         } else if (num == 5 && wire == 2) {
             const unsigned char *q = d, *qend = d + n;
             while (q < qend) { /* Summary: repeated Value value = 1 */
@@ -336,6 +345,29 @@ TEST(test_tracker_event_files_of_one_run_get_distinct_names)
     CHECK_OK(em_tracker_close(a));
     CHECK_OK(em_tracker_close(b));
     CHECK(count_event_files(th_path(dir, "same")) == 2);
+}
+
+/* A resumed run's event file starts its records with SessionLog START at
+ * the first logged step (TensorBoard then drops the earlier files' records
+ * from that step on); only once. */
+TEST(test_tracker_tensorboard_append_marks_a_restart_at_the_first_step)
+{
+    char *dir = tmpdir();
+    em_tracker *t = em_tracker_open(
+        "r", &(em_tracker_config){.log_with = EM_TRACK_TENSORBOARD, .logging_dir = dir, .append = true});
+    CHECK_NOTNULL(t);
+    CHECK_OK(em_tracker_log(t, 11, 1, (em_metric[]){{"loss", 1}}));
+    CHECK_OK(em_tracker_log(t, 12, 1, (em_metric[]){{"loss", 2}}));
+    char path[512], why[256];
+    snprintf(path, sizeof path, "%s", em_tracker_path(t, EM_TRACK_TENSORBOARD));
+    CHECK_OK(em_tracker_close(t));
+    tb_event ev[8];
+    int n = read_events(path, ev, 8, why, sizeof why);
+    if (n != 4) th_fail(__FILE__, __LINE__, "%d events (%s), want 4", n, why);
+    CHECK(ev[0].session_status == 0 && !strcmp(ev[0].file_version, "brain.Event:2"));
+    CHECK(ev[1].session_status == 1 && ev[1].step == 11 && ev[1].nvalues == 0); /* START */
+    CHECK(ev[2].session_status == 0 && ev[2].step == 11 && ev[2].value[0] == 1.0f);
+    CHECK(ev[3].session_status == 0 && ev[3].step == 12 && ev[3].value[0] == 2.0f);
 }
 
 /* ---- JSONL ----------------------------------------------------------------------- */

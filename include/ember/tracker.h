@@ -52,12 +52,16 @@ typedef struct em_metric {
 typedef struct em_tracker_config {
     int log_with;            /* EM_TRACK_* flags; at least one */
     const char *logging_dir; /* NULL or "": "runs"; created (with parents) if missing */
-    /* JSONL only: the file to write instead of LOGDIR/RUN/metrics.jsonl
-     * (its directory must exist), and whether to keep the records it holds
-     * and add after them (a resumed run) rather than start it empty. When
-     * appending, a last line without its newline (a record cut by a crash)
-     * is dropped first. */
+    /* The JSONL file to write instead of LOGDIR/RUN/metrics.jsonl (its
+     * directory must exist). */
     const char *jsonl_path;
+    /* This run continues an earlier one (a resumed run). JSONL: the records
+     * the file holds stay and new ones follow them (a last line without its
+     * newline, a record cut by a crash, is dropped first); otherwise the
+     * file starts empty. TensorBoard: the first record logged is preceded
+     * by a SessionLog START event at its step, so TensorBoard discards what
+     * the run's earlier event files hold from that step on (what a killed
+     * run logged after the checkpoint this one resumes from). */
     bool append;
 } em_tracker_config;
 
