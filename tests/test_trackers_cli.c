@@ -78,14 +78,17 @@ static void check_svg_shape(const char *svg)
     CHECK(count(svg, "<text") == count(svg, "</text>"));
 }
 
-static const char metrics[] =
-    "{\"step\": 0, \"train_loss\": 4.2, \"val_loss\": 4.25}\n"
-    "{\"step\": 10, \"loss\": 3.9, \"lr\": 0.0005, \"grad_norm\": 1.5, \"ms_per_step\": 2.1, \"tokens_per_s\": 900}\n"
-    "{\"step\": 20, \"loss\": 3.5, \"lr\": 0.001, \"grad_norm\": 1.2, \"ms_per_step\": 2.0, \"tokens_per_s\": 950}\n"
-    "{\"step\": 20, \"train_loss\": 3.4, \"val_loss\": 3.6}\n"
-    "{\"step\": 30, \"loss\": 3.1, \"lr\": 0.0009, \"grad_norm\": 1.1, \"ms_per_step\": 2.0, \"tokens_per_s\": 950}\n"
-    "{\"step\": 40, \"loss\": 2.9, \"lr\": 0.0007, \"grad_norm\": 1.0, \"ms_per_step\": 2.0, \"tokens_per_s\": 950}\n"
-    "{\"step\": 40, \"train_loss\": 2.8, \"val_loss\": 3.0}\n";
+static const char metrics[] = "{\"step\": 0, \"train_loss\": 4.2, \"val_loss\": 4.25}\n"
+                              "{\"step\": 10, \"loss\": 3.9, \"lr\": 0.0005, \"grad_norm\": 1.5, "
+                              "\"ms_per_step\": 2.1, \"tokens_per_s\": 900}\n"
+                              "{\"step\": 20, \"loss\": 3.5, \"lr\": 0.001, \"grad_norm\": 1.2, "
+                              "\"ms_per_step\": 2.0, \"tokens_per_s\": 950}\n"
+                              "{\"step\": 20, \"train_loss\": 3.4, \"val_loss\": 3.6}\n"
+                              "{\"step\": 30, \"loss\": 3.1, \"lr\": 0.0009, \"grad_norm\": 1.1, "
+                              "\"ms_per_step\": 2.0, \"tokens_per_s\": 950}\n"
+                              "{\"step\": 40, \"loss\": 2.9, \"lr\": 0.0007, \"grad_norm\": 1.0, "
+                              "\"ms_per_step\": 2.0, \"tokens_per_s\": 950}\n"
+                              "{\"step\": 40, \"train_loss\": 2.8, \"val_loss\": 3.0}\n";
 
 TEST(test_cli_plot_draws_a_path_per_series_with_a_point_per_record)
 {
@@ -109,8 +112,8 @@ TEST(test_cli_plot_draws_a_path_per_series_with_a_point_per_record)
         if (!d) th_fail(__FILE__, __LINE__, "no path for %s", want[i].tag);
         int moves = 0, got = points_in(d, &moves);
         if (got != want[i].points || moves != 1)
-            th_fail(__FILE__, __LINE__, "%s: %d points in %d pieces, want %d in 1: %s", want[i].tag, got, moves,
-                    want[i].points, d);
+            th_fail(__FILE__, __LINE__, "%s: %d points in %d pieces, want %d in 1: %s", want[i].tag, got,
+                    moves, want[i].points, d);
         free(d);
     }
     CHECK(path_of(svg, "grad_norm") == NULL); /* neither a loss nor a learning rate */
@@ -125,7 +128,8 @@ TEST(test_cli_plot_uses_a_log_scale_when_the_loss_spans_more_than_a_decade)
     char *dir = tmpdir();
     char in[128];
     snprintf(in, sizeof in, "%s/m.jsonl", dir);
-    write_text(in, "{\"step\": 0, \"loss\": 9.0}\n{\"step\": 1, \"loss\": 0.5}\n{\"step\": 2, \"loss\": 0.2}\n");
+    write_text(in,
+               "{\"step\": 0, \"loss\": 9.0}\n{\"step\": 1, \"loss\": 0.5}\n{\"step\": 2, \"loss\": 0.2}\n");
     th_run_result *r = run_ember("plot", in, "--title", "a <run> & more", NULL);
     CHECK_EXIT(r, 0);
     size_t n;
@@ -205,12 +209,12 @@ TEST(test_cli_plot_names_the_line_that_is_not_a_record)
     snprintf(in, sizeof in, "%s/m.jsonl", dir);
     const char *bad[] = {
         "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": }\n",    /* no value */
-        "{\"step\": 1, \"loss\": 2}\n{\"loss\": 2}\n",                 /* no step */
-        "{\"step\": 1, \"loss\": 2}\n{\"step\": 1.5, \"loss\": 2}\n",  /* a fractional step */
-        "{\"step\": 1, \"loss\": 2}\n[1, 2]\n",                        /* not an object */
-        "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": 2} x\n",   /* text after it */
-        "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": 2\n",     /* cut short */
-        "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": inf}\n",  /* not JSON */
+        "{\"step\": 1, \"loss\": 2}\n{\"loss\": 2}\n",                /* no step */
+        "{\"step\": 1, \"loss\": 2}\n{\"step\": 1.5, \"loss\": 2}\n", /* a fractional step */
+        "{\"step\": 1, \"loss\": 2}\n[1, 2]\n",                       /* not an object */
+        "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": 2} x\n", /* text after it */
+        "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": 2\n",    /* cut short */
+        "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": inf}\n", /* not JSON */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_text(in, bad[i]);
@@ -250,8 +254,8 @@ static void make_corpus(const char *dir, char *txt, size_t n)
     CHECK(fclose(f) == 0);
 }
 
-#define TINY_RUN                                                                                                   \
-    "--layers", "1", "--heads", "2", "--embd", "16", "--block", "8", "--batch", "4", "--iters", "20",              \
+#define TINY_RUN                                                                                             \
+    "--layers", "1", "--heads", "2", "--embd", "16", "--block", "8", "--batch", "4", "--iters", "20",        \
         "--eval-every", "10", "--eval-iters", "2", "--log-every", "5"
 
 static int event_files(const char *dir)

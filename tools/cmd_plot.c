@@ -123,9 +123,10 @@ static bool string(lexer *L, char *out, size_t cap)
                 for (int k = 0; k < 4; k++, L->p++) {
                     if (L->p >= L->end) return fail(L, "short \\u escape");
                     char h = *L->p;
-                    int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                                         : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                                                                : -1;
+                    int d = h >= '0' && h <= '9'   ? h - '0'
+                            : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                            : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                                   : -1;
                     if (d < 0) return fail(L, "bad \\u escape");
                     v = v * 16 + (unsigned)d;
                 }
@@ -333,10 +334,7 @@ static double frac(const axis *a, double v)
     return (t - a->lo) / (a->hi - a->lo);
 }
 
-static void fmt_tick(char *out, size_t cap, double v)
-{
-    snprintf(out, cap, "%.4g", v);
-}
+static void fmt_tick(char *out, size_t cap, double v) { snprintf(out, cap, "%.4g", v); }
 
 /* ---- the picture -------------------------------------------------------------------- */
 
@@ -384,20 +382,23 @@ static void draw_panel(FILE *f, const panel *p, const axis *x, bool xlabels, boo
 {
     /* frame, grid and tick labels */
     fprintf(f, "<g class=\"panel\">\n");
-    fprintf(f, "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"#fbfbfd\" stroke=\"#c8c8d0\"/>\n", ML,
-            p->top, W - ML - MR, p->bottom - p->top);
+    fprintf(f,
+            "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" fill=\"#fbfbfd\" stroke=\"#c8c8d0\"/>\n",
+            ML, p->top, W - ML - MR, p->bottom - p->top);
     char t[32];
     for (int i = 0; i < p->y.nticks; i++) {
         double v = p->y.ticks[i], y = px_y(p, v);
         if (y < p->top - 0.5 || y > p->bottom + 0.5) continue;
-        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#e4e4ea\"/>\n", ML, y, W - MR, y);
+        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#e4e4ea\"/>\n", ML, y, W - MR,
+                y);
         fmt_tick(t, sizeof t, v);
-        fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\" class=\"tick\">%s</text>\n", ML - 8, y + 4, t);
+        fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\" class=\"tick\">%s</text>\n", ML - 8, y + 4,
+                t);
     }
     for (int i = 0; i < x->nticks; i++) {
         double xx = px_x(x, x->ticks[i]);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4ea\"/>\n", xx, p->top, xx,
-                p->bottom);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4ea\"/>\n", xx, p->top,
+                xx, p->bottom);
         if (xlabels) {
             fmt_tick(t, sizeof t, x->ticks[i]);
             fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" class=\"tick\">%s</text>\n", xx,
@@ -413,14 +414,15 @@ static void draw_panel(FILE *f, const panel *p, const axis *x, bool xlabels, boo
     static int clip_id;
     clip_id++;
     /* (a marker on the frame shows whole) */
-    fprintf(f, "<clipPath id=\"clip%d\"><rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\"/></clipPath>\n",
+    fprintf(f,
+            "<clipPath id=\"clip%d\"><rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%.1f\"/></clipPath>\n",
             clip_id, ML - 5, p->top - 5, W - ML - MR + 10, p->bottom - p->top + 10);
     fprintf(f, "<g clip-path=\"url(#clip%d)\">\n", clip_id);
     int order[16]; /* thin lines first, so the bold ones stay on top */
     for (int k = 0; k < p->n; k++) order[k] = k;
     for (int a = 1; a < p->n; a++)
         for (int b = a; b > 0 && style_of(p->s[order[b - 1]]->tag, order[b - 1]).width >
-                                      style_of(p->s[order[b]]->tag, order[b]).width;
+                                     style_of(p->s[order[b]]->tag, order[b]).width;
              b--) {
             int tmp = order[b];
             order[b] = order[b - 1];
@@ -432,8 +434,8 @@ static void draw_panel(FILE *f, const panel *p, const axis *x, bool xlabels, boo
         style st = style_of(s->tag, k);
         fprintf(f, "<path class=\"series\" data-tag=\"");
         xml_text(f, s->tag);
-        fprintf(f, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" stroke-linejoin=\"round\" d=\"", st.color,
-                st.width);
+        fprintf(f, "\" fill=\"none\" stroke=\"%s\" stroke-width=\"%.1f\" stroke-linejoin=\"round\" d=\"",
+                st.color, st.width);
         bool pen = false;
         for (int i = 0; i < s->n; i++) {
             if (isnan(s->y[i]) || (p->y.log && !(s->y[i] > 0))) {
@@ -473,7 +475,9 @@ static void draw_panel(FILE *f, const panel *p, const axis *x, bool xlabels, boo
         for (int k = 0; k < p->n; k++) {
             style st = style_of(p->s[k]->tag, k);
             double yy = ly + 15 + 20.0 * k;
-            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"%.1f\"/>\n",
+            fprintf(f,
+                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+                    "stroke-width=\"%.1f\"/>\n",
                     lx + 10, yy, lx + 36, yy, st.color, st.width + 0.6);
             fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" class=\"legend\">", lx + 44, yy + 4);
             xml_text(f, st.label);
@@ -541,12 +545,13 @@ static bool sort_series(series *s)
 
 static int usage(FILE *f)
 {
-    fprintf(f, "usage: ember plot METRICS.jsonl [-o OUT.svg] [--tags T1,T2,...] [--title TEXT]\n"
-               "  draws the loss series (tags with \"loss\" in their name, or --tags) and the learning rate\n"
-               "  (\"lr\") against \"step\" from JSON lines as `ember train` and the JSONL tracker write them\n"
-               "  -o OUT.svg      where the picture goes (default: METRICS with .svg for .jsonl)\n"
-               "  --tags LIST     the series of the upper panel, comma-separated\n"
-               "  --title TEXT    the title (default: the metrics file's name)\n");
+    fprintf(f,
+            "usage: ember plot METRICS.jsonl [-o OUT.svg] [--tags T1,T2,...] [--title TEXT]\n"
+            "  draws the loss series (tags with \"loss\" in their name, or --tags) and the learning rate\n"
+            "  (\"lr\") against \"step\" from JSON lines as `ember train` and the JSONL tracker write them\n"
+            "  -o OUT.svg      where the picture goes (default: METRICS with .svg for .jsonl)\n"
+            "  --tags LIST     the series of the upper panel, comma-separated\n"
+            "  --title TEXT    the title (default: the metrics file's name)\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -610,10 +615,11 @@ int cmd_plot(int argc, char **argv)
     if (tags) top.ylabel = "value";
     bool have_top = !rc && panel_axis(&top, true), have_bot = !rc && panel_axis(&bot, false);
     if (!rc && !have_top && !have_bot) {
-        fprintf(stderr, "ember plot: %s has no numbers to draw: %s\n", in,
-                tags ? "none of the --tags series has a value"
-                     : "no loss series (a tag with \"loss\" in its name) and no learning rate (\"lr\"); name the "
-                       "series with --tags");
+        fprintf(
+            stderr, "ember plot: %s has no numbers to draw: %s\n", in,
+            tags ? "none of the --tags series has a value"
+                 : "no loss series (a tag with \"loss\" in its name) and no learning rate (\"lr\"); name the "
+                   "series with --tags");
         rc = 1;
     }
     if (rc) {

@@ -83,9 +83,9 @@ static int usage(FILE *f)
             "  --bytes                                    byte vocabulary instead of the file's characters\n"
             "  --no-bias                                  no biases in Linear and LayerNorm\n"
             "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n"
-            "  --log-with tensorboard|jsonl|all|none      trackers besides OUT/metrics.jsonl (always written):\n"
-            "                                             tensorboard writes event files to LOGDIR/<name of\n"
-            "                                             OUT> for `tensorboard --logdir LOGDIR` (default:\n"
+            "  --log-with tensorboard|jsonl|all|none      trackers beside OUT/metrics.jsonl (always written):\n"
+            "                                             tensorboard: event files in LOGDIR/<name of OUT>\n"
+            "                                             for `tensorboard --logdir LOGDIR` (default:\n"
             "                                             EMBER_LOG_WITH, else none)\n"
             "  --logging-dir LOGDIR                       (default OUT/runs)\n");
     return f == stderr ? 2 : 0;
@@ -179,7 +179,9 @@ static int parse_args(int argc, char **argv, train_opts *o)
         else if (!strcmp(f, "--log-with")) {
             ok = em_tracker_parse(v, &o->log_with) == EM_OK;
             o->log_with_set = true;
-            if (!ok) fprintf(stderr, "ember train: --log-with needs tensorboard, jsonl, all or none, got '%s'\n", v);
+            if (!ok)
+                fprintf(stderr, "ember train: --log-with needs tensorboard, jsonl, all or none, got '%s'\n",
+                        v);
         } else if (!strcmp(f, "--logging-dir"))
             o->logging_dir = v;
         else if (!strcmp(f, "--gelu")) {
@@ -567,7 +569,8 @@ static em_status init_trackers(run *r)
     const char *base = o->out + n;
     while (base > o->out && base[-1] != '/') base--;
     snprintf(r->run_name, sizeof r->run_name, "%.*s", (int)(o->out + n - base), base);
-    if (!strcmp(r->run_name, ".") || !strcmp(r->run_name, "..") || !strcmp(r->run_name, "/") || !r->run_name[0])
+    if (!r->run_name[0] || !strcmp(r->run_name, ".") || !strcmp(r->run_name, "..") ||
+        !strcmp(r->run_name, "/"))
         snprintf(r->run_name, sizeof r->run_name, "train");
     return em_accel_init_trackers(r->acc, r->run_name,
                                   &(em_tracker_config){.log_with = EM_TRACK_JSONL | o->log_with,
@@ -735,10 +738,12 @@ int cmd_train(int argc, char **argv)
     if (s)
         fprintf(stderr, "%sember train: %s\n", tty ? "\n" : "", em_last_error());
     else if (r.main) {
-        printf("ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl, %s/state",
+        printf("ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl, "
+               "%s/state",
                now() - t_start, o->out, o->out, o->out, o->out);
         if (o->log_with & EM_TRACK_TENSORBOARD)
-            printf(", TensorBoard event files in %s/%s (tensorboard --logdir %s)", r.logdir, r.run_name, r.logdir);
+            printf(", TensorBoard event files in %s/%s (tensorboard --logdir %s)", r.logdir, r.run_name,
+                   r.logdir);
         printf("\n");
     }
     teardown(&r);
