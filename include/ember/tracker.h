@@ -13,6 +13,8 @@
  * the files before it returns (one write(2) per record, no user-space
  * buffer), so a crashed process loses nothing it logged; close fsyncs.
  *
+ * A tracker is not locked: one thread at a time uses it.
+ *
  * With an Accelerator, em_accel_init_trackers / em_accel_log /
  * em_accel_end_training (ember/dist.h) do the same on the main process only.
  *
