@@ -51,7 +51,7 @@ flags=(--data "$work/corpus.txt" --layers 1 --heads 2 --embd 16 --block 8 --batc
 
 # 2. killed at the end of step 16 (its last checkpoint: step 10), then resumed
 set +e
-EMBER_FAULT=train.step:16 "$ember" train "${flags[@]}" --out "$work/resumed" >/dev/null 2>&1
+(EMBER_FAULT=train.step:16 "$ember" train "${flags[@]}" --out "$work/resumed") >/dev/null 2>&1
 killed=$?
 set -e
 if [ "$killed" -ne 137 ]; then
