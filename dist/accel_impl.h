@@ -44,6 +44,11 @@ struct em_accelerator {
     char project_dir[4096]; /* "" = none */
     bool auto_naming;
     int total_limit; /* 0 = keep every automatic checkpoint */
+    /* trackers (dist/accel_track.c) */
+    int log_with;        /* em_accel_config's, else EMBER_LOG_WITH */
+    char *logging_dir;   /* owned; NULL = the trackers' default */
+    em_tracker *tracker; /* main process, between init_trackers and end_training */
+    bool trackers_on;    /* every rank: init_trackers was called, end_training not yet */
 };
 
 /* ---- dist/accel_ckpt.c ---- */
@@ -54,5 +59,11 @@ em_status accel_ckpt_init(em_accelerator *a, const em_accel_config *cfg);
  * the newest PROJECT/checkpoints/checkpoint_N (collective). */
 em_status accel_save_auto(em_accelerator *a);
 em_status accel_load_auto(em_accelerator *a);
+
+/* dist/accel_track.c: em_accelerator_new's part (the config's log_with /
+ * logging_dir, EMBER_LOG_WITH; EM_ERR_ARG naming a bad one) and
+ * em_accelerator_free's (closes what is open). */
+em_status accel_trackers_setup(em_accelerator *a, const em_accel_config *cfg);
+void accel_trackers_free(em_accelerator *a);
 
 #endif

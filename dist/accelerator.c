@@ -146,7 +146,7 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
         em_accelerator_free(a);
         return NULL;
     }
-    if (resolve_device(a, cfg->device)) {
+    if (resolve_device(a, cfg->device) || accel_trackers_setup(a, cfg)) {
         em_accelerator_free(a);
         return NULL;
     }
@@ -169,6 +169,7 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
 void em_accelerator_free(em_accelerator *a)
 {
     if (!a) return;
+    accel_trackers_free(a);
     if (a->autocast_on) em_autocast_set(a->autocast_prev);
     em_grad_scaler_free(a->scaler);
     em_ddp_free(a->ddp);

@@ -7,7 +7,8 @@
 #     tensor  autograd  nn  optim  data  amp  dist  tools
 #
 # The public headers count as the layer they describe (include/ember/X.h is
-# layer X; runtime.h is tensor's; ember.h, which includes them all, is dist's).
+# layer X; runtime.h is tensor's; ember.h, which includes them all, and
+# tracker.h, which dist/ implements, are dist's).
 # examples/ is not a layer: it may include only the public headers.
 #
 # Every `#include "..."` (and `<ember/...>`) in *.c *.h *.cu *.cuh of those
@@ -52,7 +53,7 @@ layer_of_public() {
     REPLY=
     case $1 in
     runtime.h) REPLY=tensor ;;
-    ember.h) REPLY=dist ;;
+    ember.h | tracker.h) REPLY=dist ;;
     *) [ -n "${rank[${1%.h}]+x}" ] && REPLY=${1%.h} ;;
     esac
 }

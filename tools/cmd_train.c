@@ -55,6 +55,9 @@ typedef struct train_opts {
     bool bytes;
     bool resume_auto; /* --resume auto: resume is OUT/state when it holds a checkpoint, else NULL */
     em_precision_kind precision; /* DEFAULT: the config file / EMBER_MIXED_PRECISION */
+    int log_with;                /* EM_TRACK_* beyond metrics.jsonl (--log-with, else EMBER_LOG_WITH) */
+    bool log_with_set;
+    const char *logging_dir; /* NULL: OUT/runs */
 } train_opts;
 
 static int usage(FILE *f)
@@ -87,7 +90,12 @@ static int usage(FILE *f)
             "                                             takes the newest of them\n"
             "  --bytes                                    byte vocabulary instead of the file's characters\n"
             "  --no-bias                                  no biases in Linear and LayerNorm\n"
-            "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n");
+            "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n"
+            "  --log-with tensorboard|jsonl|all|none      trackers beside OUT/metrics.jsonl (always written):\n"
+            "                                             tensorboard: event files in LOGDIR/<name of OUT>\n"
+            "                                             for `tensorboard --logdir LOGDIR` (default:\n"
+            "                                             EMBER_LOG_WITH, else none)\n"
+            "  --logging-dir LOGDIR                       (default OUT/runs)\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -178,6 +186,14 @@ static int parse_args(int argc, char **argv, train_opts *o)
         }
         else if (!strcmp(f, "--data"))
             o->data = v;
+        else if (!strcmp(f, "--log-with")) {
+            ok = em_tracker_parse(v, &o->log_with) == EM_OK;
+            o->log_with_set = true;
+            if (!ok)
+                fprintf(stderr, "ember train: --log-with needs tensorboard, jsonl, all or none, got '%s'\n",
+                        v);
+        } else if (!strcmp(f, "--logging-dir"))
+            o->logging_dir = v;
         else if (!strcmp(f, "--gelu")) {
             ok = !strcmp(v, "exact") || !strcmp(v, "tanh");
             if (ok)
@@ -229,6 +245,11 @@ static int parse_args(int argc, char **argv, train_opts *o)
         }
         if (!ok) return 2;
     }
+    const char *env = getenv("EMBER_LOG_WITH");
+    if (!o->log_with_set && env && *env && em_tracker_parse(env, &o->log_with)) {
+        fprintf(stderr, "ember train: EMBER_LOG_WITH needs tensorboard, jsonl, all or none, got '%s'\n", env);
+        return 2;
+    }
     if (!o->data) {
         fprintf(stderr, "ember train: --data FILE is required\n");
         usage(stderr);
@@ -258,8 +279,9 @@ typedef struct run {
     em_optimizer *opt;
     em_lr_schedule sched;
     em_window_sampler sampler, eval_sampler[2];
-    FILE *metrics;
     char path[4096];
+    char logdir[4096]; /* the trackers' LOGDIR and run name, when --log-with tensorboard */
+    char run_name[256];
     char state[4096]; /* OUT/state, when --resume auto finds a checkpoint there */
 } run;
 
@@ -554,6 +576,29 @@ static em_status resolve_auto_resume(run *r)
     return EM_OK;
 }
 
+/* The run's trackers (on every rank; rank 0 writes): OUT/metrics.jsonl,
+ * kept and continued by a resumed run, and with --log-with tensorboard the
+ * event files in LOGDIR/<OUT's last component>. */
+static em_status init_trackers(run *r)
+{
+    const train_opts *o = &r->o;
+    snprintf(r->logdir, sizeof r->logdir, "%s/runs", o->out);
+    if (o->logging_dir) snprintf(r->logdir, sizeof r->logdir, "%s", o->logging_dir);
+    size_t n = strlen(o->out);
+    while (n > 1 && o->out[n - 1] == '/') n--;
+    const char *base = o->out + n;
+    while (base > o->out && base[-1] != '/') base--;
+    snprintf(r->run_name, sizeof r->run_name, "%.*s", (int)(o->out + n - base), base);
+    if (!r->run_name[0] || !strcmp(r->run_name, ".") || !strcmp(r->run_name, "..") ||
+        !strcmp(r->run_name, "/"))
+        snprintf(r->run_name, sizeof r->run_name, "train");
+    return em_accel_init_trackers(r->acc, r->run_name,
+                                  &(em_tracker_config){.log_with = EM_TRACK_JSONL | o->log_with,
+                                                       .logging_dir = r->logdir,
+                                                       .jsonl_path = in_out(r, "metrics.jsonl"),
+                                                       .append = o->resume != NULL});
+}
+
 static em_status setup(run *r)
 {
     train_opts *o = &r->o;
@@ -609,18 +654,15 @@ static em_status setup(run *r)
             s = em_set_error(EM_ERR_IO, "cannot create --out %s: %s", o->out, strerror(errno));
         else if (stat(o->out, &sb) != 0 || !S_ISDIR(sb.st_mode))
             s = em_set_error(EM_ERR_IO, "--out %s exists and is not a directory", o->out);
-        else if (o->resume && (s = keep_metrics_until(in_out(r, "metrics.jsonl"), em_accel_step_count(r->acc))))
-            ;
-        else if (!(r->metrics = fopen(in_out(r, "metrics.jsonl"), o->resume ? "a" : "w")))
-            s = em_set_error(EM_ERR_IO, "cannot write %s: %s", r->path, strerror(errno));
+        else if (o->resume)
+            s = keep_metrics_until(in_out(r, "metrics.jsonl"), em_accel_step_count(r->acc));
     }
-    return s;
+    return s ? s : init_trackers(r);
 }
 
 static void teardown(run *r)
 {
-    if (r->metrics) fclose(r->metrics);
-    em_accelerator_free(r->acc);
+    em_accelerator_free(r->acc); /* closes the trackers if the run failed before end_training */
     em_optim_free(r->opt);
     if (r->gpt) em_gpt_free(r->gpt);
     em_text_free(r->text);
@@ -675,11 +717,11 @@ int cmd_train(int argc, char **argv)
             if (r.main) {
                 if (tty) printf("\r\033[K");
                 printf("eval step=%lld train_loss=%.4f val_loss=%.4f\n", (long long)step, el[0], el[1]);
-                fprintf(r.metrics, "{\"step\": %lld, \"train_loss\": %.6f, \"val_loss\": %.6f}\n",
-                        (long long)step, el[0], el[1]);
-                fflush(r.metrics); /* each record reaches the file as it is written: a killed run keeps it */
                 fflush(stdout);
             }
+            /* each record reaches the files as it is logged: a killed run keeps it */
+            if ((s = em_accel_log(r.acc, step, 2, (em_metric[]){{"train_loss", el[0]}, {"val_loss", el[1]}})))
+                break;
             if ((s = save(&r))) break;
             t_last = now(); /* step timings leave evaluation out */
             since = 0;
@@ -700,12 +742,14 @@ int cmd_train(int argc, char **argv)
             t_last = t;
             since = 0;
             double tps = (double)tokens_per_step / dt, eta = (double)(o->iters - step - 1) * dt;
-            fprintf(
-                r.metrics,
-                "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"ms_per_step\": %.3f, "
-                "\"tokens_per_s\": %.1f}\n",
-                (long long)(step + 1), loss, lr, norm, 1e3 * dt, tps);
-            fflush(r.metrics);
+            if ((s = em_accel_log(r.acc, step + 1, 5,
+                                  (em_metric[]){{"loss", loss},
+                                                {"lr", lr},
+                                                {"grad_norm", norm},
+                                                /* timings to what they mean: 1 µs, 0.1 token/s */
+                                                {"ms_per_step", round(1e6 * dt) / 1e3},
+                                                {"tokens_per_s", round(10 * tps) / 10}})))
+                break;
             if (tty)
                 draw_bar(step + 1, o->iters, loss, tps, eta);
             else
@@ -714,12 +758,18 @@ int cmd_train(int argc, char **argv)
             fflush(stdout);
         }
     }
+    if (!s) s = em_accel_end_training(r.acc);
     if (s)
         fprintf(stderr, "%sember train: %s\n", tty ? "\n" : "", em_last_error());
-    else if (r.main)
-        printf(
-            "ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl, %s/%s\n",
-            now() - t_start, o->out, o->out, o->out, o->out, o->save_total_limit ? "checkpoints" : "state");
+    else if (r.main) {
+        printf("ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl, "
+               "%s/%s",
+               now() - t_start, o->out, o->out, o->out, o->out, o->save_total_limit ? "checkpoints" : "state");
+        if (o->log_with & EM_TRACK_TENSORBOARD)
+            printf(", TensorBoard event files in %s/%s (tensorboard --logdir %s)", r.logdir, r.run_name,
+                   r.logdir);
+        printf("\n");
+    }
     teardown(&r);
     return s ? 1 : 0;
 }

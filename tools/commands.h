@@ -11,5 +11,6 @@ int cmd_sample(int argc, char **argv); /* tools/cmd_sample.c */
 int cmd_launch(int argc, char **argv); /* tools/cmd_launch.c */
 int cmd_config(int argc, char **argv); /* tools/cmd_config.c */
 int cmd_test(int argc, char **argv);   /* tools/cmd_test.c */
+int cmd_plot(int argc, char **argv);   /* tools/cmd_plot.c */
 
 #endif

@@ -23,6 +23,7 @@
 #include "nn.h"
 #include "optim.h"
 #include "tensor.h"
+#include "tracker.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -293,6 +294,9 @@ typedef struct em_accel_config {
     const char *project_dir;
     bool automatic_checkpoint_naming;
     int total_limit;
+    /* trackers (em_accel_init_trackers, ember/tracker.h) */
+    int log_with;            /* EM_TRACK_* flags; 0 = EMBER_LOG_WITH from the environment, else none */
+    const char *logging_dir; /* where the trackers' runs go; NULL = "runs" */
 } em_accel_config;
 
 typedef struct em_accelerator em_accelerator;
@@ -518,6 +522,33 @@ typedef struct em_save_model_config {
 } em_save_model_config;
 em_status em_accel_save_model(em_accelerator *a, em_module *model, const char *dir,
                               const em_save_model_config *cfg);
+/* ---- trackers (Accelerate's log_with / init_trackers / log / end_training) ----
+ *
+ *   em_accelerator *acc = em_accelerator_new(&(em_accel_config){
+ *       .log_with = EM_TRACK_TENSORBOARD | EM_TRACK_JSONL, .logging_dir = "runs"});
+ *   em_accel_init_trackers(acc, "my_run", NULL);
+ *   ... em_accel_log(acc, step, 2, (em_metric[]){{"loss", l}, {"lr", lr}}); ...
+ *   em_accel_end_training(acc);
+ *
+ * Only the main process (rank 0) writes; every rank makes the same calls and
+ * the same argument checks, so a bad call fails on every rank alike. */
+
+/* Opens the trackers (em_tracker_open) for run `project_name` on the main
+ * process: cfg's non-zero log_with / logging_dir override the Accelerator's
+ * (em_accel_config, EMBER_LOG_WITH); cfg's jsonl_path / append are used as
+ * given; cfg may be NULL. With no tracker named, the calls below do nothing.
+ * EM_ERR_ARG for a NULL accelerator, a bad project name or flags, or
+ * trackers already open (end_training first); em_tracker_open's errors on
+ * the main process. */
+em_status em_accel_init_trackers(em_accelerator *a, const char *project_name, const em_tracker_config *cfg);
+/* Logs metrics[0..n) at `step` (step < 0: em_accel_step_count) to the
+ * trackers (em_tracker_log's checks and errors; the write happens on the
+ * main process). EM_ERR_ARG when em_accel_init_trackers was not called (or
+ * end_training was): a metric would otherwise vanish silently. */
+em_status em_accel_log(em_accelerator *a, int64_t step, int n, const em_metric *metrics);
+/* Flushes and closes the trackers (em_tracker_close); EM_OK when none are
+ * open. em_accelerator_free closes them too, ignoring errors. */
+em_status em_accel_end_training(em_accelerator *a);
 
 #if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility pop

@@ -10,5 +10,6 @@
 #include "data.h"
 #include "dist.h"
 #include "tensor.h"
+#include "tracker.h"
 
 #endif
