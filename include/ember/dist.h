@@ -293,7 +293,7 @@ int em_accel_grad_accum(const em_accelerator *a);
 em_pg *em_accel_pg(const em_accelerator *a); /* borrowed */
 /* The device this process computes on (em_accel_config.device). */
 em_device em_accel_device(const em_accelerator *a);
-/* Moves b->x and b->y to the Accelerator's device (em_to: the copies live in
+/* Moves b->x, b->y and b->mask (those set) to the Accelerator's device (em_to: the copies live in
  * the caller's scope; nothing happens on the CPU). em_accel_next does this
  * itself; a loop that draws batches another way (a window sampler) calls
  * it. EM_ERR_ARG on NULL, the em_to error otherwise (b unchanged). */
