@@ -40,6 +40,8 @@ struct em_accelerator {
     bool sync;         /* sync_gradients of the current micro-step */
     bool end_of_data;  /* the last em_accel_next returned the epoch's last batch */
     bool trigger;
+    /* main_process_first (dist/accel_objects.c): between _begin and _end */
+    bool main_first_open;
 };
 
 #endif
