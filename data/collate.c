@@ -51,28 +51,28 @@ em_status em_collate_pad(void *ctx, const em_dataset *ds, int64_t n, const em_ex
     const char *fn = "em_collate_pad";
     em_pad_config cfg = ctx ? *(const em_pad_config *)ctx : (em_pad_config){0};
     if (!ds || !ex || !out || n < 1)
-        return em_set_error(EM_ERR_ARG, "%s: dataset, examples and batch must be set and n >= 1, got n %lld", fn,
-                            (long long)n);
+        return em_set_error(EM_ERR_ARG, "%s: dataset, examples and batch must be set and n >= 1, got n %lld",
+                            fn, (long long)n);
     if (cfg.multiple < 0)
         return em_set_error(EM_ERR_ARG, "%s: multiple must be >= 0, got %lld", fn, (long long)cfg.multiple);
     if ((unsigned)cfg.mask_dtype >= EM_NUM_DTYPES)
         return em_set_error(EM_ERR_ARG, "%s: unknown mask_dtype %d", fn, (int)cfg.mask_dtype);
     const em_field *xf = &ds->x_field, *yf = &ds->y_field;
     if (xf->ndim < 1 || (cfg.pad_y && yf->ndim < 1))
-        return em_set_error(EM_ERR_SHAPE,
-                            "%s: %s is 0-dim: padding needs a field with a dim 0 to pad (x ndim %d, y ndim %d)",
-                            fn, xf->ndim < 1 ? "x" : "y", xf->ndim, yf->ndim);
+        return em_set_error(
+            EM_ERR_SHAPE, "%s: %s is 0-dim: padding needs a field with a dim 0 to pad (x ndim %d, y ndim %d)",
+            fn, xf->ndim < 1 ? "x" : "y", xf->ndim, yf->ndim);
     /* L = the longest in the batch, rounded up to a multiple */
     int64_t L = 0;
     for (int64_t b = 0; b < n; b++) {
         if (ex[b].x_len > L) L = ex[b].x_len;
         if (cfg.pad_y && ex[b].y_len > L) L = ex[b].y_len;
         if (!cfg.pad_y && yf->ndim >= 1 && ex[b].y_len != yf->shape[0])
-            return em_set_error(EM_ERR_SHAPE,
-                                "%s: example %lld (batch row %lld) has y length %lld, not y_field's %lld: set "
-                                "pad_y to pad y like x",
-                                fn, (long long)ex[b].index, (long long)b, (long long)ex[b].y_len,
-                                (long long)yf->shape[0]);
+            return em_set_error(
+                EM_ERR_SHAPE,
+                "%s: example %lld (batch row %lld) has y length %lld, not y_field's %lld: set "
+                "pad_y to pad y like x",
+                fn, (long long)ex[b].index, (long long)b, (long long)ex[b].y_len, (long long)yf->shape[0]);
     }
     if (cfg.multiple > 1 && L % cfg.multiple) L += cfg.multiple - L % cfg.multiple;
 

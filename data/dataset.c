@@ -75,7 +75,8 @@ em_status dataset_lengths(const em_dataset *ds, int64_t i, int64_t *x_len, int64
         return em_err(EM_ERR_ARG,
                       "%s: example %lld has lengths x %lld, y %lld; its fields allow x in [0, %lld], y in "
                       "[0, %lld] (a field's shape[0] is the largest length)",
-                      fn, (long long)i, (long long)*x_len, (long long)*y_len, (long long)xmax, (long long)ymax);
+                      fn, (long long)i, (long long)*x_len, (long long)*y_len, (long long)xmax,
+                      (long long)ymax);
     return EM_OK;
 }
 

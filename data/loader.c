@@ -144,7 +144,8 @@ static em_status fill_batch(em_loader *l, order *o, em_loader_pos pos, slot *sl)
         int64_t idx = o->perm ? o->perm[k] : k;
         if (sl->lens) {
             sl->idx[j] = idx;
-            em_status s = dataset_lengths(l->ds, idx, &sl->lens[2 * j], &sl->lens[2 * j + 1], "em_loader_next");
+            em_status s =
+                dataset_lengths(l->ds, idx, &sl->lens[2 * j], &sl->lens[2 * j + 1], "em_loader_next");
             if (s != EM_OK) return s;
         }
         em_status s = l->ds->get(l->ds->user, idx, x + (size_t)j * l->xbytes, y + (size_t)j * l->ybytes);
@@ -428,13 +429,15 @@ static slot *head_slot(em_loader *l, int64_t size)
     while (l->count == 0) pthread_cond_wait(&l->not_empty, &l->mu);
     slot *s = &l->ring[l->head];
     pthread_mutex_unlock(&l->mu);
-    if (s->epoch == l->pos.epoch && s->batch == l->pos.batch && s->size == size && s->status == EM_OK) return s;
+    if (s->epoch == l->pos.epoch && s->batch == l->pos.batch && s->size == size && s->status == EM_OK)
+        return s;
     em_status st = s->status != EM_OK ? s->status : EM_ERR_ARG;
     char msg[512];
     if (s->status != EM_OK)
         snprintf(msg, sizeof msg, "%s", s->msg);
     else
-        snprintf(msg, sizeof msg, "em_loader_next: prefetched batch {%lld, %lld} is not the expected {%lld, %lld}",
+        snprintf(msg, sizeof msg,
+                 "em_loader_next: prefetched batch {%lld, %lld} is not the expected {%lld, %lld}",
                  (long long)s->epoch, (long long)s->batch, (long long)l->pos.epoch, (long long)l->pos.batch);
     stop_worker(l); /* and restart at the same position: the next call retries this batch */
     if (start_worker(l) == EM_OK) em_err(st, "%s", msg);

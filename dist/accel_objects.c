@@ -21,8 +21,8 @@ em_status em_accel_main_process_first_begin(em_accelerator *a)
     const char *fn = "em_accel_main_process_first_begin";
     if (!a) return em_err(EM_ERR_ARG, "%s: accelerator is NULL", fn);
     if (a->main_first_open)
-        return em_err(EM_ERR_ARG, "%s: a main_process_first block is already open on rank %d (end it first)", fn,
-                      a->rank);
+        return em_err(EM_ERR_ARG, "%s: a main_process_first block is already open on rank %d (end it first)",
+                      fn, a->rank);
     if (a->rank != 0) { /* wait for the main process to finish its block */
         em_status s = em_barrier(a->pg, NULL);
         if (s != EM_OK) return s;
@@ -36,8 +36,8 @@ em_status em_accel_main_process_first_end(em_accelerator *a)
     const char *fn = "em_accel_main_process_first_end";
     if (!a) return em_err(EM_ERR_ARG, "%s: accelerator is NULL", fn);
     if (!a->main_first_open)
-        return em_err(EM_ERR_ARG, "%s: no main_process_first block is open on rank %d (call %s_begin first)", fn,
-                      a->rank, "em_accel_main_process_first");
+        return em_err(EM_ERR_ARG, "%s: no main_process_first block is open on rank %d (call %s_begin first)",
+                      fn, a->rank, "em_accel_main_process_first");
     a->main_first_open = false;
     return a->rank == 0 ? em_barrier(a->pg, NULL) : EM_OK; /* releases the others */
 }
@@ -57,8 +57,8 @@ static em_status gather_sizes(em_accelerator *a, size_t n, size_t *sizes)
 
 /* Every rank's bytes, each padded to `words` i32 words, into one buffer of
  * sum(sizes) + 1 bytes (*out). */
-static em_status gather_bytes(em_accelerator *a, const void *data, size_t n, const size_t *sizes, int64_t words,
-                              void **out)
+static em_status gather_bytes(em_accelerator *a, const void *data, size_t n, const size_t *sizes,
+                              int64_t words, void **out)
 {
     em_tensor *mine = em_zeros(EM_I32, 1, (int64_t[]){words});
     em_tensor *all = em_empty(EM_I32, 1, (int64_t[]){words * a->world});
@@ -86,8 +86,8 @@ em_status em_accel_gather_object(em_accelerator *a, const void *data, size_t n, 
     const char *fn = "em_accel_gather_object";
     if (out) *out = NULL;
     if (!a || !out || !sizes || (!data && n > 0))
-        return em_err(EM_ERR_ARG, "%s: accelerator, out and sizes must not be NULL, nor data with n %zu > 0", fn,
-                      n);
+        return em_err(EM_ERR_ARG, "%s: accelerator, out and sizes must not be NULL, nor data with n %zu > 0",
+                      fn, n);
     if (n > ((size_t)1 << 53))
         return em_err(EM_ERR_ARG, "%s: %zu bytes is more than gather_object carries (2^53)", fn, n);
     em_scope sc = em_scope_begin(); /* the collectives' tensors */

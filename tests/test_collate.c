@@ -50,7 +50,8 @@ static em_dataset seq_dataset(seqs *d)
                         .get = seq_get,
                         .user = d,
                         .x_field = {EM_I32, 1, {MAXLEN}},
-                        .y_field = d->label_only ? (em_field){EM_I32, 0, {0}} : (em_field){EM_I32, 1, {MAXLEN}},
+                        .y_field =
+                            d->label_only ? (em_field){EM_I32, 0, {0}} : (em_field){EM_I32, 1, {MAXLEN}},
                         .lengths = seq_lengths};
 }
 
@@ -95,8 +96,11 @@ static void check_padded(em_batch *b, int64_t multiple, bool label_only, int64_t
 
 static em_loader *pad_loader(em_dataset *ds, int64_t B, bool shuffle, int prefetch, em_pad_config *pc)
 {
-    em_loader *l = em_loader_new(ds, &(em_loader_config){.batch_size = B, .shuffle = shuffle, .seed = 3,
-                                                         .prefetch = prefetch, .collate = em_collate_pad,
+    em_loader *l = em_loader_new(ds, &(em_loader_config){.batch_size = B,
+                                                         .shuffle = shuffle,
+                                                         .seed = 3,
+                                                         .prefetch = prefetch,
+                                                         .collate = em_collate_pad,
                                                          .collate_ctx = pc});
     CHECK_NOTNULL(l);
     return l;
@@ -302,7 +306,8 @@ typedef struct flaky {
     em_pad_config pad;
 } flaky;
 
-static em_status flaky_collate(void *ctx, const em_dataset *ds, int64_t n, const em_example *ex, em_batch *out)
+static em_status flaky_collate(void *ctx, const em_dataset *ds, int64_t n, const em_example *ex,
+                               em_batch *out)
 {
     flaky *f = ctx;
     if (f->fail > 0) {
@@ -318,8 +323,9 @@ static void collate_fails(int prefetch)
     seqs d = {.bad_len_at = -1};
     em_dataset ds = seq_dataset(&d);
     flaky f = {.fail = 2, .pad = {.y_pad = -100, .pad_y = true}};
-    em_loader *l = em_loader_new(&ds, &(em_loader_config){.batch_size = 3, .prefetch = prefetch,
-                                                          .collate = flaky_collate, .collate_ctx = &f});
+    em_loader *l = em_loader_new(
+        &ds, &(em_loader_config){
+                 .batch_size = 3, .prefetch = prefetch, .collate = flaky_collate, .collate_ctx = &f});
     CHECK_NOTNULL(l);
     int64_t live = em_live_tensors();
     em_batch b;
@@ -340,7 +346,10 @@ static void collate_fails(int prefetch)
     em_loader_free(l);
 }
 
-TEST(test_loader_collate_failure_fails_next_frees_its_tensors_and_retries_without_prefetch) { collate_fails(0); }
+TEST(test_loader_collate_failure_fails_next_frees_its_tensors_and_retries_without_prefetch)
+{
+    collate_fails(0);
+}
 TEST(test_loader_collate_failure_fails_next_frees_its_tensors_and_retries_with_prefetch) { collate_fails(2); }
 
 static em_status lazy_collate(void *ctx, const em_dataset *ds, int64_t n, const em_example *ex, em_batch *out)

@@ -46,7 +46,8 @@ TEST(test_lr_linear_matches_transformers_lambda_at_every_step)
 {
     int64_t cases[][2] = {{0, 10}, {1, 10}, {3, 7}, {10, 100}, {99, 100}};
     for (int c = 0; c < 5; c++) {
-        em_lr_schedule s = {.kind = EM_LR_LINEAR, .base_lr = 5e-5, .warmup = cases[c][0], .total = cases[c][1]};
+        em_lr_schedule s = {
+            .kind = EM_LR_LINEAR, .base_lr = 5e-5, .warmup = cases[c][0], .total = cases[c][1]};
         for (int64_t k = 0; k <= cases[c][1] + 3; k++) {
             th_case("warmup %lld total %lld step %lld", (long long)cases[c][0], (long long)cases[c][1],
                     (long long)k);

@@ -295,10 +295,10 @@ typedef struct em_loader_config {
  * rank pads its own batch: L may differ between ranks (pad across processes
  * before gathering). */
 typedef struct em_pad_config {
-    double x_pad;       /* value of x's padding (e.g. the pad token id); default 0 */
-    double y_pad;       /* value of y's padding with pad_y; default 0 */
-    bool pad_y;         /* pad y along dim 0 to L too (labels aligned with x) */
-    int64_t multiple;   /* round L up to a multiple of this; 0 or 1 = no rounding; >= 0 */
+    double x_pad;        /* value of x's padding (e.g. the pad token id); default 0 */
+    double y_pad;        /* value of y's padding with pad_y; default 0 */
+    bool pad_y;          /* pad y along dim 0 to L too (labels aligned with x) */
+    int64_t multiple;    /* round L up to a multiple of this; 0 or 1 = no rounding; >= 0 */
     em_dtype mask_dtype; /* default EM_F32 (1.0 / 0.0) */
 } em_pad_config;
 
