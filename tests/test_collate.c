@@ -2,6 +2,9 @@
  * by a collate: em_collate_pad pads each batch to its longest example (or a
  * multiple), with a mask; with the prefetch thread on and off, sharded, and
  * the failures of lengths and of the collate reported by em_loader_next. */
+#include <stdlib.h>
+
+#include "cuda_test.h"
 #include "harness.h"
 
 /* ---- a dataset of token sequences ---------------------------------------------------
@@ -366,4 +369,33 @@ TEST(test_loader_refuses_a_collate_that_makes_no_x)
     em_batch b;
     CHECK_ERR(em_loader_next(l, &b), EM_ERR_ARG, "the collate returned EM_OK but made no x");
     em_loader_free(l);
+}
+
+/* ---- through the Accelerator onto a device ------------------------------------------- */
+
+TEST(test_accel_next_moves_the_collates_mask_to_the_device_with_x_and_y)
+{
+    CUDA_OR_SKIP();
+    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    unsetenv("WORLD_SIZE");
+    em_accelerator *a = em_accelerator_new(&(em_accel_config){.device = "cuda"});
+    CHECK_NOTNULL(a);
+    seqs d = {.bad_len_at = -1};
+    em_dataset ds = seq_dataset(&d);
+    em_pad_config pc = {.y_pad = -100, .pad_y = true};
+    em_loader *l = pad_loader(&ds, 3, false, 0, &pc);
+    CHECK_OK(em_accel_prepare(a, NULL, NULL, l, NULL));
+    em_scope s = em_scope_begin();
+    em_batch b;
+    CHECK(em_accel_next(a, &b));
+    CHECK(em_device_of(b.x).type == EM_CUDA && em_device_of(b.y).type == EM_CUDA);
+    CHECK(em_device_of(b.mask).type == EM_CUDA);
+    b.x = ct_on_cpu(b.x);
+    b.y = ct_on_cpu(b.y);
+    b.mask = ct_on_cpu(b.mask);
+    int64_t ids[3];
+    check_padded(&b, 0, false, ids);
+    em_scope_end(s);
+    em_loader_free(l);
+    em_accelerator_free(a);
 }
