@@ -40,8 +40,21 @@ struct em_accelerator {
     bool sync;         /* sync_gradients of the current micro-step */
     bool end_of_data;  /* the last em_accel_next returned the epoch's last batch */
     bool trigger;
+    /* checkpoint management (dist/accel_ckpt.c) */
+    char project_dir[4096]; /* "" = none */
+    bool auto_naming;
+    int total_limit; /* 0 = keep every automatic checkpoint */
     /* main_process_first (dist/accel_objects.c): between _begin and _end */
     bool main_first_open;
 };
+
+/* ---- dist/accel_ckpt.c ---- */
+/* a's project_dir, automatic naming and total_limit from cfg and the
+ * environment (em_accel_config says how). EM_ERR_ARG naming the setting. */
+em_status accel_ckpt_init(em_accelerator *a, const em_accel_config *cfg);
+/* em_accel_save_state / em_accel_load_state with a NULL dir: the next /
+ * the newest PROJECT/checkpoints/checkpoint_N (collective). */
+em_status accel_save_auto(em_accelerator *a);
+em_status accel_load_auto(em_accelerator *a);
 
 #endif

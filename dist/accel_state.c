@@ -217,6 +217,7 @@ static em_status finish_save(em_accelerator *a, const char *dir, const char *tmp
 
 em_status em_accel_save_state(em_accelerator *a, const char *dir)
 {
+    if (a && !dir) return accel_save_auto(a); /* automatic naming: dist/accel_ckpt.c */
     if (!a || !dir || !*dir)
         return em_err(EM_ERR_ARG, "em_accel_save_state: %s", a ? "directory is empty" : "accelerator is NULL");
     em_status s = em_barrier(a->pg, NULL); /* every rank has finished the step */
@@ -672,6 +673,7 @@ static em_status same_save(em_accelerator *a, uint64_t id)
 
 em_status em_accel_load_state(em_accelerator *a, const char *dir)
 {
+    if (a && !dir) return accel_load_auto(a); /* the newest automatic checkpoint: dist/accel_ckpt.c */
     if (!a || !dir || !*dir)
         return em_err(EM_ERR_ARG, "em_accel_load_state: %s", a ? "directory is empty" : "accelerator is NULL");
     char d[4096];

@@ -129,6 +129,10 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
         return em_fail(EM_ERR_OOM, "em_accelerator_new: cannot set EMBER_TIMEOUT");
     em_accelerator *a = calloc(1, sizeof *a);
     if (!a) return em_fail(EM_ERR_OOM, "em_accelerator_new: out of memory");
+    if (accel_ckpt_init(a, cfg)) { /* project_dir, automatic naming, total_limit */
+        free(a);
+        return NULL;
+    }
     a->pg = em_pg_from_env();
     if (!a->pg) {
         free(a);

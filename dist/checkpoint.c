@@ -175,6 +175,21 @@ static void remove_one(const char *path, void *ctx)
     remove_flat_dir(path);
 }
 
+/* em_accel_save_model's sharded files: model-NNNNN-of-NNNNN.safetensors (5
+ * or more digits each, as Hugging Face names them) and the index. */
+static bool model_shard_file(const char *name)
+{
+    if (!strcmp(name, "model.safetensors.index.json")) return true;
+    const char *p = name;
+    if (strncmp(p, "model-", 6)) return false;
+    p += 6;
+    size_t k = strspn(p, "0123456789");
+    if (k < 5 || strncmp(p + k, "-of-", 4)) return false;
+    p += k + 4;
+    k = strspn(p, "0123456789");
+    return k >= 5 && !strcmp(p + k, ".safetensors");
+}
+
 /* A name a checkpoint directory may hold: its files, and the temporaries
  * of the writers (NAME.tmp, NAME.tmp.XXXXXX) an older ember left behind. */
 static bool checkpoint_file(const char *name)
@@ -187,6 +202,7 @@ static bool checkpoint_file(const char *name)
     if (!strcmp(base, "model.safetensors") || !strcmp(base, "optimizer.safetensors") ||
         !strcmp(base, CKPT_MANIFEST))
         return true;
+    if (model_shard_file(base)) return true; /* em_accel_save_model's */
     size_t n = strlen(base);
     if (n < 11 || strncmp(base, "rank_", 5) || strcmp(base + n - 5, ".json")) return false;
     for (size_t i = 5; i < n - 5; i++)
@@ -219,6 +235,45 @@ em_status ckpt_begin(const char *dir, const char *tmp, const char *fn)
     each_sibling(dir, ".tmp-", remove_one, NULL); /* interrupted saves */
     if (mkdir(tmp, 0755) != 0)
         return em_err(EM_ERR_IO, "%s: cannot create directory %s: %s", fn, tmp, strerror(errno));
+    return EM_OK;
+}
+
+/* ---- removing a checkpoint (total_limit) ------------------------------------------- */
+
+em_status ckpt_check_removable(const char *dir, const char *fn)
+{
+    struct stat st;
+    if (lstat(dir, &st) != 0) return em_err(EM_ERR_IO, "%s: cannot look at %s: %s", fn, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return em_err(EM_ERR_IO, "%s: %s is not a directory, so not a checkpoint: it is left alone", fn, dir);
+    DIR *d = opendir(dir);
+    if (!d) return em_err(EM_ERR_IO, "%s: cannot read directory %s: %s", fn, dir, strerror(errno));
+    struct dirent *e;
+    char other[CKPT_NAME_MAX + 16] = "", path[PATH_MAX];
+    while (!other[0] && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        bool file = join(path, sizeof path, dir, e->d_name) && lstat(path, &st) == 0 && S_ISREG(st.st_mode);
+        if (!file || !checkpoint_file(e->d_name)) snprintf(other, sizeof other, "%.60s", e->d_name);
+    }
+    closedir(d);
+    if (other[0])
+        return em_err(EM_ERR_IO, "%s: %s holds '%s', which is not a checkpoint file, so it is not removed",
+                      fn, dir, other);
+    return EM_OK;
+}
+
+em_status ckpt_remove(const char *dir, const char *fn)
+{
+    em_status s = ckpt_check_removable(dir, fn);
+    if (s) return s;
+    char path[PATH_MAX];
+    /* the manifest first: from then on no load takes it for complete */
+    if (join(path, sizeof path, dir, CKPT_MANIFEST) && unlink(path) != 0 && errno != ENOENT)
+        return em_err(EM_ERR_IO, "%s: cannot remove %s: %s", fn, path, strerror(errno));
+    file_sync_dir(path);
+    remove_flat_dir(dir);
+    if (access(dir, F_OK) == 0) return em_err(EM_ERR_IO, "%s: cannot remove %s completely", fn, dir);
+    file_sync_dir(dir);
     return EM_OK;
 }
 

@@ -53,6 +53,15 @@ em_status ckpt_finish(const char *dir, const char *tmp, const ckpt_manifest *m, 
 /* Removes tmp and its files (a failed save; best effort). */
 void ckpt_abandon(const char *tmp);
 
+/* ---- removing a checkpoint (rank 0; total_limit, dist/accel_ckpt.c) ---- */
+/* EM_OK when dir is a directory holding only regular files a checkpoint or
+ * a model save writes (no manifest needed: a half-removed one qualifies);
+ * EM_ERR_IO naming dir and the first other entry (or "not a directory"). */
+em_status ckpt_check_removable(const char *dir, const char *fn);
+/* Removes dir after that check: manifest.json first (so a kill mid-way
+ * never leaves something a load takes for complete), then the rest. */
+em_status ckpt_remove(const char *dir, const char *fn);
+
 /* ---- loading (every process) ---- */
 /* Whether a DIR.old-* copy (an interrupted publish's) is beside dir: when
  * dir is missing, ckpt_open may load it. */

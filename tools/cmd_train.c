@@ -22,7 +22,11 @@
  * an error, never a fresh start. The fault points "train.step" (the end of
  * each step) and "train.save" (a save begins) let EMBER_FAULT kill a run
  * there, as do those of every write, fsync and rename of the files and of
- * the checkpoint (tensor/fault_impl.h lists them all). */
+ * the checkpoint (tensor/fault_impl.h lists them all).
+ *
+ * --save-total-limit K saves each checkpoint as OUT/checkpoints/checkpoint_N
+ * instead (the Accelerator's automatic naming: N counts up, the newest K are
+ * kept), and --resume auto then takes the newest complete one. */
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -45,6 +49,7 @@ typedef struct train_opts {
     const char *device; /* NULL: the config file / EMBER_DEVICE, else cpu */
     em_gpt_config model;
     int64_t batch, iters, warmup, eval_every, eval_iters, log_every, grad_accum;
+    int64_t save_total_limit; /* > 0: checkpoints as OUT/checkpoints/checkpoint_N, the newest K kept */
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip;
     uint64_t seed;
     bool bytes;
@@ -77,6 +82,9 @@ static int usage(FILE *f)
             "                                             when it holds one, else start fresh (for `ember\n"
             "                                             launch --max-restarts`); a checkpoint that cannot be\n"
             "                                             loaded is an error, never a fresh start\n"
+            "  --save-total-limit K                       checkpoints go to OUT/checkpoints/checkpoint_N (N\n"
+            "                                             counting up), keeping the newest K; --resume auto\n"
+            "                                             takes the newest of them\n"
             "  --bytes                                    byte vocabulary instead of the file's characters\n"
             "  --no-bias                                  no biases in Linear and LayerNorm\n"
             "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n");
@@ -162,6 +170,8 @@ static int parse_args(int argc, char **argv, train_opts *o)
             o->resume_auto = !strcmp(v, "auto");
         } else if (!strcmp(f, "--grad-accum"))
             ok = parse_int(f, v, 1, 1 << 20, &o->grad_accum);
+        else if (!strcmp(f, "--save-total-limit"))
+            ok = parse_int(f, v, 1, 1 << 20, &o->save_total_limit);
         else if (!strcmp(f, "--mixed-precision")) {
             ok = em_precision_parse(v, &o->precision) == EM_OK;
             if (!ok) fprintf(stderr, "ember train: --mixed-precision needs no, bf16 or fp16, got '%s'\n", v);
@@ -309,7 +319,7 @@ static em_status save(run *r)
     }
     /* collective: every rank calls it even if rank 0 failed above, and it
      * fails on every rank if any did */
-    em_status st = em_accel_save_state(r->acc, in_out(r, "state"));
+    em_status st = em_accel_save_state(r->acc, r->o.save_total_limit ? NULL : in_out(r, "state"));
     return s ? s : st;
 }
 
@@ -514,7 +524,17 @@ static em_status resolve_auto_resume(run *r)
 {
     snprintf(r->state, sizeof r->state, "%s/state", r->o.out);
     bool yes;
-    em_status s = has_checkpoint(r->state, &yes);
+    em_status s = EM_OK;
+    if (r->o.save_total_limit) { /* the newest complete OUT/checkpoints/checkpoint_N */
+        snprintf(r->state, sizeof r->state, "%s/checkpoints", r->o.out);
+        char latest[sizeof r->state];
+        int k = em_accel_latest_checkpoint(r->acc, latest, sizeof latest);
+        yes = k > 0;
+        if (k < 0) s = em_last_status();
+        if (yes) snprintf(r->state, sizeof r->state, "%s", latest);
+    } else {
+        s = has_checkpoint(r->state, &yes);
+    }
     int world = em_accel_world(r->acc);
     em_scope sc = em_scope_begin();
     em_tensor *t = em_scalar(EM_F64, s ? -1.0 : yes ? 1.0 : 0.0);
@@ -537,8 +557,12 @@ static em_status resolve_auto_resume(run *r)
 static em_status setup(run *r)
 {
     train_opts *o = &r->o;
-    r->acc = em_accelerator_new(
-        &(em_accel_config){.grad_accum = (int)o->grad_accum, .mixed_precision = o->precision, .device = o->device});
+    r->acc = em_accelerator_new(&(em_accel_config){.grad_accum = (int)o->grad_accum,
+                                                   .mixed_precision = o->precision,
+                                                   .device = o->device,
+                                                   .project_dir = o->save_total_limit ? o->out : NULL,
+                                                   .automatic_checkpoint_naming = o->save_total_limit > 0,
+                                                   .total_limit = (int)o->save_total_limit});
     if (!r->acc) return em_last_status();
     r->main = em_accel_is_main_process(r->acc);
     int rank = em_accel_rank(r->acc), world = em_accel_world(r->acc);
@@ -693,8 +717,9 @@ int cmd_train(int argc, char **argv)
     if (s)
         fprintf(stderr, "%sember train: %s\n", tty ? "\n" : "", em_last_error());
     else if (r.main)
-        printf("ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl, %s/state\n",
-               now() - t_start, o->out, o->out, o->out, o->out);
+        printf(
+            "ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl, %s/%s\n",
+            now() - t_start, o->out, o->out, o->out, o->out, o->save_total_limit ? "checkpoints" : "state");
     teardown(&r);
     return s ? 1 : 0;
 }

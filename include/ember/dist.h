@@ -259,7 +259,9 @@ em_status em_precision_parse(const char *s, em_precision_kind *out);
  * file (`ember config` writes it: $XDG_CONFIG_HOME/ember/default_config.yaml,
  * else ~/.config/ember/default_config.yaml; EMBER_CONFIG_FILE names another),
  * the environment (EMBER_GRAD_ACCUM, EMBER_MIXED_PRECISION, EMBER_SPLIT_
- * BATCHES, EMBER_EVEN_BATCHES, EMBER_TIMEOUT, plus the launcher's), and the
+ * BATCHES, EMBER_EVEN_BATCHES, EMBER_TIMEOUT, plus the launcher's; the
+ * project settings from EMBER_PROJECT_DIR, EMBER_AUTOMATIC_CHECKPOINT_NAMING
+ * and EMBER_SAVE_TOTAL_LIMIT, which the config file does not hold), and the
  * non-zero fields of the em_accel_config given in code. */
 typedef struct em_accel_config {
     int grad_accum;               /* micro-batches per optimizer step; 0 = config/env, else 1 */
@@ -276,6 +278,21 @@ typedef struct em_accel_config {
      * places them) or "cuda:N". NULL = EMBER_DEVICE from the environment,
      * else "cpu" (the default even where CUDA devices exist). */
     const char *device;
+    /* ---- checkpoint management (dist/accel_ckpt.c), Accelerate's
+     * ProjectConfiguration. project_dir: where automatic checkpoints go
+     * (PROJECT/checkpoints/checkpoint_N); NULL = EMBER_PROJECT_DIR, else
+     * none (copied: the string need not outlive em_accelerator_new).
+     * automatic_checkpoint_naming: em_accel_save_state / load_state with a
+     * NULL dir save to the next checkpoint_N / load the newest; false =
+     * EMBER_AUTOMATIC_CHECKPOINT_NAMING (true/false/1/0), else off. On needs
+     * a project_dir (EM_ERR_ARG from em_accelerator_new otherwise).
+     * total_limit: how many automatic checkpoints to keep (the newest K; the
+     * older ones are removed after a new one is complete); 0 =
+     * EMBER_SAVE_TOTAL_LIMIT (an integer >= 0), else all; < 0 is EM_ERR_ARG.
+     * Only automatic checkpoints are ever counted or removed. */
+    const char *project_dir;
+    bool automatic_checkpoint_naming;
+    int total_limit;
 } em_accel_config;
 
 typedef struct em_accelerator em_accelerator;
@@ -461,9 +478,78 @@ em_status em_accel_gather_object(em_accelerator *a, const void *data, size_t n, 
  *  - a checkpoint saved mid-accumulation (micro-step != 0) is refused
  *    (EM_ERR_ARG): its partial gradients were summed per rank.
  * Errors for what stays impossible say what the checkpoint has and what
- * this run has. */
+ * this run has.
+ *
+ * dir NULL: automatic naming (PROJECT/checkpoints/checkpoint_N, below). */
 em_status em_accel_save_state(em_accelerator *a, const char *dir);
 em_status em_accel_load_state(em_accelerator *a, const char *dir);
+
+/* ---- checkpoint management (dist/accel_ckpt.c) -----------------------------------
+ * Automatic naming (em_accel_config.project_dir, .automatic_checkpoint_
+ * naming, .total_limit). em_accel_save_state(a, NULL) saves to
+ * PROJECT/checkpoints/checkpoint_N, N one more than the highest N of any
+ * entry named checkpoint_N there (0 for the first; so a resumed run, or a
+ * new Accelerator on the same project, continues the numbering; names with
+ * leading zeros are not counted). Rank 0 picks N and tells the others; the
+ * save itself is em_accel_save_state(a, that path), collective and whole or
+ * absent as above. With total_limit K > 0 the oldest checkpoint_N go once
+ * the new one is published, until K remain (the new one included). Each of
+ * them must be a directory holding only checkpoint files (an emptied or
+ * half-removed one counts): otherwise the save is refused before anything is
+ * written, EM_ERR_IO naming the directory and the file that is not a
+ * checkpoint's, so nothing else is ever removed. A checkpoint is removed
+ * manifest first, so a kill in the middle leaves a directory that no load
+ * takes for complete. EM_ERR_ARG when automatic_checkpoint_naming is off.
+ *
+ * em_accel_load_state(a, NULL) loads the newest complete checkpoint_N (the
+ * highest N whose directory has a manifest.json; rank 0 picks it, every
+ * rank loads it as above). None: EM_ERR_IO naming PROJECT/checkpoints, on
+ * every rank.
+ *
+ * em_accel_latest_checkpoint: the path of that newest complete checkpoint
+ * (PROJECT/checkpoints/checkpoint_N) into buf (size n). Not collective: the
+ * calling process looks at the directory. Returns 1 with the path in buf, 0
+ * when there is none (buf = ""; also when PROJECT/checkpoints does not
+ * exist), -1 with EM_ERR_ARG (a NULL argument, no project_dir, buf too
+ * small) or EM_ERR_IO (the directory cannot be read). */
+int em_accel_latest_checkpoint(const em_accelerator *a, char *buf, size_t n);
+
+/* em_accel_save_model: the model's weights alone (parameters and buffers,
+ * names relative to model, as em_module_save), for inference or another
+ * framework: Hugging Face's layout, as Accelerate's save_model writes it.
+ *   max_shard_size 0, or everything fits in one shard:
+ *       DIR/model.safetensors
+ *   otherwise:
+ *       DIR/model-00001-of-0000K.safetensors ... (tensors in the model's
+ *       order, a new file when the next tensor would take the current one
+ *       past max_shard_size bytes of tensor data; a tensor is never split,
+ *       so one larger than max_shard_size has a file of its own)
+ *       DIR/model.safetensors.index.json: {"metadata": {"total_size": bytes
+ *       of all tensor data}, "weight_map": {"name": "file", ...}} (names
+ *       sorted)
+ * Every file is safetensors with {"format": "pt"} metadata (plus ember's own
+ * "ember.crc32"). Floating-point tensors are written in cfg->dtype: EM_F32
+ * (0, the default) keeps each tensor's dtype as the model holds it (under
+ * mixed precision the f32 master weights); EM_F16 / EM_BF16 convert them
+ * (round to nearest even); integer tensors are written as they are. cfg
+ * NULL = all zeros.
+ * The directory is published whole, as a checkpoint is (files written into
+ * DIR.tmp-<id>, a manifest.json naming each with its size and crc32 last,
+ * one atomic rename): DIR is the previous save or the new one, never a mix
+ * of shards. So DIR must be new or hold only what a save_model or
+ * save_state wrote (EM_ERR_IO naming the foreign file: put config or
+ * tokenizer files into DIR after the last save, or beside it).
+ * Collective: every rank calls it; only the main process reads the model and
+ * writes (a model already identical on every rank under DDP), the others
+ * wait for it, and all return its result (EM_ERR_DIST naming the rank that
+ * failed on the others). model is borrowed and need not be prepared.
+ * EM_ERR_ARG: NULL a/model/dir, max_shard_size < 0, another dtype. */
+typedef struct em_save_model_config {
+    int64_t max_shard_size; /* bytes of tensor data per file; 0 = one model.safetensors */
+    em_dtype dtype;         /* EM_F32 (0) = as held; EM_F16 or EM_BF16 */
+} em_save_model_config;
+em_status em_accel_save_model(em_accelerator *a, em_module *model, const char *dir,
+                              const em_save_model_config *cfg);
 
 #if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility pop
