@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "../tensor/tensor_impl.h"
+#include "data_impl.h"
 #include "ember/data.h"
 
 /* ---- the dataset interface ---------------------------------------------------- */
@@ -58,6 +59,35 @@ int64_t em_dataset_len(const em_dataset *ds)
     return ds->len(ds->user);
 }
 
+em_status dataset_lengths(const em_dataset *ds, int64_t i, int64_t *x_len, int64_t *y_len, const char *fn)
+{
+    int64_t xmax = ds->x_field.ndim ? ds->x_field.shape[0] : 0;
+    int64_t ymax = ds->y_field.ndim ? ds->y_field.shape[0] : 0;
+    *x_len = xmax;
+    *y_len = ymax;
+    if (!ds->lengths) return EM_OK;
+    em_status s = ds->lengths(ds->user, i, x_len, y_len);
+    if (s != EM_OK) {
+        if (em_last_status() == EM_OK) em_err(s, "%s: dataset lengths(%lld) failed", fn, (long long)i);
+        return s;
+    }
+    if (*x_len < 0 || *x_len > xmax || *y_len < 0 || *y_len > ymax)
+        return em_err(EM_ERR_ARG,
+                      "%s: example %lld has lengths x %lld, y %lld; its fields allow x in [0, %lld], y in "
+                      "[0, %lld] (a field's shape[0] is the largest length)",
+                      fn, (long long)i, (long long)*x_len, (long long)*y_len, (long long)xmax,
+                      (long long)ymax);
+    return EM_OK;
+}
+
+/* f with dim 0 set to len (a field with lengths; a 0-dim field stays so). */
+static void field_at_len(const em_field *f, int64_t len, int *ndim, int64_t *shape)
+{
+    *ndim = f->ndim;
+    for (int d = 0; d < f->ndim; d++) shape[d] = f->shape[d];
+    if (f->ndim) shape[0] = len;
+}
+
 em_status em_dataset_get(const em_dataset *ds, int64_t i, em_tensor **x, em_tensor **y)
 {
     if (x) *x = NULL;
@@ -68,19 +98,39 @@ em_status em_dataset_get(const em_dataset *ds, int64_t i, em_tensor **x, em_tens
     if (i < 0 || i >= n)
         return em_err(EM_ERR_INDEX, "em_dataset_get: index %lld out of range [0, %lld)", (long long)i,
                       (long long)n);
-    tensor *tx = t_new(ds->x_field.dtype, ds->x_field.ndim, ds->x_field.shape);
-    tensor *ty = tx ? t_new(ds->y_field.dtype, ds->y_field.ndim, ds->y_field.shape) : NULL;
+    em_clear_error();
+    int64_t xl, yl;
+    em_status s = dataset_lengths(ds, i, &xl, &yl, "em_dataset_get");
+    if (s != EM_OK) return s;
+    /* get writes full-size buffers; with lengths it writes a heap buffer of
+     * the largest example and the tensors take the first rows */
+    size_t xb = em_field_bytes(&ds->x_field), yb = em_field_bytes(&ds->y_field);
+    uint8_t *buf = NULL;
+    if (ds->lengths && !(buf = malloc(xb + yb + 1)))
+        return em_err(EM_ERR_OOM, "em_dataset_get: out of memory for example %lld", (long long)i);
+    int xn, yn;
+    int64_t xs[EM_MAX_DIMS], ys[EM_MAX_DIMS];
+    field_at_len(&ds->x_field, xl, &xn, xs);
+    field_at_len(&ds->y_field, yl, &yn, ys);
+    tensor *tx = t_new(ds->x_field.dtype, xn, xs);
+    tensor *ty = tx ? t_new(ds->y_field.dtype, yn, ys) : NULL;
     if (!tx || !ty) {
         t_drop(tx);
+        free(buf);
         return em_last_status();
     }
-    em_clear_error();
-    em_status s = ds->get(ds->user, i, t_ptr(tx), t_ptr(ty));
+    s = ds->get(ds->user, i, buf ? buf : t_ptr(tx), buf ? buf + xb : t_ptr(ty));
     if (s != EM_OK) {
         if (em_last_status() == EM_OK) em_err(s, "em_dataset_get: get(%lld) failed", (long long)i);
         t_drop(tx);
         t_drop(ty);
+        free(buf);
         return s;
+    }
+    if (buf) {
+        memcpy(t_ptr(tx), buf, (size_t)t_numel(tx) * em_dtype_size(ds->x_field.dtype));
+        memcpy(t_ptr(ty), buf + xb, (size_t)t_numel(ty) * em_dtype_size(ds->y_field.dtype));
+        free(buf);
     }
     *x = t_handle(tx);
     *y = t_handle(ty);
@@ -244,7 +294,7 @@ em_dataset *em_sequence_dataset(const em_tokens *tokens, int64_t T)
     if (!s) return em_fail(EM_ERR_OOM, "em_sequence_dataset: out of memory");
     *s = (seq_data){em_tokens_view(tokens->data, tokens->n, tokens->type), T};
     em_field f = {EM_I32, 1, {T}};
-    em_dataset *ds = em_dataset_new(&(em_dataset){seq_len, seq_get, seq_free, s, f, f});
+    em_dataset *ds = em_dataset_new(&(em_dataset){seq_len, seq_get, seq_free, s, f, f, NULL});
     if (!ds) free(s);
     return ds;
 }

@@ -136,7 +136,7 @@ em_dataset *em_idx_dataset_open(const char *images_path, const char *labels_path
                read_exact(fl, labels_path, d->labels, (size_t)ldims[0], "the labels") == EM_OK) {
         em_field fx = {EM_F32, 3, {1, idims[1], idims[2]}};
         em_field fy = {EM_I32, 0, {0}};
-        ds = em_dataset_new(&(em_dataset){idx_len, idx_get, idx_free, d, fx, fy});
+        ds = em_dataset_new(&(em_dataset){idx_len, idx_get, idx_free, d, fx, fy, NULL});
     }
     gzclose(fi);
     gzclose(fl);

@@ -19,16 +19,24 @@
  * ring indices; `not_empty` wakes the caller, `not_full` the worker. A slot
  * between head and head+count belongs to the caller, the others to the
  * worker, so the copies themselves run unlocked. Seek and free stop the
- * worker (flag + broadcast + join) and, for seek, start a new one. */
+ * worker (flag + broadcast + join) and, for seek, start a new one.
+ *
+ * Collate. With a collate the batch is built by the user's function from
+ * the examples' plain buffers (a slot: the prefetched head, or the caller's
+ * own `raw` slot without prefetch) plus each example's lengths and index,
+ * on the calling thread (it makes tensors). A collate that fails leaves the
+ * slot at the head, so the next call retries the same batch. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "../tensor/tensor_impl.h"
+#include "data_impl.h"
 #include "ember/data.h"
 
 typedef struct slot {
     uint8_t *x, *y;       /* (B, x_field...) and (B, y_field...) */
+    int64_t *lens, *idx;  /* with a collate: x_len, y_len pairs and the dataset index of each example */
     int64_t epoch, batch; /* which batch this is */
     int64_t size;
     em_status status;
@@ -52,6 +60,8 @@ struct em_loader {
     size_t xbytes, ybytes; /* one example */
     em_loader_pos pos;     /* the caller's next batch */
     order own;             /* the caller's permutation (no-prefetch path) */
+    slot raw;              /* with a collate and no prefetch: the caller's examples */
+    em_example *ex;        /* with a collate: the examples handed to it */
 
     /* prefetch */
     slot *ring;
@@ -116,11 +126,14 @@ static int64_t batch_span(const em_loader *l, int64_t batch, int64_t *start)
     return left < l->chunk ? left : l->chunk;
 }
 
-/* Writes batch pos of the sequence into x and y (contiguous, size examples);
- * the dataset's status on failure (its message on the calling thread). */
-static em_status fill_batch(em_loader *l, order *o, em_loader_pos pos, uint8_t *x, uint8_t *y, int64_t *size)
+/* Writes batch pos of the sequence into s->x and s->y (contiguous, s->size
+ * examples), and with s->lens each example's lengths and index; the
+ * dataset's status on failure (its message on the calling thread). */
+static em_status fill_batch(em_loader *l, order *o, em_loader_pos pos, slot *sl)
 {
     int64_t start;
+    int64_t *size = &sl->size;
+    uint8_t *x = sl->x, *y = sl->y;
     *size = batch_span(l, pos.batch, &start);
     if (o->perm && o->epoch != pos.epoch) {
         shuffle_order(o->perm, l->n, l->cfg.seed, pos.epoch);
@@ -129,6 +142,12 @@ static em_status fill_batch(em_loader *l, order *o, em_loader_pos pos, uint8_t *
     for (int64_t j = 0; j < *size; j++) {
         int64_t k = (start + j) % l->n; /* k >= n only in even_batches padding: wrap to the start */
         int64_t idx = o->perm ? o->perm[k] : k;
+        if (sl->lens) {
+            sl->idx[j] = idx;
+            em_status s =
+                dataset_lengths(l->ds, idx, &sl->lens[2 * j], &sl->lens[2 * j + 1], "em_loader_next");
+            if (s != EM_OK) return s;
+        }
         em_status s = l->ds->get(l->ds->user, idx, x + (size_t)j * l->xbytes, y + (size_t)j * l->ybytes);
         if (s != EM_OK) {
             if (em_last_status() == EM_OK)
@@ -158,7 +177,7 @@ static void *worker_main(void *arg)
         em_clear_error();
         s->epoch = l->wpos.epoch;
         s->batch = l->wpos.batch;
-        s->status = fill_batch(l, &l->wown, l->wpos, s->x, s->y, &s->size);
+        s->status = fill_batch(l, &l->wown, l->wpos, s);
         snprintf(s->msg, sizeof s->msg, "%s", s->status == EM_OK ? "" : em_last_error());
 
         pthread_mutex_lock(&l->mu);
@@ -205,6 +224,27 @@ static em_status start_worker(em_loader *l)
 
 /* ---- the loader ----------------------------------------------------------------------- */
 
+/* Buffers for B examples of xb and yb bytes, and with lens their lengths
+ * and indices; false when out of memory (slot_free frees what was made). */
+static bool slot_alloc(slot *s, size_t B, size_t xb, size_t yb, bool lens)
+{
+    s->x = malloc(B * xb + 1);
+    s->y = malloc(B * yb + 1);
+    if (lens) {
+        s->lens = malloc(2 * B * sizeof(int64_t));
+        s->idx = malloc(B * sizeof(int64_t));
+    }
+    return s->x && s->y && (!lens || (s->lens && s->idx));
+}
+
+static void slot_free(slot *s)
+{
+    free(s->x);
+    free(s->y);
+    free(s->lens);
+    free(s->idx);
+}
+
 /* dtype known, 0 <= ndim < EM_MAX_DIMS (room for the batch dim), dims >= 0 */
 static bool field_valid(const em_field *f)
 {
@@ -227,6 +267,10 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_config *cfg)
         return em_fail(EM_ERR_ARG,
                        "em_loader_new: dataset has an invalid x or y field (x ndim %d, y ndim %d)",
                        ds->x_field.ndim, ds->y_field.ndim);
+    if (ds->lengths && !cfg->collate)
+        return em_fail(EM_ERR_ARG,
+                       "em_loader_new: the dataset has variable-length examples (lengths is set): give the "
+                       "config a collate that pads them (e.g. em_collate_pad)");
     size_t xb = em_field_bytes(&ds->x_field), yb = em_field_bytes(&ds->y_field);
     int64_t n = ds->len(ds->user);
     if (n < 0) return em_fail(EM_ERR_ARG, "em_loader_new: dataset length is %lld", (long long)n);
@@ -252,14 +296,16 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_config *cfg)
             ok = ok && l->wown.perm;
         }
     }
+    size_t B = (size_t)cfg->batch_size;
+    if (ok && cfg->collate) {
+        l->ex = malloc(B * sizeof(em_example));
+        ok = l->ex && (cfg->prefetch > 0 || slot_alloc(&l->raw, B, xb, yb, true));
+    }
     if (ok && cfg->prefetch > 0) {
-        size_t B = (size_t)cfg->batch_size;
         l->ring = calloc((size_t)cfg->prefetch, sizeof(slot));
         ok = l->ring != NULL;
         for (int k = 0; ok && k < cfg->prefetch; k++) {
-            l->ring[k].x = malloc(B * xb + 1);
-            l->ring[k].y = malloc(B * yb + 1);
-            ok = l->ring[k].x && l->ring[k].y;
+            ok = slot_alloc(&l->ring[k], B, xb, yb, cfg->collate != NULL);
             l->cap = k + 1; /* slots to free */
         }
     }
@@ -283,11 +329,10 @@ void em_loader_free(em_loader *l)
 {
     if (!l) return;
     stop_worker(l);
-    for (int k = 0; l->ring && k < l->cap; k++) {
-        free(l->ring[k].x);
-        free(l->ring[k].y);
-    }
+    for (int k = 0; l->ring && k < l->cap; k++) slot_free(&l->ring[k]);
     free(l->ring);
+    slot_free(&l->raw);
+    free(l->ex);
     free(l->own.perm);
     free(l->wown.perm);
     pthread_mutex_destroy(&l->mu);
@@ -374,6 +419,81 @@ static tensor *batch_tensor(const em_field *f, int64_t size)
     return t_new(f->dtype, f->ndim + 1, shape);
 }
 
+/* The prefetched head slot, which must be batch l->pos of `size` examples.
+ * NULL with the error set (the worker's, or a mismatch) otherwise; the
+ * worker is then restarted at the same position, so the next call retries
+ * this batch. */
+static slot *head_slot(em_loader *l, int64_t size)
+{
+    pthread_mutex_lock(&l->mu);
+    while (l->count == 0) pthread_cond_wait(&l->not_empty, &l->mu);
+    slot *s = &l->ring[l->head];
+    pthread_mutex_unlock(&l->mu);
+    if (s->epoch == l->pos.epoch && s->batch == l->pos.batch && s->size == size && s->status == EM_OK)
+        return s;
+    em_status st = s->status != EM_OK ? s->status : EM_ERR_ARG;
+    char msg[512];
+    if (s->status != EM_OK)
+        snprintf(msg, sizeof msg, "%s", s->msg);
+    else
+        snprintf(msg, sizeof msg,
+                 "em_loader_next: prefetched batch {%lld, %lld} is not the expected {%lld, %lld}",
+                 (long long)s->epoch, (long long)s->batch, (long long)l->pos.epoch, (long long)l->pos.batch);
+    stop_worker(l); /* and restart at the same position: the next call retries this batch */
+    if (start_worker(l) == EM_OK) em_err(st, "%s", msg);
+    return NULL;
+}
+
+/* Hands the head slot back to the worker. */
+static void pop_slot(em_loader *l)
+{
+    pthread_mutex_lock(&l->mu);
+    l->head = (l->head + 1) % l->cap;
+    l->count--;
+    pthread_cond_signal(&l->not_full);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Batch l->pos built by the collate from the examples of a slot (see the
+ * top of the file). false with the error set; the position stays. */
+static bool next_collated(em_loader *l, int64_t size, em_batch *b)
+{
+    slot *s = &l->raw;
+    if (l->running) {
+        if (!(s = head_slot(l, size))) return false;
+    } else if (fill_batch(l, &l->own, l->pos, s) != EM_OK) {
+        return false;
+    }
+    for (int64_t j = 0; j < size; j++)
+        l->ex[j] = (em_example){s->x + (size_t)j * l->xbytes, s->y + (size_t)j * l->ybytes, s->lens[2 * j],
+                                s->lens[2 * j + 1], s->idx[j]};
+    em_batch out = {0};
+    em_clear_error();
+    em_status st = l->cfg.collate(l->cfg.collate_ctx, l->ds, size, l->ex, &out);
+    if (st == EM_OK && !out.x)
+        st = em_err(EM_ERR_ARG, "em_loader_next: the collate returned EM_OK but made no x");
+    if (st != EM_OK) {
+        char msg[512];
+        if (em_last_status() == EM_OK)
+            snprintf(msg, sizeof msg, "em_loader_next: the collate failed (status %d) on batch {%lld, %lld}",
+                     (int)st, (long long)l->pos.epoch, (long long)l->pos.batch);
+        else
+            snprintf(msg, sizeof msg, "%s", em_last_error());
+        if (em_scope_depth() == 0) { /* persistent tensors would leak; scoped ones die with the scope */
+            em_free(out.x);
+            em_free(out.y);
+            em_free(out.mask);
+        }
+        em_err(st, "%s", msg);
+        return false; /* the slot stays at the head: the next call retries it */
+    }
+    if (l->running) pop_slot(l);
+    l->pos.batch++;
+    out.size = size;
+    *b = out;
+    return true;
+}
+
 bool em_loader_next(em_loader *l, em_batch *b)
 {
     if (b) *b = (em_batch){0};
@@ -387,6 +507,7 @@ bool em_loader_next(em_loader *l, em_batch *b)
         return false;
     }
     int64_t start, size = batch_span(l, l->pos.batch, &start);
+    if (l->cfg.collate) return next_collated(l, size, b);
     tensor *x = batch_tensor(&l->ds->x_field, size);
     tensor *y = x ? batch_tensor(&l->ds->y_field, size) : NULL;
     if (!x || !y) {
@@ -394,44 +515,25 @@ bool em_loader_next(em_loader *l, em_batch *b)
         return false;
     }
     if (!l->running) {
-        int64_t got;
-        if (fill_batch(l, &l->own, l->pos, t_ptr(x), t_ptr(y), &got) != EM_OK) {
+        slot direct = {.x = t_ptr(x), .y = t_ptr(y)}; /* straight into the tensors */
+        if (fill_batch(l, &l->own, l->pos, &direct) != EM_OK) {
             t_drop(x);
             t_drop(y);
             return false;
         }
     } else {
-        pthread_mutex_lock(&l->mu);
-        while (l->count == 0) pthread_cond_wait(&l->not_empty, &l->mu);
-        slot *s = &l->ring[l->head];
-        pthread_mutex_unlock(&l->mu);
-        if (s->epoch != l->pos.epoch || s->batch != l->pos.batch || s->size != size || s->status != EM_OK) {
-            em_status st = s->status != EM_OK ? s->status : EM_ERR_ARG;
-            char msg[512];
-            if (s->status != EM_OK)
-                snprintf(msg, sizeof msg, "%s", s->msg);
-            else
-                snprintf(msg, sizeof msg,
-                         "em_loader_next: prefetched batch {%lld, %lld} is not the expected "
-                         "{%lld, %lld}",
-                         (long long)s->epoch, (long long)s->batch, (long long)l->pos.epoch,
-                         (long long)l->pos.batch);
+        slot *s = head_slot(l, size);
+        if (!s) {
             t_drop(x);
             t_drop(y);
-            stop_worker(l); /* and restart at the same position: the next call retries this batch */
-            if (start_worker(l) == EM_OK) em_err(st, "%s", msg);
             return false;
         }
         memcpy(t_ptr(x), s->x, (size_t)size * l->xbytes);
         memcpy(t_ptr(y), s->y, (size_t)size * l->ybytes);
-        pthread_mutex_lock(&l->mu);
-        l->head = (l->head + 1) % l->cap;
-        l->count--;
-        pthread_cond_signal(&l->not_full);
-        pthread_mutex_unlock(&l->mu);
+        pop_slot(l);
     }
     l->pos.batch++;
-    *b = (em_batch){t_handle(x), t_handle(y), size};
+    *b = (em_batch){.x = t_handle(x), .y = t_handle(y), .size = size};
     return true;
 }
 
@@ -488,7 +590,7 @@ em_status em_window_sampler_next(em_window_sampler *s, em_batch *b)
         }
     }
     s->rng.offset += (uint64_t)B;
-    *b = (em_batch){t_handle(x), t_handle(y), Bl};
+    *b = (em_batch){.x = t_handle(x), .y = t_handle(y), .size = Bl};
     return EM_OK;
 }
 

@@ -49,6 +49,8 @@ struct em_accelerator {
     char *logging_dir;   /* owned; NULL = the trackers' default */
     em_tracker *tracker; /* main process, between init_trackers and end_training */
     bool trackers_on;    /* every rank: init_trackers was called, end_training not yet */
+    /* main_process_first (dist/accel_objects.c): between _begin and _end */
+    bool main_first_open;
 };
 
 /* ---- dist/accel_ckpt.c ---- */

@@ -191,9 +191,11 @@ em_status em_accel_to_device(em_accelerator *a, em_batch *b)
 {
     if (!a || !b) return em_err(EM_ERR_ARG, "em_accel_to_device: %s is NULL", a ? "batch" : "accelerator");
     em_tensor *x = b->x ? em_to(b->x, a->device) : NULL, *y = b->y ? em_to(b->y, a->device) : NULL;
-    if ((b->x && !x) || (b->y && !y)) return em_last_status();
+    em_tensor *mask = b->mask ? em_to(b->mask, a->device) : NULL; /* a collate's mask */
+    if ((b->x && !x) || (b->y && !y) || (b->mask && !mask)) return em_last_status();
     b->x = x;
     b->y = y;
+    b->mask = mask;
     return EM_OK;
 }
 bool em_accel_sync_gradients(const em_accelerator *a) { return a && a->sync; }
@@ -378,7 +380,11 @@ em_status em_accel_step(em_accelerator *a)
         em_scaler_update(a->scaler);
         if (a->skipped) return EM_OK; /* no update, and the schedule stays where it is */
     }
-    if (a->has_sched && (s = em_optim_set_lr(a->opt, -1, em_lr_at(&a->sched, a->steps)))) return s;
+    if (a->has_sched) { /* a failing schedule (a user's fn) keeps its own message, naming the step */
+        double lr = em_lr_at(&a->sched, a->steps);
+        if (isnan(lr)) return em_last_status();
+        if ((s = em_optim_set_lr(a->opt, -1, lr))) return s;
+    }
     if ((s = em_optim_step(a->opt))) return s;
     a->steps++;
     return EM_OK;

@@ -1,6 +1,8 @@
 /* schedule.c — learning-rate schedules as pure functions of the step:
- * constant, linear warm-up, warm-up then cosine decay (nanoGPT's get_lr), and
- * step decay (torch StepLR). Formulas in include/ember/optim.h. */
+ * constant, linear warm-up, warm-up then cosine decay (nanoGPT's get_lr),
+ * step decay (torch StepLR), linear warm-up then linear decay to 0
+ * (transformers' get_linear_schedule_with_warmup) and a user's function of
+ * the step (torch LambdaLR). Formulas in include/ember/optim.h. */
 #include <math.h>
 
 #include "../tensor/error_impl.h"
@@ -33,6 +35,16 @@ em_status em_lr_schedule_check(const em_lr_schedule *s)
             return em_err(EM_ERR_ARG, "%s: step_size must be >= 1, got %lld", fn, (long long)s->step_size);
         if (!(s->gamma >= 0)) return em_err(EM_ERR_ARG, "%s: gamma must be >= 0, got %g", fn, s->gamma);
         return EM_OK;
+    case EM_LR_LINEAR:
+        if (s->warmup < 0)
+            return em_err(EM_ERR_ARG, "%s: warmup must be >= 0, got %lld", fn, (long long)s->warmup);
+        if (s->total <= s->warmup)
+            return em_err(EM_ERR_ARG, "%s: total must be > warmup, got total=%lld warmup=%lld", fn,
+                          (long long)s->total, (long long)s->warmup);
+        return EM_OK;
+    case EM_LR_CUSTOM:
+        if (!s->fn) return em_err(EM_ERR_ARG, "%s: fn must be set for EM_LR_CUSTOM, got NULL", fn);
+        return EM_OK;
     }
     return em_err(EM_ERR_ARG, "%s: unknown kind %d", fn, (int)s->kind);
 }
@@ -53,6 +65,20 @@ double em_lr_at(const em_lr_schedule *s, int64_t step)
     }
     case EM_LR_STEP: /* lr = base gamma^floor(s / step_size) */
         return s->base_lr * pow(s->gamma, (double)(step / s->step_size));
+    case EM_LR_LINEAR: /* lr = base s/warmup, then base (total - s)/(total - warmup), then 0 */
+        if (step < s->warmup) return s->base_lr * (double)step / (double)s->warmup;
+        if (step >= s->total) return 0.0;
+        return s->base_lr * (double)(s->total - step) / (double)(s->total - s->warmup);
+    case EM_LR_CUSTOM: { /* lr = base fn(s) */
+        double m = s->fn(step, s->ctx);
+        if (!(isfinite(m) && m >= 0))
+            return em_err(EM_ERR_ARG,
+                          "em_lr_at: the schedule's fn returned %g for step %lld (a multiplier of base_lr "
+                          "must be finite and >= 0)",
+                          m, (long long)step),
+                   NAN;
+        return s->base_lr * m;
+    }
     }
     return NAN; /* unreachable: the check rejects unknown kinds */
 }

@@ -74,7 +74,7 @@ static void sq_free(void *user)
 
 static em_dataset squares_def(int64_t *n)
 {
-    return (em_dataset){sq_len, sq_get, sq_free, n, {EM_F32, 1, {2}}, {EM_I32, 0, {0}}};
+    return (em_dataset){sq_len, sq_get, sq_free, n, {EM_F32, 1, {2}}, {EM_I32, 0, {0}}, NULL};
 }
 
 TEST(test_dataset_get_makes_example_tensors_of_its_fields)

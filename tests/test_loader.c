@@ -33,7 +33,7 @@ static em_status ids_get(void *user, int64_t i, void *x, void *y)
 
 static em_dataset ids_dataset(ids_data *d)
 {
-    return (em_dataset){ids_len, ids_get, NULL, d, {EM_F32, 1, {2}}, {EM_I32, 0, {0}}};
+    return (em_dataset){ids_len, ids_get, NULL, d, {EM_F32, 1, {2}}, {EM_I32, 0, {0}}, NULL};
 }
 
 /* The y values of a batch (its example indices) into out; returns the count. */
@@ -125,7 +125,7 @@ static void check_epochs_cover(bool drop_last, int prefetch)
 {
     ids_data d = {23, -1, 0};
     em_dataset ds = ids_dataset(&d);
-    em_loader *l = em_loader_new(&ds, &(em_loader_config){5, true, 7, drop_last, prefetch});
+    em_loader *l = em_loader_new(&ds, &(em_loader_config){5, true, 7, drop_last, prefetch, NULL, NULL});
     int64_t nb = em_loader_num_batches(l);
     CHECK(nb == (drop_last ? 4 : 5));
     for (int e = 0; e < 3; e++) {
@@ -193,11 +193,11 @@ TEST(test_loader_prefetch_gives_the_same_batches_as_no_prefetch)
     ids_data d = {37, -1, 0};
     em_dataset ds = ids_dataset(&d);
     int32_t want[512], got[512];
-    em_loader *l = em_loader_new(&ds, &(em_loader_config){6, true, 5, false, 0});
+    em_loader *l = em_loader_new(&ds, &(em_loader_config){6, true, 5, false, 0, NULL, NULL});
     int kw = record(l, 25, want); /* 3+ epochs of 7 batches */
     em_loader_free(l);
     for (int prefetch = 1; prefetch <= 5; prefetch += 2) {
-        l = em_loader_new(&ds, &(em_loader_config){6, true, 5, false, prefetch});
+        l = em_loader_new(&ds, &(em_loader_config){6, true, 5, false, prefetch, NULL, NULL});
         int k = record(l, 25, got);
         CHECK(k == kw && memcmp(got, want, (size_t)k * sizeof(int32_t)) == 0);
         em_loader_free(l);
@@ -210,7 +210,7 @@ static void check_resume(int prefetch)
 {
     ids_data d = {17, -1, 0};
     em_dataset ds = ids_dataset(&d);
-    em_loader_config cfg = {4, true, 9, false, prefetch};
+    em_loader_config cfg = {4, true, 9, false, prefetch, NULL, NULL};
     int32_t want[512], got[512];
     em_loader *l = em_loader_new(&ds, &cfg);
     int kw = record(l, 18, want); /* 3 epochs of 5 batches + epoch ends */
@@ -271,7 +271,7 @@ TEST(test_loader_free_mid_epoch_with_prefetch_leaves_no_thread_or_tensor)
     em_loader_free(l);
     int64_t live = em_live_tensors();
     int threads = count_threads();
-    l = em_loader_new(&ds, &(em_loader_config){3, true, 1, false, 4});
+    l = em_loader_new(&ds, &(em_loader_config){3, true, 1, false, 4, NULL, NULL});
     CHECK(count_threads() == threads + 1);
     record(l, 2, got);
     em_batch b;
@@ -299,7 +299,7 @@ static void check_dataset_error_then_retry(int prefetch)
 {
     ids_data d = {10, 5, 1};
     em_dataset ds = ids_dataset(&d);
-    em_loader *l = em_loader_new(&ds, &(em_loader_config){.batch_size = 3, .prefetch = prefetch});
+    em_loader *l = em_loader_new(&ds, &(em_loader_config){.batch_size = 3, .prefetch = prefetch, NULL, NULL});
     int64_t live = em_live_tensors();
     em_batch b;
     CHECK(em_loader_next(l, &b));

@@ -22,7 +22,7 @@ static em_status ids_get(void *user, int64_t i, void *x, void *y)
 
 static em_dataset ids_dataset(int64_t *n)
 {
-    return (em_dataset){ids_len, ids_get, NULL, n, {EM_F32, 1, {2}}, {EM_I32, 0, {0}}};
+    return (em_dataset){ids_len, ids_get, NULL, n, {EM_F32, 1, {2}}, {EM_I32, 0, {0}}, NULL};
 }
 
 #define MAXB 64   /* batches per epoch in these tests */
@@ -62,7 +62,7 @@ static void run_epoch(em_loader *l, epoch_rec *r)
 static em_loader *new_loader(int64_t *n, em_dataset *ds, int64_t B, bool drop_last, int prefetch)
 {
     *ds = ids_dataset(n);
-    em_loader *l = em_loader_new(ds, &(em_loader_config){B, true, 1234, drop_last, prefetch});
+    em_loader *l = em_loader_new(ds, &(em_loader_config){B, true, 1234, drop_last, prefetch, NULL, NULL});
     CHECK_NOTNULL(l);
     return l;
 }
@@ -72,7 +72,7 @@ static void new_ranks(em_loader **ranks, int world, em_dataset *ds, int64_t B, b
                       bool split, bool even)
 {
     for (int r = 0; r < world; r++) {
-        ranks[r] = em_loader_new(ds, &(em_loader_config){B, true, 1234, drop_last, prefetch});
+        ranks[r] = em_loader_new(ds, &(em_loader_config){B, true, 1234, drop_last, prefetch, NULL, NULL});
         CHECK_NOTNULL(ranks[r]);
         CHECK_OK(em_loader_set_shard(ranks[r], r, world, split, even));
     }

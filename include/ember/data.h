@@ -68,6 +68,22 @@ typedef struct em_dataset {
     void (*free)(void *user);
     void *user;
     em_field x_field, y_field;
+    /* Variable-length examples (tokenised text): optional, NULL = every
+     * example has the fields' full shapes.
+     *   lengths(user, i, x_len, y_len)  example i's length along dim 0 of x
+     *                      and of y. Both start at the field's shape[0] (0
+     *                      for a 0-dim field, which has no length), so a
+     *                      dataset writes only the ones that vary. A field's
+     *                      shape[0] is then the largest length an example
+     *                      may have (0 <= length <= shape[0], checked: an
+     *                      error naming i and the values), and get still
+     *                      receives buffers of em_field_bytes bytes but
+     *                      writes only the first `length` rows; the rest is
+     *                      unspecified. Same thread rules as get.
+     * A loader over such a dataset needs a collate (em_loader_config), which
+     * receives each example's lengths (em_collate_pad pads to the batch's
+     * longest); em_dataset_get returns x and y at the example's lengths. */
+    em_status (*lengths)(void *user, int64_t i, int64_t *x_len, int64_t *y_len);
 } em_dataset;
 
 /* Bytes of one example of f (numel * dtype size); 0 for an invalid field. */
@@ -84,8 +100,10 @@ void em_dataset_free(em_dataset *ds);
 int64_t em_dataset_len(const em_dataset *ds);
 /* Example i as tensors x (x_field shape) and y (y_field shape) made in the
  * caller's current scope (persistent if none is open: caller em_frees).
- * EM_ERR_INDEX when i is out of range; whatever get returns if it fails (no
- * tensor is left behind; *x and *y are set to NULL). */
+ * With lengths set, dim 0 of each is the example's length (x_len, ...).
+ * EM_ERR_INDEX when i is out of range; EM_ERR_ARG for a length outside [0,
+ * shape[0]]; whatever get or lengths returns if it fails (no tensor is left
+ * behind; *x and *y are set to NULL). */
 em_status em_dataset_get(const em_dataset *ds, int64_t i, em_tensor **x, em_tensor **y);
 
 /* ---- token arrays ------------------------------------------------------------
@@ -213,21 +231,78 @@ em_dataset *em_idx_dataset_open(const char *images_path, const char *labels_path
 
 typedef struct em_loader em_loader;
 
+/* One batch: x (B,...) and y (B,...) stacked from the examples' fields, made
+ * in the scope that was current when em_loader_next was called. B is
+ * batch_size except for a ragged last batch (drop_last false). With a
+ * collate, x, y and mask are what it made (em_collate_pad: x (B,L,...),
+ * y, and mask (B,L) marking real positions); mask is NULL otherwise. */
+typedef struct em_batch {
+    em_tensor *x, *y;
+    int64_t size;
+    em_tensor *mask;
+} em_batch;
+
+/* One example as a collate sees it: get's buffers (x_field / y_field
+ * layout, only the first x_len / y_len rows meaningful when the dataset has
+ * lengths), its lengths along dim 0 (the fields' shape[0] without lengths; 0
+ * for a 0-dim field) and its index in the dataset. Borrowed by the loader:
+ * valid during the collate call only. */
+typedef struct em_example {
+    const void *x, *y;
+    int64_t x_len, y_len;
+    int64_t index;
+} em_example;
+
+/* A collate builds one batch from its n >= 1 examples (in batch order):
+ * tensors in the caller's current scope into out->x (required), out->y and
+ * out->mask (optional; out arrives zeroed and the loader sets out->size = n
+ * afterwards). It runs on the thread that calls em_loader_next, never on
+ * the prefetch thread (only that thread may make tensors); the prefetch
+ * thread still runs get and lengths ahead. ds gives the fields. On failure
+ * it returns a status with a message (em_set_error): em_loader_next then
+ * fails with it, the position does not move, and the tensors left in *out
+ * are freed when no scope is open (in a scope they die with it). */
+typedef em_status (*em_collate_fn)(void *ctx, const em_dataset *ds, int64_t n, const em_example *ex,
+                                   em_batch *out);
+
 typedef struct em_loader_config {
     int64_t batch_size; /* examples per batch, >= 1 */
     bool shuffle;       /* a new permutation each epoch, from (seed, epoch) only */
     uint64_t seed;
     bool drop_last; /* drop a last batch smaller than batch_size */
     int prefetch;   /* batches a background thread prepares ahead; 0 = none */
+    /* How a batch is built: NULL = stack the examples (B, field...); else
+     * collate(collate_ctx, ...) builds it (required for a dataset with
+     * lengths). collate_ctx is borrowed and must outlive the loader. */
+    em_collate_fn collate;
+    void *collate_ctx;
 } em_loader_config;
 
-/* One batch: x (B,...) and y (B,...) stacked from the examples' fields, made
- * in the scope that was current when em_loader_next was called. B is
- * batch_size except for a ragged last batch (drop_last false). */
-typedef struct em_batch {
-    em_tensor *x, *y;
-    int64_t size;
-} em_batch;
+/* ---- padding collate (data/collate.c) ------------------------------------------
+ * em_collate_pad with ctx = a const em_pad_config * (NULL = all defaults)
+ * pads variable-length examples (em_dataset.lengths) to the longest in the
+ * batch: L = max over the batch of x_len (and of y_len with pad_y), rounded
+ * up to a multiple of `multiple`, and makes
+ *   x     (B, L, x_field.shape[1..]) x_field.dtype: example b's x_len rows,
+ *         then x_pad;
+ *   y     pad_y: (B, L, y_field.shape[1..]): its y_len rows, then y_pad (e.g.
+ *         -100 for em_cross_entropy's ignore_index); otherwise y stacked at
+ *         its full field shape (B, y_field...), which needs every y_len equal
+ *         to y_field.shape[0] (EM_ERR_SHAPE naming the example otherwise);
+ *   mask  (B, L) mask_dtype: 1 at positions t < x_len, 0 after.
+ * x_field needs ndim >= 1 (and y_field with pad_y): EM_ERR_SHAPE otherwise.
+ * Pad values are converted to the dtype as em_full converts. Sharded, each
+ * rank pads its own batch: L may differ between ranks (pad across processes
+ * before gathering). */
+typedef struct em_pad_config {
+    double x_pad;        /* value of x's padding (e.g. the pad token id); default 0 */
+    double y_pad;        /* value of y's padding with pad_y; default 0 */
+    bool pad_y;          /* pad y along dim 0 to L too (labels aligned with x) */
+    int64_t multiple;    /* round L up to a multiple of this; 0 or 1 = no rounding; >= 0 */
+    em_dtype mask_dtype; /* default EM_F32 (1.0 / 0.0) */
+} em_pad_config;
+
+em_status em_collate_pad(void *ctx, const em_dataset *ds, int64_t n, const em_example *ex, em_batch *out);
 
 /* Where a loader is: the next call of em_loader_next returns batch `batch` of
  * epoch `epoch` (or false, ending the epoch, when batch equals the number of
@@ -237,6 +312,7 @@ typedef struct em_loader_pos {
 } em_loader_pos;
 
 /* A loader over ds (borrowed: ds must outlive it), at epoch 0 batch 0.
+ * A dataset with lengths needs cfg->collate (EM_ERR_ARG otherwise).
  * Epoch e visits the examples in order 0..n-1, or when shuffling in a
  * Fisher-Yates permutation drawn from Philox keyed by seed with counters
  * (e, i), so the order depends only on (seed, epoch). With prefetch > 0 a
@@ -253,8 +329,9 @@ void em_loader_free(em_loader *l);
  * (persistent if none is open: the caller em_frees them). Returns false at
  * the end of an epoch, with b zeroed and the last error cleared (EM_OK); the
  * next call starts the next epoch. Returns false with b zeroed and the
- * error set if the dataset's get fails (the position does not move, so a
- * call retries the same batch) or on a bad argument. */
+ * error set if the dataset's get or lengths or the collate fails (the
+ * position does not move, so a call retries the same batch) or on a bad
+ * argument. */
 bool em_loader_next(em_loader *l, em_batch *b);
 /* Batches per epoch: ceil(n / B), or floor(n / B) with drop_last; when
  * sharded, this rank's batches (see em_loader_set_shard). */

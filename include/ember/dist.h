@@ -314,7 +314,7 @@ int em_accel_grad_accum(const em_accelerator *a);
 em_pg *em_accel_pg(const em_accelerator *a); /* borrowed */
 /* The device this process computes on (em_accel_config.device). */
 em_device em_accel_device(const em_accelerator *a);
-/* Moves b->x and b->y to the Accelerator's device (em_to: the copies live in
+/* Moves b->x, b->y and b->mask (those set) to the Accelerator's device (em_to: the copies live in
  * the caller's scope; nothing happens on the CPU). em_accel_next does this
  * itself; a loop that draws batches another way (a window sampler) calls
  * it. EM_ERR_ARG on NULL, the em_to error otherwise (b unchanged). */
@@ -394,6 +394,38 @@ void em_accel_split_between_processes(const em_accelerator *a, int64_t n, int64_
  * (check_trigger is collective and resets the trigger). */
 void em_accel_set_trigger(em_accelerator *a);
 bool em_accel_check_trigger(em_accelerator *a, em_status *status);
+
+/* ---- main_process_first and gather_object (dist/accel_objects.c) ------------
+ * main_process_first: Accelerate's `with accelerator.main_process_first():`
+ * as two calls around a block (e.g. downloading or tokenising a data set the
+ * other ranks then read from a cache):
+ *     if (em_accel_main_process_first_begin(acc)) fail;
+ *     ... the block ...
+ *     if (em_accel_main_process_first_end(acc)) fail;
+ * The main process (rank 0) runs its block at once; every other rank waits
+ * in _begin until the main process has called _end, then runs its block
+ * (the others run theirs concurrently). Both calls are collective: every
+ * rank calls both, in this order, and each rank meets one barrier (the
+ * others in _begin, the main process in _end); a rank that never arrives
+ * makes the others fail after the timeout, naming it, as a barrier does.
+ * Blocks do not nest: _begin with a block open, or _end with none, is
+ * EM_ERR_ARG (nothing waits). World 1: both return at once. A failure of
+ * the block itself is the program's to share (e.g. em_accel_set_trigger
+ * then em_accel_check_trigger after _end). */
+em_status em_accel_main_process_first_begin(em_accelerator *a);
+em_status em_accel_main_process_first_end(em_accelerator *a);
+
+/* Gathers n bytes at data from every rank (any length per rank, 0 too;
+ * data may be NULL when n is 0) on every rank: *out receives one malloc'd
+ * buffer holding the ranks' bytes concatenated in rank order, followed by a
+ * NUL byte (so text stays a C string); the caller free()s it. sizes (an
+ * array of em_accel_world(a) entries, the caller's) receives each rank's
+ * length: rank r's bytes start at sizes[0] + ... + sizes[r-1]. Collective
+ * (two all-gathers; every rank's bytes travel padded to the longest, so
+ * memory is world x the longest). EM_ERR_ARG on NULL arguments; a group
+ * error (EM_ERR_DIST / EM_ERR_TIMEOUT) as the collectives give it, with
+ * *out NULL. */
+em_status em_accel_gather_object(em_accelerator *a, const void *data, size_t n, void **out, size_t *sizes);
 
 /* Saves model (DIR/model.safetensors, main process), optimizer
  * (DIR/optimizer.safetensors), schedule position and step, loader position

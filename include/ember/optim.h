@@ -166,23 +166,57 @@ double em_clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_st
  *                        min_lr + 0.5 * (1 + cos(pi * r)) * (base_lr - min_lr)
  *                    s >= total: min_lr
  *   EM_LR_STEP:      base_lr * gamma ^ floor(s / step_size)  (torch StepLR)
+ *   EM_LR_LINEAR:    s < warmup: base_lr * s / warmup  (warm-up starts at 0)
+ *                    warmup <= s < total: base_lr * (total - s) / (total - warmup)
+ *                    s >= total: 0
+ *                    This is transformers' get_linear_schedule_with_warmup
+ *                    (LambdaLR, the schedule Hugging Face scripts use most):
+ *                    its lr for the optimizer's step s, step for step —
+ *                    including lr 0 for step 0 when warmup > 0, where
+ *                    EM_LR_WARMUP and EM_LR_COSINE start at base_lr / warmup.
+ *   EM_LR_CUSTOM:    base_lr * fn(s, ctx): fn returns a multiplier of base_lr,
+ *                    as torch's LambdaLR lr_lambda does (so a Hugging Face
+ *                    lambda ports as is, and base_lr stays the one knob).
+ *                    fn must be a pure function of s (and ctx): the
+ *                    Accelerator calls it with its optimizer-step count, so a
+ *                    resumed run continues the schedule. A multiplier that is
+ *                    NaN, infinite or negative is an error of em_lr_at naming
+ *                    the step and the value.
  * Use:  em_optim_set_lr(o, -1, em_lr_at(&sched, step)) before each step. */
-typedef enum em_lr_kind { EM_LR_CONSTANT = 0, EM_LR_WARMUP, EM_LR_COSINE, EM_LR_STEP } em_lr_kind;
+typedef enum em_lr_kind {
+    EM_LR_CONSTANT = 0,
+    EM_LR_WARMUP,
+    EM_LR_COSINE,
+    EM_LR_STEP,
+    EM_LR_LINEAR,
+    EM_LR_CUSTOM
+} em_lr_kind;
+
+/* EM_LR_CUSTOM's function: the multiplier of base_lr for step (>= 0). It may
+ * be called any number of times for the same step, from the thread that
+ * calls em_lr_at. */
+typedef double (*em_lr_fn)(int64_t step, void *ctx);
 
 typedef struct em_lr_schedule {
     em_lr_kind kind;
     double base_lr;    /* >= 0 */
     double min_lr;     /* COSINE: the floor, 0 <= min_lr <= base_lr */
-    int64_t warmup;    /* WARMUP: >= 1; COSINE: >= 0 */
-    int64_t total;     /* COSINE: step where min_lr is reached, > warmup */
+    int64_t warmup;    /* WARMUP: >= 1; COSINE, LINEAR: >= 0 */
+    int64_t total;     /* COSINE: step where min_lr is reached; LINEAR: step
+                          where the lr reaches 0; > warmup */
     int64_t step_size; /* STEP: >= 1 */
     double gamma;      /* STEP: >= 0 */
+    /* CUSTOM: fn (not NULL) and its ctx (borrowed: it must outlive every
+     * copy of the schedule, e.g. the one an Accelerator keeps). */
+    em_lr_fn fn;
+    void *ctx;
 } em_lr_schedule;
 
 /* EM_OK, or EM_ERR_ARG naming the field and value that is out of range for
  * the kind (fields the kind does not use are ignored). */
 em_status em_lr_schedule_check(const em_lr_schedule *s);
-/* The lr at step (>= 0). NAN with EM_ERR_ARG for a bad schedule or step < 0. */
+/* The lr at step (>= 0). NAN with EM_ERR_ARG for a bad schedule, step < 0,
+ * or (EM_LR_CUSTOM) a multiplier that is not finite and >= 0. */
 double em_lr_at(const em_lr_schedule *s, int64_t step);
 
 #if defined(__GNUC__) && !defined(__CUDACC__)
