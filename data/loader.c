@@ -25,7 +25,12 @@
 #include <stdlib.h>
 
 #include "../tensor/tensor_impl.h"
+#include "data/loader_impl.h"
 #include "ember/data.h"
+
+/* Every batch any loader returns takes the next stamp, so of several
+ * loaders the one with the largest last stamp returned a batch last. */
+static uint64_t stamp_clock;
 
 typedef struct slot {
     uint8_t *x, *y;       /* (B, x_field...) and (B, y_field...) */
@@ -52,6 +57,10 @@ struct em_loader {
     size_t xbytes, ybytes; /* one example */
     em_loader_pos pos;     /* the caller's next batch */
     order own;             /* the caller's permutation (no-prefetch path) */
+    /* the batch em_loader_next last returned: whether it was its epoch's
+     * last, and its stamp (loader_last_stamp; 0: none since the last seek) */
+    bool last_final;
+    uint64_t last_stamp;
 
     /* prefetch */
     slot *ring;
@@ -331,6 +340,8 @@ em_status em_loader_set_shard(em_loader *l, int rank, int world, bool split_batc
                       (long long)l->pos.epoch, (long long)l->pos.batch);
     stop_worker(l);
     set_geometry(l, rank, world, split_batches, even_batches);
+    l->last_final = false;
+    l->last_stamp = 0;
     return start_worker(l);
 }
 
@@ -362,6 +373,8 @@ em_status em_loader_seek(em_loader *l, em_loader_pos pos)
                       (long long)pos.epoch, (long long)pos.batch, (long long)l->nb);
     stop_worker(l);
     l->pos = pos;
+    l->last_final = false;
+    l->last_stamp = 0;
     return start_worker(l);
 }
 
@@ -374,31 +387,31 @@ static tensor *batch_tensor(const em_field *f, int64_t size)
     return t_new(f->dtype, f->ndim + 1, shape);
 }
 
-bool em_loader_next(em_loader *l, em_batch *b)
+int em_loader_next(em_loader *l, em_batch *b)
 {
     if (b) *b = (em_batch){0};
     if (!l || !b) {
         em_err(EM_ERR_ARG, "em_loader_next: loader and batch must not be NULL");
-        return false;
+        return -1;
     }
     if (l->pos.batch >= l->nb) { /* end of the epoch; the worker has moved on already */
         l->pos = (em_loader_pos){l->pos.epoch + 1, 0};
         em_clear_error();
-        return false;
+        return 0;
     }
     int64_t start, size = batch_span(l, l->pos.batch, &start);
     tensor *x = batch_tensor(&l->ds->x_field, size);
     tensor *y = x ? batch_tensor(&l->ds->y_field, size) : NULL;
     if (!x || !y) {
         t_drop(x);
-        return false;
+        return -1;
     }
     if (!l->running) {
         int64_t got;
         if (fill_batch(l, &l->own, l->pos, t_ptr(x), t_ptr(y), &got) != EM_OK) {
             t_drop(x);
             t_drop(y);
-            return false;
+            return -1;
         }
     } else {
         pthread_mutex_lock(&l->mu);
@@ -420,7 +433,7 @@ bool em_loader_next(em_loader *l, em_batch *b)
             t_drop(y);
             stop_worker(l); /* and restart at the same position: the next call retries this batch */
             if (start_worker(l) == EM_OK) em_err(st, "%s", msg);
-            return false;
+            return -1;
         }
         memcpy(t_ptr(x), s->x, (size_t)size * l->xbytes);
         memcpy(t_ptr(y), s->y, (size_t)size * l->ybytes);
@@ -431,9 +444,15 @@ bool em_loader_next(em_loader *l, em_batch *b)
         pthread_mutex_unlock(&l->mu);
     }
     l->pos.batch++;
+    l->last_final = l->pos.batch == l->nb;
+    l->last_stamp = __atomic_add_fetch(&stamp_clock, 1, __ATOMIC_RELAXED);
     *b = (em_batch){t_handle(x), t_handle(y), size};
-    return true;
+    return 1;
 }
+
+bool em_loader_last_was_final(const em_loader *l) { return l && l->last_final; }
+
+uint64_t loader_last_stamp(const em_loader *l) { return l ? l->last_stamp : 0; }
 
 /* ---- the random-window sampler ------------------------------------------------------------ */
 

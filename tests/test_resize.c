@@ -89,7 +89,9 @@ static void train_job(int rank, int world, void *ctx)
     while (em_accel_step_count(acc) < j->steps) {
         em_scope s = em_scope_begin();
         em_batch b;
-        if (!em_accel_next(acc, &b)) { /* end of the epoch */
+        int got = em_accel_next(acc, &b);
+        if (got <= 0) { /* end of the epoch */
+            CHECK(got == 0);
             CHECK_OK(em_last_status());
             em_scope_end(s);
             continue;
