@@ -432,7 +432,8 @@ static em_status read_counters(const char *path, counters *c)
     }
     if (!s && c->has_sampler) s = get_rng(&root, path, "sampler", &c->sampler);
     if (!s) s = get_opt_i64(&root, path, "sampler.batch", &c->sampler_batch);
-    if (!s && c->sampler_batch == 0) s = em_err(EM_ERR_IO, "em_accel_load_state: %s: a global batch of 0", path);
+    if (!s && c->sampler_batch == 0)
+        s = em_err(EM_ERR_IO, "em_accel_load_state: %s: a global batch of 0", path);
     for (int i = 0; !s && i < c->nrngs; i++) {
         char name[32];
         snprintf(name, sizeof name, "rng.%d", i);
@@ -538,7 +539,8 @@ static em_status check_counts(const em_accelerator *a, const counters *ref)
                   "em_accel_load_state: %s was saved with %s; this run prepared %d %s, %d %s and %d %s "
                   "(prepare the same objects in the same order)",
                   ref->path, saved, a->nmodels, plural(a->nmodels, "model", "models"), a->nopts,
-                  plural(a->nopts, "optimizer", "optimizers"), a->nloaders, plural(a->nloaders, "loader", "loaders"));
+                  plural(a->nopts, "optimizer", "optimizers"), a->nloaders,
+                  plural(a->nloaders, "loader", "loaders"));
 }
 
 /* The generators this run's models own against those own's file holds, by
@@ -559,10 +561,11 @@ static em_status module_rngs(em_accelerator *a, const counters *own, bool apply)
         if (!r) return em_err(EM_ERR_OOM, "em_accel_load_state: out of memory");
         em_module_rngs(a->models[k], r, n);
         if (saved != n)
-            s = em_err(EM_ERR_ARG,
-                       "em_accel_load_state: %s holds %lld generators of model %d's modules; this run's model "
-                       "%d has %d (is it the same model?)",
-                       own->path, (long long)saved, k, k, n);
+            s = em_err(
+                EM_ERR_ARG,
+                "em_accel_load_state: %s holds %lld generators of model %d's modules; this run's model "
+                "%d has %d (is it the same model?)",
+                own->path, (long long)saved, k, k, n);
         for (int i = 0; i < n && !s; i++) {
             module_rng_key(key, sizeof key, k, r[i].name);
             char seed[1300];
@@ -581,7 +584,10 @@ static em_status module_rngs(em_accelerator *a, const counters *own, bool apply)
     return s;
 }
 
-static em_status check_module_rngs(em_accelerator *a, const counters *own) { return module_rngs(a, own, false); }
+static em_status check_module_rngs(em_accelerator *a, const counters *own)
+{
+    return module_rngs(a, own, false);
+}
 
 /* The checkpoint against this run: the same generators, loader, sampler and
  * scaler, a micro-step that fits, and, when the world size changed, a state
@@ -595,7 +601,8 @@ static em_status check_run(em_accelerator *a, const char *dir, const counters *r
     if ((s = check_counts(a, ref))) return s;
     if ((s = check_module_rngs(a, own))) return s;
     if (ref->has_sampler != (a->sampler != NULL))
-        return em_err(EM_ERR_ARG, "em_accel_load_state: %s was saved with%s a window sampler; this run has%s one",
+        return em_err(EM_ERR_ARG,
+                      "em_accel_load_state: %s was saved with%s a window sampler; this run has%s one",
                       ref->path, ref->has_sampler ? "" : "out", a->sampler ? "" : " no");
     if (ref->has_scaler != (a->scaler != NULL))
         return em_err(EM_ERR_ARG,
@@ -640,13 +647,12 @@ static em_status check_run(em_accelerator *a, const char *dir, const counters *r
             else
                 snprintf(fix, sizeof fix, "give each process a batch_size of %lld (%lld / %d)",
                          (long long)(old / a->world), (long long)old, a->world);
-            return em_err(
-                EM_ERR_ARG,
-                "em_accel_load_state: %s was saved by %lld processes with loader %d's global "
-                "batch of %lld examples (%lld each); this run's %d processes make a global batch of %lld (%lld "
-                "each), which would change the data order: %s",
-                dir, W, k, (long long)old, (long long)(old / W), a->world, (long long)G,
-                (long long)(G / a->world), fix);
+            return em_err(EM_ERR_ARG,
+                          "em_accel_load_state: %s was saved by %lld processes with loader %d's global "
+                          "batch of %lld examples (%lld each); this run's %d processes make a global batch "
+                          "of %lld (%lld each), which would change the data order: %s",
+                          dir, W, k, (long long)old, (long long)(old / W), a->world, (long long)G,
+                          (long long)(G / a->world), fix);
         }
     }
     if (a->sampler) {
@@ -690,7 +696,8 @@ static em_status loader_position(em_accelerator *a, int k, const counters *ref, 
         return em_err(EM_ERR_ARG,
                       "em_accel_load_state: %s: loader %d's position {epoch %lld, batch %lld} is past the "
                       "end of this run's epochs of %lld batches (has the dataset changed?)",
-                      ref->path, k, (long long)ref->pos[k].epoch, (long long)ref->pos[k].batch, (long long)nb);
+                      ref->path, k, (long long)ref->pos[k].epoch, (long long)ref->pos[k].batch,
+                      (long long)nb);
     *pos = (em_loader_pos){ref->pos[k].epoch, b};
     return EM_OK;
 }

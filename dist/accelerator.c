@@ -27,12 +27,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ember/dist.h"
-#include "ember/runtime.h"
 #include "data/loader_impl.h"
 #include "dist/accel_impl.h"
 #include "dist/ddp_impl.h"
 #include "dist/dist_impl.h"
+#include "ember/dist.h"
+#include "ember/runtime.h"
 #include "optim/optim_impl.h"
 #include "tensor/tensor_impl.h"
 
@@ -300,18 +300,19 @@ static em_status check_optimizer_params(const em_accelerator *a, em_module *mode
             snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? "," : "",
                      (long long)em_shape(t)[d]);
         snprintf(shape + strlen(shape), sizeof shape - strlen(shape), ")");
-        s = em_err(EM_ERR_ARG,
-                   "em_accel_prepare: the optimizer's parameter %d (shape %s) is not a parameter of a prepared "
-                   "model (%d prepared%s); prepare its model before or with the optimizer",
-                   i, shape, a->nmodels, model ? " plus this call's" : "");
+        s = em_err(
+            EM_ERR_ARG,
+            "em_accel_prepare: the optimizer's parameter %d (shape %s) is not a parameter of a prepared "
+            "model (%d prepared%s); prepare its model before or with the optimizer",
+            i, shape, a->nmodels, model ? " plus this call's" : "");
     }
     free(mine);
     return s;
 }
 
 /* Everything prepare would refuse, before it changes anything. */
-static em_status check_prepare(const em_accelerator *a, em_module *model, em_optimizer *opt, em_loader *loader,
-                               const em_lr_schedule *sched)
+static em_status check_prepare(const em_accelerator *a, em_module *model, em_optimizer *opt,
+                               em_loader *loader, const em_lr_schedule *sched)
 {
     em_status s;
     if (sched && (s = em_lr_schedule_check(sched))) return s;
@@ -324,16 +325,18 @@ static em_status check_prepare(const em_accelerator *a, em_module *model, em_opt
                       "em_accel_prepare: optimizer %d (the last prepared) already has a schedule; a second "
                       "one would replace it",
                       a->nopts - 1);
-    const char *full = model && a->nmodels == MAX_PREPARED   ? "models"
-                       : opt && a->nopts == MAX_PREPARED     ? "optimizers"
+    const char *full = model && a->nmodels == MAX_PREPARED     ? "models"
+                       : opt && a->nopts == MAX_PREPARED       ? "optimizers"
                        : loader && a->nloaders == MAX_PREPARED ? "loaders"
-                                                             : NULL;
+                                                               : NULL;
     if (full) return em_err(EM_ERR_ARG, "em_accel_prepare: at most %d %s", MAX_PREPARED, full);
     for (int i = 0; i < a->nmodels; i++)
-        if (a->models[i] == model) return em_err(EM_ERR_ARG, "em_accel_prepare: the model is prepared already (model %d)", i);
+        if (a->models[i] == model)
+            return em_err(EM_ERR_ARG, "em_accel_prepare: the model is prepared already (model %d)", i);
     for (int i = 0; i < a->nopts; i++)
         if (a->opts[i] == opt)
-            return em_err(EM_ERR_ARG, "em_accel_prepare: the optimizer is prepared already (optimizer %d)", i);
+            return em_err(EM_ERR_ARG, "em_accel_prepare: the optimizer is prepared already (optimizer %d)",
+                          i);
     for (int i = 0; i < a->nloaders; i++)
         if (a->loaders[i] == loader)
             return em_err(EM_ERR_ARG, "em_accel_prepare: the loader is prepared already (loader %d)", i);
@@ -394,7 +397,8 @@ em_status em_accel_autocast_end(em_accelerator *a)
 {
     if (!a) return em_err(EM_ERR_ARG, "em_accel_autocast_end: accelerator is NULL");
     if (a->regions == 0)
-        return em_err(EM_ERR_ARG, "em_accel_autocast_end: no region is open (em_accel_autocast_begin was not called)");
+        return em_err(EM_ERR_ARG,
+                      "em_accel_autocast_end: no region is open (em_accel_autocast_begin was not called)");
     em_dtype prev = a->region_prev[--a->regions];
     if (a->auto_region && a->regions < a->auto_depth) {
         /* a region that began before the micro-step's automatic one ends
@@ -549,7 +553,9 @@ double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *st
 
 em_status em_accel_step(em_accelerator *a)
 {
-    if (!a || !a->nopts) return em_err(EM_ERR_ARG, "em_accel_step: %s", a ? "no optimizer was prepared" : "accelerator is NULL");
+    if (!a || !a->nopts)
+        return em_err(EM_ERR_ARG, "em_accel_step: %s",
+                      a ? "no optimizer was prepared" : "accelerator is NULL");
     if (!a->sync) return EM_OK;
     em_status s;
     a->skipped = false;
@@ -561,7 +567,8 @@ em_status em_accel_step(em_accelerator *a)
         if (a->skipped) return EM_OK; /* no update, and the schedules stay where they are */
     }
     for (int i = 0; i < a->nopts; i++) {
-        if (a->has_sched[i] && (s = em_optim_set_lr(a->opts[i], -1, em_lr_at(&a->scheds[i], a->steps)))) return s;
+        if (a->has_sched[i] && (s = em_optim_set_lr(a->opts[i], -1, em_lr_at(&a->scheds[i], a->steps))))
+            return s;
         if ((s = em_optim_step(a->opts[i]))) return s;
     }
     a->steps++;
@@ -570,7 +577,9 @@ em_status em_accel_step(em_accelerator *a)
 
 em_status em_accel_zero_grad(em_accelerator *a)
 {
-    if (!a || !a->nopts) return em_err(EM_ERR_ARG, "em_accel_zero_grad: %s", a ? "no optimizer was prepared" : "accelerator is NULL");
+    if (!a || !a->nopts)
+        return em_err(EM_ERR_ARG, "em_accel_zero_grad: %s",
+                      a ? "no optimizer was prepared" : "accelerator is NULL");
     if (!a->sync) return EM_OK;
     em_status s = EM_OK;
     for (int i = 0; i < a->nopts && !s; i++) s = em_optim_zero_grad(a->opts[i]);

@@ -27,8 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ember/dist.h"
 #include "dist/ddp_impl.h"
+#include "ember/dist.h"
 #include "tensor/tensor_impl.h"
 
 typedef struct bucket {

@@ -27,7 +27,7 @@ typedef struct entries {
 } entries;
 
 typedef struct rng_entry {
-    char *full; /* dotted name from the root */
+    char *full;  /* dotted name from the root */
     em_rng *rng; /* borrowed: lives in a layer struct the module owns */
 } rng_entry;
 

@@ -433,11 +433,18 @@ void em_accel_split_between_processes(const em_accelerator *a, int64_t n, int64_
 void em_accel_set_trigger(em_accelerator *a);
 bool em_accel_check_trigger(em_accelerator *a, em_status *status);
 
-/* Saves model (DIR/model.safetensors, main process), optimizer
- * (DIR/optimizer.safetensors), schedule position and step, loader position
- * and global batch, sampler state and batch, loss scaler, and every rank's
- * registered generators and default generator (DIR/rank_R.json), so
- * load_state continues a run exactly. Every rank calls it (it is
+/* Saves every prepared model (DIR/model.safetensors, model_1.safetensors,
+ * ... in prepare order, main process) and optimizer (DIR/optimizer.
+ * safetensors, optimizer_1.safetensors, ...), schedule position and step,
+ * every loader's position and global batch, sampler state and batch, loss
+ * scaler, and every rank's registered generators, default generator and the
+ * generators the prepared models' modules own, by name (em_module_rngs:
+ * dropout's; DIR/rank_R.json), so load_state continues a run exactly
+ * without registering those. load_state restores them all into the objects
+ * this run prepared, in the same order: a checkpoint of other counts of
+ * models, optimizers or loaders is EM_ERR_ARG naming both counts, as is a
+ * model whose generators differ by count or name (a save of an older ember
+ * without module generators leaves them as they are). Every rank calls it (it is
  * collective). The checkpoint is whole or absent: the files go to
  * DIR.tmp-<save id> beside DIR, DIR/manifest.json (written last) names each
  * with its size and crc32, and the directory replaces DIR in one atomic
