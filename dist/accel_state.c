@@ -625,13 +625,18 @@ static em_status check_run(em_accelerator *a, const char *dir, const counters *r
             dir, W, (long long)ref->micro, a->grad_accum, a->world, W);
     for (int k = 0; k < a->nloaders; k++) {
         int64_t G = em_loader_global_batch(a->loaders[k]), old = ref->global_batch[k];
+        char which[32] = "its loader", in[32] = ""; /* the training loader, or another one */
+        if (k > 0) {
+            snprintf(which, sizeof which, "loader %d", k);
+            snprintf(in, sizeof in, " in loader %d", k);
+        }
         if (old < 0)
             return em_err(
                 EM_ERR_ARG,
-                "em_accel_load_state: %s does not record loader %d's global batch (an "
+                "em_accel_load_state: %s does not record %s's global batch (an "
                 "older ember saved it), so it resumes only on the %lld processes that saved it; this "
                 "run has %d",
-                ref->path, k, W, a->world);
+                ref->path, which, W, a->world);
         if (G != old) {
             char fix[256];
             if (old % a->world)
@@ -648,10 +653,10 @@ static em_status check_run(em_accelerator *a, const char *dir, const counters *r
                 snprintf(fix, sizeof fix, "give each process a batch_size of %lld (%lld / %d)",
                          (long long)(old / a->world), (long long)old, a->world);
             return em_err(EM_ERR_ARG,
-                          "em_accel_load_state: %s was saved by %lld processes with loader %d's global "
-                          "batch of %lld examples (%lld each); this run's %d processes make a global batch "
-                          "of %lld (%lld each), which would change the data order: %s",
-                          dir, W, k, (long long)old, (long long)(old / W), a->world, (long long)G,
+                          "em_accel_load_state: %s was saved by %lld processes with a global batch of "
+                          "%lld examples (%lld each)%s; this run's %d processes make a global batch of "
+                          "%lld (%lld each), which would change the data order: %s",
+                          dir, W, (long long)old, (long long)(old / W), in, a->world, (long long)G,
                           (long long)(G / a->world), fix);
         }
     }
