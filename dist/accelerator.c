@@ -503,6 +503,10 @@ bool em_accel_accumulate(em_accelerator *a)
 em_status em_accel_backward(em_accelerator *a, em_tensor *loss)
 {
     if (!a) return em_err(EM_ERR_ARG, "em_accel_backward: accelerator is NULL");
+    if (!loss) { /* the forward failed: no backward, nothing counted */
+        auto_region_end(a);
+        return em_last_status() ? em_last_status() : em_err(EM_ERR_ARG, "em_accel_backward: loss is NULL");
+    }
     if (!a->counted) {
         count_micro(a, false);
     } else if (!a->sync && ends_epoch(a, false)) { /* accumulate came before the epoch's last batch */
@@ -511,19 +515,15 @@ em_status em_accel_backward(em_accelerator *a, em_tensor *loss)
     }
     a->counted = false;
     a->batch_stamp = a->nloaders ? loader_last_stamp(a->loaders[0]) : 0;
+    em_tensor *l = a->grad_accum > 1 ? em_mul_scalar(loss, 1.0 / a->grad_accum) : loss;
+    if (l && a->scaler) l = em_scaler_scale(a->scaler, l); /* fp16: keep small gradients representable */
     em_status s;
-    if (!loss) {
-        s = em_last_status() ? em_last_status() : em_err(EM_ERR_ARG, "em_accel_backward: loss is NULL");
-    } else {
-        em_tensor *l = a->grad_accum > 1 ? em_mul_scalar(loss, 1.0 / a->grad_accum) : loss;
-        if (l && a->scaler) l = em_scaler_scale(a->scaler, l); /* fp16: keep small gradients representable */
-        if (!l)
-            s = em_last_status();
-        else if (a->world == 1 || a->nmodels == 0)
-            s = em_backward(l, NULL);
-        else
-            s = ddp_backward_many(a->ddps, a->nmodels, l, a->sync);
-    }
+    if (!l)
+        s = em_last_status();
+    else if (a->world == 1 || a->nmodels == 0)
+        s = em_backward(l, NULL);
+    else
+        s = ddp_backward_many(a->ddps, a->nmodels, l, a->sync);
     auto_region_end(a);
     return s;
 }

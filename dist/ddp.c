@@ -444,11 +444,13 @@ em_status ddp_backward_many(em_ddp *const *ds, int n, em_tensor *loss, bool sync
     if (bs != EM_OK) snprintf(bmsg, sizeof bmsg, "%s", em_last_error());
     /* every rank makes the same collectives whatever failed locally */
     int64_t nn = n;
+    em_scope sc = em_scope_begin(); /* `took` dies here */
     em_tensor *took = em_zeros(EM_I32, 1, &nn);
     em_status s = took ? EM_OK : em_last_status();
     for (int k = 0; k < n && !s; k++) ((int32_t *)em_data(took))[k] = ds[k]->dirty;
     if (!s) s = em_all_reduce(ds[0]->pg, took, EM_RED_MAX, NULL);
-    for (int k = 0; k < n && !s; k++) {
+    bool agreed = s == EM_OK; /* then every model that took part is synced, whatever fails */
+    for (int k = 0; k < n && agreed; k++) {
         em_ddp *d = ds[k];
         d->dirty = false;
         d->touched = ((int32_t *)em_data(took))[k] != 0; /* now: took part on some rank */
@@ -464,8 +466,8 @@ em_status ddp_backward_many(em_ddp *const *ds, int n, em_tensor *loss, bool sync
         }
         if (d->first_err != EM_OK && !s) s = em_set_error(d->first_err, "%s", d->err_msg);
     }
-    em_free(took);
-    for (int k = 0; k < n && s; k++) ds[k]->dirty = false;
+    for (int k = 0; k < n && !agreed; k++) ds[k]->touched = false;
+    em_scope_end(sc);
     if (bs != EM_OK) return em_set_error(bs, "%s", bmsg);
     if (s != EM_OK) return s;
     for (int k = 0; k < n; k++) {

@@ -585,6 +585,7 @@ static void pair_ddp_job(int rank, int world, void *ctx)
         em_tensor *loss =
             step < 4 ? pair_loss(&p, &b) : em_mean(em_nn_linear_forward(p.enc, b.x), 0, NULL, false);
         CHECK_OK(em_accel_backward(a, loss));
+        CHECK(em_last_status() == EM_OK); /* no stray error either */
         CHECK_OK(em_accel_step(a));
         CHECK_OK(em_accel_zero_grad(a));
         em_scope_end(s);
