@@ -32,7 +32,12 @@
 
 #include "../tensor/tensor_impl.h"
 #include "data_impl.h"
+#include "data/loader_impl.h"
 #include "ember/data.h"
+
+/* Every batch any loader returns takes the next stamp, so of several
+ * loaders the one with the largest last stamp returned a batch last. */
+static uint64_t stamp_clock;
 
 typedef struct slot {
     uint8_t *x, *y;       /* (B, x_field...) and (B, y_field...) */
@@ -62,6 +67,10 @@ struct em_loader {
     order own;             /* the caller's permutation (no-prefetch path) */
     slot raw;              /* with a collate and no prefetch: the caller's examples */
     em_example *ex;        /* with a collate: the examples handed to it */
+    /* the batch em_loader_next last returned: whether it was its epoch's
+     * last, and its stamp (loader_last_stamp; 0: none since the last seek) */
+    bool last_final;
+    uint64_t last_stamp;
 
     /* prefetch */
     slot *ring;
@@ -376,6 +385,8 @@ em_status em_loader_set_shard(em_loader *l, int rank, int world, bool split_batc
                       (long long)l->pos.epoch, (long long)l->pos.batch);
     stop_worker(l);
     set_geometry(l, rank, world, split_batches, even_batches);
+    l->last_final = false;
+    l->last_stamp = 0;
     return start_worker(l);
 }
 
@@ -407,6 +418,8 @@ em_status em_loader_seek(em_loader *l, em_loader_pos pos)
                       (long long)pos.epoch, (long long)pos.batch, (long long)l->nb);
     stop_worker(l);
     l->pos = pos;
+    l->last_final = false;
+    l->last_stamp = 0;
     return start_worker(l);
 }
 
@@ -454,6 +467,15 @@ static void pop_slot(em_loader *l)
     pthread_mutex_unlock(&l->mu);
 }
 
+/* Moves past the batch em_loader_next is returning, noting whether it ends
+ * its epoch and stamping it (see loader_impl.h). */
+static void returned_one(em_loader *l)
+{
+    l->pos.batch++;
+    l->last_final = l->pos.batch == l->nb;
+    l->last_stamp = __atomic_add_fetch(&stamp_clock, 1, __ATOMIC_RELAXED);
+}
+
 /* Batch l->pos built by the collate from the examples of a slot (see the
  * top of the file). false with the error set; the position stays. */
 static bool next_collated(em_loader *l, int64_t size, em_batch *b)
@@ -488,54 +510,58 @@ static bool next_collated(em_loader *l, int64_t size, em_batch *b)
         return false; /* the slot stays at the head: the next call retries it */
     }
     if (l->running) pop_slot(l);
-    l->pos.batch++;
+    returned_one(l);
     out.size = size;
     *b = out;
     return true;
 }
 
-bool em_loader_next(em_loader *l, em_batch *b)
+int em_loader_next(em_loader *l, em_batch *b)
 {
     if (b) *b = (em_batch){0};
     if (!l || !b) {
         em_err(EM_ERR_ARG, "em_loader_next: loader and batch must not be NULL");
-        return false;
+        return -1;
     }
     if (l->pos.batch >= l->nb) { /* end of the epoch; the worker has moved on already */
         l->pos = (em_loader_pos){l->pos.epoch + 1, 0};
         em_clear_error();
-        return false;
+        return 0;
     }
     int64_t start, size = batch_span(l, l->pos.batch, &start);
-    if (l->cfg.collate) return next_collated(l, size, b);
+    if (l->cfg.collate) return next_collated(l, size, b) ? 1 : -1;
     tensor *x = batch_tensor(&l->ds->x_field, size);
     tensor *y = x ? batch_tensor(&l->ds->y_field, size) : NULL;
     if (!x || !y) {
         t_drop(x);
-        return false;
+        return -1;
     }
     if (!l->running) {
         slot direct = {.x = t_ptr(x), .y = t_ptr(y)}; /* straight into the tensors */
         if (fill_batch(l, &l->own, l->pos, &direct) != EM_OK) {
             t_drop(x);
             t_drop(y);
-            return false;
+            return -1;
         }
     } else {
         slot *s = head_slot(l, size);
         if (!s) {
             t_drop(x);
             t_drop(y);
-            return false;
+            return -1;
         }
         memcpy(t_ptr(x), s->x, (size_t)size * l->xbytes);
         memcpy(t_ptr(y), s->y, (size_t)size * l->ybytes);
         pop_slot(l);
     }
-    l->pos.batch++;
+    returned_one(l);
     *b = (em_batch){.x = t_handle(x), .y = t_handle(y), .size = size};
-    return true;
+    return 1;
 }
+
+bool em_loader_last_was_final(const em_loader *l) { return l && l->last_final; }
+
+uint64_t loader_last_stamp(const em_loader *l) { return l ? l->last_stamp : 0; }
 
 /* ---- the random-window sampler ------------------------------------------------------------ */
 

@@ -74,6 +74,30 @@ static void path_in(char *buf, size_t n, const char *dir, const char *file)
     if (snprintf(buf, n, "%s/%s", dir, file) >= (int)n) buf[n - 1] = '\0';
 }
 
+/* The file of prepared object k: "model.safetensors", "model_1.safetensors", ... */
+static void object_file(char *buf, size_t n, const char *kind, int k)
+{
+    if (k == 0)
+        snprintf(buf, n, "%s.safetensors", kind);
+    else
+        snprintf(buf, n, "%s_%d.safetensors", kind, k);
+}
+
+/* The rank file's key for field of loader k: "loader.epoch", "loader_1.epoch", ... */
+static void loader_key(char *buf, size_t n, int k, const char *field)
+{
+    if (k == 0)
+        snprintf(buf, n, "loader.%s", field);
+    else
+        snprintf(buf, n, "loader_%d.%s", k, field);
+}
+
+/* The rank file's key of generator `name` of model k: "module_rng.K.NAME" */
+static void module_rng_key(char *buf, size_t n, int k, const char *name)
+{
+    if (snprintf(buf, n, "module_rng.%d.%s", k, name) >= (int)n) buf[n - 1] = '\0';
+}
+
 /* Every rank learns whether any rank failed; a local failure keeps its own
  * message, the others name the failing rank. */
 static em_status agree(em_accelerator *a, em_status mine, const char *what)
@@ -106,7 +130,7 @@ static void put_u64(jbuf *b, const char *key, uint64_t v, bool last)
 
 static void put_rng(jbuf *b, const char *name, const em_rng *r)
 {
-    char key[64];
+    char key[1300];
     snprintf(key, sizeof key, "%s.seed", name);
     put_u64(b, key, r->seed, false);
     snprintf(key, sizeof key, "%s.offset", name);
@@ -128,11 +152,18 @@ static em_status save_counters(em_accelerator *a, const char *dir, uint64_t id)
     put_u64(&b, "rank", (uint64_t)a->rank, false);
     put_u64(&b, "steps", (uint64_t)a->steps, false);
     put_u64(&b, "micro", (uint64_t)a->micro, false);
-    if (a->loader) {
-        em_loader_pos p = em_loader_position(a->loader);
-        put_u64(&b, "loader.epoch", (uint64_t)p.epoch, false);
-        put_u64(&b, "loader.batch", (uint64_t)p.batch, false);
-        put_u64(&b, "loader.global_batch", (uint64_t)em_loader_global_batch(a->loader), false);
+    put_u64(&b, "models", (uint64_t)a->nmodels, false);
+    put_u64(&b, "optimizers", (uint64_t)a->nopts, false);
+    put_u64(&b, "loaders", (uint64_t)a->nloaders, false);
+    for (int k = 0; k < a->nloaders; k++) {
+        em_loader_pos p = em_loader_position(a->loaders[k]);
+        char key[64];
+        loader_key(key, sizeof key, k, "epoch");
+        put_u64(&b, key, (uint64_t)p.epoch, false);
+        loader_key(key, sizeof key, k, "batch");
+        put_u64(&b, key, (uint64_t)p.batch, false);
+        loader_key(key, sizeof key, k, "global_batch");
+        put_u64(&b, key, (uint64_t)em_loader_global_batch(a->loaders[k]), false);
     }
     if (a->sampler) {
         put_rng(&b, "sampler", &a->sampler->rng);
@@ -148,6 +179,24 @@ static em_status save_counters(em_accelerator *a, const char *dir, uint64_t id)
         put_u64(&b, "scaler.growth_tracker", (uint64_t)ss.growth_tracker, false);
     }
     put_rng(&b, "default_rng", em_default_rng());
+    /* the generators the prepared models' modules own (dropout's), by name */
+    for (int k = 0; k < a->nmodels && !b.oom; k++) {
+        int n = em_module_rngs(a->models[k], NULL, 0);
+        em_named_rng *r = calloc((size_t)n + 1, sizeof *r);
+        if (!r) {
+            b.oom = true;
+            break;
+        }
+        em_module_rngs(a->models[k], r, n);
+        char key[1200];
+        snprintf(key, sizeof key, "module_rngs.%d", k);
+        put_u64(&b, key, (uint64_t)n, false);
+        for (int i = 0; i < n; i++) {
+            module_rng_key(key, sizeof key, k, r[i].name);
+            put_rng(&b, key, r[i].rng);
+        }
+        free(r);
+    }
     for (int i = 0; i < a->nrngs; i++) {
         char name[32];
         snprintf(name, sizeof name, "rng.%d", i);
@@ -167,13 +216,13 @@ static em_status save_counters(em_accelerator *a, const char *dir, uint64_t id)
     return s;
 }
 
-static em_status save_optimizer(em_accelerator *a, const char *path, file_sum *sum)
+static em_status save_optimizer(em_optimizer *o, const char *path, file_sum *sum)
 {
-    int n = em_optim_state(a->opt, NULL, 0);
+    int n = em_optim_state(o, NULL, 0);
     if (n < 0) return em_last_status();
     em_named *st = calloc((size_t)n + 1, sizeof *st);
     if (!st) return em_err(EM_ERR_OOM, "em_accel_save_state: out of memory");
-    em_optim_state(a->opt, st, n);
+    em_optim_state(o, st, n);
     em_status s = st_save(path, n, st, "{\"format\":\"ember-optimizer\"}", sum);
     free(st);
     return s;
@@ -236,16 +285,17 @@ em_status em_accel_save_state(em_accelerator *a, const char *dir)
         return s;
     }
     ckpt_tmp_dir(d, id, tmp, sizeof tmp);
-    ckpt_entry mine[2] = {{.name = "model.safetensors"}, {.name = "optimizer.safetensors"}};
+    ckpt_entry mine[2 * MAX_PREPARED];
     int nmine = 0;
-    if (a->rank == 0 && a->model) {
-        path_in(path, sizeof path, tmp, mine[0].name);
-        s = module_save(a->model, path, &mine[nmine++].sum);
-    }
-    if (!s && a->rank == 0 && a->opt) {
-        if (nmine == 0) mine[0] = mine[1];
+    for (int k = 0; a->rank == 0 && k < a->nmodels && !s; k++, nmine++) {
+        object_file(mine[nmine].name, sizeof mine[nmine].name, "model", k);
         path_in(path, sizeof path, tmp, mine[nmine].name);
-        s = save_optimizer(a, path, &mine[nmine++].sum);
+        s = module_save(a->models[k], path, &mine[nmine].sum);
+    }
+    for (int k = 0; a->rank == 0 && k < a->nopts && !s; k++, nmine++) {
+        object_file(mine[nmine].name, sizeof mine[nmine].name, "optimizer", k);
+        path_in(path, sizeof path, tmp, mine[nmine].name);
+        s = save_optimizer(a->opts[k], path, &mine[nmine].sum);
     }
     if (!s) s = save_counters(a, tmp, id);
     s = agree(a, s, SAVE); /* every rank's files are in tmp */
@@ -261,12 +311,24 @@ em_status em_accel_save_state(em_accelerator *a, const char *dir)
 typedef struct counters {
     char path[4096]; /* the file they came from, for messages */
     int64_t world, rank, steps, micro, nrngs;
-    int64_t global_batch, sampler_batch; /* -1: not recorded (saved before world changes were allowed) */
-    bool has_loader, has_sampler, has_scaler;
+    /* prepared models, optimizers, loaders; -1: not recorded (an older
+     * ember, which prepared at most one of each) */
+    int64_t nmodels, nopts, nloaders;
+    int64_t sampler_batch; /* -1: not recorded (saved before world changes were allowed) */
+    bool has_sampler, has_scaler;
     em_scaler_state scaler;
-    em_loader_pos pos;
+    em_loader_pos pos[MAX_PREPARED];
+    int64_t global_batch[MAX_PREPARED]; /* -1: not recorded */
     em_rng sampler, def, rngs[MAX_RNGS];
+    jval root; /* the whole file, for the modules' generators by name */
+    bool has_root;
 } counters;
+
+static void counters_free(counters *c)
+{
+    if (c->has_root) json_free(&c->root);
+    c->has_root = false;
+}
 
 static em_status get_u64(const jval *o, const char *path, const char *key, uint64_t *out)
 {
@@ -301,7 +363,7 @@ static em_status get_opt_i64(const jval *o, const char *path, const char *key, i
 
 static em_status get_rng(const jval *o, const char *path, const char *name, em_rng *r)
 {
-    char key[64];
+    char key[1300];
     snprintf(key, sizeof key, "%s.seed", name);
     em_status s = get_u64(o, path, key, &r->seed);
     snprintf(key, sizeof key, "%s.offset", name);
@@ -328,6 +390,8 @@ static em_status read_counters(const char *path, counters *c)
         return em_err(EM_ERR_IO, "em_accel_load_state: %s is not an ember accelerator state (format)", path);
     }
     *c = (counters){0};
+    c->root = root;
+    c->has_root = true;
     snprintf(c->path, sizeof c->path, "%s", path);
     s = get_i64(&root, path, "world", &c->world);
     if (!s) s = get_i64(&root, path, "rank", &c->rank);
@@ -339,7 +403,13 @@ static em_status read_counters(const char *path, counters *c)
                    "em_accel_load_state: %s: %lld generators, more than the %d an accelerator keeps", path,
                    (long long)c->nrngs, MAX_RNGS);
     if (!s) s = get_rng(&root, path, "default_rng", &c->def);
-    c->has_loader = json_get(&root, "loader.epoch") != NULL;
+    if (!s) s = get_opt_i64(&root, path, "models", &c->nmodels);
+    if (!s) s = get_opt_i64(&root, path, "optimizers", &c->nopts);
+    if (!s) s = get_opt_i64(&root, path, "loaders", &c->nloaders);
+    if (!s && c->nloaders < 0) c->nloaders = json_get(&root, "loader.epoch") != NULL; /* an older save */
+    if (!s && (c->nmodels > MAX_PREPARED || c->nopts > MAX_PREPARED || c->nloaders > MAX_PREPARED))
+        s = em_err(EM_ERR_IO, "em_accel_load_state: %s: more than %d models, optimizers or loaders", path,
+                   MAX_PREPARED);
     c->has_sampler = json_get(&root, "sampler.seed") != NULL;
     const jval *sc = json_get(&root, "scaler.scale");
     c->has_scaler = sc != NULL;
@@ -350,19 +420,27 @@ static em_status read_counters(const char *path, counters *c)
             s = em_err(EM_ERR_IO, "em_accel_load_state: %s: \"scaler.scale\" is not a positive number", path);
         if (!s) s = get_i64(&root, path, "scaler.growth_tracker", &c->scaler.growth_tracker);
     }
-    if (!s && c->has_loader) s = get_i64(&root, path, "loader.epoch", &c->pos.epoch);
-    if (!s && c->has_loader) s = get_i64(&root, path, "loader.batch", &c->pos.batch);
-    if (!s) s = get_opt_i64(&root, path, "loader.global_batch", &c->global_batch);
+    for (int k = 0; !s && k < c->nloaders; k++) {
+        char key[64];
+        loader_key(key, sizeof key, k, "epoch");
+        s = get_i64(&root, path, key, &c->pos[k].epoch);
+        loader_key(key, sizeof key, k, "batch");
+        if (!s) s = get_i64(&root, path, key, &c->pos[k].batch);
+        loader_key(key, sizeof key, k, "global_batch");
+        if (!s) s = get_opt_i64(&root, path, key, &c->global_batch[k]);
+        if (!s && c->global_batch[k] == 0)
+            s = em_err(EM_ERR_IO, "em_accel_load_state: %s: a global batch of 0", path);
+    }
     if (!s && c->has_sampler) s = get_rng(&root, path, "sampler", &c->sampler);
     if (!s) s = get_opt_i64(&root, path, "sampler.batch", &c->sampler_batch);
-    if (!s && (c->global_batch == 0 || c->sampler_batch == 0))
+    if (!s && c->sampler_batch == 0)
         s = em_err(EM_ERR_IO, "em_accel_load_state: %s: a global batch of 0", path);
     for (int i = 0; !s && i < c->nrngs; i++) {
         char name[32];
         snprintf(name, sizeof name, "rng.%d", i);
         s = get_rng(&root, path, name, &c->rngs[i]);
     }
-    json_free(&root);
+    if (s) counters_free(c);
     return s;
 }
 
@@ -374,9 +452,11 @@ static em_status read_rank(const char *dir, int64_t k, counters *c)
     path_in(path, sizeof path, dir, file);
     em_status s = read_counters(path, c);
     if (s) return s;
-    if (c->rank != k || c->world <= k)
+    if (c->rank != k || c->world <= k) {
+        counters_free(c);
         return em_err(EM_ERR_IO, "em_accel_load_state: %s holds rank %lld of %lld's state, not rank %lld's",
                       path, (long long)c->rank, (long long)c->world, (long long)k);
+    }
     return EM_OK;
 }
 
@@ -388,26 +468,38 @@ static em_status check_same_save(const counters *ref, const counters *c, bool re
 {
     struct {
         const char *what;
+        int k; /* loader index, or -1 */
         int64_t x, y;
-    } f[] = {
-        {"world size", ref->world, c->world},
-        {"optimizer steps", ref->steps, c->steps},
-        {"micro-step", ref->micro, c->micro},
-        {"having a loader", ref->has_loader, c->has_loader},
-        {"having a window sampler", ref->has_sampler, c->has_sampler},
-        {"having a loss scaler", ref->has_scaler, c->has_scaler},
-        {"the loader's global batch", ref->global_batch, c->global_batch},
-        {"the window sampler's batch", ref->sampler_batch, c->sampler_batch},
-        {"the loss scaler's growth tracker", ref->scaler.growth_tracker, c->scaler.growth_tracker},
-        {"the loader's epoch", resized ? ref->pos.epoch : 0, resized ? c->pos.epoch : 0},
-        {"the loader's batch", resized ? ref->pos.batch : 0, resized ? c->pos.batch : 0},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (f[i].x != f[i].y)
-            return em_err(
-                EM_ERR_IO,
-                "em_accel_load_state: %s and %s disagree on %s (%lld vs %lld): they are not one save",
-                ref->path, c->path, f[i].what, (long long)f[i].x, (long long)f[i].y);
+    } f[16 + 3 * MAX_PREPARED];
+    int n = 0;
+#define FIELD(w, kk, a, b) f[n++] = (typeof(f[0])){w, kk, a, b}
+    FIELD("world size", -1, ref->world, c->world);
+    FIELD("optimizer steps", -1, ref->steps, c->steps);
+    FIELD("micro-step", -1, ref->micro, c->micro);
+    FIELD("the number of models", -1, ref->nmodels, c->nmodels);
+    FIELD("the number of optimizers", -1, ref->nopts, c->nopts);
+    FIELD("the number of loaders", -1, ref->nloaders, c->nloaders);
+    FIELD("having a window sampler", -1, ref->has_sampler, c->has_sampler);
+    FIELD("having a loss scaler", -1, ref->has_scaler, c->has_scaler);
+    FIELD("the window sampler's batch", -1, ref->sampler_batch, c->sampler_batch);
+    FIELD("the loss scaler's growth tracker", -1, ref->scaler.growth_tracker, c->scaler.growth_tracker);
+    for (int k = 0; k < ref->nloaders && ref->nloaders == c->nloaders; k++) {
+        FIELD("global batch", k, ref->global_batch[k], c->global_batch[k]);
+        FIELD("epoch", k, resized ? ref->pos[k].epoch : 0, resized ? c->pos[k].epoch : 0);
+        FIELD("batch", k, resized ? ref->pos[k].batch : 0, resized ? c->pos[k].batch : 0);
+    }
+#undef FIELD
+    for (int i = 0; i < n; i++) {
+        if (f[i].x == f[i].y) continue;
+        char what[96];
+        if (f[i].k < 0)
+            snprintf(what, sizeof what, "%s", f[i].what);
+        else
+            snprintf(what, sizeof what, "loader %d's %s", f[i].k, f[i].what);
+        return em_err(EM_ERR_IO,
+                      "em_accel_load_state: %s and %s disagree on %s (%lld vs %lld): they are not one save",
+                      ref->path, c->path, what, (long long)f[i].x, (long long)f[i].y);
+    }
     if (ref->sampler.seed != c->sampler.seed || ref->sampler.offset != c->sampler.offset)
         return em_err(
             EM_ERR_IO,
@@ -424,20 +516,95 @@ static em_status check_same_save(const counters *ref, const counters *c, bool re
     return EM_OK;
 }
 
+static const char *plural(int64_t n, const char *one, const char *many) { return n == 1 ? one : many; }
+
+/* The checkpoint's models, optimizers and loaders against this run's. A
+ * save of an older ember does not count its models and optimizers (it had
+ * at most one of each: its files then decide). */
+static em_status check_counts(const em_accelerator *a, const counters *ref)
+{
+    bool legacy = ref->nmodels < 0 || ref->nopts < 0;
+    if (legacy ? a->nmodels <= 1 && a->nopts <= 1 && ref->nloaders == a->nloaders
+               : ref->nmodels == a->nmodels && ref->nopts == a->nopts && ref->nloaders == a->nloaders)
+        return EM_OK;
+    char saved[128];
+    if (legacy)
+        snprintf(saved, sizeof saved, "at most 1 model and 1 optimizer and %lld %s", (long long)ref->nloaders,
+                 plural(ref->nloaders, "loader", "loaders"));
+    else
+        snprintf(saved, sizeof saved, "%lld %s, %lld %s and %lld %s", (long long)ref->nmodels,
+                 plural(ref->nmodels, "model", "models"), (long long)ref->nopts,
+                 plural(ref->nopts, "optimizer", "optimizers"), (long long)ref->nloaders,
+                 plural(ref->nloaders, "loader", "loaders"));
+    return em_err(EM_ERR_ARG,
+                  "em_accel_load_state: %s was saved with %s; this run prepared %d %s, %d %s and %d %s "
+                  "(prepare the same objects in the same order)",
+                  ref->path, saved, a->nmodels, plural(a->nmodels, "model", "models"), a->nopts,
+                  plural(a->nopts, "optimizer", "optimizers"), a->nloaders,
+                  plural(a->nloaders, "loader", "loaders"));
+}
+
+/* The generators this run's models own against those own's file holds, by
+ * name (from own: the saved rank this rank continues). A save without them
+ * (an older ember) leaves them where they are. With `apply`, restores them
+ * (after the checks passed). */
+static em_status module_rngs(em_accelerator *a, const counters *own, bool apply)
+{
+    em_status s = EM_OK;
+    for (int k = 0; k < a->nmodels && !s; k++) {
+        char key[1200];
+        snprintf(key, sizeof key, "module_rngs.%d", k);
+        if (!json_get(&own->root, key)) continue;
+        int64_t saved = 0;
+        if ((s = get_i64(&own->root, own->path, key, &saved))) break;
+        int n = em_module_rngs(a->models[k], NULL, 0);
+        em_named_rng *r = calloc((size_t)n + 1, sizeof *r);
+        if (!r) return em_err(EM_ERR_OOM, "em_accel_load_state: out of memory");
+        em_module_rngs(a->models[k], r, n);
+        if (saved != n)
+            s = em_err(
+                EM_ERR_ARG,
+                "em_accel_load_state: %s holds %lld generators of model %d's modules; this run's model "
+                "%d has %d (is it the same model?)",
+                own->path, (long long)saved, k, k, n);
+        for (int i = 0; i < n && !s; i++) {
+            module_rng_key(key, sizeof key, k, r[i].name);
+            char seed[1300];
+            snprintf(seed, sizeof seed, "%s.seed", key);
+            em_rng v;
+            if (!json_get(&own->root, seed))
+                s = em_err(EM_ERR_ARG,
+                           "em_accel_load_state: %s has no state for generator '%s' of model %d (is it the "
+                           "same model?)",
+                           own->path, r[i].name, k);
+            else if (!(s = get_rng(&own->root, own->path, key, &v)) && apply)
+                *r[i].rng = v;
+        }
+        free(r);
+    }
+    return s;
+}
+
+static em_status check_module_rngs(em_accelerator *a, const counters *own)
+{
+    return module_rngs(a, own, false);
+}
+
 /* The checkpoint against this run: the same generators, loader, sampler and
  * scaler, a micro-step that fits, and, when the world size changed, a state
  * that can continue the same global batches. */
 static em_status check_run(em_accelerator *a, const char *dir, const counters *ref, const counters *own)
 {
+    em_status s;
     if (own->nrngs != a->nrngs)
         return em_err(EM_ERR_ARG, "em_accel_load_state: %s has %lld registered generators; this run has %d",
                       own->path, (long long)own->nrngs, a->nrngs);
-    if (ref->has_loader != (a->loader != NULL) || ref->has_sampler != (a->sampler != NULL))
+    if ((s = check_counts(a, ref))) return s;
+    if ((s = check_module_rngs(a, own))) return s;
+    if (ref->has_sampler != (a->sampler != NULL))
         return em_err(EM_ERR_ARG,
-                      "em_accel_load_state: %s was saved with%s a loader and with%s a sampler; this "
-                      "run has%s a loader and%s a sampler",
-                      ref->path, ref->has_loader ? "" : "out", ref->has_sampler ? "" : "out",
-                      a->loader ? "" : " no", a->sampler ? "" : " no");
+                      "em_accel_load_state: %s was saved with%s a window sampler; this run has%s one",
+                      ref->path, ref->has_sampler ? "" : "out", a->sampler ? "" : " no");
     if (ref->has_scaler != (a->scaler != NULL))
         return em_err(EM_ERR_ARG,
                       "em_accel_load_state: %s was saved %s fp16's loss scaler; this run %s (mixed "
@@ -457,15 +624,20 @@ static em_status check_run(em_accelerator *a, const char *dir, const counters *r
             "gradients of a window cannot move to another world size: resume it on %lld processes, or "
             "save after an optimizer step (micro-step 0)",
             dir, W, (long long)ref->micro, a->grad_accum, a->world, W);
-    if (a->loader) {
-        int64_t G = em_loader_global_batch(a->loader), old = ref->global_batch;
+    for (int k = 0; k < a->nloaders; k++) {
+        int64_t G = em_loader_global_batch(a->loaders[k]), old = ref->global_batch[k];
+        char which[32] = "its loader", in[32] = ""; /* the training loader, or another one */
+        if (k > 0) {
+            snprintf(which, sizeof which, "loader %d", k);
+            snprintf(in, sizeof in, " in loader %d", k);
+        }
         if (old < 0)
             return em_err(
                 EM_ERR_ARG,
-                "em_accel_load_state: %s does not record its loader's global batch (an "
+                "em_accel_load_state: %s does not record %s's global batch (an "
                 "older ember saved it), so it resumes only on the %lld processes that saved it; this "
                 "run has %d",
-                ref->path, W, a->world);
+                ref->path, which, W, a->world);
         if (G != old) {
             char fix[256];
             if (old % a->world)
@@ -481,13 +653,12 @@ static em_status check_run(em_accelerator *a, const char *dir, const counters *r
             else
                 snprintf(fix, sizeof fix, "give each process a batch_size of %lld (%lld / %d)",
                          (long long)(old / a->world), (long long)old, a->world);
-            return em_err(
-                EM_ERR_ARG,
-                "em_accel_load_state: %s was saved by %lld processes with a global batch "
-                "of %lld examples (%lld each); this run's %d processes make a global batch of %lld (%lld "
-                "each), which would change the data order: %s",
-                dir, W, (long long)old, (long long)(old / W), a->world, (long long)G,
-                (long long)(G / a->world), fix);
+            return em_err(EM_ERR_ARG,
+                          "em_accel_load_state: %s was saved by %lld processes with a global batch of "
+                          "%lld examples (%lld each)%s; this run's %d processes make a global batch of "
+                          "%lld (%lld each), which would change the data order: %s",
+                          dir, W, (long long)old, (long long)(old / W), in, a->world, (long long)G,
+                          (long long)(G / a->world), fix);
         }
     }
     if (a->sampler) {
@@ -515,24 +686,25 @@ static em_status check_run(em_accelerator *a, const char *dir, const counters *r
  * examples, which at the same global batch G is batch b here too; at the
  * ragged end of an epoch (no even_batches) a rank that has no share of the
  * last global batch ends its epoch one batch earlier. */
-static em_status loader_position(em_accelerator *a, const counters *ref, const counters *own,
+static em_status loader_position(em_accelerator *a, int k, const counters *ref, const counters *own,
                                  em_loader_pos *pos)
 {
     if (ref->world == a->world) {
-        *pos = own->pos;
+        *pos = own->pos[k];
         return EM_OK;
     }
-    int64_t G = em_loader_global_batch(a->loader), nb = em_loader_num_batches(a->loader);
-    int64_t consumed =
-        ref->pos.batch <= INT64_MAX / ref->global_batch ? ref->pos.batch * ref->global_batch : -1;
+    em_loader *l = a->loaders[k];
+    int64_t G = em_loader_global_batch(l), nb = em_loader_num_batches(l), old = ref->global_batch[k];
+    int64_t consumed = ref->pos[k].batch <= INT64_MAX / old ? ref->pos[k].batch * old : -1;
     int64_t b = consumed < 0 ? -1 : consumed / G;
-    if (b == nb + 1 && consumed % G == 0 && em_loader_padding(a->loader) == 0) b = nb;
+    if (b == nb + 1 && consumed % G == 0 && em_loader_padding(l) == 0) b = nb;
     if (b < 0 || b > nb)
         return em_err(EM_ERR_ARG,
-                      "em_accel_load_state: %s: loader position {epoch %lld, batch %lld} is past the "
+                      "em_accel_load_state: %s: loader %d's position {epoch %lld, batch %lld} is past the "
                       "end of this run's epochs of %lld batches (has the dataset changed?)",
-                      ref->path, (long long)ref->pos.epoch, (long long)ref->pos.batch, (long long)nb);
-    *pos = (em_loader_pos){ref->pos.epoch, b};
+                      ref->path, k, (long long)ref->pos[k].epoch, (long long)ref->pos[k].batch,
+                      (long long)nb);
+    *pos = (em_loader_pos){ref->pos[k].epoch, b};
     return EM_OK;
 }
 
@@ -588,50 +760,51 @@ static em_status read_checkpoint(em_accelerator *a, const char *dir, counters *r
     if (s) return s;
     bool resized = ref->world != a->world;
     int64_t src = a->rank % ref->world;
-    if (src == 0)
-        *own = *ref;
-    else if ((s = read_rank(dir, src, own)) || (s = check_same_save(ref, own, resized)))
-        return s;
+    if ((s = read_rank(dir, src, own)) || (src != 0 && (s = check_same_save(ref, own, resized)))) return s;
     for (int64_t k = a->rank; k < ref->world && !s; k += a->world) {
         if (k == src || k == 0) continue;
         s = read_rank(dir, k, tmp);
         if (!s) s = check_same_save(ref, tmp, resized);
+        counters_free(tmp);
     }
     return s;
 }
 
 /* The counters' part of a load, which changes nothing: c[0] gets rank 0's
  * counters, c[1] those whose generators this rank continues (c[2] is
- * scratch), *pos where its loader goes on. */
+ * scratch), pos[k] where loader k goes on. */
 static em_status plan_local(em_accelerator *a, const char *dir, counters *c, em_loader_pos *pos)
 {
     em_status s = read_checkpoint(a, dir, &c[0], &c[1], &c[2]);
     if (!s) s = check_run(a, dir, &c[0], &c[1]);
-    if (!s && a->loader) s = loader_position(a, &c[0], &c[1], pos);
+    for (int k = 0; k < a->nloaders && !s; k++) s = loader_position(a, k, &c[0], &c[1], &pos[k]);
     return s;
 }
 
 static em_status apply_local(em_accelerator *a, const char *dir, const ckpt_manifest *m, const counters *ref,
-                             const counters *own, em_loader_pos pos)
+                             const counters *own, const em_loader_pos *pos)
 {
     /* a file the manifest names was verified whole by ckpt_open: its own
      * checksum would be one more pass over the same bytes */
-    char path[4096];
-    em_named *opt_state = NULL;
-    int nopt = 0;
+    char path[4096], file[CKPT_NAME_MAX];
+    em_named *opt_state[MAX_PREPARED] = {0};
+    int nopt[MAX_PREPARED] = {0};
     em_status s = EM_OK;
-    if (a->opt) {
-        path_in(path, sizeof path, dir, "optimizer.safetensors");
-        if ((s = read_optimizer(path, !ckpt_lists(m, "optimizer.safetensors"), &opt_state, &nopt))) return s;
+    for (int k = 0; k < a->nopts && !s; k++) {
+        object_file(file, sizeof file, "optimizer", k);
+        path_in(path, sizeof path, dir, file);
+        s = read_optimizer(path, !ckpt_lists(m, file), &opt_state[k], &nopt[k]);
     }
-    if (a->model) {
-        path_in(path, sizeof path, dir, "model.safetensors");
-        s = module_load(a->model, path, true, !ckpt_lists(m, "model.safetensors"));
+    for (int k = 0; k < a->nmodels && !s; k++) {
+        object_file(file, sizeof file, "model", k);
+        path_in(path, sizeof path, dir, file);
+        s = module_load(a->models[k], path, true, !ckpt_lists(m, file));
     }
-    if (!s && a->opt) s = em_optim_load_state(a->opt, nopt, opt_state);
-    free_named(opt_state, nopt);
-    if (!s && a->loader) s = em_loader_seek(a->loader, pos);
+    for (int k = 0; k < a->nopts && !s; k++) s = em_optim_load_state(a->opts[k], nopt[k], opt_state[k]);
+    for (int k = 0; k < a->nopts; k++) free_named(opt_state[k], nopt[k]);
+    for (int k = 0; k < a->nloaders && !s; k++) s = em_loader_seek(a->loaders[k], pos[k]);
     if (!s && a->scaler) s = em_scaler_set_state(a->scaler, ref->scaler);
+    if (!s) s = module_rngs(a, own, true);
     if (s) return s;
     /* the same on every rank: from rank 0's file; per rank: from own's */
     if (a->sampler) a->sampler->rng = ref->sampler;
@@ -640,7 +813,8 @@ static em_status apply_local(em_accelerator *a, const char *dir, const ckpt_mani
     a->steps = ref->steps;
     a->micro = ref->micro;
     a->sync = false;
-    a->end_of_data = false;
+    a->counted = false;
+    a->batch_stamp = 0; /* the seek: no batch drawn */
     return EM_OK;
 }
 
@@ -679,16 +853,17 @@ em_status em_accel_load_state(em_accelerator *a, const char *dir)
     char d[4096];
     ckpt_manifest m = {0};
     counters *c = calloc(3, sizeof *c);
-    em_loader_pos pos = {0, 0};
+    em_loader_pos pos[MAX_PREPARED] = {{0, 0}};
     /* nothing changes until every rank has verified every file of the
      * checkpoint and checked the counters, and all ranks saw the same save */
     em_status s =
         c ? ckpt_open(dir, STATE_FORMAT, d, sizeof d, &m, LOAD) : em_err(EM_ERR_OOM, LOAD ": out of memory");
-    if (!s) s = plan_local(a, d, c, &pos);
+    if (!s) s = plan_local(a, d, c, pos);
     s = agree(a, s, LOAD);
     if (!s) s = agree(a, same_save(a, m.id), LOAD);
     if (!s) s = agree(a, apply_local(a, d, &m, &c[0], &c[1], pos), LOAD);
     ckpt_manifest_free(&m);
+    for (int i = 0; c && i < 3; i++) counters_free(&c[i]);
     free(c);
     return s;
 }

@@ -4,7 +4,8 @@
  *
  *   em_accelerator *acc = em_accelerator_new(NULL);      config file + env
  *   em_accel_prepare(acc, model, opt, loader, &sched);   DDP, shards, schedule
- *   while (em_accel_next(acc, &b)) {
+ *   int r;
+ *   while ((r = em_accel_next(acc, &b)) > 0) {           1 batch, 0 end, -1 error
  *       em_scope s = em_scope_begin();
  *       em_accel_accumulate(acc);                         sync this micro-step?
  *       em_accel_backward(acc, loss(model, b));           / grad_accum; buckets
@@ -26,10 +27,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/loader_impl.h"
+#include "dist/accel_impl.h"
+#include "dist/ddp_impl.h"
+#include "dist/dist_impl.h"
 #include "ember/dist.h"
 #include "ember/runtime.h"
-#include "dist/accel_impl.h"
-#include "dist/dist_impl.h"
+#include "optim/optim_impl.h"
 #include "tensor/tensor_impl.h"
 
 /* ---- configuration ------------------------------------------------------------ */
@@ -170,9 +174,13 @@ void em_accelerator_free(em_accelerator *a)
 {
     if (!a) return;
     accel_trackers_free(a);
-    if (a->autocast_on) em_autocast_set(a->autocast_prev);
+    /* the thread's setting from before any region left open */
+    if (a->auto_region && a->auto_depth == 0)
+        em_autocast_set(a->auto_prev);
+    else if (a->regions && a->amp != EM_F32)
+        em_autocast_set(a->region_prev[0]);
     em_grad_scaler_free(a->scaler);
-    em_ddp_free(a->ddp);
+    for (int i = 0; i < a->nmodels; i++) em_ddp_free(a->ddps[i]);
     free(a->params);
     em_pg_free(a->pg);
     free(a);
@@ -213,13 +221,22 @@ static bool model_is_flat(const em_module *m)
     return false;
 }
 
+/* m's parameters (malloc'd, NULL + EM_ERR_OOM), their count in *n */
+static em_named *model_params(const em_module *m, int *n)
+{
+    *n = em_module_params(m, NULL, 0);
+    em_named *ps = calloc((size_t)*n + 1, sizeof *ps);
+    if (!ps) return em_fail(EM_ERR_OOM, "em_accel_prepare: out of memory");
+    em_module_params(m, ps, *n);
+    return ps;
+}
+
 /* whether every parameter of m is on dev (true for a model without any) */
 static bool model_is_on(em_module *m, em_device dev)
 {
-    int n = em_module_params(m, NULL, 0);
-    em_named *ps = calloc((size_t)n + 1, sizeof *ps);
+    int n;
+    em_named *ps = model_params(m, &n);
     if (!ps) return false;
-    em_module_params(m, ps, n);
     bool on = true;
     for (int i = 0; i < n && on; i++) on = em_device_equal(em_device_of(ps[i].t), dev);
     free(ps);
@@ -228,7 +245,6 @@ static bool model_is_on(em_module *m, em_device dev)
 
 static em_status prepare_model(em_accelerator *a, em_module *model)
 {
-    if (a->model) return em_err(EM_ERR_ARG, "em_accel_prepare: a model is already prepared");
     em_status s = EM_OK;
     if (!model_is_flat(model)) {
         s = em_module_to(model, a->device);
@@ -241,45 +257,116 @@ static em_status prepare_model(em_accelerator *a, em_module *model)
     }
     if (!s) s = em_module_flatten(model);
     if (s) return s;
-    int n = em_module_params(model, NULL, 0);
-    em_named *ps = calloc((size_t)n + 1, sizeof *ps);
-    a->params = calloc((size_t)n + 1, sizeof *a->params);
-    if (!ps || !a->params) {
+    int n;
+    em_named *ps = model_params(model, &n);
+    em_tensor **all = ps ? realloc(a->params, sizeof *all * (size_t)(a->nparams + n + 1)) : NULL;
+    if (!all) {
         free(ps);
         return em_err(EM_ERR_OOM, "em_accel_prepare: out of memory");
     }
-    em_module_params(model, ps, n);
-    for (int i = 0; i < n; i++) a->params[i] = ps[i].t;
-    free(ps);
-    a->nparams = n;
+    a->params = all;
     if (a->world > 1) {
         em_ddp_config dc = {.bucket_mb = a->bucket_mb, .find_unused_parameters = a->find_unused};
-        a->ddp = em_ddp_new(a->pg, model, &dc);
-        if (!a->ddp) return em_last_status();
+        a->ddps[a->nmodels] = em_ddp_new(a->pg, model, &dc);
+        if (!a->ddps[a->nmodels]) {
+            free(ps);
+            return em_last_status();
+        }
     }
-    a->model = model;
-    if (a->amp != EM_F32 && !a->autocast_on) { /* the forward passes from here on */
-        a->autocast_prev = em_autocast_set(a->amp);
-        a->autocast_on = true;
-    }
+    for (int i = 0; i < n; i++) a->params[a->nparams + i] = ps[i].t;
+    free(ps);
+    a->nparams += n;
+    a->models[a->nmodels++] = model;
     return EM_OK;
+}
+
+/* Whether t is a parameter of a prepared model or of `model` (this call's). */
+static bool is_model_param(const em_accelerator *a, const em_named *mine, int nmine, const em_tensor *t)
+{
+    for (int i = 0; i < a->nparams; i++)
+        if (a->params[i] == t) return true;
+    for (int i = 0; i < nmine; i++)
+        if (mine[i].t == t) return true;
+    return false;
+}
+
+/* EM_ERR_ARG naming the first parameter of opt that belongs to no prepared
+ * model (nor to `model`, prepared in the same call). */
+static em_status check_optimizer_params(const em_accelerator *a, em_module *model, const em_optimizer *opt)
+{
+    int nmine = 0;
+    em_named *mine = NULL;
+    if (model && !(mine = model_params(model, &nmine))) return em_last_status();
+    em_status s = EM_OK;
+    for (int i = 0; i < opt->np && !s; i++) {
+        em_tensor *t = opt->p[i].h;
+        if (is_model_param(a, mine, nmine, t)) continue;
+        char shape[128] = "(";
+        int nd = em_ndim(t);
+        for (int d = 0; d < nd && strlen(shape) < sizeof shape - 24; d++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? "," : "",
+                     (long long)em_shape(t)[d]);
+        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), ")");
+        s = em_err(
+            EM_ERR_ARG,
+            "em_accel_prepare: the optimizer's parameter %d (shape %s) is not a parameter of a prepared "
+            "model (%d prepared%s); prepare its model before or with the optimizer",
+            i, shape, a->nmodels, model ? " plus this call's" : "");
+    }
+    free(mine);
+    return s;
+}
+
+/* Everything prepare would refuse, before it changes anything. */
+static em_status check_prepare(const em_accelerator *a, em_module *model, em_optimizer *opt,
+                               em_loader *loader, const em_lr_schedule *sched)
+{
+    em_status s;
+    if (sched && (s = em_lr_schedule_check(sched))) return s;
+    if (sched && !opt && a->nopts == 0)
+        return em_err(EM_ERR_ARG,
+                      "em_accel_prepare: a schedule drives an optimizer, and none is prepared: prepare the "
+                      "optimizer before the schedule or in the same call");
+    if (sched && !opt && a->has_sched[a->nopts - 1])
+        return em_err(EM_ERR_ARG,
+                      "em_accel_prepare: optimizer %d (the last prepared) already has a schedule; a second "
+                      "one would replace it",
+                      a->nopts - 1);
+    const char *full = model && a->nmodels == MAX_PREPARED     ? "models"
+                       : opt && a->nopts == MAX_PREPARED       ? "optimizers"
+                       : loader && a->nloaders == MAX_PREPARED ? "loaders"
+                                                               : NULL;
+    if (full) return em_err(EM_ERR_ARG, "em_accel_prepare: at most %d %s", MAX_PREPARED, full);
+    for (int i = 0; i < a->nmodels; i++)
+        if (a->models[i] == model)
+            return em_err(EM_ERR_ARG, "em_accel_prepare: the model is prepared already (model %d)", i);
+    for (int i = 0; i < a->nopts; i++)
+        if (a->opts[i] == opt)
+            return em_err(EM_ERR_ARG, "em_accel_prepare: the optimizer is prepared already (optimizer %d)",
+                          i);
+    for (int i = 0; i < a->nloaders; i++)
+        if (a->loaders[i] == loader)
+            return em_err(EM_ERR_ARG, "em_accel_prepare: the loader is prepared already (loader %d)", i);
+    return opt ? check_optimizer_params(a, model, opt) : EM_OK;
 }
 
 em_status em_accel_prepare(em_accelerator *a, em_module *model, em_optimizer *opt, em_loader *loader,
                            const em_lr_schedule *sched)
 {
     if (!a) return em_err(EM_ERR_ARG, "em_accel_prepare: accelerator is NULL");
-    em_status s;
-    if (sched && (s = em_lr_schedule_check(sched))) return s;
-    if (model && (s = prepare_model(a, model))) return s;
-    if (loader) {
-        if ((s = em_loader_set_shard(loader, a->rank, a->world, a->split_batches, a->even_batches))) return s;
-        a->loader = loader;
+    em_status s = check_prepare(a, model, opt, loader, sched);
+    if (!s && model) s = prepare_model(a, model);
+    if (!s && loader) s = em_loader_set_shard(loader, a->rank, a->world, a->split_batches, a->even_batches);
+    if (s) return s;
+    if (loader) a->loaders[a->nloaders++] = loader;
+    if (opt) {
+        a->opts[a->nopts] = opt;
+        a->has_sched[a->nopts] = false;
+        a->nopts++;
     }
-    if (opt) a->opt = opt;
-    if (sched) {
-        a->sched = *sched;
-        a->has_sched = true;
+    if (sched) { /* this call's optimizer's, or the last prepared one's */
+        a->scheds[a->nopts - 1] = *sched;
+        a->has_sched[a->nopts - 1] = true;
     }
     return EM_OK;
 }
@@ -301,52 +388,156 @@ em_status em_accel_register_rng(em_accelerator *a, em_rng *rng)
     return EM_OK;
 }
 
-/* ---- the loop ------------------------------------------------------------------ */
+/* ---- autocast regions --------------------------------------------------------- */
 
-bool em_accel_next(em_accelerator *a, em_batch *b)
+em_status em_accel_autocast_begin(em_accelerator *a)
 {
-    if (!a || !a->loader) {
+    if (!a) return em_err(EM_ERR_ARG, "em_accel_autocast_begin: accelerator is NULL");
+    if (a->regions == MAX_REGIONS)
+        return em_err(EM_ERR_ARG, "em_accel_autocast_begin: more than %d nested regions (is an end missing?)",
+                      MAX_REGIONS);
+    a->region_prev[a->regions++] = a->amp != EM_F32 ? em_autocast_set(a->amp) : em_autocast_dtype();
+    return EM_OK;
+}
+
+em_status em_accel_autocast_end(em_accelerator *a)
+{
+    if (!a) return em_err(EM_ERR_ARG, "em_accel_autocast_end: accelerator is NULL");
+    if (a->regions == 0)
+        return em_err(EM_ERR_ARG,
+                      "em_accel_autocast_end: no region is open (em_accel_autocast_begin was not called)");
+    em_dtype prev = a->region_prev[--a->regions];
+    if (a->auto_region && a->regions < a->auto_depth) {
+        /* a region that began before the micro-step's automatic one ends
+         * inside it: autocast stays on until backward, which then restores
+         * what this region found */
+        a->auto_prev = prev;
+        a->auto_depth = a->regions;
+        return EM_OK;
+    }
+    if (a->amp != EM_F32) em_autocast_set(prev);
+    return EM_OK;
+}
+
+/* The training step's forward: from em_accel_next or em_accel_accumulate,
+ * whichever comes first in a micro-step, until em_accel_backward returns. */
+static void auto_region_begin(em_accelerator *a)
+{
+    if (a->auto_region || a->amp == EM_F32) return;
+    a->auto_prev = em_autocast_set(a->amp);
+    a->auto_depth = a->regions;
+    a->auto_region = true;
+}
+
+/* Regions the user opened inside the automatic one and left open stay on;
+ * the outermost of them restores what the automatic region found. */
+static void auto_region_end(em_accelerator *a)
+{
+    if (!a->auto_region) return;
+    if (a->regions > a->auto_depth)
+        a->region_prev[a->auto_depth] = a->auto_prev;
+    else
+        em_autocast_set(a->auto_prev);
+    a->auto_region = false;
+}
+
+/* ---- the loop ------------------------------------------------------------------
+ * Which micro-steps sync is decided from the count and from the training
+ * loader itself, so the calls may come in any order: em_accel_accumulate
+ * counts a micro-step (and predicts whether its batch ends the epoch: the
+ * batch the loader returned since the last backward, or else the one it
+ * will return next); em_accel_backward counts it if accumulate did not, and
+ * makes it a sync step when its batch turned out to be the epoch's last. */
+
+/* Whether the training loader returned a batch since the last backward. */
+static bool drawn(const em_accelerator *a)
+{
+    return a->nloaders && loader_last_stamp(a->loaders[0]) != a->batch_stamp;
+}
+
+/* Whether the micro-step's batch ends the training loader's epoch: the one
+ * drawn, or (peek, none drawn yet) the one the loader returns next. */
+static bool ends_epoch(const em_accelerator *a, bool peek)
+{
+    if (!a->nloaders) return false;
+    em_loader *l = a->loaders[0];
+    if (drawn(a)) return em_loader_last_was_final(l);
+    return peek && em_loader_position(l).batch + 1 == em_loader_num_batches(l);
+}
+
+/* Counts a micro-step and decides its sync. */
+static void count_micro(em_accelerator *a, bool peek)
+{
+    a->micro++;
+    a->sync = a->micro % a->grad_accum == 0 || ends_epoch(a, peek);
+    if (a->sync) a->micro = 0;
+}
+
+int em_accel_next(em_accelerator *a, em_batch *b)
+{
+    if (!a || !a->nloaders) {
         if (b) *b = (em_batch){0};
         em_err(EM_ERR_ARG, "em_accel_next: %s", a ? "no loader was prepared" : "accelerator is NULL");
-        return false;
+        return -1;
     }
-    bool got = em_loader_next(a->loader, b);
-    a->end_of_data = got && em_loader_position(a->loader).batch == em_loader_num_batches(a->loader);
-    if (got && a->device.type != EM_CPU && em_accel_to_device(a, b)) return false;
-    return got;
+    int r = em_loader_next(a->loaders[0], b);
+    if (r <= 0) { /* no micro-step: a region accumulate began ends here */
+        auto_region_end(a);
+        return r;
+    }
+    auto_region_begin(a);
+    if (a->device.type != EM_CPU && em_accel_to_device(a, b)) return -1;
+    return 1;
 }
 
 bool em_accel_accumulate(em_accelerator *a)
 {
     if (!a) return false;
-    if (a->end_of_data) {
-        a->micro = 0;
-        a->sync = true;
-    } else {
-        a->micro++;
-        a->sync = a->micro % a->grad_accum == 0;
-        if (a->sync) a->micro = 0;
+    auto_region_begin(a);
+    em_loader *l = a->nloaders ? a->loaders[0] : NULL;
+    if (l && !drawn(a) && em_loader_position(l).batch == em_loader_num_batches(l)) {
+        /* the loader's next call ends the epoch: this micro-step may have no
+         * batch, so backward counts it if it happens */
+        a->counted = false;
+        a->sync = (a->micro + 1) % a->grad_accum == 0;
+        return a->sync;
     }
+    count_micro(a, true);
+    a->counted = true;
     return a->sync;
 }
 
 em_status em_accel_backward(em_accelerator *a, em_tensor *loss)
 {
     if (!a) return em_err(EM_ERR_ARG, "em_accel_backward: accelerator is NULL");
-    if (!loss) return em_last_status() ? em_last_status() : em_err(EM_ERR_ARG, "em_accel_backward: loss is NULL");
-    /* without em_accel_accumulate every micro-step is a sync step */
-    if (a->grad_accum == 1) a->sync = true;
+    if (!loss) { /* the forward failed: no backward, nothing counted */
+        auto_region_end(a);
+        return em_last_status() ? em_last_status() : em_err(EM_ERR_ARG, "em_accel_backward: loss is NULL");
+    }
+    if (!a->counted) {
+        count_micro(a, false);
+    } else if (!a->sync && ends_epoch(a, false)) { /* accumulate came before the epoch's last batch */
+        a->sync = true;
+        a->micro = 0;
+    }
+    a->counted = false;
+    a->batch_stamp = a->nloaders ? loader_last_stamp(a->loaders[0]) : 0;
     em_tensor *l = a->grad_accum > 1 ? em_mul_scalar(loss, 1.0 / a->grad_accum) : loss;
     if (l && a->scaler) l = em_scaler_scale(a->scaler, l); /* fp16: keep small gradients representable */
-    if (!l) return em_last_status();
-    if (!a->ddp) return em_backward(l, NULL);
-    em_ddp_set_sync(a->ddp, a->sync);
-    return em_ddp_backward(a->ddp, l, NULL);
+    em_status s;
+    if (!l)
+        s = em_last_status();
+    else if (a->world == 1 || a->nmodels == 0)
+        s = em_backward(l, NULL);
+    else
+        s = ddp_backward_many(a->ddps, a->nmodels, l, a->sync);
+    auto_region_end(a);
+    return s;
 }
 
 double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *status)
 {
-    if (!a || !a->model) {
+    if (!a || !a->nmodels) {
         em_status s = em_err(EM_ERR_ARG, "em_accel_clip_grad_norm: %s",
                              a ? "no model was prepared" : "accelerator is NULL");
         if (status) *status = s;
@@ -369,7 +560,9 @@ double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *st
 
 em_status em_accel_step(em_accelerator *a)
 {
-    if (!a || !a->opt) return em_err(EM_ERR_ARG, "em_accel_step: %s", a ? "no optimizer was prepared" : "accelerator is NULL");
+    if (!a || !a->nopts)
+        return em_err(EM_ERR_ARG, "em_accel_step: %s",
+                      a ? "no optimizer was prepared" : "accelerator is NULL");
     if (!a->sync) return EM_OK;
     em_status s;
     a->skipped = false;
@@ -378,23 +571,31 @@ em_status em_accel_step(em_accelerator *a)
         if ((s = em_scaler_unscale(a->scaler, a->nparams, a->params, a->pg))) return s;
         a->skipped = em_scaler_found_inf(a->scaler);
         em_scaler_update(a->scaler);
-        if (a->skipped) return EM_OK; /* no update, and the schedule stays where it is */
+        if (a->skipped) return EM_OK; /* no update, and the schedules stay where they are */
     }
-    if (a->has_sched) { /* a failing schedule (a user's fn) keeps its own message, naming the step */
-        double lr = em_lr_at(&a->sched, a->steps);
+    /* every schedule first: a failing one (a user's fn) keeps its own
+     * message, naming the step, and no optimizer has stepped yet */
+    for (int i = 0; i < a->nopts; i++) {
+        if (!a->has_sched[i]) continue;
+        double lr = em_lr_at(&a->scheds[i], a->steps);
         if (isnan(lr)) return em_last_status();
-        if ((s = em_optim_set_lr(a->opt, -1, lr))) return s;
+        if ((s = em_optim_set_lr(a->opts[i], -1, lr))) return s;
     }
-    if ((s = em_optim_step(a->opt))) return s;
+    for (int i = 0; i < a->nopts; i++)
+        if ((s = em_optim_step(a->opts[i]))) return s;
     a->steps++;
     return EM_OK;
 }
 
 em_status em_accel_zero_grad(em_accelerator *a)
 {
-    if (!a || !a->opt) return em_err(EM_ERR_ARG, "em_accel_zero_grad: %s", a ? "no optimizer was prepared" : "accelerator is NULL");
+    if (!a || !a->nopts)
+        return em_err(EM_ERR_ARG, "em_accel_zero_grad: %s",
+                      a ? "no optimizer was prepared" : "accelerator is NULL");
     if (!a->sync) return EM_OK;
-    return em_optim_zero_grad(a->opt);
+    em_status s = EM_OK;
+    for (int i = 0; i < a->nopts && !s; i++) s = em_optim_zero_grad(a->opts[i]);
+    return s;
 }
 
 /* ---- gathering and friends ---------------------------------------------------- */
@@ -428,8 +629,13 @@ em_tensor *em_accel_gather(em_accelerator *a, em_tensor *t)
 em_tensor *em_accel_gather_for_metrics(em_accelerator *a, em_tensor *t)
 {
     em_tensor *all = em_accel_gather(a, t);
-    if (!all || !a->loader || !a->end_of_data) return all;
-    int64_t pad = em_loader_padding(a->loader);
+    if (!all) return NULL;
+    /* the prepared loader that returned a batch last, however it was called */
+    em_loader *last = NULL;
+    for (int i = 0; i < a->nloaders; i++)
+        if (loader_last_stamp(a->loaders[i]) > loader_last_stamp(last)) last = a->loaders[i];
+    if (!last || !em_loader_last_was_final(last)) return all;
+    int64_t pad = em_loader_padding(last);
     if (pad <= 0 || em_ndim(t) == 0) return all;
     int64_t n = em_shape(all)[0];
     return em_narrow(all, 0, 0, n - (pad < n ? pad : n));

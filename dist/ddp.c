@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/ddp_impl.h"
 #include "ember/dist.h"
 #include "tensor/tensor_impl.h"
 
@@ -57,6 +58,11 @@ struct em_ddp {
     int next_launch; /* buckets [0, next_launch) have been started */
     bool sync;
     bool in_backward;
+    /* several models in one backward (ddp_backward_many): the hook only
+     * marks gradients, and buckets are started after backward */
+    bool deferred;
+    bool touched; /* a parameter got a gradient in this backward */
+    bool dirty;   /* one did in a no_sync backward since the last synced one */
     em_status first_err;
     char err_msg[512];
 };
@@ -91,7 +97,13 @@ static em_status on_grad_ready(em_tensor *t, em_tensor *grad, void *ctx)
     (void)grad;
     param *p = ctx;
     em_ddp *d = p->ddp;
-    if (!d->sync || !d->in_backward || p->ready) return EM_OK;
+    if (!d->in_backward || p->ready) return EM_OK;
+    if (d->deferred) {
+        p->ready = true;
+        d->touched = true;
+        return EM_OK;
+    }
+    if (!d->sync) return EM_OK;
     p->ready = true;
     d->buckets[p->bucket].pending--;
     launch_ready(d, false);
@@ -390,5 +402,84 @@ em_status em_ddp_backward(em_ddp *d, em_tensor *loss, em_tensor *grad_output)
                       "em_ddp_backward: parameter '%s' received no gradient in this backward; use it in the "
                       "loss, or set find_unused_parameters (its gradient is then averaged as it stands)",
                       unused);
+    return EM_OK;
+}
+
+/* ---- several models in one backward ------------------------------------------
+ * A loss may depend on several DDP-wrapped models. Their buckets must start
+ * in one order every rank agrees on, whatever order backward finishes the
+ * gradients in, or two buckets of equal size could be averaged with each
+ * other's. So the hooks only mark gradients; after backward the ranks agree
+ * (one small all-reduce) which models took part, here or on any rank (a
+ * model with gradients from no_sync backwards since the last synced one
+ * counts), and start the buckets of those models, model by model in the
+ * order given. A model that took part nowhere is left alone, so a backward
+ * through some of the models (a GAN's discriminator step) syncs just those.
+ * (Communication no longer overlaps backward; one model keeps
+ * em_ddp_backward's overlap.) */
+em_status ddp_backward_many(em_ddp *const *ds, int n, em_tensor *loss, bool sync)
+{
+    if (n == 1) {
+        em_ddp_set_sync(ds[0], sync);
+        return em_ddp_backward(ds[0], loss, NULL);
+    }
+    for (int k = 0; k < n; k++) {
+        em_ddp *d = ds[k];
+        d->sync = sync;
+        d->deferred = true;
+        d->touched = false;
+        d->first_err = EM_OK;
+        d->err_msg[0] = '\0';
+        for (int i = 0; i < d->nparams; i++) d->params[i].ready = false;
+        d->in_backward = true;
+    }
+    em_status bs = em_backward(loss, NULL);
+    for (int k = 0; k < n; k++) {
+        ds[k]->in_backward = false;
+        ds[k]->deferred = false;
+        ds[k]->dirty = ds[k]->dirty || ds[k]->touched;
+    }
+    if (!sync) return bs;
+    char bmsg[512] = "";
+    if (bs != EM_OK) snprintf(bmsg, sizeof bmsg, "%s", em_last_error());
+    /* every rank makes the same collectives whatever failed locally */
+    int64_t nn = n;
+    em_scope sc = em_scope_begin(); /* `took` dies here */
+    em_tensor *took = em_zeros(EM_I32, 1, &nn);
+    em_status s = took ? EM_OK : em_last_status();
+    for (int k = 0; k < n && !s; k++) ((int32_t *)em_data(took))[k] = ds[k]->dirty;
+    if (!s) s = em_all_reduce(ds[0]->pg, took, EM_RED_MAX, NULL);
+    bool agreed = s == EM_OK; /* then every model that took part is synced, whatever fails */
+    for (int k = 0; k < n && agreed; k++) {
+        em_ddp *d = ds[k];
+        d->dirty = false;
+        d->touched = ((int32_t *)em_data(took))[k] != 0; /* now: took part on some rank */
+        if (!d->touched) continue;
+        d->next_launch = 0;
+        for (int i = 0; i < d->nbuckets; i++) d->buckets[i].work = NULL;
+        launch_ready(d, true);
+        for (int i = 0; i < d->nbuckets; i++) {
+            if (!d->buckets[i].work) continue;
+            em_status ws = em_work_wait(d->buckets[i].work);
+            d->buckets[i].work = NULL;
+            if (ws != EM_OK) note_error(d, ws);
+        }
+        if (d->first_err != EM_OK && !s) s = em_set_error(d->first_err, "%s", d->err_msg);
+    }
+    for (int k = 0; k < n && !agreed; k++) ds[k]->touched = false;
+    em_scope_end(sc);
+    if (bs != EM_OK) return em_set_error(bs, "%s", bmsg);
+    if (s != EM_OK) return s;
+    for (int k = 0; k < n; k++) {
+        em_ddp *d = ds[k];
+        if (!d->touched || d->cfg.find_unused_parameters) continue;
+        for (int i = 0; i < d->nparams; i++)
+            if (!d->params[i].ready)
+                return em_err(EM_ERR_DIST,
+                              "em_ddp_backward: parameter '%s' of model %d received no gradient in this "
+                              "backward; use it in the loss, or set find_unused_parameters (its gradient is "
+                              "then averaged as it stands)",
+                              d->params[i].name, k);
+    }
     return EM_OK;
 }

@@ -163,8 +163,10 @@ static double train_epoch(classifier *m, em_loader *loader, em_optimizer *opt)
     for (;;) {
         em_scope s = em_scope_begin();
         em_batch b;
-        if (!em_loader_next(loader, &b)) { /* end of the epoch, or an error */
+        int r = em_loader_next(loader, &b); /* 1 a batch, 0 the end of the epoch, -1 an error */
+        if (r <= 0) {
             em_scope_end(s);
+            if (r < 0) return NAN;
             break;
         }
         em_tensor *loss = em_cross_entropy(classifier_forward(m, b.x), b.y, -1);
@@ -188,8 +190,10 @@ static double accuracy(classifier *m, em_loader *loader)
     for (;;) {
         em_scope s = em_scope_begin();
         em_batch b;
-        if (!em_loader_next(loader, &b)) {
+        int r = em_loader_next(loader, &b);
+        if (r <= 0) {
             em_scope_end(s);
+            if (r < 0) return NAN;
             break;
         }
         em_tensor *pred = em_argmax(classifier_forward(m, b.x), 1, false); /* (N) i32 */

@@ -254,7 +254,7 @@ em_nn_dropout *em_nn_dropout_new(em_module *parent, const char *name, double p, 
     uint32_t w[4]; /* one counter of rng gives the layer's seed */
     em_philox4x32(rng->seed, 0, rng->offset++, w);
     *d = (em_nn_dropout){m, p, em_rng_new((uint64_t)w[0] << 32 | w[1])};
-    return d;
+    return em_module_add_rng(m, "rng", &d->rng) ? abandon(parent, m) : d;
 }
 
 em_tensor *em_nn_dropout_forward(em_nn_dropout *d, em_tensor *x)

@@ -26,11 +26,18 @@ typedef struct entries {
     int n, cap;
 } entries;
 
+typedef struct rng_entry {
+    char *full;  /* dotted name from the root */
+    em_rng *rng; /* borrowed: lives in a layer struct the module owns */
+} rng_entry;
+
 struct em_module {
     char *name; /* local name ("" for a root) */
     char *full; /* dotted path from the root */
     em_module *parent, *first, *last, *next;
     entries params, buffers;
+    rng_entry *rngs;
+    int n_rngs;
     bool training;
     void **owned;
     int n_owned;
@@ -118,6 +125,8 @@ static void module_free(em_module *m)
     }
     free_entries(&m->params);
     free_entries(&m->buffers);
+    for (int i = 0; i < m->n_rngs; i++) free(m->rngs[i].full);
+    free(m->rngs);
     for (int i = 0; i < m->n_grad_views; i++) em_free(m->grad_views[i]);
     free(m->grad_views);
     for (int d = 0; d < EM_NUM_DTYPES; d++) {
@@ -154,6 +163,8 @@ static bool name_taken(const em_module *m, const char *name)
         if (!strcmp(local_name(&m->params.v[i]), name)) return true;
     for (int i = 0; i < m->buffers.n; i++)
         if (!strcmp(local_name(&m->buffers.v[i]), name)) return true;
+    for (int i = 0; i < m->n_rngs; i++)
+        if (!strcmp(local_name(&(entry){m->rngs[i].full, NULL}), name)) return true;
     for (em_module *c = m->first; c; c = c->next)
         if (!strcmp(c->name, name)) return true;
     return false;
@@ -227,6 +238,37 @@ int em_module_params(const em_module *m, em_named *out, int max)
 int em_module_buffers(const em_module *m, em_named *out, int max)
 {
     return m ? collect(m, m, false, out, max, 0) : 0;
+}
+
+em_status em_module_add_rng(em_module *m, const char *name, em_rng *rng)
+{
+    if (!m || !rng) return em_err(EM_ERR_ARG, "em_module_add_rng: %s is NULL", m ? "generator" : "module");
+    if (!valid_name(name))
+        return em_err(EM_ERR_ARG, "em_module_add_rng: name '%s' must be non-empty and without '.'",
+                      name ? name : "(null)");
+    if (name_taken(m, name))
+        return em_err(EM_ERR_ARG, "em_module_add_rng: '%s' already has a member named '%s'", m->full, name);
+    rng_entry *v = realloc(m->rngs, sizeof *v * (size_t)(m->n_rngs + 1));
+    if (!v) return em_err(EM_ERR_OOM, "em_module_add_rng: out of memory");
+    m->rngs = v;
+    char *full = join(m->full, name);
+    if (!full) return em_err(EM_ERR_OOM, "em_module_add_rng: out of memory");
+    m->rngs[m->n_rngs++] = (rng_entry){full, rng};
+    return EM_OK;
+}
+
+static int collect_rngs(const em_module *base, const em_module *m, em_named_rng *out, int max, int k)
+{
+    size_t skip = strlen(base->full);
+    for (int i = 0; i < m->n_rngs; i++, k++)
+        if (k < max) out[k] = (em_named_rng){m->rngs[i].full + (skip ? skip + 1 : 0), m->rngs[i].rng};
+    for (const em_module *c = m->first; c; c = c->next) k = collect_rngs(base, c, out, max, k);
+    return k;
+}
+
+int em_module_rngs(const em_module *m, em_named_rng *out, int max)
+{
+    return m ? collect_rngs(m, m, out, max, 0) : 0;
 }
 
 static em_tensor *find(const em_module *base, const em_module *m, const char *name)

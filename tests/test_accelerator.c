@@ -91,12 +91,13 @@ TEST(test_accumulate_syncs_every_k_and_at_the_end_of_the_data)
     CHECK_OK(em_accel_prepare(a, NULL, NULL, l, NULL));
     char got[16] = "";
     em_batch b;
-    int i = 0;
-    while (em_accel_next(a, &b)) {
+    int i = 0, r;
+    while ((r = em_accel_next(a, &b)) > 0) {
         got[i++] = em_accel_accumulate(a) ? 'S' : '.';
         em_free(b.x);
         em_free(b.y);
     }
+    CHECK(r == 0);
     CHECK(strcmp(got, "..S..SS") == 0);
     em_loader_free(l);
     em_dataset_free(ds);
@@ -167,8 +168,8 @@ static void metrics(int rank, int world, void *ctx)
     em_loader *l = em_loader_new(ds, &(em_loader_config){.batch_size = 2});
     CHECK_OK(em_accel_prepare(a, NULL, NULL, l, NULL));
     em_batch b;
-    int seen = 0, batches = 0;
-    while (em_accel_next(a, &b)) {
+    int seen = 0, batches = 0, r;
+    while ((r = em_accel_next(a, &b)) > 0) {
         em_tensor *all = em_accel_gather_for_metrics(a, b.x);
         CHECK_NOTNULL(all);
         int64_t n = em_shape(all)[0];
@@ -179,6 +180,7 @@ static void metrics(int rank, int world, void *ctx)
         em_free(b.x);
         em_free(b.y);
     }
+    CHECK(r == 0);
     CHECK(batches == 2);
     CHECK(seen == 5);
     (void)rank;

@@ -247,6 +247,8 @@ static void small_step(small_run *r, int step, int poison)
 {
     em_scope s = em_scope_begin();
     em_rng rng = em_rng_new(100 + (uint64_t)step * 10 + (uint64_t)em_accel_rank(r->acc));
+    em_accel_accumulate(r->acc); /* the micro-step's forward autocasts */
+    CHECK(em_autocast_dtype() == EM_F16);
     em_tensor *x = em_randn(EM_F32, EM_SHAPE(5, 8), &rng);
     em_tensor *h = em_nn_linear_forward(r->lin, x), *loss = em_mean(em_mul(h, h), 0, NULL, false);
     CHECK_OK(em_accel_backward(r->acc, loss));
@@ -265,7 +267,8 @@ static void overflow_everywhere(int rank, int world, void *ctx)
     no_user_config();
     small_run r;
     small_setup(&r, EM_PREC_FP16, 3);
-    CHECK(em_accel_autocast_dtype(r.acc) == EM_F16 && em_autocast_dtype() == EM_F16);
+    /* prepare alone turns nothing on: only the training step's forward autocasts */
+    CHECK(em_accel_autocast_dtype(r.acc) == EM_F16 && em_autocast_dtype() == EM_F32);
     CHECK_NOTNULL(em_accel_scaler(r.acc));
     small_step(&r, 0, -1);
     CHECK(em_accel_step_count(r.acc) == 1 && !em_accel_step_was_skipped(r.acc));
@@ -354,6 +357,10 @@ static double train_gpt(em_precision_kind mp)
     int32_t xb[B * T], yb[B * T];
     for (int step = 0; step <= STEPS; step++) {
         bool eval = step == STEPS;
+        if (eval) /* an evaluation forward, marked */
+            CHECK_OK(em_accel_autocast_begin(acc));
+        else /* the training step's forward autocasts from here until backward */
+            em_accel_accumulate(acc);
         em_scope s = em_scope_begin();
         for (int b = 0; b < B; b++) { /* train on the first 3/4, evaluate on the rest */
             em_tensor *u = em_rand(EM_F32, EM_SHAPE(1), &rng);
@@ -370,6 +377,7 @@ static double train_gpt(em_precision_kind mp)
         if (eval) {
             double v = em_item(loss);
             em_scope_end(s);
+            CHECK_OK(em_accel_autocast_end(acc));
             for (int i = 0; i < n; i++) CHECK(em_dtype_of(ps[i]) == EM_F32); /* masters stay f32 */
             em_accelerator_free(acc);
             em_optim_free(opt);

@@ -116,13 +116,14 @@ static int epoch(em_loader *l, int64_t multiple, bool label_only, int64_t *seen)
     em_batch b;
     for (;;) {
         em_scope s = em_scope_begin();
-        bool got = em_loader_next(l, &b);
-        if (got) {
+        int got = em_loader_next(l, &b);
+        CHECK(got >= 0);
+        if (got > 0) {
             check_padded(&b, multiple, label_only, seen + k);
             k += (int)b.size;
         }
         em_scope_end(s);
-        if (!got) break;
+        if (got <= 0) break;
     }
     CHECK_OK(em_last_status());
     return k;
@@ -140,7 +141,7 @@ TEST(test_collate_pad_pads_each_batch_to_its_longest_with_a_mask)
     for (int k = 0; k < 3; k++) {
         em_scope s = em_scope_begin();
         em_batch b;
-        CHECK(em_loader_next(l, &b));
+        CHECK(em_loader_next(l, &b) == 1);
         CHECK(em_shape(b.x)[1] == want_L[k]);
         int64_t ids[3];
         check_padded(&b, 0, false, ids);
@@ -193,7 +194,7 @@ TEST(test_collate_pad_rounds_the_length_up_to_a_multiple)
     for (int k = 0; k < 3; k++) {
         em_scope s = em_scope_begin();
         em_batch b;
-        CHECK(em_loader_next(l, &b));
+        CHECK(em_loader_next(l, &b) == 1);
         CHECK(em_shape(b.x)[1] == want_L[k]);
         int64_t ids[3];
         check_padded(&b, 4, false, ids);
@@ -210,7 +211,7 @@ TEST(test_collate_pad_stacks_fixed_labels_and_uses_the_pad_value)
     em_loader *l = pad_loader(&ds, 4, false, 0, &pc);
     em_scope s = em_scope_begin();
     em_batch b;
-    CHECK(em_loader_next(l, &b)); /* examples 0..3, lengths 3 7 5 2 */
+    CHECK(em_loader_next(l, &b) == 1); /* examples 0..3, lengths 3 7 5 2 */
     CHECK(em_shape(b.x)[1] == 7 && em_ndim(b.y) == 1 && em_dtype_of(b.mask) == EM_I32);
     const int32_t *x = em_data(b.x), *m = em_data(b.mask), *y = em_data(b.y);
     CHECK(x[3 * 7 + 1] == 32 && x[3 * 7 + 2] == 7 && x[0 * 7 + 6] == 7); /* example 3: 31 32, then pad 7 */
@@ -235,7 +236,7 @@ TEST(test_collate_pad_shards_at_world_2_each_rank_padding_its_own_batch)
         for (int r = 0; r < 2; r++) {
             em_scope s = em_scope_begin();
             em_batch b;
-            CHECK(em_loader_next(r ? r1 : r0, &b));
+            CHECK(em_loader_next(r ? r1 : r0, &b) == 1);
             int64_t ids[2];
             check_padded(&b, 0, false, ids);
             CHECK(b.size == 2 && ids[0] == want[k][r][0] && ids[1] == want[k][r][1]);
@@ -243,7 +244,7 @@ TEST(test_collate_pad_shards_at_world_2_each_rank_padding_its_own_batch)
             em_scope_end(s);
         }
     em_batch b;
-    CHECK(!em_loader_next(r0, &b) && !em_loader_next(r1, &b));
+    CHECK(em_loader_next(r0, &b) == 0 && em_loader_next(r1, &b) == 0);
     em_loader_free(r0);
     em_loader_free(r1);
 }
@@ -278,7 +279,7 @@ static void length_out_of_range(int prefetch)
     em_loader *l = pad_loader(&ds, 3, false, prefetch, &pc);
     em_scope s = em_scope_begin();
     em_batch b;
-    CHECK(em_loader_next(l, &b));
+    CHECK(em_loader_next(l, &b) == 1);
     CHECK_ERR(em_loader_next(l, &b), EM_ERR_ARG,
               "em_loader_next: example 4 has lengths x 9, y 6; its fields allow x in [0, 8], y in [0, 8]");
     CHECK(b.x == NULL && b.mask == NULL);
@@ -338,7 +339,7 @@ static void collate_fails(int prefetch)
     CHECK_ERR(em_loader_next(l, &b), EM_ERR_IO, "flaky_collate");
     CHECK(em_live_tensors() == live);
     /* the retry gives batch 0 */
-    CHECK(em_loader_next(l, &b));
+    CHECK(em_loader_next(l, &b) == 1);
     int64_t ids[3];
     check_padded(&b, 0, false, ids);
     CHECK(ids[0] == 0 && ids[1] == 1 && ids[2] == 2 && em_loader_position(l).batch == 1);
@@ -387,7 +388,7 @@ TEST(test_accel_next_moves_the_collates_mask_to_the_device_with_x_and_y)
     CHECK_OK(em_accel_prepare(a, NULL, NULL, l, NULL));
     em_scope s = em_scope_begin();
     em_batch b;
-    CHECK(em_accel_next(a, &b));
+    CHECK(em_accel_next(a, &b) == 1);
     CHECK(em_device_of(b.x).type == EM_CUDA && em_device_of(b.y).type == EM_CUDA);
     CHECK(em_device_of(b.mask).type == EM_CUDA);
     b.x = ct_on_cpu(b.x);

@@ -45,17 +45,19 @@ static int64_t batch_ids(em_batch *b, int32_t *out)
 }
 
 /* Runs the loader for `calls` calls of em_loader_next and records what each
- * gave: the example ids of a batch, or -1 for an epoch end. Returns entries. */
+ * gave: the example ids of a batch, or -1 for an epoch end (0 returned, no
+ * error). Returns entries. */
 static int record(em_loader *l, int calls, int32_t *out)
 {
     int k = 0;
     for (int c = 0; c < calls; c++) {
         em_scope s = em_scope_begin();
         em_batch b;
-        if (em_loader_next(l, &b))
+        int r = em_loader_next(l, &b);
+        if (r > 0)
             k += (int)batch_ids(&b, out + k);
         else {
-            CHECK(em_last_status() == EM_OK);
+            CHECK(r == 0 && em_last_status() == EM_OK);
             out[k++] = -1;
         }
         em_scope_end(s);
@@ -84,7 +86,7 @@ TEST(test_loader_stacks_examples_into_batch_tensors)
     CHECK_NOTNULL(l);
     em_scope s = em_scope_begin();
     em_batch b;
-    CHECK(em_loader_next(l, &b) && em_loader_next(l, &b));
+    CHECK(em_loader_next(l, &b) == 1 && em_loader_next(l, &b) == 1);
     CHECK(b.size == 4 && em_ndim(b.x) == 2 && em_size(b.x, 0) == 4 && em_size(b.x, 1) == 2);
     CHECK(em_dtype_of(b.x) == EM_F32 && em_dtype_of(b.y) == EM_I32);
     CHECK_VALUES(b.x, 0, 4, -4, 5, -5, 6, -6, 7, -7);
@@ -275,7 +277,7 @@ TEST(test_loader_free_mid_epoch_with_prefetch_leaves_no_thread_or_tensor)
     CHECK(count_threads() == threads + 1);
     record(l, 2, got);
     em_batch b;
-    CHECK(em_loader_next(l, &b)); /* no scope: a persistent batch, ours to free */
+    CHECK(em_loader_next(l, &b) == 1); /* no scope: a persistent batch, ours to free */
     CHECK(em_live_tensors() == live + 2);
     em_free(b.x);
     em_free(b.y);
@@ -302,14 +304,16 @@ static void check_dataset_error_then_retry(int prefetch)
     em_loader *l = em_loader_new(&ds, &(em_loader_config){.batch_size = 3, .prefetch = prefetch, NULL, NULL});
     int64_t live = em_live_tensors();
     em_batch b;
-    CHECK(em_loader_next(l, &b));
+    CHECK(em_loader_next(l, &b) == 1);
     em_free(b.x);
     em_free(b.y);
-    CHECK_ERR(em_loader_next(l, &b), EM_ERR_IO, "ids: example 5 failed"); /* batch 1 holds 3, 4, 5 */
+    int got = 0;
+    CHECK_ERR(got = em_loader_next(l, &b), EM_ERR_IO, "ids: example 5 failed"); /* batch 1 holds 3, 4, 5 */
+    CHECK(got == -1);
     CHECK(b.x == NULL && em_live_tensors() == live);
     CHECK(em_loader_position(l).batch == 1);
     em_scope s = em_scope_begin();
-    CHECK(em_loader_next(l, &b)); /* the retry succeeds */
+    CHECK(em_loader_next(l, &b) == 1); /* the retry succeeds */
     CHECK_VALUES(b.y, 0, 3, 4, 5);
     em_scope_end(s);
     em_loader_free(l);
@@ -330,7 +334,7 @@ TEST(test_loader_over_sequence_dataset_gives_token_blocks)
     em_loader *l = em_loader_new(ds, &(em_loader_config){.batch_size = 2, .prefetch = 1});
     em_scope s = em_scope_begin();
     em_batch b;
-    CHECK(em_loader_next(l, &b) && em_loader_next(l, &b));
+    CHECK(em_loader_next(l, &b) == 1 && em_loader_next(l, &b) == 1);
     CHECK(em_ndim(b.x) == 2 && em_size(b.x, 0) == 2 && em_size(b.x, 1) == 5 && em_dtype_of(b.x) == EM_I32);
     CHECK_VALUES(b.x, 0, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19);
     CHECK_VALUES(b.y, 0, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20);

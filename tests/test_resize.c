@@ -89,7 +89,9 @@ static void train_job(int rank, int world, void *ctx)
     while (em_accel_step_count(acc) < j->steps) {
         em_scope s = em_scope_begin();
         em_batch b;
-        if (!em_accel_next(acc, &b)) { /* end of the epoch */
+        int got = em_accel_next(acc, &b);
+        if (got <= 0) { /* end of the epoch */
+            CHECK(got == 0);
             CHECK_OK(em_last_status());
             em_scope_end(s);
             continue;
@@ -225,7 +227,17 @@ static void load_fails(int rank, int world, void *ctx)
     em_loader *l =
         em_loader_new(ds, &(em_loader_config){.batch_size = e->j.per_rank, .shuffle = true, .seed = 5});
     CHECK_NOTNULL(l);
-    CHECK_OK(em_accel_prepare(acc, NULL, NULL, l, NULL));
+    /* the objects the checkpoint holds: a model, its optimizer, the loader */
+    em_rng init = em_rng_new(42);
+    em_module *root = em_module_new(NULL, NULL);
+    em_nn_mlp *mlp = em_nn_mlp_new(root, "mlp", D, true, 0.0, &init);
+    CHECK_NOTNULL(mlp);
+    em_named ps[8];
+    em_tensor *pt[8];
+    int n = em_module_params(root, ps, 8);
+    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+    em_optimizer *opt = em_adamw_new(n, pt, NULL);
+    CHECK_OK(em_accel_prepare(acc, root, opt, l, NULL));
     em_clear_error();
     em_status s = em_accel_load_state(acc, e->j.dir);
     if (rank == 0 ? s != e->status : s == EM_OK) /* the others fail too, naming their own cause or rank */
@@ -236,6 +248,8 @@ static void load_fails(int rank, int world, void *ctx)
             th_fail(__FILE__, __LINE__, "message \"%s\" lacks \"%s\"", em_last_error(), e->msg[i]);
     CHECK(em_loader_position(l).batch == 0); /* nothing changed */
     em_accelerator_free(acc);
+    em_optim_free(opt);
+    em_module_free(root);
     em_loader_free(l);
     em_dataset_free(ds);
 }

@@ -127,20 +127,24 @@ static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
 typedef struct run {
     em_accelerator *a;
     em_optimizer *o;
+    em_module *m; /* owns w */
     em_tensor *w;
 } run;
 
 static void run_start(run *r, const em_lr_schedule *s)
 {
-    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    unsetenv("EMBER_CONFIG_FILE");
+    setenv("XDG_CONFIG_HOME", "/nonexistent/ember-test-xdg", 1);
     unsetenv("WORLD_SIZE");
     r->a = em_accelerator_new(NULL);
     CHECK_NOTNULL(r->a);
+    r->m = em_module_new(NULL, "");
     r->w = em_zeros(EM_F32, 1, (int64_t[]){2});
-    CHECK_OK(em_set_requires_grad(r->w, true));
+    CHECK_NOTNULL(r->m);
+    CHECK_OK(em_module_add_param(r->m, "w", r->w));
     r->o = em_sgd_new(1, &r->w, &(em_sgd_config){.lr = 1.0});
     CHECK_NOTNULL(r->o);
-    CHECK_OK(em_accel_prepare(r->a, NULL, r->o, NULL, s));
+    CHECK_OK(em_accel_prepare(r->a, r->m, r->o, NULL, s));
 }
 
 static void run_steps(run *r, int k)
@@ -155,7 +159,7 @@ static void run_free(run *r)
 {
     em_accelerator_free(r->a);
     em_optim_free(r->o);
-    em_free(r->w);
+    em_module_free(r->m);
 }
 
 TEST(test_accelerator_steps_a_custom_schedule_and_resumes_it_from_the_saved_step)

@@ -35,7 +35,7 @@ typedef struct epoch_rec {
     int32_t ids[MAXB][MAXN]; /* each batch's example ids (its y) */
 } epoch_rec;
 
-/* Runs one epoch of l into *r: batches until em_loader_next returns false
+/* Runs one epoch of l into *r: batches until em_loader_next returns 0
  * (the epoch end, with no error). Checks x against y as it goes. */
 static void run_epoch(em_loader *l, epoch_rec *r)
 {
@@ -43,8 +43,9 @@ static void run_epoch(em_loader *l, epoch_rec *r)
     for (;;) {
         em_scope s = em_scope_begin();
         em_batch b;
-        if (!em_loader_next(l, &b)) {
-            CHECK(em_last_status() == EM_OK);
+        int got = em_loader_next(l, &b);
+        if (got <= 0) {
+            CHECK(got == 0 && em_last_status() == EM_OK);
             em_scope_end(s);
             return;
         }
@@ -320,10 +321,10 @@ TEST(test_shard_position_counts_this_ranks_batches)
     new_ranks(ranks, 3, &ds, 4, false, 0, false, false);
     em_scope s = em_scope_begin();
     em_batch b;
-    CHECK(em_loader_next(ranks[2], &b) && em_loader_next(ranks[2], &b));
+    CHECK(em_loader_next(ranks[2], &b) == 1 && em_loader_next(ranks[2], &b) == 1);
     em_loader_pos p = em_loader_position(ranks[2]);
     CHECK(p.epoch == 0 && p.batch == 2);
-    CHECK(!em_loader_next(ranks[2], &b) && em_last_status() == EM_OK);
+    CHECK(em_loader_next(ranks[2], &b) == 0 && em_last_status() == EM_OK);
     CHECK_ERR(em_loader_seek(ranks[2], (em_loader_pos){0, 3}), EM_ERR_ARG, "[0, 2]");
     em_scope_end(s);
     free_ranks(ranks, 3);
@@ -407,10 +408,10 @@ TEST(test_shard_rejects_a_loader_mid_epoch)
     em_loader *l = new_loader(&n, &ds, 4, false, 1);
     em_scope s = em_scope_begin();
     em_batch b;
-    CHECK(em_loader_next(l, &b));
+    CHECK(em_loader_next(l, &b) == 1);
     CHECK_ERR(em_loader_set_shard(l, 0, 2, false, true), EM_ERR_ARG, "{epoch 0, batch 1}");
     CHECK(em_loader_num_batches(l) == 3);
-    CHECK(em_loader_next(l, &b) && b.size == 4); /* still the unsharded epoch */
+    CHECK(em_loader_next(l, &b) == 1 && b.size == 4); /* still the unsharded epoch */
     em_scope_end(s);
     em_loader_free(l);
 }

@@ -298,7 +298,7 @@ static em_status evaluate(run *r, double loss[2])
 {
     bool prev = em_set_grad_enabled(false);
     em_module_train(r->gpt->m, false);
-    em_status s = EM_OK;
+    em_status s = em_accel_autocast_begin(r->acc); /* evaluation forwards in the run's precision too */
     double local[2] = {0, 0};
     for (int split = 0; split < 2 && !s; split++) {
         for (int64_t i = 0; i < r->o.eval_iters && !s; i++) {
@@ -313,6 +313,7 @@ static em_status evaluate(run *r, double loss[2])
         }
         local[split] /= (double)r->o.eval_iters;
     }
+    em_accel_autocast_end(r->acc);
     em_module_train(r->gpt->m, true);
     em_set_grad_enabled(prev);
     if (s) return s;

@@ -305,7 +305,7 @@ typedef struct em_pad_config {
 em_status em_collate_pad(void *ctx, const em_dataset *ds, int64_t n, const em_example *ex, em_batch *out);
 
 /* Where a loader is: the next call of em_loader_next returns batch `batch` of
- * epoch `epoch` (or false, ending the epoch, when batch equals the number of
+ * epoch `epoch` (or 0, ending the epoch, when batch equals the number of
  * batches). Saving this is saving the loader. */
 typedef struct em_loader_pos {
     int64_t epoch, batch;
@@ -326,13 +326,25 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_config *cfg);
  * already returned belong to their scopes and are not touched. */
 void em_loader_free(em_loader *l);
 /* The next batch into *b, its tensors made in the caller's current scope
- * (persistent if none is open: the caller em_frees them). Returns false at
- * the end of an epoch, with b zeroed and the last error cleared (EM_OK); the
- * next call starts the next epoch. Returns false with b zeroed and the
- * error set if the dataset's get or lengths or the collate fails (the
- * position does not move, so a call retries the same batch) or on a bad
- * argument. */
-bool em_loader_next(em_loader *l, em_batch *b);
+ * (persistent if none is open: the caller em_frees them). Returns, like
+ * read(2):
+ *    1  b holds a batch;
+ *    0  the epoch has ended: b is zeroed and the last error cleared (EM_OK);
+ *       the next call starts the next epoch;
+ *   -1  failure, with the error set and b zeroed: the dataset's get or
+ *       lengths or the collate failed (its message; the position does not
+ *       move, so a call retries the same batch) or an argument is NULL (EM_ERR_ARG).
+ * A loop reads
+ *     int r;
+ *     while ((r = em_loader_next(l, &b)) > 0) { ... }
+ *     if (r < 0) ...the error... */
+int em_loader_next(em_loader *l, em_batch *b);
+/* Whether the batch em_loader_next last returned was the last of its epoch
+ * (Accelerate's end_of_dataloader): so with even_batches its global batch
+ * holds em_loader_padding duplicates. It stays true through the call that
+ * returns 0, until the next batch; false before any batch and after
+ * em_loader_seek / em_loader_set_shard (and for NULL). */
+bool em_loader_last_was_final(const em_loader *l);
 /* Batches per epoch: ceil(n / B), or floor(n / B) with drop_last; when
  * sharded, this rank's batches (see em_loader_set_shard). */
 int64_t em_loader_num_batches(const em_loader *l);

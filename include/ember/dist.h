@@ -320,49 +320,105 @@ em_device em_accel_device(const em_accelerator *a);
  * it. EM_ERR_ARG on NULL, the em_to error otherwise (b unchanged). */
 em_status em_accel_to_device(em_accelerator *a, em_batch *b);
 
-/* prepare: any argument may be NULL. model: moved to the Accelerator's
- * device (it must not be flattened yet unless it is there already; EM_ERR_
- * DEVICE says so), flattened, and wrapped in DDP when world > 1; opt: its step/zero_grad go through em_accel_step /
- * em_accel_zero_grad; loader: sharded over ranks (see em_loader_set_shard);
- * sched: stepped with the optimizer (its lr written to every group). The
- * Accelerator borrows all of them: they must outlive it.
- * Mixed precision (bf16 / fp16): preparing the model turns autocast on in the
- * calling thread (em_autocast_set, ember/amp.h) until em_accelerator_free, so
- * the forward passes run under the policy while the parameters stay f32
- * masters; fp16 also scales the loss in em_accel_backward and unscales in
- * clip / step, skipping (on every rank alike) a step whose gradients hold
- * inf or NaN. */
+/* prepare: any argument may be NULL, and it may be called several times:
+ * each call ADDS what it is given (a train and an eval loader, a generator
+ * and a discriminator with their optimizers...). The Accelerator borrows
+ * everything: it must outlive it.
+ *  - model: moved to the Accelerator's device (it must not be flattened yet
+ *    unless it is there already; EM_ERR_DEVICE says so), flattened, and
+ *    wrapped in DDP when world > 1. em_accel_backward syncs the gradients of
+ *    every prepared model (DDP per model); clip covers all their parameters;
+ *    save_state saves each (model.safetensors, model_1.safetensors, ...).
+ *  - opt: every prepared optimizer steps and zeroes in em_accel_step /
+ *    em_accel_zero_grad. Its parameters must all be parameters of models
+ *    prepared earlier or in the same call: EM_ERR_ARG naming the first
+ *    foreign one (its index in the optimizer and shape) otherwise.
+ *  - loader: sharded over ranks (see em_loader_set_shard). The FIRST loader
+ *    prepared is the training loader: em_accel_next iterates it, and its
+ *    epoch's end makes a sync step. Others (evaluation) are iterated with
+ *    em_loader_next; gather_for_metrics knows them all.
+ *  - sched: a schedule drives one optimizer, its lr written to every group
+ *    before each step: the optimizer given in the same call, or, given
+ *    alone, the most recently prepared optimizer (EM_ERR_ARG if there is
+ *    none, or if that optimizer has a schedule already).
+ * Preparing the same model, optimizer or loader twice, or more than 16 of
+ * one kind, is EM_ERR_ARG. Every check comes before anything changes; a
+ * failure while moving or wrapping a model (device, DDP) may leave that
+ * model half prepared.
+ * Mixed precision (bf16 / fp16): the forward passes of the training step run
+ * under autocast (em_autocast_set, ember/amp.h) while the parameters stay f32
+ * masters: from em_accel_next or em_accel_accumulate, whichever comes first
+ * in the micro-step, until em_accel_backward returns (an em_accel_next that
+ * ends the epoch ends it too). Anything else runs under the thread's own
+ * setting unless the user marks it with em_accel_autocast_begin / _end (an
+ * evaluation forward, say). fp16 also scales the loss in em_accel_backward
+ * and unscales in clip / step, skipping (on every rank alike) a step whose
+ * gradients hold inf or NaN. */
 em_status em_accel_prepare(em_accelerator *a, em_module *model, em_optimizer *opt, em_loader *loader,
                            const em_lr_schedule *sched);
 /* A window sampler is sharded so that the ranks together draw exactly the
  * windows one process with the whole batch draws (batch % world == 0). */
 em_status em_accel_prepare_sampler(em_accelerator *a, em_window_sampler *s);
-/* An extra generator whose state save_state / load_state must keep (the
- * default generator of the calling thread is always kept). Borrowed. */
+/* An extra generator whose state save_state / load_state must keep, for the
+ * program's own generators (the default generator of the calling thread and
+ * the generators the prepared models' modules own, such as dropout's, see
+ * em_module_add_rng, are always kept). Borrowed. */
 em_status em_accel_register_rng(em_accelerator *a, em_rng *rng);
 
-/* Micro-step bookkeeping (Accelerate's `with accelerator.accumulate(model)`):
- * call once before each micro-batch's forward. Returns sync_gradients for
- * it: true on every grad_accum-th micro-batch and on the last batch of the
- * prepared loader's epoch. */
+/* A region where the calling thread's forward passes autocast to the
+ * Accelerator's mixed precision (nothing changes without one): begin turns
+ * it on, end restores the thread's setting from before the matching begin.
+ * Regions nest. EM_ERR_ARG on NULL, on end without an open region, or past
+ * 64 nested regions. em_accelerator_free restores the setting from before a
+ * region left open. */
+em_status em_accel_autocast_begin(em_accelerator *a);
+em_status em_accel_autocast_end(em_accelerator *a);
+
+/* Micro-step bookkeeping (Accelerate's `with accelerator.accumulate(model)`).
+ * A micro-step is one batch's forward and em_accel_backward; the sync steps
+ * (sync_gradients: DDP averages, clip / step / zero_grad act) are every
+ * grad_accum-th micro-step and the one whose batch is the last of the
+ * training loader's epoch, however the loop is written: em_accel_accumulate
+ * is optional, and may come before or after em_accel_next (or the
+ * em_loader_next of the training loader); em_accel_backward decides from
+ * the loader itself whether the batch it returned since the last backward
+ * ended its epoch. One em_accel_backward per micro-step.
+ * em_accel_accumulate counts the micro-step (each call counts one; called
+ * when the loader's next call will end the epoch, it leaves the count to
+ * em_accel_backward, since that micro-step may have no batch) and returns
+ * its sync_gradients: exact when the batch was drawn, else predicted from
+ * the batch the loader returns next. */
 bool em_accel_accumulate(em_accelerator *a);
+/* sync_gradients of the current micro-step (final once em_accel_backward
+ * returned). */
 bool em_accel_sync_gradients(const em_accelerator *a);
-/* Like em_loader_next on the prepared loader, and records whether this is
- * the epoch's last batch (for sync_gradients and gather_for_metrics). */
-bool em_accel_next(em_accelerator *a, em_batch *b);
+/* em_loader_next on the training loader (the first prepared), moving the
+ * batch to the Accelerator's device: 1 = b holds a batch, 0 = the epoch
+ * ended (b zeroed, no error; the next call starts the next epoch), -1 =
+ * failure (b zeroed, error set: the loader's, the move's, or EM_ERR_ARG for
+ * NULL or no prepared loader). */
+int em_accel_next(em_accelerator *a, em_batch *b);
 /* Backward of loss / grad_accum (times the loss scale under fp16), DDP-synced
- * only when sync_gradients. */
+ * over every prepared model only on sync steps; ends the micro-step. With
+ * several models in DDP, the models that took part in the backward on any
+ * rank are averaged (after backward, model by model), the others are left
+ * alone. Errors of backward and of the collectives; a NULL loss returns the
+ * error that made it (or EM_ERR_ARG). */
 em_status em_accel_backward(em_accelerator *a, em_tensor *loss);
-/* Global-norm clipping of the model's gradients, returning their norm before
- * clipping (as em_clip_grad_norm). Only on sync_gradients micro-steps: NAN
- * and nothing changed otherwise. Under fp16 it unscales the gradients first
- * and returns INFINITY without clipping when they overflowed. */
+/* Global-norm clipping of the gradients of every prepared model's
+ * parameters together, returning their norm before clipping (as
+ * em_clip_grad_norm). Only on sync_gradients micro-steps: NAN and nothing
+ * changed otherwise. Under fp16 it unscales the gradients first and returns
+ * INFINITY without clipping when they overflowed. EM_ERR_ARG (NAN) without
+ * a prepared model. */
 double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *status);
-/* Optimizer step (and schedule: the lr for the next step) only when
- * sync_gradients; a no-op otherwise. Under fp16: unscales (if clip did not),
- * skips the step when the gradients overflowed on any rank (the schedule does
- * not advance) and updates the scale. */
+/* Every prepared optimizer's step (each with its schedule: the lr for the
+ * step about to be taken), only when sync_gradients; a no-op otherwise.
+ * Under fp16: unscales (if clip did not), skips the step when the gradients
+ * overflowed on any rank (the schedules do not advance) and updates the
+ * scale. EM_ERR_ARG without a prepared optimizer. */
 em_status em_accel_step(em_accelerator *a);
+/* Every prepared optimizer's zero_grad, only when sync_gradients. */
 em_status em_accel_zero_grad(em_accelerator *a);
 /* Optimizer steps taken (the schedule's position; skipped steps do not count). */
 int64_t em_accel_step_count(const em_accelerator *a);
@@ -375,7 +431,10 @@ em_grad_scaler *em_accel_scaler(const em_accelerator *a);
 
 /* Gathers t (same shape on every rank) along dim 0: (world*n, ...), made in
  * the caller's scope. gather_for_metrics also drops the samples that
- * even_batches padding duplicated in the last batch of the epoch. */
+ * even_batches padding duplicated, when the prepared loader that returned a
+ * batch last (through em_accel_next or em_loader_next alike) returned its
+ * epoch's last batch (em_loader_last_was_final): so gathering every batch
+ * of an epoch gives each example once. */
 em_tensor *em_accel_gather(em_accelerator *a, em_tensor *t);
 em_tensor *em_accel_gather_for_metrics(em_accelerator *a, em_tensor *t);
 /* op over ranks of t, as a new tensor in the caller's scope. */
@@ -427,11 +486,18 @@ em_status em_accel_main_process_first_end(em_accelerator *a);
  * *out NULL. */
 em_status em_accel_gather_object(em_accelerator *a, const void *data, size_t n, void **out, size_t *sizes);
 
-/* Saves model (DIR/model.safetensors, main process), optimizer
- * (DIR/optimizer.safetensors), schedule position and step, loader position
- * and global batch, sampler state and batch, loss scaler, and every rank's
- * registered generators and default generator (DIR/rank_R.json), so
- * load_state continues a run exactly. Every rank calls it (it is
+/* Saves every prepared model (DIR/model.safetensors, model_1.safetensors,
+ * ... in prepare order, main process) and optimizer (DIR/optimizer.
+ * safetensors, optimizer_1.safetensors, ...), schedule position and step,
+ * every loader's position and global batch, sampler state and batch, loss
+ * scaler, and every rank's registered generators, default generator and the
+ * generators the prepared models' modules own, by name (em_module_rngs:
+ * dropout's; DIR/rank_R.json), so load_state continues a run exactly
+ * without registering those. load_state restores them all into the objects
+ * this run prepared, in the same order: a checkpoint of other counts of
+ * models, optimizers or loaders is EM_ERR_ARG naming both counts, as is a
+ * model whose generators differ by count or name (a save of an older ember
+ * without module generators leaves them as they are). Every rank calls it (it is
  * collective). The checkpoint is whole or absent: the files go to
  * DIR.tmp-<save id> beside DIR, DIR/manifest.json (written last) names each
  * with its size and crc32, and the directory replaces DIR in one atomic

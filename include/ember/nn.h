@@ -64,6 +64,25 @@ em_status em_module_add_buffer(em_module *m, const char *name, em_tensor *t);
  * count. Names stay valid while the tree lives. */
 int em_module_params(const em_module *m, em_named *out, int max);
 int em_module_buffers(const em_module *m, em_named *out, int max);
+/* A generator a module owns, with its full dotted name ("h.0.mlp.dropout.rng"). */
+typedef struct em_named_rng {
+    const char *name;
+    em_rng *rng;
+} em_named_rng;
+
+/* Registers generator `name` of m (a layer's own random stream, such as
+ * dropout's mask generator), so that whoever saves the model's training
+ * state finds it: em_accel_save_state / em_accel_load_state keep the
+ * generators of every prepared model by name. rng is borrowed and must live
+ * as long as m (put it in the layer struct attached to m). Names share one
+ * namespace with m's parameters, buffers and children: EM_ERR_ARG for a
+ * duplicate or bad name (or NULL m / rng). */
+em_status em_module_add_rng(em_module *m, const char *name, em_rng *rng);
+/* The generators of m's subtree, depth-first in registration order, names
+ * relative to m; writes min(count, max) entries to out (out may be NULL with
+ * max 0) and returns the count, like em_module_params. */
+int em_module_rngs(const em_module *m, em_named_rng *out, int max);
+
 /* The parameter or buffer at a dotted name relative to m; NULL (no error
  * set) if none. */
 em_tensor *em_module_find(const em_module *m, const char *name);
@@ -203,7 +222,9 @@ em_tensor *em_nn_rms_norm_forward(em_nn_rms_norm *l, em_tensor *x);
  * the module is training (em_module_train), the identity in eval mode or
  * when p == 0 (then the input handle itself is returned). p in [0,1). The
  * mask comes from the layer's own generator `rng`, seeded at creation from
- * one draw of the rng passed to _new; it advances with every masked call. */
+ * one draw of the rng passed to _new; it advances with every masked call.
+ * It is registered as the module's generator "rng" (em_module_add_rng), so
+ * an Accelerator's save_state keeps it with the model. */
 typedef struct em_nn_dropout {
     em_module *m;
     double p;
