@@ -13,8 +13,8 @@
  * error. */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <math.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -418,7 +418,8 @@ static int gone_keys(const em_pg *pg, int r, char k[2][256])
 
 static em_status rank_gone(const em_pg *pg, int r, const void *why, size_t n)
 {
-    return em_err(EM_ERR_DIST, "em_pg_new: rank %d cannot form group '%s' of %d ranks: rank %d will not join: %.*s",
+    return em_err(EM_ERR_DIST,
+                  "em_pg_new: rank %d cannot form group '%s' of %d ranks: rank %d will not join: %.*s",
                   pg->rank, pg->name, pg->world, r, (int)(n < 200 ? n : 200), (const char *)why);
 }
 
@@ -446,10 +447,11 @@ static em_status await_key(em_pg *pg, const char *key, int owner, double deadlin
     int idx = -1;
     em_status s = dist_store_wait_any(pg->store, 1 + ng, keys, left > 0.001 ? left : 0.001, &idx);
     if (s == EM_ERR_TIMEOUT)
-        return em_err(EM_ERR_TIMEOUT,
-                      "em_pg_new: rank %d waited %g s for rank %d to join group '%s' of %d ranks (is it running, "
-                      "and making the same groups in the same order?)",
-                      pg->rank, pg->timeout, owner, pg->name, pg->world);
+        return em_err(
+            EM_ERR_TIMEOUT,
+            "em_pg_new: rank %d waited %g s for rank %d to join group '%s' of %d ranks (is it running, "
+            "and making the same groups in the same order?)",
+            pg->rank, pg->timeout, owner, pg->name, pg->world);
     if (s) return s;
     if (idx > 0) return fail_gone(pg, owner, keys[idx]);
     return em_store_get(pg->store, key, val, len);
@@ -656,10 +658,11 @@ static em_status join(em_pg *pg, em_transport tr)
             break;
         }
         if (w != pg->world) {
-            s = em_err(EM_ERR_DIST,
-                       "em_pg_new: rank %d joins group '%s' as one of %d ranks, but rank %d as one of %d: the "
-                       "ranks disagree about the group (WORLD_SIZE, or the order groups are made in)",
-                       pg->rank, pg->name, pg->world, r, w);
+            s = em_err(
+                EM_ERR_DIST,
+                "em_pg_new: rank %d joins group '%s' as one of %d ranks, but rank %d as one of %d: the "
+                "ranks disagree about the group (WORLD_SIZE, or the order groups are made in)",
+                pg->rank, pg->name, pg->world, r, w);
             break;
         }
         if ((s = connect_to(pg, r, h, p, deadline, &fd))) break;
@@ -687,15 +690,17 @@ static em_status join(em_pg *pg, em_transport tr)
             for (int r = pg->rank + 1; r < pg->world; r++)
                 if (pg->fd[r] < 0 && strlen(list) < 200)
                     snprintf(list + strlen(list), sizeof list - strlen(list), " %d", r);
-            s = em_err(EM_ERR_TIMEOUT, "em_pg_new: rank %d waited %g s for ranks%s to join group '%s'", pg->rank,
-                       pg->timeout, list, pg->name);
+            s = em_err(EM_ERR_TIMEOUT, "em_pg_new: rank %d waited %g s for ranks%s to join group '%s'",
+                       pg->rank, pg->timeout, list, pg->name);
             break;
         }
         if (k == 0) { /* nothing to accept: is a missing rank known to be gone? */
             if (!check_gone(pg, missing)) continue;
             /* a rank that connected and then left is still in the backlog: take it first */
-            if (poll(&p, 1, 0) == 1) em_clear_error();
-            else s = em_last_status();
+            if (poll(&p, 1, 0) == 1)
+                em_clear_error();
+            else
+                s = em_last_status();
             continue;
         }
         if (k < 0) continue;
@@ -864,12 +869,13 @@ em_pg *em_pg_from_env_with(const em_pg_env_config *cfg)
     long world = 1, rank = 0, port = 0, restart = 0;
     double timeout = 0;
     if (cfg && (cfg->timeout_s < 0 || cfg->timeout_s != cfg->timeout_s || isinf(cfg->timeout_s)))
-        return em_fail(EM_ERR_ARG, "em_pg_from_env_with: timeout_s %g must be >= 0 and finite", cfg->timeout_s);
+        return em_fail(EM_ERR_ARG, "em_pg_from_env_with: timeout_s %g must be >= 0 and finite",
+                       cfg->timeout_s);
     if (env_int("WORLD_SIZE", 1, 1 << 20, false, &world)) return NULL;
     const char *t = getenv("EMBER_TIMEOUT");
     if (cfg && cfg->timeout_s > 0) {
         timeout = cfg->timeout_s; /* the caller's wins over the environment */
-    } else if (t && *t) { /* parsed as the config file's `timeout` */
+    } else if (t && *t) {         /* parsed as the config file's `timeout` */
         em_config c = em_config_defaults();
         if (config_set(&c, "timeout", t, "em_pg_from_env: EMBER_TIMEOUT")) return NULL;
         timeout = c.timeout_s;
@@ -895,8 +901,12 @@ em_pg *em_pg_from_env_with(const em_pg_env_config *cfg)
     char name[64], exited[64];
     snprintf(name, sizeof name, "r%ld/pg", restart);
     snprintf(exited, sizeof exited, "r%ld/exited/", restart);
-    em_pg *pg = pg_new(&(em_pg_config){.rank = (int)rank, .world = (int)world, .store = st, .name = name,
-                                       .timeout_s = timeout, .transport = tr},
+    em_pg *pg = pg_new(&(em_pg_config){.rank = (int)rank,
+                                       .world = (int)world,
+                                       .store = st,
+                                       .name = name,
+                                       .timeout_s = timeout,
+                                       .transport = tr},
                        exited);
     if (!pg) {
         char msg[512];

@@ -432,8 +432,8 @@ em_status dist_store_wait_any(em_store *s, int n, const char *const *keys, doubl
     } else if (code == SR_TIMEOUT && timeout_s == 0) {
         *index = -1; /* only looked: none exists yet */
     } else if (code == SR_TIMEOUT) {
-        st = em_err(EM_ERR_TIMEOUT, "em_store_wait_any: none of %d keys ('%.200s'...) appeared within %g s", n,
-                    keys[0], timeout_s);
+        st = em_err(EM_ERR_TIMEOUT, "em_store_wait_any: none of %d keys ('%.200s'...) appeared within %g s",
+                    n, keys[0], timeout_s);
     } else {
         st = unexpected(s, "em_store_wait_any", code, body);
     }

@@ -97,8 +97,8 @@ static tensor *check_x(const char *kind, em_tensor *xh, int64_t dim, em_tensor *
     tensor *p = x ? t_resolve(param, kind) : NULL;
     if (!p) return NULL;
     if (x->ndim < 1 || x->shape[x->ndim - 1] != dim)
-        return em_fail(EM_ERR_SHAPE, "x is %s, its last dim must be %lld (parameter is %s)", shp(x), (long long)dim,
-                       shp(p));
+        return em_fail(EM_ERR_SHAPE, "x is %s, its last dim must be %lld (parameter is %s)", shp(x),
+                       (long long)dim, shp(p));
     if (x->dtype != p->dtype)
         return em_fail(EM_ERR_DTYPE, "x is %s%s but the parameters are %s", em_dtype_name(x->dtype), shp(x),
                        em_dtype_name(p->dtype));

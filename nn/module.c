@@ -441,11 +441,12 @@ em_tensor *nn_named(const em_module *m, const char *kind, em_tensor *y)
     char who[300];
     snprintf(who, sizeof who, "%s '%s'", kind, name);
     if (s == EM_ERR_SCOPE && em_scope_depth() == 0)
-        em_set_error(s,
-                     "%s: this forward records gradients, which needs a scope: call em_scope_begin() before the "
-                     "forward (and em_scope_end() once the step is done), or run it under "
-                     "em_set_grad_enabled(false) for inference",
-                     who);
+        em_set_error(
+            s,
+            "%s: this forward records gradients, which needs a scope: call em_scope_begin() before the "
+            "forward (and em_scope_end() once the step is done), or run it under "
+            "em_set_grad_enabled(false) for inference",
+            who);
     else
         em_set_error(s, "%s: %s", who, em_last_error());
     named_error = error_seq();

@@ -105,8 +105,9 @@ static void run(const char *file, int line, int world, em_transport tr, th_rank_
                 if (notes) {
                     char key[64], what[64];
                     snprintf(key, sizeof key, "r%d/exited/%d", round, r);
-                    snprintf(what, sizeof what, WIFEXITED(st) ? "its process exited with status %d"
-                                                              : "its process was killed by signal %d",
+                    snprintf(what, sizeof what,
+                             WIFEXITED(st) ? "its process exited with status %d"
+                                           : "its process was killed by signal %d",
                              WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
                     em_store_set(notes, key, what, strlen(what));
                 }

@@ -10,7 +10,10 @@
 #include "dist_util.h"
 #include "harness.h"
 
-static void no_user_config(void) { unsetenv("EMBER_CONFIG_FILE"), setenv("XDG_CONFIG_HOME", "/nonexistent/ember-test-xdg", 1); }
+static void no_user_config(void)
+{
+    unsetenv("EMBER_CONFIG_FILE"), setenv("XDG_CONFIG_HOME", "/nonexistent/ember-test-xdg", 1);
+}
 
 static void write_text(const char *path, const char *text)
 {

@@ -64,7 +64,8 @@ static void train_job(int rank, int world, void *ctx)
 {
     (void)world;
     job *j = ctx;
-    unsetenv("EMBER_CONFIG_FILE"), setenv("XDG_CONFIG_HOME", "/nonexistent/ember-test-xdg", 1); /* no user config */
+    unsetenv("EMBER_CONFIG_FILE"),
+        setenv("XDG_CONFIG_HOME", "/nonexistent/ember-test-xdg", 1); /* no user config */
     em_accelerator *acc = em_accelerator_new(&(em_accel_config){
         .grad_accum = j->accum, .bucket_mb = j->bucket_mb, .device = j->device, .mixed_precision = j->precision});
     CHECK_NOTNULL(acc);

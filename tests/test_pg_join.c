@@ -131,15 +131,22 @@ static void same_name_twice(em_pg *pg, int rank, int world, void *ctx)
     (void)ctx;
     for (int i = 0; i < 2; i++) {
         if (rank == 0) usleep(200 * 1000); /* rank 1 reaches the store first, as happens */
-        em_pg *g = em_pg_new(&(em_pg_config){.rank = rank, .world = world, .store = em_pg_store(pg),
-                                             .name = "again", .timeout_s = 5, .transport = EM_TRANSPORT_TCP});
+        em_pg *g = em_pg_new(&(em_pg_config){.rank = rank,
+                                             .world = world,
+                                             .store = em_pg_store(pg),
+                                             .name = "again",
+                                             .timeout_s = 5,
+                                             .transport = EM_TRANSPORT_TCP});
         CHECK_NOTNULL(g);
         sum_check(g, world);
         em_pg_free(g);
     }
 }
 
-TEST(test_pg_new_twice_under_one_name_on_one_store_works) { TH_RANKS(2, EM_TRANSPORT_TCP, same_name_twice, NULL); }
+TEST(test_pg_new_twice_under_one_name_on_one_store_works)
+{
+    TH_RANKS(2, EM_TRANSPORT_TCP, same_name_twice, NULL);
+}
 
 static void two_accelerators(int rank, int world, void *ctx)
 {

@@ -20,7 +20,10 @@
 
 enum { N = 48, D = 4, GLOBAL = 8, STEPS = 15, SAVE_AT = 5 };
 
-static void no_user_config(void) { unsetenv("EMBER_CONFIG_FILE"), setenv("XDG_CONFIG_HOME", "/nonexistent/ember-test-xdg", 1); }
+static void no_user_config(void)
+{
+    unsetenv("EMBER_CONFIG_FILE"), setenv("XDG_CONFIG_HOME", "/nonexistent/ember-test-xdg", 1);
+}
 
 /* ---- the job ----------------------------------------------------------------------- */
 

@@ -110,7 +110,8 @@ TEST(test_ember_no_rename_exchange_is_read_as_a_boolean)
     char sub[80];
     snprintf(sub, sizeof sub, "%s/state", dir);
     setenv("EMBER_NO_RENAME_EXCHANGE", "perhaps", 1);
-    CHECK_ERR(em_accel_save_state(acc, sub), EM_ERR_ARG, "EMBER_NO_RENAME_EXCHANGE='perhaps' is not a boolean");
+    CHECK_ERR(em_accel_save_state(acc, sub), EM_ERR_ARG,
+              "EMBER_NO_RENAME_EXCHANGE='perhaps' is not a boolean");
     setenv("EMBER_NO_RENAME_EXCHANGE", "off", 1);
     CHECK_OK(em_accel_save_state(acc, sub));
     unsetenv("EMBER_NO_RENAME_EXCHANGE");

@@ -220,7 +220,8 @@ static void note_exit(const launch_group *g, int rank, int status)
     char key[64], what[96];
     snprintf(key, sizeof key, "r%d/exited/%d", g->restart, rank);
     if (WIFEXITED(status))
-        snprintf(what, sizeof what, "its process exited with status %d (ember launch saw it)", WEXITSTATUS(status));
+        snprintf(what, sizeof what, "its process exited with status %d (ember launch saw it)",
+                 WEXITSTATUS(status));
     else
         snprintf(what, sizeof what, "its process was killed by signal %d (%s) (ember launch saw it)",
                  WTERMSIG(status), sig_name(WTERMSIG(status)));

@@ -123,8 +123,8 @@ em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
                 seen++;
         } else if (!strcmp(key, "bias")) {
             if (!setting_bool_parse(val, &m->bias))
-                s = em_set_error(EM_ERR_IO, "config: %s line %d: bias '%.64s' is not " SETTING_BOOL_WANT, path, ln,
-                                 val);
+                s = em_set_error(EM_ERR_IO, "config: %s line %d: bias '%.64s' is not " SETTING_BOOL_WANT,
+                                 path, ln, val);
             else
                 seen++;
         } else if (!strcmp(key, "gelu")) {
