@@ -290,7 +290,8 @@ em_status em_precision_parse(const char *s, em_precision_kind *out);
 /* ---- the Accelerator (dist/accelerator.c) ----------------------------------------
  * Configuration comes from, in increasing priority: defaults, the config
  * file (`ember config` writes it: $XDG_CONFIG_HOME/ember/default_config.yaml,
- * else ~/.config/ember/default_config.yaml; EMBER_CONFIG_FILE names another),
+ * else ~/.config/ember/default_config.yaml; EMBER_CONFIG_FILE names another,
+ * which must exist),
  * the environment (EMBER_GRAD_ACCUM, EMBER_MIXED_PRECISION, EMBER_SPLIT_
  * BATCHES, EMBER_EVEN_BATCHES, EMBER_TIMEOUT, plus the launcher's), and the
  * non-zero fields of the em_accel_config given in code. */
@@ -299,7 +300,7 @@ typedef struct em_accel_config {
     em_precision_kind mixed_precision; /* DEFAULT = config/env, else NO; see em_accel_prepare */
     int split_batches;            /* 0 = config/env (else off), 1 on, -1 off */
     int even_batches;             /* 0 = config/env (else on), 1 on, -1 off */
-    double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT */
+    double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT; handed to the group's config */
     double bucket_mb;             /* 0 = 25 */
     bool find_unused_parameters;
     const char *config_file;      /* NULL = the default path (absent is fine) */
@@ -313,8 +314,11 @@ typedef struct em_accel_config {
 
 typedef struct em_accelerator em_accelerator;
 
-/* Reads the configuration and joins the group (em_pg_from_env). NULL +
- * error naming the bad setting or the join failure. */
+/* Reads the configuration (em_config_load, then the environment, then cfg)
+ * and joins the group (em_pg_from_env_with, given the resolved timeout: the
+ * environment is read, never changed). Accelerators may be made one after
+ * another, or several alive at once, as long as every rank makes them in
+ * the same order. NULL + error naming the bad setting or the join failure. */
 em_accelerator *em_accelerator_new(const em_accel_config *cfg);
 void em_accelerator_free(em_accelerator *a);
 int em_accel_rank(const em_accelerator *a);
