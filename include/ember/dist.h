@@ -300,10 +300,10 @@ typedef struct em_accel_config {
     em_precision_kind mixed_precision; /* DEFAULT = config/env, else NO; see em_accel_prepare */
     int split_batches;            /* 0 = config/env (else off), 1 on, -1 off */
     int even_batches;             /* 0 = config/env (else on), 1 on, -1 off */
-    double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT; handed to the group's config */
+    double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT; to the group */
     double bucket_mb;             /* 0 = 25 */
     bool find_unused_parameters;
-    const char *config_file;      /* NULL = the default path (absent is fine) */
+    const char *config_file;      /* NULL = em_config_load's search (absent default file is fine) */
     em_scaler_config scaler;      /* fp16's loss scaler; zeros = torch's defaults */
     /* Where the model, optimizer state and batches live: "cpu", "cuda"
      * (cuda:LOCAL_RANK, one device per process of the machine, as Accelerate
