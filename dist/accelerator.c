@@ -67,14 +67,8 @@ static const struct {
 static em_status resolve_config(const em_accel_config *cfg, em_config *c)
 {
     *c = em_config_defaults();
-    char buf[4096];
-    const char *path = cfg->config_file;
-    if (!path) {
-        path = em_config_default_path(buf, sizeof buf);
-        if (!path) em_clear_error(); /* no HOME: no file */
-    }
-    em_status s;
-    if (path && (s = em_config_read(path, c, cfg->config_file == NULL)) != EM_OK) return s;
+    em_status s = em_config_load(cfg->config_file, c);
+    if (s) return s;
     for (size_t i = 0; i < sizeof env_keys / sizeof env_keys[0]; i++) {
         const char *v = getenv(env_keys[i].var);
         char source[64];
@@ -126,18 +120,14 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
         return em_fail(EM_ERR_ARG, "em_accelerator_new: bucket_mb %g must be >= 0", cfg->bucket_mb);
     em_config c;
     if (resolve_config(cfg, &c) != EM_OK) return NULL;
-    /* the group reads its timeout from the environment; hand it the resolved one */
-    char tbuf[64];
-    snprintf(tbuf, sizeof tbuf, "%g", c.timeout_s);
-    if (setenv("EMBER_TIMEOUT", tbuf, 1) != 0)
-        return em_fail(EM_ERR_OOM, "em_accelerator_new: cannot set EMBER_TIMEOUT");
     em_accelerator *a = calloc(1, sizeof *a);
     if (!a) return em_fail(EM_ERR_OOM, "em_accelerator_new: out of memory");
     if (accel_ckpt_init(a, cfg)) { /* project_dir, automatic naming, total_limit */
         free(a);
         return NULL;
     }
-    a->pg = em_pg_from_env();
+    /* the resolved timeout (code > env > file > default) goes to the group in its config */
+    a->pg = em_pg_from_env_with(&(em_pg_env_config){.timeout_s = c.timeout_s});
     if (!a->pg) {
         free(a);
         return NULL;

@@ -51,6 +51,7 @@
 #include "nn/json_impl.h"
 #include "tensor/error_impl.h"
 #include "tensor/fault_impl.h"
+#include "tensor/settings_impl.h"
 
 #define MANIFEST_MAX ((size_t)1 << 24)
 #define JSON_MAX ((size_t)1 << 24) /* a rank file */
@@ -621,7 +622,10 @@ em_status ckpt_open(const char *dir, const char *format, char *real, size_t n, c
 static em_status publish(const char *dir, const char *tmp, uint64_t id, const char *fn)
 {
     fault_point("save.publish");
-    bool exchange = !getenv("EMBER_NO_RENAME_EXCHANGE");
+    bool no_exchange = false;
+    em_status st = setting_env_bool("EMBER_NO_RENAME_EXCHANGE", &no_exchange);
+    if (st) return st;
+    bool exchange = !no_exchange;
     if (exchange && renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
         file_sync_dir(dir);
         fault_point("save.published");

@@ -20,6 +20,7 @@
 #include "../tensor/error_impl.h"
 #include "ember/dist.h"
 #include "tensor/fileio_impl.h"
+#include "tensor/settings_impl.h"
 
 em_config em_config_defaults(void)
 {
@@ -88,6 +89,29 @@ const char *em_config_default_path(char *buf, size_t n)
     return buf;
 }
 
+em_status em_config_load(const char *path, em_config *c)
+{
+    if (!c) return em_err(EM_ERR_ARG, "em_config_load: c is NULL");
+    if (path) return em_config_read(path, c, false);
+    const char *env = getenv("EMBER_CONFIG_FILE");
+    if (env && env[0]) { /* named on purpose: it must be there */
+        struct stat st;
+        if (stat(env, &st) != 0 && errno == ENOENT)
+            return em_err(EM_ERR_IO,
+                          "em_config_load: EMBER_CONFIG_FILE names %s, which does not exist (write it with "
+                          "`ember config`, or unset EMBER_CONFIG_FILE)",
+                          env);
+        return em_config_read(env, c, false);
+    }
+    char buf[4096];
+    path = em_config_default_path(buf, sizeof buf);
+    if (!path) {
+        em_clear_error(); /* neither HOME nor XDG_CONFIG_HOME: no file, the defaults stand */
+        return EM_OK;
+    }
+    return em_config_read(path, c, true);
+}
+
 /* ---- values ----------------------------------------------------------------- */
 
 static bool parse_int_range(const char *s, long lo, long hi, int *out)
@@ -98,18 +122,6 @@ static bool parse_int_range(const char *s, long lo, long hi, int *out)
     long v = strtol(s, &end, 10);
     if (errno || *end || v < lo || v > hi) return false;
     *out = (int)v;
-    return true;
-}
-
-/* true/false (any YAML spelling), or 1/0 as the environment carries them */
-static bool parse_bool(const char *s, bool *out)
-{
-    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE") || !strcmp(s, "1"))
-        *out = true;
-    else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE") || !strcmp(s, "0"))
-        *out = false;
-    else
-        return false;
     return true;
 }
 
@@ -167,8 +179,8 @@ static bool set_restarts(em_config *c, const char *v)
 {
     return parse_int_range(v, 0, 1000000, &c->max_restarts);
 }
-static bool set_split(em_config *c, const char *v) { return parse_bool(v, &c->split_batches); }
-static bool set_even(em_config *c, const char *v) { return parse_bool(v, &c->even_batches); }
+static bool set_split(em_config *c, const char *v) { return setting_bool_parse(v, &c->split_batches); }
+static bool set_even(em_config *c, const char *v) { return setting_bool_parse(v, &c->even_batches); }
 static bool set_timeout(em_config *c, const char *v) { return parse_seconds(v, &c->timeout_s); }
 
 static bool set_ip(em_config *c, const char *v)
@@ -192,8 +204,8 @@ static const config_key keys[] = {
     {"main_process_port", "a port 0..65535", set_port},
     {"mixed_precision", "no, bf16 or fp16", set_precision},
     {"gradient_accumulation_steps", "an integer >= 1", set_accum},
-    {"split_batches", "true or false", set_split},
-    {"even_batches", "true or false", set_even},
+    {"split_batches", SETTING_BOOL_WANT, set_split},
+    {"even_batches", SETTING_BOOL_WANT, set_even},
     {"timeout", "seconds > 0", set_timeout},
     {"max_restarts", "an integer >= 0", set_restarts},
 };

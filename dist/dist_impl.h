@@ -52,6 +52,14 @@ int dist_store_fd(const em_store *s);
 double dist_store_timeout(const em_store *s);
 /* *exists := whether key is set, without waiting. */
 em_status dist_store_check(em_store *s, const char *key, bool *exists);
+/* Registers key := value[0..n) to be set by the server when this client's
+ * connection closes (for whatever reason: em_store_close, the process
+ * exiting or dying): how the others learn that this client is gone. */
+em_status dist_store_on_close(em_store *s, const char *key, const void *value, size_t n);
+/* Waits until any of the n keys exists (*index := the first that does, in
+ * the order given) or timeout_s passes (EM_ERR_TIMEOUT); timeout_s 0 only
+ * looks, without waiting: EM_OK with *index -1 when none exists. */
+em_status dist_store_wait_any(em_store *s, int n, const char *const *keys, double timeout_s, int *index);
 
 /* ---- the config file's keys (dist/config.c) ---- */
 /* Sets config key `key` (a name of the file's format, e.g. "split_batches")

@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -354,24 +355,6 @@ static void tune(int fd)
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
-static int connect_to(const char *host, int port, double deadline)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    if (inet_pton(AF_INET, host, &a.sin_addr) != 1) return -1;
-    while (pg_now() < deadline) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return -1;
-        int buf = 4 << 20;
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
-        close(fd);
-        struct timespec ts = {0, 20 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    return -1;
-}
-
 /* The address peers reach this rank at: EMBER_ADVERTISE_ADDR, else loopback
  * when MASTER_ADDR is loopback or unset, else MASTER_ADDR's interface is
  * unknown here, so this host's name must resolve: we use the address the
@@ -415,6 +398,142 @@ static void host_id(char *buf, size_t n)
     snprintf(buf, n, "%s/%s", boot[0] ? boot : "noboot", host[0] ? host : "nohost");
 }
 
+/* ---- what the store knows about a rank that will not come --------------------------
+ * A joining rank registers NAME/gone/RANK with the store as its first step:
+ * the server sets it the moment the rank's store connection closes (its
+ * process exited or died). A launcher that watches the workers' processes
+ * (`ember launch`, the test harness) sets r<K>/exited/<RANK> when one ends
+ * (em_pg_from_env's groups look there). Every wait of the join watches
+ * these beside what it waits for, so a rank that is gone fails the join at
+ * once, named, instead of after the timeout. */
+
+/* The keys that say rank r is gone; returns how many (1 or 2). */
+static int gone_keys(const em_pg *pg, int r, char k[2][256])
+{
+    snprintf(k[0], 256, "%s/gone/%d", pg->name, r);
+    if (!pg->exited[0]) return 1;
+    snprintf(k[1], 256, "%s%d", pg->exited, r);
+    return 2;
+}
+
+static em_status rank_gone(const em_pg *pg, int r, const void *why, size_t n)
+{
+    return em_err(EM_ERR_DIST,
+                  "em_pg_new: rank %d cannot form group '%s' of %d ranks: rank %d will not join: %.*s",
+                  pg->rank, pg->name, pg->world, r, (int)(n < 200 ? n : 200), (const char *)why);
+}
+
+/* Reads key (which exists) and fails naming rank r with its text. */
+static em_status fail_gone(em_pg *pg, int r, const char *key)
+{
+    void *v = NULL;
+    size_t n = 0;
+    em_status s = em_store_get(pg->store, key, &v, &n);
+    if (!s) s = rank_gone(pg, r, v, n);
+    free(v);
+    return s;
+}
+
+/* Waits until the store holds `key`, which rank `owner` publishes, and
+ * returns its value (*val malloc'd, NUL-terminated; *len bytes). Fails at
+ * once, naming owner, when the store says it is gone; EM_ERR_TIMEOUT naming
+ * it at the deadline. */
+static em_status await_key(em_pg *pg, const char *key, int owner, double deadline, void **val, size_t *len)
+{
+    char gk[2][256];
+    int ng = gone_keys(pg, owner, gk);
+    const char *keys[3] = {key, gk[0], gk[1]};
+    double left = deadline - pg_now();
+    int idx = -1;
+    em_status s = dist_store_wait_any(pg->store, 1 + ng, keys, left > 0.001 ? left : 0.001, &idx);
+    if (s == EM_ERR_TIMEOUT)
+        return em_err(
+            EM_ERR_TIMEOUT,
+            "em_pg_new: rank %d waited %g s for rank %d to join group '%s' of %d ranks (is it running, "
+            "and making the same groups in the same order?)",
+            pg->rank, pg->timeout, owner, pg->name, pg->world);
+    if (s) return s;
+    if (idx > 0) return fail_gone(pg, owner, keys[idx]);
+    return em_store_get(pg->store, key, val, len);
+}
+
+/* Whether one of the ranks r with missing[r] is known to be gone: EM_OK
+ * when none is (without waiting), else the failure naming it. */
+static em_status check_gone(em_pg *pg, const bool *missing)
+{
+    int n = 0, cap = 0, *who = NULL;
+    char(*k)[256] = NULL;
+    em_status s = EM_OK;
+    for (int r = 0; r < pg->world && !s; r++) {
+        if (!missing[r]) continue;
+        if (n + 2 > cap) {
+            cap = cap ? 2 * cap : 16;
+            char(*nk)[256] = realloc(k, sizeof *k * (size_t)cap);
+            int *nw = nk ? realloc(who, sizeof *who * (size_t)cap) : NULL;
+            if (nk) k = nk;
+            if (nw) who = nw;
+            if (!nk || !nw) s = em_err(EM_ERR_OOM, "em_pg_new: out of memory");
+            if (s) break;
+        }
+        char gk[2][256];
+        int ng = gone_keys(pg, r, gk);
+        for (int i = 0; i < ng; i++) {
+            memcpy(k[n], gk[i], 256);
+            who[n++] = r;
+        }
+    }
+    const char **keys = s || n == 0 ? NULL : malloc(sizeof *keys * (size_t)n);
+    if (!s && n > 0 && !keys) s = em_err(EM_ERR_OOM, "em_pg_new: out of memory");
+    int idx = -1;
+    for (int i = 0; keys && i < n; i++) keys[i] = k[i];
+    if (!s && n > 0) s = dist_store_wait_any(pg->store, n, keys, 0, &idx);
+    if (!s && idx >= 0) s = fail_gone(pg, who[idx], keys[idx]);
+    free(keys);
+    free(k);
+    free(who);
+    return s;
+}
+
+/* Connects to rank r at host:port into *fd, retrying until the deadline (r
+ * listens before it publishes its address, so a refusal means it is not
+ * there: once the store says r is gone, this fails at once naming it). */
+static em_status connect_to(em_pg *pg, int r, const char *host, int port, double deadline, int *fd)
+{
+    *fd = -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+        return em_err(EM_ERR_DIST, "em_pg_new: rank %d's address '%s' is not an IPv4 address", r, host);
+    bool *missing = calloc((size_t)pg->world, sizeof *missing);
+    if (!missing) return em_err(EM_ERR_OOM, "em_pg_new: out of memory");
+    missing[r] = true;
+    em_status s = EM_OK;
+    while (!s && *fd < 0) {
+        if (pg_now() >= deadline) {
+            s = em_err(EM_ERR_TIMEOUT, "em_pg_new: rank %d cannot connect to rank %d at %s:%d within %g s",
+                       pg->rank, r, host, port, pg->timeout);
+            break;
+        }
+        int f = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (f < 0) {
+            s = em_err(EM_ERR_DIST, "em_pg_new: rank %d cannot make a socket: %s", pg->rank, strerror(errno));
+            break;
+        }
+        int buf = 4 << 20;
+        setsockopt(f, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+        setsockopt(f, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+        if (connect(f, (struct sockaddr *)&a, sizeof a) == 0) {
+            *fd = f;
+            break;
+        }
+        close(f);
+        if ((s = check_gone(pg, missing))) break;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    free(missing);
+    return s;
+}
+
 static em_status key_get(em_pg *pg, const char *what, int r, char *out, size_t n)
 {
     char key[256];
@@ -456,7 +575,7 @@ static em_status setup_shm(em_pg *pg, em_transport tr, bool local, double deadli
     } else {
         void *v = NULL;
         size_t len = 0;
-        if ((s = em_store_get(pg->store, key, &v, &len))) return s;
+        if ((s = await_key(pg, key, 0, deadline, &v, &len))) return s;
         snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), (char *)v);
         free(v);
         if (!name[0]) snprintf(why, sizeof why, "rank 0 could not make the segment");
@@ -486,24 +605,30 @@ static em_status setup_shm(em_pg *pg, em_transport tr, bool local, double deadli
     return em_err(EM_ERR_DIST, "em_pg_new: transport shm: rank %d could not map the shared segment", (int)bad);
 }
 
+/* The join. Every key lives under pg->name, which names this generation of
+ * the group ("NAME/G"): a group made again under the same name (a second
+ * Accelerator in the process, two groups alive at once) meets under fresh
+ * keys. A rank's record NAME/G/addr/R is "host port machine-id world". */
 static em_status join(em_pg *pg, em_transport tr)
 {
     double deadline = pg_now() + pg->timeout;
     uint8_t secret[16];
     char key[256], val[512];
+    /* first: the store tells the others if this rank's connection closes from now on */
+    snprintf(key, sizeof key, "%s/gone/%d", pg->name, pg->rank);
+    static const char gone_why[] = "its connection to the store closed (did its process exit?)";
+    em_status s = dist_store_on_close(pg->store, key, gone_why, sizeof gone_why - 1);
+    if (s) return s;
     /* rank 0's secret authenticates the mesh connections */
+    snprintf(key, sizeof key, "%s/secret", pg->name);
     if (pg->rank == 0) {
         if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret)
             return em_err(EM_ERR_DIST, "em_pg_new: cannot get random bytes: %s", strerror(errno));
-        snprintf(key, sizeof key, "%s/secret", pg->name);
-        em_status s = em_store_set(pg->store, key, secret, sizeof secret);
-        if (s) return s;
+        if ((s = em_store_set(pg->store, key, secret, sizeof secret))) return s;
     } else {
-        snprintf(key, sizeof key, "%s/secret", pg->name);
         void *v = NULL;
         size_t len = 0;
-        em_status s = em_store_get(pg->store, key, &v, &len);
-        if (s) return s;
+        if ((s = await_key(pg, key, 0, deadline, &v, &len))) return s;
         if (len != sizeof secret) {
             free(v);
             return em_err(EM_ERR_DIST, "em_pg_new: the group's secret in the store is malformed");
@@ -517,26 +642,34 @@ static em_status join(em_pg *pg, em_transport tr)
     advertise_addr(host, sizeof host);
     host_id(id, sizeof id);
     snprintf(key, sizeof key, "%s/addr/%d", pg->name, pg->rank);
-    snprintf(val, sizeof val, "%s %d %s", host, port, id);
-    em_status s = em_store_set(pg->store, key, val, strlen(val));
+    snprintf(val, sizeof val, "%s %d %s %d", host, port, id, pg->world);
+    s = em_store_set(pg->store, key, val, strlen(val));
     /* connect to every lower rank; accept every higher one */
     for (int r = 0; r < pg->rank && !s; r++) {
         char h[128];
-        int p;
-        if ((s = key_get(pg, "addr", r, val, sizeof val))) break;
-        if (sscanf(val, "%127s %d", h, &p) != 2) {
-            s = em_err(EM_ERR_DIST, "em_pg_new: rank %d's address '%s' is malformed", r, val);
+        int p, w = 0, fd = -1;
+        void *v = NULL;
+        snprintf(key, sizeof key, "%s/addr/%d", pg->name, r);
+        if ((s = await_key(pg, key, r, deadline, &v, NULL))) break;
+        int got = sscanf(v, "%127s %d %*s %d", h, &p, &w);
+        free(v);
+        if (got != 3) {
+            s = em_err(EM_ERR_DIST, "em_pg_new: rank %d's record in the store is malformed", r);
             break;
         }
-        int fd = connect_to(h, p, deadline);
-        if (fd < 0) {
-            s = em_err(EM_ERR_TIMEOUT, "em_pg_new: rank %d cannot connect to rank %d at %s:%d", pg->rank, r, h, p);
+        if (w != pg->world) {
+            s = em_err(
+                EM_ERR_DIST,
+                "em_pg_new: rank %d joins group '%s' as one of %d ranks, but rank %d as one of %d: the "
+                "ranks disagree about the group (WORLD_SIZE, or the order groups are made in)",
+                pg->rank, pg->name, pg->world, r, w);
             break;
         }
+        if ((s = connect_to(pg, r, h, p, deadline, &fd))) break;
         hello me = {PG_MAGIC, pg->rank, {0}};
         memcpy(me.secret, secret, sizeof secret);
-        ssize_t w = send(fd, &me, sizeof me, MSG_NOSIGNAL);
-        if (w != (ssize_t)sizeof me) {
+        ssize_t sent = send(fd, &me, sizeof me, MSG_NOSIGNAL);
+        if (sent != (ssize_t)sizeof me) {
             close(fd);
             s = em_err(EM_ERR_DIST, "em_pg_new: rank %d cannot greet rank %d", pg->rank, r);
             break;
@@ -545,19 +678,32 @@ static em_status join(em_pg *pg, em_transport tr)
         pg->fd[r] = fd;
     }
     int need = pg->world - 1 - pg->rank;
+    bool *missing = need > 0 && !s ? calloc((size_t)pg->world, sizeof *missing) : NULL;
+    if (need > 0 && !s && !missing) s = em_err(EM_ERR_OOM, "em_pg_new: out of memory");
+    for (int r = pg->rank + 1; missing && r < pg->world; r++) missing[r] = true;
     while (need > 0 && !s) {
         struct pollfd p = {.fd = lfd, .events = POLLIN};
-        int k = poll(&p, 1, pg_ms_until(deadline));
+        int ms = pg_ms_until(deadline);
+        int k = poll(&p, 1, ms < 200 ? ms : 200);
         if (k == 0 && pg_now() >= deadline) {
-            char missing[256] = "";
+            char list[256] = "";
             for (int r = pg->rank + 1; r < pg->world; r++)
-                if (pg->fd[r] < 0 && strlen(missing) < 200)
-                    snprintf(missing + strlen(missing), sizeof missing - strlen(missing), " %d", r);
-            s = em_err(EM_ERR_TIMEOUT, "em_pg_new: rank %d waited %g s for ranks%s to join", pg->rank, pg->timeout,
-                       missing);
+                if (pg->fd[r] < 0 && strlen(list) < 200)
+                    snprintf(list + strlen(list), sizeof list - strlen(list), " %d", r);
+            s = em_err(EM_ERR_TIMEOUT, "em_pg_new: rank %d waited %g s for ranks%s to join group '%s'",
+                       pg->rank, pg->timeout, list, pg->name);
             break;
         }
-        if (k <= 0) continue;
+        if (k == 0) { /* nothing to accept: is a missing rank known to be gone? */
+            if (!check_gone(pg, missing)) continue;
+            /* a rank that connected and then left is still in the backlog: take it first */
+            if (poll(&p, 1, 0) == 1)
+                em_clear_error();
+            else
+                s = em_last_status();
+            continue;
+        }
+        if (k < 0) continue;
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) continue;
         hello h = {0};
@@ -570,8 +716,10 @@ static em_status join(em_pg *pg, em_transport tr)
         }
         tune(fd);
         pg->fd[h.rank] = fd;
+        missing[h.rank] = false;
         need--;
     }
+    free(missing);
     close(lfd);
     /* one machine? every rank's record names its host */
     bool local = true;
@@ -590,9 +738,28 @@ static void close_all(em_pg *pg)
         if (pg->fd[r] >= 0) close(pg->fd[r]);
 }
 
-em_pg *em_pg_new(const em_pg_config *cfg)
+/* The generation of the group being joined under `name`: the store counts
+ * the joins under it, and a rank can finish joining generation G only after
+ * all `world` ranks counted theirs, so the n-th count belongs to generation
+ * (n - 1) / world on every rank. */
+static em_status next_generation(em_store *st, const char *name, int world, long long *gen)
+{
+    char key[256];
+    snprintf(key, sizeof key, "%s/joins", name);
+    int64_t n = 0;
+    em_status s = em_store_add(st, key, 1, &n);
+    if (s) return s;
+    *gen = (long long)((n - 1) / world);
+    return EM_OK;
+}
+
+/* em_pg_new, plus the prefix of the keys where a launcher notes a worker's
+ * exit ("r0/exited/"; "" = none). */
+static em_pg *pg_new(const em_pg_config *cfg, const char *exited)
 {
     if (!cfg) return em_fail(EM_ERR_ARG, "em_pg_new: config is NULL");
+    if (cfg->name && strlen(cfg->name) > 100)
+        return em_fail(EM_ERR_ARG, "em_pg_new: name of %zu characters is longer than 100", strlen(cfg->name));
     if (cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world)
         return em_fail(EM_ERR_ARG, "em_pg_new: rank %d is outside [0, world %d)", cfg->rank, cfg->world);
     if (cfg->world > 1 && !cfg->store)
@@ -607,6 +774,7 @@ em_pg *em_pg_new(const em_pg_config *cfg)
     pg->world = cfg->world;
     pg->timeout = cfg->timeout_s > 0 ? cfg->timeout_s : EM_DIST_DEFAULT_TIMEOUT;
     snprintf(pg->name, sizeof pg->name, "%s", cfg->name ? cfg->name : "pg");
+    snprintf(pg->exited, sizeof pg->exited, "%s", exited);
     pg->store = cfg->store;
     pg->fd = malloc(sizeof *pg->fd * (size_t)pg->world);
     pg->peer = calloc((size_t)pg->world, sizeof *pg->peer);
@@ -622,7 +790,10 @@ em_pg *em_pg_new(const em_pg_config *cfg)
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv, NULL);
     if (pg->world > 1) {
-        em_status s = join(pg, cfg->transport);
+        long long gen = 0;
+        em_status s = next_generation(pg->store, pg->name, pg->world, &gen);
+        if (!s) snprintf(pg->name + strlen(pg->name), sizeof pg->name - strlen(pg->name), "/%lld", gen);
+        if (!s) s = join(pg, cfg->transport);
         if (!s && pthread_create(&pg->thread, NULL, comm_thread, pg) != 0)
             s = em_err(EM_ERR_DIST, "em_pg_new: cannot start the communication thread");
         if (s) {
@@ -640,6 +811,8 @@ em_pg *em_pg_new(const em_pg_config *cfg)
     }
     return pg;
 }
+
+em_pg *em_pg_new(const em_pg_config *cfg) { return pg_new(cfg, ""); }
 
 void em_pg_free(em_pg *pg)
 {
@@ -667,6 +840,7 @@ void em_pg_free(em_pg *pg)
 
 int em_pg_rank(const em_pg *pg) { return pg ? pg->rank : -1; }
 int em_pg_world(const em_pg *pg) { return pg ? pg->world : -1; }
+double em_pg_timeout(const em_pg *pg) { return pg ? pg->timeout : 0; }
 em_transport em_pg_transport(const em_pg *pg) { return pg && pg->shm ? EM_TRANSPORT_SHM : EM_TRANSPORT_TCP; }
 em_store *em_pg_store(const em_pg *pg) { return pg ? pg->store : NULL; }
 
@@ -688,13 +862,20 @@ static em_status env_int(const char *var, long lo, long hi, bool required, long 
     return EM_OK;
 }
 
-em_pg *em_pg_from_env(void)
+em_pg *em_pg_from_env(void) { return em_pg_from_env_with(NULL); }
+
+em_pg *em_pg_from_env_with(const em_pg_env_config *cfg)
 {
     long world = 1, rank = 0, port = 0, restart = 0;
     double timeout = 0;
+    if (cfg && (cfg->timeout_s < 0 || cfg->timeout_s != cfg->timeout_s || isinf(cfg->timeout_s)))
+        return em_fail(EM_ERR_ARG, "em_pg_from_env_with: timeout_s %g must be >= 0 and finite",
+                       cfg->timeout_s);
     if (env_int("WORLD_SIZE", 1, 1 << 20, false, &world)) return NULL;
     const char *t = getenv("EMBER_TIMEOUT");
-    if (t && *t) { /* parsed as the config file's `timeout` */
+    if (cfg && cfg->timeout_s > 0) {
+        timeout = cfg->timeout_s; /* the caller's wins over the environment */
+    } else if (t && *t) {         /* parsed as the config file's `timeout` */
         em_config c = em_config_defaults();
         if (config_set(&c, "timeout", t, "em_pg_from_env: EMBER_TIMEOUT")) return NULL;
         timeout = c.timeout_s;
@@ -717,10 +898,16 @@ em_pg *em_pg_from_env(void)
         return em_fail(EM_ERR_ARG, "em_pg_from_env: EMBER_STORE_TOKEN is not set (start the job with ember launch)");
     em_store *st = em_store_connect(addr, (int)port, token, timeout);
     if (!st) return NULL;
-    char name[64];
+    char name[64], exited[64];
     snprintf(name, sizeof name, "r%ld/pg", restart);
-    em_pg *pg = em_pg_new(&(em_pg_config){.rank = (int)rank, .world = (int)world, .store = st, .name = name,
-                                          .timeout_s = timeout, .transport = tr});
+    snprintf(exited, sizeof exited, "r%ld/exited/", restart);
+    em_pg *pg = pg_new(&(em_pg_config){.rank = (int)rank,
+                                       .world = (int)world,
+                                       .store = st,
+                                       .name = name,
+                                       .timeout_s = timeout,
+                                       .transport = tr},
+                       exited);
     if (!pg) {
         char msg[512];
         em_status s = em_last_status();

@@ -129,7 +129,8 @@ struct em_pg {
     int rank, world;
     shm_seg *shm;       /* NULL: collectives go over TCP */
     double timeout;
-    char name[128];
+    char name[128];     /* the group's key prefix in the store: the config's name + "/" + generation */
+    char exited[64];    /* where a launcher notes a worker's exit: key prefix + rank ("" = none) */
     em_store *store;    /* borrowed, or owned when own_store */
     bool own_store;
     int *fd;            /* fd[r]: the socket to rank r (-1 for self) */

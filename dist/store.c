@@ -373,3 +373,70 @@ em_status dist_store_check(em_store *s, const char *key, bool *exists)
     free(body);
     return st;
 }
+
+em_status dist_store_on_close(em_store *s, const char *key, const void *value, size_t n)
+{
+    em_status st = check_key("em_store_on_close", s, key);
+    if (st) return st;
+    if (n > SP_MAX_VALUE) return em_err(EM_ERR_ARG, "em_store_on_close: value of %zu bytes is too large", n);
+    size_t kl = strlen(key);
+    uint8_t *f = malloc(4 + 1 + 4 + kl + 8 + n);
+    if (!f) return em_err(EM_ERR_OOM, "em_store_on_close: out of memory");
+    uint8_t *p = f + 4;
+    *p++ = SP_ON_CLOSE;
+    p = sp_put_str(p, key, kl);
+    p = sp_put(p, n, 8);
+    if (n) memcpy(p, value, n);
+    int code;
+    uint8_t *body;
+    size_t blen;
+    st = request(s, "em_store_on_close", f, (size_t)(p - f) + n, 0, &code, &body, &blen);
+    free(f);
+    if (st) return st;
+    if (code != SR_OK) st = unexpected(s, "em_store_on_close", code, body);
+    free(body);
+    return st;
+}
+
+em_status dist_store_wait_any(em_store *s, int n, const char *const *keys, double timeout_s, int *index)
+{
+    if (!s || n < 1 || !keys || !index || bad_timeout(timeout_s))
+        return em_err(EM_ERR_ARG, "em_store_wait_any: bad arguments (n %d, timeout %g s)", n, timeout_s);
+    size_t total = 4 + 1 + 8 + 4;
+    for (int i = 0; i < n; i++) {
+        em_status st = check_key("em_store_wait_any", s, keys[i]);
+        if (st) return st;
+        total += 4 + strlen(keys[i]);
+        if (total > SP_MAX_FRAME) return em_err(EM_ERR_ARG, "em_store_wait_any: %d keys are too many", n);
+    }
+    uint8_t *f = malloc(total);
+    if (!f) return em_err(EM_ERR_OOM, "em_store_wait_any: out of memory");
+    uint8_t *p = f + 4;
+    *p++ = SP_WAIT_ANY;
+    p = sp_put(p, (uint64_t)(timeout_s * 1000.0), 8);
+    p = sp_put(p, (uint64_t)n, 4);
+    for (int i = 0; i < n; i++) p = sp_put_str(p, keys[i], strlen(keys[i]));
+    int code;
+    uint8_t *body;
+    size_t blen;
+    em_status st = request(s, "em_store_wait_any", f, total, timeout_s, &code, &body, &blen);
+    free(f);
+    if (st) return st;
+    if (code == SR_OK && blen == 4) {
+        sp_reader rd = {body, 4, 0};
+        uint32_t i = (uint32_t)sp_get(&rd, 4);
+        if (i < (uint32_t)n)
+            *index = (int)i;
+        else
+            st = lost(s, "em_store_wait_any", "malformed reply");
+    } else if (code == SR_TIMEOUT && timeout_s == 0) {
+        *index = -1; /* only looked: none exists yet */
+    } else if (code == SR_TIMEOUT) {
+        st = em_err(EM_ERR_TIMEOUT, "em_store_wait_any: none of %d keys ('%.200s'...) appeared within %g s",
+                    n, keys[0], timeout_s);
+    } else {
+        st = unexpected(s, "em_store_wait_any", code, body);
+    }
+    free(body);
+    return st;
+}

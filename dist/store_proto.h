@@ -11,17 +11,23 @@
  *   WAIT    u64 timeout_ms, u32 n, n str  -> OK | TIMEOUT u32 (index of the first missing key)
  *   BARRIER u64 timeout_ms, u32 world, str name -> OK | TIMEOUT u32 arrived, u32 world | ERR
  *   CHECK   str key                       -> OK u8 exists
+ *   ON_CLOSE str key, u64 n, n bytes      -> OK (when this connection closes, key := the bytes)
+ *   WAIT_ANY u64 timeout_ms, u32 n, n str -> OK u32 (index of the first key that exists) | TIMEOUT
  * A reply body is a u8 code then its payload. The first request of a
  * connection must be HELLO; anything else, or a frame over the limits,
  * closes the connection. Blocking requests (GET, WAIT, BARRIER) are parked
- * by the server until they can be answered or their timeout passes. */
+ * by the server until they can be answered or their timeout passes (a
+ * WAIT_ANY with timeout 0 answers at once). ON_CLOSE is how the store tells
+ * others that a client is gone: a process group's joining rank registers
+ * "NAME/gone/RANK", and the ranks waiting for it see the key appear the
+ * moment its connection closes (dist/pg.c). */
 #ifndef EMBER_STORE_PROTO_H
 #define EMBER_STORE_PROTO_H
 
 #include <stdint.h>
 #include <string.h>
 
-enum { SP_HELLO = 1, SP_SET, SP_GET, SP_ADD, SP_WAIT, SP_BARRIER, SP_CHECK };
+enum { SP_HELLO = 1, SP_SET, SP_GET, SP_ADD, SP_WAIT, SP_BARRIER, SP_CHECK, SP_ON_CLOSE, SP_WAIT_ANY };
 enum { SR_OK = 0, SR_VAL, SR_INT, SR_TIMEOUT, SR_ERR };
 
 #define SP_MAX_VALUE ((size_t)64 << 20) /* bytes in a value */

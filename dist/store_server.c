@@ -51,7 +51,17 @@ typedef struct client {
     double deadline;
     barrier *bar; /* parked in this barrier, arrived in round bar_round */
     uint64_t bar_round;
+    /* ON_CLOSE: what the table gets when this connection closes */
+    struct on_close *on_close;
 } client;
+
+typedef struct on_close {
+    struct on_close *next;
+    char *key;
+    size_t klen;
+    uint8_t *val;
+    size_t vlen;
+} on_close;
 
 struct em_store_server {
     int lfd, wake[2], port;
@@ -260,6 +270,46 @@ static bool handle(em_store_server *s, client *c, const uint8_t *body, size_t n,
         reply(c, SR_OK, tmp, 1, NULL, 0);
         return true;
     }
+    case SP_ON_CLOSE: {
+        key = sp_str(&r, &klen);
+        size_t vlen = (size_t)sp_get(&r, 8);
+        const uint8_t *v = sp_bytes(&r, vlen);
+        if (r.bad || klen > SP_MAX_KEY || vlen > SP_MAX_VALUE) break;
+        on_close *o = calloc(1, sizeof *o);
+        if (o) o->key = malloc(klen ? klen : 1), o->val = malloc(vlen ? vlen : 1);
+        if (!o || !o->key || !o->val) {
+            if (o) free(o->key), free(o->val);
+            free(o);
+            reply_err(c, "store out of memory");
+            return true;
+        }
+        memcpy(o->key, key, klen);
+        memcpy(o->val, v, vlen);
+        o->klen = klen;
+        o->vlen = vlen;
+        o->next = c->on_close;
+        c->on_close = o;
+        reply(c, SR_OK, NULL, 0, NULL, 0);
+        return true;
+    }
+    case SP_WAIT_ANY: {
+        uint64_t ms = sp_get(&r, 8);
+        uint32_t nk = (uint32_t)sp_get(&r, 4);
+        if (r.bad) break;
+        if (!c->parked) c->deadline = now + (double)ms / 1000.0;
+        for (uint32_t i = 0; i < nk; i++) {
+            key = sp_str(&r, &klen);
+            if (r.bad) goto bad;
+            kv *e = lookup(s, key, klen, false);
+            if (!e || !e->val) continue;
+            sp_put(tmp, i, 4);
+            reply(c, SR_OK, tmp, 4, NULL, 0);
+            return true;
+        }
+        if (now < c->deadline) return false;
+        reply(c, SR_TIMEOUT, NULL, 0, NULL, 0);
+        return true;
+    }
     case SP_GET: {
         uint64_t ms = sp_get(&r, 8);
         key = sp_str(&r, &klen);
@@ -394,10 +444,27 @@ static bool fill(client *c)
     }
 }
 
-static void drop(em_store_server *s, int i)
+/* Drops client i. While serving (not when the server stops), what it asked
+ * for with ON_CLOSE goes into the table now; the caller serves the parked
+ * requests after, so a WAIT_ANY on such a key is answered at once. */
+static void drop(em_store_server *s, int i, bool serving)
 {
     client *c = s->cl[i];
     if (c->parked && c->bar && c->bar->round == c->bar_round) c->bar->arrived--;
+    while (c->on_close) {
+        on_close *o = c->on_close;
+        c->on_close = o->next;
+        kv *e = serving ? lookup(s, o->key, o->klen, true) : NULL;
+        if (e) {
+            free(e->val);
+            e->val = o->val; /* the table takes the bytes */
+            e->vlen = o->vlen;
+            o->val = NULL;
+        }
+        free(o->key);
+        free(o->val);
+        free(o);
+    }
     close(c->fd);
     free(c->in);
     free(c->out);
@@ -486,13 +553,13 @@ static void *server_main(void *arg)
             if (alive && (re & POLLOUT)) flush(c);
             if (alive && !c->parked) serve(s, c, now);
             if (!c->authed && now >= c->auth_deadline) alive = false;
-            if (!alive || (c->closing && c->out_off >= c->out_len)) drop(s, i);
+            if (!alive || (c->closing && c->out_off >= c->out_len)) drop(s, i, true);
         }
         /* parked requests: answered by what just changed, or timed out */
         for (int i = s->ncl - 1; i >= 0; i--) {
             client *c = s->cl[i];
             if (c->parked) serve(s, c, now);
-            if (c->closing && c->out_off >= c->out_len) drop(s, i);
+            if (c->closing && c->out_off >= c->out_len) drop(s, i, true);
         }
         if (pf[1].revents & POLLIN) accept_all(s, now);
     }
@@ -545,7 +612,7 @@ void em_store_server_stop(em_store_server *s)
     ssize_t w = write(s->wake[1], "x", 1);
     (void)w;
     pthread_join(s->thread, NULL);
-    while (s->ncl > 0) drop(s, s->ncl - 1);
+    while (s->ncl > 0) drop(s, s->ncl - 1, false);
     free(s->cl);
     for (size_t i = 0; i < s->tab_cap; i++) {
         free(s->tab[i].key);

@@ -12,6 +12,7 @@
 
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
+#include "module_impl.h"
 
 struct em_gpt_cache {
     em_gpt *g;
@@ -156,10 +157,8 @@ static em_tensor *head(em_gpt *g, em_tensor *x)
     return logits;
 }
 
-em_tensor *em_gpt_forward(em_gpt *g, em_tensor *idx)
+static em_tensor *gpt_forward(em_gpt *g, tensor *i, em_tensor *idx)
 {
-    tensor *i = check_idx(g, "em_gpt_forward", idx);
-    if (!i) return NULL;
     int64_t T = i->shape[1];
     em_tensor *tok = em_nn_embedding_forward(g->wte, idx); /* (B,T,C) */
     tensor *w = tok ? t_resolve(g->wpe->weight, "em_gpt_forward") : NULL;
@@ -177,6 +176,13 @@ em_tensor *em_gpt_forward(em_gpt *g, em_tensor *idx)
     em_tensor *logits = x ? head(g, x) : NULL;
     drop(x);
     return logits;
+}
+
+em_tensor *em_gpt_forward(em_gpt *g, em_tensor *idx)
+{
+    tensor *i = check_idx(g, "em_gpt_forward", idx);
+    if (!i) return NULL;
+    return nn_named(g->m, "gpt", gpt_forward(g, i, idx)); /* a failing layer names itself */
 }
 
 em_tensor *em_gpt_loss(em_gpt *g, em_tensor *idx, em_tensor *targets)

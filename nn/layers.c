@@ -6,13 +6,17 @@
  * direct handles to its parameters. Forward functions compose the ops; the
  * temporaries they make are dropped with `drop` (a no-op inside a scope,
  * where the scope owns them and autograd may still need them), so a forward
- * run outside any scope with grad mode off leaves only its result. */
+ * run outside any scope with grad mode off leaves only its result. Each
+ * public forward is a static body plus a wrapper whose exit, nn_named
+ * (nn/module.c), makes a failure name the layer ("linear 'h.0.mlp.c_fc':
+ * x is (2,5), ...") rather than the op that failed inside it. */
 #include <stdlib.h>
 
 #include "../tensor/dispatch.h"
 #include "../tensor/kernel_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
+#include "module_impl.h"
 
 static _Thread_local em_dtype param_dtype = EM_F32;
 
@@ -21,13 +25,6 @@ em_dtype em_nn_set_param_dtype(em_dtype dt)
     em_dtype prev = param_dtype;
     if (em_dtype_is_float(dt)) param_dtype = dt;
     return prev;
-}
-
-/* The module's name for messages ("(root)" for a root). */
-static const char *mname(const em_module *m)
-{
-    const char *n = em_module_name(m);
-    return n[0] ? n : "(root)";
 }
 
 /* Ends a forward's temporary (see t_drop); NULL is a no-op. */
@@ -94,17 +91,17 @@ static void *abandon(em_module *parent, em_module *m)
 
 /* Checks a layer forward's input x: its last dim must be `dim`, its dtype the
  * parameter's. */
-static tensor *check_x(const char *kind, const em_module *m, em_tensor *xh, int64_t dim, em_tensor *param)
+static tensor *check_x(const char *kind, em_tensor *xh, int64_t dim, em_tensor *param)
 {
     tensor *x = t_resolve(xh, kind);
     tensor *p = x ? t_resolve(param, kind) : NULL;
     if (!p) return NULL;
     if (x->ndim < 1 || x->shape[x->ndim - 1] != dim)
-        return em_fail(EM_ERR_SHAPE, "%s '%s': x is %s, its last dim must be %lld (parameter is %s)", kind,
-                       mname(m), shp(x), (long long)dim, shp(p));
+        return em_fail(EM_ERR_SHAPE, "x is %s, its last dim must be %lld (parameter is %s)", shp(x),
+                       (long long)dim, shp(p));
     if (x->dtype != p->dtype)
-        return em_fail(EM_ERR_DTYPE, "%s '%s': x is %s%s but the parameters are %s", kind, mname(m),
-                       em_dtype_name(x->dtype), shp(x), em_dtype_name(p->dtype));
+        return em_fail(EM_ERR_DTYPE, "x is %s%s but the parameters are %s", em_dtype_name(x->dtype), shp(x),
+                       em_dtype_name(p->dtype));
     return x;
 }
 
@@ -131,10 +128,10 @@ em_nn_linear *em_nn_linear_new(em_module *parent, const char *name, int64_t in, 
 }
 
 /* y = x @ W^T + b: (...,in) @ (in,out) -> (...,out) */
-em_tensor *em_nn_linear_forward(em_nn_linear *l, em_tensor *xh)
+static em_tensor *linear_forward(em_nn_linear *l, em_tensor *xh)
 {
     if (!l) return em_fail(EM_ERR_ARG, "em_nn_linear_forward: layer is NULL");
-    tensor *x = check_x("linear", l->m, xh, l->in, l->weight);
+    tensor *x = check_x("linear", xh, l->in, l->weight);
     if (!x) return NULL;
     tensor *w = t_resolve(l->weight, "linear"), *b = l->bias ? t_resolve(l->bias, "linear") : NULL;
     if (!w || (l->bias && !b)) return NULL;
@@ -154,6 +151,12 @@ em_tensor *em_nn_linear_forward(em_nn_linear *l, em_tensor *xh)
         y = yb;
     }
     return t_handle(y);
+}
+
+em_tensor *em_nn_linear_forward(em_nn_linear *l, em_tensor *xh)
+{
+    if (!l) return em_fail(EM_ERR_ARG, "em_nn_linear_forward: layer is NULL");
+    return nn_named(l->m, "linear", linear_forward(l, xh));
 }
 
 /* ---- Embedding ------------------------------------------------------------------ */
@@ -181,15 +184,20 @@ em_nn_embedding *em_nn_embedding_new(em_module *parent, const char *name, int64_
 }
 
 /* y[...] = W[idx[...]] */
-em_tensor *em_nn_embedding_forward(em_nn_embedding *e, em_tensor *idx)
+static em_tensor *embedding_forward(em_nn_embedding *e, em_tensor *idx)
 {
     if (!e) return em_fail(EM_ERR_ARG, "em_nn_embedding_forward: layer is NULL");
     tensor *i = t_resolve(idx, "embedding");
     if (!i) return NULL;
     if (i->dtype != EM_I32)
-        return em_fail(EM_ERR_DTYPE, "embedding '%s': indices must be i32, got %s%s", mname(e->m),
-                       em_dtype_name(i->dtype), shp(i));
+        return em_fail(EM_ERR_DTYPE, "indices must be i32, got %s%s", em_dtype_name(i->dtype), shp(i));
     return em_embedding(e->weight, idx);
+}
+
+em_tensor *em_nn_embedding_forward(em_nn_embedding *e, em_tensor *idx)
+{
+    if (!e) return em_fail(EM_ERR_ARG, "em_nn_embedding_forward: layer is NULL");
+    return nn_named(e->m, "embedding", embedding_forward(e, idx));
 }
 
 /* ---- LayerNorm, RMSNorm ------------------------------------------------------------ */
@@ -213,11 +221,17 @@ em_nn_layer_norm *em_nn_layer_norm_new(em_module *parent, const char *name, int6
 }
 
 /* y = (x - mean) / sqrt(var + eps) * w + b */
+static em_tensor *layer_norm_forward(em_nn_layer_norm *l, em_tensor *x)
+{
+    if (!l) return em_fail(EM_ERR_ARG, "em_nn_layer_norm_forward: layer is NULL");
+    if (!check_x("layer_norm", x, l->dim, l->weight)) return NULL;
+    return em_layer_norm(x, l->weight, l->bias, l->eps);
+}
+
 em_tensor *em_nn_layer_norm_forward(em_nn_layer_norm *l, em_tensor *x)
 {
     if (!l) return em_fail(EM_ERR_ARG, "em_nn_layer_norm_forward: layer is NULL");
-    if (!check_x("layer_norm", l->m, x, l->dim, l->weight)) return NULL;
-    return em_layer_norm(x, l->weight, l->bias, l->eps);
+    return nn_named(l->m, "layer_norm", layer_norm_forward(l, x));
 }
 
 em_nn_rms_norm *em_nn_rms_norm_new(em_module *parent, const char *name, int64_t dim)
@@ -234,11 +248,17 @@ em_nn_rms_norm *em_nn_rms_norm_new(em_module *parent, const char *name, int64_t 
 }
 
 /* y = x / sqrt(mean(x^2) + eps) * w */
+static em_tensor *rms_norm_forward(em_nn_rms_norm *l, em_tensor *x)
+{
+    if (!l) return em_fail(EM_ERR_ARG, "em_nn_rms_norm_forward: layer is NULL");
+    if (!check_x("rms_norm", x, l->dim, l->weight)) return NULL;
+    return em_rms_norm(x, l->weight, l->eps);
+}
+
 em_tensor *em_nn_rms_norm_forward(em_nn_rms_norm *l, em_tensor *x)
 {
     if (!l) return em_fail(EM_ERR_ARG, "em_nn_rms_norm_forward: layer is NULL");
-    if (!check_x("rms_norm", l->m, x, l->dim, l->weight)) return NULL;
-    return em_rms_norm(x, l->weight, l->eps);
+    return nn_named(l->m, "rms_norm", rms_norm_forward(l, x));
 }
 
 /* ---- Dropout ------------------------------------------------------------------------ */
@@ -257,10 +277,16 @@ em_nn_dropout *em_nn_dropout_new(em_module *parent, const char *name, double p, 
     return em_module_add_rng(m, "rng", &d->rng) ? abandon(parent, m) : d;
 }
 
-em_tensor *em_nn_dropout_forward(em_nn_dropout *d, em_tensor *x)
+static em_tensor *dropout_forward(em_nn_dropout *d, em_tensor *x)
 {
     if (!d) return em_fail(EM_ERR_ARG, "em_nn_dropout_forward: layer is NULL");
     return em_dropout(x, d->p, em_module_is_training(d->m), &d->rng);
+}
+
+em_tensor *em_nn_dropout_forward(em_nn_dropout *d, em_tensor *x)
+{
+    if (!d) return em_fail(EM_ERR_ARG, "em_nn_dropout_forward: layer is NULL");
+    return nn_named(d->m, "dropout", dropout_forward(d, x));
 }
 
 /* ---- Conv2d, pooling, flatten ---------------------------------------------------------- */
@@ -287,15 +313,20 @@ em_nn_conv2d *em_nn_conv2d_new(em_module *parent, const char *name, int64_t in_c
     return c;
 }
 
-em_tensor *em_nn_conv2d_forward(em_nn_conv2d *c, em_tensor *xh)
+static em_tensor *conv2d_forward(em_nn_conv2d *c, em_tensor *xh)
 {
     if (!c) return em_fail(EM_ERR_ARG, "em_nn_conv2d_forward: layer is NULL");
     tensor *x = t_resolve(xh, "conv2d");
     if (!x) return NULL;
     if (x->ndim != 4 || x->shape[1] != c->in_ch)
-        return em_fail(EM_ERR_SHAPE, "conv2d '%s': x is %s, expected (N,%lld,H,W)", mname(c->m), shp(x),
-                       (long long)c->in_ch);
+        return em_fail(EM_ERR_SHAPE, "x is %s, expected (N,%lld,H,W)", shp(x), (long long)c->in_ch);
     return em_conv2d(xh, c->weight, c->bias, c->stride, c->padding);
+}
+
+em_tensor *em_nn_conv2d_forward(em_nn_conv2d *c, em_tensor *xh)
+{
+    if (!c) return em_fail(EM_ERR_ARG, "em_nn_conv2d_forward: layer is NULL");
+    return nn_named(c->m, "conv2d", conv2d_forward(c, xh));
 }
 
 em_tensor *em_nn_max_pool2d_forward(const em_nn_max_pool2d *p, em_tensor *x)
@@ -366,7 +397,7 @@ em_nn_mlp *em_nn_mlp_new(em_module *parent, const char *name, int64_t n_embd, bo
 }
 
 /* y = dropout(c_proj(gelu(c_fc(x)))): (...,C) -> (...,4C) -> (...,C) */
-em_tensor *em_nn_mlp_forward(em_nn_mlp *l, em_tensor *x)
+static em_tensor *mlp_forward(em_nn_mlp *l, em_tensor *x)
 {
     if (!l) return em_fail(EM_ERR_ARG, "em_nn_mlp_forward: layer is NULL");
     em_tensor *h = em_nn_linear_forward(l->c_fc, x);
@@ -377,6 +408,12 @@ em_tensor *em_nn_mlp_forward(em_nn_mlp *l, em_tensor *x)
     em_tensor *y = em_nn_dropout_forward(l->dropout, p);
     if (y != p) drop(p);
     return y;
+}
+
+em_tensor *em_nn_mlp_forward(em_nn_mlp *l, em_tensor *x)
+{
+    if (!l) return em_fail(EM_ERR_ARG, "em_nn_mlp_forward: layer is NULL");
+    return nn_named(l->m, "mlp", mlp_forward(l, x));
 }
 
 /* ---- causal self-attention ------------------------------------------------------------- */
@@ -403,15 +440,14 @@ em_nn_attention *em_nn_attention_new(em_module *parent, const char *name, int64_
 
 /* qkv = c_attn(x) (B,T,3C) -> q, k, v (B,H,T,D); y = softmax(q k^T / sqrt(D)) v
  * (causal) (B,H,T,D) -> (B,T,C); out = dropout(c_proj(y)) */
-em_tensor *em_nn_attention_forward(em_nn_attention *a, em_tensor *xh)
+static em_tensor *attention_forward(em_nn_attention *a, em_tensor *xh)
 {
     if (!a) return em_fail(EM_ERR_ARG, "em_nn_attention_forward: layer is NULL");
     tensor *x = t_resolve(xh, "attention");
     if (!x) return NULL;
     int64_t C = a->n_embd, H = a->n_head, D = C / H;
     if (x->ndim != 3 || x->shape[2] != C)
-        return em_fail(EM_ERR_SHAPE, "attention '%s': x is %s, expected (B,T,%lld)", mname(a->m), shp(x),
-                       (long long)C);
+        return em_fail(EM_ERR_SHAPE, "x is %s, expected (B,T,%lld)", shp(x), (long long)C);
     int64_t B = x->shape[0], T = x->shape[1];
     tensor *qkv = t_resolve(em_nn_linear_forward(a->c_attn, xh), "attention");
     tensor *p[3] = {NULL, NULL, NULL};
@@ -435,6 +471,12 @@ em_tensor *em_nn_attention_forward(em_nn_attention *a, em_tensor *xh)
     em_tensor *out = o ? em_nn_dropout_forward(a->resid_dropout, o) : NULL;
     if (out != o) drop(o);
     return out;
+}
+
+em_tensor *em_nn_attention_forward(em_nn_attention *a, em_tensor *xh)
+{
+    if (!a) return em_fail(EM_ERR_ARG, "em_nn_attention_forward: layer is NULL");
+    return nn_named(a->m, "attention", attention_forward(a, xh));
 }
 
 /* ---- transformer block ------------------------------------------------------------------ */
@@ -461,7 +503,7 @@ em_nn_block *em_nn_block_new(em_module *parent, const char *name, int64_t n_embd
 }
 
 /* x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)) */
-em_tensor *em_nn_block_forward(em_nn_block *b, em_tensor *x)
+static em_tensor *block_forward(em_nn_block *b, em_tensor *x)
 {
     if (!b) return em_fail(EM_ERR_ARG, "em_nn_block_forward: layer is NULL");
     em_tensor *h = em_nn_layer_norm_forward(b->ln_1, x);
@@ -476,4 +518,10 @@ em_tensor *em_nn_block_forward(em_nn_block *b, em_tensor *x)
     drop(f);
     drop(x1);
     return y;
+}
+
+em_tensor *em_nn_block_forward(em_nn_block *b, em_tensor *x)
+{
+    if (!b) return em_fail(EM_ERR_ARG, "em_nn_block_forward: layer is NULL");
+    return nn_named(b->m, "block", block_forward(b, x));
 }

@@ -10,11 +10,13 @@
  * there (its handle is unchanged); gradients get views into a matching
  * buffer. The padding between slots stays zero, so a collective can reduce
  * the whole buffer. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "../tensor/kernel_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
+#include "module_impl.h"
 
 typedef struct entry {
     char *full; /* dotted name from the root */
@@ -466,4 +468,29 @@ em_tensor *em_module_flat_params(const em_module *root, em_dtype dt)
 em_tensor *em_module_flat_grads(const em_module *root, em_dtype dt)
 {
     return root && (unsigned)dt < EM_NUM_DTYPES ? root->flat_grads[dt] : NULL;
+}
+
+/* ---- errors named by the layer (module_impl.h) ------------------------------------ */
+
+static _Thread_local uint64_t named_error; /* error_seq() of the last error a layer named */
+
+em_tensor *nn_named(const em_module *m, const char *kind, em_tensor *y)
+{
+    if (y) return y;
+    em_status s = em_last_status();
+    if (s == EM_OK || error_seq() == named_error) return NULL; /* nothing to name, or named inside already */
+    const char *name = m && m->full[0] ? m->full : "(root)";
+    char who[300];
+    snprintf(who, sizeof who, "%s '%s'", kind, name);
+    if (s == EM_ERR_SCOPE && em_scope_depth() == 0)
+        em_set_error(
+            s,
+            "%s: this forward records gradients, which needs a scope: call em_scope_begin() before the "
+            "forward (and em_scope_end() once the step is done), or run it under "
+            "em_set_grad_enabled(false) for inference",
+            who);
+    else
+        em_set_error(s, "%s: %s", who, em_last_error());
+    named_error = error_seq();
+    return NULL;
 }

@@ -2,11 +2,15 @@
  * op and the values that were wrong. The library never exits; callers read
  * this. */
 #include <stdio.h>
+#include <string.h>
 
 #include "tensor_impl.h"
 
 static _Thread_local em_status last_status = EM_OK;
 static _Thread_local char last_msg[512];
+static _Thread_local uint64_t error_count; /* errors set on this thread so far */
+
+uint64_t error_seq(void) { return error_count; }
 
 em_status em_last_status(void) { return last_status; }
 const char *em_last_error(void) { return last_msg; }
@@ -28,8 +32,11 @@ const char *em_status_name(em_status s)
 
 static void set_error(em_status s, const char *fmt, va_list ap)
 {
+    char msg[sizeof last_msg]; /* fmt's arguments may point into last_msg (a prefix added to it) */
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    memcpy(last_msg, msg, sizeof msg);
     last_status = s;
-    vsnprintf(last_msg, sizeof last_msg, fmt, ap);
+    error_count++;
 }
 
 void *em_fail(em_status s, const char *fmt, ...)

@@ -5,6 +5,8 @@
 #ifndef EMBER_ERROR_IMPL_H
 #define EMBER_ERROR_IMPL_H
 
+#include <stdint.h>
+
 #include "ember/tensor.h"
 
 typedef struct tensor tensor;
@@ -16,6 +18,9 @@ em_status em_err(em_status s, const char *fmt, ...) __attribute__((format(printf
 /* "(2,3)" for t's shape, in one of 8 rotating thread-local buffers, so up to 8
  * can appear in one message. */
 const char *shp(const tensor *t);
+/* Errors set on this thread so far: a caller that rewrites an error (a
+ * layer naming itself, nn/module.c) tells a new error from one it handled. */
+uint64_t error_seq(void);
 const char *shp_of(int ndim, const int64_t *shape);
 
 #endif

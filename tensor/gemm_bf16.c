@@ -25,6 +25,7 @@
 
 #include "dtype_math.h"
 #include "kernel_impl.h"
+#include "settings_impl.h"
 #include "tensor_impl.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
@@ -63,7 +64,10 @@ bool gemm_bf16_fast(void)
 {
     int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
     if (s == 0) {
-        s = getenv("EMBER_NO_AMX") ? -1 : amx_probe() ? 1 : -1;
+        bool off = false; /* a value that is not a boolean also keeps AMX off; gemm_bf16_setting says why */
+        const char *v = getenv("EMBER_NO_AMX");
+        if (v && v[0] && !setting_bool_parse(v, &off)) off = true;
+        s = off ? -1 : amx_probe() ? 1 : -1;
         __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
     }
     return s > 0;
@@ -246,3 +250,9 @@ bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t
 }
 
 #endif
+
+em_status gemm_bf16_setting(void)
+{
+    bool off = false;
+    return setting_env_bool("EMBER_NO_AMX", &off);
+}

@@ -97,6 +97,9 @@ void em_gemm_bf16_out(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const v
                       const void *B, int64_t ldb, void *C, int64_t ldc);
 /* Whether bf16 products run natively here (AMX tiles usable by this process). */
 bool gemm_bf16_fast(void);
+/* EMBER_NO_AMX (a boolean: true turns AMX off) is valid: EM_OK, or EM_ERR_ARG
+ * naming the variable and its value. */
+em_status gemm_bf16_setting(void);
 /* One thread's C (m,n) = op(A) @ op(B) on bf16 operands, C f32 or (c_bf16)
  * bf16; false (nothing written) when !gemm_bf16_fast() or out of memory. */
 bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B,

@@ -222,6 +222,7 @@ static em_status matmul_cpu(const op_call *call, tensor *out)
     int nb = out->ndim - 2;
     int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
     em_dtype dt = a->dtype;
+    if (dt == EM_BF16 && gemm_bf16_setting()) return em_last_status();
     /* the compute dtype: bf16 stays bf16 where AMX multiplies it (f32
      * accumulation, one rounding of each result), everything else goes
      * through f32 / f64 */

@@ -89,6 +89,9 @@ static void run(const char *file, int line, int world, em_transport tr, th_rank_
         }
         pids[r] = pid;
     }
+    /* as `ember launch` does: a rank's exit is noted in the store (r<round>/exited/<rank>), so
+     * ranks still joining a group with it fail at once naming it (em_pg_from_env) */
+    em_store *notes = efn ? em_store_connect("127.0.0.1", port, token, 10) : NULL;
     int status[16], left = world, first_bad = -1;
     for (int r = 0; r < world; r++) status[r] = -1;
     double start = now(), fail_at = 0;
@@ -99,6 +102,15 @@ static void run(const char *file, int line, int world, em_transport tr, th_rank_
             if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
                 status[r] = st;
                 left--;
+                if (notes) {
+                    char key[64], what[64];
+                    snprintf(key, sizeof key, "r%d/exited/%d", round, r);
+                    snprintf(what, sizeof what,
+                             WIFEXITED(st) ? "its process exited with status %d"
+                                           : "its process was killed by signal %d",
+                             WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+                    em_store_set(notes, key, what, strlen(what));
+                }
                 if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && first_bad < 0) {
                     first_bad = r;
                     fail_at = now();
@@ -114,6 +126,7 @@ static void run(const char *file, int line, int world, em_transport tr, th_rank_
                     waitpid(pids[r], &status[r], 0);
                     if (first_bad < 0) first_bad = r;
                 }
+            em_store_close(notes);
             kill(store_pid, SIGKILL);
             waitpid(store_pid, NULL, 0);
             th_fail(file, line, "rank %d did not finish in time (killed)", first_bad);
@@ -123,6 +136,7 @@ static void run(const char *file, int line, int world, em_transport tr, th_rank_
             nanosleep(&ts, NULL);
         }
     }
+    em_store_close(notes);
     kill(store_pid, SIGKILL);
     waitpid(store_pid, NULL, 0);
     if (first_bad >= 0) {

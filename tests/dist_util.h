@@ -9,7 +9,9 @@
  * sets the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK,
  * LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, EMBER_STORE_TOKEN, a fresh
  * EMBER_RESTART_COUNT per call so groups never collide, EMBER_TIMEOUT=30)
- * for code that joins by itself (em_pg_from_env, the Accelerator). A CHECK
+ * for code that joins by itself (em_pg_from_env, the Accelerator), and
+ * notes each rank's exit in the store as `ember launch` does
+ * (r<EMBER_RESTART_COUNT>/exited/<rank>). A CHECK
  * failing in a child reports its own message; the parent then fails the
  * test naming the rank. Children never outlive the call: after the first
  * failure the others get 10 s to finish (they should fail too, not hang),

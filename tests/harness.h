@@ -137,6 +137,10 @@ em_tensor *th_noncontig(em_tensor *t);
  * manifest's own crc32, so the load gets past its checksums to the check
  * under test. */
 void th_reseal_checkpoint(const char *dir);
+/* Hides the user's ember config file from the Accelerator: unsets
+ * EMBER_CONFIG_FILE (naming a missing file is an error) and points
+ * XDG_CONFIG_HOME at a directory that does not exist. */
+void th_no_user_config(void);
 
 /* Small files for tests. th_read_file: the whole file (malloc'd, NUL after
  * *n bytes; the caller frees), NULL when it cannot be read; th_slurp: the

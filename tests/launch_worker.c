@@ -6,7 +6,8 @@
  * exits 0, or prints why and exits 1. With argument "fail-once", rank 1 of
  * restart 0 exits 3 before the barrier. With argument "group" it then also
  * joins the process group (em_pg_from_env) and prints the all_reduce sum of
- * rank + 1 and the transport. Not a test itself. */
+ * rank + 1 and the transport; with "group-without-1", rank 1 exits 0 instead
+ * of joining it (the others must fail at once, naming it). Not a test itself. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,8 @@ int main(int argc, char **argv)
     }
     printf("rank %d of %d ok (restart %d)\n", rank, world, restart);
     em_store_close(s);
-    if (argc > 1 && !strcmp(argv[1], "group")) {
+    if (argc > 1 && !strcmp(argv[1], "group-without-1") && rank == 1) return 0;
+    if (argc > 1 && (!strcmp(argv[1], "group") || !strcmp(argv[1], "group-without-1"))) {
         em_pg *pg = em_pg_from_env();
         int64_t n = 1;
         em_tensor *t = pg ? em_full(EM_F32, 1, &n, rank + 1.0) : NULL;

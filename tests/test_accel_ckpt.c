@@ -16,7 +16,7 @@
 
 static void clean_env(void)
 {
-    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    th_no_user_config();
     unsetenv("EMBER_PROJECT_DIR");
     unsetenv("EMBER_AUTOMATIC_CHECKPOINT_NAMING");
     unsetenv("EMBER_SAVE_TOTAL_LIMIT");

@@ -20,7 +20,7 @@
 
 static void no_user_config(void)
 {
-    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    th_no_user_config();
     unsetenv("EMBER_MIXED_PRECISION");
     unsetenv("EMBER_GRAD_ACCUM");
     unsetenv("EMBER_EVEN_BATCHES");

@@ -11,7 +11,7 @@
 
 static em_accelerator *accel(void)
 {
-    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    th_no_user_config();
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
     return a;

@@ -206,7 +206,7 @@ TEST(test_scaler_backs_off_on_overflow_and_grows_after_the_interval)
 
 static void no_user_config(void)
 {
-    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    th_no_user_config();
     unsetenv("EMBER_MIXED_PRECISION");
     unsetenv("EMBER_GRAD_ACCUM");
 }

@@ -12,7 +12,10 @@
 #include "dist_util.h"
 #include "harness.h"
 
-static void no_user_config(void) { setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1); }
+static void no_user_config(void)
+{
+    th_no_user_config();
+}
 
 /* ---- a small training rig: GPT, AdamW, sampler, Accelerator ---------------------- */
 

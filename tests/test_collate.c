@@ -377,7 +377,7 @@ TEST(test_loader_refuses_a_collate_that_makes_no_x)
 TEST(test_accel_next_moves_the_collates_mask_to_the_device_with_x_and_y)
 {
     CUDA_OR_SKIP();
-    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    th_no_user_config();
     unsetenv("WORLD_SIZE");
     em_accelerator *a = em_accelerator_new(&(em_accel_config){.device = "cuda"});
     CHECK_NOTNULL(a);

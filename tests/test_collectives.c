@@ -284,7 +284,7 @@ static void forged_peer(int rank, int world, void *ctx)
                                         getenv("EMBER_STORE_TOKEN"), 10);
         CHECK_NOTNULL(st);
         char key[64], host[128];
-        snprintf(key, sizeof key, "r%s/pg/addr/0", getenv("EMBER_RESTART_COUNT"));
+        snprintf(key, sizeof key, "r%s/pg/0/addr/0", getenv("EMBER_RESTART_COUNT")); /* generation 0 */
         void *v = NULL;
         CHECK_OK(em_store_get(st, key, &v, NULL));
         int port = 0;

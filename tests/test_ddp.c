@@ -64,7 +64,7 @@ static void train_job(int rank, int world, void *ctx)
 {
     (void)world;
     job *j = ctx;
-    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1); /* no user config */
+    th_no_user_config();
     em_accelerator *acc = em_accelerator_new(&(em_accel_config){
         .grad_accum = j->accum, .bucket_mb = j->bucket_mb, .device = j->device, .mixed_precision = j->precision});
     CHECK_NOTNULL(acc);
@@ -293,7 +293,7 @@ TEST(test_accelerator_refuses_more_local_processes_than_cuda_devices)
 {
     setenv("LOCAL_WORLD_SIZE", "64", 1);
     setenv("LOCAL_RANK", "0", 1);
-    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    th_no_user_config();
     CHECK_ERR(em_accelerator_new(&(em_accel_config){.device = "cuda"}), EM_ERR_DEVICE, "not enough GPUs");
     CHECK_ERR(em_accelerator_new(&(em_accel_config){.device = "tpu"}), EM_ERR_ARG, "'tpu'");
     unsetenv("LOCAL_WORLD_SIZE");

@@ -614,6 +614,20 @@ TEST(test_launch_two_nodes_form_one_group)
     cleanup();
 }
 
+/* A worker that exits 0 without joining the group: ember launch notes its
+ * exit in the store, and rank 0's join fails at once naming it, not after
+ * the 20 s timeout. */
+TEST(test_launch_a_worker_exiting_before_the_group_fails_the_join_at_once_naming_it)
+{
+    setup();
+    double t0 = now_s();
+    th_run_result *r = run_ember("launch", "-n", "2", "--timeout", "20", WORKER_BIN, "group-without-1", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(now_s() - t0 < 8);
+    CHECK(strstr(r->err, "rank 1 will not join: its process exited with status 0") != NULL);
+    cleanup();
+}
+
 TEST(test_launch_store_outlives_a_restart)
 {
     setup();

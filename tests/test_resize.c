@@ -20,7 +20,10 @@
 
 enum { N = 48, D = 4, GLOBAL = 8, STEPS = 15, SAVE_AT = 5 };
 
-static void no_user_config(void) { setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1); }
+static void no_user_config(void)
+{
+    th_no_user_config();
+}
 
 /* ---- the job ----------------------------------------------------------------------- */
 

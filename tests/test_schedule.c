@@ -133,8 +133,7 @@ typedef struct run {
 
 static void run_start(run *r, const em_lr_schedule *s)
 {
-    unsetenv("EMBER_CONFIG_FILE");
-    setenv("XDG_CONFIG_HOME", "/nonexistent/ember-test-xdg", 1);
+    th_no_user_config();
     unsetenv("WORLD_SIZE");
     r->a = em_accelerator_new(NULL);
     CHECK_NOTNULL(r->a);
@@ -217,7 +216,7 @@ TEST(test_accelerator_steps_the_linear_schedule)
 
 TEST(test_accelerator_prepare_refuses_a_custom_schedule_without_fn)
 {
-    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    th_no_user_config();
     unsetenv("WORLD_SIZE");
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);

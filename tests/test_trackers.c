@@ -21,7 +21,7 @@
 
 static void no_user_config(void)
 {
-    setenv("EMBER_CONFIG_FILE", "/nonexistent/ember-test-config.yaml", 1);
+    th_no_user_config();
     unsetenv("EMBER_LOG_WITH");
 }
 

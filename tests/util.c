@@ -333,3 +333,9 @@ const char *th_path(const char *dir, const char *name)
     snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
     return b;
 }
+
+void th_no_user_config(void)
+{
+    unsetenv("EMBER_CONFIG_FILE");
+    setenv("XDG_CONFIG_HOME", "/nonexistent/ember-test-xdg", 1);
+}

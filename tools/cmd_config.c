@@ -13,10 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "commands.h"
 #include "ember/ember.h"
+#include "tensor/settings_impl.h"
 
 static int usage(FILE *f)
 {
@@ -91,14 +93,16 @@ static const char *host_value(const char *s, char *out, size_t n)
     return NULL;
 }
 
+/* An answer to a yes/no question: y or n (the prompt's shorthand), or any
+ * spelling a boolean setting takes (tensor/settings.c). */
 static const char *yes_no_value(const char *s, bool *out)
 {
-    if (!strcmp(s, "y") || !strcmp(s, "yes") || !strcmp(s, "true"))
+    if (!strcasecmp(s, "y"))
         *out = true;
-    else if (!strcmp(s, "n") || !strcmp(s, "no") || !strcmp(s, "false"))
+    else if (!strcasecmp(s, "n"))
         *out = false;
-    else
-        return "want yes or no";
+    else if (!setting_bool_parse(s, out))
+        return "want yes or no (or true/false, 1/0, on/off)";
     return NULL;
 }
 

@@ -217,9 +217,7 @@ static int parse(int argc, char **argv, launch_opts *o)
     }
 
     o->cfg = em_config_defaults();
-    char buf[PATH_MAX];
-    const char *path = o->config_file ? o->config_file : em_config_default_path(buf, sizeof buf);
-    if (path && em_config_read(path, &o->cfg, o->config_file == NULL) != EM_OK) {
+    if (em_config_load(o->config_file, &o->cfg) != EM_OK) {
         fprintf(stderr, "ember launch: %s\n", em_last_error());
         return 1;
     }
@@ -423,7 +421,11 @@ static int run_attempts(const job *j, const char *path, char **argv, int sigfd, 
                               .grace_s = j->o.grace_s,
                               .prefix = j->o.prefix,
                               .sigfd = sigfd,
-                              .child_mask = *child_mask};
+                              .child_mask = *child_mask,
+                              .store_addr = j->addr,
+                              .store_token = j->token,
+                              .store_port = j->port,
+                              .restart = restart};
             out = launch_run(&g);
         } else {
             fprintf(stderr, "ember launch: out of memory\n");

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ember/dist.h"
 #include "launch_impl.h"
 
 enum { LINE_MAX_BYTES = 64 * 1024 }; /* a longer line is cut into pieces of this size */
@@ -209,6 +210,26 @@ static void begin_stop(run_state *st, int sig)
     signal_all(st, sig);
 }
 
+/* Notes in the job's store that a worker ended (best effort): a rank still
+ * waiting to join a group with it then fails at once, naming it, instead of
+ * waiting for its timeout (e.g. a worker that exited 0 before joining). */
+static void note_exit(const launch_group *g, int rank, int status)
+{
+    if (!g->store_token) return;
+    em_store *s = em_store_connect(g->store_addr, g->store_port, g->store_token, 2.0);
+    char key[64], what[96];
+    snprintf(key, sizeof key, "r%d/exited/%d", g->restart, rank);
+    if (WIFEXITED(status))
+        snprintf(what, sizeof what, "its process exited with status %d (ember launch saw it)",
+                 WEXITSTATUS(status));
+    else
+        snprintf(what, sizeof what, "its process was killed by signal %d (%s) (ember launch saw it)",
+                 WTERMSIG(status), sig_name(WTERMSIG(status)));
+    if (s) em_store_set(s, key, what, strlen(what));
+    em_store_close(s);
+    em_clear_error();
+}
+
 /* Reaps every worker that has exited; the first failure is reported and
  * stops the rest. */
 static void reap(run_state *st)
@@ -227,6 +248,7 @@ static void reap(run_state *st)
         if (!w) continue; /* not one of ours (cannot happen: we start no other children) */
         w->pid = 0;
         if (--st->running == 0) st->drain_until = now_s() + 2.0;
+        if (st->running > 0 && !st->stopping) note_exit(st->g, w->rank, status);
         bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (ok || st->stopping) continue; /* a worker we stopped is not a failure */
         st->out = (launch_outcome){.end = LAUNCH_FAILED, .rank = w->rank};

@@ -20,6 +20,10 @@ typedef struct launch_group {
     bool prefix;    /* "[rank N] " before each output line (pipes); false: workers share our stdout/stderr */
     int sigfd; /* signalfd for SIGCHLD and the signals we forward (SIGINT, SIGTERM, SIGHUP unless ignored) */
     sigset_t child_mask; /* the signal mask the caller had before blocking those: the workers get it */
+    /* the job's store, where a worker's exit is noted as r<restart>/exited/<rank> (ember/dist.h,
+     * em_pg_from_env), so ranks waiting to join a group with it fail at once; token NULL: not noted */
+    const char *store_addr, *store_token;
+    int store_port, restart;
 } launch_group;
 
 typedef enum launch_end {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "tensor/fileio_impl.h"
+#include "tensor/settings_impl.h"
 #include "train_config.h"
 
 /* The last line ember writes: the crc32 of every byte before it. */
@@ -121,10 +122,11 @@ em_status run_config_read(const char *path, em_gpt_config *m, em_vocab *vocab)
             else
                 seen++;
         } else if (!strcmp(key, "bias")) {
-            if (strcmp(val, "true") && strcmp(val, "false"))
-                s = bad(path, ln, "needs true or false:", key);
+            if (!setting_bool_parse(val, &m->bias))
+                s = em_set_error(EM_ERR_IO, "config: %s line %d: bias '%.64s' is not " SETTING_BOOL_WANT,
+                                 path, ln, val);
             else
-                m->bias = !strcmp(val, "true"), seen++;
+                seen++;
         } else if (!strcmp(key, "gelu")) {
             if (strcmp(val, "exact") && strcmp(val, "tanh"))
                 s = bad(path, ln, "needs exact or tanh:", key);

@@ -37,7 +37,8 @@ extern "C" {
 #endif
 
 /* Seconds a blocking call waits when a config says 0 (EMBER_TIMEOUT in the
- * environment overrides it for em_pg_from_env and the Accelerator). */
+ * environment overrides it for em_pg_from_env and the Accelerator, whose
+ * em_accel_config.timeout_s overrides both). */
 #define EM_DIST_DEFAULT_TIMEOUT 300.0
 
 /* ---- the rendezvous store (dist/store.c) --------------------------------------
@@ -96,7 +97,11 @@ typedef struct em_pg em_pg;
 typedef struct em_pg_config {
     int rank, world;   /* 0 <= rank < world */
     em_store *store;   /* borrowed; NULL only when world == 1 */
-    const char *name;  /* key prefix in the store, so groups do not collide; NULL = "pg" */
+    /* Key prefix in the store; NULL = "pg". The store counts the groups
+     * joined under a name, so one name serves any number of groups, one
+     * after another or alive at once, as long as every rank makes them in
+     * the same order (each join meets under "NAME/G", G = 0, 1, ...). */
+    const char *name;
     double timeout_s;  /* every collective's limit; 0 = EM_DIST_DEFAULT_TIMEOUT */
     em_transport transport;
 } em_pg_config;
@@ -104,18 +109,37 @@ typedef struct em_pg_config {
 /* Joins a group: publishes this rank's address in the store, connects to
  * every other rank, maps the shared segment for local ranks. Blocks until all
  * `world` ranks joined or the timeout. NULL + EM_ERR_ARG / EM_ERR_DIST /
- * EM_ERR_TIMEOUT with a message naming the rank(s) missing. */
+ * EM_ERR_TIMEOUT with a message naming the rank(s) missing. A join that
+ * cannot complete fails as soon as the store knows it, not at the timeout:
+ * EM_ERR_DIST naming the rank when that rank's store connection closed
+ * after it began to join (its process exited or died), when a launcher
+ * noted its process's exit (em_pg_from_env's groups, see below), or when it
+ * joins as one of a different number of ranks. */
 em_pg *em_pg_new(const em_pg_config *cfg);
 /* The group the environment describes (see the top of this file), owning
  * its store connection: a group of one when WORLD_SIZE is unset. EMBER_
  * TRANSPORT=tcp|shm|auto and EMBER_TIMEOUT (seconds) are honoured. NULL +
  * error when the variables are malformed (naming the variable) or joining
- * fails. */
+ * fails. Call it again for another group (after freeing the first, or with
+ * both alive: every rank in the same order). A launcher that watches the
+ * workers sets "r<EMBER_RESTART_COUNT>/exited/<RANK>" in the store (any
+ * text: "exited with status 0") when one ends; a rank waiting to join with
+ * it then fails at once naming it (`ember launch` does this). */
 em_pg *em_pg_from_env(void);
+/* What the code gives em_pg_from_env_with over the environment. */
+typedef struct em_pg_env_config {
+    double timeout_s; /* > 0: this timeout (EMBER_TIMEOUT is not read); 0 = EMBER_TIMEOUT, else the default */
+} em_pg_env_config;
+/* em_pg_from_env with settings from code (cfg NULL = em_pg_from_env()).
+ * EM_ERR_ARG for a negative or non-finite timeout_s. The environment is
+ * only read, never changed. */
+em_pg *em_pg_from_env_with(const em_pg_env_config *cfg);
 /* Waits for queued asynchronous work, leaves the group, frees. NULL no-op. */
 void em_pg_free(em_pg *pg);
 int em_pg_rank(const em_pg *pg);
 int em_pg_world(const em_pg *pg);
+/* The seconds every blocking call of the group may wait (0 for NULL). */
+double em_pg_timeout(const em_pg *pg);
 /* The data path the group's collectives use: EM_TRANSPORT_SHM when every rank
  * is on this machine and mapped the shared segment (AUTO or SHM asked for),
  * else EM_TRANSPORT_TCP (also for a group of one, and for send/recv, which
@@ -209,7 +233,9 @@ typedef enum em_precision_kind { EM_PREC_DEFAULT = 0, EM_PREC_NO, EM_PREC_BF16, 
 
 /* ---- the config file (dist/config.c) -------------------------------------------
  * What `ember config` asks and writes as YAML (libyaml), and what `ember
- * launch`, `ember train` and the Accelerator read. Keys, one per field:
+ * launch`, `ember train` and the Accelerator read. Boolean values, here and
+ * in EMBER_* variables, are true/false, 1/0, yes/no or on/off in any letter
+ * case; anything else is an error naming the setting. Keys, one per field:
  *   num_processes: 2        # per machine
  *   num_machines: 1
  *   machine_rank: 0
@@ -242,6 +268,13 @@ em_config em_config_defaults(void);
  * $HOME/.config/ember/default_config.yaml. NULL + EM_ERR_ARG if it does not
  * fit or neither HOME nor XDG_CONFIG_HOME is set. */
 const char *em_config_default_path(char *buf, size_t n);
+/* The configuration every ember reader uses, read over *c: path when given
+ * (missing: EM_ERR_IO); else $EMBER_CONFIG_FILE when set (missing: EM_ERR_IO
+ * naming the file and the variable: a file named on purpose must exist);
+ * else the default file of em_config_default_path, when there is one (an
+ * absent default file, or no HOME, leaves *c as it is). Other errors as
+ * em_config_read. */
+em_status em_config_load(const char *path, em_config *c);
 /* Reads path over *c. A missing file is EM_ERR_IO unless missing_ok (then
  * *c is untouched, EM_OK). Bad YAML, an unknown key or a bad value is
  * EM_ERR_ARG naming the file, line, key and value; *c is then untouched. */
@@ -258,7 +291,8 @@ em_status em_precision_parse(const char *s, em_precision_kind *out);
 /* ---- the Accelerator (dist/accelerator.c) ----------------------------------------
  * Configuration comes from, in increasing priority: defaults, the config
  * file (`ember config` writes it: $XDG_CONFIG_HOME/ember/default_config.yaml,
- * else ~/.config/ember/default_config.yaml; EMBER_CONFIG_FILE names another),
+ * else ~/.config/ember/default_config.yaml; EMBER_CONFIG_FILE names another,
+ * which must exist),
  * the environment (EMBER_GRAD_ACCUM, EMBER_MIXED_PRECISION, EMBER_SPLIT_
  * BATCHES, EMBER_EVEN_BATCHES, EMBER_TIMEOUT, plus the launcher's; the
  * project settings from EMBER_PROJECT_DIR, EMBER_AUTOMATIC_CHECKPOINT_NAMING
@@ -269,10 +303,10 @@ typedef struct em_accel_config {
     em_precision_kind mixed_precision; /* DEFAULT = config/env, else NO; see em_accel_prepare */
     int split_batches;            /* 0 = config/env (else off), 1 on, -1 off */
     int even_batches;             /* 0 = config/env (else on), 1 on, -1 off */
-    double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT */
+    double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT; to the group */
     double bucket_mb;             /* 0 = 25 */
     bool find_unused_parameters;
-    const char *config_file;      /* NULL = the default path (absent is fine) */
+    const char *config_file;      /* NULL = em_config_load's search (absent default file is fine) */
     em_scaler_config scaler;      /* fp16's loss scaler; zeros = torch's defaults */
     /* Where the model, optimizer state and batches live: "cpu", "cuda"
      * (cuda:LOCAL_RANK, one device per process of the machine, as Accelerate
@@ -301,8 +335,11 @@ typedef struct em_accel_config {
 
 typedef struct em_accelerator em_accelerator;
 
-/* Reads the configuration and joins the group (em_pg_from_env). NULL +
- * error naming the bad setting or the join failure. */
+/* Reads the configuration (em_config_load, then the environment, then cfg)
+ * and joins the group (em_pg_from_env_with, given the resolved timeout: the
+ * environment is read, never changed). Accelerators may be made one after
+ * another, or several alive at once, as long as every rank makes them in
+ * the same order. NULL + error naming the bad setting or the join failure. */
 em_accelerator *em_accelerator_new(const em_accel_config *cfg);
 void em_accelerator_free(em_accelerator *a);
 int em_accel_rank(const em_accelerator *a);
