@@ -17,8 +17,9 @@ em_status accel_trackers_setup(em_accelerator *a, const em_accel_config *cfg)
     const char *env = getenv("EMBER_LOG_WITH");
     if (!a->log_with && env && *env && em_tracker_parse(env, &a->log_with))
         return em_err(EM_ERR_ARG, "%s: EMBER_LOG_WITH='%s' is not tensorboard, jsonl, all or none", fn, env);
-    if (cfg->logging_dir && !(a->logging_dir = strdup(cfg->logging_dir)))
-        return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    /* as Accelerate's ProjectConfiguration: the project directory by default */
+    const char *dir = cfg->logging_dir ? cfg->logging_dir : a->project_dir[0] ? a->project_dir : NULL;
+    if (dir && !(a->logging_dir = strdup(dir))) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
     return EM_OK;
 }
 

@@ -198,3 +198,78 @@ TEST(test_example_classifier_reads_mnist_files)
     double acc[4];
     CHECK(numbers_after(r->out, "test accuracy ", acc, 4) == 2);
 }
+
+/* ---- accelerate ------------------------------------------------------------------ */
+
+#define ACCELERATE_BIN EMBER_BUILD_DIR "/examples/accelerate"
+#define EMBER_BIN EMBER_BUILD_DIR "/ember"
+
+/* `ember launch -n 2 accelerate --out dir` plus the NULL-terminated extra
+ * arguments (at most 3). */
+static th_run_result *run_accelerate2(const char *dir, const char *a1, const char *a2)
+{
+    if (access(ACCELERATE_BIN, X_OK) != 0 || access(EMBER_BIN, X_OK) != 0)
+        SKIP("example binary not built (ninja -C <build> builds examples/)");
+    return th_run(EMBER_BIN, "launch", "-n", "2", ACCELERATE_BIN, "--out", dir, a1, a2, NULL);
+}
+
+/* Two processes, 6 epochs straight; and 2 epochs, stopped, then --resume:
+ * every epoch's evaluation counts the 250 points exactly once (the last
+ * batch is padded on one rank), only the last two checkpoints remain, the
+ * model is written as shards with an index, and the resumed run ends with
+ * bitwise the weights and metrics of the straight one (dropout generators
+ * restored without being registered). */
+TEST(test_example_accelerate_on_two_processes_counts_every_point_and_resumes_bitwise)
+{
+    char a[] = "/tmp/ember-accelerate-XXXXXX", b[] = "/tmp/ember-accelerate-XXXXXX";
+    CHECK(mkdtemp(a) && mkdtemp(b));
+    char out_a[64], out_b[64];
+    snprintf(out_a, sizeof out_a, "%s/out", a);
+    snprintf(out_b, sizeof out_b, "%s/out", b);
+
+    th_run_result *r = run_accelerate2(out_a, NULL, NULL);
+    CHECK_EXIT(r, 0);
+    double mse[8], count[8];
+    int nm = numbers_after(r->out, "eval mse ", mse, 8), nc = numbers_after(r->out, " over ", count, 8);
+    if (nm != 6 || nc != 6) th_fail(__FILE__, __LINE__, "want 6 evaluations:\n%s", r->out);
+    for (int i = 0; i < 6; i++) CHECK(count[i] == 250);
+    if (!(mse[5] < 0.01 && mse[5] < mse[0] / 10))
+        th_fail(__FILE__, __LINE__, "eval mse %.4f -> %.4f did not fall tenfold below 0.01:\n%s", mse[0], mse[5],
+                r->out);
+    struct stat st;
+    CHECK(stat(th_path(out_a, "checkpoints/checkpoint_4/manifest.json"), &st) == 0);
+    CHECK(stat(th_path(out_a, "checkpoints/checkpoint_5/manifest.json"), &st) == 0);
+    CHECK(stat(th_path(out_a, "checkpoints/checkpoint_3"), &st) != 0);
+    CHECK(stat(th_path(out_a, "model/model.safetensors.index.json"), &st) == 0);
+
+    r = run_accelerate2(out_b, "--stop-after", "2");
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->out, "stopping after epoch 1") != NULL);
+    CHECK(stat(th_path(out_b, "model"), &st) != 0);
+    r = run_accelerate2(out_b, "--resume", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->out, "resumed from") != NULL && strstr(r->out, "checkpoint_1 at step 32") != NULL);
+
+    const char *same[] = {"model/model-00001-of-00003.safetensors", "model/model-00002-of-00003.safetensors",
+                          "model/model-00003-of-00003.safetensors", "model/model.safetensors.index.json",
+                          "runs/fit/metrics.jsonl"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        char pa[256], pb[256];
+        snprintf(pa, sizeof pa, "%s/%s", out_a, same[i]);
+        snprintf(pb, sizeof pb, "%s/%s", out_b, same[i]);
+        size_t na, nb;
+        char *da = th_read_file(pa, &na), *db = th_read_file(pb, &nb);
+        if (!da || !db || na != nb || memcmp(da, db, na))
+            th_fail(__FILE__, __LINE__, "%s differs between the straight and the resumed run", same[i]);
+        free(da);
+        free(db);
+    }
+    th_run("/bin/rm", "-rf", a, b, NULL);
+}
+
+TEST(test_example_accelerate_rejects_unknown_flag_naming_it)
+{
+    th_run_result *r = run_example(ACCELERATE_BIN, "--lr", "3", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "'--lr'") != NULL);
+}

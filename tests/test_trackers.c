@@ -593,6 +593,22 @@ TEST(test_accel_trackers_write_where_the_config_says)
     CHECK(read_events(event_file(th_path(dir, "proj")), ev, 4, why, sizeof why) == 3);
 }
 
+/* As Accelerate's ProjectConfiguration: without a logging_dir the runs go
+ * into the project directory. */
+TEST(test_accel_trackers_default_to_the_project_dir)
+{
+    no_user_config();
+    char *dir = tmpdir();
+    em_accelerator *a = em_accelerator_new(&(em_accel_config){.log_with = EM_TRACK_JSONL, .project_dir = dir});
+    CHECK_NOTNULL(a);
+    CHECK_OK(em_accel_init_trackers(a, "proj", NULL));
+    CHECK_OK(em_accel_log(a, 3, 1, (em_metric[]){{"loss", 2}}));
+    em_accelerator_free(a);
+    char *got = text_of(th_path(dir, "proj/metrics.jsonl"));
+    CHECK(!strcmp(got, "{\"step\": 3, \"loss\": 2}\n"));
+    free(got);
+}
+
 TEST(test_accel_init_trackers_config_overrides_the_accelerators)
 {
     no_user_config();

@@ -330,7 +330,7 @@ typedef struct em_accel_config {
     int total_limit;
     /* trackers (em_accel_init_trackers, ember/tracker.h) */
     int log_with;            /* EM_TRACK_* flags; 0 = EMBER_LOG_WITH from the environment, else none */
-    const char *logging_dir; /* where the trackers' runs go; NULL = "runs" */
+    const char *logging_dir; /* where the trackers' runs go; NULL = project_dir if set, else "runs" */
 } em_accel_config;
 
 typedef struct em_accelerator em_accelerator;
