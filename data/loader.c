@@ -31,8 +31,8 @@
 #include <stdlib.h>
 
 #include "../tensor/tensor_impl.h"
-#include "data_impl.h"
 #include "data/loader_impl.h"
+#include "data_impl.h"
 #include "ember/data.h"
 
 /* Every batch any loader returns takes the next stamp, so of several

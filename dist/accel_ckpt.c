@@ -101,25 +101,6 @@ em_status accel_ckpt_init(em_accelerator *a, const em_accel_config *cfg)
 
 /* ---- collectives ------------------------------------------------------------------ */
 
-/* Every rank learns whether any failed; a failing rank keeps its message,
- * the others name it. */
-static em_status agree(em_accelerator *a, em_status mine, const char *fn)
-{
-    if (a->world == 1) return mine;
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", em_last_error());
-    int64_t one = 1;
-    em_scope sc = em_scope_begin();
-    em_tensor *f = em_full(EM_I32, 1, &one, mine != EM_OK ? a->rank + 1 : 0);
-    em_status s = f ? em_all_reduce(a->pg, f, EM_RED_MAX, NULL) : em_last_status();
-    int bad = s == EM_OK ? ((int32_t *)em_data(f))[0] : 0;
-    em_scope_end(sc);
-    if (mine != EM_OK) return em_set_error(mine, "%s", msg);
-    if (s != EM_OK) return s;
-    if (bad) return em_err(EM_ERR_DIST, "%s: rank %d failed (its error says why)", fn, bad - 1);
-    return EM_OK;
-}
-
 /* Every rank gets rank 0's v[0..2) (its decision). */
 static em_status from_rank0(em_accelerator *a, int64_t v[2])
 {
@@ -326,7 +307,7 @@ em_status accel_save_auto(em_accelerator *a)
     em_status s = EM_OK;
     if (a->rank == 0) s = plan_save(a, root, &nums, &count, &next, &nremove);
     int64_t plan[2] = {s != EM_OK, next};
-    if (!(s = agree(a, s, SAVE))) s = from_rank0(a, plan);
+    if (!(s = accel_agree(a, s, SAVE))) s = from_rank0(a, plan);
     if (!s) {
         numbered(path, sizeof path, root, plan[1]);
         s = em_accel_save_state(a, path); /* collective; whole or absent */
@@ -337,7 +318,7 @@ em_status accel_save_auto(em_accelerator *a)
         s = ckpt_remove(path, SAVE);
     }
     free(nums);
-    return agree(a, s, SAVE);
+    return accel_agree(a, s, SAVE);
 }
 
 em_status accel_load_auto(em_accelerator *a)
@@ -515,5 +496,5 @@ em_status em_accel_save_model(em_accelerator *a, em_module *model, const char *d
     else if (c.dtype != EM_F32 && c.dtype != EM_F16 && c.dtype != EM_BF16)
         s = em_err(EM_ERR_ARG, MODEL ": dtype %s: want f32 (as held), f16 or bf16", em_dtype_name(c.dtype));
     if (!s && a->rank == 0) s = save_model_main(a, model, dir, &c);
-    return agree(a, s, MODEL); /* the other ranks wait here for the main process */
+    return accel_agree(a, s, MODEL); /* the other ranks wait here for the main process */
 }

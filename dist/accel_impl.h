@@ -69,6 +69,11 @@ struct em_accelerator {
     int auto_depth; /* regions open when the automatic one began */
 };
 
+/* dist/accel_state.c: every rank learns whether any rank failed (an
+ * all-reduce; world 1 returns mine); a local failure keeps its own
+ * message, the other ranks get EM_ERR_DIST "WHAT: rank R failed". */
+em_status accel_agree(em_accelerator *a, em_status mine, const char *what);
+
 /* ---- dist/accel_ckpt.c ---- */
 /* a's project_dir, automatic naming and total_limit from cfg and the
  * environment (em_accel_config says how). EM_ERR_ARG naming the setting. */

@@ -100,7 +100,7 @@ static void module_rng_key(char *buf, size_t n, int k, const char *name)
 
 /* Every rank learns whether any rank failed; a local failure keeps its own
  * message, the others name the failing rank. */
-static em_status agree(em_accelerator *a, em_status mine, const char *what)
+em_status accel_agree(em_accelerator *a, em_status mine, const char *what)
 {
     if (a->world == 1) return mine;
     char msg[512];
@@ -272,15 +272,15 @@ em_status em_accel_save_state(em_accelerator *a, const char *dir)
     em_status s = em_barrier(a->pg, NULL); /* every rank has finished the step */
     if (s) return s;
     char d[4096], tmp[4096], path[4096];
-    if ((s = agree(a, ckpt_dir_name(dir, true, d, sizeof d, SAVE), SAVE))) return s;
+    if ((s = accel_agree(a, ckpt_dir_name(dir, true, d, sizeof d, SAVE), SAVE))) return s;
     uint64_t id = 0;
     if (a->rank == 0) {
         id = ckpt_new_id();
         ckpt_tmp_dir(d, id, tmp, sizeof tmp);
         s = ckpt_begin(d, tmp, SAVE);
     }
-    if ((s = agree(a, s, SAVE))) return s;
-    if ((s = agree(a, share_id(a, &id), SAVE))) {
+    if ((s = accel_agree(a, s, SAVE))) return s;
+    if ((s = accel_agree(a, share_id(a, &id), SAVE))) {
         if (a->rank == 0) ckpt_abandon(tmp);
         return s;
     }
@@ -298,12 +298,12 @@ em_status em_accel_save_state(em_accelerator *a, const char *dir)
         s = save_optimizer(a->opts[k], path, &mine[nmine].sum);
     }
     if (!s) s = save_counters(a, tmp, id);
-    s = agree(a, s, SAVE); /* every rank's files are in tmp */
+    s = accel_agree(a, s, SAVE); /* every rank's files are in tmp */
     if (a->rank == 0) {
         if (!s) s = finish_save(a, d, tmp, id, mine, nmine);
         if (s) ckpt_abandon(tmp);
     }
-    return agree(a, s, SAVE);
+    return accel_agree(a, s, SAVE);
 }
 
 /* ---- loading ---------------------------------------------------------------------- */
@@ -859,9 +859,9 @@ em_status em_accel_load_state(em_accelerator *a, const char *dir)
     em_status s =
         c ? ckpt_open(dir, STATE_FORMAT, d, sizeof d, &m, LOAD) : em_err(EM_ERR_OOM, LOAD ": out of memory");
     if (!s) s = plan_local(a, d, c, pos);
-    s = agree(a, s, LOAD);
-    if (!s) s = agree(a, same_save(a, m.id), LOAD);
-    if (!s) s = agree(a, apply_local(a, d, &m, &c[0], &c[1], pos), LOAD);
+    s = accel_agree(a, s, LOAD);
+    if (!s) s = accel_agree(a, same_save(a, m.id), LOAD);
+    if (!s) s = accel_agree(a, apply_local(a, d, &m, &c[0], &c[1], pos), LOAD);
     ckpt_manifest_free(&m);
     for (int i = 0; c && i < 3; i++) counters_free(&c[i]);
     free(c);

@@ -90,6 +90,20 @@ static void launch_ready(em_ddp *d, bool all)
     }
 }
 
+/* Starts every bucket not started yet (all are ready now) and waits for
+ * all of them; a failed one is noted (note_error), the others still run, so
+ * every rank finishes the same collectives. */
+static void finish_buckets(em_ddp *d)
+{
+    launch_ready(d, true);
+    for (int i = 0; i < d->nbuckets; i++) {
+        if (!d->buckets[i].work) continue;
+        em_status ws = em_work_wait(d->buckets[i].work);
+        d->buckets[i].work = NULL;
+        if (ws != EM_OK) note_error(d, ws);
+    }
+}
+
 /* The gradient hook: p's gradient is final for this backward. */
 static em_status on_grad_ready(em_tensor *t, em_tensor *grad, void *ctx)
 {
@@ -388,13 +402,7 @@ em_status em_ddp_backward(em_ddp *d, em_tensor *loss, em_tensor *grad_output)
     const char *unused = NULL;
     for (int i = 0; i < d->nparams && !unused; i++)
         if (!d->params[i].ready) unused = d->params[i].name;
-    launch_ready(d, true);
-    for (int i = 0; i < d->nbuckets; i++) {
-        if (!d->buckets[i].work) continue;
-        em_status ws = em_work_wait(d->buckets[i].work);
-        d->buckets[i].work = NULL;
-        if (ws != EM_OK) note_error(d, ws);
-    }
+    finish_buckets(d);
     if (bs != EM_OK) return em_set_error(bs, "%s", bmsg);
     if (d->first_err != EM_OK) return em_set_error(d->first_err, "%s", d->err_msg);
     if (unused && !d->cfg.find_unused_parameters)
@@ -457,13 +465,7 @@ em_status ddp_backward_many(em_ddp *const *ds, int n, em_tensor *loss, bool sync
         if (!d->touched) continue;
         d->next_launch = 0;
         for (int i = 0; i < d->nbuckets; i++) d->buckets[i].work = NULL;
-        launch_ready(d, true);
-        for (int i = 0; i < d->nbuckets; i++) {
-            if (!d->buckets[i].work) continue;
-            em_status ws = em_work_wait(d->buckets[i].work);
-            d->buckets[i].work = NULL;
-            if (ws != EM_OK) note_error(d, ws);
-        }
+        finish_buckets(d);
         if (d->first_err != EM_OK && !s) s = em_set_error(d->first_err, "%s", d->err_msg);
     }
     for (int k = 0; k < n && !agreed; k++) ds[k]->touched = false;

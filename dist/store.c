@@ -272,6 +272,31 @@ em_status em_store_add(em_store *s, const char *key, int64_t delta, int64_t *res
     return st;
 }
 
+/* Sends one request `op` carrying a timeout and n keys (checked) and waits
+ * for its reply: em_store_wait and dist_store_wait_any. */
+static em_status keys_request(em_store *s, const char *fn, uint8_t op, int n, const char *const *keys,
+                              double timeout_s, int *code, uint8_t **body, size_t *blen)
+{
+    size_t total = 4 + 1 + 8 + 4;
+    for (int i = 0; i < n; i++) {
+        em_status st = check_key(fn, s, keys[i]);
+        if (st) return st;
+        total += 4 + strlen(keys[i]);
+        if (total > SP_MAX_FRAME)
+            return em_err(EM_ERR_ARG, "%s: %d keys are too many for one request", fn, n);
+    }
+    uint8_t *f = malloc(total);
+    if (!f) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    uint8_t *p = f + 4;
+    *p++ = op;
+    p = sp_put(p, (uint64_t)(timeout_s * 1000.0), 8);
+    p = sp_put(p, (uint64_t)n, 4);
+    for (int i = 0; i < n; i++) p = sp_put_str(p, keys[i], strlen(keys[i]));
+    em_status st = request(s, fn, f, total, timeout_s, code, body, blen);
+    free(f);
+    return st;
+}
+
 em_status em_store_wait(em_store *s, int n, const char *const *keys, double timeout_s)
 {
     if (!s) return em_err(EM_ERR_ARG, "em_store_wait: store is NULL");
@@ -279,28 +304,12 @@ em_status em_store_wait(em_store *s, int n, const char *const *keys, double time
     if (n > 0 && !keys) return em_err(EM_ERR_ARG, "em_store_wait: keys is NULL for n = %d", n);
     if (bad_timeout(timeout_s))
         return em_err(EM_ERR_ARG, "em_store_wait: timeout %g s is not >= 0", timeout_s);
-    size_t total = 4 + 1 + 8 + 4;
-    for (int i = 0; i < n; i++) {
-        em_status st = check_key("em_store_wait", s, keys[i]);
-        if (st) return st;
-        total += 4 + strlen(keys[i]);
-        if (total > SP_MAX_FRAME)
-            return em_err(EM_ERR_ARG, "em_store_wait: %d keys are too many for one request", n);
-    }
     if (n == 0) return EM_OK;
     double t = timeout_s > 0 ? timeout_s : s->timeout;
-    uint8_t *f = malloc(total);
-    if (!f) return em_err(EM_ERR_OOM, "em_store_wait: out of memory");
-    uint8_t *p = f + 4;
-    *p++ = SP_WAIT;
-    p = sp_put(p, (uint64_t)(t * 1000.0), 8);
-    p = sp_put(p, (uint64_t)n, 4);
-    for (int i = 0; i < n; i++) p = sp_put_str(p, keys[i], strlen(keys[i]));
     int code;
     uint8_t *body;
     size_t blen;
-    em_status st = request(s, "em_store_wait", f, total, t, &code, &body, &blen);
-    free(f);
+    em_status st = keys_request(s, "em_store_wait", SP_WAIT, n, keys, t, &code, &body, &blen);
     if (st) return st;
     if (code == SR_TIMEOUT && blen == 4) {
         sp_reader rd = {body, 4, 0};
@@ -402,25 +411,10 @@ em_status dist_store_wait_any(em_store *s, int n, const char *const *keys, doubl
 {
     if (!s || n < 1 || !keys || !index || bad_timeout(timeout_s))
         return em_err(EM_ERR_ARG, "em_store_wait_any: bad arguments (n %d, timeout %g s)", n, timeout_s);
-    size_t total = 4 + 1 + 8 + 4;
-    for (int i = 0; i < n; i++) {
-        em_status st = check_key("em_store_wait_any", s, keys[i]);
-        if (st) return st;
-        total += 4 + strlen(keys[i]);
-        if (total > SP_MAX_FRAME) return em_err(EM_ERR_ARG, "em_store_wait_any: %d keys are too many", n);
-    }
-    uint8_t *f = malloc(total);
-    if (!f) return em_err(EM_ERR_OOM, "em_store_wait_any: out of memory");
-    uint8_t *p = f + 4;
-    *p++ = SP_WAIT_ANY;
-    p = sp_put(p, (uint64_t)(timeout_s * 1000.0), 8);
-    p = sp_put(p, (uint64_t)n, 4);
-    for (int i = 0; i < n; i++) p = sp_put_str(p, keys[i], strlen(keys[i]));
     int code;
     uint8_t *body;
     size_t blen;
-    em_status st = request(s, "em_store_wait_any", f, total, timeout_s, &code, &body, &blen);
-    free(f);
+    em_status st = keys_request(s, "em_store_wait_any", SP_WAIT_ANY, n, keys, timeout_s, &code, &body, &blen);
     if (st) return st;
     if (code == SR_OK && blen == 4) {
         sp_reader rd = {body, 4, 0};

@@ -145,8 +145,8 @@ static size_t value_len(const em_metric *m)
     return 1 + varint_len(tag) + tag + 1 + 4; /* tag = 1, simple_value = 2 */
 }
 
-/* Event{wall_time, step, session_log{status: START}} */
-static void put_start_event(buf *b, double wall_time, int64_t step)
+/* The fields every Event starts with: wall_time (1, double) and step (2). */
+static void put_event_head(buf *b, double wall_time, int64_t step)
 {
     uint64_t wt;
     memcpy(&wt, &wall_time, sizeof wt);
@@ -154,6 +154,12 @@ static void put_start_event(buf *b, double wall_time, int64_t step)
     put_le(b, wt, 8);
     put_key(b, 2, WT_VARINT);
     put_varint(b, (uint64_t)step);
+}
+
+/* Event{wall_time, step, session_log{status: START}} */
+static void put_start_event(buf *b, double wall_time, int64_t step)
+{
+    put_event_head(b, wall_time, step);
     put_key(b, 7, WT_BYTES); /* session_log */
     put_varint(b, 2);
     put_key(b, 1, WT_VARINT); /* status = START */
@@ -164,12 +170,7 @@ static void put_start_event(buf *b, double wall_time, int64_t step)
 static void put_event(buf *b, double wall_time, int64_t step, const char *file_version, int n,
                       const em_metric *m)
 {
-    uint64_t wt;
-    memcpy(&wt, &wall_time, sizeof wt);
-    put_key(b, 1, WT_FIXED64);
-    put_le(b, wt, 8);
-    put_key(b, 2, WT_VARINT);
-    put_varint(b, (uint64_t)step);
+    put_event_head(b, wall_time, step);
     if (file_version) {
         put_key(b, 3, WT_BYTES);
         put_varint(b, strlen(file_version));

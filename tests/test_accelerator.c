@@ -10,11 +10,6 @@
 #include "dist_util.h"
 #include "harness.h"
 
-static void no_user_config(void)
-{
-    th_no_user_config();
-}
-
 static void write_text(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -25,7 +20,7 @@ static void write_text(const char *path, const char *text)
 
 TEST(test_accelerator_alone_is_a_world_of_one)
 {
-    no_user_config();
+    th_no_user_config();
     unsetenv("WORLD_SIZE");
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
@@ -58,7 +53,7 @@ TEST(test_accelerator_config_precedence_file_then_env_then_code)
 
 TEST(test_accelerator_rejects_bad_environment_values)
 {
-    no_user_config();
+    th_no_user_config();
     setenv("EMBER_GRAD_ACCUM", "zero", 1);
     CHECK_ERR(em_accelerator_new(NULL), EM_ERR_ARG, "EMBER_GRAD_ACCUM='zero'");
     unsetenv("EMBER_GRAD_ACCUM");
@@ -86,7 +81,7 @@ static em_dataset *counting(int64_t n)
 
 TEST(test_accumulate_syncs_every_k_and_at_the_end_of_the_data)
 {
-    no_user_config();
+    th_no_user_config();
     em_accelerator *a = em_accelerator_new(&(em_accel_config){.grad_accum = 3});
     em_dataset *ds = counting(7);
     CHECK_NOTNULL(ds);
@@ -110,7 +105,7 @@ TEST(test_accumulate_syncs_every_k_and_at_the_end_of_the_data)
 static void collectives(int rank, int world, void *ctx)
 {
     (void)ctx;
-    no_user_config();
+    th_no_user_config();
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
     CHECK(em_accel_rank(a) == rank && em_accel_world(a) == world);
@@ -165,7 +160,7 @@ static void metrics(int rank, int world, void *ctx)
 {
     (void)world;
     (void)ctx;
-    no_user_config();
+    th_no_user_config();
     em_accelerator *a = em_accelerator_new(NULL);
     em_dataset *ds = counting(5);
     em_loader *l = em_loader_new(ds, &(em_loader_config){.batch_size = 2});
@@ -199,7 +194,7 @@ TEST(test_gather_for_metrics_drops_the_even_batches_padding) { TH_RANKS_ENV(2, m
 static void rank_file_missing(int rank, int world, void *ctx)
 {
     (void)world;
-    no_user_config();
+    th_no_user_config();
     const char *dir = ctx;
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
@@ -222,7 +217,7 @@ TEST(test_load_state_names_a_missing_rank_file)
 
 TEST(test_load_state_of_a_missing_directory_names_it)
 {
-    no_user_config();
+    th_no_user_config();
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_ERR(em_accel_load_state(a, "/nonexistent/state"), EM_ERR_IO, "no checkpoint at /nonexistent/state");
     em_accelerator_free(a);

@@ -12,11 +12,6 @@
 #include "dist_util.h"
 #include "harness.h"
 
-static void no_user_config(void)
-{
-    th_no_user_config();
-}
-
 /* ---- a small training rig: GPT, AdamW, sampler, Accelerator ---------------------- */
 
 enum { VOCAB = 12, T = 8, NTOK = 2000 };
@@ -32,7 +27,7 @@ typedef struct rig {
 
 static rig *rig_new(void)
 {
-    no_user_config();
+    th_no_user_config();
     unsetenv("EMBER_NO_RENAME_EXCHANGE");
     rig *r = calloc(1, sizeof *r);
     CHECK(r != NULL);

@@ -234,8 +234,8 @@ TEST(test_example_accelerate_on_two_processes_counts_every_point_and_resumes_bit
     if (nm != 6 || nc != 6) th_fail(__FILE__, __LINE__, "want 6 evaluations:\n%s", r->out);
     for (int i = 0; i < 6; i++) CHECK(count[i] == 250);
     if (!(mse[5] < 0.01 && mse[5] < mse[0] / 10))
-        th_fail(__FILE__, __LINE__, "eval mse %.4f -> %.4f did not fall tenfold below 0.01:\n%s", mse[0], mse[5],
-                r->out);
+        th_fail(__FILE__, __LINE__, "eval mse %.4f -> %.4f did not fall tenfold below 0.01:\n%s", mse[0],
+                mse[5], r->out);
     struct stat st;
     CHECK(stat(th_path(out_a, "checkpoints/checkpoint_4/manifest.json"), &st) == 0);
     CHECK(stat(th_path(out_a, "checkpoints/checkpoint_5/manifest.json"), &st) == 0);

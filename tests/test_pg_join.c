@@ -25,11 +25,6 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void no_user_config(void)
-{
-    th_no_user_config();
-}
-
 /* ---- the store: on-close keys and wait-for-any ------------------------------------ */
 
 TEST(test_store_on_close_key_appears_when_the_connection_closes)
@@ -150,7 +145,7 @@ TEST(test_pg_new_twice_under_one_name_on_one_store_works)
 static void two_accelerators(int rank, int world, void *ctx)
 {
     (void)ctx;
-    no_user_config();
+    th_no_user_config();
     for (int i = 0; i < 2; i++) {
         if (rank == 0) usleep(200 * 1000); /* rank 1 reaches the store first, as happens */
         em_accelerator *a = em_accelerator_new(&(em_accel_config){.timeout_s = 5});
@@ -211,7 +206,7 @@ TEST(test_ranks_disagreeing_about_the_world_size_fail_at_once_naming_each_other)
 
 TEST(test_accelerator_timeout_reaches_the_group_and_leaves_the_environment_alone)
 {
-    no_user_config();
+    th_no_user_config();
     unsetenv("WORLD_SIZE");
     unsetenv("EMBER_TIMEOUT");
     em_accelerator *a = em_accelerator_new(&(em_accel_config){.timeout_s = 7});

@@ -20,11 +20,6 @@
 
 enum { N = 48, D = 4, GLOBAL = 8, STEPS = 15, SAVE_AT = 5 };
 
-static void no_user_config(void)
-{
-    th_no_user_config();
-}
-
 /* ---- the job ----------------------------------------------------------------------- */
 
 /* x_i in [-1, 1]^D from i; y_i = a smooth function of x_i. */
@@ -59,7 +54,7 @@ static void train_job(int rank, int world, void *ctx)
 {
     (void)world;
     job *j = ctx;
-    no_user_config();
+    th_no_user_config();
     em_accelerator *acc = em_accelerator_new(&(em_accel_config){.grad_accum = j->accum});
     CHECK_NOTNULL(acc);
     em_dataset *ds = em_dataset_new(&(em_dataset){
@@ -222,7 +217,7 @@ static void load_fails(int rank, int world, void *ctx)
 {
     (void)world;
     expect *e = ctx;
-    no_user_config();
+    th_no_user_config();
     em_accelerator *acc = em_accelerator_new(&(em_accel_config){.grad_accum = e->j.accum});
     CHECK_NOTNULL(acc);
     em_dataset *ds = em_dataset_new(&(em_dataset){
@@ -372,7 +367,7 @@ static void generators(int rank, int world, void *ctx)
 {
     (void)world;
     gen_job *g = ctx;
-    no_user_config();
+    th_no_user_config();
     em_accelerator *acc = em_accelerator_new(NULL);
     CHECK_NOTNULL(acc);
     em_rng mine = {0, 0};
@@ -413,7 +408,7 @@ static void sampler_state(int rank, int world, void *ctx)
 {
     (void)world;
     sampler_job *sj = ctx;
-    no_user_config();
+    th_no_user_config();
     em_accelerator *acc = em_accelerator_new(NULL);
     CHECK_NOTNULL(acc);
     static int32_t tok[100];

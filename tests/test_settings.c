@@ -10,11 +10,6 @@
 #include "harness.h"
 #include "tensor/settings_impl.h"
 
-static void no_user_config(void)
-{
-    th_no_user_config();
-}
-
 static const char *write_tmp(const char *text)
 {
     static char path[64];
@@ -66,7 +61,7 @@ TEST(test_config_file_boolean_of_another_word_names_the_key_and_value)
 
 TEST(test_boolean_environment_settings_take_on_off_and_reject_other_words)
 {
-    no_user_config();
+    th_no_user_config();
     unsetenv("WORLD_SIZE");
     setenv("EMBER_SPLIT_BATCHES", "ON", 1);
     setenv("EMBER_EVEN_BATCHES", "no", 1);
@@ -96,7 +91,7 @@ TEST(test_ember_no_amx_is_read_as_a_boolean)
 
 TEST(test_ember_no_rename_exchange_is_read_as_a_boolean)
 {
-    no_user_config();
+    th_no_user_config();
     unsetenv("WORLD_SIZE");
     em_accelerator *acc = em_accelerator_new(NULL);
     CHECK_NOTNULL(acc);
@@ -128,6 +123,6 @@ TEST(test_config_file_variable_naming_a_missing_file_is_an_error_naming_both)
     CHECK_ERR(em_config_load(NULL, &c), EM_ERR_IO, "EMBER_CONFIG_FILE names /nonexistent/ember-missing.yaml");
     unsetenv("WORLD_SIZE");
     CHECK_ERR(em_accelerator_new(NULL), EM_ERR_IO, "EMBER_CONFIG_FILE names /nonexistent/ember-missing.yaml");
-    no_user_config();
+    th_no_user_config();
     CHECK_OK(em_config_load(NULL, &c)); /* no file named, none by default: the defaults stand */
 }

@@ -599,7 +599,8 @@ TEST(test_accel_trackers_default_to_the_project_dir)
 {
     no_user_config();
     char *dir = tmpdir();
-    em_accelerator *a = em_accelerator_new(&(em_accel_config){.log_with = EM_TRACK_JSONL, .project_dir = dir});
+    em_accelerator *a =
+        em_accelerator_new(&(em_accel_config){.log_with = EM_TRACK_JSONL, .project_dir = dir});
     CHECK_NOTNULL(a);
     CHECK_OK(em_accel_init_trackers(a, "proj", NULL));
     CHECK_OK(em_accel_log(a, 3, 1, (em_metric[]){{"loss", 2}}));

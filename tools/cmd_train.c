@@ -62,40 +62,41 @@ typedef struct train_opts {
 
 static int usage(FILE *f)
 {
-    fprintf(f,
-            "usage: ember train --data FILE.txt [options]\n"
-            "  --out DIR          where model.safetensors, config, metrics.jsonl go (default out)\n"
-            "  --layers N --heads N --embd N --block N   model shape (default 4 4 128 64)\n"
-            "  --batch N --iters N                        (default 12, 2000); the batch is global: each of\n"
-            "                                             N processes under `ember launch` takes batch/N\n"
-            "  --grad-accum K                             micro-batches per step (default: config file, 1)\n"
-            "  --mixed-precision no|bf16|fp16             autocast forward passes, f32 master weights; fp16\n"
-            "                                             with dynamic loss scaling (default: config file, no)\n"
-            "  --lr X --min-lr X --warmup N               AdamW lr, cosine to min-lr after warm-up\n"
-            "                                             (default 1e-3, 1e-4, 100)\n"
-            "  --weight-decay X --beta1 X --beta2 X       (default 0.1, 0.9, 0.99)\n"
-            "  --grad-clip X --dropout X --seed N         (default 1.0, 0, 1337)\n"
-            "  --eval-every N --eval-iters N --log-every N (default 250, 200, 10)\n"
-            "  --device cpu|cuda|cuda:N                   where to train (default cpu; cuda is cuda:LOCAL_RANK,\n"
-            "                                             one device per process under `ember launch`); --cpu\n"
-            "  --init FILE.safetensors                    start from these weights (names as ember saves them)\n"
-            "  --resume DIR|auto                          continue a run from its checkpoint DIR (OUT/state)\n"
-            "                                             with the same flags; the process count may change\n"
-            "                                             if --batch divides over it. auto: from OUT/state\n"
-            "                                             when it holds one, else start fresh (for `ember\n"
-            "                                             launch --max-restarts`); a checkpoint that cannot be\n"
-            "                                             loaded is an error, never a fresh start\n"
-            "  --save-total-limit K                       checkpoints go to OUT/checkpoints/checkpoint_N (N\n"
-            "                                             counting up), keeping the newest K; --resume auto\n"
-            "                                             takes the newest of them\n"
-            "  --bytes                                    byte vocabulary instead of the file's characters\n"
-            "  --no-bias                                  no biases in Linear and LayerNorm\n"
-            "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n"
-            "  --log-with tensorboard|jsonl|all|none      trackers beside OUT/metrics.jsonl (always written):\n"
-            "                                             tensorboard: event files in LOGDIR/<name of OUT>\n"
-            "                                             for `tensorboard --logdir LOGDIR` (default:\n"
-            "                                             EMBER_LOG_WITH, else none)\n"
-            "  --logging-dir LOGDIR                       (default OUT/runs)\n");
+    fprintf(
+        f,
+        "usage: ember train --data FILE.txt [options]\n"
+        "  --out DIR          where model.safetensors, config, metrics.jsonl go (default out)\n"
+        "  --layers N --heads N --embd N --block N   model shape (default 4 4 128 64)\n"
+        "  --batch N --iters N                        (default 12, 2000); the batch is global: each of\n"
+        "                                             N processes under `ember launch` takes batch/N\n"
+        "  --grad-accum K                             micro-batches per step (default: config file, 1)\n"
+        "  --mixed-precision no|bf16|fp16             autocast forward passes, f32 master weights; fp16\n"
+        "                                             with dynamic loss scaling (default: config file, no)\n"
+        "  --lr X --min-lr X --warmup N               AdamW lr, cosine to min-lr after warm-up\n"
+        "                                             (default 1e-3, 1e-4, 100)\n"
+        "  --weight-decay X --beta1 X --beta2 X       (default 0.1, 0.9, 0.99)\n"
+        "  --grad-clip X --dropout X --seed N         (default 1.0, 0, 1337)\n"
+        "  --eval-every N --eval-iters N --log-every N (default 250, 200, 10)\n"
+        "  --device cpu|cuda|cuda:N                   where to train (default cpu; cuda is cuda:LOCAL_RANK,\n"
+        "                                             one device per process under `ember launch`); --cpu\n"
+        "  --init FILE.safetensors                    start from these weights (names as ember saves them)\n"
+        "  --resume DIR|auto                          continue a run from its checkpoint DIR (OUT/state)\n"
+        "                                             with the same flags; the process count may change\n"
+        "                                             if --batch divides over it. auto: from OUT/state\n"
+        "                                             when it holds one, else start fresh (for `ember\n"
+        "                                             launch --max-restarts`); a checkpoint that cannot be\n"
+        "                                             loaded is an error, never a fresh start\n"
+        "  --save-total-limit K                       checkpoints go to OUT/checkpoints/checkpoint_N (N\n"
+        "                                             counting up), keeping the newest K; --resume auto\n"
+        "                                             takes the newest of them\n"
+        "  --bytes                                    byte vocabulary instead of the file's characters\n"
+        "  --no-bias                                  no biases in Linear and LayerNorm\n"
+        "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n"
+        "  --log-with tensorboard|jsonl|all|none      trackers beside OUT/metrics.jsonl (always written):\n"
+        "                                             tensorboard: event files in LOGDIR/<name of OUT>\n"
+        "                                             for `tensorboard --logdir LOGDIR` (default:\n"
+        "                                             EMBER_LOG_WITH, else none)\n"
+        "  --logging-dir LOGDIR                       (default OUT/runs)\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -765,7 +766,8 @@ int cmd_train(int argc, char **argv)
     else if (r.main) {
         printf("ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl, "
                "%s/%s",
-               now() - t_start, o->out, o->out, o->out, o->out, o->save_total_limit ? "checkpoints" : "state");
+               now() - t_start, o->out, o->out, o->out, o->out,
+               o->save_total_limit ? "checkpoints" : "state");
         if (o->log_with & EM_TRACK_TENSORBOARD)
             printf(", TensorBoard event files in %s/%s (tensorboard --logdir %s)", r.logdir, r.run_name,
                    r.logdir);

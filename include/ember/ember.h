@@ -4,11 +4,11 @@
 
 #include "amp.h"
 #include "autograd.h"
-#include "runtime.h"
-#include "nn.h"
-#include "optim.h"
 #include "data.h"
 #include "dist.h"
+#include "nn.h"
+#include "optim.h"
+#include "runtime.h"
 #include "tensor.h"
 #include "tracker.h"
 
