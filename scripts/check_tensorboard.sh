@@ -28,8 +28,8 @@ if [ -z "$ember" ]; then
         [ -x "$c" ] && ember=$c && break
     done
 fi
-if [ -z "$ember" ] || [ ! -x "$ember" ]; then
-    echo "check_tensorboard: no ember binary (build it, or pass its path)" >&2
+if [ -z "$ember" ] || [ ! -f "$ember" ] || [ ! -x "$ember" ]; then
+    echo "check_tensorboard: no ember binary${ember:+ at $ember} (build it, or pass the path of the ember program)" >&2
     exit 1
 fi
 venv=${TB_VENV:-/tmp/tbvenv}
