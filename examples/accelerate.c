@@ -163,38 +163,30 @@ static int fail(const char *what)
     return 1;
 }
 
-int main(int argc, char **argv)
+/* What the program holds; run() fills it, main frees it whatever happened. */
+typedef struct program {
+    const char *out;
+    int epochs, stop_after;
+    bool resume;
+    em_accelerator *acc;
+    em_dataset *train_ds, *eval_ds;
+    em_loader *train, *eval;
+    mlp m;
+    em_optimizer *opt;
+} program;
+
+/* Steps 1 to 6; 0 on success, 1 (after printing why) on a failure. */
+static int run(program *p)
 {
-    const char *out = "accelerate-out";
-    int epochs = 6;
-    int stop_after = 0;
-    bool resume = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--out") && i + 1 < argc)
-            out = argv[++i];
-        else if (!strcmp(argv[i], "--epochs") && i + 1 < argc && (epochs = atoi(argv[++i])) > 0)
-            ;
-        else if (!strcmp(argv[i], "--stop-after") && i + 1 < argc && (stop_after = atoi(argv[++i])) > 0)
-            ;
-        else if (!strcmp(argv[i], "--resume"))
-            resume = true;
-        else {
-            fprintf(stderr,
-                    "accelerate: unknown or incomplete flag '%s'\n"
-                    "usage: accelerate [--out DIR] [--epochs N>0] [--stop-after K>0] [--resume]\n",
-                    argv[i]);
-            return 2;
-        }
-    }
     char logdir[4096], modeldir[4096];
-    snprintf(logdir, sizeof logdir, "%s/runs", out);
-    snprintf(modeldir, sizeof modeldir, "%s/model", out);
+    snprintf(logdir, sizeof logdir, "%s/runs", p->out);
+    snprintf(modeldir, sizeof modeldir, "%s/model", p->out);
 
     /* 1. The Accelerator: what is set here wins over the config file and the
      *    environment (EMBER_MIXED_PRECISION=bf16 still applies). */
-    em_accelerator *acc = em_accelerator_new(&(em_accel_config){
+    em_accelerator *acc = p->acc = em_accelerator_new(&(em_accel_config){
         .grad_accum = 2,
-        .project_dir = out,
+        .project_dir = p->out,
         .automatic_checkpoint_naming = true,
         .total_limit = 2,
         .log_with = EM_TRACK_JSONL | EM_TRACK_TENSORBOARD,
@@ -204,39 +196,41 @@ int main(int argc, char **argv)
 
     /* 2. Data, model and optimizer, built the same on every rank. */
     em_rng rng = em_rng_new(1);
-    em_dataset *train_ds = make_points(N_TRAIN, true, 0.1, &rng),
-               *eval_ds = make_points(N_EVAL, false, 0, &rng);
-    em_loader *train =
-        train_ds
-            ? em_loader_new(train_ds, &(em_loader_config){.batch_size = BATCH, .shuffle = true, .seed = 1})
+    p->train_ds = make_points(N_TRAIN, true, 0.1, &rng);
+    p->eval_ds = make_points(N_EVAL, false, 0, &rng);
+    em_loader *train = p->train =
+        p->train_ds
+            ? em_loader_new(p->train_ds, &(em_loader_config){.batch_size = BATCH, .shuffle = true, .seed = 1})
             : NULL;
-    em_loader *eval = eval_ds ? em_loader_new(eval_ds, &(em_loader_config){.batch_size = EVAL_BATCH}) : NULL;
-    mlp m = {0};
-    if (!train || !eval || mlp_init(&m, &rng)) return fail("data and model");
+    em_loader *eval = p->eval =
+        p->eval_ds ? em_loader_new(p->eval_ds, &(em_loader_config){.batch_size = EVAL_BATCH}) : NULL;
+    mlp *m = &p->m;
+    if (!train || !eval || mlp_init(m, &rng)) return fail("data and model");
     em_named ps[16];
     em_tensor *params[16];
-    int np = em_module_params(m.root, ps, 16);
+    int np = em_module_params(m->root, ps, 16);
     for (int i = 0; i < np; i++) params[i] = ps[i].t;
     em_adam_config ac = em_adamw_defaults();
     ac.lr = 1e-2;
-    em_optimizer *opt = em_adamw_new(np, params, &ac);
+    em_optimizer *opt = p->opt = em_adamw_new(np, params, &ac);
     if (!opt) return fail("em_adamw_new");
 
     /* 3. prepare: the model (DDP when there are several processes), its
      *    optimizer, the training loader (sharded) and the schedule that drives
      *    that optimizer; then the evaluation loader (sharded, padded even). */
+    int epochs = p->epochs;
     int64_t global = (int64_t)BATCH * em_accel_world(acc);               /* each rank draws BATCH examples */
     int64_t steps_per_epoch = ((N_TRAIN + global - 1) / global + 1) / 2; /* 2 micro-batches a step */
     em_lr_schedule sched = {
         .kind = EM_LR_LINEAR, .base_lr = 1e-2, .warmup = 10, .total = epochs * steps_per_epoch};
-    if (em_accel_prepare(acc, m.root, opt, train, &sched) || em_accel_prepare(acc, NULL, NULL, eval, NULL))
+    if (em_accel_prepare(acc, m->root, opt, train, &sched) || em_accel_prepare(acc, NULL, NULL, eval, NULL))
         return fail("em_accel_prepare");
 
     /* 4. --resume: the newest complete checkpoint_N puts everything back:
      *    weights, optimizer, schedule, both loaders' positions, generators
      *    (dropout's included), so the run continues as if never stopped. */
     char ckpt[4096];
-    int have = resume ? em_accel_latest_checkpoint(acc, ckpt, sizeof ckpt) : 0;
+    int have = p->resume ? em_accel_latest_checkpoint(acc, ckpt, sizeof ckpt) : 0;
     if (have < 0) return fail("em_accel_latest_checkpoint");
     if (have > 0) {
         if (em_accel_load_state(acc, NULL)) return fail("em_accel_load_state");
@@ -245,7 +239,7 @@ int main(int argc, char **argv)
     if (em_accel_init_trackers(acc, "fit", &(em_tracker_config){.append = have > 0}))
         return fail("em_accel_init_trackers");
     em_accel_print(acc, "%d process(es), %lld parameters, %s\n", em_accel_world(acc),
-                   (long long)em_module_num_params(m.root), em_dtype_name(em_accel_autocast_dtype(acc)));
+                   (long long)em_module_num_params(m->root), em_dtype_name(em_accel_autocast_dtype(acc)));
 
     /* 5. The loop. */
     for (int64_t epoch = em_loader_position(train).epoch; epoch < epochs; epoch++) {
@@ -256,7 +250,7 @@ int main(int argc, char **argv)
         while ((r = em_accel_next(acc, &b)) > 0) {
             em_scope s = em_scope_begin();
             em_accel_accumulate(acc);
-            em_tensor *loss = em_mse_loss(mlp_forward(&m, b.x), b.y);
+            em_tensor *loss = em_mse_loss(mlp_forward(m, b.x), b.y);
             em_status st = em_accel_backward(acc, loss);
             if (!st) em_accel_clip_grad_norm(acc, 1.0, &st);
             if (!st) st = em_accel_step(acc);
@@ -270,7 +264,7 @@ int main(int argc, char **argv)
 
         double mse;
         int64_t count;
-        if (evaluate(acc, &m, eval, &mse, &count)) return fail("evaluation");
+        if (evaluate(acc, m, eval, &mse, &count)) return fail("evaluation");
         double lr = em_optim_get_lr(opt, 0), train_loss = loss_sum / (double)(micro ? micro : 1);
         em_accel_print(
             acc, "epoch %lld | step %4lld | train loss %.4f | eval mse %.4f over %lld points | lr %.2e\n",
@@ -280,26 +274,49 @@ int main(int argc, char **argv)
             return fail("em_accel_log");
         /* checkpoints/checkpoint_N; the oldest beyond the last 2 are removed */
         if (em_accel_save_state(acc, NULL)) return fail("em_accel_save_state");
-        if (stop_after && epoch + 1 == stop_after) {
+        if (p->stop_after && epoch + 1 == p->stop_after) {
             em_accel_print(acc, "stopping after epoch %lld (--stop-after)\n", (long long)epoch);
-            em_accelerator_free(acc); /* closes the trackers' files too */
-            return 0;
+            return 0; /* em_accelerator_free closes the trackers' files */
         }
     }
 
     /* 6. The end: close the trackers, write the weights for inference or
      *    another framework (shards of at most 8 KiB here, to show the index). */
     if (em_accel_end_training(acc)) return fail("em_accel_end_training");
-    if (em_accel_save_model(acc, m.root, modeldir, &(em_save_model_config){.max_shard_size = 8192}))
+    if (em_accel_save_model(acc, m->root, modeldir, &(em_save_model_config){.max_shard_size = 8192}))
         return fail("em_accel_save_model");
     em_accel_print(acc, "wrote %s (safetensors shards and model.safetensors.index.json)\n", modeldir);
 
-    em_accelerator_free(acc);
-    em_optim_free(opt);
-    em_module_free(m.root);
-    em_loader_free(train);
-    em_loader_free(eval);
-    em_dataset_free(train_ds);
-    em_dataset_free(eval_ds);
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    program p = {.out = "accelerate-out", .epochs = 6};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            p.out = argv[++i];
+        else if (!strcmp(argv[i], "--epochs") && i + 1 < argc && (p.epochs = atoi(argv[++i])) > 0)
+            ;
+        else if (!strcmp(argv[i], "--stop-after") && i + 1 < argc && (p.stop_after = atoi(argv[++i])) > 0)
+            ;
+        else if (!strcmp(argv[i], "--resume"))
+            p.resume = true;
+        else {
+            fprintf(stderr,
+                    "accelerate: unknown or incomplete flag '%s'\n"
+                    "usage: accelerate [--out DIR] [--epochs N>0] [--stop-after K>0] [--resume]\n",
+                    argv[i]);
+            return 2;
+        }
+    }
+    int rc = run(&p);
+    em_accelerator_free(p.acc);
+    em_optim_free(p.opt);
+    em_module_free(p.m.root);
+    em_loader_free(p.train);
+    em_loader_free(p.eval);
+    em_dataset_free(p.train_ds);
+    em_dataset_free(p.eval_ds);
+    return rc;
 }
