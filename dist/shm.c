@@ -67,7 +67,8 @@
 #include "dist/pg_impl.h"
 #include "tensor/error_impl.h"
 
-#define SLOT_BYTES ((size_t)1 << 20) /* per rank: two halves of 512 KiB */
+#define SLOT_BYTES ((size_t)2 << 20)    /* per rank: two halves of 1 MiB */
+#define PIECE_BYTES ((size_t)512 << 10) /* a piece of a message larger than a half (L2-sized) */
 #define TINY_BYTES ((size_t)16 << 10) /* below this, every rank reduces everything */
 #define SPIN_S 20e-6                  /* seconds of spinning, */
 #define YIELD_S 200e-6                /* then of yielding, before sleeping */
@@ -311,8 +312,14 @@ static uint8_t *half(const em_pg *pg, int rank, uint32_t j)
     return pg->shm->data + (size_t)rank * pg->shm->slot + (j & 1) * (pg->shm->slot / 2);
 }
 
-/* Elements of a piece: half a slot (a multiple of 64 bytes in every dtype). */
-static int64_t piece_elems(const em_pg *pg, size_t es) { return (int64_t)(pg->shm->slot / 2 / es); }
+/* Elements of a piece (a multiple of 64 bytes in every dtype): 512 KiB,
+ * except that an all_reduce of n elements that fit in a half moves as one
+ * piece (fewer waits; larger pieces measured slower for large messages). */
+static int64_t piece_elems(size_t es) { return (int64_t)(PIECE_BYTES / es); }
+static int64_t all_reduce_piece(const em_pg *pg, size_t es, int64_t n)
+{
+    return (size_t)n * es <= pg->shm->slot / 2 ? n : piece_elems(es);
+}
 
 /* Sub-range k of m elements split over w ranks: [lo, hi). */
 static int64_t split(int64_t m, int w, int k) { return m * k / w; }
@@ -349,7 +356,7 @@ static bool is_tiny(const call *c)
  * previous call's readers do not touch (see the header comment). */
 static void stage(em_pg *pg, call *c)
 {
-    int64_t pe = piece_elems(pg, em_dtype_size((em_dtype)c->h.dtype));
+    int64_t pe = all_reduce_piece(pg, em_dtype_size((em_dtype)c->h.dtype), c->h.count);
     int h = pg->shm->busy == 0 ? 1 : 0;
     fill(pg, c, h, c->in, c->h.count < pe ? c->h.count : pe, is_tiny(c));
     pg->shm->staged = h;
@@ -414,7 +421,7 @@ static em_status all_reduce(em_pg *pg, call *c, double deadline)
     int h0 = staged ? pg->shm->staged : 0;
     em_dtype dt = (em_dtype)c->h.dtype;
     size_t es = em_dtype_size(dt);
-    int64_t n = c->h.count, pe = piece_elems(pg, es);
+    int64_t n = c->h.count, pe = all_reduce_piece(pg, es, n);
     uint8_t *t = c->in;
     /* staged: the check's step was piece 0's step a */
     uint32_t s0 = pg->shm->step - (staged ? 1 : 0), np = (uint32_t)((n + pe - 1) / pe);
@@ -449,7 +456,7 @@ static em_status broadcast(em_pg *pg, call *c, double deadline)
 {
     int root = c->h.root;
     size_t es = em_dtype_size((em_dtype)c->h.dtype);
-    int64_t n = c->h.count, pe = piece_elems(pg, es);
+    int64_t n = c->h.count, pe = piece_elems(es);
     uint8_t *t = c->in;
     uint32_t s0 = pg->shm->step, np = (uint32_t)((n + pe - 1) / pe);
     em_status s;
@@ -474,7 +481,7 @@ static em_status gather(em_pg *pg, call *c, bool all, double deadline)
 {
     int w = pg->world, me = pg->rank;
     size_t es = em_dtype_size((em_dtype)c->h.dtype);
-    int64_t n = c->h.count, pe = piece_elems(pg, es);
+    int64_t n = c->h.count, pe = piece_elems(es);
     uint8_t *in = c->in, *out = c->out;
     uint32_t s0 = pg->shm->step, np = (uint32_t)((n + pe - 1) / pe);
     bool takes = all || me == c->h.root;
@@ -503,7 +510,7 @@ static em_status reduce_scatter(em_pg *pg, call *c, double deadline)
     int w = pg->world, me = pg->rank;
     em_dtype dt = (em_dtype)c->h.dtype;
     size_t es = em_dtype_size(dt);
-    int64_t m = c->h.count / w, pe = piece_elems(pg, es) / w; /* a piece holds w parts of pe */
+    int64_t m = c->h.count / w, pe = piece_elems(es) / w; /* a piece holds w parts of pe */
     uint8_t *in = c->in, *out = c->out;
     uint32_t s0 = pg->shm->step, np = (uint32_t)((m + pe - 1) / pe);
     const void *src[SHM_MAX_WORLD];
