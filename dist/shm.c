@@ -234,8 +234,9 @@ static em_status wait_rank(em_pg *pg, call *c, int q, uint32_t v, double deadlin
              * would only keep it off. Yield instead (at once, to q when it
              * is next), staying runnable, so the scheduler sees two busy
              * ranks on one CPU and moves one to another */
-            yielding =
-                now - start >= SPIN_S || atomic_load_explicit(&o->cpu, memory_order_relaxed) == note_cpu(me);
+            int cpu = note_cpu(me); /* -1: unknown */
+            yielding = now - start >= SPIN_S ||
+                       (cpu >= 0 && atomic_load_explicit(&o->cpu, memory_order_relaxed) == cpu);
             if (yielding) sched_yield();
         }
         cpu_relax();
