@@ -303,17 +303,20 @@ int main(int argc, char **argv)
     }
     job j;
     for (int s = 0; s < NSIZES; s++) j.reps[s] = reps > 0 ? reps : default_reps[s];
-    double *shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (shared == MAP_FAILED) return 1;
+    /* what rank 0 writes, shared with this process */
+    struct out {
+        double ms[NSIZES], bound[NSIZES];
+    } *out = mmap(NULL, sizeof *out, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (out == MAP_FAILED) return 1;
     double shm[NSIZES], tcp[NSIZES], ref[NSIZES], mref[NSIZES], bound[NSIZES];
-    j.ms = shared;
-    j.bound = shared + NSIZES;
+    j.ms = out->ms;
+    j.bound = out->bound;
     if (bench_ranks(world, EM_TRANSPORT_SHM, "bench/shm", measure, &j)) return 1;
-    memcpy(shm, shared, sizeof shm);
-    memcpy(bound, shared + NSIZES, sizeof bound);
+    memcpy(shm, out->ms, sizeof shm);
+    memcpy(bound, out->bound, sizeof bound);
     j.bound = NULL;
     if (bench_ranks(world, EM_TRANSPORT_TCP, "bench/tcp", measure, &j)) return 1;
-    memcpy(tcp, shared, sizeof tcp);
+    memcpy(tcp, out->ms, sizeof tcp);
     char how[512];
     bool have_mpi = mpi(world, &j, mref, how, sizeof how) == 0;
     bool have_gloo = gloo(world, &j, ref) == 0;
