@@ -260,7 +260,11 @@ static void submit(em_pg *pg, call *c, bool sync)
         pthread_mutex_lock(&pg->mu);
         pg->inline_busy = false;
         c->done = true;
-        pthread_cond_broadcast(&pg->cv); /* work queued meanwhile may go */
+        /* work queued meanwhile may go now; with none, nobody waits for this
+         * (the communication thread sleeps until work comes, and a waiter
+         * waits for queued work): waking it for nothing would cost a thread
+         * switch per call, on a core the peers may need */
+        if (pg->head) pthread_cond_broadcast(&pg->cv);
         pthread_mutex_unlock(&pg->mu);
         return;
     }

@@ -123,6 +123,9 @@ typedef struct shm_seg {
     uint8_t *data;       /* world slots of `slot` bytes, each two halves */
     size_t slot;
     uint32_t step;       /* the steps this rank has published */
+    int busy;            /* which of this rank's halves peers may still read after its last call:
+                          * -1 none, 0 or 1 that half, 2 either */
+    int staged;          /* the half the current all_reduce's first piece went into with the check, or -1 */
 } shm_seg;
 
 struct em_pg {

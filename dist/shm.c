@@ -25,23 +25,29 @@
  *
  * The data. A slot is two halves; data moves in pieces of half a slot,
  * alternating halves so a rank can fill piece j while others still read
- * piece j-1; before refilling a half it waits until everyone read the piece
- * that was there (piece j-2). all_reduce of piece j on rank r:
+ * piece j-1. all_reduce of piece j on rank r:
  *     1. copy the piece into my half, except sub-range r (nobody else reads it)
  *     2. arrive; wait for all
  *     3. reduce sub-range r over every rank's copy, in rank order, into my
- *        tensor, and put the result into my half for the others
+ *        tensor and into my half for the others
  *     4. arrive; wait for all
  *     5. copy every other sub-range's result from its owner's half
- *     6. arrive (piece j is read)
  * Each element is reduced once, by one rank, so every rank ends with the
  * same bits. Pieces are small enough (L2-sized) that what one rank writes is
- * still in cache when the other reads it.
+ * still in cache when the other reads it. Refilling a half needs no wait of
+ * its own: everyone read piece j-2 before arriving at step 2 of piece j-1.
+ * The first piece goes in with the check (step 1 before it, step 2 is its
+ * arrival) when this rank knows a half nobody can still be reading: after
+ * an all_reduce, the other half than its last piece's; after a call without
+ * data, either. So a one-piece all_reduce costs two waits, and a tiny one
+ * (every rank reduces everything, in the same order) one.
  *
  * Waiting spins briefly (the peer usually runs on another core), then yields
  * (it may need this core), then sleeps on a futex on the peer's counter in
  * short slices, between which it checks the note, the deadline and the
- * peer's socket: a peer that died, or broke its group, has closed it. */
+ * peer's socket: a peer that died, or broke its group, has closed it. A rank
+ * notes the CPU it runs on in its control block; a waiter that finds its
+ * peer last ran on its own CPU yields at once instead of spinning. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -61,7 +67,8 @@
 #include "dist/pg_impl.h"
 #include "tensor/error_impl.h"
 
-#define SLOT_BYTES ((size_t)1 << 20) /* per rank: two halves of 512 KiB */
+#define SLOT_BYTES ((size_t)2 << 20)    /* per rank: two halves of 1 MiB */
+#define PIECE_BYTES ((size_t)512 << 10) /* a piece of a message larger than a half (L2-sized) */
 #define TINY_BYTES ((size_t)16 << 10) /* below this, every rank reduces everything */
 #define SPIN_S 20e-6                  /* seconds of spinning, */
 #define YIELD_S 200e-6                /* then of yielding, before sleeping */
@@ -71,7 +78,8 @@ typedef struct shm_ctl {
     _Atomic uint32_t step;     /* steps this rank finished (wraps; compared as a difference) */
     _Atomic uint32_t sleepers; /* ranks asleep on `step` */
     call_header hdr[2];        /* this rank's call #seq is in hdr[seq & 1] */
-    char pad[128 - 8 - 2 * sizeof(call_header)];
+    _Atomic int32_t cpu;       /* the CPU this rank last ran on when it arrived or waited */
+    char pad[128 - 12 - 2 * sizeof(call_header)];
 } shm_ctl;
 _Static_assert(sizeof(shm_ctl) == 128, "a control block fills two cache lines");
 _Static_assert(SHM_MAX_WORLD * sizeof(p2p_count) <= SLOT_BYTES / 2, "a rank's counts fit in half its slot");
@@ -108,6 +116,7 @@ static em_status attach(em_pg *pg, int fd, const char *name)
     }
     *s = (shm_seg){.base = base, .size = size, .ctl = base, .data = (uint8_t *)base + ctl_bytes(pg->world),
                    .slot = SLOT_BYTES};
+    s->busy = s->staged = -1; /* nothing read yet; nothing staged */
     pg->shm = s;
     return EM_OK;
 }
@@ -131,6 +140,7 @@ em_status shm_create(em_pg *pg, char *name, size_t n)
     }
     em_status s = attach(pg, fd, name);
     if (s) shm_unlink(name);
+    for (int r = 0; !s && r < pg->world; r++) atomic_store(&pg->shm->ctl[r].cpu, -1); /* no CPU known yet */
     return s;
 }
 
@@ -167,9 +177,19 @@ static inline void cpu_relax(void)
 
 static bool reached(uint32_t have, uint32_t want) { return (int32_t)(have - want) >= 0; }
 
+/* Notes the CPU this rank runs on, for peers deciding whether to spin. */
+static int note_cpu(shm_ctl *me)
+{
+    int cpu = sched_getcpu();
+    if (atomic_load_explicit(&me->cpu, memory_order_relaxed) != cpu)
+        atomic_store_explicit(&me->cpu, cpu, memory_order_relaxed);
+    return cpu;
+}
+
 static void arrive(em_pg *pg, uint32_t v)
 {
     shm_ctl *me = &pg->shm->ctl[pg->rank];
+    note_cpu(me);
     atomic_store(&me->step, v); /* seq_cst: ordered before the load of sleepers */
     if (atomic_load(&me->sleepers)) syscall(SYS_futex, &me->step, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     pg->shm->step = v;
@@ -201,15 +221,23 @@ void shm_abort(em_pg *pg, const call *c)
 
 static em_status wait_rank(em_pg *pg, call *c, int q, uint32_t v, double deadline)
 {
-    shm_ctl *o = &pg->shm->ctl[q];
+    shm_ctl *o = &pg->shm->ctl[q], *me = &pg->shm->ctl[pg->rank];
     double start = 0;
+    bool yielding = false;
     for (int i = 0;; i++) {
         if (reached(atomic_load_explicit(&o->step, memory_order_acquire), v)) return EM_OK;
-        if ((i & 63) == 63) {
+        if ((i & 63) == 0 || yielding) {
             double now = pg_now();
             if (start == 0) start = now;
             if (now - start >= YIELD_S) break;
-            if (now - start >= SPIN_S) sched_yield();
+            /* q last ran on this CPU, so it is not running now: spinning
+             * would only keep it off. Yield instead (at once, to q when it
+             * is next), staying runnable, so the scheduler sees two busy
+             * ranks on one CPU and moves one to another */
+            int cpu = note_cpu(me); /* -1: unknown */
+            yielding = now - start >= SPIN_S ||
+                       (cpu >= 0 && atomic_load_explicit(&o->cpu, memory_order_relaxed) == cpu);
+            if (yielding) sched_yield();
         }
         cpu_relax();
     }
@@ -248,14 +276,19 @@ static uint8_t *half(const em_pg *pg, int rank, uint32_t j);
 
 /* ---- the check ---------------------------------------------------------------------- */
 
+static void stage(em_pg *pg, call *c);
+
 em_status shm_check(em_pg *pg, call *c, double deadline)
 {
     int w = pg->world;
     uint32_t v = pg->shm->step + 1;
+    pg->shm->staged = -1;
+    if (c->h.kind == CALL_ALL_REDUCE && !c->h.cuda && pg->shm->busy != 2) stage(pg, c);
     pg->shm->ctl[pg->rank].hdr[c->h.seq & 1] = c->h;
     arrive(pg, v);
     em_status s = wait_all(pg, c, v, deadline);
     if (s) return s;
+    pg->shm->busy = -1; /* everyone finished the previous call; what this one reads, its algorithm says */
     call_header hs[SHM_MAX_WORLD];
     for (int r = 0; r < w; r++) hs[r] = pg->shm->ctl[r].hdr[c->h.seq & 1];
     char msg[512];
@@ -280,60 +313,143 @@ static uint8_t *half(const em_pg *pg, int rank, uint32_t j)
     return pg->shm->data + (size_t)rank * pg->shm->slot + (j & 1) * (pg->shm->slot / 2);
 }
 
-/* Elements of a piece: half a slot (a multiple of 64 bytes in every dtype). */
-static int64_t piece_elems(const em_pg *pg, size_t es) { return (int64_t)(pg->shm->slot / 2 / es); }
+/* Elements of a piece (a multiple of 64 bytes in every dtype): 512 KiB,
+ * except that an all_reduce of n elements that fit in a half moves as one
+ * piece (fewer waits; larger pieces measured slower for large messages). */
+static int64_t piece_elems(size_t es) { return (int64_t)(PIECE_BYTES / es); }
+static int64_t all_reduce_piece(const em_pg *pg, size_t es, int64_t n)
+{
+    return (size_t)n * es <= pg->shm->slot / 2 ? n : piece_elems(es);
+}
 
 /* Sub-range k of m elements split over w ranks: [lo, hi). */
 static int64_t split(int64_t m, int w, int k) { return m * k / w; }
 
+/* Sub-range of piece j (m elements) that rank k reduces: [lo, hi). */
+static void sub_range(int64_t m, int w, int k, int64_t *lo, int64_t *hi)
+{
+    *lo = split(m, w, k);
+    *hi = split(m, w, k + 1);
+}
+
+/* Copies piece j (m elements at tj) into my half, all but my own sub-range
+ * (or all of it on the tiny path). */
+static void fill(em_pg *pg, call *c, int h, const uint8_t *tj, int64_t m, bool tiny)
+{
+    size_t es = em_dtype_size((em_dtype)c->h.dtype);
+    uint8_t *mine = half(pg, pg->rank, (uint32_t)h);
+    if (tiny) {
+        memcpy(mine, tj, (size_t)m * es);
+        return;
+    }
+    int64_t lo, hi;
+    sub_range(m, pg->world, pg->rank, &lo, &hi);
+    memcpy(mine, tj, (size_t)lo * es);
+    memcpy(mine + hi * (int64_t)es, tj + hi * (int64_t)es, (size_t)(m - hi) * es);
+}
+
+static bool is_tiny(const call *c)
+{
+    return (size_t)c->h.count * em_dtype_size((em_dtype)c->h.dtype) <= TINY_BYTES;
+}
+
+/* With the check: the first piece of an all_reduce into the half that the
+ * previous call's readers do not touch (see the header comment). */
+static void stage(em_pg *pg, call *c)
+{
+    int64_t pe = all_reduce_piece(pg, em_dtype_size((em_dtype)c->h.dtype), c->h.count);
+    int h = pg->shm->busy == 0 ? 1 : 0;
+    fill(pg, c, h, c->in, c->h.count < pe ? c->h.count : pe, is_tiny(c));
+    pg->shm->staged = h;
+}
+
 static em_status all_reduce_tiny(em_pg *pg, call *c, double deadline)
 {
-    int w = pg->world;
+    int w = pg->world, h = pg->shm->staged;
     em_dtype dt = (em_dtype)c->h.dtype;
-    size_t bytes = (size_t)c->h.count * em_dtype_size(dt);
-    uint32_t v = pg->shm->step + 1;
-    memcpy(half(pg, pg->rank, 0), c->in, bytes);
-    arrive(pg, v);
-    em_status s = wait_all(pg, c, v, deadline);
-    if (s) return s;
+    if (h < 0) {
+        h = 0;
+        fill(pg, c, h, c->in, c->h.count, true);
+        uint32_t v = pg->shm->step + 1;
+        arrive(pg, v);
+        em_status s = wait_all(pg, c, v, deadline);
+        if (s) return s;
+    }
     const void *src[SHM_MAX_WORLD];
-    for (int k = 0; k < w; k++) src[k] = half(pg, k, 0);
+    for (int k = 0; k < w; k++) src[k] = half(pg, k, (uint32_t)h);
     reduce_sources(dt, c->h.op, w, c->in, src, w, c->h.count); /* everyone, the same order: the same bits */
+    pg->shm->busy = h;
     return EM_OK;
 }
 
+/* The reduction of n elements over w sources, in rank order, into the
+ * tensor t and into the segment at seg (for the other ranks). f32 sums
+ * (DDP's gradients) go through an accumulator block in L1 and are written
+ * to both places from there; other dtypes and ops take reduce_sources.
+ * Either way element i is src[0][i] op src[1][i] op ... in that order. */
+static void reduce_out(em_dtype dt, int op, int w, void *t, void *seg, const void *const *src, int64_t n)
+{
+    if (dt != EM_F32 || (op != EM_RED_SUM && op != EM_RED_AVG)) {
+        reduce_sources(dt, op, w, t, src, w, n);
+        memcpy(seg, t, (size_t)n * em_dtype_size(dt));
+        return;
+    }
+    enum { BLOCK = 2048 };
+    _Alignas(64) float acc[BLOCK];
+    for (int64_t i = 0; i < n; i += BLOCK) {
+        int m = n - i < BLOCK ? (int)(n - i) : BLOCK;
+        const float *a = (const float *)src[0] + i, *b = (const float *)src[1] + i;
+        for (int e = 0; e < m; e++) acc[e] = a[e] + b[e];
+        for (int k = 2; k < w; k++) {
+            const float *x = (const float *)src[k] + i;
+            for (int e = 0; e < m; e++) acc[e] += x[e];
+        }
+        if (op == EM_RED_AVG)
+            for (int e = 0; e < m; e++) acc[e] /= (float)w;
+        memcpy((float *)t + i, acc, (size_t)m * sizeof *acc);
+        memcpy((float *)seg + i, acc, (size_t)m * sizeof *acc);
+    }
+}
+
+/* all_reduce in pieces, the steps of the header comment: piece j's are
+ * a and a + 1, and piece 0's a was the check's when it was staged. Pieces
+ * alternate halves from the first one's. */
 static em_status all_reduce(em_pg *pg, call *c, double deadline)
 {
+    if (is_tiny(c)) return all_reduce_tiny(pg, c, deadline);
     int w = pg->world, me = pg->rank;
+    bool staged = pg->shm->staged >= 0;
+    int h0 = staged ? pg->shm->staged : 0;
     em_dtype dt = (em_dtype)c->h.dtype;
     size_t es = em_dtype_size(dt);
-    int64_t n = c->h.count, pe = piece_elems(pg, es);
-    if ((size_t)n * es <= TINY_BYTES) return all_reduce_tiny(pg, c, deadline);
+    int64_t n = c->h.count, pe = all_reduce_piece(pg, es, n);
     uint8_t *t = c->in;
-    uint32_t s0 = pg->shm->step, np = (uint32_t)((n + pe - 1) / pe);
+    /* staged: the check's step was piece 0's step a */
+    uint32_t s0 = pg->shm->step - (staged ? 1 : 0), np = (uint32_t)((n + pe - 1) / pe);
     const void *src[SHM_MAX_WORLD];
     em_status s;
     for (uint32_t j = 0; j < np; j++) {
-        int64_t off = (int64_t)j * pe, m = n - off < pe ? n - off : pe;
-        int64_t lo = split(m, w, me), hi = split(m, w, me + 1);
-        uint32_t a = s0 + 3 * j + 1;
-        if (j >= 2 && (s = wait_all(pg, c, a - 4, deadline))) return s; /* piece j-2 was read */
-        uint8_t *mine = half(pg, me, j), *tj = t + off * (int64_t)es;
-        memcpy(mine, tj, (size_t)lo * es);
-        memcpy(mine + hi * (int64_t)es, tj + hi * (int64_t)es, (size_t)(m - hi) * es);
-        arrive(pg, a);
-        if ((s = wait_all(pg, c, a, deadline))) return s;
-        for (int k = 0; k < w; k++) src[k] = (k == me ? tj : half(pg, k, j)) + lo * (int64_t)es;
-        reduce_sources(dt, c->h.op, w, tj + lo * (int64_t)es, src, w, hi - lo);
-        memcpy(mine + lo * (int64_t)es, tj + lo * (int64_t)es, (size_t)(hi - lo) * es);
+        int64_t off = (int64_t)j * pe, m = n - off < pe ? n - off : pe, lo, hi;
+        sub_range(m, w, me, &lo, &hi);
+        uint32_t h = (uint32_t)h0 + j, a = s0 + 2 * j + 1;
+        uint8_t *mine = half(pg, me, h), *tj = t + off * (int64_t)es;
+        if (j > 0 || !staged) {
+            fill(pg, c, (int)(h & 1), tj, m, false);
+            arrive(pg, a);
+            if ((s = wait_all(pg, c, a, deadline))) return s;
+        }
+        for (int k = 0; k < w; k++) src[k] = (k == me ? tj : half(pg, k, h)) + lo * (int64_t)es;
+        reduce_out(dt, c->h.op, w, tj + lo * (int64_t)es, mine + lo * (int64_t)es, src, hi - lo);
         arrive(pg, a + 1);
         if ((s = wait_all(pg, c, a + 1, deadline))) return s;
         for (int k = 0; k < w; k++) {
-            int64_t kl = split(m, w, k), kh = split(m, w, k + 1);
-            if (k != me) memcpy(tj + kl * (int64_t)es, half(pg, k, j) + kl * (int64_t)es, (size_t)(kh - kl) * es);
+            int64_t kl, kh;
+            sub_range(m, w, k, &kl, &kh);
+            if (k != me)
+                memcpy(tj + kl * (int64_t)es, half(pg, k, h) + kl * (int64_t)es, (size_t)(kh - kl) * es);
         }
-        arrive(pg, a + 2);
     }
+    pg->shm->busy = (int)((h0 + np - 1) & 1);
     return EM_OK;
 }
 
@@ -341,7 +457,7 @@ static em_status broadcast(em_pg *pg, call *c, double deadline)
 {
     int root = c->h.root;
     size_t es = em_dtype_size((em_dtype)c->h.dtype);
-    int64_t n = c->h.count, pe = piece_elems(pg, es);
+    int64_t n = c->h.count, pe = piece_elems(es);
     uint8_t *t = c->in;
     uint32_t s0 = pg->shm->step, np = (uint32_t)((n + pe - 1) / pe);
     em_status s;
@@ -357,6 +473,7 @@ static em_status broadcast(em_pg *pg, call *c, double deadline)
         }
         arrive(pg, a);
     }
+    pg->shm->busy = 2; /* peers may read either half still */
     return EM_OK;
 }
 
@@ -365,7 +482,7 @@ static em_status gather(em_pg *pg, call *c, bool all, double deadline)
 {
     int w = pg->world, me = pg->rank;
     size_t es = em_dtype_size((em_dtype)c->h.dtype);
-    int64_t n = c->h.count, pe = piece_elems(pg, es);
+    int64_t n = c->h.count, pe = piece_elems(es);
     uint8_t *in = c->in, *out = c->out;
     uint32_t s0 = pg->shm->step, np = (uint32_t)((n + pe - 1) / pe);
     bool takes = all || me == c->h.root;
@@ -384,6 +501,7 @@ static em_status gather(em_pg *pg, call *c, bool all, double deadline)
         }
         arrive(pg, a + 1);
     }
+    pg->shm->busy = 2; /* peers may read either half still */
     return EM_OK;
 }
 
@@ -393,7 +511,7 @@ static em_status reduce_scatter(em_pg *pg, call *c, double deadline)
     int w = pg->world, me = pg->rank;
     em_dtype dt = (em_dtype)c->h.dtype;
     size_t es = em_dtype_size(dt);
-    int64_t m = c->h.count / w, pe = piece_elems(pg, es) / w; /* a piece holds w parts of pe */
+    int64_t m = c->h.count / w, pe = piece_elems(es) / w; /* a piece holds w parts of pe */
     uint8_t *in = c->in, *out = c->out;
     uint32_t s0 = pg->shm->step, np = (uint32_t)((m + pe - 1) / pe);
     const void *src[SHM_MAX_WORLD];
@@ -415,6 +533,7 @@ static em_status reduce_scatter(em_pg *pg, call *c, double deadline)
         reduce_sources(dt, c->h.op, w, out + off * (int64_t)es, src, w, len);
         arrive(pg, a + 1);
     }
+    pg->shm->busy = 2; /* peers may read either half still */
     return EM_OK;
 }
 
