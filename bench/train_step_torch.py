@@ -169,7 +169,7 @@ def run(a):
         "tokens_per_s": cfg["batch"] * cfg["block"] / med,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "import_rss_mb": IMPORT_RSS_MB,
-        "loss": float(loss),
+        "loss": loss.item(),
     }
 
 
