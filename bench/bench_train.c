@@ -3,18 +3,30 @@
  *
  * Configurations (issue 3): "tiny" — 4 layers, 4 heads, 128 wide, vocab 65,
  * B=12, T=64; "124m" — GPT-2 small: 12 layers, 12 heads, 768 wide, vocab
- * 50257, B=4, T=64. Each configuration runs in a child process, so its peak
- * resident memory is its own. PyTorch runs bench/train_step_torch.py with 1
- * and with 2 threads and the better of the two is the reference (when
- * /usr/bin/python3 has torch; otherwise only ember's figures are printed).
+ * 50257, B=4, T=64.
+ *
+ * The reference is PyTorch 2 (issue 16): bench/train_step_torch.py runs the
+ * same step eager, eager with AdamW(fused=True), and under torch.compile,
+ * each with 1 and with 2 threads; the speed-up is against the best of them.
+ * A mode the installed PyTorch lacks, or a compile that fails, is printed
+ * with the reason and the others go on. Which python runs it:
+ * EMBER_BENCH_PYTHON, else bench/.venv (bash bench/setup_torch.sh), else
+ * /usr/bin/python3 (Debian's PyTorch 1.13: a fallback, printed as such);
+ * bench/bench_python.h. Without torch only ember's figures are printed.
+ *
+ * Every run — ember's and each PyTorch one — is its own child process and
+ * its peak memory is that child's ru_maxrss from wait4, so both sides are
+ * measured the same way. The output starts with `ember env` (CPU model and
+ * features, BLAS, threads, the product paths it reports).
  *
  * `bench_train amp` instead times ember's step in f32, bf16 and fp16 (autocast
  * forward with f32 master weights; fp16 adds the loss scaler's scale, unscale
  * and update) and reports each against f32 measured in the same run.
  *
- * usage: bench_train [tiny|124m|all] [steps]   (default all; 20 steps tiny, 5 for 124m)
+ * usage: bench_train [tiny|124m|all] [steps] [modes]   (default all; 20 steps tiny, 5 for 124m;
+ *          modes, e.g. "eager,fused": only those PyTorch modes of eager, fused, compile)
  *        bench_train amp [tiny|124m|all] [steps] [dtypes]   (dtypes, e.g. "bf16" or "f32,bf16": run only
- *        those; a ratio whose side was not run prints nan) */
+ *          those; a ratio whose side was not run prints nan) */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_python.h"
 #include "bench_util.h"
 #include "ember/ember.h"
 
@@ -101,49 +114,95 @@ static int ember_steps(const bench_cfg *c, int steps, double *median_s, double *
     return 0;
 }
 
-/* Runs ember's measurement in a child; reads back "ms rss loss". */
-static int ember_child(const bench_cfg *c, int steps, double *ms, double *rss_mb, double *loss)
+typedef struct ember_job {
+    const bench_cfg *c;
+    int steps;
+} ember_job;
+
+/* In the child: runs ember's steps and writes "ms loss" to fd. */
+static int ember_job_run(void *arg, int fd)
 {
-    int fd[2];
-    if (pipe(fd)) return 1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(fd[0]);
-        double med = 0, l = 0;
-        int rc = ember_steps(c, steps, &med, &l);
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        dprintf(fd[1], "%f %f %f\n", 1e3 * med, (double)ru.ru_maxrss / 1024.0, l);
-        _exit(rc);
-    }
-    close(fd[1]);
-    char buf[256] = {0};
-    ssize_t got = read(fd[0], buf, sizeof buf - 1);
-    close(fd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (got <= 0 || !WIFEXITED(status) || WEXITSTATUS(status)) return 1;
-    return sscanf(buf, "%lf %lf %lf", ms, rss_mb, loss) == 3 ? 0 : 1;
+    const ember_job *j = arg;
+    double med = 0, l = 0;
+    if (ember_steps(j->c, j->steps, &med, &l)) return 1;
+    dprintf(fd, "%f %f\n", 1e3 * med, l);
+    return 0;
 }
 
-/* PyTorch's ms/step and peak RSS with `threads` threads, or -1. */
-static double torch_ms(const char *cfg, int threads, int steps, double *rss_mb)
+/* Runs ember's measurement in a child (only ember in it, for its peak RSS). */
+static int ember_child(const bench_cfg *c, int steps, double *ms, double *rss_mb, double *loss)
 {
-    char cmd[512];
-    snprintf(
-        cmd, sizeof cmd,
-        "/usr/bin/python3 %s/train_step_torch.py --config %s --threads %d --steps %d --warmup 2 2>/dev/null",
-        EMBER_BENCH_DIR, cfg, threads, steps);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    char line[1024] = {0};
-    char *ok = fgets(line, sizeof line, p);
-    int rc = pclose(p);
-    const char *m = ok ? strstr(line, "\"ms_per_step\": ") : NULL,
-               *r = ok ? strstr(line, "\"peak_rss_mb\": ") : NULL;
-    if (rc != 0 || !m || !r) return -1;
-    *rss_mb = atof(r + 15);
-    return atof(m + 15);
+    ember_job j = {c, steps};
+    bench_child ch;
+    if (bench_run_child(NULL, ember_job_run, &j, &ch)) return 1;
+    *rss_mb = ch.rss_mb;
+    return sscanf(ch.out, "%lf %lf", ms, loss) == 2 ? 0 : 1;
+}
+
+/* One PyTorch run: its mode, threads and what it measured (ms < 0: failed, see err). */
+typedef struct torch_run {
+    const char *mode;
+    int threads;
+    double ms, rss_mb, loss, first_s;
+    double import_mb; /* peak RSS right after `import torch` */
+    char err[400];
+} torch_run;
+
+/* Runs train_step_torch.py in a child with `py`; fills r (r->ms = -1 and r->err when it fails). */
+static void torch_child(const bench_python *py, const char *cfg, int steps, torch_run *r)
+{
+    char script[1024], threads[16], nsteps[16];
+    snprintf(script, sizeof script, "%s/train_step_torch.py", EMBER_BENCH_DIR);
+    snprintf(threads, sizeof threads, "%d", r->threads);
+    snprintf(nsteps, sizeof nsteps, "%d", steps);
+    char *argv[] = {(char *)py->path, script,      "--config", (char *)cfg, "--mode",
+                    (char *)r->mode,  "--threads", threads,    "--steps",   nsteps,
+                    "--warmup",       "2",         NULL};
+    bench_child ch;
+    int rc = bench_run_child(argv, NULL, NULL, &ch);
+    r->ms = bench_json_num(ch.out, "ms_per_step");
+    r->rss_mb = ch.rss_mb;
+    r->loss = bench_json_num(ch.out, "loss");
+    r->first_s = bench_json_num(ch.out, "first_step_s");
+    r->import_mb = bench_json_num(ch.out, "import_rss_mb");
+    if (rc || r->ms <= 0) {
+        r->ms = -1;
+        bench_json_str(ch.out, "error", r->err, sizeof r->err);
+        if (!r->err[0]) {
+            if (WIFSIGNALED(ch.status))
+                snprintf(r->err, sizeof r->err, "killed by signal %d; %s", WTERMSIG(ch.status), ch.err);
+            else
+                snprintf(r->err, sizeof r->err, "exit status %d; %s", WEXITSTATUS(ch.status), ch.err);
+        }
+    }
+}
+
+/* Prints what the machine and build are: `ember env` (CPU model and features,
+ * BLAS, threads, and whatever else it reports about the product paths),
+ * else the CPU model and the features ember detects. */
+static void print_machine(void)
+{
+    char *argv[] = {EMBER_BENCH_EMBER, "env", NULL};
+    bench_child ch;
+    if (!bench_run_child(argv, NULL, NULL, &ch)) {
+        printf("machine and build (`ember env`):\n");
+        for (char *line = strtok(ch.out, "\n"); line; line = strtok(NULL, "\n")) printf("  %s\n", line);
+        return;
+    }
+    char model[256] = "unknown", line[1024];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
+            model[strcspn(model, "\n")] = '\0';
+            break;
+        }
+    if (f) fclose(f);
+    em_cpu_features ft = em_cpu_detect();
+    printf("machine (`ember env` did not run: %s):\n  cpu %s; AVX2 %s, FMA %s, AVX-512F %s, AVX512-BF16 %s; "
+           "BLAS %s\n",
+           ch.err[0] ? ch.err : EMBER_BENCH_EMBER, model, ft.avx2 ? "yes" : "no", ft.fma ? "yes" : "no",
+           ft.avx512f ? "yes" : "no", ft.avx512bf16 ? "yes" : "no", em_build().blas);
 }
 
 /* whether the comma-separated `list` holds `name` as a whole item */
@@ -158,10 +217,13 @@ static bool list_has(const char *list, const char *name)
 /* ember alone in f32, bf16 and fp16, each in its own child */
 static int amp_table(const char *which, int steps_arg, const char *only)
 {
-    printf("bench_train amp: ember's training step under autocast (f32 master weights); median over steps after 2 "
+    printf("bench_train amp: ember's training step under autocast (f32 master weights); median over steps "
+           "after 2 "
            "warm-up; threads %d\n",
            em_num_threads());
-    printf("%-6s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16", "f32/fp16");
+    print_machine();
+    printf("%-6s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16",
+           "f32/fp16");
     int rc = 0;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const bench_cfg *c = &configs[i];
@@ -185,40 +247,108 @@ static int amp_table(const char *which, int steps_arg, const char *only)
     return rc;
 }
 
-int main(int argc, char **argv)
+/* The label of a PyTorch mode in the table. */
+static const char *mode_label(const bench_python *py, const char *mode)
 {
-    if (argc > 1 && !strcmp(argv[1], "amp")) return amp_table(argc > 2 ? argv[2] : "all", argc > 3 ? atoi(argv[3]) : 0, argc > 4 ? argv[4] : NULL);
-    const char *which = argc > 1 ? argv[1] : "all";
-    int steps_arg = argc > 2 ? atoi(argv[2]) : 0;
-    printf("bench_train: one training step = forward + backward + clip + AdamW; median over steps after 2 "
-           "warm-up; ember threads %d\n",
-           em_num_threads());
-    printf("%-6s %12s %12s %10s %14s %14s %10s\n", "config", "ember ms", "torch ms", "ratio", "ember tok/s",
-           "ember MB", "torch MB");
+    if (!strcmp(mode, "eager")) return "torch eager";
+    if (!strcmp(mode, "fused")) return "torch fused AdamW";
+    return strcmp(py->fused, "yes") ? "torch.compile" : "torch.compile+fused";
+}
+
+/* Why this PyTorch cannot run `mode` (from its --info), or NULL. */
+static const char *mode_unavailable(const bench_python *py, const char *mode)
+{
+    if (!strcmp(mode, "fused") && strcmp(py->fused, "yes")) return py->fused;
+    if (!strcmp(mode, "compile") && strcmp(py->compile, "yes")) return py->compile;
+    return NULL;
+}
+
+/* ember's step beside every PyTorch mode with 1 and 2 threads, per configuration */
+static int torch_table(const char *which, int steps_arg, const char *modes)
+{
+    static const char *const all_modes[] = {"eager", "fused", "compile"};
+    char script[1024];
+    snprintf(script, sizeof script, "%s/train_step_torch.py", EMBER_BENCH_DIR);
+    bench_python py;
+    bool have_torch = !bench_find_python(EMBER_BENCH_DIR, script, &py);
+    printf(
+        "bench_train: one training step = forward + backward + clip to norm 1.0 + AdamW, the same in ember\n"
+        "and PyTorch; median over steps after 2 warm-up steps; each run in its own child process,\n"
+        "peak MB = that child's ru_maxrss (wait4)\n");
+    print_machine();
+    printf("ember: %d threads\n", em_num_threads());
+    if (have_torch) {
+        printf("reference: PyTorch %s (%s), python %s (found by: %s)%s\n", py.version, py.build, py.path,
+               py.how,
+               py.fallback ? "\n  FALLBACK: this is not PyTorch 2; get it with `bash bench/setup_torch.sh` "
+                             "(its --help)"
+                           : "");
+        printf("  fused AdamW on the CPU: %s\n  torch.compile: %s\n", py.fused, py.compile);
+    } else {
+        printf("reference: none (%s%s)\n  get PyTorch 2 with `bash bench/setup_torch.sh` (its --help)\n",
+               strcmp(py.how, "EMBER_BENCH_PYTHON") ? "tried " : "EMBER_BENCH_PYTHON=", py.why);
+    }
+    printf("%s\n", have_torch ? "speed-up = best PyTorch ms / ember ms (above 1: ember is faster)\n" : "");
+    printf("%-6s %-21s %3s %10s %10s %9s %7s %12s\n", "config", "run", "thr", "ms/step", "tokens/s",
+           "peak MB", "loss", "first step s");
     int rc = 0;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const bench_cfg *c = &configs[i];
         if (strcmp(which, "all") && strcmp(which, c->name)) continue;
         int steps = steps_arg > 0 ? steps_arg : c->steps;
+        double tokens = (double)(c->batch * c->model.block_size);
         double ms, mb, loss;
         if (ember_child(c, steps, &ms, &mb, &loss)) {
             fprintf(stderr, "bench_train: ember %s failed\n", c->name);
             rc = 1;
             continue;
         }
-        double tmb1 = 0, tmb2 = 0;
-        double t1 = torch_ms(c->name, 1, steps, &tmb1), t2 = torch_ms(c->name, 2, steps, &tmb2);
-        double tbest = t1 < 0 ? t2 : t2 < 0 ? t1 : (t1 < t2 ? t1 : t2);
-        double tmb = tbest == t1 ? tmb1 : tmb2;
-        double tokens = (double)(c->batch * c->model.block_size);
-        if (tbest > 0)
-            printf("%-6s %12.1f %12.1f %10.2f %14.0f %14.0f %10.0f   (torch 1 thr %.1f, 2 thr %.1f; loss "
-                   "%.3f)\n",
-                   c->name, ms, tbest, ms / tbest, tokens / (ms / 1e3), mb, tmb, t1, t2, loss);
-        else
-            printf("%-6s %12.1f %12s %10s %14.0f %14.0f %10s   (torch not available; loss %.3f)\n", c->name,
-                   ms, "-", "-", tokens / (ms / 1e3), mb, "-", loss);
+        printf("%-6s %-21s %3d %10.1f %10.0f %9.0f %7.3f\n", c->name, "ember", em_num_threads(), ms,
+               tokens / (ms / 1e3), mb, loss);
+        fflush(stdout);
+        if (!have_torch) continue;
+        torch_run runs[6], *best = NULL;
+        int nruns = 0;
+        double mb_lo = 0, mb_hi = 0;
+        for (int m = 0; m < 3; m++) {
+            if (modes && !list_has(modes, all_modes[m])) continue;
+            for (int th = 1; th <= 2; th++) {
+                torch_run *r = &runs[nruns++];
+                *r = (torch_run){.mode = all_modes[m], .threads = th, .ms = -1};
+                const char *why = mode_unavailable(&py, r->mode);
+                if (why)
+                    snprintf(r->err, sizeof r->err, "not in this PyTorch: %s",
+                             why + (strncmp(why, "no: ", 4) ? 0 : 4));
+                else
+                    torch_child(&py, c->name, steps, r);
+                if (r->ms < 0) {
+                    printf("%-6s %-21s %3d   %s: %s\n", c->name, mode_label(&py, r->mode), th,
+                           why ? "not run" : "failed", r->err);
+                    fflush(stdout);
+                    continue;
+                }
+                printf("%-6s %-21s %3d %10.1f %10.0f %9.0f %7.3f %12.1f\n", c->name, mode_label(&py, r->mode),
+                       th, r->ms, tokens / (r->ms / 1e3), r->rss_mb, r->loss, r->first_s);
+                fflush(stdout);
+                if (!best || r->ms < best->ms) best = r;
+                mb_lo = mb_lo && mb_lo < r->rss_mb ? mb_lo : r->rss_mb;
+                mb_hi = mb_hi > r->rss_mb ? mb_hi : r->rss_mb;
+            }
+        }
+        if (best)
+            printf(
+                "%-6s speed-up %.2fx (ember %.1f ms, best PyTorch %.1f ms: %s, %d thr); peak MB ember %.0f / "
+                "PyTorch %.0f = %.2f (PyTorch runs %.0f-%.0f; `import torch` alone %.0f)\n",
+                c->name, best->ms / ms, ms, best->ms, mode_label(&py, best->mode), best->threads, mb,
+                best->rss_mb, mb / best->rss_mb, mb_lo, mb_hi, best->import_mb);
         fflush(stdout);
     }
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "amp"))
+        return amp_table(argc > 2 ? argv[2] : "all", argc > 3 ? atoi(argv[3]) : 0, argc > 4 ? argv[4] : NULL);
+    return torch_table(argc > 1 ? argv[1] : "all", argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? argv[3] : NULL);
 }
