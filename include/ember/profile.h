@@ -12,8 +12,8 @@
  *   loader      "loader_wait" (em_loader_next waiting for the prefetch
  *               thread), "loader_fetch" (reading a batch, on whichever thread
  *               does it), "window_sampler" (em_window_sampler_next)
- *   optimizer   "sgd.step" / "adam.step" / "adamw.step" (em_optim_step) and
- *               "zero_grad" (em_optim_zero_grad)
+ *   optimizer   "sgd.step" / "adam.step" / "adamw.step" (em_optim_step),
+ *               "zero_grad" (em_optim_zero_grad), "clip_grad_norm"
  *   range       named ranges: em_profile_range_begin/end, and those ember
  *               sets itself ("backward" in em_accel_backward; `ember train`'s
  *               "step" and "forward")
