@@ -164,11 +164,8 @@ static bool kind_checks(op_call *c)
 /* ---- the steps --------------------------------------------------------------------------- */
 
 /* op_begin's checks, between the profiler's begin and its abandon on failure */
-static bool begin_checks(op_call *c)
+static bool begin_checks(op_call *c, op_id op, int nin, tensor **in)
 {
-    op_id op = c->op;
-    int nin = c->nin;
-    tensor **in = c->in;
     const char *name = op_name(op);
     for (int i = 0; i < nin; i++)
         if (!in[i]) {
@@ -193,8 +190,8 @@ static bool begin_checks(op_call *c)
 bool op_begin(op_call *c, op_id op, int nin, tensor **in)
 {
     *c = (op_call){.op = op, .nin = nin, .in = in, .dev = em_device_cpu()};
-    prof_begin(&c->pm); /* before autocast: a cast it makes is this op's child */
-    if (begin_checks(c)) return true;
+    prof_begin_zeroed(&c->pm); /* before autocast: a cast it makes is this op's child */
+    if (begin_checks(c, op, nin, in)) return true;
     prof_abandon(&c->pm);
     return false;
 }

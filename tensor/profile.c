@@ -402,7 +402,7 @@ int64_t em_profile_rows(em_profile_row *rows, int64_t cap)
     int64_t n, nrec;
     int nthr;
     if (collect(&all, &n, &nthr, &nrec)) return -1;
-    if (n) memcpy(rows, all, (size_t)(n < cap ? n : cap) * sizeof *rows);
+    if (n && cap) memcpy(rows, all, (size_t)(n < cap ? n : cap) * sizeof *rows);
     free(all);
     return n;
 }

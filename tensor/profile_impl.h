@@ -54,6 +54,12 @@ static inline void prof_begin(prof_mark *m)
     if (__builtin_expect(__atomic_load_n(&prof_flag, __ATOMIC_RELAXED), 0)) prof_begin_slow(m);
 }
 
+/* prof_begin for a mark that is zero already (op_begin's, in a zeroed op_call) */
+static inline void prof_begin_zeroed(prof_mark *m)
+{
+    if (__builtin_expect(__atomic_load_n(&prof_flag, __ATOMIC_RELAXED), 0)) prof_begin_slow(m);
+}
+
 static inline void prof_end(prof_mark *m, const char *name, prof_cat cat)
 {
     if (__builtin_expect(m->t0 != 0, 0)) prof_record(m, name, cat, -1, -1);
