@@ -60,10 +60,14 @@ static bool parse_string(jp *j, char **out)
             if (j->p >= j->end) break;
             char e = *j->p++;
             if (e == 'u') {
-                for (int k = 0; k < 4; k++)
-                    if (j->p >= j->end || !isxdigit((unsigned char)*j->p++))
+                unsigned u = 0;
+                for (int k = 0; k < 4; k++) {
+                    if (j->p >= j->end || !isxdigit((unsigned char)*j->p))
                         return free(s), j->err = "bad \\u escape", false;
-                c = '?';
+                    char h = *j->p++;
+                    u = u * 16 + (unsigned)(isdigit((unsigned char)h) ? h - '0' : (h | 32) - 'a' + 10);
+                }
+                c = u < 0x80 ? (unsigned char)u : '?'; /* ASCII is all a trace's names need */
             } else if (strchr("\"\\/bfnrt", e)) {
                 c = (unsigned char)(e == 'n'   ? '\n'
                                     : e == 't' ? '\t'
@@ -599,6 +603,23 @@ TEST(test_profile_env_on_writes_table_and_trace_at_exit)
     trace t;
     read_trace(th_path(dir, "trace.rank0.json"), 0, &t);
     CHECK(count(&t, "matmul", "op") > 0 && count(&t, "matmul_backward", "backward") > 0);
+    trace_free(&t);
+    remove_dir(dir);
+}
+
+TEST(test_profile_trace_escapes_names)
+{
+    char dir[] = "/tmp/ember-profile-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    em_profile_reset();
+    em_profile_start();
+    CHECK_OK(em_profile_range_begin("a \"quoted\"\\name\twith tab"));
+    CHECK_OK(em_profile_range_end());
+    em_profile_stop();
+    CHECK_OK(em_profile_write_trace(th_path(dir, "t.json")));
+    trace t;
+    read_trace(th_path(dir, "t.json"), 0, &t);
+    CHECK(t.n == 1 && !strcmp(t.e[0].name, "a \"quoted\"\\name\twith tab") && !strcmp(t.e[0].cat, "range"));
     trace_free(&t);
     remove_dir(dir);
 }
