@@ -297,7 +297,10 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
         tensor *gout = n->out->grad;
         n->out->grad = NULL; /* non-leaf grads are temporaries of this walk */
         n->out->grad_shared = false;
+        prof_mark pm;
+        prof_begin(&pm);
         s = n->backward(n, gout);
+        prof_end_op(&pm, n->op, true);
         if (s != EM_OK && em_last_status() == EM_OK) em_err(s, "backward of '%s' failed", op_name(n->op));
     }
     /* on failure, drop the temporaries the walk left behind */

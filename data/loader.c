@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "../tensor/profile_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "data/loader_impl.h"
 #include "data_impl.h"
@@ -138,7 +139,7 @@ static int64_t batch_span(const em_loader *l, int64_t batch, int64_t *start)
 /* Writes batch pos of the sequence into s->x and s->y (contiguous, s->size
  * examples), and with s->lens each example's lengths and index; the
  * dataset's status on failure (its message on the calling thread). */
-static em_status fill_batch(em_loader *l, order *o, em_loader_pos pos, slot *sl)
+static em_status fill_batch_raw(em_loader *l, order *o, em_loader_pos pos, slot *sl)
 {
     int64_t start;
     int64_t *size = &sl->size;
@@ -167,11 +168,23 @@ static em_status fill_batch(em_loader *l, order *o, em_loader_pos pos, slot *sl)
     return EM_OK;
 }
 
+/* The same, recorded by the profiler as "loader_fetch" on the thread that
+ * reads (the prefetch worker, or the caller when nothing is prefetched). */
+static em_status fill_batch(em_loader *l, order *o, em_loader_pos pos, slot *sl)
+{
+    prof_mark pm;
+    prof_begin(&pm);
+    em_status s = fill_batch_raw(l, o, pos, sl);
+    prof_end(&pm, "loader_fetch", PROF_LOADER);
+    return s;
+}
+
 /* ---- the prefetch worker ------------------------------------------------------------- */
 
 static void *worker_main(void *arg)
 {
     em_loader *l = arg;
+    prof_thread_name("loader");
     for (;;) {
         if (l->wpos.batch == l->nb) l->wpos = (em_loader_pos){l->wpos.epoch + 1, 0};
         pthread_mutex_lock(&l->mu);
@@ -438,10 +451,13 @@ static tensor *batch_tensor(const em_field *f, int64_t size)
  * this batch. */
 static slot *head_slot(em_loader *l, int64_t size)
 {
+    prof_mark pm; /* the time em_loader_next waits for the prefetch worker */
+    prof_begin(&pm);
     pthread_mutex_lock(&l->mu);
     while (l->count == 0) pthread_cond_wait(&l->not_empty, &l->mu);
     slot *s = &l->ring[l->head];
     pthread_mutex_unlock(&l->mu);
+    prof_end(&pm, "loader_wait", PROF_LOADER);
     if (s->epoch == l->pos.epoch && s->batch == l->pos.batch && s->size == size && s->status == EM_OK)
         return s;
     em_status st = s->status != EM_OK ? s->status : EM_ERR_ARG;
@@ -581,7 +597,18 @@ em_status em_window_sampler_init(em_window_sampler *s, const em_tokens *tokens, 
     return EM_OK;
 }
 
+static em_status window_sampler_next(em_window_sampler *s, em_batch *b);
+
 em_status em_window_sampler_next(em_window_sampler *s, em_batch *b)
+{
+    prof_mark pm;
+    prof_begin(&pm);
+    em_status st = window_sampler_next(s, b);
+    prof_end(&pm, "window_sampler", PROF_LOADER);
+    return st;
+}
+
+static em_status window_sampler_next(em_window_sampler *s, em_batch *b)
 {
     if (b) *b = (em_batch){0};
     if (!s || !b) return em_err(EM_ERR_ARG, "em_window_sampler_next: sampler and batch must not be NULL");

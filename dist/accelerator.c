@@ -32,8 +32,10 @@
 #include "dist/ddp_impl.h"
 #include "dist/dist_impl.h"
 #include "ember/dist.h"
+#include "ember/profile.h"
 #include "ember/runtime.h"
 #include "optim/optim_impl.h"
+#include "tensor/profile_impl.h"
 #include "tensor/tensor_impl.h"
 
 /* ---- configuration ------------------------------------------------------------ */
@@ -116,6 +118,7 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
 {
     em_accel_config zero = {0};
     if (!cfg) cfg = &zero;
+    if (em_profile_env()) return NULL; /* EMBER_PROFILE that is not a boolean */
     if (cfg->bucket_mb < 0 || cfg->bucket_mb != cfg->bucket_mb)
         return em_fail(EM_ERR_ARG, "em_accelerator_new: bucket_mb %g must be >= 0", cfg->bucket_mb);
     em_config c;
@@ -515,12 +518,15 @@ em_status em_accel_backward(em_accelerator *a, em_tensor *loss)
     em_tensor *l = a->grad_accum > 1 ? em_mul_scalar(loss, 1.0 / a->grad_accum) : loss;
     if (l && a->scaler) l = em_scaler_scale(a->scaler, l); /* fp16: keep small gradients representable */
     em_status s;
+    prof_mark pm; /* the profiler's "backward": the walk and, synced, DDP's wait for its buckets */
+    prof_begin(&pm);
     if (!l)
         s = em_last_status();
     else if (a->world == 1 || a->nmodels == 0)
         s = em_backward(l, NULL);
     else
         s = ddp_backward_many(a->ddps, a->nmodels, l, a->sync);
+    prof_end(&pm, "backward", PROF_RANGE);
     auto_region_end(a);
     return s;
 }

@@ -32,6 +32,7 @@
 #include "dist/pg_impl.h"
 #include "ember_config.h"
 #include "tensor/error_impl.h"
+#include "tensor/profile_impl.h"
 
 #define PG_MAGIC 0x656d6267u /* "embg" */
 
@@ -190,7 +191,21 @@ static void break_group(em_pg *pg, const call *c)
         if (pg->fd[r] >= 0) shutdown(pg->fd[r], SHUT_RDWR);
 }
 
+static void execute_call(em_pg *pg, call *c);
+
+/* Runs c here, on the thread that moves its data: the profiler records it
+ * where it actually runs (an asynchronous call on the communication thread). */
 static void execute(em_pg *pg, call *c)
+{
+    prof_mark pm;
+    prof_begin(&pm);
+    execute_call(pg, c);
+    prof_end_bytes(&pm, kind_name(c->h.kind), PROF_COLLECTIVE,
+                   c->h.kind == CALL_BARRIER ? 0 : c->h.count * (int64_t)em_dtype_size((em_dtype)c->h.dtype),
+                   c->h.kind == CALL_BARRIER ? -1 : c->h.dtype);
+}
+
+static void execute_call(em_pg *pg, call *c)
 {
     if (pg->broken) {
         call_fail(c, EM_ERR_DIST, "the process group is broken by an earlier failure: %s", pg->broken_msg);
@@ -222,6 +237,7 @@ static void execute(em_pg *pg, call *c)
 static void *comm_thread(void *arg)
 {
     em_pg *pg = arg;
+    prof_thread_name("pg comm");
     pthread_mutex_lock(&pg->mu);
     for (;;) {
         while ((!pg->head || pg->inline_busy) && !pg->stopping) pthread_cond_wait(&pg->cv, &pg->mu);
@@ -282,7 +298,12 @@ static em_status finish(em_pg *pg, call *c)
 {
     if (pg->world > 1) {
         pthread_mutex_lock(&pg->mu);
-        while (!c->done) pthread_cond_wait(&pg->cv, &pg->mu);
+        if (!c->done) { /* the profiler records the time blocked here */
+            prof_mark pm;
+            prof_begin(&pm);
+            while (!c->done) pthread_cond_wait(&pg->cv, &pg->mu);
+            prof_end(&pm, "work_wait", PROF_COLLECTIVE);
+        }
         pthread_mutex_unlock(&pg->mu);
     }
     if (c->status) return em_set_error(c->status, "%s", c->msg);
@@ -813,6 +834,7 @@ static em_pg *pg_new(const em_pg_config *cfg, const char *exited)
         }
         pg->thread_started = true;
     }
+    prof_set_rank(pg->rank); /* the profiler's trace is named after it */
     return pg;
 }
 

@@ -7,6 +7,7 @@
 
 #include "optim_impl.h"
 #include "tensor/kernel_impl.h"
+#include "tensor/profile_impl.h"
 #include "update_math.h"
 #if EM_HAVE_CUDA
 #include "cuda_optim.h"
@@ -229,7 +230,18 @@ double em_optim_get_lr(const em_optimizer *o, int group)
 
 int64_t em_optim_step_count(const em_optimizer *o) { return o ? (int64_t) * (double *)t_ptr(o->step) : 0; }
 
+static em_status optim_zero_grad(em_optimizer *o);
+
 em_status em_optim_zero_grad(em_optimizer *o)
+{
+    prof_mark pm;
+    prof_begin(&pm);
+    em_status s = optim_zero_grad(o);
+    prof_end(&pm, "zero_grad", PROF_OPTIMIZER);
+    return s;
+}
+
+static em_status optim_zero_grad(em_optimizer *o)
 {
     if (!o) return em_err(EM_ERR_ARG, "em_optim_zero_grad: optimizer is NULL");
     for (int i = 0; i < o->np; i++)
@@ -542,7 +554,20 @@ static em_status prepare(em_optimizer *o, int i, opt_coef *u, tensor **s1, tenso
     return EM_OK;
 }
 
+static em_status optim_step(em_optimizer *o);
+
 em_status em_optim_step(em_optimizer *o)
+{
+    prof_mark pm;
+    prof_begin(&pm);
+    em_status s = optim_step(o);
+    static const char *const names[] = {
+        [OPT_SGD] = "sgd.step", [OPT_ADAM] = "adam.step", [OPT_ADAMW] = "adamw.step"};
+    prof_end(&pm, o ? names[o->kind] : "step", PROF_OPTIMIZER);
+    return s;
+}
+
+static em_status optim_step(em_optimizer *o)
 {
     const char *fn = "em_optim_step";
     if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);

@@ -5,6 +5,7 @@
 
 #include "optim_impl.h"
 #include "tensor/kernel_impl.h"
+#include "tensor/profile_impl.h"
 #include "update_math.h"
 #if EM_HAVE_CUDA
 #include "cuda_optim.h"
@@ -364,7 +365,18 @@ static double clip_cuda(int n, em_tensor *const *params, double max_norm, em_sta
 }
 #endif
 
+static double clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_status *status);
+
 double em_clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_status *status)
+{
+    prof_mark pm;
+    prof_begin(&pm);
+    double norm = clip_grad_norm(n, params, max_norm, status);
+    prof_end(&pm, "clip_grad_norm", PROF_OPTIMIZER);
+    return norm;
+}
+
+static double clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_status *status)
 {
     const char *fn = "em_clip_grad_norm";
     em_status s = EM_OK;

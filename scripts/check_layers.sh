@@ -7,7 +7,7 @@
 #     tensor  autograd  nn  optim  data  amp  dist  tools
 #
 # The public headers count as the layer they describe (include/ember/X.h is
-# layer X; runtime.h is tensor's; ember.h, which includes them all, and
+# layer X; runtime.h and profile.h are tensor's; ember.h, which includes them all, and
 # tracker.h, which dist/ implements, are dist's).
 # examples/ is not a layer: it may include only the public headers.
 #
@@ -52,7 +52,7 @@ for i in "${!layers[@]}"; do rank[${layers[$i]}]=$i; done
 layer_of_public() {
     REPLY=
     case $1 in
-    runtime.h) REPLY=tensor ;;
+    runtime.h | profile.h) REPLY=tensor ;;
     ember.h | tracker.h) REPLY=dist ;;
     *) [ -n "${rank[${1%.h}]+x}" ] && REPLY=${1%.h} ;;
     esac

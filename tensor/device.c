@@ -156,10 +156,14 @@ static tensor *t_to(tensor *t, em_device dev)
     op_call c;
     if (!op_begin(&c, OP_TO, 1, &t)) return NULL;
     tensor *out = t_copy_to(t, dev);
-    if (!out || out == t) return out;
+    if (!out || out == t) {
+        op_done(&c, out != NULL);
+        return out;
+    }
 #if EM_HAVE_CUDA
     return op_end(&c, out, to_backward);
 #else
+    op_done(&c, true);
     return out;
 #endif
 }

@@ -163,9 +163,9 @@ static bool kind_checks(op_call *c)
 
 /* ---- the steps --------------------------------------------------------------------------- */
 
-bool op_begin(op_call *c, op_id op, int nin, tensor **in)
+/* op_begin's checks, between the profiler's begin and its abandon on failure */
+static bool begin_checks(op_call *c, op_id op, int nin, tensor **in)
 {
-    *c = (op_call){.op = op, .nin = nin, .in = in, .dev = em_device_cpu()};
     const char *name = op_name(op);
     for (int i = 0; i < nin; i++)
         if (!in[i]) {
@@ -185,6 +185,15 @@ bool op_begin(op_call *c, op_id op, int nin, tensor **in)
     if (grad_mode)
         for (int i = 0; i < nin && !c->record; i++) c->record = in[i]->requires_grad;
     return true;
+}
+
+bool op_begin(op_call *c, op_id op, int nin, tensor **in)
+{
+    *c = (op_call){.op = op, .nin = nin, .in = in, .dev = em_device_cpu()};
+    prof_begin_zeroed(&c->pm); /* before autocast: a cast it makes is this op's child */
+    if (begin_checks(c, op, nin, in)) return true;
+    prof_abandon(&c->pm);
+    return false;
 }
 
 bool op_begin_backward(op_call *c, const node *n, int nin, tensor **in)
@@ -255,7 +264,18 @@ static node *record(const op_call *c, backward_fn bw, tensor *out)
 
 tensor *op_end(op_call *c, tensor *out, backward_fn bw)
 {
-    if (!out) return NULL;
-    if (c->record && !record(c, bw, out)) return NULL;
+    if (out && c->record && !record(c, bw, out)) out = NULL;
+    if (out)
+        prof_end_op(&c->pm, c->op, false);
+    else
+        prof_abandon(&c->pm);
     return out;
+}
+
+void op_done(op_call *c, bool ok)
+{
+    if (ok)
+        prof_end_op(&c->pm, c->op, false);
+    else
+        prof_abandon(&c->pm);
 }

@@ -29,6 +29,7 @@
 #define EMBER_DISPATCH_H
 
 #include "ops.h"
+#include "profile_impl.h"
 #include "tensor_impl.h"
 
 /* ---- one call of an op ---------------------------------------------------------------- */
@@ -47,7 +48,8 @@ typedef struct op_call {
      * the node for backward */
     int64_t ip[8];
     double dp[4];
-    void *saved; /* op-specific, in the scope arena (scope_alloc) */
+    void *saved;  /* op-specific, in the scope arena (scope_alloc) */
+    prof_mark pm; /* the profiler's record of this call, op_begin to op_end */
 } op_call;
 
 /* Starts op `op` on in[0..nin) (nin >= 0; `in` is updated in place and must
@@ -60,7 +62,8 @@ typedef struct op_call {
  * broadcast, into c->ndim/c->shape; SOFTMAX, NORM, LOSS, DROPOUT,
  * ATTENTION, CONV, POOL: the first input is a float tensor); c->record is
  * set. false with the thread's error set (EM_ERR_DEVICE, EM_ERR_DTYPE,
- * EM_ERR_SHAPE, EM_ERR_OOM from a cast) otherwise. */
+ * EM_ERR_SHAPE, EM_ERR_OOM from a cast) otherwise. While profiling is on,
+ * the op's record (include/ember/profile.h) runs from here to op_end. */
 bool op_begin(op_call *c, op_id op, int nin, tensor **in);
 
 /* A contiguous, uninitialised output on c->dev in the current scope
@@ -96,6 +99,11 @@ em_status op_run(const op_call *c, const op_kernels *k, tensor *out);
  * out as requiring grad. Returns out; NULL when out is NULL or recording
  * failed (no scope open, out of memory: error set, out dropped). */
 tensor *op_end(op_call *c, tensor *out, backward_fn bw);
+
+/* Ends a call that records no node of its own (split, chunk: each piece is
+ * a narrow, recorded by itself); ok false: the call failed. Only the
+ * profiler's record ends here. */
+void op_done(op_call *c, bool ok);
 
 /* ---- for backward functions ------------------------------------------------------------ */
 

@@ -145,7 +145,10 @@ static tensor *t_dropout(tensor *t, double p, bool training, em_rng *rng)
     op_call c;
     if (!op_begin(&c, OP_DROPOUT, 1, &t)) return NULL;
     if (!(p >= 0.0 && p <= 1.0)) return em_fail(EM_ERR_ARG, "dropout: p = %g is not in [0, 1]", p);
-    if (!training || p == 0.0) return t;
+    if (!training || p == 0.0) { /* the identity: nothing to record */
+        op_done(&c, true);
+        return t;
+    }
     if (!rng) rng = em_default_rng();
     int64_t n = t_numel(t), blocks = (n + 3) / 4;
     bool cuda = c.dev.type == EM_CUDA;

@@ -185,11 +185,10 @@ static int split_views(const char *op, tensor *t, int64_t size, int d, int64_t c
 }
 
 /* split and chunk record nothing of their own (each piece is a narrow):
- * op_begin checks the input, there is no op_end */
-static int t_split(tensor *t, int64_t size, int dim, tensor **out, int max_out)
+ * op_begin checks the input, op_done ends the call */
+static int split_pieces(op_call *c, int64_t size, int dim, tensor **out, int max_out)
 {
-    op_call c;
-    if (!op_begin(&c, OP_SPLIT, 1, &t)) return -1;
+    tensor *t = c->in[0];
     int d = t_dim("split", dim, t->ndim, 0);
     if (d < 0) return -1;
     if (size < 1) return em_err(EM_ERR_ARG, "split: size %lld must be >= 1", (long long)size), -1;
@@ -197,11 +196,19 @@ static int t_split(tensor *t, int64_t size, int dim, tensor **out, int max_out)
     return split_views("split", t, size, d, S == 0 ? 1 : (S + size - 1) / size, out, max_out);
 }
 
-/* torch.chunk: pieces of ceil(S/chunks), so there may be fewer than chunks */
-static int t_chunk(tensor *t, int chunks, int dim, tensor **out, int max_out)
+static int t_split(tensor *t, int64_t size, int dim, tensor **out, int max_out)
 {
     op_call c;
-    if (!op_begin(&c, OP_CHUNK, 1, &t)) return -1;
+    if (!op_begin(&c, OP_SPLIT, 1, &t)) return -1;
+    int n = split_pieces(&c, size, dim, out, max_out);
+    op_done(&c, n >= 0);
+    return n;
+}
+
+/* torch.chunk: pieces of ceil(S/chunks), so there may be fewer than chunks */
+static int chunk_pieces(op_call *c, int chunks, int dim, tensor **out, int max_out)
+{
+    tensor *t = c->in[0];
     int d = t_dim("chunk", dim, t->ndim, 0);
     if (d < 0) return -1;
     if (chunks < 1) return em_err(EM_ERR_ARG, "chunk: chunks %d must be >= 1", chunks), -1;
@@ -210,6 +217,15 @@ static int t_chunk(tensor *t, int chunks, int dim, tensor **out, int max_out)
         return split_views("chunk", t, 0, d, chunks, out, max_out);
     int64_t size = (S + chunks - 1) / chunks;
     return split_views("chunk", t, size, d, (S + size - 1) / size, out, max_out);
+}
+
+static int t_chunk(tensor *t, int chunks, int dim, tensor **out, int max_out)
+{
+    op_call c;
+    if (!op_begin(&c, OP_CHUNK, 1, &t)) return -1;
+    int n = chunk_pieces(&c, chunks, dim, out, max_out);
+    op_done(&c, n >= 0);
+    return n;
 }
 
 /* ---- public wrappers ------------------------------------------------------------------ */

@@ -459,6 +459,8 @@ static int run_attempts(const job *j, const char *path, char **argv, int sigfd, 
 
 int cmd_launch(int argc, char **argv)
 {
+    /* EMBER_PROFILE profiles the workers; the launcher records nothing, so it writes no trace */
+    em_profile_stop();
     job j = {0};
     int rc = parse(argc, argv, &j.o);
     if (rc) return rc < 0 ? 0 : rc;

@@ -349,7 +349,19 @@ static em_status save(run *r)
 
 /* One optimisation step of grad_accum micro-batches; *loss gets the mean
  * loss over the step's whole (global) batch. */
+static em_status train_step_body(run *r, double *loss, double *norm);
+
+/* The profiler sees the step, its forwards (here) and backwards (the
+ * Accelerator) as ranges. */
 static em_status train_step(run *r, double *loss, double *norm)
+{
+    em_profile_range_begin("step");
+    em_status s = train_step_body(r, loss, norm);
+    em_profile_range_end();
+    return s;
+}
+
+static em_status train_step_body(run *r, double *loss, double *norm)
 {
     em_status s = EM_OK;
     int k = em_accel_grad_accum(r->acc);
@@ -360,7 +372,9 @@ static em_status train_step(run *r, double *loss, double *norm)
         em_batch b;
         s = em_window_sampler_next(&r->sampler, &b);
         if (!s) s = em_accel_to_device(r->acc, &b);
+        em_profile_range_begin("forward");
         em_tensor *l = s ? NULL : em_gpt_loss(r->gpt, b.x, b.y);
+        em_profile_range_end();
         if (!s && !l) s = em_last_status();
         if (!s) {
             sum += em_item(l);

@@ -52,6 +52,10 @@ int main(int argc, char **argv)
         printf("ember %s\n", em_version());
         return 0;
     }
+    if (em_profile_env()) { /* EMBER_PROFILE that is not a boolean */
+        fprintf(stderr, "ember %s: %s\n", cmd, em_last_error());
+        return 1;
+    }
     if (!strcmp(cmd, "env")) return cmd_env(sub_argc, sub_argv);
     if (!strcmp(cmd, "test")) return cmd_test(sub_argc, sub_argv);
     if (!strcmp(cmd, "demo")) return cmd_demo(sub_argc, sub_argv);

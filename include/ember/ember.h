@@ -8,6 +8,7 @@
 #include "dist.h"
 #include "nn.h"
 #include "optim.h"
+#include "profile.h"
 #include "runtime.h"
 #include "tensor.h"
 #include "tracker.h"
