@@ -257,14 +257,16 @@ static void scan_declarations(const char *text, names *out)
 }
 
 /* Every function and variable the headers in include/ember/ declare, read
- * from the headers after the build's C compiler preprocessed them (-E -P),
- * so declarations a macro writes count too. */
+ * from the headers after the build's C compiler preprocessed them (-E), so
+ * declarations a macro writes count too; the line markers say which file
+ * each line came from, and only include/ember/'s lines are kept (a public
+ * header may include <stdio.h>). */
 static names public_declarations(void)
 {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "for h in '%s'/include/ember/*.h; do printf '#include \"%%s\"\\n' \"$h\"; done"
-             " | %s -E -P -x c -I'%s'/include -",
+             " | %s -E -x c -I'%s'/include -",
              EMBER_SOURCE_DIR, EMBER_CC, EMBER_SOURCE_DIR);
     FILE *p = popen(cmd, "r");
     if (!p) th_fail(__FILE__, __LINE__, "cannot run %s", cmd);
@@ -278,6 +280,26 @@ static names public_declarations(void)
     if (!text) th_fail(__FILE__, __LINE__, "out of memory");
     text[n] = '\0';
     if (rc != 0 || n == 0) th_fail(__FILE__, __LINE__, "preprocessing the public headers failed: %s", cmd);
+    /* keep the lines of include/ember/ (after a marker `# N "FILE" ...`) */
+    size_t k = 0;
+    bool keep = false;
+    for (char *line = text; *line;) {
+        char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) + 1 : strlen(line);
+        if (line[0] == '#') {
+            char *q = memchr(line, '"', len);
+            char *q2 = q ? memchr(q + 1, '"', len - (size_t)(q + 1 - line)) : NULL;
+            if (q2) {
+                *q2 = '\0';
+                keep = strstr(q + 1, "/include/ember/") != NULL;
+            }
+        } else if (keep) {
+            memmove(text + k, line, len);
+            k += len;
+        }
+        line += len;
+    }
+    text[k] = '\0';
     names out = {0};
     scan_declarations(text, &out);
     free(text);
