@@ -161,6 +161,9 @@ static int amp_table(const char *which, int steps_arg, const char *only)
     printf("bench_train amp: ember's training step under autocast (f32 master weights); median over steps after 2 "
            "warm-up; threads %d\n",
            em_num_threads());
+    const char *pb = em_matmul_path(EM_BF16);
+    printf("product paths (em_matmul_path): f32 %s, bf16 %s, fp16 %s\n", em_matmul_path(EM_F32),
+           pb ? pb : em_last_error(), em_matmul_path(EM_F16));
     printf("%-6s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16", "f32/fp16");
     int rc = 0;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
@@ -193,6 +196,7 @@ int main(int argc, char **argv)
     printf("bench_train: one training step = forward + backward + clip + AdamW; median over steps after 2 "
            "warm-up; ember threads %d\n",
            em_num_threads());
+    printf("product path (em_matmul_path): f32 %s\n", em_matmul_path(EM_F32));
     printf("%-6s %12s %12s %10s %14s %14s %10s\n", "config", "ember ms", "torch ms", "ratio", "ember tok/s",
            "ember MB", "torch MB");
     int rc = 0;
