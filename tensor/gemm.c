@@ -111,6 +111,8 @@ static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n
         else if (j->dt == EM_BF16 && j->path == BF16_PATH_AVX512BF16)
             ok = gemm_dpbf16(dp_kernel_avx512, j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c, true,
                              j->ldc);
+        else if (gemm_widen_usable())
+            ok = gemm_widen(j->dt, j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, (uint16_t *)c, j->ldc);
         else
             ok = gemm_widened(j->dt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
         if (!ok) __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);

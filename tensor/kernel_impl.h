@@ -98,6 +98,15 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
 em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                       const void *B, int64_t ldb, void *C, int64_t ldc);
 
+/* The f32 path on AVX2+FMA+F16C CPUs (tensor/gemm_widen.c): whether this
+ * CPU has them, and one thread's C (m,n) of dtype lo (bf16 or f16) =
+ * op(A) @ op(B) on A and B of dtype lo, widened to f32 in the GEMM's
+ * packing, accumulated in f32 and rounded once; false (nothing written)
+ * when !gemm_widen_usable() or scratch runs out. */
+bool gemm_widen_usable(void);
+bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda,
+                const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc);
+
 /* ---- bf16 product paths (tensor/gemm_path.c) ------------------------------------ */
 typedef enum bf16_path { BF16_PATH_F32, BF16_PATH_AVX512BF16, BF16_PATH_AMX } bf16_path;
 /* The path bf16 products take in this process: EMBER_BF16_PATH (auto, f32,

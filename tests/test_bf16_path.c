@@ -24,8 +24,8 @@ static void use_path(const char *p)
  * accumulation over K terms whose absolute products sum to s */
 static bool within_rounding(em_dtype dt, double got, double want, double s, int64_t K)
 {
-    double ulp = dt == EM_BF16 ? 0x1p-8 : 0x1p-11;
-    return fabs(got - want) <= ulp * fabs(want) + (double)(K + 2) * 0x1p-24 * s;
+    double ulp = dt == EM_BF16 ? 0x1p-8 : 0x1p-11, sub = dt == EM_F16 ? 0x1p-24 : 0; /* f16's subnormal step */
+    return fabs(got - want) <= ulp * fabs(want) + sub + (double)(K + 2) * 0x1p-24 * s;
 }
 
 /* op(a) (M,K) @ op(b) (K,N) by em_matmul in dt (a stored transposed when
