@@ -53,8 +53,8 @@ float dpbf16_lane(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint16_t b1)
     return t;
 }
 
-static void model(const uint32_t *ap, const uint32_t *bp, int64_t gstride, int64_t pairs, float *acc, int64_t ldacc,
-                  bool accumulate)
+static void model(const uint32_t *ap, const uint32_t *bp, int64_t gstride, int64_t pairs, float *acc,
+                  int64_t ldacc, bool accumulate)
 {
     for (int i = 0; i < DP_MR; i++)
         for (int j = 0; j < 32; j++) {
@@ -105,8 +105,8 @@ const dp_kernel dp_kernel_avx512 = NULL;
 
 /* rows r0..r0+rows (< DP_MR: zero rows below) of op(A), k from k0, `pairs`
  * pairs (zero past K), into dst[p*DP_MR + i] */
-static void pack_a_panel(bool ta, const uint16_t *A, int64_t lda, int64_t r0, int64_t rows, int64_t k0, int64_t K,
-                         int64_t pairs, uint32_t *dst)
+static void pack_a_panel(bool ta, const uint16_t *A, int64_t lda, int64_t r0, int64_t rows, int64_t k0,
+                         int64_t K, int64_t pairs, uint32_t *dst)
 {
     for (int64_t p = 0; p < pairs; p++) {
         int64_t k = k0 + 2 * p;
@@ -123,13 +123,13 @@ static void pack_a_panel(bool ta, const uint16_t *A, int64_t lda, int64_t r0, in
     }
 }
 
-bool gemm_dpbf16(dp_kernel kern, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda,
-                 const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc)
+bool gemm_dpbf16(dp_kernel kern, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                 int64_t lda, const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc)
 {
     int64_t kc_max = K < KC ? K : KC, pairs_max = (kc_max + 1) / 2;
     int64_t mc_max = m < MC ? m : MC, nc_max = n < NC ? n : NC;
     int64_t panels_max = (mc_max + DP_MR - 1) / DP_MR, ncp = (nc_max + 31) / 32 * 32; /* padded columns */
-    uint32_t *ap = aligned_alloc(64, (size_t)(pairs_max * DP_MR) * 4 + 64); /* one panel */
+    uint32_t *ap = aligned_alloc(64, (size_t)(pairs_max * DP_MR) * 4 + 64);           /* one panel */
     uint32_t *bp = aligned_alloc(64, (size_t)(ncp * pairs_max) * 4 + 64);
     float *acc = aligned_alloc(64, (size_t)(panels_max * DP_MR * ncp) * 4 + 64);
     if (!ap || !bp || !acc) {
@@ -151,8 +151,8 @@ bool gemm_dpbf16(dp_kernel kern, bool ta, bool tb, int64_t m, int64_t n, int64_t
                     int64_t rows = mc - i * DP_MR < DP_MR ? mc - i * DP_MR : DP_MR;
                     pack_a_panel(ta, ta ? A + k0 * lda : A + k0, lda, m0 + i * DP_MR, rows, 0, kc, pairs, ap);
                     for (int64_t g = 0; g < groups2; g++)
-                        kern(ap, bp + 2 * g * pairs * 16, pairs * 16, pairs, acc + (i * DP_MR) * ncp + 32 * g, ncp,
-                             k0 > 0);
+                        kern(ap, bp + 2 * g * pairs * 16, pairs * 16, pairs, acc + (i * DP_MR) * ncp + 32 * g,
+                             ncp, k0 > 0);
                 }
             }
             for (int64_t i = 0; i < mc; i++) {

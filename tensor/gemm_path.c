@@ -22,8 +22,8 @@
 #include "kernel_impl.h"
 #include "settings_impl.h"
 
-static const char *const path_names[] = {[BF16_PATH_F32] = "f32", [BF16_PATH_AVX512BF16] = "avx512bf16",
-                                         [BF16_PATH_AMX] = "amx"};
+static const char *const path_names[] = {
+    [BF16_PATH_F32] = "f32", [BF16_PATH_AVX512BF16] = "avx512bf16", [BF16_PATH_AMX] = "amx"};
 
 /* 0: not resolved yet; else 1 + the path, or -1 when the setting is bad */
 static int resolved;
@@ -46,8 +46,9 @@ static em_status resolve(bf16_path *out)
     }
     if (!strcmp(v, "avx512bf16")) {
         if (!dp)
-            return em_err(EM_ERR_UNSUPPORTED,
-                          "EMBER_BF16_PATH=avx512bf16: this CPU (or build) has no AVX512-BF16; use auto or f32");
+            return em_err(
+                EM_ERR_UNSUPPORTED,
+                "EMBER_BF16_PATH=avx512bf16: this CPU (or build) has no AVX512-BF16; use auto or f32");
         *out = BF16_PATH_AVX512BF16;
         return EM_OK;
     }

@@ -81,8 +81,8 @@ TARGET static inline void transpose8(__m256 r[8])
 
 /* op(B) rows k0..k0+kc, columns n0..n0+nc into panels of NR columns
  * (zero past nc): dst[panel][k][NR] */
-TARGET static void pack_b(bool f16, bool tb, const uint16_t *B, int64_t ldb, int64_t k0, int64_t kc, int64_t n0,
-                          int64_t nc, float *dst)
+TARGET static void pack_b(bool f16, bool tb, const uint16_t *B, int64_t ldb, int64_t k0, int64_t kc,
+                          int64_t n0, int64_t nc, float *dst)
 {
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         float *d = dst + j0 * kc;
@@ -110,14 +110,15 @@ TARGET static void pack_b(bool f16, bool tb, const uint16_t *B, int64_t ldb, int
                     for (int q = 0; q < 8; q++) _mm256_storeu_ps(d + (k + q) * NR + 8 * h, r[q]);
                 }
         for (; k < kc; k++)
-            for (int64_t j = 0; j < NR; j++) d[k * NR + j] = j < w ? widen1(f16, B[(n0 + j0 + j) * ldb + k0 + k]) : 0.0f;
+            for (int64_t j = 0; j < NR; j++)
+                d[k * NR + j] = j < w ? widen1(f16, B[(n0 + j0 + j) * ldb + k0 + k]) : 0.0f;
     }
 }
 
 /* op(A) rows m0..m0+mc, k0..k0+kc into panels of MR rows (zero past mc):
  * dst[panel][k][MR] */
-TARGET static void pack_a(bool f16, bool ta, const uint16_t *A, int64_t lda, int64_t m0, int64_t mc, int64_t k0, int64_t kc,
-                   float *dst)
+TARGET static void pack_a(bool f16, bool ta, const uint16_t *A, int64_t lda, int64_t m0, int64_t mc,
+                          int64_t k0, int64_t kc, float *dst)
 {
     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
         float *d = dst + i0 * kc;
@@ -146,8 +147,8 @@ TARGET static void pack_a(bool f16, bool ta, const uint16_t *A, int64_t lda, int
 /* c (MR x NR f32, row stride ldc) = (acc ? c : 0) + a-panel @ b-panel over kc */
 TARGET static void kernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool acc)
 {
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
-           c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+           c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
@@ -187,15 +188,16 @@ TARGET static inline __m128i round8_bf16(__m256 x)
     __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
                                  _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
     __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
-    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                     _mm256_set1_epi32(0x7f800000));
+    __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
     __m256i v = _mm256_srli_epi32(_mm256_blendv_epi8(r, q, nan), 16);
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08));
 }
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C of
  * dtype lo, rounded once */
-TARGET static void store_low(bool f16, const float *t, int64_t ldt, uint16_t *C, int64_t ldc, int64_t r, int64_t w)
+TARGET static void store_low(bool f16, const float *t, int64_t ldt, uint16_t *C, int64_t ldc, int64_t r,
+                             int64_t w)
 {
     for (int64_t i = 0; i < r; i++) {
         const float *s = t + i * ldt;
@@ -203,18 +205,20 @@ TARGET static void store_low(bool f16, const float *t, int64_t ldt, uint16_t *C,
         int64_t j = 0;
         for (; j + 8 <= w; j += 8) {
             __m256 x = _mm256_loadu_ps(s + j);
-            _mm_storeu_si128((__m128i *)(d + j), f16 ? _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT) : round8_bf16(x));
+            _mm_storeu_si128((__m128i *)(d + j),
+                             f16 ? _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT) : round8_bf16(x));
         }
         for (; j < w; j++) d[j] = f16 ? f32_to_f16_bits(s[j]) : f32_to_bf16_bits(s[j]);
     }
 }
 
-bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda,
-                const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc)
+bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc)
 {
     bool f16 = lo == EM_F16, deep = K > KC;
     /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD) */
-    int64_t kc_max = K < KC ? K : KC, ncb = deep ? NCD : NC, nc_max = n < ncb ? n : ncb, mc_max = m < MC ? m : MC;
+    int64_t kc_max = K < KC ? K : KC, ncb = deep ? NCD : NC, nc_max = n < ncb ? n : ncb,
+            mc_max = m < MC ? m : MC;
     int64_t ncp = (nc_max + NR - 1) / NR * NR, mcp = (mc_max + MR - 1) / MR * MR;
     int64_t msum = m <= MSUM ? m : MC, msp = (msum + MC - 1) / MC * MC + MR; /* acc rows, padded */
     size_t mark = tmp_mark();
@@ -280,8 +284,8 @@ bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, 
 
 #else
 
-bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda,
-                const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc)
+bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc)
 {
     (void)lo, (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C,
         (void)ldc;

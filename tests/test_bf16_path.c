@@ -24,7 +24,8 @@ static void use_path(const char *p)
  * accumulation over K terms whose absolute products sum to s */
 static bool within_rounding(em_dtype dt, double got, double want, double s, int64_t K)
 {
-    double ulp = dt == EM_BF16 ? 0x1p-8 : 0x1p-11, sub = dt == EM_F16 ? 0x1p-24 : 0; /* f16's subnormal step */
+    double ulp = dt == EM_BF16 ? 0x1p-8 : 0x1p-11,
+           sub = dt == EM_F16 ? 0x1p-24 : 0; /* f16's subnormal step */
     return fabs(got - want) <= ulp * fabs(want) + sub + (double)(K + 2) * 0x1p-24 * s;
 }
 
@@ -47,7 +48,8 @@ static void matmul_matches(em_dtype dt, int64_t M, int64_t K, int64_t N, bool ta
     em_tensor *want = em_matmul(a64, b64), *sum = em_matmul(em_abs(a64), em_abs(b64));
     CHECK(got && want && sum);
     for (int64_t i = 0; i < M * N; i++) {
-        double g = ((double *)em_data(got))[i], w = ((double *)em_data(want))[i], sa = ((double *)em_data(sum))[i];
+        double g = ((double *)em_data(got))[i], w = ((double *)em_data(want))[i],
+               sa = ((double *)em_data(sum))[i];
         if (!within_rounding(dt, g, w, sa, K))
             th_fail(__FILE__, __LINE__, "%s (%lld,%lld)%s @ (%lld,%lld)%s: [%lld,%lld] = %.9g, want %.9g",
                     em_dtype_name(dt), (long long)M, (long long)K, ta ? "^T" : "", (long long)K, (long long)N,
@@ -57,6 +59,8 @@ static void matmul_matches(em_dtype dt, int64_t M, int64_t K, int64_t N, bool ta
 }
 
 static const int64_t odd[] = {1, 7, 33, 257};
+static uint16_t bf(float x);
+static void rand_bf16(uint16_t *x, int64_t n, uint64_t seed, bool small_ints);
 
 TEST(test_bf16_f32_path_matches_f64_at_odd_shapes_and_layouts)
 {
@@ -79,6 +83,35 @@ TEST(test_f16_products_widened_in_the_gemm_match_f64_at_odd_shapes)
 /* past one block of rows (256), depth (768 = 1.5 blocks) and columns (1024):
  * every block edge of the widening GEMM, and the GPT's three products of a
  * Linear (x @ W^T, g @ W, g^T @ x) */
+/* (M,1) @ (1,N): each result is one exact product rounded once, so it must
+ * be bf16_round's bits (ties to even, NaN kept quiet, infinities) on any
+ * path; a K of 1 also takes every edge of the packing */
+TEST(test_bf16_products_round_each_result_once_like_a_cast)
+{
+    em_scope s = em_scope_begin();
+    enum { M = 37, N = 41 };
+    uint16_t a[M], b[N];
+    rand_bf16(a, M, 3, false);
+    rand_bf16(b, N, 4, false);
+    /* (1 + 2^-4)^2 = 1 + 2^-3 + 2^-8 lies halfway between two bf16 (2^-7
+     * apart): it rounds to the even one, 1 + 2^-3; and specials */
+    a[0] = b[0] = bf(1.0625f);
+    a[1] = bf(INFINITY), a[2] = bf(NAN), a[3] = 0x8000, a[4] = bf(3e38f);
+    b[1] = bf(-1.0078125f), b[2] = 0;
+    em_tensor *ta = em_from_data(EM_BF16, EM_SHAPE(M, 1), a), *tb = em_from_data(EM_BF16, EM_SHAPE(1, N), b);
+    em_tensor *c = em_matmul(ta, tb);
+    CHECK_NOTNULL(c);
+    const uint16_t *got = em_data(c);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            uint16_t want = f32_to_bf16_bits(0.0f + bf16_bits_to_f32(a[i]) * bf16_bits_to_f32(b[j]));
+            if (got[i * N + j] != want)
+                th_fail(__FILE__, __LINE__, "[%d,%d] %s: 0x%04x, want 0x%04x", i, j, em_matmul_path(EM_BF16),
+                        got[i * N + j], want);
+        }
+    em_scope_end(s);
+}
+
 TEST(test_bf16_f32_path_crosses_its_block_edges)
 {
     use_path("f32");
@@ -138,9 +171,9 @@ TEST(test_dpbf16_model_reads_subnormals_as_zero_and_flushes_results)
 {
     uint16_t sub = 0x0001; /* the smallest bf16 subnormal */
     CHECK(dpbf16_lane(0.0f, sub, 0, bf(0x1p100f), 0) == 0.0f);
-    CHECK(dpbf16_lane(0x1p-130f, 0, 0, 0, 0) == 0.0f);                         /* a subnormal accumulator */
-    CHECK(dpbf16_lane(0.0f, bf(0x1p-70f), 0, bf(0x1p-70f), 0) == 0.0f);         /* a product below f32's range */
-    CHECK(dpbf16_lane(0x1p-125f, bf(-1.5f), 0, bf(0x1p-126f), 0) == 0.0f);   /* a sum that lands subnormal */
+    CHECK(dpbf16_lane(0x1p-130f, 0, 0, 0, 0) == 0.0f);                     /* a subnormal accumulator */
+    CHECK(dpbf16_lane(0.0f, bf(0x1p-70f), 0, bf(0x1p-70f), 0) == 0.0f);    /* a product below f32's range */
+    CHECK(dpbf16_lane(0x1p-125f, bf(-1.5f), 0, bf(0x1p-126f), 0) == 0.0f); /* a sum that lands subnormal */
     CHECK(isinf(dpbf16_lane(0.0f, bf(0x1p100f), 0, bf(0x1p100f), 0)));
 }
 
@@ -159,7 +192,8 @@ static void rand_bf16(uint16_t *x, int64_t n, uint64_t seed, bool small_ints)
  * against f64 (exactly, when the inputs are small integers) */
 static void dpbf16_matches(dp_kernel k, int64_t m, int64_t K, int64_t n, bool ta, bool tb, bool ints)
 {
-    uint16_t *A = malloc((size_t)(m * K) * 2), *B = malloc((size_t)(K * n) * 2), *Cb = malloc((size_t)(m * n) * 2);
+    uint16_t *A = malloc((size_t)(m * K) * 2), *B = malloc((size_t)(K * n) * 2),
+             *Cb = malloc((size_t)(m * n) * 2);
     float *C = malloc((size_t)(m * n) * 4);
     rand_bf16(A, m * K, (uint64_t)(m + 3 * K), ints);
     rand_bf16(B, K * n, (uint64_t)(n + 5 * K), ints);
@@ -179,9 +213,10 @@ static void dpbf16_matches(dp_kernel k, int64_t m, int64_t K, int64_t n, bool ta
             bool ok = ints ? g == w && gb == bf16_bits_to_f32(bf((float)w))
                            : within_rounding(EM_F32, g, w, s, K) && within_rounding(EM_BF16, gb, w, s, K);
             if (!ok)
-                th_fail(__FILE__, __LINE__, "(%lld,%lld)%s @ (%lld,%lld)%s%s: [%lld,%lld] = %.9g (bf16 %.9g), want %.9g",
-                        (long long)m, (long long)K, ta ? "^T" : "", (long long)K, (long long)n, tb ? "^T" : "",
-                        ints ? " (integers)" : "", (long long)i, (long long)j, g, gb, w);
+                th_fail(__FILE__, __LINE__,
+                        "(%lld,%lld)%s @ (%lld,%lld)%s%s: [%lld,%lld] = %.9g (bf16 %.9g), want %.9g",
+                        (long long)m, (long long)K, ta ? "^T" : "", (long long)K, (long long)n,
+                        tb ? "^T" : "", ints ? " (integers)" : "", (long long)i, (long long)j, g, gb, w);
         }
     free(A);
     free(B);
@@ -193,7 +228,8 @@ TEST(test_dpbf16_gemm_on_the_model_kernel_matches_f64_at_odd_shapes)
 {
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
-            for (int k = 0; k < 4; k++) dpbf16_matches(dp_kernel_model, odd[i], odd[j], odd[k], k & 1, j & 1, false);
+            for (int k = 0; k < 4; k++)
+                dpbf16_matches(dp_kernel_model, odd[i], odd[j], odd[k], k & 1, j & 1, false);
     /* past a block of depth (512), columns (256) and rows (256) */
     dpbf16_matches(dp_kernel_model, 9, 1031, 33, true, false, false);
     dpbf16_matches(dp_kernel_model, 263, 9, 259, false, true, false);
@@ -206,7 +242,8 @@ TEST(test_dpbf16_kernel_matches_its_model_where_the_cpu_has_it)
         SKIP("this CPU has no AVX512-BF16: the VDPBF16PS kernel is compiled but cannot run here");
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
-            for (int k = 0; k < 4; k++) dpbf16_matches(dp_kernel_avx512, odd[i], odd[j], odd[k], k & 1, j & 1, false);
+            for (int k = 0; k < 4; k++)
+                dpbf16_matches(dp_kernel_avx512, odd[i], odd[j], odd[k], k & 1, j & 1, false);
     dpbf16_matches(dp_kernel_avx512, 263, 1030, 259, false, true, true);
     /* whether the instruction gives the model's bits on random data: said,
      * not asserted (the model follows the SDM's text; a CPU that rounds
@@ -233,6 +270,7 @@ TEST(test_bf16_avx512bf16_path_matmul_matches_f64_where_the_cpu_has_it)
     use_path("avx512bf16");
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
-            for (int t = 0; t < 4; t++) matmul_matches(EM_BF16, odd[i], odd[j], odd[(i + j) % 4], t & 1, t & 2);
+            for (int t = 0; t < 4; t++)
+                matmul_matches(EM_BF16, odd[i], odd[j], odd[(i + j) % 4], t & 1, t & 2);
     matmul_matches(EM_BF16, 261, 777, 1031, false, true);
 }
