@@ -33,7 +33,8 @@ typedef struct gemm_job {
     int failed; /* a part ran out of scratch memory (set atomically) */
 } gemm_job;
 
-/* ---- f32 from bf16/f16 storage ------------------------------------------------------
+/* ---- f32 from bf16/f16 storage, without AVX2+FMA ----------------------------------------
+ * (CPUs with them widen in the GEMM's packing instead: tensor/gemm_widen.c.)
  * Where no bf16 (or f16) multiplier exists, a low-precision product widens
  * its operands to f32 one cache-sized block at a time, multiplies the
  * blocks with sgemm into an f32 block of C, and rounds that block to the
@@ -53,9 +54,7 @@ static void widen_block(em_dtype lo, const char *X, int64_t ld, int64_t r0, int6
     for (int64_t i = 0; i < r; i++) convert_n(EM_F32, dst + i * c, lo, X + (size_t)((r0 + i) * ld + c0) * 2, c);
 }
 
-/* One thread's C (m,n) of dtype lo = op(A) (m,K) @ op(B) (K,n), A, B of
- * dtype lo as em_gemm_low takes them; false when scratch runs out. */
-static bool gemm_widened(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A, int64_t lda,
+bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A, int64_t lda,
                          const char *B, int64_t ldb, char *C, int64_t ldc)
 {
     int64_t kc_max = K <= WKC + WKC / 2 ? K : WKC; /* a K a little past one block stays one */
@@ -114,7 +113,7 @@ static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n
         else if (gemm_widen_usable())
             ok = gemm_widen(j->dt, j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, (uint16_t *)c, j->ldc);
         else
-            ok = gemm_widened(j->dt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
+            ok = gemm_widen_sgemm(j->dt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
         if (!ok) __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         return;
     }

@@ -25,7 +25,7 @@
 static const char *const path_names[] = {
     [BF16_PATH_F32] = "f32", [BF16_PATH_AVX512BF16] = "avx512bf16", [BF16_PATH_AMX] = "amx"};
 
-/* 0: not resolved yet; else 1 + the path, or -1 when the setting is bad */
+/* 0: not chosen yet; else 1 + the path */
 static int resolved;
 
 /* The path the environment asks for on this CPU, or an error naming why not. */
@@ -65,20 +65,17 @@ static em_status resolve(bf16_path *out)
 
 em_status gemm_bf16_path(bf16_path *out)
 {
-    int r = __atomic_load_n(&resolved, __ATOMIC_ACQUIRE);
-    if (r > 0) {
-        *out = (bf16_path)(r - 1);
-        return EM_OK;
-    }
-    /* unresolved, or bad: (re)read, so the error is the thread's own */
+    /* the settings are checked at every product, so a bad value set later
+     * is still an error; the path chosen first stays for the process */
     bf16_path p = BF16_PATH_F32;
     em_status s = resolve(&p);
-    if (s) {
-        __atomic_store_n(&resolved, -1, __ATOMIC_RELEASE);
-        return s;
+    if (s) return s;
+    int r = __atomic_load_n(&resolved, __ATOMIC_ACQUIRE);
+    if (r == 0) {
+        __atomic_compare_exchange_n(&resolved, &r, 1 + (int)p, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        r = __atomic_load_n(&resolved, __ATOMIC_ACQUIRE);
     }
-    __atomic_store_n(&resolved, 1 + (int)p, __ATOMIC_RELEASE);
-    *out = p;
+    *out = (bf16_path)(r - 1);
     return EM_OK;
 }
 

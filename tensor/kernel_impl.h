@@ -91,10 +91,10 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
 /* C (M,N) of dtype lo (bf16 or f16) = op(A) @ op(B) on A and B of dtype lo,
  * accumulated in f32 and rounded once to lo. bf16 runs on the process's
  * bf16 path (gemm_bf16_path, which must have succeeded); f16, and bf16 on
- * the f32 path, widen the operands to f32 a cache-sized block at a time
- * inside the GEMM and multiply the blocks with sgemm, so no operand or
- * result is ever copied whole. EM_ERR_OOM when scratch memory runs out
- * (C is then undefined). */
+ * the f32 path, are widened to f32 inside the GEMM: in its packing step on
+ * AVX2+FMA CPUs (gemm_widen), else a cache-sized block at a time next to
+ * sgemm calls; no operand or result is ever copied whole. EM_ERR_OOM when
+ * scratch memory runs out (C is then undefined). */
 em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
                       const void *B, int64_t ldb, void *C, int64_t ldc);
 
@@ -106,12 +106,16 @@ em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64
 bool gemm_widen_usable(void);
 bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda,
                 const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc);
+/* The same product on any CPU (tensor/gemm.c): blocks of the operands
+ * widened next to sgemm calls on them; false when scratch runs out. */
+bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A, int64_t lda,
+                      const char *B, int64_t ldb, char *C, int64_t ldc);
 
 /* ---- bf16 product paths (tensor/gemm_path.c) ------------------------------------ */
 typedef enum bf16_path { BF16_PATH_F32, BF16_PATH_AVX512BF16, BF16_PATH_AMX } bf16_path;
 /* The path bf16 products take in this process: EMBER_BF16_PATH (auto, f32,
- * avx512bf16, amx) or, by default, the fastest this CPU can run; read once
- * and kept. EM_ERR_ARG naming the variable and its value when it is not one
+ * avx512bf16, amx) or, by default, the fastest this CPU can run; chosen at
+ * the first call and kept, the settings checked at every call. EM_ERR_ARG naming the variable and its value when it is not one
  * of those (or EMBER_NO_AMX is not a boolean), EM_ERR_UNSUPPORTED when it
  * names a path this CPU or build cannot run. */
 em_status gemm_bf16_path(bf16_path *out);

@@ -274,3 +274,50 @@ TEST(test_bf16_avx512bf16_path_matmul_matches_f64_where_the_cpu_has_it)
                 matmul_matches(EM_BF16, odd[i], odd[j], odd[(i + j) % 4], t & 1, t & 2);
     matmul_matches(EM_BF16, 261, 777, 1031, false, true);
 }
+
+/* the f32 path of CPUs without AVX2+FMA (widening next to sgemm), called
+ * directly: odd shapes, every layout, past its blocks (256 rows, 768 deep,
+ * 1024 columns) */
+static void widen_sgemm_matches(em_dtype dt, int64_t m, int64_t K, int64_t n, bool ta, bool tb)
+{
+    uint16_t *A = malloc((size_t)(m * K) * 2), *B = malloc((size_t)(K * n) * 2),
+             *C = malloc((size_t)(m * n) * 2);
+    rand_bf16(A, m * K, (uint64_t)(m + 7 * K), false);
+    rand_bf16(B, K * n, (uint64_t)(n + 11 * K), false);
+    if (dt == EM_F16) /* the same values as f16 (they are small: exact) */
+        for (int64_t i = 0; i < m * K || i < K * n; i++) {
+            if (i < m * K) A[i] = f32_to_f16_bits(bf16_bits_to_f32(A[i]));
+            if (i < K * n) B[i] = f32_to_f16_bits(bf16_bits_to_f32(B[i]));
+        }
+    float (*val)(uint16_t) = dt == EM_F16 ? f16_bits_to_f32 : bf16_bits_to_f32;
+    int64_t lda = ta ? m : K, ldb = tb ? K : n;
+    CHECK(gemm_widen_sgemm(dt, ta, tb, m, n, K, (const char *)A, lda, (const char *)B, ldb, (char *)C, n));
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double w = 0, s = 0;
+            for (int64_t p = 0; p < K; p++) {
+                double x = val(ta ? A[p * lda + i] : A[i * lda + p]),
+                       y = val(tb ? B[j * ldb + p] : B[p * ldb + j]);
+                w += x * y;
+                s += fabs(x * y);
+            }
+            double g = val(C[i * n + j]);
+            if (!within_rounding(dt, g, w, s, K))
+                th_fail(__FILE__, __LINE__, "%s (%lld,%lld)%s @ (%lld,%lld)%s: [%lld,%lld] = %.9g, want %.9g",
+                        em_dtype_name(dt), (long long)m, (long long)K, ta ? "^T" : "", (long long)K,
+                        (long long)n, tb ? "^T" : "", (long long)i, (long long)j, g, w);
+        }
+    free(A);
+    free(B);
+    free(C);
+}
+
+TEST(test_widening_next_to_sgemm_matches_f64_at_odd_shapes)
+{
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            for (int t = 0; t < 4; t++)
+                widen_sgemm_matches(EM_BF16, odd[i], odd[j], odd[(i + j + t) % 4], t & 1, t & 2);
+    widen_sgemm_matches(EM_BF16, 261, 777, 1031, false, true);
+    widen_sgemm_matches(EM_F16, 261, 777, 33, true, false);
+}
