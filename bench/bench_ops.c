@@ -353,9 +353,10 @@ static void bench_low(int reps)
 {
     const char *pb = em_matmul_path(EM_BF16);
     if (!pb) die("em_matmul_path(bf16)");
-    printf("\n(e) low-precision matmul vs f32 on the 124M Linear products, ms (median of %d, dtypes in turn, 3 "
-           "rounds);\n    paths: f32 %s, bf16 %s, f16 %s; ratio = f32 ms / low ms (>= 1: not slower)\n",
-           reps, em_matmul_path(EM_F32), pb, em_matmul_path(EM_F16));
+    printf(
+        "\n(e) low-precision matmul vs f32 on the 124M Linear products, ms (median of %d, dtypes in turn, 3 "
+        "rounds);\n    paths: f32 %s, bf16 %s, f16 %s; ratio = f32 ms / low ms (>= 1: not slower)\n",
+        reps, em_matmul_path(EM_F32), pb, em_matmul_path(EM_F16));
     printf("%-24s %9s %9s %9s %8s %8s\n", "product", "f32", "bf16", "f16", "f32/bf16", "f32/f16");
     /* (rows, K, N) as the Linear's x (256,K) and W (N,K) meet in each product */
     static const int64_t lin[][2] = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 50257}};
@@ -380,7 +381,8 @@ static void bench_low(int reps)
             for (int round = 0; round < 3; round++)
                 for (int d = 0; d < 3; d++) {
                     em_tensor *wt = em_transpose(ws[d], 0, 1), *gt = em_transpose(gs[d], 0, 1);
-                    em_tensor *a = p == 0 ? xs[d] : p == 1 ? gs[d] : gt, *b = p == 0 ? wt : p == 1 ? ws[d] : xs[d];
+                    em_tensor *as[3] = {xs[d], gs[d], gt}, *bs[3] = {wt, ws[d], xs[d]};
+                    em_tensor *a = as[p], *b = bs[p];
                     ms[d][round] = matmul_ms(a, b, r);
                     em_free(wt);
                     em_free(gt);
@@ -389,7 +391,8 @@ static void bench_low(int reps)
             for (int d = 0; d < 3; d++) m[d] = median(ms[d], 3);
             char label[64];
             snprintf(label, sizeof label, "%s %lldx%lld", names[p], (long long)K, (long long)N);
-            printf("%-24s %9.2f %9.2f %9.2f %8.3f %8.3f\n", label, m[0], m[1], m[2], m[0] / m[1], m[0] / m[2]);
+            printf("%-24s %9.2f %9.2f %9.2f %8.3f %8.3f\n", label, m[0], m[1], m[2], m[0] / m[1],
+                   m[0] / m[2]);
             fflush(stdout);
         }
         for (int d = 1; d < 3; d++) {

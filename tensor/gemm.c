@@ -21,8 +21,8 @@ __attribute__((constructor)) static void blas_single_threaded(void)
 }
 
 typedef struct gemm_job {
-    em_dtype dt; /* f32 or f64; for em_gemm_low, the operands' and C's dtype (bf16 or f16) */
-    bool low;    /* em_gemm_low: f32 accumulation, C rounded once to dt */
+    em_dtype dt;    /* f32 or f64; for em_gemm_low, the operands' and C's dtype (bf16 or f16) */
+    bool low;       /* em_gemm_low: f32 accumulation, C rounded once to dt */
     bf16_path path; /* dt bf16 and low: the process's bf16 path */
     bool ta, tb, split_rows;
     int64_t M, N, K, lda, ldb, ldc;
@@ -51,11 +51,12 @@ enum { WMC = 256, WKC = 512, WNC = 1024 }; /* block sizes (rows, depth, columns)
 static void widen_block(em_dtype lo, const char *X, int64_t ld, int64_t r0, int64_t c0, int64_t r, int64_t c,
                         float *dst)
 {
-    for (int64_t i = 0; i < r; i++) convert_n(EM_F32, dst + i * c, lo, X + (size_t)((r0 + i) * ld + c0) * 2, c);
+    for (int64_t i = 0; i < r; i++)
+        convert_n(EM_F32, dst + i * c, lo, X + (size_t)((r0 + i) * ld + c0) * 2, c);
 }
 
-bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A, int64_t lda,
-                         const char *B, int64_t ldb, char *C, int64_t ldc)
+bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A,
+                      int64_t lda, const char *B, int64_t ldb, char *C, int64_t ldc)
 {
     int64_t kc_max = K <= WKC + WKC / 2 ? K : WKC; /* a K a little past one block stays one */
     int64_t mc_max = m < WMC ? m : WMC, nc_max = n < WNC ? n : WNC;
@@ -82,8 +83,8 @@ bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64
                     widen_block(lo, B, ldb, n0, k0, nc, kc, b);
                 else
                     widen_block(lo, B, ldb, k0, n0, kc, nc, b);
-                cblas_sgemm(CblasRowMajor, cta, ctb, (int)mc, (int)nc, (int)kc, 1.0f, a, (int)(ta ? mc : kc), b,
-                            (int)(tb ? kc : nc), k0 ? 1.0f : 0.0f, c, (int)nc);
+                cblas_sgemm(CblasRowMajor, cta, ctb, (int)mc, (int)nc, (int)kc, 1.0f, a, (int)(ta ? mc : kc),
+                            b, (int)(tb ? kc : nc), k0 ? 1.0f : 0.0f, c, (int)nc);
             }
             for (int64_t i = 0; i < mc; i++)
                 convert_n(lo, C + (size_t)((m0 + i) * ldc + n0) * 2, EM_F32, c + i * nc, nc);
@@ -160,23 +161,37 @@ static void gemm_run(gemm_job *j)
         parallel_for(parts, 1, gemm_part, j);
 }
 
-em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
-                      const void *B, int64_t ldb, void *C, int64_t ldc)
+em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,
+                      int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
 {
     if (M <= 0 || N <= 0) return EM_OK;
     if (K <= 0) { /* an empty sum: +0 */
         for (int64_t i = 0; i < M; i++) memset((uint16_t *)C + i * ldc, 0, (size_t)N * 2);
         return EM_OK;
     }
-    gemm_job j = {.dt = lo, .low = true, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb,
-                  .ldc = ldc, .alpha = 1, .beta = 0, .A = A, .B = B, .C = C};
+    gemm_job j = {.dt = lo,
+                  .low = true,
+                  .ta = ta,
+                  .tb = tb,
+                  .M = M,
+                  .N = N,
+                  .K = K,
+                  .lda = lda,
+                  .ldb = ldb,
+                  .ldc = ldc,
+                  .alpha = 1,
+                  .beta = 0,
+                  .A = A,
+                  .B = B,
+                  .C = C};
     if (lo == EM_BF16) {
         em_status s = gemm_bf16_path(&j.path);
         if (s) return s;
     }
     gemm_run(&j);
     if (j.failed)
-        return em_err(EM_ERR_OOM, "matmul: out of scratch memory for a %s product of (%lld,%lld) @ (%lld,%lld)",
+        return em_err(EM_ERR_OOM,
+                      "matmul: out of scratch memory for a %s product of (%lld,%lld) @ (%lld,%lld)",
                       em_dtype_name(lo), (long long)M, (long long)K, (long long)K, (long long)N);
     return EM_OK;
 }

@@ -38,8 +38,8 @@
 /* columns c0..c0+cols of op(B) into groups of 16 columns, each Kp/2 pair-rows
  * of 16 pairs (64 bytes), zero padded to a multiple of 32 columns; the AMX
  * and the AVX512-BF16 kernels both read this layout (kernel_impl.h) */
-void gemm_bf16_pack_pairs(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K, int64_t Kp,
-                   uint32_t *dst)
+void gemm_bf16_pack_pairs(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K,
+                          int64_t Kp, uint32_t *dst)
 {
     int64_t groups = (cols + 31) / 32 * 2, pairs = Kp / 2;
     if (!tb) { /* B stored (K, n): walk it row pair by row pair, along the rows */

@@ -95,8 +95,8 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
  * AVX2+FMA CPUs (gemm_widen), else a cache-sized block at a time next to
  * sgemm calls; no operand or result is ever copied whole. EM_ERR_OOM when
  * scratch memory runs out (C is then undefined). */
-em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
-                      const void *B, int64_t ldb, void *C, int64_t ldc);
+em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,
+                      int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
 
 /* The f32 path on AVX2+FMA+F16C CPUs (tensor/gemm_widen.c): whether this
  * CPU has them, and one thread's C (m,n) of dtype lo (bf16 or f16) =
@@ -104,20 +104,20 @@ em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64
  * packing, accumulated in f32 and rounded once; false (nothing written)
  * when !gemm_widen_usable() or scratch runs out. */
 bool gemm_widen_usable(void);
-bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda,
-                const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc);
+bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc);
 /* The same product on any CPU (tensor/gemm.c): blocks of the operands
  * widened next to sgemm calls on them; false when scratch runs out. */
-bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A, int64_t lda,
-                      const char *B, int64_t ldb, char *C, int64_t ldc);
+bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A,
+                      int64_t lda, const char *B, int64_t ldb, char *C, int64_t ldc);
 
 /* ---- bf16 product paths (tensor/gemm_path.c) ------------------------------------ */
 typedef enum bf16_path { BF16_PATH_F32, BF16_PATH_AVX512BF16, BF16_PATH_AMX } bf16_path;
 /* The path bf16 products take in this process: EMBER_BF16_PATH (auto, f32,
  * avx512bf16, amx) or, by default, the fastest this CPU can run; chosen at
- * the first call and kept, the settings checked at every call. EM_ERR_ARG naming the variable and its value when it is not one
- * of those (or EMBER_NO_AMX is not a boolean), EM_ERR_UNSUPPORTED when it
- * names a path this CPU or build cannot run. */
+ * the first call and kept, the settings checked at every call. EM_ERR_ARG naming the variable and its value
+ * when it is not one of those (or EMBER_NO_AMX is not a boolean), EM_ERR_UNSUPPORTED when it names a path
+ * this CPU or build cannot run. */
 em_status gemm_bf16_path(bf16_path *out);
 /* Forgets the path read, so the next gemm_bf16_path reads the environment
  * again (tests). */
@@ -138,8 +138,8 @@ bool gemm_bf16_amx(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint
  * groups of 16 columns, each Kp/2 rows of 16 pairs (B[2p][j], B[2p+1][j])
  * as uint32 (low half the even k); zero past K and past cols up to a
  * multiple of 32 columns. Kp even, >= K. */
-void gemm_bf16_pack_pairs(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K, int64_t Kp,
-                          uint32_t *dst);
+void gemm_bf16_pack_pairs(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K,
+                          int64_t Kp, uint32_t *dst);
 
 /* AVX512-BF16 (tensor/gemm_dpbf16.c): whether this CPU and build have
  * VDPBF16PS. */
@@ -164,8 +164,8 @@ float dpbf16_lane(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint16_t b1)
 /* One thread's C (m,n) = op(A) @ op(B) on bf16 operands with kernel k, C
  * f32 or (c_bf16) bf16 rounded once; false (nothing written) when memory
  * runs out. */
-bool gemm_dpbf16(dp_kernel k, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda,
-                 const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc);
+bool gemm_dpbf16(dp_kernel k, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                 int64_t lda, const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc);
 
 /* Whether every value of dtype `from` is exactly a value of float dtype `to`
  * (f16/bf16 -> f32 -> f64, and any dtype to itself). tensor/dtype.c */

@@ -129,8 +129,8 @@ static void batch_strides(const operand *op, int nb, const int64_t *bs, int64_t 
 }
 
 /* c (M,N) row-major of dtype ct, ldc = N  <-  op(a) (M,K) @ op(b) (K,N) */
-static em_status gemm(em_dtype ct, const operand *a, const char *ap, const operand *b, const char *bp, char *cp,
-                      int64_t M, int64_t N, int64_t K)
+static em_status gemm(em_dtype ct, const operand *a, const char *ap, const operand *b, const char *bp,
+                      char *cp, int64_t M, int64_t N, int64_t K)
 {
     bool ta = a->trans == CblasTrans, tb = b->trans == CblasTrans;
     if (ct == EM_BF16 || ct == EM_F16)
@@ -155,8 +155,8 @@ static bool folds_into_one_gemm(const operand *a, const int64_t *sa, const int64
 }
 
 /* Runs the products into c (contiguous, out's shape, compute dtype ct). */
-static em_status matmul_kernel(em_dtype ct, const operand *a, const operand *b, char *c, int nb, const int64_t *bs,
-                          int64_t M, int64_t N, int64_t K)
+static em_status matmul_kernel(em_dtype ct, const operand *a, const operand *b, char *c, int nb,
+                               const int64_t *bs, int64_t M, int64_t N, int64_t K)
 {
     size_t es = em_dtype_size(ct);
     int64_t nbatch = shape_numel(nb, bs);
