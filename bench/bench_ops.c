@@ -8,11 +8,14 @@
  *       device and recording steps, allocation in the scope): ops on 4-element
  *       tensors, ns per call, with grad mode off and recording on the tape.
  *       Before/after a change to the op path, run this binary against each
- *       build's libember.so (LD_LIBRARY_PATH) in one session.
+ *       build's libember.so (LD_LIBRARY_PATH) in one session;
+ *   (e) bf16 and f16 matmuls against f32 ones on the GPT-2 124M Linear
+ *       products (forward x @ W^T, backward g @ W and g^T @ x, B*T = 256), ms,
+ *       with the product path each dtype took (em_matmul_path).
  * Every number is the median over repetitions after a warm-up; ember and the
  * reference are timed interleaved in the same run. Each ember repetition runs
  * in its own step scope, so the arena is reused and nothing grows.
- * Usage: bench_ops [reps]   (default 9, at least 7) */
+ * Usage: bench_ops [reps] [low]   (default 9, at least 7; "low": only (e)) */
 #include <cblas.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -329,6 +332,80 @@ static void bench_call_cost(int reps)
     }
 }
 
+/* ---- (e) low-precision products ---------------------------------------------------- */
+
+/* median ms of em_matmul(a, b) over `reps` runs after one warm-up */
+static double matmul_ms(em_tensor *a, em_tensor *b, int reps)
+{
+    double t[MAX_REPS];
+    for (int i = -1; i < reps; i++) {
+        em_scope sc = em_scope_begin();
+        double t0 = now();
+        if (!em_matmul(a, b)) die("em_matmul");
+        double t1 = now();
+        em_scope_end(sc);
+        if (i >= 0) t[i] = t1 - t0;
+    }
+    return 1e3 * median(t, reps);
+}
+
+static void bench_low(int reps)
+{
+    const char *pb = em_matmul_path(EM_BF16);
+    if (!pb) die("em_matmul_path(bf16)");
+    printf(
+        "\n(e) low-precision matmul vs f32 on the 124M Linear products, ms (median of %d, dtypes in turn, 3 "
+        "rounds);\n    paths: f32 %s, bf16 %s, f16 %s; ratio = f32 ms / low ms (>= 1: not slower)\n",
+        reps, em_matmul_path(EM_F32), pb, em_matmul_path(EM_F16));
+    printf("%-24s %9s %9s %9s %8s %8s\n", "product", "f32", "bf16", "f16", "f32/bf16", "f32/f16");
+    /* (rows, K, N) as the Linear's x (256,K) and W (N,K) meet in each product */
+    static const int64_t lin[][2] = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 50257}};
+    em_rng rng = em_rng_new(3);
+    for (size_t l = 0; l < sizeof lin / sizeof lin[0]; l++) {
+        int64_t M = 256, K = lin[l][0], N = lin[l][1];
+        em_tensor *x = em_randn(EM_F32, EM_SHAPE(M, K), &rng), *w = em_randn(EM_F32, EM_SHAPE(N, K), &rng),
+                  *g = em_randn(EM_F32, EM_SHAPE(M, N), &rng);
+        if (!x || !w || !g) die("low setup");
+        const em_dtype dts[3] = {EM_F32, EM_BF16, EM_F16};
+        em_tensor *xs[3], *ws[3], *gs[3];
+        for (int d = 0; d < 3; d++) {
+            xs[d] = d ? em_cast(x, dts[d]) : x;
+            ws[d] = d ? em_cast(w, dts[d]) : w;
+            gs[d] = d ? em_cast(g, dts[d]) : g;
+            if (!xs[d] || !ws[d] || !gs[d]) die("low cast");
+        }
+        const char *names[3] = {"x @ W^T", "g @ W", "g^T @ x"};
+        int r = N > 10000 ? (reps + 2) / 3 : reps; /* the vocabulary's product is 20 GFLOP */
+        for (int p = 0; p < 3; p++) {
+            double ms[3][3];
+            for (int round = 0; round < 3; round++)
+                for (int d = 0; d < 3; d++) {
+                    em_tensor *wt = em_transpose(ws[d], 0, 1), *gt = em_transpose(gs[d], 0, 1);
+                    em_tensor *as[3] = {xs[d], gs[d], gt}, *bs[3] = {wt, ws[d], xs[d]};
+                    em_tensor *a = as[p], *b = bs[p];
+                    ms[d][round] = matmul_ms(a, b, r);
+                    em_free(wt);
+                    em_free(gt);
+                }
+            double m[3];
+            for (int d = 0; d < 3; d++) m[d] = median(ms[d], 3);
+            char label[64];
+            snprintf(label, sizeof label, "%s %lldx%lld", names[p], (long long)K, (long long)N);
+            printf("%-24s %9.2f %9.2f %9.2f %8.3f %8.3f\n", label, m[0], m[1], m[2], m[0] / m[1],
+                   m[0] / m[2]);
+            fflush(stdout);
+        }
+        for (int d = 1; d < 3; d++) {
+            em_free(xs[d]);
+            em_free(ws[d]);
+            em_free(gs[d]);
+        }
+        em_free(x);
+        em_free(w);
+        em_free(g);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int reps = argc > 1 ? atoi(argv[1]) : 9;
@@ -339,10 +416,16 @@ int main(int argc, char **argv)
            "(OPENBLAS_NUM_THREADS=%s)\n",
            em_num_threads(), ee ? ee : "unset", blas_thread_count(), eb ? eb : "unset");
     double t0 = now();
+    if (argc > 2 && !strcmp(argv[2], "low")) {
+        bench_low(reps);
+        printf("\ntotal %.1f s\n", now() - t0);
+        return 0;
+    }
     bench_matmul(reps);
     bench_elementwise(reps);
     bench_interference(reps * 2);
     bench_call_cost(reps);
+    bench_low(reps);
     printf("\ntotal %.1f s\n", now() - t0);
     return 0;
 }

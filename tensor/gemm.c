@@ -21,33 +21,104 @@ __attribute__((constructor)) static void blas_single_threaded(void)
 }
 
 typedef struct gemm_job {
-    em_dtype dt;
-    bool c_bf16; /* dt bf16 only: C is bf16 rather than f32 */
+    em_dtype dt;    /* f32 or f64; for em_gemm_low, the operands' and C's dtype (bf16 or f16) */
+    bool low;       /* em_gemm_low: f32 accumulation, C rounded once to dt */
+    bf16_path path; /* dt bf16 and low: the process's bf16 path */
     bool ta, tb, split_rows;
     int64_t M, N, K, lda, ldb, ldc;
     double alpha, beta;
     const char *A, *B;
     char *C;
     int64_t parts;
+    int failed; /* a part ran out of scratch memory (set atomically) */
 } gemm_job;
 
-static void gemm_call(const gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
+/* ---- f32 from bf16/f16 storage, without AVX2+FMA ----------------------------------------
+ * (CPUs with them widen in the GEMM's packing instead: tensor/gemm_widen.c.)
+ * Where no bf16 (or f16) multiplier exists, a low-precision product widens
+ * its operands to f32 one cache-sized block at a time, multiplies the
+ * blocks with sgemm into an f32 block of C, and rounds that block to the
+ * low dtype while it is still in cache. Each operand element is widened
+ * once per block of the other side (MC rows / NC columns: at most a few %
+ * of the multiply's work) and no whole-operand f32 copy is ever made, so
+ * the product moves half the bytes of an f32 one and costs the same
+ * multiplies. A transposed operand is widened in memory order and handed
+ * to sgemm transposed. */
+enum { WMC = 256, WKC = 512, WNC = 1024 }; /* block sizes (rows, depth, columns) */
+
+/* the (r x c) block at (r0, c0) of a matrix stored with row stride ld,
+ * widened from lo to f32 into dst with row stride c */
+static void widen_block(em_dtype lo, const char *X, int64_t ld, int64_t r0, int64_t c0, int64_t r, int64_t c,
+                        float *dst)
+{
+    for (int64_t i = 0; i < r; i++)
+        convert_n(EM_F32, dst + i * c, lo, X + (size_t)((r0 + i) * ld + c0) * 2, c);
+}
+
+bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A,
+                      int64_t lda, const char *B, int64_t ldb, char *C, int64_t ldc)
+{
+    int64_t kc_max = K <= WKC + WKC / 2 ? K : WKC; /* a K a little past one block stays one */
+    int64_t mc_max = m < WMC ? m : WMC, nc_max = n < WNC ? n : WNC;
+    size_t mark = tmp_mark();
+    float *a = tmp_alloc((size_t)(mc_max * kc_max) * 4), *b = tmp_alloc((size_t)(kc_max * nc_max) * 4),
+          *c = tmp_alloc((size_t)(mc_max * nc_max) * 4);
+    if (!a || !b || !c) {
+        tmp_release(mark);
+        return false;
+    }
+    CBLAS_TRANSPOSE cta = ta ? CblasTrans : CblasNoTrans, ctb = tb ? CblasTrans : CblasNoTrans;
+    for (int64_t n0 = 0; n0 < n; n0 += nc_max) {
+        int64_t nc = n - n0 < nc_max ? n - n0 : nc_max;
+        for (int64_t m0 = 0; m0 < m; m0 += mc_max) {
+            int64_t mc = m - m0 < mc_max ? m - m0 : mc_max;
+            for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+                int64_t kc = K - k0 < kc_max ? K - k0 : kc_max;
+                /* op(A)[m0.., k0..]: A (m,K) rows, or A (K,m) when transposed */
+                if (ta)
+                    widen_block(lo, A, lda, k0, m0, kc, mc, a);
+                else
+                    widen_block(lo, A, lda, m0, k0, mc, kc, a);
+                if (tb)
+                    widen_block(lo, B, ldb, n0, k0, nc, kc, b);
+                else
+                    widen_block(lo, B, ldb, k0, n0, kc, nc, b);
+                cblas_sgemm(CblasRowMajor, cta, ctb, (int)mc, (int)nc, (int)kc, 1.0f, a, (int)(ta ? mc : kc),
+                            b, (int)(tb ? kc : nc), k0 ? 1.0f : 0.0f, c, (int)nc);
+            }
+            for (int64_t i = 0; i < mc; i++)
+                convert_n(lo, C + (size_t)((m0 + i) * ldc + n0) * 2, EM_F32, c + i * nc, nc);
+        }
+    }
+    tmp_release(mark);
+    return true;
+}
+
+static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
     size_t es = em_dtype_size(j->dt);
-    if (j->dt == EM_BF16) { /* bf16 operands, f32 or bf16 result (gemm_bf16.c) */
-        const uint16_t *a = (const uint16_t *)j->A + (j->ta ? m0 : m0 * j->lda);
-        const uint16_t *b = (const uint16_t *)j->B + (j->tb ? n0 * j->ldb : n0);
-        char *c = j->C + (size_t)(m0 * j->ldc + n0) * (j->c_bf16 ? 2 : 4);
-        gemm_bf16(j->ta, j->tb, m1 - m0, n1 - n0, j->K, a, j->lda, b, j->ldb, c, j->c_bf16, j->ldc);
-        return;
-    }
     /* op(A) rows m0..m1: A is (M,K) with ld lda, or (K,M) when transposed */
     const char *a = j->A + (size_t)(j->ta ? m0 : m0 * j->lda) * es;
     /* op(B) columns n0..n1: B is (K,N), or (N,K) when transposed */
     const char *b = j->B + (size_t)(j->tb ? n0 * j->ldb : n0) * es;
     char *c = j->C + (size_t)(m0 * j->ldc + n0) * es;
-    CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
     int m = (int)(m1 - m0), n = (int)(n1 - n0);
+    if (j->low) { /* bf16/f16 operands and result, f32 accumulation */
+        bool ok;
+        const uint16_t *a16 = (const uint16_t *)a, *b16 = (const uint16_t *)b;
+        if (j->dt == EM_BF16 && j->path == BF16_PATH_AMX)
+            ok = gemm_bf16_amx(j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c, true, j->ldc);
+        else if (j->dt == EM_BF16 && j->path == BF16_PATH_AVX512BF16)
+            ok = gemm_dpbf16(dp_kernel_avx512, j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c, true,
+                             j->ldc);
+        else if (gemm_widen_usable())
+            ok = gemm_widen(j->dt, j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, (uint16_t *)c, j->ldc);
+        else
+            ok = gemm_widen_sgemm(j->dt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
+        if (!ok) __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
     if (j->dt == EM_F32)
         cblas_sgemm(CblasRowMajor, ta, tb, m, n, (int)j->K, (float)j->alpha, (const float *)a, (int)j->lda,
                     (const float *)b, (int)j->ldb, (float)j->beta, (float *)c, (int)j->ldc);
@@ -58,7 +129,7 @@ static void gemm_call(const gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int
 
 static void gemm_part(void *p, int64_t lo, int64_t hi)
 {
-    const gemm_job *j = p;
+    gemm_job *j = p;
     for (int64_t part = lo; part < hi; part++) {
         int64_t total = j->split_rows ? j->M : j->N;
         /* block edges on multiples of 16 keep BLAS's packed panels whole */
@@ -90,17 +161,39 @@ static void gemm_run(gemm_job *j)
         parallel_for(parts, 1, gemm_part, j);
 }
 
-void em_gemm_bf16_out(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
-                      const void *B, int64_t ldb, void *C, int64_t ldc)
+em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,
+                      int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
 {
-    if (M <= 0 || N <= 0) return;
+    if (M <= 0 || N <= 0) return EM_OK;
     if (K <= 0) { /* an empty sum: +0 */
         for (int64_t i = 0; i < M; i++) memset((uint16_t *)C + i * ldc, 0, (size_t)N * 2);
-        return;
+        return EM_OK;
     }
-    gemm_job j = {.dt = EM_BF16, .c_bf16 = true, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda,
-                  .ldb = ldb, .ldc = ldc, .alpha = 1, .beta = 0, .A = A, .B = B, .C = C};
+    gemm_job j = {.dt = lo,
+                  .low = true,
+                  .ta = ta,
+                  .tb = tb,
+                  .M = M,
+                  .N = N,
+                  .K = K,
+                  .lda = lda,
+                  .ldb = ldb,
+                  .ldc = ldc,
+                  .alpha = 1,
+                  .beta = 0,
+                  .A = A,
+                  .B = B,
+                  .C = C};
+    if (lo == EM_BF16) {
+        em_status s = gemm_bf16_path(&j.path);
+        if (s) return s;
+    }
     gemm_run(&j);
+    if (j.failed)
+        return em_err(EM_ERR_OOM,
+                      "matmul: out of scratch memory for a %s product of (%lld,%lld) @ (%lld,%lld)",
+                      em_dtype_name(lo), (long long)M, (long long)K, (long long)K, (long long)N);
+    return EM_OK;
 }
 
 void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
@@ -108,7 +201,6 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
 {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* C = beta C */
-        if (dt == EM_BF16) dt = EM_F32; /* the result is f32 */
         size_t es = em_dtype_size(dt);
         for (int64_t i = 0; i < M; i++) {
             char *row = (char *)C + (size_t)(i * ldc) * es;

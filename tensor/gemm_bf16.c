@@ -25,7 +25,6 @@
 
 #include "dtype_math.h"
 #include "kernel_impl.h"
-#include "settings_impl.h"
 #include "tensor_impl.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
@@ -36,62 +35,11 @@
 #define EM_AMX_BUILD 0
 #endif
 
-#if EM_AMX_BUILD
-
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-enum { NC = 512 }; /* columns of B packed at a time (K x 512 bf16: 768 KiB for K = 768) */
-
-typedef struct tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) tile_config;
-
-static int amx_state; /* 0 unknown, 1 usable, -1 not */
-
-static bool amx_probe(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    bool tile = d & (1u << 24), bf16 = d & (1u << 22);
-    if (!tile || !bf16) return false;
-    /* the kernel must let this process use the tile data state */
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-bool gemm_bf16_fast(void)
-{
-    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
-    if (s == 0) {
-        bool off = false; /* a value that is not a boolean also keeps AMX off; gemm_bf16_setting says why */
-        const char *v = getenv("EMBER_NO_AMX");
-        if (v && v[0] && !setting_bool_parse(v, &off)) off = true;
-        s = off ? -1 : amx_probe() ? 1 : -1;
-        __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
-    }
-    return s > 0;
-}
-
-/* rows r0.. of op(A), all K: into dst (32 rows x Kp, zero padded) */
-static void pack_a(bool ta, const uint16_t *A, int64_t lda, int64_t r0, int64_t rows, int64_t K, int64_t Kp,
-                   uint16_t *dst)
-{
-    memset(dst, 0, (size_t)(32 * Kp) * 2);
-    if (!ta) {
-        for (int64_t i = 0; i < rows; i++) memcpy(dst + i * Kp, A + (r0 + i) * lda, (size_t)K * 2);
-        return;
-    }
-    for (int64_t k = 0; k < K; k++) { /* A stored (K, m): read along its rows */
-        const uint16_t *s = A + k * lda + r0;
-        for (int64_t i = 0; i < rows; i++) dst[i * Kp + k] = s[i];
-    }
-}
-
 /* columns c0..c0+cols of op(B) into groups of 16 columns, each Kp/2 pair-rows
- * of 16 pairs (64 bytes), zero padded to a multiple of 32 columns */
-static void pack_b(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K, int64_t Kp,
-                   uint32_t *dst)
+ * of 16 pairs (64 bytes), zero padded to a multiple of 32 columns; the AMX
+ * and the AVX512-BF16 kernels both read this layout (kernel_impl.h) */
+void gemm_bf16_pack_pairs(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K,
+                          int64_t Kp, uint32_t *dst)
 {
     int64_t groups = (cols + 31) / 32 * 2, pairs = Kp / 2;
     if (!tb) { /* B stored (K, n): walk it row pair by row pair, along the rows */
@@ -123,6 +71,55 @@ static void pack_b(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t 
             }
             for (int64_t p = full; p < pairs; p++) d[p * 16 + jj] = 2 * p < K ? s[2 * p] : 0;
         }
+    }
+}
+
+#if EM_AMX_BUILD
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+enum { NC = 512 }; /* columns of B packed at a time (K x 512 bf16: 768 KiB for K = 768) */
+
+typedef struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+static int amx_state; /* 0 unknown, 1 usable, -1 not */
+
+static bool amx_probe(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    bool tile = d & (1u << 24), bf16 = d & (1u << 22);
+    if (!tile || !bf16) return false;
+    /* the kernel must let this process use the tile data state */
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+bool gemm_bf16_amx_usable(void)
+{
+    int s = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
+    if (s == 0) {
+        s = amx_probe() ? 1 : -1;
+        __atomic_store_n(&amx_state, s, __ATOMIC_RELEASE);
+    }
+    return s > 0;
+}
+
+/* rows r0.. of op(A), all K: into dst (32 rows x Kp, zero padded) */
+static void pack_a(bool ta, const uint16_t *A, int64_t lda, int64_t r0, int64_t rows, int64_t K, int64_t Kp,
+                   uint16_t *dst)
+{
+    memset(dst, 0, (size_t)(32 * Kp) * 2);
+    if (!ta) {
+        for (int64_t i = 0; i < rows; i++) memcpy(dst + i * Kp, A + (r0 + i) * lda, (size_t)K * 2);
+        return;
+    }
+    for (int64_t k = 0; k < K; k++) { /* A stored (K, m): read along its rows */
+        const uint16_t *s = A + k * lda + r0;
+        for (int64_t i = 0; i < rows; i++) dst[i * Kp + k] = s[i];
     }
 }
 
@@ -199,10 +196,10 @@ __attribute__((target("amx-tile,amx-bf16"))) static void tiles_on(void)
 
 __attribute__((target("amx-tile"))) static void tiles_off(void) { _tile_release(); }
 
-bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B,
-               int64_t ldb, void *C, bool c_bf16, int64_t ldc)
+bool gemm_bf16_amx(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda,
+                   const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc)
 {
-    if (!gemm_bf16_fast()) return false;
+    if (!gemm_bf16_amx_usable()) return false;
     size_t es = c_bf16 ? 2 : 4;
     int64_t Kp = (K + 31) / 32 * 32, mblocks = (m + 31) / 32;
     uint16_t *ap = aligned_alloc(64, (size_t)(mblocks * 32 * Kp) * 2);
@@ -221,7 +218,7 @@ bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t
     tiles_on();
     for (int64_t c0 = 0; c0 < n; c0 += NC) {
         int64_t cols = n - c0 < NC ? n - c0 : NC;
-        pack_b(tb, B, ldb, c0, cols, K, Kp, bp);
+        gemm_bf16_pack_pairs(tb, B, ldb, c0, cols, K, Kp, bp);
         for (int64_t i = 0; i < mblocks; i++) {
             int64_t rows = m - i * 32;
             for (int64_t j = 0; j < cols; j += 32) {
@@ -240,9 +237,9 @@ bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t
 
 #else
 
-bool gemm_bf16_fast(void) { return false; }
-bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B,
-               int64_t ldb, void *C, bool c_bf16, int64_t ldc)
+bool gemm_bf16_amx_usable(void) { return false; }
+bool gemm_bf16_amx(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda,
+                   const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc)
 {
     (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)c_bf16,
         (void)ldc;
@@ -250,9 +247,3 @@ bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t
 }
 
 #endif
-
-em_status gemm_bf16_setting(void)
-{
-    bool off = false;
-    return setting_env_bool("EMBER_NO_AMX", &off);
-}

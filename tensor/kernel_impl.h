@@ -85,25 +85,87 @@ void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx);
 /* ---- matrix multiply (tensor/gemm.c) ----------------------------------------
  * C (M,N) = alpha op(A) @ op(B) + beta C, row-major, f32 or f64; op(X) is X
  * or its transpose (ta/tb); lda/ldb/ldc are the row strides of A, B, C as
- * stored. Split over ember's pool; OpenBLAS runs single-threaded inside.
- * dt = EM_BF16: A and B are bf16 and C is f32, alpha 1 and beta 0 only, and
- * only when gemm_bf16_fast() (AMX, tensor/gemm_bf16.c). */
+ * stored. Split over ember's pool; OpenBLAS runs single-threaded inside. */
 void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
-/* C (M,N) bf16 = op(A) @ op(B) on bf16 A and B, accumulated in f32 and
- * rounded once to bf16 (the same bits as em_gemm(EM_BF16) then a conversion);
- * only when gemm_bf16_fast(). */
-void em_gemm_bf16_out(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
-                      const void *B, int64_t ldb, void *C, int64_t ldc);
-/* Whether bf16 products run natively here (AMX tiles usable by this process). */
-bool gemm_bf16_fast(void);
-/* EMBER_NO_AMX (a boolean: true turns AMX off) is valid: EM_OK, or EM_ERR_ARG
- * naming the variable and its value. */
-em_status gemm_bf16_setting(void);
-/* One thread's C (m,n) = op(A) @ op(B) on bf16 operands, C f32 or (c_bf16)
- * bf16; false (nothing written) when !gemm_bf16_fast() or out of memory. */
-bool gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda, const uint16_t *B,
-               int64_t ldb, void *C, bool c_bf16, int64_t ldc);
+/* C (M,N) of dtype lo (bf16 or f16) = op(A) @ op(B) on A and B of dtype lo,
+ * accumulated in f32 and rounded once to lo. bf16 runs on the process's
+ * bf16 path (gemm_bf16_path, which must have succeeded); f16, and bf16 on
+ * the f32 path, are widened to f32 inside the GEMM: in its packing step on
+ * AVX2+FMA CPUs (gemm_widen), else a cache-sized block at a time next to
+ * sgemm calls; no operand or result is ever copied whole. EM_ERR_OOM when
+ * scratch memory runs out (C is then undefined). */
+em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,
+                      int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
+
+/* The f32 path on AVX2+FMA+F16C CPUs (tensor/gemm_widen.c): whether this
+ * CPU has them, and one thread's C (m,n) of dtype lo (bf16 or f16) =
+ * op(A) @ op(B) on A and B of dtype lo, widened to f32 in the GEMM's
+ * packing, accumulated in f32 and rounded once; false (nothing written)
+ * when !gemm_widen_usable() or scratch runs out. */
+bool gemm_widen_usable(void);
+bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc);
+/* The same product on any CPU (tensor/gemm.c): blocks of the operands
+ * widened next to sgemm calls on them; false when scratch runs out. */
+bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A,
+                      int64_t lda, const char *B, int64_t ldb, char *C, int64_t ldc);
+
+/* ---- bf16 product paths (tensor/gemm_path.c) ------------------------------------ */
+typedef enum bf16_path { BF16_PATH_F32, BF16_PATH_AVX512BF16, BF16_PATH_AMX } bf16_path;
+/* The path bf16 products take in this process: EMBER_BF16_PATH (auto, f32,
+ * avx512bf16, amx) or, by default, the fastest this CPU can run; chosen at
+ * the first call and kept, the settings checked at every call. EM_ERR_ARG naming the variable and its value
+ * when it is not one of those (or EMBER_NO_AMX is not a boolean), EM_ERR_UNSUPPORTED when it names a path
+ * this CPU or build cannot run. */
+em_status gemm_bf16_path(bf16_path *out);
+/* Forgets the path read, so the next gemm_bf16_path reads the environment
+ * again (tests). */
+void gemm_bf16_path_reset(void);
+/* "f32", "avx512bf16" or "amx" */
+const char *gemm_bf16_path_name(bf16_path p);
+
+/* AMX (tensor/gemm_bf16.c): whether AMX-BF16 tiles are usable by this
+ * process (the CPU has them and the kernel grants the tile state; probed
+ * once). */
+bool gemm_bf16_amx_usable(void);
+/* One thread's C (m,n) = op(A) @ op(B) on bf16 operands with AMX tiles, C
+ * f32 or (c_bf16) bf16; false (nothing written) when AMX is not usable or
+ * memory runs out. */
+bool gemm_bf16_amx(bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A, int64_t lda,
+                   const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc);
+/* Packs columns c0..c0+cols of op(B) (K rows) pair-interleaved ("VNNI"):
+ * groups of 16 columns, each Kp/2 rows of 16 pairs (B[2p][j], B[2p+1][j])
+ * as uint32 (low half the even k); zero past K and past cols up to a
+ * multiple of 32 columns. Kp even, >= K. */
+void gemm_bf16_pack_pairs(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K,
+                          int64_t Kp, uint32_t *dst);
+
+/* AVX512-BF16 (tensor/gemm_dpbf16.c): whether this CPU and build have
+ * VDPBF16PS. */
+bool gemm_dpbf16_usable(void);
+/* A micro-kernel of the VDPBF16PS GEMM: acc (DP_MR rows x 32 f32, row
+ * stride ldacc) = (accumulate ? acc : 0) + the sum over `pairs` k-pairs of
+ * ap[p*DP_MR + i] (row i's bf16 pair, the even k in the low half) times
+ * bp's pair-interleaved 32 columns (two groups of 16 as
+ * gemm_bf16_pack_pairs lays them, the second gstride uint32s after the
+ * first), each pair as VDPBF16PS computes it. */
+enum { DP_MR = 8 };
+typedef void (*dp_kernel)(const uint32_t *ap, const uint32_t *bp, int64_t gstride, int64_t pairs, float *acc,
+                          int64_t ldacc, bool accumulate);
+/* The AVX512-BF16 kernel (never call it where !gemm_dpbf16_usable()) and
+ * a scalar model of it that runs anywhere and computes the same bits:
+ * lane j of VDPBF16PS adds a[2j+1]*b[2j+1] then a[2j]*b[2j] to the f32
+ * accumulator, each add rounded to nearest even, bf16 subnormal inputs
+ * read as zero and subnormal results flushed to zero (Intel SDM). */
+extern const dp_kernel dp_kernel_avx512, dp_kernel_model;
+/* One VDPBF16PS lane: acc + a1*b1 + a0*b0 as above (the model's step). */
+float dpbf16_lane(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint16_t b1);
+/* One thread's C (m,n) = op(A) @ op(B) on bf16 operands with kernel k, C
+ * f32 or (c_bf16) bf16 rounded once; false (nothing written) when memory
+ * runs out. */
+bool gemm_dpbf16(dp_kernel k, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                 int64_t lda, const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc);
 
 /* Whether every value of dtype `from` is exactly a value of float dtype `to`
  * (f16/bf16 -> f32 -> f64, and any dtype to itself). tensor/dtype.c */

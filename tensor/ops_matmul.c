@@ -1,10 +1,11 @@
 /* ops_matmul.c — batched matrix product a (...,M,K) @ b (...,K,N) -> (...,M,N)
  * on BLAS: shape/dtype checks, forward, backward.
  *
- * f32 goes to cblas_sgemm and f64 to cblas_dgemm; bf16 to AMX tiles where the
- * CPU has them (tensor/gemm_bf16.c: f32 accumulation, rounded to bf16 once);
- * otherwise f16/bf16 are converted to f32 scratch, multiplied and converted
- * back (integers likewise through f64).
+ * f32 goes to cblas_sgemm and f64 to cblas_dgemm; bf16 and f16 stay in their
+ * dtype and go to em_gemm_low (f32 accumulation, each result rounded once):
+ * bf16 on the process's bf16 path (AMX tiles, AVX512-BF16, or widened to f32
+ * block by block next to sgemm: tensor/gemm_path.c), f16 widened likewise.
+ * Integers are converted to f64 scratch, multiplied and converted back.
  * An operand whose last two dims are a row-major matrix (strides (ld,1)) or a
  * transposed one (strides (1,ld)) is handed to BLAS as it is, with the
  * matching transpose flag; only other layouts are copied. Batch dims
@@ -128,14 +129,14 @@ static void batch_strides(const operand *op, int nb, const int64_t *bs, int64_t 
 }
 
 /* c (M,N) row-major of dtype ct, ldc = N  <-  op(a) (M,K) @ op(b) (K,N) */
-static void gemm(em_dtype ct, const operand *a, const char *ap, const operand *b, const char *bp, char *cp,
-                 int64_t M, int64_t N, int64_t K)
+static em_status gemm(em_dtype ct, const operand *a, const char *ap, const operand *b, const char *bp,
+                      char *cp, int64_t M, int64_t N, int64_t K)
 {
     bool ta = a->trans == CblasTrans, tb = b->trans == CblasTrans;
-    if (ct == EM_BF16)
-        em_gemm_bf16_out(ta, tb, M, N, K, ap, a->ld, bp, b->ld, cp, N > 1 ? N : 1);
-    else
-        em_gemm(ct, ta, tb, M, N, K, 1.0, ap, a->ld, bp, b->ld, 0.0, cp, N > 1 ? N : 1);
+    if (ct == EM_BF16 || ct == EM_F16)
+        return em_gemm_low(ct, ta, tb, M, N, K, ap, a->ld, bp, b->ld, cp, N > 1 ? N : 1);
+    em_gemm(ct, ta, tb, M, N, K, 1.0, ap, a->ld, bp, b->ld, 0.0, cp, N > 1 ? N : 1);
+    return EM_OK;
 }
 
 /* True when a's batch dims and its M rows form one run of stride a->ld (so
@@ -154,30 +155,30 @@ static bool folds_into_one_gemm(const operand *a, const int64_t *sa, const int64
 }
 
 /* Runs the products into c (contiguous, out's shape, compute dtype ct). */
-static void matmul_kernel(em_dtype ct, const operand *a, const operand *b, char *c, int nb, const int64_t *bs,
-                          int64_t M, int64_t N, int64_t K)
+static em_status matmul_kernel(em_dtype ct, const operand *a, const operand *b, char *c, int nb,
+                               const int64_t *bs, int64_t M, int64_t N, int64_t K)
 {
     size_t es = em_dtype_size(ct);
     int64_t nbatch = shape_numel(nb, bs);
     int64_t sa[EM_MAX_DIMS], sb[EM_MAX_DIMS];
     batch_strides(a, nb, bs, sa);
     batch_strides(b, nb, bs, sb);
-    if (M == 0 || N == 0 || nbatch == 0) return;
+    if (M == 0 || N == 0 || nbatch == 0) return EM_OK;
     if (K == 0) {
         memset(c, 0, (size_t)(nbatch * M * N) * es);
-        return;
+        return EM_OK;
     }
-    if (nbatch == 1 || (folds_into_one_gemm(a, sa, sb, nb, bs, M) && nbatch * M <= INT_MAX)) {
-        gemm(ct, a, a->data, b, b->data, c, nbatch * M, N, K);
-        return;
-    }
+    if (nbatch == 1 || (folds_into_one_gemm(a, sa, sb, nb, bs, M) && nbatch * M <= INT_MAX))
+        return gemm(ct, a, a->data, b, b->data, c, nbatch * M, N, K);
     nditer it;
     nditer_init(&it, nb, bs, 2, (const int64_t *[]){sa, sb});
     for (int64_t i = 0; i < nbatch; i++) {
-        gemm(ct, a, a->data + it.off[0] * (int64_t)es, b, b->data + it.off[1] * (int64_t)es,
-             c + (size_t)(i * M * N) * es, M, N, K);
+        em_status s = gemm(ct, a, a->data + it.off[0] * (int64_t)es, b, b->data + it.off[1] * (int64_t)es,
+                           c + (size_t)(i * M * N) * es, M, N, K);
+        if (s) return s;
         nditer_next(&it);
     }
+    return EM_OK;
 }
 
 /* dA = g @ B^T, dB = A^T @ g, each summed over the batch dims it broadcast
@@ -222,13 +223,11 @@ static em_status matmul_cpu(const op_call *call, tensor *out)
     int nb = out->ndim - 2;
     int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
     em_dtype dt = a->dtype;
-    if (dt == EM_BF16 && gemm_bf16_setting()) return em_last_status();
-    /* the compute dtype: bf16 stays bf16 where AMX multiplies it (f32
-     * accumulation, one rounding of each result), everything else goes
-     * through f32 / f64 */
-    em_dtype ct = dt == EM_BF16 && gemm_bf16_fast()               ? EM_BF16
-                  : dt == EM_F32 || dt == EM_F16 || dt == EM_BF16 ? EM_F32
-                                                                  : EM_F64;
+    bf16_path path;
+    if (dt == EM_BF16 && gemm_bf16_path(&path)) return em_last_status();
+    /* the compute dtype: floats stay in theirs (bf16/f16 accumulate in f32
+     * and round each result once: em_gemm_low), integers go through f64 */
+    em_dtype ct = em_dtype_is_float(dt) ? dt : EM_F64;
     size_t mk = tmp_mark();
     operand oa, ob;
     char *c = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * em_dtype_size(ct) + 1);
@@ -236,10 +235,10 @@ static em_status matmul_cpu(const op_call *call, tensor *out)
         tmp_release(mk);
         return em_last_status();
     }
-    matmul_kernel(ct, &oa, &ob, c, nb, out->shape, M, N, K);
-    if (dt != ct) convert_par(dt, t_ptr(out), ct, c, t_numel(out));
+    em_status s = matmul_kernel(ct, &oa, &ob, c, nb, out->shape, M, N, K);
+    if (!s && dt != ct) convert_par(dt, t_ptr(out), ct, c, t_numel(out));
     tmp_release(mk);
-    return EM_OK;
+    return s;
 }
 
 #if EM_HAVE_CUDA

@@ -48,6 +48,36 @@ TEST(test_cli_env_prints_avx2_blas_and_cuda_lines)
     CHECK(has_line(r->out, "CUDA "));
 }
 
+TEST(test_cli_env_says_the_matmul_path_of_each_dtype)
+{
+    unsetenv("EMBER_BF16_PATH");
+    th_run_result *r = run_ember("env", NULL);
+    CHECK_EXIT(r, 0);
+    char want[64];
+    snprintf(want, sizeof want, "matmul bf16    %s: ", em_matmul_path(EM_BF16));
+    CHECK(has_line(r->out, want));
+    CHECK(has_line(r->out, "matmul f32     sgemm: "));
+    CHECK(has_line(r->out, "matmul f16     f32: "));
+    r = run_ember("env", "--json", NULL);
+    snprintf(want, sizeof want, "\"matmul_paths\": {\"f32\": \"sgemm\", \"bf16\": \"%s\", \"f16\": \"f32\"}",
+             em_matmul_path(EM_BF16));
+    CHECK(strstr(r->out, want) != NULL);
+}
+
+TEST(test_cli_env_follows_and_names_a_bad_bf16_path_setting)
+{
+    setenv("EMBER_BF16_PATH", "f32", 1);
+    th_run_result *r = run_ember("env", NULL);
+    CHECK(has_line(r->out, "matmul bf16    f32: kept in bf16, widened to f32"));
+    setenv("EMBER_BF16_PATH", "sideways", 1);
+    r = run_ember("env", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(has_line(r->out, "matmul bf16    none: EMBER_BF16_PATH='sideways' is not one of"));
+    r = run_ember("env", "--json", NULL);
+    CHECK(strstr(r->out, "\"bf16\": null, \"bf16_error\": \"EMBER_BF16_PATH='sideways'") != NULL);
+    unsetenv("EMBER_BF16_PATH");
+}
+
 TEST(test_cli_env_reports_cuda_as_built_or_not)
 {
     th_run_result *r = run_ember("env", NULL);

@@ -1,6 +1,7 @@
 /* cmd_env.c — `ember env [--json]`: what this build is and what this machine
  * offers it: version, build options, CPU model and vector features, threads,
- * BLAS, CUDA/NCCL. The first thing to paste into a bug report. */
+ * BLAS, the product path each dtype's matmuls take, CUDA/NCCL. The first
+ * thing to paste into a bug report. */
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,7 +14,9 @@
 static const char env_usage[] =
     "usage: ember env [--json]\n"
     "Prints ember's version and build options, the CPU model and its vector features,\n"
-    "logical cores and ember's thread count, the BLAS library, and CUDA/NCCL status.\n"
+    "logical cores and ember's thread count, the BLAS library, the product path\n"
+    "matmuls of each dtype take on the CPU (bf16: amx, avx512bf16 or f32; EMBER_BF16_PATH\n"
+    "forces one), and CUDA/NCCL status.\n"
     "  --json   the same as one JSON object\n";
 
 typedef struct env_info {
@@ -27,6 +30,8 @@ typedef struct env_info {
     int threads;
     const char *blas_config;
     int blas_threads;
+    const char *path_f32, *path_f16, *path_bf16; /* em_matmul_path; path_bf16 NULL: bf16_error says why */
+    char bf16_error[512];
     int cuda_devices;
     int cuda_driver, cuda_runtime, nccl_version; /* 0 where absent */
     em_cuda_device_info dev[8];                  /* the first min(cuda_devices, 8) */
@@ -80,6 +85,10 @@ static void gather(env_info *e)
     e->threads = em_num_threads();
     e->blas_config = em_blas_config();
     e->blas_threads = em_blas_threads();
+    e->path_f32 = em_matmul_path(EM_F32);
+    e->path_f16 = em_matmul_path(EM_F16);
+    e->path_bf16 = em_matmul_path(EM_BF16);
+    snprintf(e->bf16_error, sizeof e->bf16_error, "%s", e->path_bf16 ? "" : em_last_error());
     e->cuda_devices = em_cuda_device_count();
     em_cuda_versions(&e->cuda_driver, &e->cuda_runtime, &e->nccl_version);
     for (int i = 0; i < e->cuda_devices && i < 8; i++)
@@ -88,6 +97,18 @@ static void gather(env_info *e)
 }
 
 static const char *yes_no(bool b) { return b ? "yes" : "no"; }
+
+/* what a path name means, for the text form */
+static const char *path_says(const char *path, const char *dtype)
+{
+    if (!strcmp(path, "sgemm")) return "BLAS sgemm, split over ember's pool";
+    if (!strcmp(path, "amx")) return "AMX tiles, f32 accumulation";
+    if (!strcmp(path, "avx512bf16")) return "AVX512-BF16 (VDPBF16PS), f32 accumulation";
+    if (!strcmp(path, "f32"))
+        return !strcmp(dtype, "bf16") ? "kept in bf16, widened to f32 block by block inside the GEMM (sgemm)"
+                                      : "kept in f16, widened to f32 block by block inside the GEMM (sgemm)";
+    return "";
+}
 
 static void print_text(const env_info *e)
 {
@@ -108,6 +129,12 @@ static void print_text(const env_info *e)
         printf("BLAS threads   %d per call (ember splits each GEMM over its own pool instead)\n", e->blas_threads);
     else
         printf("BLAS threads   unknown\n");
+    printf("matmul f32     %s: %s\n", e->path_f32, path_says(e->path_f32, "f32"));
+    if (e->path_bf16)
+        printf("matmul bf16    %s: %s\n", e->path_bf16, path_says(e->path_bf16, "bf16"));
+    else
+        printf("matmul bf16    none: %s\n", e->bf16_error);
+    printf("matmul f16     %s: %s\n", e->path_f16, path_says(e->path_f16, "f16"));
     char a[32], b[32];
     if (e->build.cuda)
         printf("CUDA           built in; driver %s, runtime %s; %d device%s visible\n",
@@ -168,6 +195,16 @@ static void print_json(const env_info *e)
     printf(", \"config\": ");
     json_str(e->blas_config);
     printf(", \"threads\": %d}", e->blas_threads);
+    printf(", \"matmul_paths\": {\"f32\": ");
+    json_str(e->path_f32);
+    printf(", \"bf16\": ");
+    if (e->path_bf16)
+        json_str(e->path_bf16);
+    else
+        printf("null, \"bf16_error\": "), json_str(e->bf16_error);
+    printf(", \"f16\": ");
+    json_str(e->path_f16);
+    printf("}");
     printf(", \"cuda\": {\"built\": %s, \"driver\": %d, \"runtime\": %d, \"devices\": [", tf(e->build.cuda),
            e->cuda_driver, e->cuda_runtime);
     for (int i = 0; i < e->cuda_devices && i < 8; i++) {

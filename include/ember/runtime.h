@@ -37,6 +37,19 @@ typedef struct em_build_info {
 } em_build_info;
 em_build_info em_build(void);
 
+/* The product path CPU matmuls of dtype dt take in this process, as a
+ * short name: f32 "sgemm" (BLAS, split over ember's pool), f64 and the
+ * integers "dgemm"; bf16 "amx" (AMX tiles), "avx512bf16" (VDPBF16PS) or
+ * "f32" (operands kept in bf16, widened to f32 block by block inside the
+ * GEMM and multiplied by sgemm); f16 "f32" likewise. bf16 takes the
+ * fastest path the CPU has unless EMBER_BF16_PATH (auto, f32, avx512bf16,
+ * amx) names one; every path accumulates in f32 and rounds each result
+ * once. A static string; NULL with EM_ERR_ARG when EMBER_BF16_PATH (or
+ * EMBER_NO_AMX) is not a valid value, EM_ERR_UNSUPPORTED when it names a
+ * path this CPU cannot run (a bf16 matmul then fails the same way), and
+ * EM_ERR_DTYPE for bool. */
+const char *em_matmul_path(em_dtype dt);
+
 /* BLAS's own description (openblas_get_config) and its thread count. */
 const char *em_blas_config(void);
 int em_blas_threads(void);

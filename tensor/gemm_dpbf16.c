@@ -1,0 +1,186 @@
+/* gemm_dpbf16.c — bf16 x bf16 -> f32 matrix products with VDPBF16PS
+ * (AVX512-BF16: Zen 4, Cooper Lake, Sapphire Rapids), for CPUs with that
+ * instruction and no AMX.
+ *
+ * VDPBF16PS multiplies 16 pairs of bf16 by 16 pairs and adds each lane's
+ * two products to an f32 accumulator: one instruction, 32 multiply-adds.
+ * The GEMM is blocked like a BLAS one:
+ *   - C is computed in blocks of WMC rows x NC columns, in an f32 scratch
+ *     block, then copied to C (f32) or rounded once to bf16;
+ *   - K is walked in blocks of KC; for each, op(B)'s block is packed
+ *     pair-interleaved (gemm_bf16_pack_pairs, the layout AMX uses too: 16
+ *     columns x one k-pair = one 64-byte row) and op(A)'s rows in panels of
+ *     DP_MR rows, pair by pair (a pair is broadcast to all lanes);
+ *   - the micro-kernel keeps DP_MR x 32 outputs in 16 zmm accumulators.
+ * The micro-kernel exists twice: the AVX512-BF16 one, and a scalar model
+ * of it (the instruction's arithmetic as Intel's SDM defines it) that runs
+ * on any CPU, so the blocking and packing are tested everywhere and the
+ * instruction itself where a CPU has it (tests/test_bf16_path.c). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype_math.h"
+#include "ember/runtime.h"
+#include "kernel_impl.h"
+#include "tensor_impl.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 10 || defined(__clang__))
+#define EM_DP_BUILD 1
+#include <immintrin.h>
+#else
+#define EM_DP_BUILD 0
+#endif
+
+enum { KC = 512, NC = 256, MC = 256 }; /* k, columns and rows per block */
+
+bool gemm_dpbf16_usable(void)
+{
+    static int known; /* 0 unknown, 1 yes, -1 no (cpuid is slow in a VM: asked once) */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (!k) {
+        k = EM_DP_BUILD && em_cpu_detect().avx512bf16 ? 1 : -1;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k > 0;
+}
+
+/* ---- the scalar model ----------------------------------------------------------------- */
+
+/* VDPBF16PS reads subnormals as zero and flushes subnormal results (DAZ,
+ * FTZ, whatever MXCSR says) */
+static float daz(float x) { return fabsf(x) < 0x1p-126f ? copysignf(0.0f, x) : x; }
+
+float dpbf16_lane(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint16_t b1)
+{
+    float t = daz(acc);
+    /* the odd element's product first, then the even one's; a product of
+     * two bf16 is exact in f32 unless it leaves f32's range, so each step
+     * rounds once (to nearest even), at the add */
+    t = daz(t + daz(daz(bf16_bits_to_f32(a1)) * daz(bf16_bits_to_f32(b1))));
+    t = daz(t + daz(daz(bf16_bits_to_f32(a0)) * daz(bf16_bits_to_f32(b0))));
+    return t;
+}
+
+static void model(const uint32_t *ap, const uint32_t *bp, int64_t gstride, int64_t pairs, float *acc,
+                  int64_t ldacc, bool accumulate)
+{
+    for (int i = 0; i < DP_MR; i++)
+        for (int j = 0; j < 32; j++) {
+            float t = accumulate ? acc[i * ldacc + j] : 0.0f;
+            const uint32_t *b = bp + (j / 16) * gstride + j % 16;
+            for (int64_t p = 0; p < pairs; p++) {
+                uint32_t a = ap[p * DP_MR + i], bb = b[p * 16];
+                t = dpbf16_lane(t, (uint16_t)a, (uint16_t)(a >> 16), (uint16_t)bb, (uint16_t)(bb >> 16));
+            }
+            acc[i * ldacc + j] = t;
+        }
+}
+
+const dp_kernel dp_kernel_model = model;
+
+/* ---- the AVX512-BF16 kernel ------------------------------------------------------------- */
+
+#if EM_DP_BUILD
+__attribute__((target("avx512f,avx512bf16"))) static void avx512(const uint32_t *ap, const uint32_t *bp,
+                                                                 int64_t gstride, int64_t pairs, float *acc,
+                                                                 int64_t ldacc, bool accumulate)
+{
+    __m512 c0[DP_MR], c1[DP_MR];
+    for (int i = 0; i < DP_MR; i++) {
+        c0[i] = accumulate ? _mm512_loadu_ps(acc + i * ldacc) : _mm512_setzero_ps();
+        c1[i] = accumulate ? _mm512_loadu_ps(acc + i * ldacc + 16) : _mm512_setzero_ps();
+    }
+    for (int64_t p = 0; p < pairs; p++) {
+        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * 16);
+        __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + gstride + p * 16);
+        for (int i = 0; i < DP_MR; i++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[p * DP_MR + i]);
+            c0[i] = _mm512_dpbf16_ps(c0[i], a, b0);
+            c1[i] = _mm512_dpbf16_ps(c1[i], a, b1);
+        }
+    }
+    for (int i = 0; i < DP_MR; i++) {
+        _mm512_storeu_ps(acc + i * ldacc, c0[i]);
+        _mm512_storeu_ps(acc + i * ldacc + 16, c1[i]);
+    }
+}
+const dp_kernel dp_kernel_avx512 = avx512;
+#else
+const dp_kernel dp_kernel_avx512 = NULL;
+#endif
+
+/* ---- the driver --------------------------------------------------------------------------- */
+
+/* rows r0..r0+rows (< DP_MR: zero rows below) of op(A), k from k0, `pairs`
+ * pairs (zero past K), into dst[p*DP_MR + i] */
+static void pack_a_panel(bool ta, const uint16_t *A, int64_t lda, int64_t r0, int64_t rows, int64_t k0,
+                         int64_t K, int64_t pairs, uint32_t *dst)
+{
+    for (int64_t p = 0; p < pairs; p++) {
+        int64_t k = k0 + 2 * p;
+        for (int64_t i = 0; i < DP_MR; i++) {
+            uint32_t lo = 0, hi = 0;
+            if (i < rows) {
+                /* op(A)(r, k) = A[r][k], or A[k][r] when A is stored transposed */
+                int64_t r = r0 + i;
+                lo = ta ? A[k * lda + r] : A[r * lda + k];
+                if (k + 1 < K) hi = ta ? A[(k + 1) * lda + r] : A[r * lda + k + 1];
+            }
+            dst[p * DP_MR + i] = lo | hi << 16;
+        }
+    }
+}
+
+/* n bytes (and up to 63 more), 64-byte aligned: aligned_alloc wants a
+ * multiple of the alignment */
+static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
+
+bool gemm_dpbf16(dp_kernel kern, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                 int64_t lda, const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc)
+{
+    int64_t kc_max = K < KC ? K : KC, pairs_max = (kc_max + 1) / 2;
+    int64_t mc_max = m < MC ? m : MC, nc_max = n < NC ? n : NC;
+    int64_t panels_max = (mc_max + DP_MR - 1) / DP_MR, ncp = (nc_max + 31) / 32 * 32; /* padded columns */
+    uint32_t *ap = alloc64((size_t)(pairs_max * DP_MR) * 4);                          /* one panel */
+    uint32_t *bp = alloc64((size_t)(ncp * pairs_max) * 4);
+    float *acc = alloc64((size_t)(panels_max * DP_MR * ncp) * 4);
+    if (!ap || !bp || !acc) {
+        free(ap);
+        free(bp);
+        free(acc);
+        return false;
+    }
+    for (int64_t n0 = 0; n0 < n; n0 += nc_max) {
+        int64_t nc = n - n0 < nc_max ? n - n0 : nc_max, groups2 = (nc + 31) / 32;
+        for (int64_t m0 = 0; m0 < m; m0 += mc_max) {
+            int64_t mc = m - m0 < mc_max ? m - m0 : mc_max, panels = (mc + DP_MR - 1) / DP_MR;
+            for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+                int64_t kc = K - k0 < kc_max ? K - k0 : kc_max, pairs = (kc + 1) / 2;
+                /* op(B) from row k0: B (K,n) rows, or B (n,K) when transposed */
+                const uint16_t *bk = tb ? B + k0 : B + k0 * ldb;
+                gemm_bf16_pack_pairs(tb, bk, ldb, n0, nc, kc, 2 * pairs, bp);
+                for (int64_t i = 0; i < panels; i++) {
+                    int64_t rows = mc - i * DP_MR < DP_MR ? mc - i * DP_MR : DP_MR;
+                    pack_a_panel(ta, ta ? A + k0 * lda : A + k0, lda, m0 + i * DP_MR, rows, 0, kc, pairs, ap);
+                    for (int64_t g = 0; g < groups2; g++)
+                        kern(ap, bp + 2 * g * pairs * 16, pairs * 16, pairs, acc + (i * DP_MR) * ncp + 32 * g,
+                             ncp, k0 > 0);
+                }
+            }
+            for (int64_t i = 0; i < mc; i++) {
+                const float *src = acc + i * ncp;
+                if (c_bf16) {
+                    uint16_t *d = (uint16_t *)C + (m0 + i) * ldc + n0;
+                    for (int64_t j = 0; j < nc; j++) d[j] = f32_to_bf16_bits(src[j]);
+                } else {
+                    memcpy((float *)C + (m0 + i) * ldc + n0, src, (size_t)nc * 4);
+                }
+            }
+        }
+    }
+    free(ap);
+    free(bp);
+    free(acc);
+    return true;
+}

@@ -1,0 +1,101 @@
+/* gemm_path.c — which product path each dtype's CPU matmuls take, chosen once
+ * per process from the CPU's features and EMBER_BF16_PATH; em_matmul_path
+ * tells users (ember env, the benchmarks).
+ *
+ * bf16 has three paths, fastest first:
+ *   amx         AMX tile products (tensor/gemm_bf16.c), where the CPU has AMX
+ *               and the kernel grants this process the tile state;
+ *   avx512bf16  VDPBF16PS on zmm registers (tensor/gemm_dpbf16.c), where the
+ *               CPU has AVX512-BF16 (Zen 4, Cooper Lake, Sapphire Rapids);
+ *   f32         everywhere else: the operands stay bf16 in memory and are
+ *               widened to f32 block by block inside the GEMM, next to the
+ *               sgemm that multiplies them (tensor/gemm.c), so mixed
+ *               precision is never slower than f32 for want of a bf16 unit.
+ * All three accumulate in f32 and round each result to bf16 once.
+ * EMBER_BF16_PATH=auto|f32|avx512bf16|amx forces one (for tests and
+ * comparisons); a path this CPU cannot run is an error, never a crash.
+ * EMBER_NO_AMX=1 (older) keeps auto off AMX. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ember/runtime.h"
+#include "kernel_impl.h"
+#include "settings_impl.h"
+
+static const char *const path_names[] = {
+    [BF16_PATH_F32] = "f32", [BF16_PATH_AVX512BF16] = "avx512bf16", [BF16_PATH_AMX] = "amx"};
+
+/* 0: not chosen yet; else 1 + the path */
+static int resolved;
+
+/* The path the environment asks for on this CPU, or an error naming why not. */
+static em_status resolve(bf16_path *out)
+{
+    bool no_amx = false;
+    em_status s = setting_env_bool("EMBER_NO_AMX", &no_amx);
+    if (s) return s;
+    const char *v = getenv("EMBER_BF16_PATH");
+    bool amx = gemm_bf16_amx_usable(), dp = gemm_dpbf16_usable();
+    if (!v || !v[0] || !strcmp(v, "auto")) {
+        *out = amx && !no_amx ? BF16_PATH_AMX : dp ? BF16_PATH_AVX512BF16 : BF16_PATH_F32;
+        return EM_OK;
+    }
+    if (!strcmp(v, "f32")) {
+        *out = BF16_PATH_F32;
+        return EM_OK;
+    }
+    if (!strcmp(v, "avx512bf16")) {
+        if (!dp)
+            return em_err(
+                EM_ERR_UNSUPPORTED,
+                "EMBER_BF16_PATH=avx512bf16: this CPU (or build) has no AVX512-BF16; use auto or f32");
+        *out = BF16_PATH_AVX512BF16;
+        return EM_OK;
+    }
+    if (!strcmp(v, "amx")) {
+        if (!amx)
+            return em_err(EM_ERR_UNSUPPORTED,
+                          "EMBER_BF16_PATH=amx: AMX is not usable here (no AMX-BF16 on this CPU, the kernel "
+                          "refused the tile state, or this build lacks it); use auto or f32");
+        *out = BF16_PATH_AMX;
+        return EM_OK;
+    }
+    return em_err(EM_ERR_ARG, "EMBER_BF16_PATH='%s' is not one of auto, f32, avx512bf16, amx", v);
+}
+
+em_status gemm_bf16_path(bf16_path *out)
+{
+    /* the settings are checked at every product, so a bad value set later
+     * is still an error; the path chosen first stays for the process */
+    bf16_path p = BF16_PATH_F32;
+    em_status s = resolve(&p);
+    if (s) return s;
+    int r = __atomic_load_n(&resolved, __ATOMIC_ACQUIRE);
+    if (r == 0) {
+        __atomic_compare_exchange_n(&resolved, &r, 1 + (int)p, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        r = __atomic_load_n(&resolved, __ATOMIC_ACQUIRE);
+    }
+    *out = (bf16_path)(r - 1);
+    return EM_OK;
+}
+
+void gemm_bf16_path_reset(void) { __atomic_store_n(&resolved, 0, __ATOMIC_RELEASE); }
+
+const char *gemm_bf16_path_name(bf16_path p) { return path_names[p]; }
+
+const char *em_matmul_path(em_dtype dt)
+{
+    bf16_path p;
+    switch (dt) {
+    case EM_F32: return "sgemm";
+    case EM_F64: return "dgemm";
+    case EM_F16: return "f32";
+    case EM_BF16: return gemm_bf16_path(&p) ? NULL : path_names[p];
+    case EM_I32:
+    case EM_U8: return "dgemm";
+    case EM_BOOL:
+    case EM_NUM_DTYPES: break;
+    }
+    em_err(EM_ERR_DTYPE, "em_matmul_path: matmul takes no %s tensors", em_dtype_name(dt));
+    return NULL;
+}

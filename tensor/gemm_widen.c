@@ -1,0 +1,295 @@
+/* gemm_widen.c — bf16/f16 products in f32 on AVX2+FMA CPUs without a bf16
+ * multiplier: the packing step of a BLAS-style GEMM widens the operands to
+ * f32 as it copies them, so a low-precision product reads half the bytes
+ * of an f32 one and makes no other pass over its operands.
+ *
+ * A BLAS GEMM already copies ("packs") blocks of both operands into the
+ * order its micro-kernel reads them; sgemm's packing reads f32, this one
+ * reads bf16 or f16 and writes the same f32 panels. Blocks (per thread):
+ *   NC columns of op(B), KC deep, packed in panels of NR = 16 columns
+ *     (k-major: 16 consecutive floats per k);
+ *   MC rows of op(A), KC deep, packed in panels of MR = 6 rows;
+ *   the micro-kernel keeps a 6x16 block of C in 12 ymm registers.
+ * With K <= KC a block of C is final after one pass and is rounded to the
+ * low dtype as the micro-kernel stores it; a deeper K accumulates in an f32
+ * block of C and rounds after its last KC step. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype_math.h"
+#include "ember/runtime.h"
+#include "kernel_impl.h"
+#include "tensor_impl.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define EM_WIDEN_BUILD 1
+#include <immintrin.h>
+#else
+#define EM_WIDEN_BUILD 0
+#endif
+
+bool gemm_widen_usable(void)
+{
+    static int known; /* 0 unknown, 1 yes, -1 no */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (!k) {
+        em_cpu_features f = em_cpu_detect();
+        k = EM_WIDEN_BUILD && f.avx2 && f.fma && f.f16c ? 1 : -1;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k > 0;
+}
+
+#if EM_WIDEN_BUILD
+
+/* micro-kernel rows and columns; blocks of rows, depth and columns (NCD:
+ * columns when K takes several KC steps); rows summed over K together */
+enum { MR = 6, NR = 16, MC = 144, KC = 256, NC = 3072, NCD = 256, MSUM = 1024 };
+
+#define TARGET __attribute__((target("avx2,fma,f16c")))
+
+/* 8 low-precision values at p as 8 floats */
+TARGET static inline __m256 widen8(bool f16, const uint16_t *p)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (f16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float widen1(bool f16, uint16_t h) { return f16 ? f16_bits_to_f32(h) : bf16_bits_to_f32(h); }
+
+/* 8x8 transpose of r[0..8) in place */
+TARGET static inline void transpose8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* op(B) rows k0..k0+kc, columns n0..n0+nc into panels of NR columns
+ * (zero past nc): dst[panel][k][NR] */
+TARGET static void pack_b(bool f16, bool tb, const uint16_t *B, int64_t ldb, int64_t k0, int64_t kc,
+                          int64_t n0, int64_t nc, float *dst)
+{
+    for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+        float *d = dst + j0 * kc;
+        int64_t w = nc - j0 < NR ? nc - j0 : NR;
+        if (!tb) { /* B (K,N): 16 consecutive values of row k */
+            for (int64_t k = 0; k < kc; k++) {
+                const uint16_t *s = B + (k0 + k) * ldb + n0 + j0;
+                if (w == NR) {
+                    _mm256_storeu_ps(d + k * NR, widen8(f16, s));
+                    _mm256_storeu_ps(d + k * NR + 8, widen8(f16, s + 8));
+                } else {
+                    for (int64_t j = 0; j < NR; j++) d[k * NR + j] = j < w ? widen1(f16, s[j]) : 0.0f;
+                }
+            }
+            continue;
+        }
+        /* B stored (N,K): op(B)(k, j) = B[j][k]; 8x8 blocks transposed */
+        int64_t k = 0;
+        if (w == NR)
+            for (; k + 8 <= kc; k += 8)
+                for (int h = 0; h < 2; h++) {
+                    __m256 r[8];
+                    for (int j = 0; j < 8; j++) r[j] = widen8(f16, B + (n0 + j0 + 8 * h + j) * ldb + k0 + k);
+                    transpose8(r);
+                    for (int q = 0; q < 8; q++) _mm256_storeu_ps(d + (k + q) * NR + 8 * h, r[q]);
+                }
+        for (; k < kc; k++)
+            for (int64_t j = 0; j < NR; j++)
+                d[k * NR + j] = j < w ? widen1(f16, B[(n0 + j0 + j) * ldb + k0 + k]) : 0.0f;
+    }
+}
+
+/* op(A) rows m0..m0+mc, k0..k0+kc into panels of MR rows (zero past mc):
+ * dst[panel][k][MR] */
+TARGET static void pack_a(bool f16, bool ta, const uint16_t *A, int64_t lda, int64_t m0, int64_t mc,
+                          int64_t k0, int64_t kc, float *dst)
+{
+    for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+        float *d = dst + i0 * kc;
+        int64_t h = mc - i0 < MR ? mc - i0 : MR;
+        for (int64_t i = 0; i < MR; i++) {
+            if (i >= h) {
+                for (int64_t k = 0; k < kc; k++) d[k * MR + i] = 0.0f;
+                continue;
+            }
+            if (ta) { /* A stored (K,M): op(A)(r, k) = A[k][r] */
+                for (int64_t k = 0; k < kc; k++) d[k * MR + i] = widen1(f16, A[(k0 + k) * lda + m0 + i0 + i]);
+                continue;
+            }
+            const uint16_t *s = A + (m0 + i0 + i) * lda + k0;
+            int64_t k = 0;
+            for (; k + 8 <= kc; k += 8) {
+                float v[8];
+                _mm256_storeu_ps(v, widen8(f16, s + k));
+                for (int q = 0; q < 8; q++) d[(k + q) * MR + i] = v[q];
+            }
+            for (; k < kc; k++) d[k * MR + i] = widen1(f16, s[k]);
+        }
+    }
+}
+
+/* c (MR x NR f32, row stride ldc) = (acc ? c : 0) + a-panel @ b-panel over kc */
+TARGET static void kernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool acc)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+           c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
+        const float *ak = a + k * MR;
+        __m256 x = _mm256_broadcast_ss(ak + 0);
+        c00 = _mm256_fmadd_ps(x, b0, c00);
+        c01 = _mm256_fmadd_ps(x, b1, c01);
+        x = _mm256_broadcast_ss(ak + 1);
+        c10 = _mm256_fmadd_ps(x, b0, c10);
+        c11 = _mm256_fmadd_ps(x, b1, c11);
+        x = _mm256_broadcast_ss(ak + 2);
+        c20 = _mm256_fmadd_ps(x, b0, c20);
+        c21 = _mm256_fmadd_ps(x, b1, c21);
+        x = _mm256_broadcast_ss(ak + 3);
+        c30 = _mm256_fmadd_ps(x, b0, c30);
+        c31 = _mm256_fmadd_ps(x, b1, c31);
+        x = _mm256_broadcast_ss(ak + 4);
+        c40 = _mm256_fmadd_ps(x, b0, c40);
+        c41 = _mm256_fmadd_ps(x, b1, c41);
+        x = _mm256_broadcast_ss(ak + 5);
+        c50 = _mm256_fmadd_ps(x, b0, c50);
+        c51 = _mm256_fmadd_ps(x, b1, c51);
+    }
+    __m256 r[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    for (int i = 0; i < MR; i++)
+        for (int h = 0; h < 2; h++) {
+            float *p = c + i * ldc + 8 * h;
+            _mm256_storeu_ps(p, acc ? _mm256_add_ps(_mm256_loadu_ps(p), r[i][h]) : r[i][h]);
+        }
+}
+
+/* 8 floats rounded to 8 bf16 as bf16_round does (nearest even; a NaN
+ * stays a quiet NaN with its sign and top payload bits) */
+TARGET static inline __m128i round8_bf16(__m256 x)
+{
+    __m256i u = _mm256_castps_si256(x);
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                 _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+    __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    __m256i v = _mm256_srli_epi32(_mm256_blendv_epi8(r, q, nan), 16);
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08));
+}
+
+/* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C of
+ * dtype lo, rounded once */
+TARGET static void store_low(bool f16, const float *t, int64_t ldt, uint16_t *C, int64_t ldc, int64_t r,
+                             int64_t w)
+{
+    for (int64_t i = 0; i < r; i++) {
+        const float *s = t + i * ldt;
+        uint16_t *d = C + i * ldc;
+        int64_t j = 0;
+        for (; j + 8 <= w; j += 8) {
+            __m256 x = _mm256_loadu_ps(s + j);
+            _mm_storeu_si128((__m128i *)(d + j),
+                             f16 ? _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT) : round8_bf16(x));
+        }
+        for (; j < w; j++) d[j] = f16 ? f32_to_f16_bits(s[j]) : f32_to_bf16_bits(s[j]);
+    }
+}
+
+bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc)
+{
+    bool f16 = lo == EM_F16, deep = K > KC;
+    /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD) */
+    int64_t kc_max = K < KC ? K : KC, ncb = deep ? NCD : NC, nc_max = n < ncb ? n : ncb,
+            mc_max = m < MC ? m : MC;
+    int64_t ncp = (nc_max + NR - 1) / NR * NR, mcp = (mc_max + MR - 1) / MR * MR;
+    int64_t msum = m <= MSUM ? m : MC, msp = (msum + MC - 1) / MC * MC + MR; /* acc rows, padded */
+    size_t mark = tmp_mark();
+    float *bp = tmp_alloc((size_t)(kc_max * ncp) * 4), *ap = tmp_alloc((size_t)(kc_max * mcp) * 4);
+    float *acc = deep ? tmp_alloc((size_t)(msp * ncp) * 4) : NULL;
+    /* a deep K with few rows (an activation times a weight): op(A) packed
+     * once for every column block, when that takes at most 16 MiB */
+    int64_t nkb = (K + kc_max - 1) / kc_max, nmb = (m + mc_max - 1) / mc_max;
+    bool a_once = deep && m <= MSUM && nkb * nmb * kc_max * mcp <= (1 << 22);
+    float *aall = a_once ? tmp_alloc((size_t)(nkb * nmb * kc_max * mcp) * 4) : NULL;
+    float tile[MR * NR];
+    if (!bp || !ap || (deep && !acc) || (a_once && !aall)) {
+        tmp_release(mark);
+        return false;
+    }
+    for (int64_t kb = 0; a_once && kb < nkb; kb++)
+        for (int64_t mb = 0; mb < nmb; mb++) {
+            int64_t k0 = kb * kc_max, kc = K - k0 < kc_max ? K - k0 : kc_max;
+            int64_t m0 = mb * mc_max, mc = m - m0 < mc_max ? m - m0 : mc_max;
+            pack_a(f16, ta, A, lda, m0, mc, k0, kc, aall + (kb * nmb + mb) * kc_max * mcp);
+        }
+    for (int64_t n0 = 0; n0 < n; n0 += nc_max) {
+        int64_t nc = n - n0 < nc_max ? n - n0 : nc_max;
+        if (!deep) { /* one KC step: B's block once, then every block of rows, each final at once */
+            pack_b(f16, tb, B, ldb, 0, K, n0, nc, bp);
+            for (int64_t m0 = 0; m0 < m; m0 += mc_max) {
+                int64_t mc = m - m0 < mc_max ? m - m0 : mc_max;
+                pack_a(f16, ta, A, lda, m0, mc, 0, K, ap);
+                for (int64_t j0 = 0; j0 < nc; j0 += NR)
+                    for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+                        kernel(K, ap + i0 * K, bp + j0 * K, tile, NR, false);
+                        int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
+                        store_low(f16, tile, NR, C + (m0 + i0) * ldc + n0 + j0, ldc, r, w);
+                    }
+            }
+            continue;
+        }
+        /* up to MSUM rows share each packed block of B (packed once per
+         * KC step), their sums in acc; more rows take turns */
+        for (int64_t M0 = 0; M0 < m; M0 += msum) {
+            int64_t ms = m - M0 < msum ? m - M0 : msum;
+            for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+                int64_t kc = K - k0 < kc_max ? K - k0 : kc_max;
+                pack_b(f16, tb, B, ldb, k0, kc, n0, nc, bp);
+                for (int64_t m0 = 0; m0 < ms; m0 += mc_max) {
+                    int64_t mc = ms - m0 < mc_max ? ms - m0 : mc_max;
+                    const float *a = ap;
+                    if (a_once) /* M0 is 0: every row is in this turn */
+                        a = aall + (k0 / kc_max * nmb + m0 / mc_max) * kc_max * mcp;
+                    else
+                        pack_a(f16, ta, A, lda, M0 + m0, mc, k0, kc, ap);
+                    for (int64_t j0 = 0; j0 < nc; j0 += NR)
+                        for (int64_t i0 = 0; i0 < mc; i0 += MR)
+                            kernel(kc, a + i0 * kc, bp + j0 * kc, acc + (m0 + i0) * ncp + j0, ncp, k0 > 0);
+                }
+            }
+            store_low(f16, acc, ncp, C + M0 * ldc + n0, ldc, ms, nc);
+        }
+    }
+    tmp_release(mark);
+    return true;
+}
+
+#else
+
+bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc)
+{
+    (void)lo, (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C,
+        (void)ldc;
+    return false;
+}
+
+#endif
