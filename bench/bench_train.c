@@ -225,7 +225,8 @@ static int amp_table(const char *which, int steps_arg, const char *only)
     const char *pb = em_matmul_path(EM_BF16);
     printf("product paths (em_matmul_path): f32 %s, bf16 %s, fp16 %s\n", em_matmul_path(EM_F32),
            pb ? pb : em_last_error(), em_matmul_path(EM_F16));
-    printf("%-6s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16", "f32/fp16");
+    printf("%-6s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16",
+           "f32/fp16");
     int rc = 0;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const bench_cfg *c = &configs[i];
@@ -278,7 +279,8 @@ static int torch_table(const char *which, int steps_arg, const char *modes)
         "and PyTorch; median over steps after 2 warm-up steps; each run in its own child process,\n"
         "peak MB = that child's ru_maxrss (wait4)\n");
     print_machine();
-    printf("ember: %d threads; product path (em_matmul_path): f32 %s\n", em_num_threads(), em_matmul_path(EM_F32));
+    printf("ember: %d threads; product path (em_matmul_path): f32 %s\n", em_num_threads(),
+           em_matmul_path(EM_F32));
     if (have_torch) {
         printf("reference: PyTorch %s (%s), python %s (found by: %s)%s\n", py.version, py.build, py.path,
                py.how,
