@@ -37,6 +37,7 @@
 #include "nn/safetensors_impl.h"
 #include "tensor/error_impl.h"
 #include "tensor/fileio_impl.h"
+#include "tensor/settings_impl.h"
 
 #define SAVE "em_accel_save_state"
 #define LOAD "em_accel_load_state"
@@ -46,20 +47,6 @@
 #define PREFIX "checkpoint_"
 
 /* ---- configuration ------------------------------------------------------------ */
-
-/* true/false/1/0 (what the config file's booleans take) */
-static em_status env_bool(const char *var, bool *out)
-{
-    const char *v = getenv(var);
-    if (!v || !*v) return EM_OK;
-    if (!strcmp(v, "true") || !strcmp(v, "True") || !strcmp(v, "TRUE") || !strcmp(v, "1"))
-        *out = true;
-    else if (!strcmp(v, "false") || !strcmp(v, "False") || !strcmp(v, "FALSE") || !strcmp(v, "0"))
-        *out = false;
-    else
-        return em_err(EM_ERR_ARG, "em_accelerator_new: %s='%.64s' is not true or false", var, v);
-    return EM_OK;
-}
 
 em_status accel_ckpt_init(em_accelerator *a, const em_accel_config *cfg)
 {
@@ -76,7 +63,8 @@ em_status accel_ckpt_init(em_accelerator *a, const em_accel_config *cfg)
     }
     a->auto_naming = cfg->automatic_checkpoint_naming;
     em_status s;
-    if (!a->auto_naming && (s = env_bool("EMBER_AUTOMATIC_CHECKPOINT_NAMING", &a->auto_naming))) return s;
+    if (!a->auto_naming && (s = setting_env_bool("EMBER_AUTOMATIC_CHECKPOINT_NAMING", &a->auto_naming)))
+        return s;
     if (cfg->total_limit < 0)
         return em_err(EM_ERR_ARG,
                       "em_accelerator_new: total_limit %d must be >= 0 (0 keeps every checkpoint)",

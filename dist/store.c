@@ -182,32 +182,39 @@ static em_status check_key(const char *fn, const em_store *s, const char *key)
     return EM_OK;
 }
 
-em_status em_store_set(em_store *s, const char *key, const void *value, size_t n)
+/* key := value[0..n) as request `op` (SP_SET now, SP_ON_CLOSE when this
+ * client's connection closes). */
+static em_status key_value_request(em_store *s, const char *fn, uint8_t op, const char *key,
+                                   const void *value, size_t n)
 {
-    em_status st = check_key("em_store_set", s, key);
+    em_status st = check_key(fn, s, key);
     if (st) return st;
-    if (!value && n > 0) return em_err(EM_ERR_ARG, "em_store_set: value is NULL but n is %zu", n);
+    if (!value && n > 0) return em_err(EM_ERR_ARG, "%s: value is NULL but n is %zu", fn, n);
     if (n > SP_MAX_VALUE)
-        return em_err(EM_ERR_ARG,
-                      "em_store_set: value of %zu bytes for key '%.200s' is over the %zu-byte limit", n, key,
-                      SP_MAX_VALUE);
+        return em_err(EM_ERR_ARG, "%s: value of %zu bytes for key '%.200s' is over the %zu-byte limit", fn, n,
+                      key, SP_MAX_VALUE);
     size_t kl = strlen(key);
     uint8_t *f = malloc(4 + 1 + 4 + kl + 8 + n);
-    if (!f) return em_err(EM_ERR_OOM, "em_store_set: out of memory for %zu bytes", n);
+    if (!f) return em_err(EM_ERR_OOM, "%s: out of memory for %zu bytes", fn, n);
     uint8_t *p = f + 4;
-    *p++ = SP_SET;
+    *p++ = op;
     p = sp_put_str(p, key, kl);
     p = sp_put(p, n, 8);
     if (n) memcpy(p, value, n);
     int code;
     uint8_t *body;
     size_t blen;
-    st = request(s, "em_store_set", f, (size_t)(p - f) + n, 0, &code, &body, &blen);
+    st = request(s, fn, f, (size_t)(p - f) + n, 0, &code, &body, &blen);
     free(f);
     if (st) return st;
-    if (code != SR_OK) st = unexpected(s, "em_store_set", code, body);
+    if (code != SR_OK) st = unexpected(s, fn, code, body);
     free(body);
     return st;
+}
+
+em_status em_store_set(em_store *s, const char *key, const void *value, size_t n)
+{
+    return key_value_request(s, "em_store_set", SP_SET, key, value, n);
 }
 
 em_status em_store_get(em_store *s, const char *key, void **value, size_t *n)
@@ -385,26 +392,7 @@ em_status dist_store_check(em_store *s, const char *key, bool *exists)
 
 em_status dist_store_on_close(em_store *s, const char *key, const void *value, size_t n)
 {
-    em_status st = check_key("em_store_on_close", s, key);
-    if (st) return st;
-    if (n > SP_MAX_VALUE) return em_err(EM_ERR_ARG, "em_store_on_close: value of %zu bytes is too large", n);
-    size_t kl = strlen(key);
-    uint8_t *f = malloc(4 + 1 + 4 + kl + 8 + n);
-    if (!f) return em_err(EM_ERR_OOM, "em_store_on_close: out of memory");
-    uint8_t *p = f + 4;
-    *p++ = SP_ON_CLOSE;
-    p = sp_put_str(p, key, kl);
-    p = sp_put(p, n, 8);
-    if (n) memcpy(p, value, n);
-    int code;
-    uint8_t *body;
-    size_t blen;
-    st = request(s, "em_store_on_close", f, (size_t)(p - f) + n, 0, &code, &body, &blen);
-    free(f);
-    if (st) return st;
-    if (code != SR_OK) st = unexpected(s, "em_store_on_close", code, body);
-    free(body);
-    return st;
+    return key_value_request(s, "em_store_on_close", SP_ON_CLOSE, key, value, n);
 }
 
 em_status dist_store_wait_any(em_store *s, int n, const char *const *keys, double timeout_s, int *index)

@@ -292,24 +292,6 @@ static bool handle(em_store_server *s, client *c, const uint8_t *body, size_t n,
         reply(c, SR_OK, NULL, 0, NULL, 0);
         return true;
     }
-    case SP_WAIT_ANY: {
-        uint64_t ms = sp_get(&r, 8);
-        uint32_t nk = (uint32_t)sp_get(&r, 4);
-        if (r.bad) break;
-        if (!c->parked) c->deadline = now + (double)ms / 1000.0;
-        for (uint32_t i = 0; i < nk; i++) {
-            key = sp_str(&r, &klen);
-            if (r.bad) goto bad;
-            kv *e = lookup(s, key, klen, false);
-            if (!e || !e->val) continue;
-            sp_put(tmp, i, 4);
-            reply(c, SR_OK, tmp, 4, NULL, 0);
-            return true;
-        }
-        if (now < c->deadline) return false;
-        reply(c, SR_TIMEOUT, NULL, 0, NULL, 0);
-        return true;
-    }
     case SP_GET: {
         uint64_t ms = sp_get(&r, 8);
         key = sp_str(&r, &klen);
@@ -326,7 +308,9 @@ static bool handle(em_store_server *s, client *c, const uint8_t *body, size_t n,
         }
         return false;
     }
-    case SP_WAIT: {
+    case SP_WAIT:       /* until every key exists; SR_TIMEOUT names the first missing one */
+    case SP_WAIT_ANY: { /* until one of the keys exists; SR_OK names it */
+        bool any = op == SP_WAIT_ANY;
         uint64_t ms = sp_get(&r, 8);
         uint32_t nk = (uint32_t)sp_get(&r, 4);
         if (r.bad) break;
@@ -335,13 +319,15 @@ static bool handle(em_store_server *s, client *c, const uint8_t *body, size_t n,
             key = sp_str(&r, &klen);
             if (r.bad) goto bad;
             kv *e = lookup(s, key, klen, false);
-            if (e && e->val) continue;
-            if (now < c->deadline) return false;
+            bool have = e && e->val;
+            if (have != any) continue; /* WAIT: present; WAIT_ANY: absent */
+            if (!any && now < c->deadline) return false;
             sp_put(tmp, i, 4);
-            reply(c, SR_TIMEOUT, tmp, 4, NULL, 0);
+            reply(c, any ? SR_OK : SR_TIMEOUT, tmp, 4, NULL, 0);
             return true;
         }
-        reply(c, SR_OK, NULL, 0, NULL, 0);
+        if (any && now < c->deadline) return false;
+        reply(c, any ? SR_TIMEOUT : SR_OK, NULL, 0, NULL, 0);
         return true;
     }
     case SP_BARRIER: {
