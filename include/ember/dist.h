@@ -319,7 +319,7 @@ typedef struct em_accel_config {
      * none (copied: the string need not outlive em_accelerator_new).
      * automatic_checkpoint_naming: em_accel_save_state / load_state with a
      * NULL dir save to the next checkpoint_N / load the newest; false =
-     * EMBER_AUTOMATIC_CHECKPOINT_NAMING (true/false/1/0), else off. On needs
+     * EMBER_AUTOMATIC_CHECKPOINT_NAMING (a boolean), else off. On needs
      * a project_dir (EM_ERR_ARG from em_accelerator_new otherwise).
      * total_limit: how many automatic checkpoints to keep (the newest K; the
      * older ones are removed after a new one is complete); 0 =
