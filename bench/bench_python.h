@@ -80,7 +80,9 @@ static inline int bench_run_child(char *const *argv, int (*fn)(void *arg, int fd
             dprintf(2, "cannot run %s\n", argv[0]);
             _exit(127);
         }
-        _exit(fn(arg, fd[1]) ? 1 : 0);
+        /* exit, not _exit: the atexit handlers run, so EMBER_PROFILE=1 prints
+         * the table of ember's child (the parent's records were dropped at fork) */
+        exit(fn(arg, fd[1]) ? 1 : 0);
     }
     close(fd[1]);
     size_t len = 0;

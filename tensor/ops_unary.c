@@ -41,6 +41,11 @@ static void fwd_flat_f32(unop k, const float *x, float *o, int64_t lo, int64_t h
     }
 }
 
+/* The elements a strided or f16/bf16 range is computed in: gathered into
+ * floats, run through the contiguous loop, stored back. One loop computes
+ * every f32/f16/bf16 element, so a strided input gives the contiguous bits. */
+#define UN_BLOCK 256
+
 static void fwd_range(void *ctx, int64_t lo, int64_t hi)
 {
     un_ctx *c = ctx;
@@ -56,12 +61,22 @@ static void fwd_range(void *ctx, int64_t lo, int64_t hi)
     nditer it;
     nditer_init(&it, x->ndim, x->shape, 1, (const int64_t *[]){x->stride});
     nditer_seek(&it, lo);
-    bool dbl = dt == EM_F64 || !em_dtype_is_float(dt); /* f64 and integers (abs) in double */
-    for (int64_t i = lo; i < hi; i++) {
-        double v = ld(dt, xp + it.off[0] * (int64_t)es);
-        v = dbl ? ew_unary_f64(c->k, v, c->p) : ew_unary_f32v(c->k, (float)v, (float)c->p);
-        st(dt, o + i * (int64_t)es, v);
-        nditer_next(&it);
+    if (dt == EM_F64 || !em_dtype_is_float(dt)) { /* f64 and integers (abs) in double */
+        for (int64_t i = lo; i < hi; i++) {
+            st(dt, o + i * (int64_t)es, ew_unary_f64(c->k, ld(dt, xp + it.off[0] * (int64_t)es), c->p));
+            nditer_next(&it);
+        }
+        return;
+    }
+    float xb[UN_BLOCK], ob[UN_BLOCK];
+    for (int64_t b0 = lo; b0 < hi; b0 += UN_BLOCK) {
+        int64_t n = hi - b0 < UN_BLOCK ? hi - b0 : UN_BLOCK;
+        for (int64_t j = 0; j < n; j++) {
+            xb[j] = (float)ld(dt, xp + it.off[0] * (int64_t)es);
+            nditer_next(&it);
+        }
+        fwd_flat_f32(c->k, xb, ob, 0, n, (float)c->p);
+        for (int64_t j = 0; j < n; j++) st(dt, o + (b0 + j) * (int64_t)es, ob[j]);
     }
 }
 
@@ -98,13 +113,27 @@ static void bwd_range(void *ctx, int64_t lo, int64_t hi)
     nditer it;
     nditer_init(&it, x->ndim, x->shape, 2, (const int64_t *[]){x->stride, g->stride});
     nditer_seek(&it, lo);
-    for (int64_t i = lo; i < hi; i++) {
-        double xv = ld(dt, xp + it.off[0] * (int64_t)es), yv = ld(dt, yp + i * (int64_t)es);
-        double gv = ld(g->dtype, gp + it.off[1] * (int64_t)gs);
-        double gx = dt == EM_F64 ? ew_unary_grad_f64(c->k, xv, yv, gv, c->p)
-                                 : ew_unary_grad_f32v(c->k, (float)xv, (float)yv, (float)gv, (float)c->p);
-        st(dt, o + i * (int64_t)es, gx);
-        nditer_next(&it);
+    if (dt == EM_F64) {
+        for (int64_t i = lo; i < hi; i++) {
+            double gx = ew_unary_grad_f64(c->k, ld(dt, xp + it.off[0] * (int64_t)es),
+                                          ld(dt, yp + i * (int64_t)es), ld(g->dtype, gp + it.off[1] * (int64_t)gs),
+                                          c->p);
+            st(dt, o + i * (int64_t)es, gx);
+            nditer_next(&it);
+        }
+        return;
+    }
+    float xb[UN_BLOCK], yb[UN_BLOCK], gb[UN_BLOCK], ob[UN_BLOCK];
+    for (int64_t b0 = lo; b0 < hi; b0 += UN_BLOCK) {
+        int64_t n = hi - b0 < UN_BLOCK ? hi - b0 : UN_BLOCK;
+        for (int64_t j = 0; j < n; j++) {
+            xb[j] = (float)ld(dt, xp + it.off[0] * (int64_t)es);
+            yb[j] = (float)ld(dt, yp + (b0 + j) * (int64_t)es);
+            gb[j] = (float)ld(g->dtype, gp + it.off[1] * (int64_t)gs);
+            nditer_next(&it);
+        }
+        bwd_flat_f32(c->k, xb, yb, gb, ob, 0, n, (float)c->p);
+        for (int64_t j = 0; j < n; j++) st(dt, o + (b0 + j) * (int64_t)es, ob[j]);
     }
 }
 
