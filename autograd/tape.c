@@ -29,10 +29,11 @@ bool em_set_grad_enabled(bool enabled) { return op_set_grad_mode(enabled); }
 bool em_is_grad_enabled(void) { return op_grad_mode(); }
 
 static em_status accum(tensor *t, tensor *g);
+static em_status accum_view(tensor *t, tensor *g, const int64_t *stride, int64_t offset);
 
-/* The engine serves the dispatcher's op_grad (backward functions hand their
- * gradients there); registered when the library loads. */
-__attribute__((constructor)) static void register_engine(void) { op_set_grad_sink(accum); }
+/* The engine serves the dispatcher's op_grad and op_grad_view (backward
+ * functions hand their gradients there); registered when the library loads. */
+__attribute__((constructor)) static void register_engine(void) { op_set_grad_sinks(accum, accum_view); }
 
 /* ---- leaves ----------------------------------------------------------------- */
 
@@ -142,7 +143,10 @@ em_tensor *em_detach(em_tensor *h)
 
 /* ---- accumulation ----------------------------------------------------------- */
 
-/* dst += src, elementwise, same shape; dst contiguous. */
+static void add_into_view(tensor *dst, tensor *src);
+
+/* dst += src, elementwise, same shape; dst contiguous, or a view into a
+ * gradient (where a slice's contribution lands: add_into_view). */
 static void add_into(tensor *dst, tensor *src)
 {
     int64_t n = t_numel(dst);
@@ -154,6 +158,10 @@ static void add_into(tensor *dst, tensor *src)
         return;
     }
 #endif
+    if (!t_is_contig(dst)) {
+        add_into_view(dst, src);
+        return;
+    }
     if (t_is_contig(src) && widens_exactly(src->dtype, dst->dtype) && (dst->dtype == EM_F32 || dst->dtype == EM_F64)) {
         add_par(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
         return;
@@ -179,14 +187,66 @@ static void add_into(tensor *dst, tensor *src)
     }
 }
 
-static em_status accum(tensor *t, tensor *g)
+/* The strided case of add_into (CPU; on CUDA add_into's walk covers it). */
+static void add_into_view(tensor *dst, tensor *src)
 {
-    if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
+    int last = src->ndim - 1;
+    if (dst->dtype == EM_F32 && src->dtype == EM_F32 && last >= 0 && dst->stride[last] == 1 &&
+        src->stride[last] == 1) { /* rows contiguous on both sides: a slice along a leading dim, or QKV's */
+        int64_t w = src->shape[last], rows = t_numel(src) / (w ? w : 1);
+        nditer it;
+        nditer_init(&it, last, src->shape, 2, (const int64_t *[]){dst->stride, src->stride});
+        float *dp = t_ptr(dst);
+        const float *sp = t_ptr(src);
+        for (int64_t r = 0; r < rows && w; r++) {
+            float *d = dp + it.off[0];
+            const float *q = sp + it.off[1];
+            for (int64_t j = 0; j < w; j++) d[j] += q[j];
+            nditer_next(&it);
+        }
+        return;
+    }
+    nditer it;
+    nditer_init(&it, src->ndim, src->shape, 2, (const int64_t *[]){dst->stride, src->stride});
+    size_t ds = t_esize(dst), ss = t_esize(src);
+    char *dp = t_ptr(dst);
+    const char *sp = t_ptr(src);
+    for (int64_t i = 0, n = t_numel(src); i < n; i++) {
+        char *d = dp + it.off[0] * (int64_t)ds;
+        st(dst->dtype, d, ld(dst->dtype, d) + ld(src->dtype, sp + it.off[1] * (int64_t)ss));
+        nditer_next(&it);
+    }
+}
+
+/* g may contribute to t's gradient: `shape` (t's, or a view's) and device agree. */
+static em_status check_contribution(tensor *t, tensor *g, const int64_t *shape)
+{
+    if (g->ndim != t->ndim || memcmp(g->shape, shape, sizeof(int64_t) * (size_t)t->ndim))
         return em_err(EM_ERR_AUTOGRAD, "backward: gradient %s does not match tensor %s (op '%s')", shp(g),
                       shp(t), t->grad_fn ? op_name(t->grad_fn->op) : "leaf");
     if (!em_device_equal(g->device, t->device))
         return em_err(EM_ERR_DEVICE, "backward: gradient %s is on another device than tensor %s (op '%s')", shp(g),
                       shp(t), t->grad_fn ? op_name(t->grad_fn->op) : "leaf");
+    return EM_OK;
+}
+
+/* A leaf whose last reachable use has contributed: its gradient is final,
+ * its hooks fire. */
+static em_status contributed(tensor *t)
+{
+    if (!t->grad_fn && t->pending > 0 && --t->pending == 0) {
+        for (hook_entry *e = t->hooks; e; e = e->next) {
+            em_status s = e->fn(t_handle(t), t_handle(t->grad), e->ctx);
+            if (s != EM_OK) return s;
+        }
+    }
+    return EM_OK;
+}
+
+static em_status accum(tensor *t, tensor *g)
+{
+    em_status s = check_contribution(t, g, t->shape);
+    if (s != EM_OK) return s;
     bool leaf = !t->grad_fn;
     if (!t->grad && !leaf && g->dtype == t->dtype) {
         /* a non-leaf's first contribution is adopted, not copied: backward
@@ -204,13 +264,33 @@ static em_status accum(tensor *t, tensor *g)
     } else {
         add_into(t->grad, g);
     }
-    if (!t->grad_fn && t->pending > 0 && --t->pending == 0) {
-        for (hook_entry *e = t->hooks; e; e = e->next) {
-            em_status s = e->fn(t_handle(t), t_handle(t->grad), e->ctx);
-            if (s != EM_OK) return s;
-        }
+    return contributed(t);
+}
+
+/* g, the gradient of a view of t (a narrow or slice: g's shape, at `stride`
+ * and `offset` in t's contiguous layout), is added into that part of t's
+ * gradient, which becomes t's own (zeros where no view has contributed
+ * yet). No zero tensor of t's size per contribution: the three narrows of a
+ * fused QKV projection fill one buffer. */
+static em_status accum_view(tensor *t, tensor *g, const int64_t *stride, int64_t offset)
+{
+    em_status s = check_contribution(t, g, g->shape);
+    if (s != EM_OK) return s;
+    if (!t->grad || t->grad_shared) {
+        tensor *ng = !t->grad_fn ? t_new_persistent_on(t->device, t->dtype, t->ndim, t->shape) : t_new_like(t);
+        if (!ng) return em_last_status();
+        if (t->grad)
+            copy_strided(ng, t->grad);
+        else if (t_fill_zero(ng) != EM_OK)
+            return em_last_status();
+        t->grad = ng;
+        t->grad_shared = false;
     }
-    return EM_OK;
+    tensor *v = t_view_of(t->grad, g->ndim, g->shape, stride, t->grad->offset + offset);
+    if (!v) return em_last_status();
+    add_into(v, g);
+    t_drop(v);
+    return contributed(t);
 }
 
 /* ---- backward --------------------------------------------------------------- */

@@ -22,6 +22,7 @@ static op_policy policy[] = {
 _Static_assert(sizeof policy / sizeof policy[0] == OP_COUNT, "dispatch: one autocast policy per op");
 
 static grad_sink sink;
+static grad_view_sink view_sink;
 
 bool op_grad_mode(void) { return grad_mode; }
 
@@ -52,13 +53,24 @@ void tape_truncate(int64_t len)
     if (len < tape_len) tape_len = len;
 }
 
-void op_set_grad_sink(grad_sink s) { sink = s; }
+void op_set_grad_sinks(grad_sink s, grad_view_sink vs)
+{
+    sink = s;
+    view_sink = vs;
+}
 
 em_status op_grad(tensor *t, tensor *g)
 {
     if (!t->requires_grad) return EM_OK;
     if (!sink) return em_err(EM_ERR_AUTOGRAD, "backward: no autograd engine is registered");
     return sink(t, g);
+}
+
+em_status op_grad_view(tensor *t, tensor *g, const int64_t *stride, int64_t offset)
+{
+    if (!t->requires_grad) return EM_OK;
+    if (!view_sink) return em_err(EM_ERR_AUTOGRAD, "backward: no autograd engine is registered");
+    return view_sink(t, g, stride, offset);
 }
 
 /* ---- autocast ----------------------------------------------------------------------------- */

@@ -17,7 +17,7 @@
  * call's parameters; they know neither the tape nor autocast. Backward
  * functions hand each input's gradient to op_grad (which the autograd
  * engine, autograd/tape.c, serves: it registers itself with
- * op_set_grad_sink) and call internal t_ ops, which record nothing because
+ * op_set_grad_sinks) and call internal t_ ops, which record nothing because
  * the engine runs them with grad mode off.
  *
  * State with one owner, here, per thread: grad mode, the autocast dtype,
@@ -119,9 +119,19 @@ bool op_begin_backward(op_call *c, const node *n, int nin, tensor **in);
  * a contribution to t's gradient. No-op when t does not require grad. */
 em_status op_grad(tensor *t, tensor *g);
 
-/* The engine's side: sink(t, g) receives every op_grad. */
+/* Hands g to the engine as the gradient of a view of t (a narrow or a
+ * slice): g has the view's shape; `stride` and `offset` place the view in
+ * t's contiguous layout, in elements. The engine adds g into that part of
+ * t's gradient, so a tensor read through several views (a fused QKV
+ * projection) gets one gradient buffer, not one zero-padded copy per view.
+ * No-op when t does not require grad. */
+em_status op_grad_view(tensor *t, tensor *g, const int64_t *stride, int64_t offset);
+
+/* The engine's side: sink(t, g) receives every op_grad, view_sink every
+ * op_grad_view. */
 typedef em_status (*grad_sink)(tensor *t, tensor *g);
-void op_set_grad_sink(grad_sink sink);
+typedef em_status (*grad_view_sink)(tensor *t, tensor *g, const int64_t *stride, int64_t offset);
+void op_set_grad_sinks(grad_sink sink, grad_view_sink view_sink);
 
 /* ---- state: grad mode, autocast, the tape ---------------------------------------------- */
 

@@ -170,21 +170,20 @@ tensor *t_transpose(tensor *t, int d0, int d1)
 
 /* ---- narrow / slice -------------------------------------------------------------- */
 
-/* gx = zeros(x); gx[slice] = g */
+/* gx[slice] += g, in x's one gradient buffer (op_grad_view) */
 static em_status slice_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
-    tensor *gx = t_zeros_on(g->device, g->dtype, x->ndim, x->shape);
-    if (!gx) return em_last_status();
     int d = (int)n->ip[0];
     int64_t start = n->ip[1], step = n->ip[2];
-    int64_t stride[EM_MAX_DIMS];
-    memcpy(stride, gx->stride, sizeof stride);
+    int64_t stride[EM_MAX_DIMS] = {0}, s = 1;
+    for (int i = x->ndim - 1; i >= 0; i--) { /* x's contiguous strides */
+        stride[i] = s;
+        s *= x->shape[i];
+    }
+    int64_t offset = start * stride[d];
     stride[d] *= step;
-    tensor *v = t_view_of(gx, g->ndim, g->shape, stride, start * gx->stride[d]);
-    if (!v) return em_last_status();
-    copy_strided(v, g);
-    return op_grad(x, gx);
+    return op_grad_view(x, g, stride, offset);
 }
 
 /* Ends call c (narrow or slice of c->in[0]) with the view that keeps len

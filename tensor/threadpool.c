@@ -1,8 +1,17 @@
 /* threadpool.c — one pool of worker threads for every CPU kernel,
  * GEMMs included (tensor/gemm.c splits them over it).
  *
- * parallel_for splits [0,n) into one contiguous range per thread (the caller
- * takes the first). After a job a worker spins for a short while (~0.2 ms,
+ * parallel_for splits [0,n) into one contiguous range per thread, and every
+ * thread, the caller included, claims ranges from a shared counter until
+ * none is left: the ranges are fixed by n and the thread count alone (so a
+ * kernel's result does not depend on which thread ran what), and a worker
+ * that is slow to wake (a loaded machine: another process on its core) is
+ * not waited for, the caller runs its range instead. Measured on the 2-core
+ * VM with two other busy processes: a tiny GPT step took 837 ms when each
+ * range belonged to one thread, 161-169 ms with claiming (as fast as one
+ * thread alone under that load).
+ *
+ * After a job a worker spins for a short while (~0.2 ms,
  * with the CPU's pause hint, never sched_yield) watching for the next one,
  * then sleeps on a condition variable. Training runs kernel after kernel, so
  * workers mostly find the next job while still spinning, on their own core;
@@ -25,7 +34,8 @@ static pthread_t workers[MAX_THREADS];
 static int n_threads; /* including the caller; 0 = not decided yet */
 static int n_started;
 static atomic_uint_fast64_t job_id;
-static atomic_int pending;  /* parts not finished yet, the caller's excluded */
+static atomic_int pending;   /* parts not finished yet */
+static atomic_int next_part; /* the next part to claim; >= job_parts: none left */
 static atomic_int sleeping; /* workers waiting on work_cv */
 static range_fn job_fn;
 static void *job_ctx;
@@ -42,10 +52,21 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static void run_part(int64_t part)
+/* Runs parts of the current job while any is unclaimed; returns whether
+ * this thread finished the job's last part. A claim made after the job's
+ * last part was taken finds the counter past job_parts (a new job resets it
+ * only after setting job_fn, job_ctx, job_n and job_parts), so a late worker
+ * either runs a part of the job now published or nothing. */
+static bool run_parts(void)
 {
-    int64_t lo = job_n * part / job_parts, hi = job_n * (part + 1) / job_parts;
-    if (lo < hi) job_fn(job_ctx, lo, hi);
+    bool last = false;
+    for (;;) {
+        int part = atomic_fetch_add(&next_part, 1);
+        if (part >= job_parts) return last;
+        int64_t lo = job_n * part / job_parts, hi = job_n * (part + 1) / job_parts;
+        if (lo < hi) job_fn(job_ctx, lo, hi);
+        last = atomic_fetch_sub(&pending, 1) == 1;
+    }
 }
 
 /* Waits until job_id moves past `seen`: spins first, then sleeps. */
@@ -66,18 +87,15 @@ static uint64_t wait_for_job(uint64_t seen)
 
 static void *worker_main(void *arg)
 {
-    int64_t me = (int64_t)(intptr_t)arg; /* part index 1.. */
+    (void)arg;
     uint64_t seen = 0;
     in_parallel = true;
     for (;;) {
         seen = wait_for_job(seen);
-        if (me < job_parts) {
-            run_part(me);
-            if (atomic_fetch_sub(&pending, 1) == 1) {
-                pthread_mutex_lock(&lock);
-                pthread_cond_signal(&done_cv);
-                pthread_mutex_unlock(&lock);
-            }
+        if (run_parts()) {
+            pthread_mutex_lock(&lock);
+            pthread_cond_signal(&done_cv);
+            pthread_mutex_unlock(&lock);
         }
     }
     return NULL;
@@ -135,7 +153,8 @@ void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx)
     job_ctx = ctx;
     job_n = n;
     job_parts = parts;
-    atomic_store(&pending, (int)parts - 1);
+    atomic_store(&pending, (int)parts);
+    atomic_store(&next_part, 0);
     atomic_fetch_add(&job_id, 1); /* publishes the job (seq_cst) */
     if (atomic_load(&sleeping) > 0) {
         pthread_mutex_lock(&lock);
@@ -143,7 +162,7 @@ void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx)
         pthread_mutex_unlock(&lock);
     }
     in_parallel = true;
-    run_part(0);
+    run_parts();
     in_parallel = false;
     for (int i = 0; i < SPIN && atomic_load(&pending) > 0; i++) cpu_relax();
     if (atomic_load(&pending) > 0) {

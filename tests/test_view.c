@@ -602,3 +602,66 @@ TEST(test_cast_rejects_invalid_dtype)
     CHECK_ERR(em_cast(em_zeros(EM_F32, EM_SHAPE(2)), EM_NUM_DTYPES), EM_ERR_DTYPE, "cast: invalid dtype 7");
     em_scope_end(s);
 }
+
+/* ---- gradients of several views of one tensor ------------------------------------------------ */
+
+/* loss = sum of each part times its own weight: x's gradient is each
+ * part's weight where that part reads, summed where parts overlap */
+static em_tensor *weighted_parts(em_tensor *x)
+{
+    em_tensor *q = em_narrow(x, 1, 0, 2), *k = em_narrow(x, 1, 2, 2), *v = em_slice(x, 1, 1, 6, 2);
+    em_tensor *l = em_add(em_sum(em_mul_scalar(q, 1.0), 0, NULL, false),
+                          em_sum(em_mul_scalar(k, 10.0), 0, NULL, false));
+    return em_add(l, em_sum(em_mul_scalar(v, 100.0), 0, NULL, false));
+}
+
+TEST(test_gradients_of_several_narrows_and_slices_of_one_tensor_add_up)
+{
+    /* columns 0-1 read by q (1), 2-3 by k (10), 1, 3, 5 by v (100): per row
+     * 1, 101, 10, 110, 0, 100; for a leaf, for a non-leaf, and with the
+     * whole tensor also read directly before or after the views */
+    for (int variant = 0; variant < 4; variant++) {
+        em_scope s = em_scope_begin();
+        em_tensor *leaf = em_zeros(EM_F32, EM_SHAPE(3, 6));
+        CHECK_OK(em_set_requires_grad(leaf, true));
+        em_tensor *x = variant == 1 || variant == 3 ? em_mul_scalar(leaf, 2.0) : leaf;
+        em_tensor *direct = variant >= 2 ? em_sum(x, 0, NULL, false) : NULL; /* + 1 everywhere */
+        em_tensor *loss = weighted_parts(x);
+        if (direct) loss = variant == 2 ? em_add(direct, loss) : em_add(loss, direct);
+        CHECK_OK(em_backward(loss, NULL));
+        double scale = variant == 1 || variant == 3 ? 2.0 : 1.0, plus = variant >= 2 ? 1.0 : 0.0;
+        const double row[6] = {1, 101, 10, 110, 0, 100};
+        for (int64_t i = 0; i < 3; i++)
+            for (int64_t j = 0; j < 6; j++)
+                CHECK_NEAR(em_get(em_grad(leaf), (int64_t[]){i, j}), scale * (row[j] + plus), 0);
+        em_scope_end(s);
+        em_free(leaf);
+    }
+}
+
+static int view_hook_calls;
+static double view_hook_seen;
+
+static em_status count_view_hook(em_tensor *t, em_tensor *grad, void *ctx)
+{
+    (void)t;
+    (void)ctx;
+    view_hook_calls++;
+    view_hook_seen = em_get(grad, (int64_t[]){0, 3});
+    return EM_OK;
+}
+
+TEST(test_a_leaf_read_through_views_fires_its_hook_once_with_the_final_gradient)
+{
+    /* DDP launches a bucket from the hook: it must come after the last view's contribution */
+    em_scope s = em_scope_begin();
+    em_tensor *leaf = em_zeros(EM_F32, EM_SHAPE(2, 6));
+    CHECK_OK(em_set_requires_grad(leaf, true));
+    CHECK_OK(em_register_grad_hook(leaf, count_view_hook, NULL));
+    view_hook_calls = 0;
+    CHECK_OK(em_backward(weighted_parts(leaf), NULL));
+    CHECK(view_hook_calls == 1);
+    CHECK_NEAR(view_hook_seen, 110, 0);
+    em_scope_end(s);
+    em_free(leaf);
+}
