@@ -23,6 +23,11 @@
  * forward with f32 master weights; fp16 adds the loss scaler's scale, unscale
  * and update) and reports each against f32 measured in the same run.
  *
+ * After ember's row, "GEMM bound" is the time of the step's matrix products
+ * alone in raw cblas_sgemm (gemm_bound_ms): no step, in any framework using
+ * that BLAS, is faster, so best PyTorch / bound is the largest speed-up the
+ * machine allows.
+ *
  * usage: bench_train [tiny|124m|all] [steps] [modes]   (default all; 20 steps tiny, 5 for 124m;
  *          modes, e.g. "eager,fused": only those PyTorch modes of eager, fused, compile)
  *        bench_train amp [tiny|124m|all] [steps] [dtypes]   (dtypes, e.g. "bf16" or "f32,bf16": run only
@@ -35,6 +40,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <cblas.h>
 
 #include "bench_python.h"
 #include "bench_util.h"
@@ -112,6 +119,65 @@ static int ember_steps(const bench_cfg *c, int steps, double *median_s, double *
     free(named);
     em_gpt_free(g);
     return 0;
+}
+
+/* ---- the GEMM bound ------------------------------------------------------------------- */
+
+/* OpenBLAS's thread control (absent from other BLAS libraries): resolved when present. */
+#pragma weak openblas_set_num_threads
+
+/* Median seconds of cblas_sgemm C(M,N) = op(A) op(B) over 5 runs after one warm-up. */
+static double sgemm_s(bool ta, bool tb, int M, int N, int K)
+{
+    float *a = calloc((size_t)M * (size_t)K, sizeof *a), *b = calloc((size_t)K * (size_t)N, sizeof *b);
+    float *c = calloc((size_t)M * (size_t)N, sizeof *c);
+    double t[5];
+    for (int i = -1; i < 5 && a && b && c; i++) {
+        double t0 = now();
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
+                    a, ta ? M : K, b, tb ? K : N, 0.0f, c, N);
+        if (i >= 0) t[i] = now() - t0;
+    }
+    double r = a && b && c ? median(t, 5) : 0;
+    free(a);
+    free(b);
+    free(c);
+    return r;
+}
+
+/* The fastest a step could be if it did nothing but its matrix products,
+ * each in raw cblas_sgemm (OpenBLAS with 1 thread or as many as ember's
+ * pool, whichever is faster for the shape):
+ * every Linear's forward x W^T, backward dx = dy W and dW = dy^T x, timed at
+ * the step's own shapes; the attention products (QK^T and PV, forward and
+ * backward: six per layer and head, over the causal half of the (T,T)
+ * scores) at the rate the Linears reached. Writes the step's product FLOPs to *gflop. */
+static double gemm_bound_ms(const bench_cfg *c, double *gflop)
+{
+    int M = (int)(c->batch * c->model.block_size), C = (int)c->model.n_embd;
+    const int shapes[5][3] = {{C, 3 * C, (int)c->model.n_layer}, /* K, N, how many */
+                              {C, C, (int)c->model.n_layer},
+                              {C, 4 * C, (int)c->model.n_layer},
+                              {4 * C, C, (int)c->model.n_layer},
+                              {C, (int)c->model.vocab_size, 1}}; /* the head, tied to the embedding */
+    double s = 0, flop = 0;
+    for (int i = 0; i < 5; i++) {
+        int K = shapes[i][0], N = shapes[i][1];
+        double one = 0;
+        for (int th = 1; th <= em_num_threads(); th += em_num_threads() > 1 ? em_num_threads() - 1 : 1) {
+            if (openblas_set_num_threads) openblas_set_num_threads(th);
+            double t = sgemm_s(false, true, M, N, K) + sgemm_s(false, false, M, K, N) + sgemm_s(true, false, N, K, M);
+            one = one && one < t ? one : t;
+        }
+        s += one * shapes[i][2];
+        flop += 3 * 2.0 * M * K * N * shapes[i][2];
+    }
+    double T = (double)c->model.block_size, attn = 6 * 2.0 * (double)c->batch * (double)c->model.n_layer *
+                                                     (double)c->model.n_embd * T * (T + 1) / 2;
+    s += attn * (s / flop);
+    if (openblas_set_num_threads) openblas_set_num_threads(1);
+    *gflop = (flop + attn) * 1e-9;
+    return s * 1e3;
 }
 
 typedef struct ember_job {
@@ -309,6 +375,9 @@ static int torch_table(const char *which, int steps_arg, const char *modes)
         }
         printf("%-6s %-21s %3d %10.1f %10.0f %9.0f %7.3f\n", c->name, "ember", em_num_threads(), ms,
                tokens / (ms / 1e3), mb, loss);
+        double gflop, bound = gemm_bound_ms(c, &gflop);
+        printf("%-6s %-21s %3d %10.1f %10.0f   (the step's %.2f GFLOP of products alone in raw cblas_sgemm)\n",
+               c->name, "GEMM bound", em_num_threads(), bound, tokens / (bound / 1e3), gflop);
         fflush(stdout);
         if (!have_torch) continue;
         torch_run runs[6], *best = NULL;
@@ -339,6 +408,9 @@ static int torch_table(const char *which, int steps_arg, const char *modes)
                 mb_hi = mb_hi > r->rss_mb ? mb_hi : r->rss_mb;
             }
         }
+        if (best)
+            printf("%-6s the GEMM bound is %.2fx the best PyTorch; ember reaches %.0f%% of the bound\n", c->name,
+                   best->ms / bound, 100 * bound / ms);
         if (best)
             printf(
                 "%-6s speed-up %.2fx (ember %.1f ms, best PyTorch %.1f ms: %s, %d thr); peak MB ember %.0f / "
