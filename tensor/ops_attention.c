@@ -3,12 +3,14 @@
  *
  * Forward, per head (b,h):  S = q k^T * scale (T,T), P = softmax(S) row-wise
  * over j <= i (0 above the diagonal), O = P v. P (B,H,T,T) is kept in the
- * step scope for backward. The products are GEMMs (sgemm/dgemm) per head,
- * called from the calling thread so OpenBLAS's threads do the parallel work;
+ * step scope for backward. The products are GEMMs (sgemm/dgemm) per head;
  * query rows go in blocks of ROW_BLOCK so the keys after a block's last row
- * (all masked) are never multiplied. The row-wise softmax and its backward
- * run on ember's pool (parallel_for over rows), between the GEMMs, never
- * inside them. f32 and f64 are computed as they are; f16/bf16 through f32.
+ * (all masked) are never multiplied. The heads are split over ember's pool
+ * (parallel_for over B*H): each thread runs whole heads, its GEMMs and row
+ * passes inline, so a step of small heads (the tiny GPT: 48 heads of 64x32)
+ * pays one pool hand-off per call instead of one per GEMM and per row pass.
+ * With a single head the head's GEMMs and row passes are split over the
+ * pool instead. f32 and f64 are computed as they are; f16/bf16 through f32.
  *
  * On a CUDA device the op is one fused kernel (tensor/ops_matmul.cu,
  * flash-attention style): P is never stored; the forward saves the
@@ -138,6 +140,47 @@ static void head_backward(em_dtype ct, int64_t T, int64_t D, double scale, const
     }
 }
 
+/* Heads [lo,hi) of a call, each run whole by the thread that claims it. */
+typedef struct heads_ctx {
+    em_dtype ct;
+    int64_t T, D;
+    double scale;
+    const char *q, *k, *v, *go; /* (B*H,T,D), compute dtype; go: the output's gradient */
+    const void *P;              /* (B*H,T,T) */
+    char *o, *gq, *gk, *gv;     /* (B*H,T,D) */
+    int failed;                 /* backward: a range had no memory for its scratch (set atomically) */
+} heads_ctx;
+
+static void heads_forward(void *ctx, int64_t lo, int64_t hi)
+{
+    heads_ctx *c = ctx;
+    size_t es = em_dtype_size(c->ct);
+    for (int64_t h = lo; h < hi; h++) {
+        int64_t off = h * c->T * c->D;
+        head_forward(c->ct, c->T, c->D, c->scale, at(c->q, off, es), at(c->k, off, es), at(c->v, off, es),
+                     c->o + off * (int64_t)es, (void *)at(c->P, h * c->T * c->T, es));
+    }
+}
+
+static void heads_backward(void *ctx, int64_t lo, int64_t hi)
+{
+    heads_ctx *c = ctx;
+    size_t es = em_dtype_size(c->ct);
+    size_t mk = tmp_mark();                             /* the temp arena is the running thread's */
+    void *ds = tmp_alloc((size_t)(c->T * c->T) * es + 1); /* this range's (T,T) scratch */
+    if (!ds) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (int64_t h = lo; h < hi; h++) {
+        int64_t off = h * c->T * c->D;
+        head_backward(c->ct, c->T, c->D, c->scale, at(c->q, off, es), at(c->k, off, es), at(c->v, off, es),
+                      at(c->P, h * c->T * c->T, es), at(c->go, off, es), c->gq + off * (int64_t)es,
+                      c->gk + off * (int64_t)es, c->gv + off * (int64_t)es, ds);
+    }
+    tmp_release(mk);
+}
+
 /* ---- plumbing ------------------------------------------------------------------ */
 
 static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
@@ -177,20 +220,21 @@ static em_status attention_grad_cpu(const op_call *c, tensor *dq)
     size_t mk = tmp_mark();
     const char *qc = as_compute(q, ct), *kc = as_compute(c->in[1], ct), *vc = as_compute(c->in[2], ct);
     const char *gc = as_compute(g, ct);
-    void *ds = tmp_alloc((size_t)(T * T) * es + 1);
     char *gp[3];
-    bool ok = qc && kc && vc && gc && ds;
+    bool ok = qc && kc && vc && gc;
     for (int i = 0; i < 3 && ok; i++) /* in the compute dtype: the outputs, else temp memory */
         ok = (gp[i] = dt == ct ? t_ptr(grads[i]) : tmp_alloc((size_t)n * es + 1)) != NULL;
     if (!ok) {
         tmp_release(mk);
         return em_last_status();
     }
-    for (int64_t h = 0; h < BH && D > 0; h++) { /* D == 0: the gradients are empty */
-        int64_t off = h * T * D;
-        head_backward(ct, T, D, c->dp[0], at(qc, off, es), at(kc, off, es), at(vc, off, es),
-                      at(o->saved, h * T * T, es), at(gc, off, es), gp[0] + off * (int64_t)es,
-                      gp[1] + off * (int64_t)es, gp[2] + off * (int64_t)es, ds);
+    heads_ctx hc = {.ct = ct, .T = T, .D = D, .scale = c->dp[0], .q = qc, .k = kc, .v = vc, .P = o->saved,
+                    .go = gc, .gq = gp[0], .gk = gp[1], .gv = gp[2]};
+    if (D > 0) parallel_for(BH, 1, heads_backward, &hc); /* D == 0: the gradients are empty */
+    if (hc.failed) {
+        tmp_release(mk);
+        return em_err(EM_ERR_OOM, "attention backward: no memory for a (%lld,%lld) scratch matrix", (long long)T,
+                      (long long)T);
     }
     if (dt != ct)
         for (int i = 0; i < 3; i++) convert_par(dt, t_ptr(grads[i]), ct, gp[i], n);
@@ -281,11 +325,8 @@ static em_status attention_cpu(const op_call *c, tensor *out)
         tmp_release(mk);
         return em_last_status();
     }
-    for (int64_t h = 0; h < BH && D > 0; h++) {
-        int64_t off = h * T * D;
-        head_forward(ct, T, D, c->dp[0], at(qc, off, es), at(kc, off, es), at(vc, off, es),
-                     o + off * (int64_t)es, (void *)at(P, h * T * T, es));
-    }
+    heads_ctx hc = {.ct = ct, .T = T, .D = D, .scale = c->dp[0], .q = qc, .k = kc, .v = vc, .P = P, .o = o};
+    if (D > 0) parallel_for(BH, 1, heads_forward, &hc);
     if (dt != ct) convert_n(dt, t_ptr(out), ct, o, t_numel(out));
     tmp_release(mk);
     return EM_OK;
