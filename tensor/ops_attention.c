@@ -93,51 +93,91 @@ static void dsoftmax_rows_f64(void *ctx, int64_t lo, int64_t hi)
     }
 }
 
-/* One head, forward. q, k, v, o (T,D); P (T,T). Per block of query rows
- * [i0,i1): S = q[i0:i1] k[0:i1]^T * scale; then P = masked softmax(S) by rows;
- * then o[i0:i1] = P[i0:i1, 0:i1] v[0:i1]. */
-static void head_forward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, const void *k,
-                         const void *v, void *o, void *P)
+/* One head, forward. q, k, v (T,D) with row strides lq, lk, lv (>= D); o
+ * (T,D) contiguous; P (T,T). Per block of query rows [i0,i1): S = q[i0:i1]
+ * k[0:i1]^T * scale; then P = masked softmax(S) by rows; then o[i0:i1] =
+ * P[i0:i1, 0:i1] v[0:i1]. */
+static void head_forward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, int64_t lq,
+                         const void *k, int64_t lk, const void *v, int64_t lv, void *o, void *P)
 {
     size_t es = em_dtype_size(ct);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
-        em_gemm(ct, false, true, i1 - i0, i1, D, scale, at(q, i0 * D, es), D, k, D, 0.0,
+        em_gemm(ct, false, true, i1 - i0, i1, D, scale, at(q, i0 * lq, es), lq, k, lk, 0.0,
                 (void *)at(P, i0 * T, es), T);
     }
     rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .p = P};
     parallel_for(T, 32, softmax_rows, &rc);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
-        em_gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, D, 0.0,
+        em_gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, lv, 0.0,
                 (void *)at(o, i0 * D, es), D);
     }
 }
 
 /* One head, backward, blocks of query rows as in forward:
  * dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dP * P));
- * dQ = dS K * scale;  dK = dS^T Q * scale.  ds: (T,T) scratch. */
-static void head_backward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, const void *k,
-                          const void *v, const void *P, const void *go, void *gq, void *gk, void *gv,
-                          void *ds)
+ * dQ = dS K * scale;  dK = dS^T Q * scale.  q, k, v, go with row strides
+ * lq, lk, lv, lg; gq, gk, gv (T,D) contiguous; ds: (T,T) scratch. */
+static void head_backward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, int64_t lq,
+                          const void *k, int64_t lk, const void *v, int64_t lv, const void *P, const void *go,
+                          int64_t lg, void *gq, void *gk, void *gv, void *ds)
 {
     size_t es = em_dtype_size(ct);
     memset(gk, 0, (size_t)(T * D) * es);
     memset(gv, 0, (size_t)(T * D) * es);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
-        em_gemm(ct, true, false, i1, D, m, 1.0, at(P, i0 * T, es), T, at(go, i0 * D, es), D, 1.0, gv, D);
-        em_gemm(ct, false, true, m, i1, D, 1.0, at(go, i0 * D, es), D, v, D, 0.0, (void *)at(ds, i0 * T, es),
+        em_gemm(ct, true, false, i1, D, m, 1.0, at(P, i0 * T, es), T, at(go, i0 * lg, es), lg, 1.0, gv, D);
+        em_gemm(ct, false, true, m, i1, D, 1.0, at(go, i0 * lg, es), lg, v, lv, 0.0, (void *)at(ds, i0 * T, es),
                 T);
     }
     rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .scale = scale, .p = (void *)P, .ds = ds};
     parallel_for(T, 32, ct == EM_F32 ? dsoftmax_rows_f32 : dsoftmax_rows_f64, &rc);
     for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
         int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
-        em_gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, D, 0.0, (void *)at(gq, i0 * D, es),
+        em_gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, lk, 0.0, (void *)at(gq, i0 * D, es),
                 D);
-        em_gemm(ct, true, false, i1, D, m, 1.0, at(ds, i0 * T, es), T, at(q, i0 * D, es), D, 1.0, gk, D);
+        em_gemm(ct, true, false, i1, D, m, 1.0, at(ds, i0 * T, es), T, at(q, i0 * lq, es), lq, 1.0, gk, D);
     }
+}
+
+/* ---- plumbing ------------------------------------------------------------------ */
+
+static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
+
+/* A (B,H,T,D) operand as the per-head GEMMs read it: head (b,h) starts at
+ * p + (b sb + h sh) elements, its rows ld apart. */
+typedef struct head_operand {
+    const char *p;
+    int64_t H, sb, sh, ld;
+} head_operand;
+
+static const void *head_at(const head_operand *a, int64_t bh, size_t es)
+{
+    return at(a->p, (bh / a->H) * a->sb + (bh % a->H) * a->sh, es);
+}
+
+/* t as a head operand: t's own memory when it is in the compute dtype with
+ * unit stride along D (the q, k, v of a fused QKV projection are such
+ * strided views: no copy), else a contiguous copy in temp scratch. false on
+ * OOM. */
+static bool as_heads(tensor *t, em_dtype ct, head_operand *a)
+{
+    int64_t H = t->shape[1] > 0 ? t->shape[1] : 1, T = t->shape[2], D = t->shape[3];
+    if (t->dtype == ct && t->stride[3] == 1 && t->stride[2] >= D && t->stride[2] > 0) {
+        *a = (head_operand){.p = t_ptr(t), .H = H, .sb = t->stride[0], .sh = t->stride[1], .ld = t->stride[2]};
+        return true;
+    }
+    void *buf = tmp_alloc((size_t)t_numel(t) * em_dtype_size(ct) + 1);
+    if (!buf) return false;
+    storage s = {.data = buf, .nbytes = (size_t)t_numel(t) * em_dtype_size(ct)};
+    tensor h = {.dtype = ct, .ndim = t->ndim, .st = &s};
+    memcpy(h.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    t_contig_strides(t->ndim, t->shape, h.stride);
+    copy_strided(&h, t);
+    *a = (head_operand){.p = buf, .H = H, .sb = H * T * D, .sh = T * D, .ld = D > 0 ? D : 1};
+    return true;
 }
 
 /* Heads [lo,hi) of a call, each run whole by the thread that claims it. */
@@ -145,59 +185,39 @@ typedef struct heads_ctx {
     em_dtype ct;
     int64_t T, D;
     double scale;
-    const char *q, *k, *v, *go; /* (B*H,T,D), compute dtype; go: the output's gradient */
-    const void *P;              /* (B*H,T,T) */
-    char *o, *gq, *gk, *gv;     /* (B*H,T,D) */
-    int failed;                 /* backward: a range had no memory for its scratch (set atomically) */
+    head_operand q, k, v, go; /* go: the output's gradient */
+    const void *P;            /* (B*H,T,T) */
+    char *o, *gq, *gk, *gv;   /* (B*H,T,D) contiguous */
+    int failed;               /* backward: a range had no memory for its scratch (set atomically) */
 } heads_ctx;
 
 static void heads_forward(void *ctx, int64_t lo, int64_t hi)
 {
     heads_ctx *c = ctx;
     size_t es = em_dtype_size(c->ct);
-    for (int64_t h = lo; h < hi; h++) {
-        int64_t off = h * c->T * c->D;
-        head_forward(c->ct, c->T, c->D, c->scale, at(c->q, off, es), at(c->k, off, es), at(c->v, off, es),
-                     c->o + off * (int64_t)es, (void *)at(c->P, h * c->T * c->T, es));
-    }
+    for (int64_t h = lo; h < hi; h++)
+        head_forward(c->ct, c->T, c->D, c->scale, head_at(&c->q, h, es), c->q.ld, head_at(&c->k, h, es), c->k.ld,
+                     head_at(&c->v, h, es), c->v.ld, c->o + h * c->T * c->D * (int64_t)es,
+                     (void *)at(c->P, h * c->T * c->T, es));
 }
 
 static void heads_backward(void *ctx, int64_t lo, int64_t hi)
 {
     heads_ctx *c = ctx;
     size_t es = em_dtype_size(c->ct);
-    size_t mk = tmp_mark();                             /* the temp arena is the running thread's */
+    size_t mk = tmp_mark();                               /* the temp arena is the running thread's */
     void *ds = tmp_alloc((size_t)(c->T * c->T) * es + 1); /* this range's (T,T) scratch */
     if (!ds) {
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
     }
     for (int64_t h = lo; h < hi; h++) {
-        int64_t off = h * c->T * c->D;
-        head_backward(c->ct, c->T, c->D, c->scale, at(c->q, off, es), at(c->k, off, es), at(c->v, off, es),
-                      at(c->P, h * c->T * c->T, es), at(c->go, off, es), c->gq + off * (int64_t)es,
-                      c->gk + off * (int64_t)es, c->gv + off * (int64_t)es, ds);
+        int64_t off = h * c->T * c->D * (int64_t)es;
+        head_backward(c->ct, c->T, c->D, c->scale, head_at(&c->q, h, es), c->q.ld, head_at(&c->k, h, es), c->k.ld,
+                      head_at(&c->v, h, es), c->v.ld, at(c->P, h * c->T * c->T, es), head_at(&c->go, h, es),
+                      c->go.ld, c->gq + off, c->gk + off, c->gv + off, ds);
     }
     tmp_release(mk);
-}
-
-/* ---- plumbing ------------------------------------------------------------------ */
-
-static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
-
-/* t's values as contiguous compute-dtype elements: t's own memory when it
- * already is that, else a copy in temp scratch. NULL on OOM. */
-static const void *as_compute(tensor *t, em_dtype ct)
-{
-    if (t->dtype == ct && t_is_contig(t)) return t_ptr(t);
-    void *buf = tmp_alloc((size_t)t_numel(t) * em_dtype_size(ct) + 1);
-    if (!buf) return NULL;
-    storage s = {.data = buf, .nbytes = (size_t)t_numel(t) * em_dtype_size(ct)};
-    tensor h = {.dtype = ct, .ndim = t->ndim, .st = &s};
-    memcpy(h.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-    t_contig_strides(t->ndim, t->shape, h.stride);
-    copy_strided(&h, t);
-    return buf;
 }
 
 /* The backward's call: in = {q, k, v, out, g} (out the forward's output,
@@ -218,18 +238,19 @@ static em_status attention_grad_cpu(const op_call *c, tensor *dq)
     int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3], n = t_numel(q);
     size_t es = em_dtype_size(ct);
     size_t mk = tmp_mark();
-    const char *qc = as_compute(q, ct), *kc = as_compute(c->in[1], ct), *vc = as_compute(c->in[2], ct);
-    const char *gc = as_compute(g, ct);
+    heads_ctx hc = {.ct = ct, .T = T, .D = D, .scale = c->dp[0], .P = o->saved};
     char *gp[3];
-    bool ok = qc && kc && vc && gc;
+    bool ok = as_heads(q, ct, &hc.q) && as_heads(c->in[1], ct, &hc.k) && as_heads(c->in[2], ct, &hc.v) &&
+              as_heads(g, ct, &hc.go);
     for (int i = 0; i < 3 && ok; i++) /* in the compute dtype: the outputs, else temp memory */
         ok = (gp[i] = dt == ct ? t_ptr(grads[i]) : tmp_alloc((size_t)n * es + 1)) != NULL;
     if (!ok) {
         tmp_release(mk);
         return em_last_status();
     }
-    heads_ctx hc = {.ct = ct, .T = T, .D = D, .scale = c->dp[0], .q = qc, .k = kc, .v = vc, .P = o->saved,
-                    .go = gc, .gq = gp[0], .gk = gp[1], .gv = gp[2]};
+    hc.gq = gp[0];
+    hc.gk = gp[1];
+    hc.gv = gp[2];
     if (D > 0) parallel_for(BH, 1, heads_backward, &hc); /* D == 0: the gradients are empty */
     if (hc.failed) {
         tmp_release(mk);
@@ -319,13 +340,13 @@ static em_status attention_cpu(const op_call *c, tensor *out)
     size_t mk = tmp_mark();
     /* P lives as long as the tape when it is saved, else only for this call */
     void *P = c->saved ? c->saved : tmp_alloc((size_t)(BH * T * T) * es + 1);
-    const char *qc = as_compute(q, ct), *kc = as_compute(k, ct), *vc = as_compute(v, ct);
+    heads_ctx hc = {.ct = ct, .T = T, .D = D, .scale = c->dp[0], .P = P};
     char *o = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * es + 1);
-    if (!P || !qc || !kc || !vc || !o) {
+    if (!P || !o || !as_heads(q, ct, &hc.q) || !as_heads(k, ct, &hc.k) || !as_heads(v, ct, &hc.v)) {
         tmp_release(mk);
         return em_last_status();
     }
-    heads_ctx hc = {.ct = ct, .T = T, .D = D, .scale = c->dp[0], .q = qc, .k = kc, .v = vc, .P = P, .o = o};
+    hc.o = o;
     if (D > 0) parallel_for(BH, 1, heads_forward, &hc);
     if (dt != ct) convert_n(dt, t_ptr(out), ct, o, t_numel(out));
     tmp_release(mk);
