@@ -20,6 +20,10 @@
  * STREAM-like copy, add and in-place rates (1 and w threads, measured after
  * the rest) are printed beside it for scale.
  *
+ * mpirun binds each rank to a core (said explicitly: --bind-to core); ember's
+ * shm is measured unbound (as `ember launch` runs it) and again with rank r
+ * bound to CPU r, so the comparison with MPI is like for like.
+ *
  * usage: bench_allreduce [ranks] [reps]   (default 2 ranks; 1000/200/30/9 reps by size) */
 #include <pthread.h>
 #include <stdio.h>
@@ -137,10 +141,12 @@ static int mpi(int world, const job *j, double *ms, char *how, size_t n)
         return 1;
     }
     /* OpenMPI refuses root without --allow-run-as-root, and more ranks than
-     * cores without --oversubscribe; placement is left at its default */
+     * cores without --oversubscribe; each rank bound to a core (OpenMPI's
+     * default for 2 ranks, said here so the run does not depend on it) */
     char flags[128];
+    bool over = world > sysconf(_SC_NPROCESSORS_ONLN);
     snprintf(flags, sizeof flags, "%s%s", geteuid() == 0 ? " --allow-run-as-root" : "",
-             world > sysconf(_SC_NPROCESSORS_ONLN) ? " --oversubscribe" : "");
+             over ? " --oversubscribe --bind-to none" : " --bind-to core");
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s%s -n %d %s %zu:%d %zu:%d %zu:%d %zu:%d", EMBER_MPIRUN, flags, world,
              EMBER_BENCH_MPI, sizes[0], j->reps[0], sizes[1], j->reps[1], sizes[2], j->reps[2], sizes[3],
@@ -315,6 +321,13 @@ int main(int argc, char **argv)
     memcpy(shm, out->ms, sizeof shm);
     memcpy(bound, out->bound, sizeof bound);
     j.bound = NULL;
+    /* shm again with each rank bound to a core, as mpirun runs MPI's */
+    double pinned[NSIZES];
+    bool can_pin = world <= sysconf(_SC_NPROCESSORS_ONLN);
+    bench_pin_ranks = can_pin;
+    if (can_pin && bench_ranks(world, EM_TRANSPORT_SHM, "bench/shm-bound", measure, &j)) return 1;
+    bench_pin_ranks = false;
+    memcpy(pinned, out->ms, sizeof pinned);
     if (bench_ranks(world, EM_TRANSPORT_TCP, "bench/tcp", measure, &j)) return 1;
     memcpy(tcp, out->ms, sizeof tcp);
     char how[512];
@@ -347,6 +360,16 @@ int main(int argc, char **argv)
     printf("(mpi/shm and gloo/shm: the reference's time over ember's; 1.00x or more: ember is at least as "
            "fast)\n");
     if (!have_gloo) printf("(gloo: no torch in EMBER_BENCH_PYTHON or /usr/bin/python3)\n");
+    if (can_pin) {
+        printf("\nshm with rank r bound to CPU r, as mpirun binds MPI's ranks above (--bind-to core):\n");
+        printf("%7s | %9s %7s | %9s\n", "size", "shm ms", "GB/s", "mpi/shm");
+        for (int s = 0; s < NSIZES; s++) {
+            char sz[24], m3[16] = "-";
+            size_name(sizes[s], sz, sizeof sz);
+            if (have_mpi) snprintf(m3, sizeof m3, "%.2fx", mref[s] / pinned[s]);
+            printf("%7s | %9.3f %7.2f | %9s\n", sz, pinned[s], gbps(sizes[s], pinned[s]), m3);
+        }
+    }
     print_bound(world, shm, bound);
     return 0;
 }

@@ -4,12 +4,18 @@
 #ifndef EMBER_BENCH_DIST_H
 #define EMBER_BENCH_DIST_H
 
+#include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "ember/ember.h"
+
+/* When set, bench_ranks binds rank r to CPU r (mod the CPU count), as
+ * mpirun binds each of up to 2 ranks to a core by default. */
+static bool bench_pin_ranks;
 
 /* A rank's body: returns 0 on success. */
 typedef int (*bench_rank_fn)(em_pg *pg, void *ctx);
@@ -30,6 +36,12 @@ static inline int bench_ranks(int world, em_transport tr, const char *name, benc
     for (int r = 0; r < world; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
+            if (bench_pin_ranks) {
+                cpu_set_t set;
+                CPU_ZERO(&set);
+                CPU_SET(r % (int)sysconf(_SC_NPROCESSORS_ONLN), &set);
+                if (sched_setaffinity(0, sizeof set, &set)) fprintf(stderr, "bench: rank %d: cannot bind\n", r);
+            }
             em_store *st = em_store_connect("127.0.0.1", port, token, 60);
             em_pg *pg = st ? em_pg_new(&(em_pg_config){.rank = r, .world = world, .store = st, .name = name,
                                                         .timeout_s = 120, .transport = tr})
