@@ -30,8 +30,9 @@ static EM_HD inline EW_T EW_FN(ew_unary)(unop k, EW_T x, EW_T p)
     case UN_SIGMOID: return EW_SIGMOID(x);
     case UN_RELU: return x > 0 ? x : EW_C(0);
     case UN_GELU: return EW_C(0.5) * x * (EW_C(1) + EW_ERF(x * EW_C(EW_INV_SQRT2))); /* x Phi(x) */
-    case UN_GELU_TANH:
-        return EW_C(0.5) * x * (EW_C(1) + EW_TANH(EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x)));
+    case UN_GELU_TANH: /* x (1 + tanh u)/2 with u = k(x + c x^3), written as x sigma(2u) = x / (1 + e^-2u):
+                        * one exp and one division, no tanh (e^-2u = inf gives x/inf = 0, as tanh = -1 does) */
+        return x / (EW_C(1) + EW_EXP(EW_C(-2) * EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x)));
     case UN_SILU: return x * EW_SIGMOID(x);
     }
     return (EW_T)NAN; /* not reached: every op has its case */
@@ -55,10 +56,10 @@ static EM_HD inline EW_T EW_FN(ew_unary_grad)(unop k, EW_T x, EW_T y, EW_T g, EW
     case UN_GELU:                                                             /* Phi(x) + x phi(x) */
         return g * (EW_C(0.5) * (EW_C(1) + EW_ERF(x * EW_C(EW_INV_SQRT2))) +
                     x * EW_C(EW_INV_SQRT_2PI) * EW_EXP(EW_C(-0.5) * x * x));
-    case UN_GELU_TANH: { /* u = k(x + c x^3), t = tanh u: (1 + t)/2 + x (1 - t^2) u' / 2 */
-        EW_T t = EW_TANH(EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x));
-        return g * (EW_C(0.5) * (EW_C(1) + t) + EW_C(0.5) * x * (EW_C(1) - t * t) * EW_C(EW_GELU_K) *
-                                                    (EW_C(1) + EW_C(3) * EW_C(EW_GELU_C) * x * x));
+    case UN_GELU_TANH: { /* u = k(x + c x^3), s = sigma(2u) = (1 + tanh u)/2: s + 2 x s (1 - s) u' */
+        EW_T s = EW_C(1) / (EW_C(1) + EW_EXP(EW_C(-2) * EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x)));
+        return g * (s + EW_C(2) * x * s * (EW_C(1) - s) * EW_C(EW_GELU_K) *
+                            (EW_C(1) + EW_C(3) * EW_C(EW_GELU_C) * x * x));
     }
     case UN_SILU: { /* d x s(x) = s (1 + x (1 - s)) */
         EW_T s = EW_SIGMOID(x);
