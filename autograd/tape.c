@@ -32,7 +32,9 @@ static em_status accum(tensor *t, tensor *g);
 
 /* The engine serves the dispatcher's op_grad (backward functions hand their
  * gradients there); registered when the library loads. */
-__attribute__((constructor)) static void register_engine(void) { op_set_grad_sink(accum); }
+static tensor *acc_of(tensor *t, bool *fresh);
+static em_status acc_done(tensor *t);
+__attribute__((constructor)) static void register_engine(void) { op_set_grad_sink(accum, acc_of, acc_done); }
 
 /* ---- leaves ----------------------------------------------------------------- */
 
@@ -179,6 +181,19 @@ static void add_into(tensor *dst, tensor *src)
     }
 }
 
+/* A use of leaf t has contributed: at its last one the gradient is final
+ * and t's hooks run. */
+static em_status leaf_used(tensor *t)
+{
+    if (!t->grad_fn && t->pending > 0 && --t->pending == 0) {
+        for (hook_entry *e = t->hooks; e; e = e->next) {
+            em_status s = e->fn(t_handle(t), t_handle(t->grad), e->ctx);
+            if (s != EM_OK) return s;
+        }
+    }
+    return EM_OK;
+}
+
 static em_status accum(tensor *t, tensor *g)
 {
     if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
@@ -204,20 +219,82 @@ static em_status accum(tensor *t, tensor *g)
     } else {
         add_into(t->grad, g);
     }
-    if (!t->grad_fn && t->pending > 0 && --t->pending == 0) {
-        for (hook_entry *e = t->hooks; e; e = e->next) {
-            em_status s = e->fn(t_handle(t), t_handle(t->grad), e->ctx);
-            if (s != EM_OK) return s;
-        }
-    }
-    return EM_OK;
+    return leaf_used(t);
 }
+
+/* op_grad_acc (tensor/dispatch.h): where a backward function may add its
+ * contribution to t's gradient itself. A leaf's gradient (zero-filled when
+ * it is made here, so a failed caller leaves no garbage in a persistent
+ * buffer); a non-leaf's running gradient (a shared one copied first, as
+ * accum would); for a view output without a gradient of its own, the view
+ * of its input's accumulator (a Linear's W^T: dW lands in W's buffer, never
+ * made twice); else a new uninitialised gradient. */
+static tensor *acc_of(tensor *t, bool *fresh)
+{
+    *fresh = false;
+    if (!t->grad_fn) {
+        if (!t->grad) {
+            tensor *ng = t_new_persistent_on(t->device, t->dtype, t->ndim, t->shape);
+            if (!ng) return NULL;
+            if (t_fill_zero(ng)) {
+                t_free(ng);
+                return NULL;
+            }
+            t->grad = ng;
+            t->grad_shared = false;
+            *fresh = true;
+        }
+        return t->grad->dtype == t->dtype && t_is_contig(t->grad) ? t->grad : NULL;
+    }
+    if (t->grad) {
+        if (t->grad->dtype != t->dtype) return NULL;
+        if (t->grad_shared) {
+            tensor *ng = t_new_like(t);
+            if (!ng) return NULL;
+            copy_strided(ng, t->grad);
+            t->grad = ng;
+            t->grad_shared = false;
+        }
+        return t->grad;
+    }
+    node *n = t->grad_fn;
+    if (n->grad_view && n->nin == 1 && n->in[0]->requires_grad && n->in[0]->dtype == t->dtype) {
+        tensor *acc = acc_of(n->in[0], fresh);
+        return acc ? n->grad_view(n, acc) : NULL;
+    }
+    tensor *ng = t_new_like(t);
+    if (!ng) return NULL;
+    t->grad = ng;
+    t->grad_shared = false;
+    *fresh = true;
+    return ng;
+}
+
+/* op_grad_done: t's accumulator holds the contribution. A non-leaf without
+ * a gradient of its own was reached through its view: its node counts the
+ * use of its input when the walk gets there (walk_delivered). */
+static em_status acc_done(tensor *t)
+{
+    if (t->grad_fn) {
+        if (!t->grad) t->grad_fn->delivered = true;
+        return EM_OK;
+    }
+    return leaf_used(t);
+}
+
+/* The walk at view node n whose output got no gradient of its own but whose
+ * consumers added into its input's gradient through the view: that use of
+ * the input is complete (a leaf's count drops; a view input passes it on). */
+static em_status walk_delivered(node *n) { return acc_done(n->in[0]); }
 
 /* ---- backward --------------------------------------------------------------- */
 
 static void mark_reachable(node *root_node, tensor *root)
 {
-    for (int64_t i = 0; i < tape_length(); i++) tape_at(i)->reachable = false;
+    for (int64_t i = 0; i < tape_length(); i++) {
+        tape_at(i)->reachable = false;
+        tape_at(i)->delivered = false;
+    }
     if (!root_node) {
         root->pending = 1;
         return;
@@ -293,13 +370,14 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
     if (!gh && g0->depth == 0) t_free(g0);
     for (int64_t i = rn ? rn->index : -1; i >= 0 && s == EM_OK; i--) {
         node *n = tape_at(i);
-        if (!n->reachable || !n->out->grad) continue;
+        if (!n->reachable) continue;
+        if (!n->out->grad && !n->delivered) continue;
         tensor *gout = n->out->grad;
         n->out->grad = NULL; /* non-leaf grads are temporaries of this walk */
         n->out->grad_shared = false;
         prof_mark pm;
-        prof_begin(&pm);
-        s = n->backward(n, gout);
+        prof_begin(&pm); /* a delivered view's node too: its input's hooks run there */
+        s = gout ? n->backward(n, gout) : walk_delivered(n);
         prof_end_op(&pm, n->op, true);
         if (s != EM_OK && em_last_status() == EM_OK) em_err(s, "backward of '%s' failed", op_name(n->op));
     }
