@@ -29,11 +29,12 @@ bool em_set_grad_enabled(bool enabled) { return op_set_grad_mode(enabled); }
 bool em_is_grad_enabled(void) { return op_grad_mode(); }
 
 static em_status accum(tensor *t, tensor *g);
-static em_status accum_view(tensor *t, tensor *g, const int64_t *stride, int64_t offset);
 
-/* The engine serves the dispatcher's op_grad and op_grad_view (backward
- * functions hand their gradients there); registered when the library loads. */
-__attribute__((constructor)) static void register_engine(void) { op_set_grad_sinks(accum, accum_view); }
+/* The engine serves the dispatcher's op_grad (backward functions hand their
+ * gradients there); registered when the library loads. */
+static tensor *acc_of(tensor *t, bool *fresh);
+static em_status acc_done(tensor *t);
+__attribute__((constructor)) static void register_engine(void) { op_set_grad_sink(accum, acc_of, acc_done); }
 
 /* ---- leaves ----------------------------------------------------------------- */
 
@@ -143,10 +144,7 @@ em_tensor *em_detach(em_tensor *h)
 
 /* ---- accumulation ----------------------------------------------------------- */
 
-static void add_into_view(tensor *dst, tensor *src);
-
-/* dst += src, elementwise, same shape; dst contiguous, or a view into a
- * gradient (where a slice's contribution lands: add_into_view). */
+/* dst += src, elementwise, same shape; dst contiguous. */
 static void add_into(tensor *dst, tensor *src)
 {
     int64_t n = t_numel(dst);
@@ -158,10 +156,6 @@ static void add_into(tensor *dst, tensor *src)
         return;
     }
 #endif
-    if (!t_is_contig(dst)) {
-        add_into_view(dst, src);
-        return;
-    }
     if (t_is_contig(src) && widens_exactly(src->dtype, dst->dtype) && (dst->dtype == EM_F32 || dst->dtype == EM_F64)) {
         add_par(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
         return;
@@ -187,52 +181,9 @@ static void add_into(tensor *dst, tensor *src)
     }
 }
 
-/* The strided case of add_into (CPU; on CUDA add_into's walk covers it). */
-static void add_into_view(tensor *dst, tensor *src)
-{
-    int last = src->ndim - 1;
-    if (dst->dtype == EM_F32 && src->dtype == EM_F32 && last >= 0 && dst->stride[last] == 1 &&
-        src->stride[last] == 1) { /* rows contiguous on both sides: a slice along a leading dim, or QKV's */
-        int64_t w = src->shape[last], rows = t_numel(src) / (w ? w : 1);
-        nditer it;
-        nditer_init(&it, last, src->shape, 2, (const int64_t *[]){dst->stride, src->stride});
-        float *dp = t_ptr(dst);
-        const float *sp = t_ptr(src);
-        for (int64_t r = 0; r < rows && w; r++) {
-            float *d = dp + it.off[0];
-            const float *q = sp + it.off[1];
-            for (int64_t j = 0; j < w; j++) d[j] += q[j];
-            nditer_next(&it);
-        }
-        return;
-    }
-    nditer it;
-    nditer_init(&it, src->ndim, src->shape, 2, (const int64_t *[]){dst->stride, src->stride});
-    size_t ds = t_esize(dst), ss = t_esize(src);
-    char *dp = t_ptr(dst);
-    const char *sp = t_ptr(src);
-    for (int64_t i = 0, n = t_numel(src); i < n; i++) {
-        char *d = dp + it.off[0] * (int64_t)ds;
-        st(dst->dtype, d, ld(dst->dtype, d) + ld(src->dtype, sp + it.off[1] * (int64_t)ss));
-        nditer_next(&it);
-    }
-}
-
-/* g may contribute to t's gradient: `shape` (t's, or a view's) and device agree. */
-static em_status check_contribution(tensor *t, tensor *g, const int64_t *shape)
-{
-    if (g->ndim != t->ndim || memcmp(g->shape, shape, sizeof(int64_t) * (size_t)t->ndim))
-        return em_err(EM_ERR_AUTOGRAD, "backward: gradient %s does not match tensor %s (op '%s')", shp(g),
-                      shp(t), t->grad_fn ? op_name(t->grad_fn->op) : "leaf");
-    if (!em_device_equal(g->device, t->device))
-        return em_err(EM_ERR_DEVICE, "backward: gradient %s is on another device than tensor %s (op '%s')", shp(g),
-                      shp(t), t->grad_fn ? op_name(t->grad_fn->op) : "leaf");
-    return EM_OK;
-}
-
-/* A leaf whose last reachable use has contributed: its gradient is final,
- * its hooks fire. */
-static em_status contributed(tensor *t)
+/* A use of leaf t has contributed: at its last one the gradient is final
+ * and t's hooks run. */
+static em_status leaf_used(tensor *t)
 {
     if (!t->grad_fn && t->pending > 0 && --t->pending == 0) {
         for (hook_entry *e = t->hooks; e; e = e->next) {
@@ -245,8 +196,12 @@ static em_status contributed(tensor *t)
 
 static em_status accum(tensor *t, tensor *g)
 {
-    em_status s = check_contribution(t, g, t->shape);
-    if (s != EM_OK) return s;
+    if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
+        return em_err(EM_ERR_AUTOGRAD, "backward: gradient %s does not match tensor %s (op '%s')", shp(g),
+                      shp(t), t->grad_fn ? op_name(t->grad_fn->op) : "leaf");
+    if (!em_device_equal(g->device, t->device))
+        return em_err(EM_ERR_DEVICE, "backward: gradient %s is on another device than tensor %s (op '%s')", shp(g),
+                      shp(t), t->grad_fn ? op_name(t->grad_fn->op) : "leaf");
     bool leaf = !t->grad_fn;
     if (!t->grad && !leaf && g->dtype == t->dtype) {
         /* a non-leaf's first contribution is adopted, not copied: backward
@@ -264,40 +219,82 @@ static em_status accum(tensor *t, tensor *g)
     } else {
         add_into(t->grad, g);
     }
-    return contributed(t);
+    return leaf_used(t);
 }
 
-/* g, the gradient of a view of t (a narrow or slice: g's shape, at `stride`
- * and `offset` in t's contiguous layout), is added into that part of t's
- * gradient, which becomes t's own (zeros where no view has contributed
- * yet). No zero tensor of t's size per contribution: the three narrows of a
- * fused QKV projection fill one buffer. */
-static em_status accum_view(tensor *t, tensor *g, const int64_t *stride, int64_t offset)
+/* op_grad_acc (tensor/dispatch.h): where a backward function may add its
+ * contribution to t's gradient itself. A leaf's gradient (zero-filled when
+ * it is made here, so a failed caller leaves no garbage in a persistent
+ * buffer); a non-leaf's running gradient (a shared one copied first, as
+ * accum would); for a view output without a gradient of its own, the view
+ * of its input's accumulator (a Linear's W^T: dW lands in W's buffer, never
+ * made twice); else a new uninitialised gradient. */
+static tensor *acc_of(tensor *t, bool *fresh)
 {
-    em_status s = check_contribution(t, g, g->shape);
-    if (s != EM_OK) return s;
-    if (!t->grad || t->grad_shared) {
-        tensor *ng = !t->grad_fn ? t_new_persistent_on(t->device, t->dtype, t->ndim, t->shape) : t_new_like(t);
-        if (!ng) return em_last_status();
-        if (t->grad)
-            copy_strided(ng, t->grad);
-        else if (t_fill_zero(ng) != EM_OK)
-            return em_last_status();
-        t->grad = ng;
-        t->grad_shared = false;
+    *fresh = false;
+    if (!t->grad_fn) {
+        if (!t->grad) {
+            tensor *ng = t_new_persistent_on(t->device, t->dtype, t->ndim, t->shape);
+            if (!ng) return NULL;
+            if (t_fill_zero(ng)) {
+                t_free(ng);
+                return NULL;
+            }
+            t->grad = ng;
+            t->grad_shared = false;
+            *fresh = true;
+        }
+        return t->grad->dtype == t->dtype && t_is_contig(t->grad) ? t->grad : NULL;
     }
-    tensor *v = t_view_of(t->grad, g->ndim, g->shape, stride, t->grad->offset + offset);
-    if (!v) return em_last_status();
-    add_into(v, g);
-    t_drop(v);
-    return contributed(t);
+    if (t->grad) {
+        if (t->grad->dtype != t->dtype) return NULL;
+        if (t->grad_shared) {
+            tensor *ng = t_new_like(t);
+            if (!ng) return NULL;
+            copy_strided(ng, t->grad);
+            t->grad = ng;
+            t->grad_shared = false;
+        }
+        return t->grad;
+    }
+    node *n = t->grad_fn;
+    if (n->grad_view && n->nin == 1 && n->in[0]->requires_grad && n->in[0]->dtype == t->dtype) {
+        tensor *acc = acc_of(n->in[0], fresh);
+        return acc ? n->grad_view(n, acc) : NULL;
+    }
+    tensor *ng = t_new_like(t);
+    if (!ng) return NULL;
+    t->grad = ng;
+    t->grad_shared = false;
+    *fresh = true;
+    return ng;
 }
+
+/* op_grad_done: t's accumulator holds the contribution. A non-leaf without
+ * a gradient of its own was reached through its view: its node counts the
+ * use of its input when the walk gets there (walk_delivered). */
+static em_status acc_done(tensor *t)
+{
+    if (t->grad_fn) {
+        if (!t->grad) t->grad_fn->delivered = true;
+        return EM_OK;
+    }
+    return leaf_used(t);
+}
+
+/* The walk at view node n whose output got no gradient of its own but whose
+ * consumers added into its input's gradient through the view: that use of
+ * the input is complete (a leaf's count drops; a view input passes it on). */
+static em_status walk_delivered(node *n) { return acc_done(n->in[0]); }
 
 /* ---- backward --------------------------------------------------------------- */
 
 static void mark_reachable(node *root_node, tensor *root)
 {
-    for (int64_t i = 0; i < tape_length(); i++) tape_at(i)->reachable = false;
+    for (int64_t i = 0; i < tape_length(); i++) {
+        tape_at(i)->reachable = false;
+        tape_at(i)->delivered = false;
+    }
     if (!root_node) {
         root->pending = 1;
         return;
@@ -373,13 +370,14 @@ em_status em_backward(em_tensor *rh, em_tensor *gh)
     if (!gh && g0->depth == 0) t_free(g0);
     for (int64_t i = rn ? rn->index : -1; i >= 0 && s == EM_OK; i--) {
         node *n = tape_at(i);
-        if (!n->reachable || !n->out->grad) continue;
+        if (!n->reachable) continue;
+        if (!n->out->grad && !n->delivered) continue;
         tensor *gout = n->out->grad;
         n->out->grad = NULL; /* non-leaf grads are temporaries of this walk */
         n->out->grad_shared = false;
         prof_mark pm;
-        prof_begin(&pm);
-        s = n->backward(n, gout);
+        prof_begin(&pm); /* a delivered view's node too: its input's hooks run there */
+        s = gout ? n->backward(n, gout) : walk_delivered(n);
         prof_end_op(&pm, n->op, true);
         if (s != EM_OK && em_last_status() == EM_OK) em_err(s, "backward of '%s' failed", op_name(n->op));
     }

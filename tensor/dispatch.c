@@ -22,7 +22,8 @@ static op_policy policy[] = {
 _Static_assert(sizeof policy / sizeof policy[0] == OP_COUNT, "dispatch: one autocast policy per op");
 
 static grad_sink sink;
-static grad_view_sink view_sink;
+static grad_acc_fn sink_acc;
+static grad_done_fn sink_done;
 
 bool op_grad_mode(void) { return grad_mode; }
 
@@ -53,10 +54,11 @@ void tape_truncate(int64_t len)
     if (len < tape_len) tape_len = len;
 }
 
-void op_set_grad_sinks(grad_sink s, grad_view_sink vs)
+void op_set_grad_sink(grad_sink s, grad_acc_fn acc, grad_done_fn done)
 {
     sink = s;
-    view_sink = vs;
+    sink_acc = acc;
+    sink_done = done;
 }
 
 em_status op_grad(tensor *t, tensor *g)
@@ -66,11 +68,17 @@ em_status op_grad(tensor *t, tensor *g)
     return sink(t, g);
 }
 
-em_status op_grad_view(tensor *t, tensor *g, const int64_t *stride, int64_t offset)
+tensor *op_grad_acc(tensor *t, bool *fresh)
+{
+    *fresh = false;
+    return t->requires_grad && sink_acc ? sink_acc(t, fresh) : NULL;
+}
+
+em_status op_grad_done(tensor *t)
 {
     if (!t->requires_grad) return EM_OK;
-    if (!view_sink) return em_err(EM_ERR_AUTOGRAD, "backward: no autograd engine is registered");
-    return view_sink(t, g, stride, offset);
+    if (!sink_done) return em_err(EM_ERR_AUTOGRAD, "backward: no autograd engine is registered");
+    return sink_done(t);
 }
 
 /* ---- autocast ----------------------------------------------------------------------------- */
@@ -267,6 +275,7 @@ static node *record(const op_call *c, backward_fn bw, tensor *out)
     memcpy(n->ip, c->ip, sizeof n->ip);
     memcpy(n->dp, c->dp, sizeof n->dp);
     n->saved = c->saved;
+    n->grad_view = c->grad_view;
     n->index = tape_len;
     tape[tape_len++] = n;
     out->requires_grad = true;

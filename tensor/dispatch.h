@@ -17,7 +17,7 @@
  * call's parameters; they know neither the tape nor autocast. Backward
  * functions hand each input's gradient to op_grad (which the autograd
  * engine, autograd/tape.c, serves: it registers itself with
- * op_set_grad_sinks) and call internal t_ ops, which record nothing because
+ * op_set_grad_sink) and call internal t_ ops, which record nothing because
  * the engine runs them with grad mode off.
  *
  * State with one owner, here, per thread: grad mode, the autocast dtype,
@@ -48,8 +48,10 @@ typedef struct op_call {
      * the node for backward */
     int64_t ip[8];
     double dp[4];
-    void *saved;  /* op-specific, in the scope arena (scope_alloc) */
-    prof_mark pm; /* the profiler's record of this call, op_begin to op_end */
+    void *saved;            /* op-specific, in the scope arena (scope_alloc) */
+    grad_view_fn grad_view; /* a view op's: its input's gradient seen as its
+                             * output (tensor_impl.h); op_end copies it to the node */
+    prof_mark pm;           /* the profiler's record of this call, op_begin to op_end */
 } op_call;
 
 /* Starts op `op` on in[0..nin) (nin >= 0; `in` is updated in place and must
@@ -119,19 +121,40 @@ bool op_begin_backward(op_call *c, const node *n, int nin, tensor **in);
  * a contribution to t's gradient. No-op when t does not require grad. */
 em_status op_grad(tensor *t, tensor *g);
 
-/* Hands g to the engine as the gradient of a view of t (a narrow or a
- * slice): g has the view's shape; `stride` and `offset` place the view in
- * t's contiguous layout, in elements. The engine adds g into that part of
- * t's gradient, so a tensor read through several views (a fused QKV
- * projection) gets one gradient buffer, not one zero-padded copy per view.
- * No-op when t does not require grad. */
-em_status op_grad_view(tensor *t, tensor *g, const int64_t *stride, int64_t offset);
+/* Accumulating in place, for a backward function whose kernel can add its
+ * contribution where the gradient lies (a GEMM with beta = 1, an index-add,
+ * a slice) instead of making it in a new tensor for op_grad, which then
+ * adds it: the gradient of a parameter is never made twice.
+ *
+ *     bool fresh;
+ *     tensor *acc = op_grad_acc(t, &fresh);
+ *     if (acc)  { fresh ? write the contribution into acc : add it; op_grad_done(t); }
+ *     else      { make g; op_grad(t, g); }
+ *
+ * acc: t's gradient accumulator (t's shape and dtype, on t's device): the
+ * leaf's gradient (its buffer; made, zero-filled, on the first
+ * contribution), the running gradient of a non-leaf (made, uninitialised,
+ * on the first), or, for a t made by a view op with a grad_view (a
+ * transpose of a weight), the view of its input's accumulator: so
+ * dW of x @ W^T lands in W's gradient buffer. It is contiguous or a
+ * permutation of a contiguous tensor (strides say which). fresh: acc holds
+ * no contribution yet (zeros or uninitialised): write, do not add. Once a
+ * caller has acc it must fill it as said and call op_grad_done(t), even
+ * when its contribution is zero.
+ * NULL when t does not require grad (nothing to do) or the engine has no
+ * accumulator to offer (the dtype differs, an error: check em_last_status
+ * only when it matters); then use op_grad. */
+tensor *op_grad_acc(tensor *t, bool *fresh);
+/* Marks the contribution added into op_grad_acc(t)'s accumulator as made:
+ * a leaf's last use fires its hooks, as op_grad would. */
+em_status op_grad_done(tensor *t);
 
-/* The engine's side: sink(t, g) receives every op_grad, view_sink every
- * op_grad_view. */
+/* The engine's side: sink(t, g) receives every op_grad, acc and done the
+ * two calls above. */
 typedef em_status (*grad_sink)(tensor *t, tensor *g);
-typedef em_status (*grad_view_sink)(tensor *t, tensor *g, const int64_t *stride, int64_t offset);
-void op_set_grad_sinks(grad_sink sink, grad_view_sink view_sink);
+typedef tensor *(*grad_acc_fn)(tensor *t, bool *fresh);
+typedef em_status (*grad_done_fn)(tensor *t);
+void op_set_grad_sink(grad_sink sink, grad_acc_fn acc, grad_done_fn done);
 
 /* ---- state: grad mode, autocast, the tape ---------------------------------------------- */
 

@@ -312,6 +312,28 @@ tensor *t_zeros(em_dtype dt, int ndim, const int64_t *shape)
 
 tensor *t_zeros_like(const tensor *t) { return t_zeros_on(t->device, t->dtype, t->ndim, t->shape); }
 
+void add_strided(tensor *dst, const tensor *src)
+{
+    int nd = dst->ndim;
+    int64_t inner = nd ? dst->shape[nd - 1] : 1, n = t_numel(dst);
+    if (n == 0) return;
+    int64_t sd = nd ? dst->stride[nd - 1] : 0, ss = nd ? src->stride[nd - 1] : 0;
+    nditer it;
+    nditer_init(&it, nd ? nd - 1 : 0, dst->shape, 2, (const int64_t *[]){dst->stride, src->stride});
+    for (int64_t r = 0; r < n / inner; r++) {
+        if (dst->dtype == EM_F32) {
+            float *d = (float *)t_ptr(dst) + it.off[0];
+            const float *s = (const float *)t_ptr(src) + it.off[1];
+            for (int64_t j = 0; j < inner; j++) d[j * sd] += s[j * ss];
+        } else {
+            double *d = (double *)t_ptr(dst) + it.off[0];
+            const double *s = (const double *)t_ptr(src) + it.off[1];
+            for (int64_t j = 0; j < inner; j++) d[j * sd] += s[j * ss];
+        }
+        nditer_next(&it);
+    }
+}
+
 em_status t_fill_zero(tensor *t)
 {
     size_t nbytes = (size_t)t_numel(t) * t_esize(t);

@@ -282,6 +282,18 @@ int em_scope_depth(void) { return depth; }
 size_t em_arena_reserved(void) { return scope_arena.reserved + temp_arena.reserved; }
 uint64_t em_arena_system_allocs(void) { return scope_arena.sys_allocs + temp_arena.sys_allocs; }
 
+size_t em_arena_in_use(void)
+{
+    /* the chunks up to the one being carved; a chunk left for a later one
+     * counts up to where it was left (its tail is unused) */
+    size_t n = 0;
+    for (chunk *c = scope_arena.head; c && scope_arena.cur; c = c->next) {
+        n += c->used;
+        if (c == scope_arena.cur) break;
+    }
+    return n;
+}
+
 void *scope_alloc(size_t nbytes)
 {
     if (depth == 0) return em_fail(EM_ERR_SCOPE, "scope_alloc: no step scope is open");

@@ -194,8 +194,12 @@ enum { ADD_BLOCK = 256 };
 
 typedef struct iadd_ctx {
     tensor *acc, *g;
-    const int32_t *idx;
+    const int32_t *idx; /* index_add: the row of each of the K rows of g; index_acc: its slot */
     int64_t S, K, inner, nblk;
+    /* index_acc: the U distinct rows (first-use order) and their sums */
+    const int32_t *uniq;
+    int64_t U;
+    void *sums;
 } iadd_ctx;
 
 static void index_add_range(void *p, int64_t lo, int64_t hi)
@@ -243,7 +247,7 @@ static em_status index_add_cpu(const op_call *call, tensor *acc)
         if (!iv) return em_last_status();
         load_index(idx, iv);
         int64_t nblk = (inner + ADD_BLOCK - 1) / ADD_BLOCK;
-        iadd_ctx c = {acc, gc, iv, acc->shape[d], K, inner, nblk};
+        iadd_ctx c = {acc, gc, iv, acc->shape[d], K, inner, nblk, NULL, 0, NULL};
         parallel_for(outer * nblk, 1 + (1 << 14) / (K * (inner < ADD_BLOCK ? inner : ADD_BLOCK) + 1),
                      index_add_range, &c);
         tmp_release(m);
@@ -274,6 +278,84 @@ static em_status index_add_cuda(const op_call *call, tensor *acc)
 
 static const op_kernels index_add_kernels = OP_KERNELS(index_add_cpu, index_add_cuda);
 
+/* One task of index_acc: the rows of g summed per distinct row (in index
+ * order, from zero: what index_add_range leaves in those rows), then each
+ * sum added once into acc. */
+static void index_acc_range(void *p, int64_t lo, int64_t hi)
+{
+    iadd_ctx *c = p;
+    for (int64_t task = lo; task < hi; task++) {
+        int64_t o = task / c->nblk, b = task % c->nblk;
+        int64_t c0 = b * ADD_BLOCK, c1 = c0 + ADD_BLOCK < c->inner ? c0 + ADD_BLOCK : c->inner;
+        if (c->acc->dtype == EM_F32) {
+            float *a = (float *)t_ptr(c->acc) + o * c->S * c->inner,
+                  *u = (float *)c->sums + o * c->U * c->inner;
+            const float *g = (const float *)t_ptr(c->g) + o * c->K * c->inner;
+            for (int64_t r = 0; r < c->U; r++)
+                for (int64_t j = c0; j < c1; j++) u[r * c->inner + j] = 0;
+            for (int64_t k = 0; k < c->K; k++)
+                for (int64_t j = c0; j < c1; j++) u[c->idx[k] * c->inner + j] += g[k * c->inner + j];
+            for (int64_t r = 0; r < c->U; r++)
+                for (int64_t j = c0; j < c1; j++) a[c->uniq[r] * c->inner + j] += u[r * c->inner + j];
+        } else {
+            double *a = (double *)t_ptr(c->acc) + o * c->S * c->inner,
+                   *u = (double *)c->sums + o * c->U * c->inner;
+            const double *g = (const double *)t_ptr(c->g) + o * c->K * c->inner;
+            for (int64_t r = 0; r < c->U; r++)
+                for (int64_t j = c0; j < c1; j++) u[r * c->inner + j] = 0;
+            for (int64_t k = 0; k < c->K; k++)
+                for (int64_t j = c0; j < c1; j++) u[c->idx[k] * c->inner + j] += g[k * c->inner + j];
+            for (int64_t r = 0; r < c->U; r++)
+                for (int64_t j = c0; j < c1; j++) a[c->uniq[r] * c->inner + j] += u[r * c->inner + j];
+        }
+    }
+}
+
+/* acc (contiguous, f32 or f64, already holding a gradient) += g = in[0]
+ * added at the indices idx = in[1] along dim ip[0], on the CPU. The bits of
+ * index_add_cpu into zeros followed by acc += that, but the scratch is the
+ * size of g (one sum per distinct index), not of acc: an embedding's
+ * gradient is not made a second time at (V,C). */
+static em_status index_acc_cpu(const op_call *call, tensor *acc)
+{
+    tensor *g = call->in[0], *idx = call->in[1];
+    int d = (int)call->ip[0];
+    em_dtype ct = acc->dtype;
+    int64_t K, outer, inner, S = acc->shape[d];
+    select_sizes(acc, d, idx, &outer, &K, &inner);
+    if (outer * K * inner == 0) return EM_OK;
+    tensor *gc = g->dtype == ct ? t_contig(g) : t_cast(g, ct);
+    if (!gc) return em_last_status();
+    size_t m = tmp_mark();
+    int32_t *iv = tmp_alloc(sizeof(int32_t) * (size_t)K), *slot = tmp_alloc(sizeof(int32_t) * (size_t)K),
+            *uniq = tmp_alloc(sizeof(int32_t) * (size_t)K), *slot_of = tmp_alloc(sizeof(int32_t) * (size_t)S);
+    if (!iv || !slot || !uniq || !slot_of) {
+        tmp_release(m);
+        return em_last_status();
+    }
+    load_index(idx, iv);
+    memset(slot_of, 0xff, sizeof(int32_t) * (size_t)S); /* -1: no slot yet */
+    int64_t U = 0;
+    for (int64_t k = 0; k < K; k++) {
+        if (slot_of[iv[k]] < 0) {
+            slot_of[iv[k]] = (int32_t)U;
+            uniq[U++] = iv[k];
+        }
+        slot[k] = slot_of[iv[k]];
+    }
+    void *sums = tmp_alloc((size_t)(outer * U * inner) * em_dtype_size(ct));
+    if (!sums) {
+        tmp_release(m);
+        return em_last_status();
+    }
+    int64_t nblk = (inner + ADD_BLOCK - 1) / ADD_BLOCK;
+    iadd_ctx c = {acc, gc, slot, S, K, inner, nblk, uniq, U, sums};
+    parallel_for(outer * nblk, 1 + (1 << 14) / (K * (inner < ADD_BLOCK ? inner : ADD_BLOCK) + 1),
+                 index_acc_range, &c);
+    tmp_release(m);
+    return EM_OK;
+}
+
 /* The gradient of the selection node n made from t = n->in[0] along
  * dim n->ip[0] by idx = n->in[1], given the gradient g of the selection
  * (t's dims with dim d of idx's length): index_select's backward, an
@@ -284,9 +366,24 @@ static em_status index_add_backward(node *n, tensor *g)
     op_call c;
     if (!op_begin_backward(&c, n, 2, in)) return em_last_status();
     em_dtype ct = t->dtype == EM_F64 ? EM_F64 : EM_F32;
-    tensor *acc = op_out(&c, ct, t->ndim, t->shape);
-    if (!acc || op_run(&c, &index_add_kernels, acc)) return em_last_status();
-    tensor *gx = ct == t->dtype ? acc : t_cast(acc, t->dtype);
+    /* on the CPU, straight into t's gradient (op_grad_acc): the weight's
+     * gradient is not made a second time */
+    bool fresh = false;
+    tensor *acc = c.dev.type == EM_CPU && ct == t->dtype ? op_grad_acc(t, &fresh) : NULL;
+    if (acc && t_is_contig(acc)) {
+        em_status s = fresh ? index_add_cpu(&c, acc) : index_acc_cpu(&c, acc);
+        return s ? s : op_grad_done(t);
+    }
+    tensor *dense = op_out(&c, ct, t->ndim, t->shape);
+    if (!dense || op_run(&c, &index_add_kernels, dense)) return em_last_status();
+    if (acc) { /* a permuted accumulator */
+        if (fresh)
+            copy_strided(acc, dense);
+        else
+            add_strided(acc, dense);
+        return op_grad_done(t);
+    }
+    tensor *gx = ct == t->dtype ? dense : t_cast(dense, t->dtype);
     return gx ? op_grad(t, gx) : em_last_status();
 }
 

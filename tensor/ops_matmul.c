@@ -181,8 +181,35 @@ static em_status matmul_kernel(em_dtype ct, const operand *a, const operand *b, 
     return EM_OK;
 }
 
+/* acc (R,C) = beta * acc + x (R,M) @ y (M,C): one GEMM on the CPU, f32 or
+ * f64, with acc row-major or the transpose of a row-major matrix (then
+ * acc^T = y^T @ x^T, so the GEMM writes rows of the memory it is given).
+ * x and y are laid out for BLAS as matmul's operands are (prepare). */
+static em_status gemm_into(tensor *acc, tensor *x, tensor *y, double beta)
+{
+    em_dtype ct = acc->dtype;
+    int64_t R = acc->shape[0], C = acc->shape[1], M = x->shape[1];
+    bool transposed = C > 1 && acc->stride[1] != 1;
+    tensor *l = transposed ? t_transpose(y, 0, 1) : x, *r = transposed ? t_transpose(x, 0, 1) : y;
+    size_t mk = tmp_mark();
+    operand ol, orr;
+    if (!l || !r || !prepare(&ol, l, ct) || !prepare(&orr, r, ct)) {
+        tmp_release(mk);
+        return em_last_status();
+    }
+    int64_t rows = transposed ? C : R, cols = transposed ? R : C;
+    int64_t ldc = transposed ? acc->stride[1] : acc->stride[0];
+    em_gemm(ct, ol.trans == CblasTrans, orr.trans == CblasTrans, rows, cols, M, 1.0, ol.data, ol.ld, orr.data,
+            orr.ld, beta, t_ptr(acc), ldc > 1 ? ldc : (cols > 1 ? cols : 1));
+    tmp_release(mk);
+    return EM_OK;
+}
+
 /* dA = g @ B^T, dB = A^T @ g, each summed over the batch dims it broadcast
- * along. When b is a plain (K,N) matrix, dB is one GEMM over all rows. */
+ * along. When b is a plain (K,N) matrix, dB is one GEMM over all rows; on
+ * the CPU in f32/f64 that GEMM adds into b's gradient where it lies
+ * (op_grad_acc: a Linear's dW into W's buffer, with beta 1 once it holds
+ * something), so a weight's gradient is never made a second time. */
 static em_status matmul_backward(node *n, tensor *g)
 {
     tensor *a = n->in[0], *b = n->in[1];
@@ -201,6 +228,16 @@ static em_status matmul_backward(node *n, tensor *g)
             /* b = W^T for a contiguous W (N,K) (a Linear layer): compute
              * dW = g^T a directly, so the gradient reaches W contiguous */
             bool b_is_wt = b->stride[0] == 1 && b->stride[1] == K && K > 1;
+            bool fresh = false;
+            tensor *acc = !t_on_cuda(g) && g->dtype == b->dtype && (b->dtype == EM_F32 || b->dtype == EM_F64)
+                              ? op_grad_acc(b, &fresh)
+                              : NULL;
+            if (acc) {
+                /* the same GEMM as below (dW = g^T a for W^T), written into acc */
+                s = a2 && g2 ? gemm_into(acc, t_transpose(a2, 0, 1), g2, fresh ? 0.0 : 1.0)
+                             : em_last_status();
+                return s ? s : op_grad_done(b);
+            }
             if (b_is_wt)
                 gb = a2 && g2 ? t_transpose(t_matmul(t_transpose(g2, 0, 1), a2), 0, 1) : NULL;
             else

@@ -134,6 +134,18 @@ static em_status permute_backward(node *n, tensor *g)
     return gx ? op_grad(n->in[0], gx) : em_last_status();
 }
 
+/* The input's gradient accumulator seen through the same permutation: a
+ * consumer of x^T adds into x's gradient where it lies (op_grad_acc). */
+static tensor *permute_grad_view(const node *n, tensor *acc)
+{
+    int64_t shape[EM_MAX_DIMS], stride[EM_MAX_DIMS];
+    for (int i = 0; i < acc->ndim; i++) {
+        shape[i] = acc->shape[n->ip[i]];
+        stride[i] = acc->stride[n->ip[i]];
+    }
+    return t_view_of(acc, acc->ndim, shape, stride, acc->offset);
+}
+
 tensor *t_permute(tensor *t, const int *dims)
 {
     op_call c;
@@ -153,6 +165,7 @@ tensor *t_permute(tensor *t, const int *dims)
         stride[i] = t->stride[d[i]];
         c.ip[i] = d[i];
     }
+    c.grad_view = permute_grad_view;
     return op_end(&c, t_view_of(t, t->ndim, shape, stride, t->offset), permute_backward);
 }
 
@@ -170,20 +183,33 @@ tensor *t_transpose(tensor *t, int d0, int d1)
 
 /* ---- narrow / slice -------------------------------------------------------------- */
 
-/* gx[slice] += g, in x's one gradient buffer (op_grad_view) */
+/* gx = zeros(x); gx[slice] = g. On the CPU (f32, f64) the slice is added
+ * into x's gradient where it lies (op_grad_acc): the q, k and v narrowed
+ * from one (B,T,3C) tensor fill one gradient, not three of (B,T,3C) and a
+ * sum. */
 static em_status slice_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
+    bool fresh = false;
+    tensor *acc = !t_on_cuda(g) && g->dtype == x->dtype && (x->dtype == EM_F32 || x->dtype == EM_F64)
+                      ? op_grad_acc(x, &fresh)
+                      : NULL;
+    /* acc is contiguous or a permutation of a contiguous tensor: its bytes
+     * are one block, which t_fill_zero clears */
+    tensor *gx = acc ? acc : t_new_on(g->device, g->dtype, x->ndim, x->shape);
+    if (!gx || ((!acc || fresh) && t_fill_zero(gx))) return em_last_status();
     int d = (int)n->ip[0];
     int64_t start = n->ip[1], step = n->ip[2];
-    int64_t stride[EM_MAX_DIMS] = {0}, s = 1;
-    for (int i = x->ndim - 1; i >= 0; i--) { /* x's contiguous strides */
-        stride[i] = s;
-        s *= x->shape[i];
-    }
-    int64_t offset = start * stride[d];
+    int64_t stride[EM_MAX_DIMS];
+    memcpy(stride, gx->stride, sizeof stride);
     stride[d] *= step;
-    return op_grad_view(x, g, stride, offset);
+    tensor *v = t_view_of(gx, g->ndim, g->shape, stride, gx->offset + start * gx->stride[d]);
+    if (!v) return em_last_status();
+    if (!acc || fresh)
+        copy_strided(v, g);
+    else
+        add_strided(v, g);
+    return acc ? op_grad_done(x) : op_grad(x, gx);
 }
 
 /* Ends call c (narrow or slice of c->in[0]) with the view that keeps len

@@ -82,6 +82,13 @@ struct tensor {
  * op_grad (tensor/dispatch.h). It runs with grad mode off. */
 typedef em_status (*backward_fn)(node *n, tensor *gout);
 
+/* A view op whose gradient is its input's gradient seen through the same
+ * view (permute: a bijection of the elements): acc, an accumulator of the
+ * input's gradient (its shape), seen as the output. The autograd engine uses
+ * it to let a consumer add into the input's gradient directly
+ * (op_grad_acc, tensor/dispatch.h). NULL + error when no view can be made. */
+typedef tensor *(*grad_view_fn)(const node *n, tensor *acc);
+
 struct node {
     op_id op;          /* the op that recorded it (its name: op_name) */
     backward_fn backward;
@@ -93,6 +100,12 @@ struct node {
     double dp[4];   /* small float parameters */
     int64_t index;  /* position on the tape */
     bool reachable; /* set during a backward walk */
+    /* a view op's (op_call.grad_view); NULL for the others */
+    grad_view_fn grad_view;
+    /* set during a walk: a consumer added into in[0]'s gradient through
+     * grad_view, so this use of in[0] counts even when out never gets a
+     * gradient of its own */
+    bool delivered;
 };
 
 /* ---- handles -------------------------------------------------------------- */

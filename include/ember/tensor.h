@@ -167,6 +167,11 @@ em_status em_free(em_tensor *t);
 size_t em_arena_reserved(void);
 /* Number of times the arena has asked the system for memory. */
 uint64_t em_arena_system_allocs(void);
+/* Bytes of the calling thread's scope arena in use now: what the open scopes
+ * hold (tensor data, tape nodes, saved values; 64-byte granules). The
+ * difference across a call is what that call left in the scope (a
+ * backward's gradients of non-leaves, say). For tests and memory reports. */
+size_t em_arena_in_use(void);
 /* Tensors alive now on all threads (persistent + scoped, views included):
  * a leak check for tests and long-running programs. */
 int64_t em_live_tensors(void);
