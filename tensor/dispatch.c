@@ -99,16 +99,36 @@ static tensor *cast_keeping_layout(tensor *t, em_dtype dt)
     return t_cast(t, dt);
 }
 
-tensor *op_autocast_one(op_id op, tensor *t)
+/* One input under op's policy; keep_f32: a LOW op leaves an f32 input as it
+ * is (its kernel rounds it as it reads it: reads_f32_as_low). */
+static tensor *autocast_one(op_id op, tensor *t, bool keep_f32)
 {
     if (autocast == EM_F32 || !t || !em_dtype_is_float(t->dtype)) return t;
     switch (policy[op]) {
-    case POL_LOW: return t->dtype == EM_F32 || t->dtype == EM_F64 ? cast_keeping_layout(t, autocast) : t;
+    case POL_LOW:
+        if (t->dtype == EM_F32 && keep_f32) return t;
+        return t->dtype == EM_F32 || t->dtype == EM_F64 ? cast_keeping_layout(t, autocast) : t;
     case POL_F32: return t->dtype == EM_F16 || t->dtype == EM_BF16 ? cast_keeping_layout(t, EM_F32) : t;
     case POL_NONE: return t;
     case POL_PROMOTE: return t; /* over all inputs: promote() */
     }
     return t;
+}
+
+tensor *op_autocast_one(op_id op, tensor *t) { return autocast_one(op, t, false); }
+
+/* Whether op, under LOW on device dev, takes f32 operands as they are and
+ * computes its products in the autocast dtype from them, rounding each
+ * operand as it reads it: the values a cast would make, without the cast's
+ * pass over the operand (a weight, every step) and without a copy to keep
+ * for backward. Only where the product is computed in f32 anyway (the CPU's
+ * f32 path: gemm_low_reads_f32); a fast bf16 product (AMX, AVX512-BF16, a
+ * GPU) wants bf16 operands, and there the cast pays for itself. Of the
+ * kinds, only matmul's kernel does this (op_call.low). */
+static bool reads_f32_as_low(op_id op, em_device dev)
+{
+    return policy[op] == POL_LOW && op_table[op].kind == OPK_MATMUL && dev.type == EM_CPU &&
+           gemm_low_reads_f32(autocast);
 }
 
 /* f64 > f32 > bf16, f16; bf16 against f16 meets at f32 */
@@ -140,14 +160,16 @@ static bool promote(int nin, tensor **in)
     return true;
 }
 
-bool op_autocast_inputs(op_id op, int nin, tensor **in)
+static bool autocast_inputs(op_id op, int nin, tensor **in, bool keep_f32)
 {
     if (autocast == EM_F32 || policy[op] == POL_NONE) return true;
     if (policy[op] == POL_PROMOTE) return promote(nin, in);
     for (int i = 0; i < nin; i++)
-        if (!(in[i] = op_autocast_one(op, in[i]))) return false;
+        if (!(in[i] = autocast_one(op, in[i], keep_f32))) return false;
     return true;
 }
+
+bool op_autocast_inputs(op_id op, int nin, tensor **in) { return autocast_inputs(op, nin, in, false); }
 
 /* The checks all ops of a kind share (dispatch.h, op_begin). */
 static bool kind_checks(op_call *c)
@@ -192,8 +214,10 @@ static bool begin_checks(op_call *c, op_id op, int nin, tensor **in)
             if (em_last_status() == EM_OK) em_fail(EM_ERR_ARG, "%s: input %d is NULL", name, i);
             return false;
         }
-    if (!op_autocast_inputs(op, nin, in)) return false;
+    /* the device first: where the product runs decides whether LOW casts */
     if (t_same_device(name, nin, in, &c->dev)) return false;
+    if (autocast != EM_F32 && reads_f32_as_low(op, c->dev)) c->low = autocast;
+    if (!autocast_inputs(op, nin, in, c->low != EM_F32)) return false;
     if (c->dev.type == EM_CUDA && !(op_table[op].backends & OPB_CUDA)) {
         em_fail(EM_ERR_DEVICE,
                 "%s: no CUDA kernel for this op yet; its input is on cuda:%d (em_to(t, em_device_cpu()) "

@@ -44,6 +44,10 @@ typedef struct op_call {
     int64_t shape[EM_MAX_DIMS];
     bool record; /* grad mode is on and an input requires grad: op_end will
                   * record, so compute what backward needs */
+    /* a LOW op (matmul) under autocast whose kernel computes in the autocast
+     * dtype from f32 operands as they are (dispatch.c, reads_f32_as_low):
+     * that dtype, and its f32 inputs were left uncast; EM_F32 otherwise */
+    em_dtype low;
     /* the call's parameters: the kernel reads them, op_end copies them to
      * the node for backward */
     int64_t ip[8];
@@ -56,10 +60,13 @@ typedef struct op_call {
 
 /* Starts op `op` on in[0..nin) (nin >= 0; `in` is updated in place and must
  * stay alive until op_end). In order: every input is non-NULL (a NULL keeps
- * the error that made it, or sets "op: input is NULL"); autocast applies
- * the op's policy (LOW, F32: each float input cast; PROMOTE: the float
- * inputs cast to the widest of them); all inputs are on one device, and the
- * op has a kernel there (ops.def's backends); the checks every op of its
+ * the error that made it, or sets "op: input is NULL"); all inputs are on
+ * one device; autocast applies the op's policy (LOW:
+ * f32/f64 inputs cast to the autocast dtype, except that a matmul on a CPU
+ * whose products in that dtype are computed in f32 anyway keeps its f32
+ * inputs and gets c->low instead; F32: each f16/bf16 input cast; PROMOTE:
+ * the float inputs cast to the widest of them); the op has a kernel on the
+ * device (ops.def's backends); the checks every op of its
  * kind shares (BINARY, COMPARE: both inputs of one dtype, their shapes
  * broadcast, into c->ndim/c->shape; SOFTMAX, NORM, LOSS, DROPOUT,
  * ATTENTION, CONV, POOL: the first input is a float tensor); c->record is

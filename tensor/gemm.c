@@ -8,6 +8,7 @@
  * ARCHITECTURE.md "Threads"). One pool for everything removes the fight. */
 #include <cblas.h>
 
+#include "dtype_math.h"
 #include "kernel_impl.h"
 #include "tensor_impl.h"
 
@@ -21,8 +22,9 @@ __attribute__((constructor)) static void blas_single_threaded(void)
 }
 
 typedef struct gemm_job {
-    em_dtype dt;    /* f32 or f64; for em_gemm_low, the operands' and C's dtype (bf16 or f16) */
-    bool low;       /* em_gemm_low: f32 accumulation, C rounded once to dt */
+    em_dtype dt; /* f32 or f64 (em_gemm) */
+    bool low;    /* em_gemm_low: a product in ldt.lo */
+    gemm_low_dtypes ldt;
     bf16_path path; /* dt bf16 and low: the process's bf16 path */
     bool ta, tb, split_rows;
     int64_t M, N, K, lda, ldb, ldc;
@@ -43,21 +45,35 @@ typedef struct gemm_job {
  * of the multiply's work) and no whole-operand f32 copy is ever made, so
  * the product moves half the bytes of an f32 one and costs the same
  * multiplies. A transposed operand is widened in memory order and handed
- * to sgemm transposed. */
+ * to sgemm transposed. An f32 operand is rounded to the low dtype as it
+ * is copied into its block. */
 enum { WMC = 256, WKC = 512, WNC = 1024 }; /* block sizes (rows, depth, columns) */
 
-/* the (r x c) block at (r0, c0) of a matrix stored with row stride ld,
- * widened from lo to f32 into dst with row stride c */
-static void widen_block(em_dtype lo, const char *X, int64_t ld, int64_t r0, int64_t c0, int64_t r, int64_t c,
-                        float *dst)
+/* x as dtype lo (bf16 or f16) holds it: rounded once, widened back */
+static inline float keep(em_dtype lo, float x)
 {
-    for (int64_t i = 0; i < r; i++)
-        convert_n(EM_F32, dst + i * c, lo, X + (size_t)((r0 + i) * ld + c0) * 2, c);
+    return lo == EM_F16 ? f16_bits_to_f32(f32_to_f16_bits(x)) : bf16_bits_to_f32(f32_to_bf16_bits(x));
 }
 
-bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A,
-                      int64_t lda, const char *B, int64_t ldb, char *C, int64_t ldc)
+/* the (r x c) block at (r0, c0) of a matrix stored in dtype xt (lo, or f32
+ * rounded to lo) with row stride ld, widened to f32 into dst with row
+ * stride c */
+static void widen_block(em_dtype lo, em_dtype xt, const void *X, int64_t ld, int64_t r0, int64_t c0,
+                        int64_t r, int64_t c, float *dst)
 {
+    for (int64_t i = 0; i < r; i++) {
+        size_t off = (size_t)((r0 + i) * ld + c0);
+        if (xt == EM_F32)
+            for (int64_t j = 0; j < c; j++) dst[i * c + j] = keep(lo, ((const float *)X)[off + (size_t)j]);
+        else
+            convert_n(EM_F32, dst + i * c, lo, (const uint16_t *)X + off, c);
+    }
+}
+
+bool gemm_widen_sgemm(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
+                      int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
+{
+    em_dtype lo = dt.lo;
     int64_t kc_max = K <= WKC + WKC / 2 ? K : WKC; /* a K a little past one block stays one */
     int64_t mc_max = m < WMC ? m : WMC, nc_max = n < WNC ? n : WNC;
     size_t mark = tmp_mark();
@@ -76,45 +92,55 @@ bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64
                 int64_t kc = K - k0 < kc_max ? K - k0 : kc_max;
                 /* op(A)[m0.., k0..]: A (m,K) rows, or A (K,m) when transposed */
                 if (ta)
-                    widen_block(lo, A, lda, k0, m0, kc, mc, a);
+                    widen_block(lo, dt.a, A, lda, k0, m0, kc, mc, a);
                 else
-                    widen_block(lo, A, lda, m0, k0, mc, kc, a);
+                    widen_block(lo, dt.a, A, lda, m0, k0, mc, kc, a);
                 if (tb)
-                    widen_block(lo, B, ldb, n0, k0, nc, kc, b);
+                    widen_block(lo, dt.b, B, ldb, n0, k0, nc, kc, b);
                 else
-                    widen_block(lo, B, ldb, k0, n0, kc, nc, b);
+                    widen_block(lo, dt.b, B, ldb, k0, n0, kc, nc, b);
                 cblas_sgemm(CblasRowMajor, cta, ctb, (int)mc, (int)nc, (int)kc, 1.0f, a, (int)(ta ? mc : kc),
                             b, (int)(tb ? kc : nc), k0 ? 1.0f : 0.0f, c, (int)nc);
             }
-            for (int64_t i = 0; i < mc; i++)
-                convert_n(lo, C + (size_t)((m0 + i) * ldc + n0) * 2, EM_F32, c + i * nc, nc);
+            for (int64_t i = 0; i < mc; i++) {
+                size_t off = (size_t)((m0 + i) * ldc + n0);
+                if (dt.c == EM_F32)
+                    for (int64_t j = 0; j < nc; j++) ((float *)C)[off + (size_t)j] = keep(lo, c[i * nc + j]);
+                else
+                    convert_n(lo, (uint16_t *)C + off, EM_F32, c + i * nc, nc);
+            }
         }
     }
     tmp_release(mark);
     return true;
 }
 
+/* the bytes of one element of a matrix stored in dtype dt */
+static size_t esize(em_dtype dt) { return em_dtype_size(dt); }
+
 static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
-    size_t es = em_dtype_size(j->dt);
+    size_t ea = esize(j->low ? j->ldt.a : j->dt), eb = esize(j->low ? j->ldt.b : j->dt),
+           ec = esize(j->low ? j->ldt.c : j->dt);
     /* op(A) rows m0..m1: A is (M,K) with ld lda, or (K,M) when transposed */
-    const char *a = j->A + (size_t)(j->ta ? m0 : m0 * j->lda) * es;
+    const char *a = j->A + (size_t)(j->ta ? m0 : m0 * j->lda) * ea;
     /* op(B) columns n0..n1: B is (K,N), or (N,K) when transposed */
-    const char *b = j->B + (size_t)(j->tb ? n0 * j->ldb : n0) * es;
-    char *c = j->C + (size_t)(m0 * j->ldc + n0) * es;
+    const char *b = j->B + (size_t)(j->tb ? n0 * j->ldb : n0) * eb;
+    char *c = j->C + (size_t)(m0 * j->ldc + n0) * ec;
     int m = (int)(m1 - m0), n = (int)(n1 - n0);
-    if (j->low) { /* bf16/f16 operands and result, f32 accumulation */
+    if (j->low) { /* a product in ldt.lo: f32 accumulation, each result rounded once */
         bool ok;
         const uint16_t *a16 = (const uint16_t *)a, *b16 = (const uint16_t *)b;
-        if (j->dt == EM_BF16 && j->path == BF16_PATH_AMX)
+        em_dtype lo = j->ldt.lo;
+        if (lo == EM_BF16 && j->path == BF16_PATH_AMX)
             ok = gemm_bf16_amx(j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c, true, j->ldc);
-        else if (j->dt == EM_BF16 && j->path == BF16_PATH_AVX512BF16)
+        else if (lo == EM_BF16 && j->path == BF16_PATH_AVX512BF16)
             ok = gemm_dpbf16(dp_kernel_avx512, j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c, true,
                              j->ldc);
         else if (gemm_widen_usable())
-            ok = gemm_widen(j->dt, j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, (uint16_t *)c, j->ldc);
+            ok = gemm_widen(j->ldt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
         else
-            ok = gemm_widen_sgemm(j->dt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
+            ok = gemm_widen_sgemm(j->ldt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
         if (!ok) __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         return;
     }
@@ -161,16 +187,27 @@ static void gemm_run(gemm_job *j)
         parallel_for(parts, 1, gemm_part, j);
 }
 
-em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,
+em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,
                       int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
 {
+    em_dtype lo = dt.lo;
+    bool all_lo = dt.a == lo && dt.b == lo && dt.c == lo;
+    bool lo_or_f32 =
+        (dt.a == lo || dt.a == EM_F32) && (dt.b == lo || dt.b == EM_F32) && (dt.c == lo || dt.c == EM_F32);
+    /* a caller's bug: ops_matmul.c casts for a path that wants lo operands */
+    if ((lo != EM_BF16 && lo != EM_F16) || !lo_or_f32 || (!all_lo && !gemm_low_reads_f32(lo)))
+        return em_err(EM_ERR_ARG,
+                      "em_gemm_low: a %s product on this path takes %s operands only (got %s, %s -> %s)",
+                      em_dtype_name(lo), em_dtype_name(lo), em_dtype_name(dt.a), em_dtype_name(dt.b),
+                      em_dtype_name(dt.c));
     if (M <= 0 || N <= 0) return EM_OK;
     if (K <= 0) { /* an empty sum: +0 */
-        for (int64_t i = 0; i < M; i++) memset((uint16_t *)C + i * ldc, 0, (size_t)N * 2);
+        for (int64_t i = 0; i < M; i++)
+            memset((char *)C + (size_t)(i * ldc) * esize(dt.c), 0, (size_t)N * esize(dt.c));
         return EM_OK;
     }
-    gemm_job j = {.dt = lo,
-                  .low = true,
+    gemm_job j = {.low = true,
+                  .ldt = dt,
                   .ta = ta,
                   .tb = tb,
                   .M = M,

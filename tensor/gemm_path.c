@@ -14,7 +14,15 @@
  * All three accumulate in f32 and round each result to bf16 once.
  * EMBER_BF16_PATH=auto|f32|avx512bf16|amx forces one (for tests and
  * comparisons); a path this CPU cannot run is an error, never a crash.
- * EMBER_NO_AMX=1 (older) keeps auto off AMX. */
+ * EMBER_NO_AMX=1 (older) keeps auto off AMX.
+ *
+ * Where the product is computed in f32 anyway (bf16 on the f32 path, f16
+ * always), it also reads f32 operands as they are, rounding each to the low
+ * dtype as it packs it (gemm_low_reads_f32): autocast then leaves a
+ * matmul's f32 operands uncast (tensor/dispatch.c), so a bf16 step makes no
+ * bf16 copy of the weights. On amx and avx512bf16 the kernels want bf16
+ * operands, and a copy made once per step pays for itself in the faster
+ * product, so autocast casts there as before. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,4 +106,16 @@ const char *em_matmul_path(em_dtype dt)
     }
     em_err(EM_ERR_DTYPE, "em_matmul_path: matmul takes no %s tensors", em_dtype_name(dt));
     return NULL;
+}
+
+bool gemm_low_reads_f32(em_dtype lo)
+{
+    if (lo == EM_F16) return true;
+    bf16_path p;
+    if (lo != EM_BF16) return false;
+    if (gemm_bf16_path(&p)) {
+        em_clear_error(); /* the product itself reports the bad setting */
+        return false;
+    }
+    return p == BF16_PATH_F32;
 }

@@ -1,7 +1,10 @@
 /* gemm_widen.c — bf16/f16 products in f32 on AVX2+FMA CPUs without a bf16
  * multiplier: the packing step of a BLAS-style GEMM widens the operands to
  * f32 as it copies them, so a low-precision product reads half the bytes
- * of an f32 one and makes no other pass over its operands.
+ * of an f32 one and makes no other pass over its operands. An operand
+ * stored in f32 (an f32 weight under autocast) is rounded to the low dtype
+ * as it is packed instead: the values a cast would have made, without the
+ * cast's pass over it (docs/ARCHITECTURE.md "Mixed precision").
  *
  * A BLAS GEMM already copies ("packs") blocks of both operands into the
  * order its micro-kernel reads them; sgemm's packing reads f32, this one
@@ -12,7 +15,8 @@
  *   the micro-kernel keeps a 6x16 block of C in 12 ymm registers.
  * With K <= KC a block of C is final after one pass and is rounded to the
  * low dtype as the micro-kernel stores it; a deeper K accumulates in an f32
- * block of C and rounds after its last KC step. */
+ * block of C and rounds after its last KC step. A C stored in f32 holds the
+ * same rounded values. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,15 +52,56 @@ enum { MR = 6, NR = 16, MC = 144, KC = 256, NC = 3072, NCD = 256, MSUM = 1024 };
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 
-/* 8 low-precision values at p as 8 floats */
-TARGET static inline __m256 widen8(bool f16, const uint16_t *p)
+/* How an operand is read: its low-precision values widened (bf16 or f16),
+ * or f32 values rounded to the low dtype and widened back (f32). */
+typedef struct src {
+    bool f16; /* the product's dtype is f16 (else bf16) */
+    bool f32; /* the operand is stored in f32 */
+} src;
+
+/* 8 floats rounded to bf16 as bf16_round does (nearest even; a NaN stays a
+ * quiet NaN with its sign and top payload bits), as 8 32-bit lanes holding
+ * the bf16 in their top half */
+TARGET static inline __m256i round8_bf16_hi(__m256 x)
 {
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
-    if (f16) return _mm256_cvtph_ps(h);
+    __m256i u = _mm256_castps_si256(x);
+    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                 _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+    __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    return _mm256_blendv_epi8(r, q, nan);
+}
+
+/* 8 floats as the low dtype holds them (rounded once, widened back) */
+TARGET static inline __m256 keep8(bool f16, __m256 x)
+{
+    if (f16) return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    return _mm256_castsi256_ps(_mm256_and_si256(round8_bf16_hi(x), _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* the 8 values from element i of p as 8 floats */
+TARGET static inline __m256 load8(src s, const void *p, int64_t i)
+{
+    if (s.f32) return keep8(s.f16, _mm256_loadu_ps((const float *)p + i));
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (s.f16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-static inline float widen1(bool f16, uint16_t h) { return f16 ? f16_bits_to_f32(h) : bf16_bits_to_f32(h); }
+/* one float as the low dtype holds it */
+static inline float keep1(bool f16, float x)
+{
+    return f16 ? f16_bits_to_f32(f32_to_f16_bits(x)) : bf16_bits_to_f32(f32_to_bf16_bits(x));
+}
+
+/* element i of p as a float */
+static inline float load1(src s, const void *p, int64_t i)
+{
+    if (s.f32) return keep1(s.f16, ((const float *)p)[i]);
+    uint16_t h = ((const uint16_t *)p)[i];
+    return s.f16 ? f16_bits_to_f32(h) : bf16_bits_to_f32(h);
+}
 
 /* 8x8 transpose of r[0..8) in place */
 TARGET static inline void transpose8(__m256 r[8])
@@ -81,20 +126,20 @@ TARGET static inline void transpose8(__m256 r[8])
 
 /* op(B) rows k0..k0+kc, columns n0..n0+nc into panels of NR columns
  * (zero past nc): dst[panel][k][NR] */
-TARGET static void pack_b(bool f16, bool tb, const uint16_t *B, int64_t ldb, int64_t k0, int64_t kc,
-                          int64_t n0, int64_t nc, float *dst)
+TARGET static void pack_b(src sb, bool tb, const void *B, int64_t ldb, int64_t k0, int64_t kc, int64_t n0,
+                          int64_t nc, float *dst)
 {
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         float *d = dst + j0 * kc;
         int64_t w = nc - j0 < NR ? nc - j0 : NR;
         if (!tb) { /* B (K,N): 16 consecutive values of row k */
             for (int64_t k = 0; k < kc; k++) {
-                const uint16_t *s = B + (k0 + k) * ldb + n0 + j0;
+                int64_t s = (k0 + k) * ldb + n0 + j0;
                 if (w == NR) {
-                    _mm256_storeu_ps(d + k * NR, widen8(f16, s));
-                    _mm256_storeu_ps(d + k * NR + 8, widen8(f16, s + 8));
+                    _mm256_storeu_ps(d + k * NR, load8(sb, B, s));
+                    _mm256_storeu_ps(d + k * NR + 8, load8(sb, B, s + 8));
                 } else {
-                    for (int64_t j = 0; j < NR; j++) d[k * NR + j] = j < w ? widen1(f16, s[j]) : 0.0f;
+                    for (int64_t j = 0; j < NR; j++) d[k * NR + j] = j < w ? load1(sb, B, s + j) : 0.0f;
                 }
             }
             continue;
@@ -105,41 +150,60 @@ TARGET static void pack_b(bool f16, bool tb, const uint16_t *B, int64_t ldb, int
             for (; k + 8 <= kc; k += 8)
                 for (int h = 0; h < 2; h++) {
                     __m256 r[8];
-                    for (int j = 0; j < 8; j++) r[j] = widen8(f16, B + (n0 + j0 + 8 * h + j) * ldb + k0 + k);
+                    for (int j = 0; j < 8; j++) r[j] = load8(sb, B, (n0 + j0 + 8 * h + j) * ldb + k0 + k);
                     transpose8(r);
                     for (int q = 0; q < 8; q++) _mm256_storeu_ps(d + (k + q) * NR + 8 * h, r[q]);
                 }
         for (; k < kc; k++)
             for (int64_t j = 0; j < NR; j++)
-                d[k * NR + j] = j < w ? widen1(f16, B[(n0 + j0 + j) * ldb + k0 + k]) : 0.0f;
+                d[k * NR + j] = j < w ? load1(sb, B, (n0 + j0 + j) * ldb + k0 + k) : 0.0f;
     }
 }
 
-/* op(A) rows m0..m0+mc, k0..k0+kc into panels of MR rows (zero past mc):
- * dst[panel][k][MR] */
-TARGET static void pack_a(bool f16, bool ta, const uint16_t *A, int64_t lda, int64_t m0, int64_t mc,
+/* op(A) rows m0..m0+mc (of m), k0..k0+kc into panels of MR rows (zero past
+ * mc): dst[panel][k][MR] */
+TARGET static void pack_a(src sa, bool ta, const void *A, int64_t lda, int64_t m, int64_t m0, int64_t mc,
                           int64_t k0, int64_t kc, float *dst)
 {
     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
         float *d = dst + i0 * kc;
         int64_t h = mc - i0 < MR ? mc - i0 : MR;
+        if (ta) { /* A stored (K,m): op(A)(r, k) = A[k][r], a panel's MR values per k side by side */
+            bool wide = h == MR && m0 + i0 + 8 <= m; /* 8 loads stay inside the row */
+            for (int64_t k = 0; k < kc; k++) {
+                int64_t s = (k0 + k) * lda + m0 + i0;
+                if (wide) {
+                    float v[8];
+                    _mm256_storeu_ps(v, load8(sa, A, s));
+                    for (int64_t i = 0; i < MR; i++) d[k * MR + i] = v[i];
+                } else {
+                    for (int64_t i = 0; i < MR; i++) d[k * MR + i] = i < h ? load1(sa, A, s + i) : 0.0f;
+                }
+            }
+            continue;
+        }
+        int64_t k8 = 0;
+        if (h == MR) /* 8 values of each row at a time, transposed to 8 k's of MR values; each store of 8
+                      * overlaps the next k's (dst has slack for the last) */
+            for (; k8 + 8 <= kc; k8 += 8) {
+                __m256 r[8];
+                for (int i = 0; i < MR; i++) r[i] = load8(sa, A, (m0 + i0 + i) * lda + k0 + k8);
+                r[6] = r[7] = _mm256_setzero_ps();
+                transpose8(r);
+                for (int q = 0; q < 8; q++) _mm256_storeu_ps(d + (k8 + q) * MR, r[q]);
+            }
         for (int64_t i = 0; i < MR; i++) {
             if (i >= h) {
                 for (int64_t k = 0; k < kc; k++) d[k * MR + i] = 0.0f;
                 continue;
             }
-            if (ta) { /* A stored (K,M): op(A)(r, k) = A[k][r] */
-                for (int64_t k = 0; k < kc; k++) d[k * MR + i] = widen1(f16, A[(k0 + k) * lda + m0 + i0 + i]);
-                continue;
-            }
-            const uint16_t *s = A + (m0 + i0 + i) * lda + k0;
-            int64_t k = 0;
+            int64_t s = (m0 + i0 + i) * lda + k0, k = k8;
             for (; k + 8 <= kc; k += 8) {
                 float v[8];
-                _mm256_storeu_ps(v, widen8(f16, s + k));
+                _mm256_storeu_ps(v, load8(sa, A, s + k));
                 for (int q = 0; q < 8; q++) d[(k + q) * MR + i] = v[q];
             }
-            for (; k < kc; k++) d[k * MR + i] = widen1(f16, s[k]);
+            for (; k < kc; k++) d[k * MR + i] = load1(sa, A, s + k);
         }
     }
 }
@@ -180,55 +244,57 @@ TARGET static void kernel(int64_t kc, const float *a, const float *b, float *c, 
         }
 }
 
-/* 8 floats rounded to 8 bf16 as bf16_round does (nearest even; a NaN
- * stays a quiet NaN with its sign and top payload bits) */
+/* 8 floats rounded to 8 bf16 (round8_bf16_hi's rule) */
 TARGET static inline __m128i round8_bf16(__m256 x)
 {
-    __m256i u = _mm256_castps_si256(x);
-    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                                 _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
-    __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
-    __m256i nan =
-        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-    __m256i v = _mm256_srli_epi32(_mm256_blendv_epi8(r, q, nan), 16);
+    __m256i v = _mm256_srli_epi32(round8_bf16_hi(x), 16);
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08));
 }
 
-/* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C of
- * dtype lo, rounded once */
-TARGET static void store_low(bool f16, const float *t, int64_t ldt, uint16_t *C, int64_t ldc, int64_t r,
-                             int64_t w)
+/* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,
+ * rounded once to the low dtype: stored in it, or (s.f32) in f32 */
+TARGET static void store_low(src s, const float *t, int64_t ldt, void *C, int64_t ldc, int64_t r, int64_t w)
 {
     for (int64_t i = 0; i < r; i++) {
-        const float *s = t + i * ldt;
-        uint16_t *d = C + i * ldc;
+        const float *x = t + i * ldt;
         int64_t j = 0;
-        for (; j + 8 <= w; j += 8) {
-            __m256 x = _mm256_loadu_ps(s + j);
-            _mm_storeu_si128((__m128i *)(d + j),
-                             f16 ? _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT) : round8_bf16(x));
+        if (s.f32) {
+            float *d = (float *)C + i * ldc;
+            for (; j + 8 <= w; j += 8) _mm256_storeu_ps(d + j, keep8(s.f16, _mm256_loadu_ps(x + j)));
+            for (; j < w; j++) d[j] = keep1(s.f16, x[j]);
+            continue;
         }
-        for (; j < w; j++) d[j] = f16 ? f32_to_f16_bits(s[j]) : f32_to_bf16_bits(s[j]);
+        uint16_t *d = (uint16_t *)C + i * ldc;
+        for (; j + 8 <= w; j += 8) {
+            __m256 v = _mm256_loadu_ps(x + j);
+            _mm_storeu_si128((__m128i *)(d + j),
+                             s.f16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : round8_bf16(v));
+        }
+        for (; j < w; j++) d[j] = s.f16 ? f32_to_f16_bits(x[j]) : f32_to_bf16_bits(x[j]);
     }
 }
 
-bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
-                int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc)
+bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
+                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
 {
-    bool f16 = lo == EM_F16, deep = K > KC;
+    bool f16 = dt.lo == EM_F16, deep = K > KC;
+    src sa = {f16, dt.a == EM_F32}, sb = {f16, dt.b == EM_F32}, sc = {f16, dt.c == EM_F32};
+    size_t cs = sc.f32 ? 4 : 2;
+    char *c8 = C;
     /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD) */
     int64_t kc_max = K < KC ? K : KC, ncb = deep ? NCD : NC, nc_max = n < ncb ? n : ncb,
             mc_max = m < MC ? m : MC;
     int64_t ncp = (nc_max + NR - 1) / NR * NR, mcp = (mc_max + MR - 1) / MR * MR;
     int64_t msum = m <= MSUM ? m : MC, msp = (msum + MC - 1) / MC * MC + MR; /* acc rows, padded */
     size_t mark = tmp_mark();
-    float *bp = tmp_alloc((size_t)(kc_max * ncp) * 4), *ap = tmp_alloc((size_t)(kc_max * mcp) * 4);
+    /* (pack_a's last store of 8 reaches 2 floats past its panel) */
+    float *bp = tmp_alloc((size_t)(kc_max * ncp) * 4), *ap = tmp_alloc((size_t)(kc_max * mcp + 8) * 4);
     float *acc = deep ? tmp_alloc((size_t)(msp * ncp) * 4) : NULL;
     /* a deep K with few rows (an activation times a weight): op(A) packed
      * once for every column block, when that takes at most 16 MiB */
     int64_t nkb = (K + kc_max - 1) / kc_max, nmb = (m + mc_max - 1) / mc_max;
     bool a_once = deep && m <= MSUM && nkb * nmb * kc_max * mcp <= (1 << 22);
-    float *aall = a_once ? tmp_alloc((size_t)(nkb * nmb * kc_max * mcp) * 4) : NULL;
+    float *aall = a_once ? tmp_alloc((size_t)(nkb * nmb * kc_max * mcp + 8) * 4) : NULL;
     float tile[MR * NR];
     if (!bp || !ap || (deep && !acc) || (a_once && !aall)) {
         tmp_release(mark);
@@ -238,20 +304,20 @@ bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, 
         for (int64_t mb = 0; mb < nmb; mb++) {
             int64_t k0 = kb * kc_max, kc = K - k0 < kc_max ? K - k0 : kc_max;
             int64_t m0 = mb * mc_max, mc = m - m0 < mc_max ? m - m0 : mc_max;
-            pack_a(f16, ta, A, lda, m0, mc, k0, kc, aall + (kb * nmb + mb) * kc_max * mcp);
+            pack_a(sa, ta, A, lda, m, m0, mc, k0, kc, aall + (kb * nmb + mb) * kc_max * mcp);
         }
     for (int64_t n0 = 0; n0 < n; n0 += nc_max) {
         int64_t nc = n - n0 < nc_max ? n - n0 : nc_max;
         if (!deep) { /* one KC step: B's block once, then every block of rows, each final at once */
-            pack_b(f16, tb, B, ldb, 0, K, n0, nc, bp);
+            pack_b(sb, tb, B, ldb, 0, K, n0, nc, bp);
             for (int64_t m0 = 0; m0 < m; m0 += mc_max) {
                 int64_t mc = m - m0 < mc_max ? m - m0 : mc_max;
-                pack_a(f16, ta, A, lda, m0, mc, 0, K, ap);
+                pack_a(sa, ta, A, lda, m, m0, mc, 0, K, ap);
                 for (int64_t j0 = 0; j0 < nc; j0 += NR)
                     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                         kernel(K, ap + i0 * K, bp + j0 * K, tile, NR, false);
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
-                        store_low(f16, tile, NR, C + (m0 + i0) * ldc + n0 + j0, ldc, r, w);
+                        store_low(sc, tile, NR, c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs, ldc, r, w);
                     }
             }
             continue;
@@ -262,20 +328,20 @@ bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, 
             int64_t ms = m - M0 < msum ? m - M0 : msum;
             for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
                 int64_t kc = K - k0 < kc_max ? K - k0 : kc_max;
-                pack_b(f16, tb, B, ldb, k0, kc, n0, nc, bp);
+                pack_b(sb, tb, B, ldb, k0, kc, n0, nc, bp);
                 for (int64_t m0 = 0; m0 < ms; m0 += mc_max) {
                     int64_t mc = ms - m0 < mc_max ? ms - m0 : mc_max;
                     const float *a = ap;
                     if (a_once) /* M0 is 0: every row is in this turn */
                         a = aall + (k0 / kc_max * nmb + m0 / mc_max) * kc_max * mcp;
                     else
-                        pack_a(f16, ta, A, lda, M0 + m0, mc, k0, kc, ap);
+                        pack_a(sa, ta, A, lda, m, M0 + m0, mc, k0, kc, ap);
                     for (int64_t j0 = 0; j0 < nc; j0 += NR)
                         for (int64_t i0 = 0; i0 < mc; i0 += MR)
                             kernel(kc, a + i0 * kc, bp + j0 * kc, acc + (m0 + i0) * ncp + j0, ncp, k0 > 0);
                 }
             }
-            store_low(f16, acc, ncp, C + M0 * ldc + n0, ldc, ms, nc);
+            store_low(sc, acc, ncp, c8 + (size_t)(M0 * ldc + n0) * cs, ldc, ms, nc);
         }
     }
     tmp_release(mark);
@@ -284,10 +350,10 @@ bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, 
 
 #else
 
-bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
-                int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc)
+bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
+                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
 {
-    (void)lo, (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C,
+    (void)dt, (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C,
         (void)ldc;
     return false;
 }

@@ -91,28 +91,45 @@ void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx);
  * stored. Split over ember's pool; OpenBLAS runs single-threaded inside. */
 void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
-/* C (M,N) of dtype lo (bf16 or f16) = op(A) @ op(B) on A and B of dtype lo,
- * accumulated in f32 and rounded once to lo. bf16 runs on the process's
- * bf16 path (gemm_bf16_path, which must have succeeded); f16, and bf16 on
- * the f32 path, are widened to f32 inside the GEMM: in its packing step on
- * AVX2+FMA CPUs (gemm_widen), else a cache-sized block at a time next to
- * sgemm calls; no operand or result is ever copied whole. EM_ERR_OOM when
- * scratch memory runs out (C is then undefined). */
-em_status em_gemm_low(em_dtype lo, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,
+/* The dtypes of a low-precision product: lo (bf16 or f16) is the product's
+ * (its operands rounded to lo, f32 accumulation, each result rounded once
+ * to lo); a, b and c say how A, B and C are stored: in lo, or in f32 where
+ * gemm_low_reads_f32(lo) (an f32 operand is rounded to lo as the GEMM reads
+ * it: the values a cast would make, without the cast's pass; an f32 C
+ * holds the rounded results). */
+typedef struct gemm_low_dtypes {
+    em_dtype lo, a, b, c;
+} gemm_low_dtypes;
+
+/* C (M,N) = op(A) @ op(B) as a product in dt.lo (above). bf16 runs on the
+ * process's bf16 path (gemm_bf16_path, which must have succeeded); f16, and
+ * bf16 on the f32 path, are widened to f32 inside the GEMM: in its packing
+ * step on AVX2+FMA CPUs (gemm_widen), else a cache-sized block at a time
+ * next to sgemm calls; no operand or result is ever copied whole. An f32 A,
+ * B or C where !gemm_low_reads_f32(dt.lo) is a bug (asserted). EM_ERR_OOM
+ * when scratch memory runs out (C is then undefined). */
+em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,
                       int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
 
+/* Whether products in lo (bf16 or f16) on the CPU take f32 operands and
+ * results as they are (gemm_low_dtypes): true where they are computed in
+ * f32 anyway (f16 always; bf16 on the f32 path), false where the product
+ * wants its operands in lo (bf16 on AMX or AVX512-BF16) or the bf16 path
+ * setting is invalid (the product then reports it). */
+bool gemm_low_reads_f32(em_dtype lo);
+
 /* The f32 path on AVX2+FMA+F16C CPUs (tensor/gemm_widen.c): whether this
- * CPU has them, and one thread's C (m,n) of dtype lo (bf16 or f16) =
- * op(A) @ op(B) on A and B of dtype lo, widened to f32 in the GEMM's
- * packing, accumulated in f32 and rounded once; false (nothing written)
- * when !gemm_widen_usable() or scratch runs out. */
+ * CPU has them, and one thread's C (m,n) = op(A) @ op(B) as a product in
+ * dt.lo, its operands widened to f32 (or, stored in f32, rounded to dt.lo)
+ * in the GEMM's packing, accumulated in f32 and rounded once; false
+ * (nothing written) when !gemm_widen_usable() or scratch runs out. */
 bool gemm_widen_usable(void);
-bool gemm_widen(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
-                int64_t lda, const uint16_t *B, int64_t ldb, uint16_t *C, int64_t ldc);
+bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
+                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
 /* The same product on any CPU (tensor/gemm.c): blocks of the operands
  * widened next to sgemm calls on them; false when scratch runs out. */
-bool gemm_widen_sgemm(em_dtype lo, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const char *A,
-                      int64_t lda, const char *B, int64_t ldb, char *C, int64_t ldc);
+bool gemm_widen_sgemm(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
+                      int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
 
 /* ---- bf16 product paths (tensor/gemm_path.c) ------------------------------------ */
 typedef enum bf16_path { BF16_PATH_F32, BF16_PATH_AVX512BF16, BF16_PATH_AMX } bf16_path;

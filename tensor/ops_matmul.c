@@ -5,7 +5,12 @@
  * dtype and go to em_gemm_low (f32 accumulation, each result rounded once):
  * bf16 on the process's bf16 path (AMX tiles, AVX512-BF16, or widened to f32
  * block by block next to sgemm: tensor/gemm_path.c), f16 widened likewise.
- * Integers are converted to f64 scratch, multiplied and converted back.
+ * Under autocast on the CPU's f32 product path (dispatch.c gives the call
+ * c.low) a bf16/f16 product takes f32 operands as they are: em_gemm_low
+ * rounds them as it packs them (the bits a cast would give, without the
+ * cast), and the backward products give an f32 operand its gradient in f32
+ * (rounded as the low result would be). Integers are converted to f64
+ * scratch, multiplied and converted back.
  * An operand whose last two dims are a row-major matrix (strides (ld,1)) or a
  * transposed one (strides (1,ld)) is handed to BLAS as it is, with the
  * matching transpose flag; only other layouts are copied. Batch dims
@@ -28,10 +33,11 @@
 #include "cuda_matmul.h"
 #endif
 
-/* An operand as BLAS sees it: data in the compute dtype, its geometry, and
- * how its last two dims map onto a BLAS matrix. */
+/* An operand as BLAS sees it: data in the dtype the GEMM reads, its
+ * geometry, and how its last two dims map onto a BLAS matrix. */
 typedef struct operand {
-    const char *data; /* element 0, compute dtype */
+    const char *data; /* element 0, dtype dt */
+    em_dtype dt;
     int ndim;
     int64_t shape[EM_MAX_DIMS];
     int64_t stride[EM_MAX_DIMS];
@@ -83,12 +89,13 @@ static bool swapped_contiguous(const tensor *t)
     return true;
 }
 
-/* Fills op for t in compute dtype ct, copying t into temp scratch only when
- * its dtype differs or its matrix layout suits BLAS neither way. */
+/* Fills op for t in dtype ct, copying t into temp scratch only when its
+ * dtype differs or its matrix layout suits BLAS neither way. */
 static bool prepare(operand *op, tensor *t, em_dtype ct)
 {
     int n = t->ndim;
     op->ndim = n;
+    op->dt = ct;
     memcpy(op->shape, t->shape, sizeof(int64_t) * (size_t)n);
     if (t->dtype == ct && blas_layout(t->shape[n - 2], t->shape[n - 1], t->stride[n - 2], t->stride[n - 1],
                                       &op->trans, &op->ld)) {
@@ -128,14 +135,17 @@ static void batch_strides(const operand *op, int nb, const int64_t *bs, int64_t 
     }
 }
 
-/* c (M,N) row-major of dtype ct, ldc = N  <-  op(a) (M,K) @ op(b) (K,N) */
-static em_status gemm(em_dtype ct, const operand *a, const char *ap, const operand *b, const char *bp,
-                      char *cp, int64_t M, int64_t N, int64_t K)
+/* c (M,N) row-major of dtype ct, ldc = N  <-  op(a) (M,K) @ op(b) (K,N) as
+ * a product in lo: bf16/f16 by em_gemm_low (operands and c in lo, or f32
+ * where it reads them), else f32/f64 (all in lo) by em_gemm */
+static em_status gemm(em_dtype lo, const operand *a, const char *ap, const operand *b, const char *bp,
+                      em_dtype ct, char *cp, int64_t M, int64_t N, int64_t K)
 {
     bool ta = a->trans == CblasTrans, tb = b->trans == CblasTrans;
-    if (ct == EM_BF16 || ct == EM_F16)
-        return em_gemm_low(ct, ta, tb, M, N, K, ap, a->ld, bp, b->ld, cp, N > 1 ? N : 1);
-    em_gemm(ct, ta, tb, M, N, K, 1.0, ap, a->ld, bp, b->ld, 0.0, cp, N > 1 ? N : 1);
+    if (lo == EM_BF16 || lo == EM_F16)
+        return em_gemm_low((gemm_low_dtypes){lo, a->dt, b->dt, ct}, ta, tb, M, N, K, ap, a->ld, bp, b->ld, cp,
+                           N > 1 ? N : 1);
+    em_gemm(lo, ta, tb, M, N, K, 1.0, ap, a->ld, bp, b->ld, 0.0, cp, N > 1 ? N : 1);
     return EM_OK;
 }
 
@@ -154,27 +164,27 @@ static bool folds_into_one_gemm(const operand *a, const int64_t *sa, const int64
     return true;
 }
 
-/* Runs the products into c (contiguous, out's shape, compute dtype ct). */
-static em_status matmul_kernel(em_dtype ct, const operand *a, const operand *b, char *c, int nb,
+/* Runs the products in lo into c (contiguous, out's shape, dtype ct). */
+static em_status matmul_kernel(em_dtype lo, const operand *a, const operand *b, em_dtype ct, char *c, int nb,
                                const int64_t *bs, int64_t M, int64_t N, int64_t K)
 {
-    size_t es = em_dtype_size(ct);
+    size_t ea = em_dtype_size(a->dt), eb = em_dtype_size(b->dt), ec = em_dtype_size(ct);
     int64_t nbatch = shape_numel(nb, bs);
     int64_t sa[EM_MAX_DIMS], sb[EM_MAX_DIMS];
     batch_strides(a, nb, bs, sa);
     batch_strides(b, nb, bs, sb);
     if (M == 0 || N == 0 || nbatch == 0) return EM_OK;
     if (K == 0) {
-        memset(c, 0, (size_t)(nbatch * M * N) * es);
+        memset(c, 0, (size_t)(nbatch * M * N) * ec);
         return EM_OK;
     }
     if (nbatch == 1 || (folds_into_one_gemm(a, sa, sb, nb, bs, M) && nbatch * M <= INT_MAX))
-        return gemm(ct, a, a->data, b, b->data, c, nbatch * M, N, K);
+        return gemm(lo, a, a->data, b, b->data, ct, c, nbatch * M, N, K);
     nditer it;
     nditer_init(&it, nb, bs, 2, (const int64_t *[]){sa, sb});
     for (int64_t i = 0; i < nbatch; i++) {
-        em_status s = gemm(ct, a, a->data + it.off[0] * (int64_t)es, b, b->data + it.off[1] * (int64_t)es,
-                           c + (size_t)(i * M * N) * es, M, N, K);
+        em_status s = gemm(lo, a, a->data + it.off[0] * (int64_t)ea, b, b->data + it.off[1] * (int64_t)eb, ct,
+                           c + (size_t)(i * M * N) * ec, M, N, K);
         if (s) return s;
         nditer_next(&it);
     }
@@ -205,6 +215,29 @@ static em_status gemm_into(tensor *acc, tensor *x, tensor *y, double beta)
     return EM_OK;
 }
 
+static tensor *matmul(tensor *a, tensor *b, em_dtype lo, em_dtype out_dt);
+
+/* Whether x's gradient, a product over the output's batch dims (those of
+ * g), must be summed down to x's shape (x broadcast along some of them). */
+static bool summed(const tensor *x, const tensor *g)
+{
+    if (x->ndim != g->ndim) return true;
+    for (int i = 0; i < g->ndim - 2; i++)
+        if (x->shape[i] != g->shape[i]) return true;
+    return false;
+}
+
+/* x @ y for operand t's gradient: the forward's kind of product. A product
+ * in lo (the forward read f32 operands as they were: node ip[0]) gives t's
+ * gradient in t's dtype, so an f32 weight takes it without a copy; where
+ * it is still to be summed (a broadcast t), in lo, as a bf16 copy of t
+ * would have taken it, and the engine widens it into t's gradient. */
+static tensor *grad_product(tensor *x, tensor *y, em_dtype lo, const tensor *t, bool sum)
+{
+    if (lo == EM_F32) return t_matmul(x, y);
+    return matmul(x, y, lo, sum ? lo : t->dtype);
+}
+
 /* dA = g @ B^T, dB = A^T @ g, each summed over the batch dims it broadcast
  * along. When b is a plain (K,N) matrix, dB is one GEMM over all rows; on
  * the CPU in f32/f64 that GEMM adds into b's gradient where it lies
@@ -213,9 +246,12 @@ static em_status gemm_into(tensor *acc, tensor *x, tensor *y, double beta)
 static em_status matmul_backward(node *n, tensor *g)
 {
     tensor *a = n->in[0], *b = n->in[1];
+    em_dtype lo = (em_dtype)n->ip[0];
     em_status s;
     if (a->requires_grad) {
-        tensor *ga = t_matmul(g, t_transpose(b, -1, -2));
+        bool sum = summed(a, g);
+        tensor *bt = t_transpose(b, -1, -2);
+        tensor *ga = bt ? grad_product(g, bt, lo, a, sum) : NULL;
         ga = ga ? t_sum_to(ga, a->ndim, a->shape) : NULL;
         if (!ga) return em_last_status();
         if ((s = op_grad(a, ga))) return s;
@@ -229,7 +265,10 @@ static em_status matmul_backward(node *n, tensor *g)
              * dW = g^T a directly, so the gradient reaches W contiguous */
             bool b_is_wt = b->stride[0] == 1 && b->stride[1] == K && K > 1;
             bool fresh = false;
-            tensor *acc = !t_on_cuda(g) && g->dtype == b->dtype && (b->dtype == EM_F32 || b->dtype == EM_F64)
+            /* in place where the product is f32/f64 throughout (lo: not a
+             * low-precision product of the forward) */
+            tensor *acc = lo == EM_F32 && !t_on_cuda(g) && g->dtype == b->dtype &&
+                                  (b->dtype == EM_F32 || b->dtype == EM_F64)
                               ? op_grad_acc(b, &fresh)
                               : NULL;
             if (acc) {
@@ -238,12 +277,17 @@ static em_status matmul_backward(node *n, tensor *g)
                              : em_last_status();
                 return s ? s : op_grad_done(b);
             }
-            if (b_is_wt)
-                gb = a2 && g2 ? t_transpose(t_matmul(t_transpose(g2, 0, 1), a2), 0, 1) : NULL;
-            else
-                gb = a2 && g2 ? t_matmul(t_transpose(a2, 0, 1), g2) : NULL;
+            tensor *g2t = g2 ? t_transpose(g2, 0, 1) : NULL, *a2t = a2 ? t_transpose(a2, 0, 1) : NULL;
+            if (b_is_wt) {
+                tensor *gw = g2t && a2 ? grad_product(g2t, a2, lo, b, false) : NULL;
+                gb = gw ? t_transpose(gw, 0, 1) : NULL;
+            } else {
+                gb = a2t && g2 ? grad_product(a2t, g2, lo, b, false) : NULL;
+            }
         } else {
-            gb = t_matmul(t_transpose(a, -1, -2), g);
+            bool sum = summed(b, g);
+            tensor *at = t_transpose(a, -1, -2);
+            gb = at ? grad_product(at, g, lo, b, sum) : NULL;
             gb = gb ? t_sum_to(gb, b->ndim, b->shape) : NULL;
         }
         if (!gb) return em_last_status();
@@ -253,27 +297,35 @@ static em_status matmul_backward(node *n, tensor *g)
 }
 
 /* The CPU product of c->in[0] (...,M,K) and c->in[1] (...,K,N) (checked)
- * into out (contiguous, (...,M,N)). */
+ * into out (contiguous, (...,M,N)). A product in ip[0] (bf16/f16, the
+ * operands and out each in it or f32) reads f32 operands as they are and
+ * writes an f32 out directly where the bf16 path reads f32
+ * (gemm_low_reads_f32), else through copies in ip[0]. */
 static em_status matmul_cpu(const op_call *call, tensor *out)
 {
     tensor *a = call->in[0], *b = call->in[1];
     int nb = out->ndim - 2;
     int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
-    em_dtype dt = a->dtype;
+    em_dtype dt = a->dtype, od = out->dtype;
+    /* the product's dtype: ip[0] when set; else floats stay in theirs
+     * (bf16/f16 accumulate in f32 and round each result once:
+     * em_gemm_low), integers go through f64 */
+    em_dtype lo = (em_dtype)call->ip[0];
+    if (lo == EM_F32) lo = em_dtype_is_float(dt) ? dt : EM_F64;
     bf16_path path;
-    if (dt == EM_BF16 && gemm_bf16_path(&path)) return em_last_status();
-    /* the compute dtype: floats stay in theirs (bf16/f16 accumulate in f32
-     * and round each result once: em_gemm_low), integers go through f64 */
-    em_dtype ct = em_dtype_is_float(dt) ? dt : EM_F64;
+    if (lo == EM_BF16 && gemm_bf16_path(&path)) return em_last_status();
+    bool direct = (lo == EM_BF16 || lo == EM_F16) && gemm_low_reads_f32(lo);
+    em_dtype at = direct && a->dtype == EM_F32 ? EM_F32 : lo, bt = direct && b->dtype == EM_F32 ? EM_F32 : lo,
+             ct = direct && od == EM_F32 ? EM_F32 : lo;
     size_t mk = tmp_mark();
     operand oa, ob;
-    char *c = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * em_dtype_size(ct) + 1);
-    if (!c || !prepare(&oa, a, ct) || !prepare(&ob, b, ct)) {
+    char *c = od == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * em_dtype_size(ct) + 1);
+    if (!c || !prepare(&oa, a, at) || !prepare(&ob, b, bt)) {
         tmp_release(mk);
         return em_last_status();
     }
-    em_status s = matmul_kernel(ct, &oa, &ob, c, nb, out->shape, M, N, K);
-    if (!s && dt != ct) convert_par(dt, t_ptr(out), ct, c, t_numel(out));
+    em_status s = matmul_kernel(lo, &oa, &ob, ct, c, nb, out->shape, M, N, K);
+    if (!s && od != ct) convert_par(od, t_ptr(out), ct, c, t_numel(out));
     tmp_release(mk);
     return s;
 }
@@ -419,7 +471,13 @@ static em_status matmul_cuda(const op_call *call, tensor *out)
 
 static const op_kernels matmul_kernels = OP_KERNELS(matmul_cpu, matmul_cuda);
 
-tensor *t_matmul(tensor *a, tensor *b)
+/* a @ b. lo EM_F32: a product in the operands' common dtype, unless
+ * op_begin's autocast makes it one in its dtype (c.low: matmul reads the
+ * f32 operands it left uncast). lo bf16/f16 (backward of such a product):
+ * one in lo whatever autocast says. In a product in lo each operand is lo
+ * or f32 and the result is out_dt (lo or f32; EM_F32 given with lo EM_F32
+ * means lo). */
+static tensor *matmul(tensor *a, tensor *b, em_dtype lo, em_dtype out_dt)
 {
     tensor *in[2] = {a, b};
     op_call c;
@@ -429,7 +487,12 @@ tensor *t_matmul(tensor *a, tensor *b)
         return em_fail(EM_ERR_SHAPE,
                        "matmul: operands must be at least 2-D: a is %s, b is %s (unsqueeze a vector)", shp(a),
                        shp(b));
-    if (!chk_same_dtype("matmul", a, b)) return NULL;
+    if (lo == EM_F32 && c.low != EM_F32) lo = out_dt = c.low;
+    if (lo == EM_F32 && !chk_same_dtype("matmul", a, b)) return NULL;
+    if (lo != EM_F32 && ((a->dtype != lo && a->dtype != EM_F32) || (b->dtype != lo && b->dtype != EM_F32)))
+        return em_fail(EM_ERR_DTYPE, "matmul: a %s product takes %s or f32 operands: a is %s%s, b is %s%s",
+                       em_dtype_name(lo), em_dtype_name(lo), em_dtype_name(a->dtype), shp(a),
+                       em_dtype_name(b->dtype), shp(b));
     if (a->dtype == EM_BOOL)
         return em_fail(EM_ERR_DTYPE, "matmul: does not take bool tensors (%s and %s)", shp(a), shp(b));
     int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
@@ -449,12 +512,17 @@ tensor *t_matmul(tensor *a, tensor *b)
         if (dt != EM_F32 && dt != EM_F64 && dt != EM_F16 && dt != EM_BF16)
             return em_fail(EM_ERR_DTYPE, "matmul: no CUDA product for %s (f32, f64, f16, bf16): a is %s",
                            em_dtype_name(dt), shp(a));
+        if (lo != EM_F32) /* autocast casts for a device's products (dispatch.c) */
+            return em_fail(EM_ERR_UNSUPPORTED,
+                           "matmul: no CUDA product of mixed dtypes: a is %s%s, b is %s%s",
+                           em_dtype_name(a->dtype), shp(a), em_dtype_name(b->dtype), shp(b));
         int64_t nbatch = shape_numel(nb, shape);
         if (nbatch > INT_MAX)
             return em_fail(EM_ERR_UNSUPPORTED, "matmul: %lld batch elements are beyond cuBLAS's int range",
                            (long long)nbatch);
     }
-    tensor *out = op_out(&c, a->dtype, nb + 2, shape);
+    c.ip[0] = lo; /* the kernel's and backward's: EM_F32 = in the operands' dtype */
+    tensor *out = op_out(&c, lo == EM_F32 ? a->dtype : out_dt, nb + 2, shape);
     if (!out) return NULL;
     if (op_run(&c, &matmul_kernels, out)) {
         t_drop(out);
@@ -462,6 +530,8 @@ tensor *t_matmul(tensor *a, tensor *b)
     }
     return op_end(&c, out, matmul_backward);
 }
+
+tensor *t_matmul(tensor *a, tensor *b) { return matmul(a, b, EM_F32, EM_F32); }
 
 em_tensor *em_matmul(em_tensor *a, em_tensor *b)
 {

@@ -69,6 +69,8 @@ TEST(test_cli_env_follows_and_names_a_bad_bf16_path_setting)
     setenv("EMBER_BF16_PATH", "f32", 1);
     th_run_result *r = run_ember("env", NULL);
     CHECK(has_line(r->out, "matmul bf16    f32: kept in bf16, widened to f32"));
+    /* and which rule autocast follows there (tests/test_amp_products.c) */
+    CHECK(strstr(r->out, "autocast's f32 operands rounded to bf16 there, never copied") != NULL);
     setenv("EMBER_BF16_PATH", "sideways", 1);
     r = run_ember("env", NULL);
     CHECK_EXIT(r, 0);

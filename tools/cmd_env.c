@@ -102,11 +102,15 @@ static const char *yes_no(bool b) { return b ? "yes" : "no"; }
 static const char *path_says(const char *path, const char *dtype)
 {
     if (!strcmp(path, "sgemm")) return "BLAS sgemm, split over ember's pool";
-    if (!strcmp(path, "amx")) return "AMX tiles, f32 accumulation";
-    if (!strcmp(path, "avx512bf16")) return "AVX512-BF16 (VDPBF16PS), f32 accumulation";
+    if (!strcmp(path, "amx")) return "AMX tiles, f32 accumulation; autocast casts f32 operands to bf16 first";
+    if (!strcmp(path, "avx512bf16"))
+        return "AVX512-BF16 (VDPBF16PS), f32 accumulation; autocast casts f32 operands to bf16 first";
     if (!strcmp(path, "f32"))
-        return !strcmp(dtype, "bf16") ? "kept in bf16, widened to f32 block by block inside the GEMM (sgemm)"
-                                      : "kept in f16, widened to f32 block by block inside the GEMM (sgemm)";
+        return !strcmp(dtype, "bf16")
+                   ? "kept in bf16, widened to f32 block by block inside the GEMM; autocast's "
+                     "f32 operands rounded to bf16 there, never copied"
+                   : "kept in f16, widened to f32 block by block inside the GEMM; autocast's "
+                     "f32 operands rounded to f16 there, never copied";
     return "";
 }
 

@@ -2,11 +2,19 @@
  * stay in f32) and the dynamic loss scaler fp16 training needs.
  *
  * The model's parameters stay f32: they are the master weights the optimizer
- * updates. Under autocast a matmul casts its f32 operands to the low dtype
- * (the cast is an op on the tape, so gradients flow back to the f32
- * parameters in f32), multiplies with f32 accumulation, and returns the low
- * dtype; numerically delicate ops cast back to f32. Every step therefore
- * makes fresh low-precision copies from the masters.
+ * updates. Under autocast a matmul multiplies its operands rounded to the
+ * low dtype, with f32 accumulation, and returns the low dtype; numerically
+ * delicate ops cast back to f32; gradients reach the f32 parameters in f32.
+ * How the operands get rounded depends on where the product runs:
+ *   - where the CPU computes low-precision products in f32 anyway (no
+ *     AMX or AVX512-BF16: em_matmul_path(EM_BF16) is "f32"; f16 always),
+ *     the matmul reads an f32 operand as it is and rounds each value to the
+ *     low dtype as its GEMM packs it. No low-precision copy of a weight is
+ *     made, forward or backward, and the results have the same bits as
+ *     casting first would give;
+ *   - where a fast bf16 product wants bf16 operands (AMX, AVX512-BF16, a
+ *     GPU), f32 operands are cast first: the cast is an op on the tape, so
+ *     each step makes fresh low-precision copies from the masters.
  *
  *   em_dtype prev = em_autocast_set(EM_BF16);
  *   em_tensor *loss = em_gpt_loss(g, x, y);      forward under the policy
@@ -35,8 +43,10 @@ extern "C" {
 
 /* ---- autocast (amp/autocast.c) ---------------------------------------------------
  * The policy comes from the op list (tensor/ops.def, one line per op):
- *   LOW      matmul (and so Linear): f32/f64 operands are cast to the
- *            autocast dtype; the result is in that dtype.
+ *   LOW      matmul (and so Linear): f32/f64 operands are multiplied as
+ *            the autocast dtype (cast to it, or on the CPU's f32 product
+ *            path rounded to it inside the product: above); the result is
+ *            in that dtype.
  *   F32      softmax, log_softmax, layer_norm, rms_norm, cross_entropy,
  *            mse_loss, attention: f16/bf16 inputs are cast to f32; the
  *            result is f32.

@@ -41,7 +41,8 @@ em_build_info em_build(void);
  * short name: f32 "sgemm" (BLAS, split over ember's pool), f64 and the
  * integers "dgemm"; bf16 "amx" (AMX tiles), "avx512bf16" (VDPBF16PS) or
  * "f32" (operands kept in bf16, widened to f32 block by block inside the
- * GEMM and multiplied by sgemm); f16 "f32" likewise. bf16 takes the
+ * GEMM; under autocast f32 operands are read as they are and rounded to
+ * bf16 there, with no bf16 copy: ember/amp.h); f16 "f32" likewise. bf16 takes the
  * fastest path the CPU has unless EMBER_BF16_PATH (auto, f32, avx512bf16,
  * amx) names one; every path accumulates in f32 and rounds each result
  * once. A static string; NULL with EM_ERR_ARG when EMBER_BF16_PATH (or

@@ -1,0 +1,257 @@
+/* test_amp_products.c — which operands autocast casts for a matmul, per
+ * product path (docs/ARCHITECTURE.md "Mixed precision"). Where bf16 (or
+ * f16) products are computed in f32 anyway (the CPU's f32 path), the
+ * matmul reads f32 operands as they are and rounds them as the GEMM packs
+ * them: no cast, no bf16 copy of a weight, and the same bits as casting
+ * first. Where a fast bf16 product wants bf16 operands (AMX, AVX512-BF16, a
+ * GPU), autocast casts them as before. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_test.h"
+#include "harness.h"
+#include "tensor/dtype_math.h"
+#include "tensor/kernel_impl.h"
+
+static void use_path(const char *p)
+{
+    setenv("EMBER_BF16_PATH", p, 1);
+    gemm_bf16_path_reset();
+}
+
+/* calls of the cast op the profiler recorded */
+static int64_t cast_calls(void)
+{
+    em_profile_row rows[256];
+    int64_t n = em_profile_rows(rows, 256);
+    for (int64_t i = 0; i < n && i < 256; i++)
+        if (!strcmp(rows[i].name, "cast") && !strcmp(rows[i].category, "op")) return rows[i].calls;
+    return 0;
+}
+
+/* A Linear's product y = x @ W^T (x (2,3,K), W (N,K), both f32 leaves on
+ * dev) under autocast dt, and its backward; returns the casts made, checks
+ * the dtypes (y in dt, the gradients in f32). */
+static int64_t casts_of_a_linear(em_dtype dt, em_device dev)
+{
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(5);
+    em_tensor *x = em_to(em_randn(EM_F32, EM_SHAPE(2, 3, 40), &r), dev),
+              *w = em_to(em_randn(EM_F32, EM_SHAPE(24, 40), &r), dev);
+    em_set_requires_grad(x, true);
+    em_set_requires_grad(w, true);
+    em_profile_reset();
+    em_profile_start();
+    em_dtype prev = em_autocast_set(dt);
+    em_tensor *y = em_matmul(x, em_transpose(w, 0, 1));
+    em_autocast_set(prev);
+    CHECK_NOTNULL(y);
+    CHECK(em_dtype_of(y) == dt);
+    CHECK_OK(em_backward(em_sum(y, 0, NULL, false), NULL));
+    em_profile_stop();
+    int64_t casts = cast_calls();
+    CHECK(em_dtype_of(em_grad(w)) == EM_F32 && em_dtype_of(em_grad(x)) == EM_F32);
+    em_scope_end(s);
+    return casts;
+}
+
+TEST(test_autocast_matmul_on_the_f32_path_casts_no_f32_operand)
+{
+    use_path("f32");
+    CHECK(casts_of_a_linear(EM_BF16, em_device_cpu()) == 0);
+    CHECK(casts_of_a_linear(EM_F16, em_device_cpu()) == 0);
+}
+
+TEST(test_autocast_casts_f32_operands_where_the_cpu_has_a_bf16_product)
+{
+    em_cpu_features f = em_cpu_detect();
+    if (!f.avx512bf16) SKIP("no AVX512-BF16 on this CPU");
+    use_path("avx512bf16");
+    CHECK(!gemm_low_reads_f32(EM_BF16));
+    CHECK(casts_of_a_linear(EM_BF16, em_device_cpu()) == 2); /* x and W */
+}
+
+TEST(test_autocast_casts_a_cuda_matmuls_f32_operands)
+{
+    CUDA_OR_SKIP();
+    use_path("f32");
+    CHECK(casts_of_a_linear(EM_BF16, em_device_cuda(0)) == 2); /* x and W */
+}
+
+TEST(test_products_read_f32_operands_only_where_they_are_computed_in_f32)
+{
+    CHECK(gemm_low_reads_f32(EM_F16));
+    use_path("f32");
+    CHECK(gemm_low_reads_f32(EM_BF16));
+    CHECK(!gemm_low_reads_f32(EM_F32) && !gemm_low_reads_f32(EM_F64));
+    use_path("sideways"); /* a bad setting: cast as before, and the matmul reports it */
+    CHECK(!gemm_low_reads_f32(EM_BF16));
+    CHECK(em_last_status() == EM_OK);
+    em_scope s = em_scope_begin();
+    em_tensor *a = em_ones(EM_F32, EM_SHAPE(2, 2));
+    em_dtype prev = em_autocast_set(EM_BF16);
+    em_tensor *y = em_matmul(a, a);
+    em_autocast_set(prev);
+    CHECK(y == NULL && em_last_status() == EM_ERR_ARG);
+    em_scope_end(s);
+}
+
+/* ---- the same numbers as casting first ------------------------------------------------- */
+
+/* got and want hold the same bits (same dtype and shape) */
+static void same_bits(const char *what, em_tensor *got, em_tensor *want)
+{
+    CHECK(got && want);
+    CHECK(em_dtype_of(got) == em_dtype_of(want) && em_numel(got) == em_numel(want));
+    size_t n = (size_t)em_numel(got) * em_dtype_size(em_dtype_of(got));
+    if (memcmp(em_data(em_contiguous(got)), em_data(em_contiguous(want)), n))
+        th_fail(__FILE__, __LINE__, "%s: the bits differ from casting first", what);
+}
+
+typedef em_tensor *(*product_fn)(em_tensor *a, em_tensor *b);
+static em_tensor *linear(em_tensor *x, em_tensor *w) { return em_matmul(x, em_transpose(w, 0, 1)); }
+static em_tensor *plain(em_tensor *a, em_tensor *b) { return em_matmul(a, b); }
+/* a permuted a: a layout BLAS takes neither way (copied by the product) */
+static em_tensor *permuted(em_tensor *a, em_tensor *b)
+{
+    return em_matmul(em_permute(a, (int[]){1, 0, 2}), b);
+}
+
+/* f(a, b) for f32 leaves a, b under autocast dt, backward with a random
+ * cotangent, against f on em_cast copies of a and b with autocast off (what
+ * autocast did before it left f32 operands alone): y, a's and b's
+ * gradients bit for bit */
+static void matches_casting_first(const char *what, em_dtype dt, product_fn f, int na, const int64_t *sa,
+                                  int nb, const int64_t *sb)
+{
+    em_scope s = em_scope_begin();
+    em_tensor *y[2], *ga[2], *gb[2];
+    for (int k = 0; k < 2; k++) {
+        em_rng r = em_rng_new(11);
+        em_tensor *a = em_randn(EM_F32, na, sa, &r), *b = em_randn(EM_F32, nb, sb, &r);
+        em_set_requires_grad(a, true);
+        em_set_requires_grad(b, true);
+        if (k == 0) {
+            em_dtype prev = em_autocast_set(dt);
+            y[k] = f(a, b);
+            em_autocast_set(prev);
+        } else {
+            y[k] = f(em_cast(a, dt), em_cast(b, dt));
+        }
+        CHECK_NOTNULL(y[k]);
+        em_tensor *cot = em_randn(EM_F32, em_ndim(y[k]), em_shape(y[k]), &r);
+        CHECK_OK(em_backward(em_sum(em_mul(em_cast(y[k], EM_F32), cot), 0, NULL, false), NULL));
+        ga[k] = em_grad(a);
+        gb[k] = em_grad(b);
+    }
+    char name[160];
+    snprintf(name, sizeof name, "%s %s: y", what, em_dtype_name(dt));
+    same_bits(name, y[0], y[1]);
+    snprintf(name, sizeof name, "%s %s: a's gradient", what, em_dtype_name(dt));
+    same_bits(name, ga[0], ga[1]);
+    snprintf(name, sizeof name, "%s %s: b's gradient", what, em_dtype_name(dt));
+    same_bits(name, gb[0], gb[1]);
+    em_scope_end(s);
+}
+
+TEST(test_autocast_matmul_on_the_f32_path_gives_the_bits_of_casting_first)
+{
+    use_path("f32");
+    const em_dtype dts[2] = {EM_BF16, EM_F16};
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = dts[d];
+        /* a Linear over (B,T,C), deeper than one block of the GEMM (256) */
+        matches_casting_first("linear", dt, linear, EM_SHAPE(2, 5, 300), EM_SHAPE(37, 300));
+        matches_casting_first("linear", dt, linear, EM_SHAPE(7, 33), EM_SHAPE(19, 33));
+        /* batched, b broadcast over a's first dim (its gradient summed) */
+        matches_casting_first("batched", dt, plain, EM_SHAPE(2, 3, 5, 17), EM_SHAPE(3, 17, 9));
+        matches_casting_first("broadcast a", dt, plain, EM_SHAPE(1, 6, 17), EM_SHAPE(4, 17, 9));
+        matches_casting_first("permuted", dt, permuted, EM_SHAPE(6, 2, 13), EM_SHAPE(13, 8));
+    }
+}
+
+/* ---- the GEMM's side ------------------------------------------------------------------ */
+
+/* n f32 values: normal ones, ties of dt's rounding, and specials */
+static void rand_f32_with_specials(em_dtype dt, float *x, int64_t n, uint64_t seed)
+{
+    em_rng r = em_rng_new(seed);
+    em_scope s = em_scope_begin();
+    em_tensor *t = em_randn(EM_F32, 1, (int64_t[]){n}, &r);
+    memcpy(x, em_data(t), (size_t)n * 4);
+    em_scope_end(s);
+    /* halfway between two values of dt (ties to even), NaN, infinities,
+     * a subnormal, one past dt's largest */
+    float tie = dt == EM_BF16 ? 1.0f + 0x1p-8f : 1.0f + 0x1p-11f;
+    const float sp[] = {tie,       -tie,   1.0f + 3 * (tie - 1.0f),           NAN, INFINITY,
+                        -INFINITY, 1e-40f, dt == EM_BF16 ? 3.4e38f : 65520.0f};
+    for (int64_t i = 0; i < n; i += 13) x[i] = sp[(i / 13) % (int64_t)(sizeof sp / sizeof sp[0])];
+}
+
+/* em_gemm_low on f32 A and B (rounded by the GEMM) and on their casts to dt:
+ * the same bits, and an f32 C holds exactly the widened low C */
+static void f32_operands_match_their_casts(em_dtype dt, int64_t m, int64_t K, int64_t n, bool ta, bool tb)
+{
+    float *A = malloc((size_t)(m * K) * 4), *B = malloc((size_t)(K * n) * 4),
+          *C32 = malloc((size_t)(m * n) * 4);
+    uint16_t *A16 = malloc((size_t)(m * K) * 2), *B16 = malloc((size_t)(K * n) * 2),
+             *C16 = malloc((size_t)(m * n) * 2), *C16b = malloc((size_t)(m * n) * 2);
+    rand_f32_with_specials(dt, A, m * K, (uint64_t)(m + 7 * K));
+    rand_f32_with_specials(dt, B, K * n, (uint64_t)(n + 11 * K));
+    convert_n(dt, A16, EM_F32, A, m * K);
+    convert_n(dt, B16, EM_F32, B, K * n);
+    int64_t lda = ta ? m : K, ldb = tb ? K : n;
+    CHECK_OK(em_gemm_low((gemm_low_dtypes){dt, dt, dt, dt}, ta, tb, m, n, K, A16, lda, B16, ldb, C16, n));
+    CHECK_OK(
+        em_gemm_low((gemm_low_dtypes){dt, EM_F32, EM_F32, dt}, ta, tb, m, n, K, A, lda, B, ldb, C16b, n));
+    CHECK_OK(
+        em_gemm_low((gemm_low_dtypes){dt, EM_F32, dt, EM_F32}, ta, tb, m, n, K, A, lda, B16, ldb, C32, n));
+    for (int64_t i = 0; i < m * n; i++) {
+        float w = dt == EM_BF16 ? bf16_bits_to_f32(C16[i]) : f16_bits_to_f32(C16[i]);
+        if (C16b[i] != C16[i] || memcmp(&C32[i], &w, 4))
+            th_fail(__FILE__, __LINE__,
+                    "%s (%lld,%lld)%s @ (%lld,%lld)%s [%lld]: 0x%04x / %.9g from f32, 0x%04x "
+                    "from its cast",
+                    em_dtype_name(dt), (long long)m, (long long)K, ta ? "^T" : "", (long long)K, (long long)n,
+                    tb ? "^T" : "", (long long)i, C16b[i], C32[i], C16[i]);
+    }
+    free(A), free(B), free(C32), free(A16), free(B16), free(C16), free(C16b);
+}
+
+TEST(test_gemm_rounds_f32_operands_as_a_cast_rounds_them)
+{
+    use_path("f32");
+    static const int64_t odd[] = {1, 7, 33, 300};
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i < 4; i++)
+            for (int t = 0; t < 4; t++)
+                f32_operands_match_their_casts(d ? EM_F16 : EM_BF16, odd[i], odd[(i + t) % 4],
+                                               odd[(i + 2 * t + 1) % 4], t & 1, t & 2);
+}
+
+/* the widening next to sgemm (CPUs without AVX2+FMA), called directly */
+TEST(test_widening_next_to_sgemm_rounds_f32_operands_as_a_cast_rounds_them)
+{
+    enum { m = 37, K = 300, n = 41 };
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = d ? EM_F16 : EM_BF16;
+        float *A = malloc(m * K * 4), *B = malloc(K * n * 4), *C32 = malloc(m * n * 4);
+        uint16_t *A16 = malloc(m * K * 2), *B16 = malloc(K * n * 2), *C16 = malloc(m * n * 2);
+        rand_f32_with_specials(dt, A, m * K, 1);
+        rand_f32_with_specials(dt, B, K * n, 2);
+        convert_n(dt, A16, EM_F32, A, m * K);
+        convert_n(dt, B16, EM_F32, B, K * n);
+        CHECK(gemm_widen_sgemm((gemm_low_dtypes){dt, dt, dt, dt}, false, true, m, n, K, A16, K, B16, K, C16,
+                               n));
+        CHECK(gemm_widen_sgemm((gemm_low_dtypes){dt, EM_F32, EM_F32, EM_F32}, false, true, m, n, K, A, K, B,
+                               K, C32, n));
+        for (int i = 0; i < m * n; i++) {
+            float w = dt == EM_BF16 ? bf16_bits_to_f32(C16[i]) : f16_bits_to_f32(C16[i]);
+            if (memcmp(&C32[i], &w, 4))
+                th_fail(__FILE__, __LINE__, "%s [%d]: %.9g from f32, %.9g from its cast", em_dtype_name(dt),
+                        i, C32[i], w);
+        }
+        free(A), free(B), free(C32), free(A16), free(B16), free(C16);
+    }
+}
