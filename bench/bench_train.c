@@ -21,7 +21,8 @@
  *
  * `bench_train amp` instead times ember's step in f32, bf16 and fp16 (autocast
  * forward with f32 master weights; fp16 adds the loss scaler's scale, unscale
- * and update) and reports each against f32 measured in the same run.
+ * and update) and reports each against f32: one child process holds a model
+ * per precision and steps them in turn, so a noisy machine slows all alike.
  *
  * After ember's row, "GEMM bound" is the time of the step's matrix products
  * alone in raw cblas_sgemm (gemm_bound_ms): no step, in any framework using
@@ -32,6 +33,7 @@
  *          modes, e.g. "eager,fused": only those PyTorch modes of eager, fused, compile)
  *        bench_train amp [tiny|124m|all] [steps] [dtypes]   (dtypes, e.g. "bf16" or "f32,bf16": run only
  *          those; a ratio whose side was not run prints nan) */
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,58 +69,88 @@ static const bench_cfg configs[] = {
 
 static em_dtype precision = EM_F32; /* autocast dtype of ember's steps (EM_F32: off) */
 
-/* Runs `steps` timed steps after 2 warm-up steps; writes the median seconds to *median_s. */
-static int ember_steps(const bench_cfg *c, int steps, double *median_s, double *loss)
+/* One model in training: its optimizer, scaler (fp16), data and precision. */
+typedef struct trainer {
+    const bench_cfg *c;
+    em_dtype precision;
+    em_gpt *g;
+    em_optimizer *opt;
+    em_grad_scaler *scaler;
+    em_named *named;
+    em_tensor **params;
+    int n;
+    em_rng rng;
+    double loss;
+} trainer;
+
+static void trainer_free(trainer *t)
 {
-    em_grad_scaler *scaler = precision == EM_F16 ? em_grad_scaler_new(NULL) : NULL;
-    em_gpt *g = em_gpt_new(&c->model, 1);
-    if (!g || em_module_flatten(g->m)) return 1;
-    int n = em_module_params(g->m, NULL, 0);
-    em_named *named = malloc(sizeof *named * (size_t)n);
-    em_tensor **params = malloc(sizeof *params * (size_t)n);
-    em_module_params(g->m, named, n);
-    for (int i = 0; i < n; i++) params[i] = named[i].t;
+    em_grad_scaler_free(t->scaler);
+    em_optim_free(t->opt);
+    free(t->params);
+    free(t->named);
+    em_gpt_free(t->g);
+}
+
+static int trainer_init(trainer *t, const bench_cfg *c, em_dtype prec)
+{
+    *t = (trainer){.c = c, .precision = prec, .rng = em_rng_new(7)};
+    t->scaler = prec == EM_F16 ? em_grad_scaler_new(NULL) : NULL;
+    t->g = em_gpt_new(&c->model, 1);
+    if (!t->g || em_module_flatten(t->g->m)) return 1;
+    t->n = em_module_params(t->g->m, NULL, 0);
+    t->named = malloc(sizeof *t->named * (size_t)t->n);
+    t->params = malloc(sizeof *t->params * (size_t)t->n);
+    if (!t->named || !t->params) return 1;
+    em_module_params(t->g->m, t->named, t->n);
+    for (int i = 0; i < t->n; i++) t->params[i] = t->named[i].t;
     em_adam_config ac = em_adamw_defaults();
     ac.lr = 1e-4;
     ac.beta2 = 0.99;
     ac.weight_decay = 0.1;
-    em_optimizer *opt = em_adamw_new(n, params, &ac);
-    if (!opt) return 1;
-    em_rng rng = em_rng_new(7);
-    double *t = malloc(sizeof *t * (size_t)(steps + 2));
-    for (int i = 0; i < steps + 2; i++) {
-        em_scope s = em_scope_begin();
-        em_tensor *x =
-            em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &rng);
-        em_tensor *y =
-            em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &rng);
-        double t0 = now();
-        em_dtype prev = em_autocast_set(precision);
-        em_tensor *l = em_gpt_loss(g, x, y);
-        em_autocast_set(prev);
-        em_tensor *scaled = l && scaler ? em_scaler_scale(scaler, l) : l;
-        em_status st = scaled ? em_backward(scaled, NULL) : em_last_status();
-        if (!st && scaler) st = em_scaler_unscale(scaler, n, params, NULL);
-        if (!st) em_clip_grad_norm(n, params, 1.0, &st);
-        if (!st && !em_scaler_found_inf(scaler)) st = em_optim_step(opt);
-        em_scaler_update(scaler);
-        if (!st) st = em_optim_zero_grad(opt);
-        t[i] = now() - t0;
-        if (l) *loss = em_item(l);
-        em_scope_end(s);
-        if (st) {
-            fprintf(stderr, "bench_train: step failed: %s\n", em_last_error());
-            return 1;
-        }
+    t->opt = em_adamw_new(t->n, t->params, &ac);
+    return t->opt ? 0 : 1;
+}
+
+/* One training step; its wall seconds in *sec. */
+static int trainer_step(trainer *t, double *sec)
+{
+    const bench_cfg *c = t->c;
+    em_scope s = em_scope_begin();
+    em_tensor *x = em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &t->rng);
+    em_tensor *y = em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &t->rng);
+    double t0 = now();
+    em_dtype prev = em_autocast_set(t->precision);
+    em_tensor *l = em_gpt_loss(t->g, x, y);
+    em_autocast_set(prev);
+    em_tensor *scaled = l && t->scaler ? em_scaler_scale(t->scaler, l) : l;
+    em_status st = scaled ? em_backward(scaled, NULL) : em_last_status();
+    if (!st && t->scaler) st = em_scaler_unscale(t->scaler, t->n, t->params, NULL);
+    if (!st) em_clip_grad_norm(t->n, t->params, 1.0, &st);
+    if (!st && !em_scaler_found_inf(t->scaler)) st = em_optim_step(t->opt);
+    em_scaler_update(t->scaler);
+    if (!st) st = em_optim_zero_grad(t->opt);
+    *sec = now() - t0;
+    if (l) t->loss = em_item(l);
+    em_scope_end(s);
+    if (st) fprintf(stderr, "bench_train: step failed: %s\n", em_last_error());
+    return st ? 1 : 0;
+}
+
+/* Runs `steps` timed steps after 2 warm-up steps in `precision`; writes the median seconds to *median_s. */
+static int ember_steps(const bench_cfg *c, int steps, double *median_s, double *loss)
+{
+    trainer t = {0};
+    double *sec = malloc(sizeof *sec * (size_t)(steps + 2));
+    int rc = !sec || trainer_init(&t, c, precision);
+    for (int i = 0; i < steps + 2 && !rc; i++) rc = trainer_step(&t, &sec[i]);
+    if (!rc) {
+        *median_s = median(sec + 2, steps);
+        *loss = t.loss;
     }
-    *median_s = median(t + 2, steps);
-    free(t);
-    em_grad_scaler_free(scaler);
-    em_optim_free(opt);
-    free(params);
-    free(named);
-    em_gpt_free(g);
-    return 0;
+    free(sec);
+    trainer_free(&t);
+    return rc;
 }
 
 /* ---- the GEMM bound ------------------------------------------------------------------- */
@@ -280,12 +312,54 @@ static bool list_has(const char *list, const char *name)
     return false;
 }
 
-/* ember alone in f32, bf16 and fp16, each in its own child */
+/* The amp table's child: one trainer per precision asked for, stepped in
+ * turn (f32, bf16, fp16, f32, ...), so the machine's drifts reach every
+ * precision alike; writes each precision's median ms and the median over
+ * rounds of f32's step time over the other's in that round. */
+typedef struct amp_job {
+    const bench_cfg *c;
+    int steps;
+    bool want[3];
+} amp_job;
+
+static const em_dtype amp_dtypes[3] = {EM_F32, EM_BF16, EM_F16};
+
+static int amp_job_run(void *arg, int fd)
+{
+    const amp_job *j = arg;
+    trainer t[3] = {{0}};
+    double *sec[3] = {NULL, NULL, NULL}, *ratio = malloc(sizeof *ratio * (size_t)(j->steps + 2));
+    int rc = !ratio;
+    for (int d = 0; d < 3 && !rc; d++)
+        if (j->want[d])
+            rc = !(sec[d] = malloc(sizeof *sec[d] * (size_t)(j->steps + 2))) ||
+                 trainer_init(&t[d], j->c, amp_dtypes[d]);
+    for (int i = 0; i < j->steps + 2 && !rc; i++)
+        for (int d = 0; d < 3 && !rc; d++)
+            if (j->want[d]) rc = trainer_step(&t[d], &sec[d][i]);
+    double ms[3] = {NAN, NAN, NAN}, r[3] = {NAN, NAN, NAN};
+    for (int d = 0; d < 3 && !rc; d++) {
+        if (!j->want[d]) continue;
+        ms[d] = 1e3 * median(sec[d] + 2, j->steps);
+        if (d == 0 || !j->want[0]) continue;
+        for (int i = 0; i < j->steps; i++) ratio[i] = sec[0][i + 2] / sec[d][i + 2];
+        r[d] = median(ratio, j->steps);
+    }
+    if (!rc) dprintf(fd, "%f %f %f %f %f\n", ms[0], ms[1], ms[2], r[1], r[2]);
+    for (int d = 0; d < 3; d++) {
+        trainer_free(&t[d]);
+        free(sec[d]);
+    }
+    free(ratio);
+    return rc;
+}
+
+/* ember alone in f32, bf16 and fp16, stepped in turn in one child */
 static int amp_table(const char *which, int steps_arg, const char *only)
 {
-    printf("bench_train amp: ember's training step under autocast (f32 master weights); median over steps "
-           "after 2 "
-           "warm-up; threads %d\n",
+    printf("bench_train amp: ember's training step under autocast (f32 master weights); one process steps a "
+           "model per precision in turn (f32, bf16, fp16, f32, ...); median over steps after 2 warm-up; "
+           "f32/x = median over rounds of f32's time / x's in that round; threads %d\n",
            em_num_threads());
     print_machine();
     const char *pb = em_matmul_path(EM_BF16);
@@ -293,27 +367,22 @@ static int amp_table(const char *which, int steps_arg, const char *only)
            pb ? pb : em_last_error(), em_matmul_path(EM_F16));
     printf("%-6s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16",
            "f32/fp16");
-    int rc = 0;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const bench_cfg *c = &configs[i];
         if (strcmp(which, "all") && strcmp(which, c->name)) continue;
-        int steps = steps_arg > 0 ? steps_arg : c->steps;
-        double ms[3], mb, loss;
-        const em_dtype dts[3] = {EM_F32, EM_BF16, EM_F16};
-        for (int d = 0; d < 3; d++) {
-            precision = dts[d];
-            ms[d] = 0.0 / 0.0;
-            if (only && !list_has(only, em_dtype_name(dts[d]))) continue;
-            if (ember_child(c, steps, &ms[d], &mb, &loss)) {
-                fprintf(stderr, "bench_train: ember %s in %s failed\n", c->name, em_dtype_name(dts[d]));
-                return 1;
-            }
+        amp_job j = {.c = c, .steps = steps_arg > 0 ? steps_arg : c->steps};
+        for (int d = 0; d < 3; d++) j.want[d] = !only || list_has(only, em_dtype_name(amp_dtypes[d]));
+        bench_child ch;
+        double ms[3], r[3] = {NAN, NAN, NAN};
+        if (bench_run_child(NULL, amp_job_run, &j, &ch) ||
+            sscanf(ch.out, "%lf %lf %lf %lf %lf", &ms[0], &ms[1], &ms[2], &r[1], &r[2]) != 5) {
+            fprintf(stderr, "bench_train: ember %s under autocast failed\n", c->name);
+            return 1;
         }
-        printf("%-6s %10.1f %10.1f %10.1f %11.2fx %11.2fx\n", c->name, ms[0], ms[1], ms[2], ms[0] / ms[1],
-               ms[0] / ms[2]);
+        printf("%-6s %10.1f %10.1f %10.1f %11.2fx %11.2fx\n", c->name, ms[0], ms[1], ms[2], r[1], r[2]);
         fflush(stdout);
     }
-    return rc;
+    return 0;
 }
 
 /* The label of a PyTorch mode in the table. */
