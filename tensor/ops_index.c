@@ -278,36 +278,36 @@ static em_status index_add_cuda(const op_call *call, tensor *acc)
 
 static const op_kernels index_add_kernels = OP_KERNELS(index_add_cpu, index_add_cuda);
 
-/* One task of index_acc: the rows of g summed per distinct row (in index
- * order, from zero: what index_add_range leaves in those rows), then each
- * sum added once into acc. */
+/* The rows [c0,c1) of one outer slice o of index_acc, in element type T:
+ * the rows of g summed per distinct row (in index order, from zero: what
+ * index_add_range leaves in those rows), then each sum added once into acc. */
+#define INDEX_ACC_COLS(T)                                                                                    \
+    static void index_acc_cols_##T(const iadd_ctx *c, int64_t o, int64_t c0, int64_t c1)                     \
+    {                                                                                                        \
+        T *a = (T *)t_ptr(c->acc) + o * c->S * c->inner, *u = (T *)c->sums + o * c->U * c->inner;            \
+        const T *g = (const T *)t_ptr(c->g) + o * c->K * c->inner;                                           \
+        for (int64_t r = 0; r < c->U; r++)                                                                   \
+            for (int64_t j = c0; j < c1; j++) u[r * c->inner + j] = 0;                                       \
+        for (int64_t k = 0; k < c->K; k++)                                                                   \
+            for (int64_t j = c0; j < c1; j++) u[c->idx[k] * c->inner + j] += g[k * c->inner + j];            \
+        for (int64_t r = 0; r < c->U; r++)                                                                   \
+            for (int64_t j = c0; j < c1; j++) a[c->uniq[r] * c->inner + j] += u[r * c->inner + j];           \
+    }
+INDEX_ACC_COLS(float)
+INDEX_ACC_COLS(double)
+#undef INDEX_ACC_COLS
+
+/* One task of index_acc: a block of columns of one outer slice. */
 static void index_acc_range(void *p, int64_t lo, int64_t hi)
 {
     iadd_ctx *c = p;
     for (int64_t task = lo; task < hi; task++) {
         int64_t o = task / c->nblk, b = task % c->nblk;
         int64_t c0 = b * ADD_BLOCK, c1 = c0 + ADD_BLOCK < c->inner ? c0 + ADD_BLOCK : c->inner;
-        if (c->acc->dtype == EM_F32) {
-            float *a = (float *)t_ptr(c->acc) + o * c->S * c->inner,
-                  *u = (float *)c->sums + o * c->U * c->inner;
-            const float *g = (const float *)t_ptr(c->g) + o * c->K * c->inner;
-            for (int64_t r = 0; r < c->U; r++)
-                for (int64_t j = c0; j < c1; j++) u[r * c->inner + j] = 0;
-            for (int64_t k = 0; k < c->K; k++)
-                for (int64_t j = c0; j < c1; j++) u[c->idx[k] * c->inner + j] += g[k * c->inner + j];
-            for (int64_t r = 0; r < c->U; r++)
-                for (int64_t j = c0; j < c1; j++) a[c->uniq[r] * c->inner + j] += u[r * c->inner + j];
-        } else {
-            double *a = (double *)t_ptr(c->acc) + o * c->S * c->inner,
-                   *u = (double *)c->sums + o * c->U * c->inner;
-            const double *g = (const double *)t_ptr(c->g) + o * c->K * c->inner;
-            for (int64_t r = 0; r < c->U; r++)
-                for (int64_t j = c0; j < c1; j++) u[r * c->inner + j] = 0;
-            for (int64_t k = 0; k < c->K; k++)
-                for (int64_t j = c0; j < c1; j++) u[c->idx[k] * c->inner + j] += g[k * c->inner + j];
-            for (int64_t r = 0; r < c->U; r++)
-                for (int64_t j = c0; j < c1; j++) a[c->uniq[r] * c->inner + j] += u[r * c->inner + j];
-        }
+        if (c->acc->dtype == EM_F32)
+            index_acc_cols_float(c, o, c0, c1);
+        else
+            index_acc_cols_double(c, o, c0, c1);
     }
 }
 
