@@ -34,12 +34,16 @@ static pthread_t workers[MAX_THREADS];
 static int n_threads; /* including the caller; 0 = not decided yet */
 static int n_started;
 static atomic_uint_fast64_t job_id;
-static atomic_int pending;   /* parts not finished yet */
-static atomic_int next_part; /* the next part to claim; >= job_parts: none left */
+static atomic_int pending; /* parts not finished yet */
+/* The claim word: the job's part count in the high 32 bits, the next part
+ * to claim in the low 32. One word, so a claim reads the count of the job
+ * whose part it takes: a worker late from the last job that claims after
+ * the next is published takes a valid part of the new one. */
+static atomic_uint_fast64_t claim;
 static atomic_int sleeping; /* workers waiting on work_cv */
 static range_fn job_fn;
 static void *job_ctx;
-static int64_t job_n, job_parts;
+static int64_t job_n;
 static _Thread_local bool in_parallel;
 static pthread_mutex_t submit_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -53,17 +57,18 @@ static inline void cpu_relax(void)
 }
 
 /* Runs parts of the current job while any is unclaimed; returns whether
- * this thread finished the job's last part. A claim made after the job's
- * last part was taken finds the counter past job_parts (a new job resets it
- * only after setting job_fn, job_ctx, job_n and job_parts), so a late worker
- * either runs a part of the job now published or nothing. */
+ * this thread finished the job's last part. job_fn, job_ctx and job_n are
+ * set before the claim word is, and stay until every claimed part is done
+ * (the next job waits for pending to reach 0), so a part claimed is run with
+ * its own job's. */
 static bool run_parts(void)
 {
     bool last = false;
     for (;;) {
-        int part = atomic_fetch_add(&next_part, 1);
-        if (part >= job_parts) return last;
-        int64_t lo = job_n * part / job_parts, hi = job_n * (part + 1) / job_parts;
+        uint64_t w = atomic_fetch_add(&claim, 1);
+        int64_t parts = (int64_t)(w >> 32), part = (int64_t)(w & 0xffffffffu);
+        if (part >= parts) return last;
+        int64_t lo = job_n * part / parts, hi = job_n * (part + 1) / parts;
         if (lo < hi) job_fn(job_ctx, lo, hi);
         last = atomic_fetch_sub(&pending, 1) == 1;
     }
@@ -152,10 +157,9 @@ void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx)
     job_fn = fn;
     job_ctx = ctx;
     job_n = n;
-    job_parts = parts;
     atomic_store(&pending, (int)parts);
-    atomic_store(&next_part, 0);
-    atomic_fetch_add(&job_id, 1); /* publishes the job (seq_cst) */
+    atomic_store(&claim, (uint64_t)parts << 32); /* opens the parts (seq_cst: after the fields above) */
+    atomic_fetch_add(&job_id, 1);                /* wakes the workers */
     if (atomic_load(&sleeping) > 0) {
         pthread_mutex_lock(&lock);
         pthread_cond_broadcast(&work_cv);
