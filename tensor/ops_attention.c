@@ -93,56 +93,7 @@ static void dsoftmax_rows_f64(void *ctx, int64_t lo, int64_t hi)
     }
 }
 
-/* One head, forward. q, k, v (T,D) with row strides lq, lk, lv (>= D); o
- * (T,D) contiguous; P (T,T). Per block of query rows [i0,i1): S = q[i0:i1]
- * k[0:i1]^T * scale; then P = masked softmax(S) by rows; then o[i0:i1] =
- * P[i0:i1, 0:i1] v[0:i1]. */
-static void head_forward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, int64_t lq,
-                         const void *k, int64_t lk, const void *v, int64_t lv, void *o, void *P)
-{
-    size_t es = em_dtype_size(ct);
-    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
-        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
-        em_gemm(ct, false, true, i1 - i0, i1, D, scale, at(q, i0 * lq, es), lq, k, lk, 0.0,
-                (void *)at(P, i0 * T, es), T);
-    }
-    rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .p = P};
-    parallel_for(T, 32, softmax_rows, &rc);
-    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
-        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
-        em_gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, lv, 0.0,
-                (void *)at(o, i0 * D, es), D);
-    }
-}
-
-/* One head, backward, blocks of query rows as in forward:
- * dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dP * P));
- * dQ = dS K * scale;  dK = dS^T Q * scale.  q, k, v, go with row strides
- * lq, lk, lv, lg; gq, gk, gv (T,D) contiguous; ds: (T,T) scratch. */
-static void head_backward(em_dtype ct, int64_t T, int64_t D, double scale, const void *q, int64_t lq,
-                          const void *k, int64_t lk, const void *v, int64_t lv, const void *P, const void *go,
-                          int64_t lg, void *gq, void *gk, void *gv, void *ds)
-{
-    size_t es = em_dtype_size(ct);
-    memset(gk, 0, (size_t)(T * D) * es);
-    memset(gv, 0, (size_t)(T * D) * es);
-    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
-        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
-        em_gemm(ct, true, false, i1, D, m, 1.0, at(P, i0 * T, es), T, at(go, i0 * lg, es), lg, 1.0, gv, D);
-        em_gemm(ct, false, true, m, i1, D, 1.0, at(go, i0 * lg, es), lg, v, lv, 0.0, (void *)at(ds, i0 * T, es),
-                T);
-    }
-    rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .scale = scale, .p = (void *)P, .ds = ds};
-    parallel_for(T, 32, ct == EM_F32 ? dsoftmax_rows_f32 : dsoftmax_rows_f64, &rc);
-    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
-        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
-        em_gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, lk, 0.0, (void *)at(gq, i0 * D, es),
-                D);
-        em_gemm(ct, true, false, i1, D, m, 1.0, at(ds, i0 * T, es), T, at(q, i0 * lq, es), lq, 1.0, gk, D);
-    }
-}
-
-/* ---- plumbing ------------------------------------------------------------------ */
+/* ---- the heads ------------------------------------------------------------------ */
 
 static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
 
@@ -166,7 +117,8 @@ static bool as_heads(tensor *t, em_dtype ct, head_operand *a)
 {
     int64_t H = t->shape[1] > 0 ? t->shape[1] : 1, T = t->shape[2], D = t->shape[3];
     if (t->dtype == ct && t->stride[3] == 1 && t->stride[2] >= D && t->stride[2] > 0) {
-        *a = (head_operand){.p = t_ptr(t), .H = H, .sb = t->stride[0], .sh = t->stride[1], .ld = t->stride[2]};
+        *a =
+            (head_operand){.p = t_ptr(t), .H = H, .sb = t->stride[0], .sh = t->stride[1], .ld = t->stride[2]};
         return true;
     }
     void *buf = tmp_alloc((size_t)t_numel(t) * em_dtype_size(ct) + 1);
@@ -180,7 +132,7 @@ static bool as_heads(tensor *t, em_dtype ct, head_operand *a)
     return true;
 }
 
-/* Heads [lo,hi) of a call, each run whole by the thread that claims it. */
+/* One call's heads: operands, outputs, and what every head shares. */
 typedef struct heads_ctx {
     em_dtype ct;
     int64_t T, D;
@@ -191,34 +143,80 @@ typedef struct heads_ctx {
     int failed;               /* backward: a range had no memory for its scratch (set atomically) */
 } heads_ctx;
 
+/* Head h, forward. Per block of query rows [i0,i1): S = q[i0:i1] k[0:i1]^T
+ * * scale; then P = masked softmax(S) by rows; then o[i0:i1] = P[i0:i1,
+ * 0:i1] v[0:i1]. */
+static void head_forward(const heads_ctx *c, int64_t h)
+{
+    em_dtype ct = c->ct;
+    int64_t T = c->T, D = c->D, lq = c->q.ld, lk = c->k.ld, lv = c->v.ld;
+    size_t es = em_dtype_size(ct);
+    const void *q = head_at(&c->q, h, es), *k = head_at(&c->k, h, es), *v = head_at(&c->v, h, es);
+    void *o = c->o + h * T * D * (int64_t)es, *P = (void *)at(c->P, h * T * T, es);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
+        em_gemm(ct, false, true, i1 - i0, i1, D, c->scale, at(q, i0 * lq, es), lq, k, lk, 0.0,
+                (void *)at(P, i0 * T, es), T);
+    }
+    rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .p = P};
+    parallel_for(T, 32, softmax_rows, &rc);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
+        em_gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, lv, 0.0,
+                (void *)at(o, i0 * D, es), D);
+    }
+}
+
+/* Head h, backward, blocks of query rows as in forward:
+ * dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dP * P));
+ * dQ = dS K * scale;  dK = dS^T Q * scale.  ds: (T,T) scratch. */
+static void head_backward(const heads_ctx *c, int64_t h, void *ds)
+{
+    em_dtype ct = c->ct;
+    int64_t T = c->T, D = c->D, lq = c->q.ld, lk = c->k.ld, lv = c->v.ld, lg = c->go.ld;
+    size_t es = em_dtype_size(ct);
+    const void *q = head_at(&c->q, h, es), *k = head_at(&c->k, h, es), *v = head_at(&c->v, h, es);
+    const void *go = head_at(&c->go, h, es), *P = at(c->P, h * T * T, es);
+    int64_t off = h * T * D * (int64_t)es;
+    void *gq = c->gq + off, *gk = c->gk + off, *gv = c->gv + off;
+    memset(gk, 0, (size_t)(T * D) * es);
+    memset(gv, 0, (size_t)(T * D) * es);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
+        em_gemm(ct, true, false, i1, D, m, 1.0, at(P, i0 * T, es), T, at(go, i0 * lg, es), lg, 1.0, gv, D);
+        em_gemm(ct, false, true, m, i1, D, 1.0, at(go, i0 * lg, es), lg, v, lv, 0.0,
+                (void *)at(ds, i0 * T, es), T);
+    }
+    rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .scale = c->scale, .p = (void *)P, .ds = ds};
+    parallel_for(T, 32, ct == EM_F32 ? dsoftmax_rows_f32 : dsoftmax_rows_f64, &rc);
+    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
+        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
+        em_gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, lk, 0.0,
+                (void *)at(gq, i0 * D, es), D);
+        em_gemm(ct, true, false, i1, D, m, 1.0, at(ds, i0 * T, es), T, at(q, i0 * lq, es), lq, 1.0, gk, D);
+    }
+}
+
+/* Heads [lo,hi), each run whole by the thread that claims it. */
 static void heads_forward(void *ctx, int64_t lo, int64_t hi)
 {
-    heads_ctx *c = ctx;
-    size_t es = em_dtype_size(c->ct);
-    for (int64_t h = lo; h < hi; h++)
-        head_forward(c->ct, c->T, c->D, c->scale, head_at(&c->q, h, es), c->q.ld, head_at(&c->k, h, es), c->k.ld,
-                     head_at(&c->v, h, es), c->v.ld, c->o + h * c->T * c->D * (int64_t)es,
-                     (void *)at(c->P, h * c->T * c->T, es));
+    for (int64_t h = lo; h < hi; h++) head_forward(ctx, h);
 }
 
 static void heads_backward(void *ctx, int64_t lo, int64_t hi)
 {
     heads_ctx *c = ctx;
-    size_t es = em_dtype_size(c->ct);
-    size_t mk = tmp_mark();                               /* the temp arena is the running thread's */
-    void *ds = tmp_alloc((size_t)(c->T * c->T) * es + 1); /* this range's (T,T) scratch */
+    size_t mk = tmp_mark(); /* the temp arena is the running thread's */
+    void *ds = tmp_alloc((size_t)(c->T * c->T) * em_dtype_size(c->ct) + 1); /* this range's (T,T) scratch */
     if (!ds) {
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    for (int64_t h = lo; h < hi; h++) {
-        int64_t off = h * c->T * c->D * (int64_t)es;
-        head_backward(c->ct, c->T, c->D, c->scale, head_at(&c->q, h, es), c->q.ld, head_at(&c->k, h, es), c->k.ld,
-                      head_at(&c->v, h, es), c->v.ld, at(c->P, h * c->T * c->T, es), head_at(&c->go, h, es),
-                      c->go.ld, c->gq + off, c->gk + off, c->gv + off, ds);
-    }
+    for (int64_t h = lo; h < hi; h++) head_backward(c, h, ds);
     tmp_release(mk);
 }
+
+/* ---- plumbing ------------------------------------------------------------------ */
 
 /* The backward's call: in = {q, k, v, out, g} (out the forward's output,
  * g its gradient), the scale in dp[0]; out is dq and c.saved points to this:
@@ -254,8 +252,8 @@ static em_status attention_grad_cpu(const op_call *c, tensor *dq)
     if (D > 0) parallel_for(BH, 1, heads_backward, &hc); /* D == 0: the gradients are empty */
     if (hc.failed) {
         tmp_release(mk);
-        return em_err(EM_ERR_OOM, "attention backward: no memory for a (%lld,%lld) scratch matrix", (long long)T,
-                      (long long)T);
+        return em_err(EM_ERR_OOM, "attention backward: no memory for a (%lld,%lld) scratch matrix",
+                      (long long)T, (long long)T);
     }
     if (dt != ct)
         for (int i = 0; i < 3; i++) convert_par(dt, t_ptr(grads[i]), ct, gp[i], n);

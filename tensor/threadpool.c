@@ -133,7 +133,7 @@ em_status em_set_num_threads(int n)
 static void ensure_workers(int want)
 {
     while (n_started < want - 1) {
-        if (pthread_create(&workers[n_started], NULL, worker_main, (void *)(intptr_t)(n_started + 1)) != 0)
+        if (pthread_create(&workers[n_started], NULL, worker_main, NULL) != 0)
             break;
         pthread_detach(workers[n_started]);
         n_started++;
