@@ -172,10 +172,8 @@ TARGET static void pack_a(src sa, bool ta, const void *A, int64_t lda, int64_t m
             bool wide = h == MR && m0 + i0 + 8 <= m; /* 8 loads stay inside the row */
             for (int64_t k = 0; k < kc; k++) {
                 int64_t s = (k0 + k) * lda + m0 + i0;
-                if (wide) {
-                    float v[8];
-                    _mm256_storeu_ps(v, load8(sa, A, s));
-                    for (int64_t i = 0; i < MR; i++) d[k * MR + i] = v[i];
+                if (wide) { /* 8 values stored: the next k's store overwrites the last 2 (dst has slack) */
+                    _mm256_storeu_ps(d + k * MR, load8(sa, A, s));
                 } else {
                     for (int64_t i = 0; i < MR; i++) d[k * MR + i] = i < h ? load1(sa, A, s + i) : 0.0f;
                 }
