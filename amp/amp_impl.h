@@ -14,4 +14,9 @@
 typedef em_status (*amp_vote_fn)(em_pg *pg, bool *bad);
 void amp_set_overflow_vote(amp_vote_fn fn);
 
+/* em_scaler_unscale on n gradient tensors themselves (contiguous floats;
+ * NULL entries skipped) rather than on parameters' gradients: ZeRO's
+ * gradient shard (dist/zero.c). */
+em_status amp_unscale_grads(em_grad_scaler *s, int n, tensor *const *grads, em_pg *pg);
+
 #endif

@@ -75,10 +75,22 @@ static amp_vote_fn overflow_vote;
 
 void amp_set_overflow_vote(amp_vote_fn fn) { overflow_vote = fn; }
 
-em_status em_scaler_unscale(em_grad_scaler *s, int n, em_tensor *const *params, em_pg *pg)
+/* Gradient i of the list unscale works on: a parameter's (params) or a
+ * tensor given as it is (grads); NULL when there is none. */
+static tensor *grad_at(em_tensor *const *params, tensor *const *grads, int i, em_status *st)
+{
+    if (grads) return grads[i];
+    em_tensor *gh = params[i] ? em_grad(params[i]) : NULL;
+    if (!gh) return NULL;
+    tensor *g = t_resolve(gh, "em_scaler_unscale");
+    if (!g) *st = em_last_status();
+    return g;
+}
+
+static em_status unscale(em_grad_scaler *s, int n, em_tensor *const *params, tensor *const *grads, em_pg *pg)
 {
     if (!s) return em_err(EM_ERR_ARG, "em_scaler_unscale: scaler is NULL");
-    if (n < 0 || (n > 0 && !params)) return em_err(EM_ERR_ARG, "em_scaler_unscale: %d params at NULL", n);
+    if (n < 0 || (n > 0 && !params && !grads)) return em_err(EM_ERR_ARG, "em_scaler_unscale: %d params at NULL", n);
     if (s->unscaled) return EM_OK; /* once per step */
     double inv = 1.0 / s->scale;
     bool bad = false;
@@ -90,13 +102,9 @@ em_status em_scaler_unscale(em_grad_scaler *s, int n, em_tensor *const *params, 
 #endif
     em_status st = EM_OK;
     for (int i = 0; i < n && !st; i++) {
-        em_tensor *gh = params[i] ? em_grad(params[i]) : NULL;
-        if (!gh) continue;
-        tensor *g = t_resolve(gh, "em_scaler_unscale");
-        if (!g) {
-            st = em_last_status();
-            break;
-        }
+        tensor *g = grad_at(params, grads, i, &st);
+        if (st) break;
+        if (!g) continue;
         if (!em_dtype_is_float(g->dtype) || !t_is_contig(g)) {
             st = em_err(EM_ERR_ARG, "em_scaler_unscale: param %d's gradient %s%s is not a contiguous float tensor", i,
                         em_dtype_name(g->dtype), shp(g));
@@ -136,6 +144,16 @@ em_status em_scaler_unscale(em_grad_scaler *s, int n, em_tensor *const *params, 
     s->found_inf = bad;
     s->unscaled = true;
     return EM_OK;
+}
+
+em_status em_scaler_unscale(em_grad_scaler *s, int n, em_tensor *const *params, em_pg *pg)
+{
+    return unscale(s, n, params, NULL, pg);
+}
+
+em_status amp_unscale_grads(em_grad_scaler *s, int n, tensor *const *grads, em_pg *pg)
+{
+    return unscale(s, n, NULL, grads, pg);
 }
 
 bool em_scaler_found_inf(const em_grad_scaler *s) { return s && s->found_inf; }

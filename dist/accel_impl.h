@@ -47,6 +47,10 @@ struct em_accelerator {
     em_module *models[MAX_PREPARED];
     em_ddp *ddps[MAX_PREPARED]; /* world > 1: models[i]'s DDP */
     int nmodels;
+    /* ZeRO (dist/zero.c): the resolved stage, and with world > 1 and a
+     * stage, the engine over ddps[0] sharding opts[0] */
+    int zero_stage;
+    em_zero *zero;
     em_tensor **params; /* every prepared model's parameters, in order */
     int nparams;
     em_optimizer *opts[MAX_PREPARED];

@@ -31,6 +31,7 @@
 #include "dist/accel_impl.h"
 #include "dist/ddp_impl.h"
 #include "dist/dist_impl.h"
+#include "dist/zero_impl.h"
 #include "ember/dist.h"
 #include "ember/profile.h"
 #include "ember/runtime.h"
@@ -63,6 +64,7 @@ static const struct {
     {"EMBER_SPLIT_BATCHES", "split_batches"},
     {"EMBER_EVEN_BATCHES", "even_batches"},
     {"EMBER_TIMEOUT", "timeout"},
+    {"EMBER_ZERO_STAGE", "zero_stage"},
 };
 
 /* defaults < config file < environment < code */
@@ -86,6 +88,13 @@ static em_status resolve_config(const em_accel_config *cfg, em_config *c)
     if (cfg->timeout_s < 0 || cfg->timeout_s != cfg->timeout_s)
         return em_err(EM_ERR_ARG, "em_accelerator_new: timeout_s %g must be >= 0", cfg->timeout_s);
     if (cfg->timeout_s > 0) c->timeout_s = cfg->timeout_s;
+    if (cfg->zero_stage < -1 || cfg->zero_stage > 3)
+        return em_err(EM_ERR_ARG, "em_accelerator_new: zero_stage %d must be -1 (off), 0 (config/env), 1 or 2",
+                      cfg->zero_stage);
+    if (cfg->zero_stage) c->zero_stage = cfg->zero_stage > 0 ? cfg->zero_stage : 0;
+    if (c->zero_stage == 3)
+        return em_err(EM_ERR_UNSUPPORTED,
+                      "em_accelerator_new: ZeRO stage 3 (sharded parameters) is not built yet; stages 1 and 2 are");
     return EM_OK;
 }
 
@@ -152,6 +161,7 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
     a->even_batches = c.even_batches;
     a->bucket_mb = cfg->bucket_mb;
     a->find_unused = cfg->find_unused_parameters;
+    a->zero_stage = c.zero_stage;
     a->amp = c.mixed_precision == EM_PREC_BF16 ? EM_BF16 : c.mixed_precision == EM_PREC_FP16 ? EM_F16 : EM_F32;
     if (a->amp == EM_F16 && !(a->scaler = em_grad_scaler_new(&cfg->scaler))) {
         char msg[512];
@@ -173,6 +183,7 @@ void em_accelerator_free(em_accelerator *a)
     else if (a->regions && a->amp != EM_F32)
         em_autocast_set(a->region_prev[0]);
     em_grad_scaler_free(a->scaler);
+    em_zero_free(a->zero); /* before the DDP it drives */
     for (int i = 0; i < a->nmodels; i++) em_ddp_free(a->ddps[i]);
     free(a->params);
     em_pg_free(a->pg);
@@ -340,6 +351,13 @@ static em_status check_prepare(const em_accelerator *a, em_module *model, em_opt
     for (int i = 0; i < a->nloaders; i++)
         if (a->loaders[i] == loader)
             return em_err(EM_ERR_ARG, "em_accel_prepare: the loader is prepared already (loader %d)", i);
+    if (a->zero_stage > 0 && a->world > 1 &&
+        ((model && a->nmodels + 1 > 1) || (opt && a->nopts + 1 > 1) || (opt && !model && a->nmodels == 0)))
+        return em_err(EM_ERR_UNSUPPORTED,
+                      "em_accel_prepare: ZeRO stage %d shards one model and one optimizer; this would be %s %d "
+                      "(prepare exactly one of each, or set zero_stage 0)",
+                      a->zero_stage, model && a->nmodels ? "model" : "optimizer",
+                      model && a->nmodels ? a->nmodels + 1 : a->nopts + 1);
     return opt ? check_optimizer_params(a, model, opt) : EM_OK;
 }
 
@@ -350,6 +368,8 @@ em_status em_accel_prepare(em_accelerator *a, em_module *model, em_optimizer *op
     em_status s = check_prepare(a, model, opt, loader, sched);
     if (!s && model) s = prepare_model(a, model);
     if (!s && loader) s = em_loader_set_shard(loader, a->rank, a->world, a->split_batches, a->even_batches);
+    if (!s && opt && a->zero_stage > 0 && a->world > 1 && !(a->zero = zero_attach(a->ddps[0], false, opt, a->zero_stage)))
+        s = em_last_status();
     if (s) return s;
     if (loader) a->loaders[a->nloaders++] = loader;
     if (opt) {
@@ -542,13 +562,15 @@ double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *st
     if (status) *status = EM_OK;
     if (!a->sync) return NAN; /* gradients are still accumulating: nothing to clip yet */
     if (a->scaler) { /* clip the true gradients: unscale first (once per step) */
-        em_status s = em_scaler_unscale(a->scaler, a->nparams, a->params, a->pg);
+        em_status s = a->zero ? zero_unscale(a->zero, a->scaler)
+                              : em_scaler_unscale(a->scaler, a->nparams, a->params, a->pg);
         if (s) {
             if (status) *status = s;
             return NAN;
         }
         if (em_scaler_found_inf(a->scaler)) return INFINITY; /* this step will be skipped */
     }
+    if (a->zero) return em_zero_clip_grad_norm(a->zero, max_norm, status);
     /* after a synced backward every rank holds the same averaged gradients,
      * so the local norm is the global one */
     return em_clip_grad_norm(a->nparams, a->params, max_norm, status);
@@ -564,7 +586,9 @@ em_status em_accel_step(em_accelerator *a)
     a->skipped = false;
     if (a->scaler) {
         /* every rank agreed on found_inf in the unscale: all skip, or none */
-        if ((s = em_scaler_unscale(a->scaler, a->nparams, a->params, a->pg))) return s;
+        if ((s = a->zero ? zero_unscale(a->zero, a->scaler)
+                         : em_scaler_unscale(a->scaler, a->nparams, a->params, a->pg)))
+            return s;
         a->skipped = em_scaler_found_inf(a->scaler);
         em_scaler_update(a->scaler);
         if (a->skipped) return EM_OK; /* no update, and the schedules stay where they are */
@@ -578,7 +602,7 @@ em_status em_accel_step(em_accelerator *a)
         if ((s = em_optim_set_lr(a->opts[i], -1, lr))) return s;
     }
     for (int i = 0; i < a->nopts; i++)
-        if ((s = em_optim_step(a->opts[i]))) return s;
+        if ((s = a->zero ? em_zero_step(a->zero) : em_optim_step(a->opts[i]))) return s;
     a->steps++;
     return EM_OK;
 }
@@ -590,7 +614,7 @@ em_status em_accel_zero_grad(em_accelerator *a)
                       a ? "no optimizer was prepared" : "accelerator is NULL");
     if (!a->sync) return EM_OK;
     em_status s = EM_OK;
-    for (int i = 0; i < a->nopts && !s; i++) s = em_optim_zero_grad(a->opts[i]);
+    for (int i = 0; i < a->nopts && !s; i++) s = a->zero ? em_zero_zero_grad(a->zero) : em_optim_zero_grad(a->opts[i]);
     return s;
 }
 

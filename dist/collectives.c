@@ -259,7 +259,8 @@ static em_status all_gather(em_pg *pg, call *c, double deadline)
     size_t es = em_dtype_size((em_dtype)c->h.dtype);
     int64_t n = c->h.count, w = pg->world;
     char *out = c->out;
-    memcpy(out + (size_t)pg->rank * (size_t)n * es, c->in, (size_t)n * es);
+    /* in may already be out's own chunk (ZeRO gathers in place) */
+    memmove(out + (size_t)pg->rank * (size_t)n * es, c->in, (size_t)n * es);
     /* chunks of the out buffer are exactly the ranks' pieces: chunk(w*n, w, r) = r*n .. */
     return ring_all_gather(pg, c, out, w * n, es, 0, deadline);
 }

@@ -35,6 +35,7 @@ em_config em_config_defaults(void)
         .even_batches = true,
         .timeout_s = EM_DIST_DEFAULT_TIMEOUT,
         .max_restarts = 0,
+        .zero_stage = 0,
     };
     snprintf(c.main_process_ip, sizeof c.main_process_ip, "127.0.0.1");
     return c;
@@ -179,6 +180,7 @@ static bool set_restarts(em_config *c, const char *v)
 {
     return parse_int_range(v, 0, 1000000, &c->max_restarts);
 }
+static bool set_zero(em_config *c, const char *v) { return parse_int_range(v, 0, 3, &c->zero_stage); }
 static bool set_split(em_config *c, const char *v) { return setting_bool_parse(v, &c->split_batches); }
 static bool set_even(em_config *c, const char *v) { return setting_bool_parse(v, &c->even_batches); }
 static bool set_timeout(em_config *c, const char *v) { return parse_seconds(v, &c->timeout_s); }
@@ -208,6 +210,7 @@ static const config_key keys[] = {
     {"even_batches", SETTING_BOOL_WANT, set_even},
     {"timeout", "seconds > 0", set_timeout},
     {"max_restarts", "an integer >= 0", set_restarts},
+    {"zero_stage", "a ZeRO stage 0..3", set_zero},
 };
 enum { NKEYS = sizeof keys / sizeof keys[0] };
 
@@ -252,6 +255,8 @@ static const char *check_config(const em_config *c, char *msg, size_t n)
         snprintf(msg, n, "timeout is %g, want seconds > 0", c->timeout_s);
     else if (c->max_restarts < 0)
         snprintf(msg, n, "max_restarts is %d, want >= 0", c->max_restarts);
+    else if (c->zero_stage < 0 || c->zero_stage > 3)
+        snprintf(msg, n, "zero_stage is %d, want 0..3", c->zero_stage);
     else
         return NULL;
     return msg;
@@ -352,7 +357,7 @@ static em_status parse_events(yaml_parser_t *p, const char *path, em_config *c)
                 EM_ERR_ARG,
                 "em_config_read: %s line %d: unknown key '%s' (value '%.64s'); keys are num_processes, "
                 "num_machines, machine_rank, main_process_ip, main_process_port, mixed_precision, "
-                "gradient_accumulation_steps, split_batches, even_batches, timeout, max_restarts",
+                "gradient_accumulation_steps, split_batches, even_batches, timeout, max_restarts, zero_stage",
                 path, line, key, val);
         if (seen[k])
             return em_err(EM_ERR_ARG, "em_config_read: %s line %d: key '%s' appears twice (first on line %d)",
@@ -438,6 +443,7 @@ static bool emit_config(yaml_emitter_t *e, const em_config *c)
     snprintf(n[4], 64, "%d", c->grad_accum);
     snprintf(n[5], 64, "%.17g", c->timeout_s);
     snprintf(n[6], 64, "%d", c->max_restarts);
+    snprintf(n[7], 64, "%d", c->zero_stage);
     yaml_event_t ev;
     const yaml_scalar_style_t plain = YAML_PLAIN_SCALAR_STYLE;
     /* mixed_precision is quoted: a YAML 1.1 reader would take a bare `no` for false. */
@@ -454,6 +460,7 @@ static bool emit_config(yaml_emitter_t *e, const em_config *c)
            emit_pair(e, "split_batches", c->split_batches ? "true" : "false", plain) &&
            emit_pair(e, "even_batches", c->even_batches ? "true" : "false", plain) &&
            emit_pair(e, "timeout", n[5], plain) && emit_pair(e, "max_restarts", n[6], plain) &&
+           emit_pair(e, "zero_stage", n[7], plain) &&
            yaml_mapping_end_event_initialize(&ev) && yaml_emitter_emit(e, &ev) &&
            yaml_document_end_event_initialize(&ev, 1) && yaml_emitter_emit(e, &ev) &&
            yaml_stream_end_event_initialize(&ev) && yaml_emitter_emit(e, &ev);

@@ -65,6 +65,7 @@ struct em_ddp {
     bool dirty;   /* one did in a no_sync backward since the last synced one */
     em_status first_err;
     char err_msg[512];
+    ddp_hooks hooks; /* ZeRO's collectives in place of the all-reduce */
 };
 
 static void note_error(em_ddp *d, em_status s)
@@ -81,7 +82,8 @@ static void launch_ready(em_ddp *d, bool all)
     while (d->next_launch < d->nbuckets) {
         bucket *b = &d->buckets[d->next_launch];
         if (!all && b->pending > 0) return;
-        em_status s = em_all_reduce(d->pg, b->grads, EM_RED_AVG, &b->work);
+        em_status s = d->hooks.launch ? d->hooks.launch(d->hooks.ctx, d->next_launch, b->grads, &b->work)
+                                      : em_all_reduce(d->pg, b->grads, EM_RED_AVG, &b->work);
         if (s != EM_OK) {
             b->work = NULL;
             note_error(d, s);
@@ -102,7 +104,21 @@ static void finish_buckets(em_ddp *d)
         d->buckets[i].work = NULL;
         if (ws != EM_OK) note_error(d, ws);
     }
+    if (d->hooks.finished) d->hooks.finished(d->hooks.ctx);
 }
+
+void ddp_set_hooks(em_ddp *d, ddp_hooks h) { d->hooks = h; }
+
+void ddp_bucket_span(const em_ddp *d, int b, em_dtype *dt, int64_t *lo, int64_t *n)
+{
+    *dt = d->buckets[b].dtype;
+    *lo = em_offset(d->buckets[b].grads);
+    *n = em_numel(d->buckets[b].grads);
+}
+
+em_pg *ddp_pg(const em_ddp *d) { return d->pg; }
+
+em_module *ddp_model(const em_ddp *d) { return d->model; }
 
 /* The gradient hook: p's gradient is final for this backward. */
 static em_status on_grad_ready(em_tensor *t, em_tensor *grad, void *ctx)

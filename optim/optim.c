@@ -401,14 +401,57 @@ static void apply(const opt_coef *u, tensor *t, tensor *g, tensor *s1, tensor *s
     }
 }
 
+/* A 1-D header over elements [lo, lo + n) of contiguous t, sharing its
+ * storage (for apply, which reads the pointer, size and dtype). */
+static tensor piece_of(const tensor *t, int64_t lo, int64_t n)
+{
+    tensor v = *t;
+    v.ndim = 1;
+    v.shape[0] = n;
+    v.stride[0] = 1;
+    v.offset += lo;
+    return v;
+}
+
+em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece)
+{
+    const char *fn = "optim_set_piece";
+    if (!o || i < 0 || i >= o->np) return em_err(EM_ERR_ARG, "%s: parameter index %d out of range", fn, i);
+    tensor *t = t_resolve(o->p[i].h, fn);
+    if (!t) return em_last_status();
+    if (t_on_cuda(t) || !t_is_contig(t))
+        return em_err(EM_ERR_UNSUPPORTED, "%s: parameter %d %s%s must be a contiguous CPU tensor", fn, i,
+                      em_dtype_name(t->dtype), shp(t));
+    if (lo < 0 || n < 0 || lo + n > t_numel(t))
+        return em_err(EM_ERR_ARG, "%s: piece [%lld, %lld) is outside parameter %d %s", fn, (long long)lo,
+                      (long long)(lo + n), i, shp(t));
+    if (gpiece && (t_numel(gpiece) != n || gpiece->dtype != t->dtype || !t_is_contig(gpiece)))
+        return em_err(EM_ERR_ARG, "%s: gradient piece %s%s does not fit %lld elements of %s", fn,
+                      em_dtype_name(gpiece->dtype), shp(gpiece), (long long)n, em_dtype_name(t->dtype));
+    oparam *p = &o->p[i];
+    for (int f = 0; f < F_COUNT; f++) {
+        t_free(p->f[f]);
+        t_free(p->host[f]);
+        p->f[f] = p->host[f] = NULL;
+    }
+    p->started = false;
+    p->sharded = true;
+    p->lo = lo;
+    p->n = n;
+    p->gpiece = gpiece;
+    return EM_OK;
+}
+
 em_status opt_alloc_state(em_optimizer *o, int i, tensor *t)
 {
     oparam *p = &o->p[i];
     for (int f = 0; f < F_COUNT; f++) {
         if (!opt_has_field(o, f) || p->f[f]) continue;
         /* the step count is a host scalar; the rest lives beside the parameter */
+        int64_t shape[EM_MAX_DIMS];
+        int nd = opt_state_shape(p, t, shape);
         tensor *s = f == F_STEP ? t_new_persistent(EM_F64, 0, NULL)
-                                : t_new_persistent_on(t->device, opt_state_dtype(t->dtype), t->ndim, t->shape);
+                                : t_new_persistent_on(t->device, opt_state_dtype(t->dtype), nd, shape);
         if (!s) return em_err(EM_ERR_OOM, "em_optim: out of memory for state of parameter %d %s", i, shp(t));
         if (t_on_cuda(s)) {
             if (t_fill_zero(s)) return em_last_status();
@@ -623,6 +666,10 @@ static em_status optim_step(em_optimizer *o)
             for (int k = i; k < j; k++) n += t_numel(t_resolve(o->p[k].h, fn));
             s = apply_cuda(&u, t, g, s1, s2, n);
 #endif
+        } else if (!s && o->p[i].sharded) {
+            const oparam *p = &o->p[i];
+            tensor tv = piece_of(t, p->lo, p->n), gv = p->gpiece ? *p->gpiece : piece_of(g, p->lo, p->n);
+            if (p->n > 0) apply(&u, &tv, &gv, s1, s2, pb, gb);
         } else if (!s)
             apply(&u, t, g, s1, s2, pb, gb);
         if (s) {

@@ -20,6 +20,14 @@ typedef struct oparam {
                          * parameter's device (F_STEP, a host scalar, on the CPU) */
     tensor *host[F_COUNT]; /* host copies of CUDA state handed out by em_optim_state */
     char name[F_COUNT][48];
+    /* ZeRO (optim_set_piece): this rank updates only elements [lo, lo + n)
+     * of the parameter (row-major; n may be 0), and its state fields other
+     * than F_STEP have shape (n). The piece's gradient is gpiece (n
+     * elements, the rank's reduced shard) or, when NULL, the parameter's
+     * own gradient from element lo. */
+    bool sharded;
+    int64_t lo, n;
+    tensor *gpiece;
 } oparam;
 
 typedef struct ogroup {
@@ -47,6 +55,29 @@ static inline bool opt_has_field(const em_optimizer *o, int f)
 
 /* The dtype state of a parameter of dtype dt is kept in: f64 for f64, else f32. */
 static inline em_dtype opt_state_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
+
+/* The shape of parameter i's state fields (other than F_STEP), whose
+ * tensor is t: t's own, or (n) for a sharded parameter. */
+static inline int opt_state_shape(const oparam *p, const tensor *t, int64_t *shape)
+{
+    if (p->sharded) {
+        shape[0] = p->n;
+        return 1;
+    }
+    memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    return t->ndim;
+}
+
+/* ZeRO (dist/zero.c): from now on this rank updates only elements [lo, lo +
+ * n) of parameter i (a contiguous CPU f32/f64 parameter; n may be 0), its
+ * gradient read from gpiece (a contiguous tensor of n elements and the
+ * parameter's dtype, borrowed: it must outlive the optimizer's use of it)
+ * or, when gpiece is NULL, from the parameter's gradient at lo. Drops the
+ * parameter's state (it starts fresh; em_optim_load_state gives it back in
+ * the piece's shape). EM_ERR_ARG for an index or range out of bounds or a
+ * gpiece of another size or dtype; EM_ERR_UNSUPPORTED for a CUDA or
+ * non-contiguous parameter. */
+em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece);
 
 /* Allocates (zeroed) the missing state tensors of parameter i, whose tensor
  * is t. EM_ERR_OOM on failure (what was allocated stays, unused). */

@@ -174,9 +174,13 @@ em_status em_optim_load_state(em_optimizer *o, int n, const em_named *state)
             s = chk_count(fn, name, t);
         } else {
             tensor *p = t_resolve(o->p[i].h, fn);
-            if (t->ndim != p->ndim || memcmp(t->shape, p->shape, sizeof(int64_t) * (size_t)p->ndim))
-                s = em_err(EM_ERR_SHAPE, "%s: '%s' is %s but parameter %d is %s", fn, name, shp(t), i,
-                           shp(p));
+            int64_t want[EM_MAX_DIMS];
+            int nd = opt_state_shape(&o->p[i], p, want);
+            if (t->ndim != nd || memcmp(t->shape, want, sizeof(int64_t) * (size_t)nd))
+                s = o->p[i].sharded ? em_err(EM_ERR_SHAPE, "%s: '%s' is %s but this rank's piece of parameter %d is (%lld)",
+                                             fn, name, shp(t), i, (long long)o->p[i].n)
+                                    : em_err(EM_ERR_SHAPE, "%s: '%s' is %s but parameter %d is %s", fn, name,
+                                             shp(t), i, shp(p));
         }
     }
     if (!s && !(mask[o->np] & (1 << F_STEP))) s = em_err(EM_ERR_ARG, "%s: 'step' is missing", fn);

@@ -227,6 +227,67 @@ bool em_ddp_sync(const em_ddp *d);
 em_status em_ddp_backward(em_ddp *d, em_tensor *loss, em_tensor *grad_output);
 int em_ddp_num_buckets(const em_ddp *d);
 
+/* ---- ZeRO (dist/zero.c) ---------------------------------------------------------
+ * Data parallelism in which each rank keeps the optimizer state of only its
+ * share of the parameters (stage 1) and also only its share of the averaged
+ * gradients (stage 2), so per-rank memory falls with the world size
+ * (docs/distributed.md, "ZeRO"). The share: DDP's buckets, each cut into
+ * `world` chunks of ceil(n / world) elements, rank r owning chunk r of each.
+ * A training step is
+ *     em_zero_backward(z, loss, sync);      stage 1: all-reduce, 2: reduce-scatter
+ *     em_zero_clip_grad_norm(z, 1.0, NULL); optional; global norm over ranks
+ *     em_zero_step(z);                      update my chunks, all-gather params
+ *     em_zero_zero_grad(z);
+ * and gives the parameters DDP with the same optimizer gives (stage 1
+ * bitwise; stage 2 to reassociation of the gradient average: the
+ * reduce-scatter may add the ranks in another order than the all-reduce).
+ * After a stage 2 backward only this rank's chunks of the gradients are
+ * kept (em_grad of a parameter reads zeros elsewhere). CPU models with f32
+ * or f64 parameters; stage 3 and CUDA are not built yet (EM_ERR_UNSUPPORTED). */
+typedef struct em_zero em_zero;
+
+typedef struct em_zero_config {
+    int stage;        /* 1 or 2 (0 is plain DDP: em_ddp) */
+    double bucket_mb; /* 0 = 25 */
+    bool find_unused_parameters; /* as em_ddp_config's */
+} em_zero_config;
+
+/* Wraps model in DDP (em_ddp_new: flattens, checks every rank's parameters,
+ * broadcasts rank 0's) and shards opt over the ranks: from now on opt
+ * keeps state, and updates elements, only for this rank's chunks (its state
+ * so far is dropped; em_optim_state lists each parameter's chunk, shape
+ * (n)). Every parameter of opt must be one of model's. pg, model and opt
+ * are borrowed and must outlive z; opt must be stepped only through
+ * em_zero_step while z lives. cfg NULL = stage 1, 25 MB buckets. NULL +
+ * error: EM_ERR_ARG (NULL argument, stage out of 1..3, a parameter of
+ * opt not in model), EM_ERR_UNSUPPORTED (stage 3, CUDA, parameters other
+ * than f32/f64, or stage 2 with both), em_ddp_new's errors. */
+em_zero *em_zero_new(em_pg *pg, em_module *model, em_optimizer *opt, const em_zero_config *cfg);
+/* Frees z and its DDP (not the model or the optimizer: the optimizer keeps
+ * its sharded state). NULL is a no-op. */
+void em_zero_free(em_zero *z);
+int em_zero_stage(const em_zero *z); /* -1 for NULL */
+/* The DDP inside z (borrowed), for em_ddp_num_buckets and the like. */
+em_ddp *em_zero_ddp(const em_zero *z);
+/* em_ddp_backward with sync (false: accumulate locally, communicate
+ * nothing, as em_ddp_set_sync). Synced: stage 1 leaves every averaged
+ * gradient on every rank; stage 2 leaves this rank's chunks in its shard and
+ * gives the full gradient buffer's memory back bucket by bucket. */
+em_status em_zero_backward(em_zero *z, em_tensor *loss, bool sync);
+/* Clips by the global 2-norm of all the gradients (em_clip_grad_norm's
+ * rule and return value): stage 1 over the full gradients on each rank,
+ * stage 2 from each rank's chunks, their squares summed over ranks (one
+ * all-reduce, every rank gets the same total). NAN and *status set on
+ * error (status may be NULL). */
+double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status);
+/* em_optim_step on this rank's chunks, then every bucket's parameters
+ * all-gathered, so every rank holds the whole updated model. Errors of the
+ * step (nothing sent) or of the collectives. */
+em_status em_zero_step(em_zero *z);
+/* Zeroes the gradients (stage 2: the full buffer's pages are given back to
+ * the system and read as zeros). */
+em_status em_zero_zero_grad(em_zero *z);
+
 /* Mixed precision (the amp/ layer; bf16 and fp16 arrive with issue 5).
  * DEFAULT means "not set here: take it from the config file / environment". */
 typedef enum em_precision_kind { EM_PREC_DEFAULT = 0, EM_PREC_NO, EM_PREC_BF16, EM_PREC_FP16 } em_precision_kind;
@@ -247,6 +308,7 @@ typedef enum em_precision_kind { EM_PREC_DEFAULT = 0, EM_PREC_NO, EM_PREC_BF16, 
  *   even_batches: true
  *   timeout: 300            # seconds, every collective
  *   max_restarts: 0
+ *   zero_stage: 0           # 0 DDP | 1 sharded optimizer state | 2 and gradients (em_zero)
  * A field the file does not set keeps the value it had (so a caller fills
  * defaults first, then reads). */
 typedef struct em_config {
@@ -258,10 +320,12 @@ typedef struct em_config {
     bool split_batches, even_batches;
     double timeout_s;
     int max_restarts;
+    int zero_stage; /* 0..3 (3 is refused by the Accelerator until it is built) */
 } em_config;
 
 /* The defaults: 1 process, 1 machine, rank 0, 127.0.0.1, port 29500, no
- * mixed precision, accumulation 1, split off, even on, 300 s, 0 restarts. */
+ * mixed precision, accumulation 1, split off, even on, 300 s, 0 restarts,
+ * ZeRO stage 0. */
 em_config em_config_defaults(void);
 /* The default path into buf (size n): $EMBER_CONFIG_FILE if set, else
  * $XDG_CONFIG_HOME/ember/default_config.yaml, else
@@ -303,6 +367,12 @@ typedef struct em_accel_config {
     em_precision_kind mixed_precision; /* DEFAULT = config/env, else NO; see em_accel_prepare */
     int split_batches;            /* 0 = config/env (else off), 1 on, -1 off */
     int even_batches;             /* 0 = config/env (else on), 1 on, -1 off */
+    /* ZeRO (em_zero): 0 = config/env (zero_stage, EMBER_ZERO_STAGE; else 0),
+     * 1 or 2 that stage, -1 stage 0 (plain DDP) whatever they say. With a
+     * stage, em_accel_prepare shards the prepared optimizer over the ranks
+     * (one model and one optimizer; world > 1), and backward, clip, step and
+     * zero_grad go through em_zero. */
+    int zero_stage;
     double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT; to the group */
     double bucket_mb;             /* 0 = 25 */
     bool find_unused_parameters;

@@ -1,0 +1,439 @@
+/* zero.c — ZeRO stages 1 and 2: data parallelism where each rank keeps the
+ * optimizer state (stage 1), and also the averaged gradients (stage 2), of
+ * only its share of the parameters.
+ *
+ * The share. DDP's buckets (dist/ddp.c) cut the flat gradient buffer into
+ * slices; ZeRO cuts every bucket of n elements into `world` chunks of
+ * c = ceil(n / world), and rank r owns chunk r of every bucket:
+ *
+ *   bucket b:   | rank 0's chunk | rank 1's chunk | ... | last (may be short) |
+ *
+ * A parameter lies in one bucket, so this rank owns at most one piece of it
+ * (optim_set_piece): the optimizer keeps Adam's moments for that piece only
+ * and updates only it. Owning chunks of buckets rather than one range of
+ * the flat buffer makes the gradient's reduce-scatter a bucket's own call,
+ * started the moment backward finishes the bucket, as DDP's all-reduce is.
+ *
+ *   stage 1: backward all-reduces the buckets as DDP does (every rank holds
+ *            all the averaged gradients); the optimizer updates this rank's
+ *            pieces; each bucket's parameters are all-gathered.
+ *   stage 2: backward reduce-scatters the buckets instead: this rank gets the
+ *            average of its chunk only, into its gradient shard, and the
+ *            bucket's slice of the full gradient buffer is given back to the
+ *            kernel (madvise) once the collective is done, so the full
+ *            gradients are never all resident at once; zero_grad gives back
+ *            the whole buffer. Clipping sums the squares of the shards and
+ *            all-reduces that one number.
+ *
+ * Communication per step, in elements of the flat buffer (P): DDP's
+ * all-reduce moves about 2P per rank; stage 2's reduce-scatter P and the
+ * parameters' all-gather P, the same total; stage 1 adds the all-gather to
+ * DDP's all-reduce. A bucket whose size is not a multiple of the world goes
+ * through a padded copy (world * c), so every collective has equal chunks.
+ *
+ * CPU parameters of f32 or f64 only (f32 masters under mixed precision);
+ * CUDA is refused (EM_ERR_UNSUPPORTED) for now. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "amp/amp_impl.h"
+#include "dist/ddp_impl.h"
+#include "dist/zero_impl.h"
+#include "ember/dist.h"
+#include "optim/optim_impl.h"
+#include "tensor/tensor_impl.h"
+
+typedef struct zbucket {
+    em_dtype dtype;
+    int64_t lo, n;   /* the bucket's slice of the flat buffers */
+    int64_t c;       /* chunk: ceil(n / world) */
+    int64_t own;     /* elements of this rank's chunk inside the bucket: [r*c, r*c + own) */
+    em_tensor *params;  /* the bucket's slice of the flat parameters (n) */
+    em_tensor *shard;   /* stage 2: this rank's c reduced gradients (a slice of gshard) */
+    em_tensor *pad;     /* n % world != 0: world * c scratch, else NULL */
+    em_work *work;      /* stage 2: the bucket's reduce-scatter in this backward */
+    bool released;      /* stage 2: its gradient pages were given back */
+} zbucket;
+
+struct em_zero {
+    em_pg *pg;
+    em_module *model;
+    em_optimizer *opt;
+    em_ddp *ddp;
+    bool owns_ddp;
+    int stage, world, rank;
+    int nb;
+    zbucket *b;
+    em_tensor *gshard; /* stage 2: every bucket's chunk of reduced gradients, bucket after bucket */
+    tensor **gpiece;   /* stage 2: per optimizer parameter, its piece's view of gshard (or NULL) */
+    int npiece;
+};
+
+/* ---- the gradient buffer's pages ----------------------------------------------------- */
+
+/* Gives the whole pages inside [p, p + bytes) back to the kernel (they read
+ * as zeros from then on, and cost no memory until written) and zeroes the
+ * bytes at the ends that share a page with other data. */
+static void give_back(void *p, size_t bytes)
+{
+    uintptr_t a = (uintptr_t)p, e = a + bytes, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t pa = (a + pg - 1) / pg * pg, pe = e / pg * pg;
+    if (pe <= pa || madvise((void *)pa, pe - pa, MADV_DONTNEED) != 0) {
+        memset(p, 0, bytes);
+        return;
+    }
+    memset(p, 0, pa - a);
+    memset((void *)pe, 0, e - pe);
+}
+
+static void release_bucket(em_zero *z, int i)
+{
+    zbucket *b = &z->b[i];
+    em_tensor *flat = em_module_flat_grads(z->model, b->dtype);
+    size_t es = em_dtype_size(b->dtype);
+    give_back((char *)em_data(flat) + (size_t)b->lo * es, (size_t)b->n * es);
+    b->released = true;
+}
+
+/* ---- stage 2's reduce-scatter, bucket by bucket (DDP's hooks) ------------------------------ */
+
+static em_status launch(void *ctx, int i, em_tensor *grads, em_work **work)
+{
+    em_zero *z = ctx;
+    zbucket *b = &z->b[i];
+    /* the buckets whose collective is done by now give their pages back */
+    for (int j = 0; j < i; j++)
+        if (z->b[j].work && !z->b[j].released && em_work_done(z->b[j].work)) release_bucket(z, j);
+    em_tensor *in = grads;
+    if (b->pad) { /* equal chunks: the bucket, then zeros */
+        size_t es = em_dtype_size(b->dtype);
+        memcpy(em_data(b->pad), em_data(grads), (size_t)b->n * es);
+        memset((char *)em_data(b->pad) + (size_t)b->n * es, 0, (size_t)(z->world * b->c - b->n) * es);
+        in = b->pad;
+    }
+    em_status s = em_reduce_scatter(z->pg, b->shard, in, EM_RED_AVG, work);
+    b->work = s ? NULL : *work;
+    return s;
+}
+
+static void finished(void *ctx)
+{
+    em_zero *z = ctx;
+    for (int i = 0; i < z->nb; i++) {
+        if (!z->b[i].released) release_bucket(z, i);
+        z->b[i].work = NULL;
+    }
+}
+
+/* ---- set-up ------------------------------------------------------------------------------ */
+
+/* A persistent 1-D view of elements [lo, lo + n) of base's storage (base's
+ * own offset counts), whatever scope is open; em_free frees it. */
+static em_tensor *slice_of(em_tensor *base, int64_t lo, int64_t n)
+{
+    tensor *b = t_resolve(base, "em_zero"), *v = b ? t_new_persistent(b->dtype, 0, NULL) : NULL;
+    if (!v) return NULL;
+    v->ndim = 1;
+    v->shape[0] = n;
+    v->stride[0] = 1;
+    t_repoint(v, b, b->offset + lo);
+    return t_handle(v);
+}
+
+/* A persistent zeroed 1-D tensor of n elements. */
+static em_tensor *zeros_of(em_dtype dt, int64_t n)
+{
+    tensor *t = t_new_persistent(dt, 1, &n);
+    if (t) memset(t_ptr(t), 0, (size_t)n * em_dtype_size(dt));
+    return t ? t_handle(t) : NULL;
+}
+
+/* The optimizer's parameter i as a piece: the part of it that lies in this
+ * rank's chunk of its bucket (stage 2: its gradient read from the shard). */
+static em_status set_piece(em_zero *z, int i, const char *fn)
+{
+    tensor *t = t_resolve(z->opt->p[i].h, fn);
+    if (!t) return em_last_status();
+    em_tensor *flat = em_module_flat_params(z->model, t->dtype);
+    tensor *ft = flat ? t_resolve(flat, fn) : NULL;
+    if (!ft || t->st != ft->st)
+        return em_err(EM_ERR_ARG, "%s: optimizer parameter %d %s%s is not a parameter of the model", fn, i,
+                      em_dtype_name(t->dtype), shp(t));
+    int64_t off = t->offset - ft->offset, n = t_numel(t);
+    for (int k = 0; k < z->nb; k++) {
+        zbucket *b = &z->b[k];
+        if (b->dtype != t->dtype || off < b->lo || off >= b->lo + b->n) continue;
+        int64_t own_lo = b->lo + (int64_t)z->rank * b->c, own_hi = own_lo + b->own;
+        int64_t lo = off > own_lo ? off : own_lo, hi = off + n < own_hi ? off + n : own_hi;
+        if (hi <= lo) lo = hi = off; /* none of it is mine */
+        tensor *g = NULL;
+        if (z->stage >= 2) { /* a header over the piece's gradients in the shard */
+            g = t_new_persistent(t->dtype, 0, NULL);
+            if (!g) return em_last_status();
+            z->gpiece[i] = g;
+            g->ndim = 1;
+            g->shape[0] = hi - lo;
+            g->stride[0] = 1;
+            t_repoint(g, t_resolve(z->gshard, fn), em_offset(b->shard) + (lo - own_lo));
+        }
+        return optim_set_piece(z->opt, i, lo - off, hi - lo, g);
+    }
+    return em_err(EM_ERR_ARG, "%s: optimizer parameter %d %s%s lies in no bucket", fn, i, em_dtype_name(t->dtype),
+                  shp(t));
+}
+
+/* The buckets' chunks, shards, pads and parameter slices. */
+static em_status make_chunks(em_zero *z, const char *fn)
+{
+    z->nb = em_ddp_num_buckets(z->ddp);
+    z->b = calloc((size_t)z->nb + 1, sizeof *z->b);
+    if (!z->b) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    int64_t total = 0; /* the shard's length */
+    for (int i = 0; i < z->nb; i++) {
+        zbucket *b = &z->b[i];
+        ddp_bucket_span(z->ddp, i, &b->dtype, &b->lo, &b->n);
+        if (b->dtype != EM_F32 && b->dtype != EM_F64)
+            return em_err(EM_ERR_UNSUPPORTED, "%s: the model has %s parameters; ZeRO shards f32 and f64 ones", fn,
+                          em_dtype_name(b->dtype));
+        b->c = (b->n + z->world - 1) / z->world;
+        int64_t start = (int64_t)z->rank * b->c;
+        b->own = start >= b->n ? 0 : (b->n - start < b->c ? b->n - start : b->c);
+        em_tensor *fp = em_module_flat_params(z->model, b->dtype);
+        if (em_device_of(fp).type != EM_CPU)
+            return em_err(EM_ERR_UNSUPPORTED, "%s: the model is on a CUDA device; ZeRO runs on the CPU for now", fn);
+        if (!(b->params = slice_of(fp, b->lo, b->n))) return em_last_status();
+        if (b->n % z->world && z->stage >= 1) {
+            int64_t padded = b->c * z->world;
+            if (!(b->pad = zeros_of(b->dtype, padded))) return em_last_status();
+        }
+        total += b->c;
+    }
+    if (z->stage >= 2 && z->nb > 0) {
+        /* one shard buffer per dtype would be needed for f64 beside f32 */
+        for (int i = 1; i < z->nb; i++)
+            if (z->b[i].dtype != z->b[0].dtype)
+                return em_err(EM_ERR_UNSUPPORTED, "%s: stage 2 takes parameters of one dtype (f32 and f64 found)",
+                              fn);
+        if (!(z->gshard = zeros_of(z->b[0].dtype, total))) return em_last_status();
+        int64_t at = 0;
+        for (int i = 0; i < z->nb; i++) {
+            if (!(z->b[i].shard = slice_of(z->gshard, at, z->b[i].c))) return em_last_status();
+            at += z->b[i].c;
+        }
+    }
+    return EM_OK;
+}
+
+em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage)
+{
+    const char *fn = "em_zero_new";
+    if (stage < 1 || stage > 2) {
+        if (owns_ddp) em_ddp_free(ddp);
+        return em_fail(stage == 3 ? EM_ERR_UNSUPPORTED : EM_ERR_ARG,
+                       "%s: stage %d %s", fn, stage,
+                       stage == 3 ? "(sharded parameters) is not built yet; stages 1 and 2 are"
+                                  : "is not a ZeRO stage (1 or 2; 0 is plain DDP)");
+    }
+    em_zero *z = calloc(1, sizeof *z);
+    if (!z) {
+        if (owns_ddp) em_ddp_free(ddp);
+        return em_fail(EM_ERR_OOM, "%s: out of memory", fn);
+    }
+    z->ddp = ddp;
+    z->owns_ddp = owns_ddp;
+    z->pg = ddp_pg(ddp);
+    z->model = ddp_model(ddp);
+    z->opt = opt;
+    z->stage = stage;
+    z->world = em_pg_world(z->pg);
+    z->rank = em_pg_rank(z->pg);
+    z->npiece = opt->np;
+    z->gpiece = calloc((size_t)opt->np + 1, sizeof *z->gpiece);
+    em_status s = z->gpiece ? make_chunks(z, fn) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    for (int i = 0; i < opt->np && !s; i++) s = set_piece(z, i, fn);
+    if (s) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", em_last_error());
+        em_zero_free(z);
+        em_set_error(s, "%s", msg);
+        return NULL;
+    }
+    if (stage >= 2) ddp_set_hooks(ddp, (ddp_hooks){.launch = launch, .finished = finished, .ctx = z});
+    return z;
+}
+
+em_zero *em_zero_new(em_pg *pg, em_module *model, em_optimizer *opt, const em_zero_config *cfg)
+{
+    if (!pg || !model || !opt)
+        return em_fail(EM_ERR_ARG, "em_zero_new: %s is NULL", !pg ? "pg" : !model ? "model" : "opt");
+    em_zero_config c = cfg ? *cfg : (em_zero_config){.stage = 1};
+    if (c.stage < 1 || c.stage > 3)
+        return em_fail(EM_ERR_ARG, "em_zero_new: stage %d is not a ZeRO stage (1 or 2; 0 is plain DDP)", c.stage);
+    em_ddp *d = em_ddp_new(pg, model, &(em_ddp_config){.bucket_mb = c.bucket_mb,
+                                                        .find_unused_parameters = c.find_unused_parameters});
+    return d ? zero_attach(d, true, opt, c.stage) : NULL;
+}
+
+void em_zero_free(em_zero *z)
+{
+    if (!z) return;
+    if (z->ddp) ddp_set_hooks(z->ddp, (ddp_hooks){0});
+    for (int i = 0; i < z->nb; i++) {
+        em_free(z->b[i].params);
+        em_free(z->b[i].shard);
+        em_free(z->b[i].pad);
+    }
+    /* the optimizer's pieces point into the shard: it forgets them first */
+    for (int i = 0; i < z->npiece; i++)
+        if (z->gpiece[i] && i < z->opt->np) z->opt->p[i].gpiece = NULL;
+    for (int i = 0; i < z->npiece; i++) t_free(z->gpiece[i]);
+    em_free(z->gshard);
+    if (z->owns_ddp) em_ddp_free(z->ddp);
+    free(z->gpiece);
+    free(z->b);
+    free(z);
+}
+
+int em_zero_stage(const em_zero *z) { return z ? z->stage : -1; }
+
+em_ddp *em_zero_ddp(const em_zero *z) { return z ? z->ddp : NULL; }
+
+/* ---- the step ----------------------------------------------------------------------------- */
+
+em_status em_zero_backward(em_zero *z, em_tensor *loss, bool sync)
+{
+    if (!z) return em_err(EM_ERR_ARG, "em_zero_backward: zero is NULL");
+    em_ddp_set_sync(z->ddp, sync);
+    return em_ddp_backward(z->ddp, loss, NULL);
+}
+
+/* The gradients clipping and the scaler look at: the shard (stage 2), or
+ * every bucket's full slice (stage 1: each rank has them all). */
+static int grads_of(const em_zero *z, tensor **out)
+{
+    if (z->stage >= 2) {
+        out[0] = t_resolve(z->gshard, "em_zero");
+        return z->gshard ? 1 : 0;
+    }
+    int n = 0;
+    static const em_dtype dts[] = {EM_F32, EM_F64};
+    for (int k = 0; k < 2; k++) {
+        em_tensor *g = em_module_flat_grads(z->model, dts[k]);
+        if (g) out[n++] = t_resolve(g, "em_zero");
+    }
+    return n;
+}
+
+double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
+{
+    em_status dummy;
+    if (!status) status = &dummy;
+    *status = EM_OK;
+    if (!z) return *status = em_err(EM_ERR_ARG, "em_zero_clip_grad_norm: zero is NULL"), NAN;
+    if (!(max_norm >= 0))
+        return *status = em_err(EM_ERR_ARG, "em_zero_clip_grad_norm: max_norm must be >= 0, got %g", max_norm), NAN;
+    if (z->stage < 2) { /* every rank has every averaged gradient: DDP's clip, bit for bit */
+        int n = em_module_params(z->model, NULL, 0);
+        em_named *ps = calloc((size_t)n + 1, sizeof *ps);
+        em_tensor **pt = calloc((size_t)n + 1, sizeof *pt);
+        if (!ps || !pt) {
+            free(ps);
+            free(pt);
+            return *status = em_err(EM_ERR_OOM, "em_zero_clip_grad_norm: out of memory"), NAN;
+        }
+        em_module_params(z->model, ps, n);
+        for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+        double total = em_clip_grad_norm(n, pt, max_norm, status);
+        free(ps);
+        free(pt);
+        return total;
+    }
+    /* stage 2: the squares of this rank's chunks (the pads' zeros add
+     * nothing), summed over ranks */
+    double sq = 0;
+    for (int i = 0; i < z->nb; i++) {
+        const zbucket *b = &z->b[i];
+        if (b->dtype == EM_F32) {
+            const float *g = em_data(b->shard);
+            for (int64_t k = 0; k < b->own; k++) sq += (double)g[k] * g[k];
+        } else {
+            const double *g = em_data(b->shard);
+            for (int64_t k = 0; k < b->own; k++) sq += g[k] * g[k];
+        }
+    }
+    em_scope sc = em_scope_begin();
+    em_tensor *t = em_scalar(EM_F64, sq);
+    em_status s = t ? em_all_reduce(z->pg, t, EM_RED_SUM, NULL) : em_last_status();
+    double total = s ? NAN : sqrt(em_item(t));
+    em_scope_end(sc);
+    if (s) return *status = s, NAN;
+    if (total + 1e-6 > max_norm) {
+        double c = max_norm / (total + 1e-6);
+        tensor *g = t_resolve(z->gshard, "em_zero_clip_grad_norm");
+        int64_t n = t_numel(g);
+        if (g->dtype == EM_F32) {
+            float *p = t_ptr(g), cf = (float)c;
+            for (int64_t k = 0; k < n; k++) p[k] *= cf;
+        } else {
+            double *p = t_ptr(g);
+            for (int64_t k = 0; k < n; k++) p[k] *= c;
+        }
+    }
+    return total;
+}
+
+em_status zero_unscale(em_zero *z, em_grad_scaler *sc)
+{
+    tensor *g[2];
+    int n = grads_of(z, g);
+    return amp_unscale_grads(sc, n, g, z->pg);
+}
+
+em_status em_zero_step(em_zero *z)
+{
+    if (!z) return em_err(EM_ERR_ARG, "em_zero_step: zero is NULL");
+    em_status s = em_optim_step(z->opt);
+    if (s) return s;
+    /* every bucket's pieces to every rank: started together, then waited */
+    em_status first = EM_OK;
+    for (int i = 0; i < z->nb; i++) {
+        zbucket *b = &z->b[i];
+        em_tensor *out = b->pad ? b->pad : b->params;
+        size_t es = em_dtype_size(b->dtype);
+        char *mine = (char *)em_data(out) + (size_t)(z->rank * b->c) * es;
+        if (b->pad) memcpy(mine, (char *)em_data(b->params) + (size_t)(z->rank * b->c) * es, (size_t)b->own * es);
+        em_tensor *in = em_narrow(out, 0, (int64_t)z->rank * b->c, b->c);
+        s = in ? em_all_gather(z->pg, out, in, &b->work) : em_last_status();
+        em_free(in);
+        if (s) {
+            b->work = NULL;
+            if (!first) first = s;
+        }
+    }
+    for (int i = 0; i < z->nb; i++) {
+        zbucket *b = &z->b[i];
+        if (!b->work) continue;
+        s = em_work_wait(b->work);
+        b->work = NULL;
+        if (s && !first) first = s;
+        if (!s && b->pad)
+            memcpy(em_data(b->params), em_data(b->pad), (size_t)b->n * em_dtype_size(b->dtype));
+    }
+    return first;
+}
+
+em_status em_zero_zero_grad(em_zero *z)
+{
+    if (!z) return em_err(EM_ERR_ARG, "em_zero_zero_grad: zero is NULL");
+    if (z->stage < 2) return em_module_zero_grad(z->model);
+    static const em_dtype dts[] = {EM_F32, EM_F64};
+    for (int k = 0; k < 2; k++) {
+        em_tensor *g = em_module_flat_grads(z->model, dts[k]);
+        if (g) give_back(em_data(g), (size_t)em_numel(g) * em_dtype_size(dts[k]));
+    }
+    return EM_OK;
+}
