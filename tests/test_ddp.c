@@ -10,6 +10,7 @@
  *   NCCL), and resumes bitwise.
  * The training runs go through the Accelerator, as a user program would. */
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -306,6 +307,97 @@ TEST(test_zero_stages_follow_ddp_under_bf16)
     j.precision = EM_PREC_BF16;
     check_zero_against_ddp(2, j, 1, true);
     check_zero_against_ddp(2, j, 2, false);
+}
+
+TEST(test_zero_stages_follow_ddp_under_fp16_with_the_loss_scaler)
+{
+    job j = zero_job;
+    j.precision = EM_PREC_FP16;
+    check_zero_against_ddp(2, j, 1, true);
+    check_zero_against_ddp(2, j, 2, false);
+}
+
+/* em_zero_new's refusals, each on every rank alike. */
+static void zero_refusals(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)rank, (void)world, (void)ctx;
+    em_gpt *g = small_gpt(5, 16), *other = small_gpt(6, 16);
+    CHECK_NOTNULL(g);
+    CHECK_NOTNULL(other);
+    em_named ps[64];
+    int n = em_module_params(g->m, ps, 64);
+    em_tensor *pt[64];
+    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+    em_optimizer *opt = em_adamw_new(n, pt, NULL);
+    em_named po[64];
+    em_module_params(other->m, po, 64);
+    em_tensor *foreign = po[0].t;
+    em_optimizer *bad = em_adamw_new(1, &foreign, NULL);
+    CHECK_NOTNULL(opt);
+    CHECK_NOTNULL(bad);
+    CHECK_ERR(em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 3}), EM_ERR_UNSUPPORTED, "stage 3");
+    CHECK_ERR(em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 4}), EM_ERR_ARG, "stage 4");
+    CHECK_ERR(em_zero_new(NULL, g->m, opt, NULL), EM_ERR_ARG, "pg is NULL");
+    CHECK_ERR(em_zero_new(pg, g->m, bad, NULL), EM_ERR_ARG, "not a parameter of the model");
+    /* and a good one still works after the refusals */
+    em_zero *z = em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.001});
+    CHECK_NOTNULL(z);
+    CHECK(em_zero_stage(z) == 2);
+    CHECK(em_ddp_num_buckets(em_zero_ddp(z)) > 1);
+    em_zero_free(z);
+    em_optim_free(bad);
+    em_optim_free(opt);
+    em_gpt_free(other);
+    em_gpt_free(g);
+}
+
+TEST(test_zero_new_refuses_stage_3_bad_stages_and_foreign_parameters)
+{
+    TH_RANKS(2, EM_TRANSPORT_AUTO, zero_refusals, NULL);
+}
+
+/* Stage 2 keeps the optimizer state of about 1/world of the parameters on
+ * each rank, and the ranks' pieces together cover every element once. */
+static void zero_state_size(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)rank, (void)ctx;
+    em_gpt *g = small_gpt(5, 32);
+    CHECK_NOTNULL(g);
+    em_named ps[64];
+    int n = em_module_params(g->m, ps, 64);
+    em_tensor *pt[64];
+    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+    em_optimizer *opt = em_adamw_new(n, pt, NULL);
+    CHECK_NOTNULL(opt);
+    em_zero *z = em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.004});
+    CHECK_NOTNULL(z);
+    em_scope sc = em_scope_begin();
+    int32_t tok[2 * T];
+    for (int i = 0; i < 2 * T; i++) tok[i] = (i * 7 + rank) % VOCAB;
+    em_tensor *x = em_from_data(EM_I32, EM_SHAPE(2, T), tok), *y = em_from_data(EM_I32, EM_SHAPE(2, T), tok);
+    CHECK_OK(em_zero_backward(z, em_gpt_loss(g, x, y), true));
+    CHECK_OK(em_zero_step(z));
+    em_scope_end(sc);
+    em_named st[256];
+    int k = em_optim_state(opt, st, 256);
+    int64_t mine = 0;
+    for (int i = 0; i < k; i++)
+        if (strstr(st[i].name, ".exp_avg_sq")) mine += em_numel(st[i].t);
+    int64_t total = em_module_num_params(g->m);
+    em_tensor *sum = em_scalar(EM_F64, (double)mine);
+    CHECK_OK(em_all_reduce(pg, sum, EM_RED_SUM, NULL));
+    CHECK(em_item(sum) == (double)total);              /* every element once */
+    CHECK(mine <= total / world + total / 10);          /* and about my share */
+    em_free(sum);
+    em_zero_free(z);
+    em_optim_free(opt);
+    em_gpt_free(g);
+}
+
+TEST(test_zero_stage_2_keeps_a_world_share_of_the_optimizer_state_per_rank)
+{
+    TH_RANKS(2, EM_TRANSPORT_AUTO, zero_state_size, NULL);
+    TH_RANKS(4, EM_TRANSPORT_AUTO, zero_state_size, NULL);
 }
 
 /* ---- on CUDA devices ----------------------------------------------------------------------

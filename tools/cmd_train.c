@@ -49,6 +49,7 @@ typedef struct train_opts {
     const char *device; /* NULL: the config file / EMBER_DEVICE, else cpu */
     em_gpt_config model;
     int64_t batch, iters, warmup, eval_every, eval_iters, log_every, grad_accum;
+    int64_t zero; /* --zero: ZeRO stage + 1 (0: not given) */
     int64_t save_total_limit; /* > 0: checkpoints as OUT/checkpoints/checkpoint_N, the newest K kept */
     double lr, min_lr, weight_decay, beta1, beta2, grad_clip;
     uint64_t seed;
@@ -70,6 +71,9 @@ static int usage(FILE *f)
         "  --batch N --iters N                        (default 12, 2000); the batch is global: each of\n"
         "                                             N processes under `ember launch` takes batch/N\n"
         "  --grad-accum K                             micro-batches per step (default: config file, 1)\n"
+        "  --zero S                                   ZeRO stage under `ember launch`: 0 DDP, 1 shard the\n"
+        "                                             optimizer state, 2 and the gradients (default: config\n"
+        "                                             file zero_stage, EMBER_ZERO_STAGE, else 0)\n"
         "  --mixed-precision no|bf16|fp16             autocast forward passes, f32 master weights; fp16\n"
         "                                             with dynamic loss scaling (default: config file, no)\n"
         "  --lr X --min-lr X --warmup N               AdamW lr, cosine to min-lr after warm-up\n"
@@ -179,6 +183,10 @@ static int parse_args(int argc, char **argv, train_opts *o)
             o->resume_auto = !strcmp(v, "auto");
         } else if (!strcmp(f, "--grad-accum"))
             ok = parse_int(f, v, 1, 1 << 20, &o->grad_accum);
+        else if (!strcmp(f, "--zero")) {
+            ok = parse_int(f, v, 0, 2, &o->zero);
+            if (ok) o->zero++;
+        }
         else if (!strcmp(f, "--save-total-limit"))
             ok = parse_int(f, v, 1, 1 << 20, &o->save_total_limit);
         else if (!strcmp(f, "--mixed-precision")) {
@@ -619,6 +627,7 @@ static em_status setup(run *r)
 {
     train_opts *o = &r->o;
     r->acc = em_accelerator_new(&(em_accel_config){.grad_accum = (int)o->grad_accum,
+                                                   .zero_stage = o->zero == 1 ? -1 : (int)o->zero - 1,
                                                    .mixed_precision = o->precision,
                                                    .device = o->device,
                                                    .project_dir = o->save_total_limit ? o->out : NULL,
@@ -711,6 +720,7 @@ int cmd_train(int argc, char **argv)
                (long long)o->model.block_size, (double)em_module_num_params(r.gpt->m) / 1e6, (long long)o->batch);
         if (world > 1) printf(" (%lld on each of %d processes)", (long long)(o->batch / world), world);
         if (em_accel_grad_accum(r.acc) > 1) printf(" x %d accumulated", em_accel_grad_accum(r.acc));
+        if (em_accel_zero_stage(r.acc) > 0) printf(", ZeRO stage %d", em_accel_zero_stage(r.acc));
         if (em_accel_autocast_dtype(r.acc) != EM_F32)
             printf(", mixed precision %s", em_accel_autocast_dtype(r.acc) == EM_BF16 ? "bf16" : "fp16");
         printf(", %lld iterations", (long long)o->iters);

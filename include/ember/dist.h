@@ -418,6 +418,9 @@ int em_accel_local_rank(const em_accelerator *a);
 bool em_accel_is_main_process(const em_accelerator *a);
 bool em_accel_is_local_main(const em_accelerator *a);
 int em_accel_grad_accum(const em_accelerator *a);
+/* The ZeRO stage in force: 1 or 2 once an optimizer is prepared with
+ * zero_stage set and world > 1, else 0 (-1 for NULL). */
+int em_accel_zero_stage(const em_accelerator *a);
 em_pg *em_accel_pg(const em_accelerator *a); /* borrowed */
 /* The device this process computes on (em_accel_config.device). */
 em_device em_accel_device(const em_accelerator *a);
