@@ -1,14 +1,25 @@
-/* bench_ddp.c — data-parallel training throughput of the tiny GPT (4 layers,
- * 4 heads, 128 wide, vocab 65, T=64, batch 12 per rank): 1 rank against N
- * ranks on this machine, each rank with the same number of threads, so the
- * ratio says what distribution costs (weak scaling: every rank does the work
- * one rank does alone; the ideal is N times the tokens per second).
+/* bench_ddp.c — data-parallel training on this machine, two tables:
  *
- * One step: forward, DDP backward (bucketed all-reduce overlapping it), global
- * clip, AdamW. The figure is the median step time over the slowest rank after
- * warm-up; scaling efficiency = tokens/s with N ranks / (N x tokens/s with 1).
+ * bench_ddp [ranks] [steps] [threads per rank]   (default 2, 30, 1)
+ *   throughput of the tiny GPT (4 layers, 4 heads, 128 wide, vocab 65, T=64,
+ *   batch 12 per rank): 1 rank against N ranks, each rank with the same
+ *   number of threads, so the ratio says what distribution costs (weak
+ *   scaling: every rank does the work one rank does alone; the ideal is N
+ *   times the tokens per second). One step: forward, DDP backward (bucketed
+ *   all-reduce overlapping it), global clip, AdamW. The figure is the median
+ *   step time over the slowest rank after warm-up; scaling efficiency =
+ *   tokens/s with N ranks / (N x tokens/s with 1).
  *
- * usage: bench_ddp [ranks] [steps] [threads per rank]   (default 2, 30, 1) */
+ * bench_ddp zero [tiny|124m] [ranks] [steps] [threads per rank]
+ *                (default tiny, 2, 30 (124m: 6), 1)
+ *   ZeRO stages 0 (DDP), 1 and 2 (em_zero) side by side: for each, a fresh
+ *   group of N ranks runs the same steps (tiny: batch 12 x T 64 per rank;
+ *   124m: GPT-2 124M, batch 4 x T 64), and the table gives the median step
+ *   (slowest rank), its ratio to DDP's, and the largest peak resident memory
+ *   of a rank (VmHWM, which a fresh process per stage keeps apart) with the
+ *   optimizer state one rank holds. Stages run in turn, twice (0 1 2 0 1 2),
+ *   and the faster of each stage's two medians is reported, so a slow
+ *   moment of a shared machine does not land on one stage only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,20 +31,51 @@
 typedef struct job {
     int steps, threads;
     em_transport tr;
-    double *ms; /* shared with the parent: rank 0 writes the median step */
+    int stage;           /* ZeRO stage; 0 = DDP */
+    em_gpt_config model;
+    int batch;           /* per rank */
+    double *ms; /* shared with the parent: rank 0 writes the median step, [1] the peak RSS (MiB, max
+                 * over ranks), [2] one rank's optimizer state (MiB, max over ranks) */
 } job;
 
 static const em_gpt_config tiny = {
     .vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true};
+static const em_gpt_config gpt2 = {
+    .vocab_size = 50257, .block_size = 64, .n_layer = 12, .n_head = 12, .n_embd = 768, .bias = true};
 #define BATCH 12
+
+/* This process's peak resident memory (VmHWM), MiB; -1 if unknown. */
+static double peak_rss_mib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    if (f) fclose(f);
+    return kb < 0 ? -1 : kb / 1024;
+}
+
+/* Bytes of optimizer state this rank holds. */
+static double state_mib(em_optimizer *opt)
+{
+    int n = em_optim_state(opt, NULL, 0);
+    em_named *st = calloc((size_t)n + 1, sizeof *st);
+    if (!st) return -1;
+    em_optim_state(opt, st, n);
+    double b = 0;
+    for (int i = 0; i < n; i++) b += (double)em_numel(st[i].t) * em_dtype_size(em_dtype_of(st[i].t));
+    free(st);
+    return b / (1 << 20);
+}
 
 static int train(em_pg *pg, void *ctx)
 {
     job *j = ctx;
     em_set_num_threads(j->threads);
-    em_gpt *g = em_gpt_new(&tiny, 1);
-    em_ddp *d = g ? em_ddp_new(pg, g->m, NULL) : NULL;
-    if (!d) goto fail;
+    const em_gpt_config *mc = &j->model;
+    em_gpt *g = em_gpt_new(mc, 1);
+    if (!g) goto fail;
     int n = em_module_params(g->m, NULL, 0);
     em_named *named = malloc(sizeof *named * (size_t)n);
     em_tensor **params = malloc(sizeof *params * (size_t)n);
@@ -43,34 +85,58 @@ static int train(em_pg *pg, void *ctx)
     ac.lr = 1e-4;
     em_optimizer *opt = em_adamw_new(n, params, &ac);
     if (!opt) goto fail;
+    em_ddp *d = NULL;
+    em_zero *z = NULL;
+    if (j->stage == 0)
+        d = em_ddp_new(pg, g->m, NULL);
+    else
+        z = em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = j->stage});
+    if (!d && !z) goto fail;
     em_rng rng = em_rng_new(7 + (uint64_t)em_pg_rank(pg));
     int warm = 3;
     double *t = calloc((size_t)j->steps, sizeof *t);
     for (int i = 0; i < warm + j->steps; i++) {
         em_scope s = em_scope_begin();
-        em_tensor *x = em_randint(0, tiny.vocab_size, EM_I32, EM_SHAPE(BATCH, tiny.block_size), &rng);
-        em_tensor *y = em_randint(0, tiny.vocab_size, EM_I32, EM_SHAPE(BATCH, tiny.block_size), &rng);
+        em_tensor *x = em_randint(0, mc->vocab_size, EM_I32, EM_SHAPE(j->batch, mc->block_size), &rng);
+        em_tensor *y = em_randint(0, mc->vocab_size, EM_I32, EM_SHAPE(j->batch, mc->block_size), &rng);
         if (em_barrier(pg, NULL)) goto fail;
         double t0 = now();
         em_tensor *l = em_gpt_loss(g, x, y);
-        em_status st = l ? em_ddp_backward(d, l, NULL) : em_last_status();
-        if (!st) em_clip_grad_norm(n, params, 1.0, &st);
-        if (!st) st = em_optim_step(opt);
-        if (!st) st = em_optim_zero_grad(opt);
+        em_status st = EM_OK;
+        if (d) {
+            st = l ? em_ddp_backward(d, l, NULL) : em_last_status();
+            if (!st) em_clip_grad_norm(n, params, 1.0, &st);
+            if (!st) st = em_optim_step(opt);
+            if (!st) st = em_optim_zero_grad(opt);
+        } else {
+            st = l ? em_zero_backward(z, l, true) : em_last_status();
+            if (!st) em_zero_clip_grad_norm(z, 1.0, &st);
+            if (!st) st = em_zero_step(z);
+            if (!st) st = em_zero_zero_grad(z);
+        }
         if (i >= warm) t[i - warm] = now() - t0;
         em_scope_end(s);
         if (st) goto fail;
     }
     int64_t ns = j->steps;
     em_tensor *times = em_from_data(EM_F64, 1, &ns, t);
-    if (!times || em_all_reduce(pg, times, EM_RED_MAX, NULL)) goto fail;
-    if (em_pg_rank(pg) == 0) j->ms[0] = 1e3 * median(em_data(times), j->steps);
+    double mem[2] = {peak_rss_mib(), state_mib(opt)};
+    em_tensor *mt = em_from_data(EM_F64, 1, (int64_t[]){2}, mem);
+    if (!times || !mt || em_all_reduce(pg, times, EM_RED_MAX, NULL) || em_all_reduce(pg, mt, EM_RED_MAX, NULL))
+        goto fail;
+    if (em_pg_rank(pg) == 0) {
+        j->ms[0] = 1e3 * median(em_data(times), j->steps);
+        j->ms[1] = ((double *)em_data(mt))[0];
+        j->ms[2] = ((double *)em_data(mt))[1];
+    }
     em_free(times);
+    em_free(mt);
     free(t);
+    em_zero_free(z);
+    em_ddp_free(d);
     em_optim_free(opt);
     free(params);
     free(named);
-    em_ddp_free(d);
     em_gpt_free(g);
     return 0;
 fail:
@@ -94,10 +160,68 @@ static int one_rank(job *j)
     return !WIFEXITED(st) || WEXITSTATUS(st);
 }
 
+/* The CPU's model name and core count, the first line of a table. */
+static void print_machine(void)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512], model[256] = "unknown CPU";
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
+            model[strcspn(model, "\n")] = 0;
+            break;
+        }
+    if (f) fclose(f);
+    printf("machine: %s, %ld logical cores; transport %s\n", model, sysconf(_SC_NPROCESSORS_ONLN),
+           getenv("EMBER_TRANSPORT") ? getenv("EMBER_TRANSPORT") : "auto (shm on one machine)");
+}
+
+/* The ZeRO table: stages 0, 1, 2 in turn, twice. */
+static int zero_table(int argc, char **argv)
+{
+    bool big = argc > 2 && !strcmp(argv[2], "124m");
+    if (argc > 2 && !big && strcmp(argv[2], "tiny")) {
+        fprintf(stderr, "usage: bench_ddp zero [tiny|124m] [ranks] [steps] [threads per rank]\n");
+        return 2;
+    }
+    int world = argc > 3 ? atoi(argv[3]) : 2;
+    job j = {.steps = argc > 4 ? atoi(argv[4]) : big ? 6 : 30,
+             .threads = argc > 5 ? atoi(argv[5]) : 1,
+             .model = big ? gpt2 : tiny,
+             .batch = big ? 4 : BATCH};
+    if (world < 2 || world > 64 || j.steps < 1 || j.threads < 1) {
+        fprintf(stderr, "usage: bench_ddp zero [tiny|124m] [ranks 2..64] [steps] [threads per rank]\n");
+        return 2;
+    }
+    j.ms = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (j.ms == MAP_FAILED) return 1;
+    double ms[3], rss[3], st[3];
+    for (int k = 0; k < 3; k++) ms[k] = 1e300;
+    for (int round = 0; round < 2; round++)
+        for (int k = 0; k < 3; k++) {
+            j.stage = k;
+            if (bench_ranks(world, EM_TRANSPORT_AUTO, "bench/zero", train, &j)) return 1;
+            if (j.ms[0] < ms[k]) ms[k] = j.ms[0];
+            rss[k] = j.ms[1];
+            st[k] = j.ms[2];
+        }
+    print_machine();
+    printf("bench_ddp zero: %s GPT (%.1fM parameters), %d ranks x %d thread(s), batch %d x T %d per rank; best "
+           "of 2 medians of %d steps (slowest rank)\n",
+           big ? "GPT-2 124M" : "tiny", (big ? 124.44 : 0.80), world, j.threads, j.batch, (int)j.model.block_size,
+           j.steps);
+    printf("%-6s %10s %9s %14s %16s\n", "stage", "ms/step", "vs DDP", "peak RSS MiB", "opt state MiB");
+    for (int k = 0; k < 3; k++)
+        printf("%-6d %10.1f %8.3fx %14.0f %16.1f\n", k, ms[k], ms[k] / ms[0], rss[k], st[k]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "zero")) return zero_table(argc, argv);
     int world = argc > 1 ? atoi(argv[1]) : 2;
-    job j = {.steps = argc > 2 ? atoi(argv[2]) : 30, .threads = argc > 3 ? atoi(argv[3]) : 1};
+    job j = {.steps = argc > 2 ? atoi(argv[2]) : 30, .threads = argc > 3 ? atoi(argv[3]) : 1, .model = tiny,
+             .batch = BATCH};
     if (world < 2 || world > 64 || j.steps < 1 || j.threads < 1) {
         fprintf(stderr, "usage: bench_ddp [ranks 2..64] [steps] [threads per rank]\n");
         return 2;
