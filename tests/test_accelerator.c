@@ -61,6 +61,26 @@ TEST(test_accelerator_rejects_bad_environment_values)
     CHECK_ERR(em_accelerator_new(NULL), EM_ERR_ARG, "EMBER_SPLIT_BATCHES");
 }
 
+/* zero_stage from the environment, the config file and code; stage 3 (not
+ * built) and stages out of range are refused by name. A world of one runs
+ * no ZeRO (nothing to shard), whatever the stage. */
+TEST(test_accelerator_zero_stage_from_env_and_code_and_its_refusals)
+{
+    th_no_user_config();
+    setenv("EMBER_ZERO_STAGE", "5", 1);
+    CHECK_ERR(em_accelerator_new(NULL), EM_ERR_ARG, "EMBER_ZERO_STAGE='5'");
+    setenv("EMBER_ZERO_STAGE", "3", 1);
+    CHECK_ERR(em_accelerator_new(NULL), EM_ERR_UNSUPPORTED, "stage 3");
+    /* code wins over the environment */
+    em_accelerator *a = em_accelerator_new(&(em_accel_config){.zero_stage = 2});
+    CHECK_NOTNULL(a);
+    unsetenv("EMBER_ZERO_STAGE");
+    CHECK(em_accel_zero_stage(a) == 0); /* world 1: nothing prepared, nothing sharded */
+    em_accelerator_free(a);
+    CHECK_ERR(em_accelerator_new(&(em_accel_config){.zero_stage = 7}), EM_ERR_ARG, "zero_stage 7");
+    CHECK(em_accel_zero_stage(NULL) == -1);
+}
+
 /* A dataset of n examples x = (i) f32, y = (i) i32. */
 static int64_t count_len(void *user) { return (int64_t)(intptr_t)user; }
 

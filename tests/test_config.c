@@ -165,6 +165,7 @@ TEST(test_config_read_rejects_bad_values_naming_key_and_value)
         {"split_batches: maybe\n", "split_batches", "'maybe'"},
         {"timeout: -1\n", "timeout", "'-1'"},
         {"max_restarts: -2\n", "max_restarts", "'-2'"},
+        {"zero_stage: 4\n", "zero_stage", "'4'"},
         {"main_process_ip: a b\n", "main_process_ip", "'a b'"},
         {"num_processes:\n", "num_processes", "''"},
     };
@@ -370,8 +371,8 @@ TEST(test_cli_config_asks_and_writes_the_answers)
 {
     tmpdir();
     const char *p = in_dir("c.yaml");
-    /* machines, rank, ip, port, processes, precision, accum, split, even, timeout, restarts */
-    stdin_from("2\n1\n10.0.0.5\n\n4\nbf16\n8\nyes\nno\n60\n1\n");
+    /* machines, rank, ip, port, processes, precision, accum, split, even, timeout, restarts, zero */
+    stdin_from("2\n1\n10.0.0.5\n\n4\nbf16\n8\nyes\nno\n60\n1\n2\n");
     th_run_result *r = th_run(EMBER_BIN, "config", "--config-file", p, NULL);
     CHECK_EXIT(r, 0);
     CHECK(strstr(r->out, "How many machines") && strstr(r->out, "rank of this machine"));
@@ -382,6 +383,7 @@ TEST(test_cli_config_asks_and_writes_the_answers)
     CHECK(c.main_process_port == 29500); /* Enter kept the default */
     CHECK(c.num_processes == 4 && c.mixed_precision == EM_PREC_BF16 && c.grad_accum == 8);
     CHECK(c.split_batches && !c.even_batches && c.timeout_s == 60 && c.max_restarts == 1);
+    CHECK(c.zero_stage == 2);
     rmdir_all();
 }
 
@@ -389,7 +391,7 @@ TEST(test_cli_config_one_machine_skips_rank_ip_and_port_questions)
 {
     tmpdir();
     const char *p = in_dir("c.yaml");
-    stdin_from("\n\n\n\n\n\n\n\n");
+    stdin_from("\n\n\n\n\n\n\n\n\n");
     th_run_result *r = th_run(EMBER_BIN, "config", "--config-file", p, NULL);
     CHECK_EXIT(r, 0);
     CHECK(strstr(r->out, "rank of this machine") == NULL);
@@ -404,7 +406,7 @@ TEST(test_cli_config_asks_again_after_an_invalid_answer)
 {
     tmpdir();
     const char *p = in_dir("c.yaml");
-    stdin_from("zero\n0\n1\n3\nfp8\nfp16\n\n\n\n\n\n");
+    stdin_from("zero\n0\n1\n3\nfp8\nfp16\n\n\n\n\n\n\n");
     th_run_result *r = th_run(EMBER_BIN, "config", "--config-file", p, NULL);
     CHECK_EXIT(r, 0);
     CHECK(strstr(r->out, "'zero' is not valid") && strstr(r->out, "'0' is not valid"));
@@ -432,7 +434,7 @@ TEST(test_cli_config_shows_the_existing_values_as_defaults)
     tmpdir();
     const char *p = in_dir("c.yaml");
     write_text(p, "num_processes: 7\ngradient_accumulation_steps: 2\n");
-    stdin_from("\n\n\n\n\n\n\n\n");
+    stdin_from("\n\n\n\n\n\n\n\n\n");
     th_run_result *r = th_run(EMBER_BIN, "config", "--config-file", p, NULL);
     CHECK_EXIT(r, 0);
     CHECK(strstr(r->out, "processes per machine? [7]") != NULL);
