@@ -89,12 +89,9 @@ static em_status resolve_config(const em_accel_config *cfg, em_config *c)
         return em_err(EM_ERR_ARG, "em_accelerator_new: timeout_s %g must be >= 0", cfg->timeout_s);
     if (cfg->timeout_s > 0) c->timeout_s = cfg->timeout_s;
     if (cfg->zero_stage < -1 || cfg->zero_stage > 3)
-        return em_err(EM_ERR_ARG, "em_accelerator_new: zero_stage %d must be -1 (off), 0 (config/env), 1 or 2",
+        return em_err(EM_ERR_ARG, "em_accelerator_new: zero_stage %d must be -1 (off), 0 (config/env), 1, 2 or 3",
                       cfg->zero_stage);
     if (cfg->zero_stage) c->zero_stage = cfg->zero_stage > 0 ? cfg->zero_stage : 0;
-    if (c->zero_stage == 3)
-        return em_err(EM_ERR_UNSUPPORTED,
-                      "em_accelerator_new: ZeRO stage 3 (sharded parameters) is not built yet; stages 1 and 2 are");
     return EM_OK;
 }
 
@@ -197,6 +194,12 @@ bool em_accel_is_main_process(const em_accelerator *a) { return a && a->rank == 
 bool em_accel_is_local_main(const em_accelerator *a) { return a && a->local_rank == 0; }
 int em_accel_grad_accum(const em_accelerator *a) { return a ? a->grad_accum : -1; }
 int em_accel_zero_stage(const em_accelerator *a) { return !a ? -1 : a->zero ? em_zero_stage(a->zero) : 0; }
+
+em_status em_accel_gather_params(em_accelerator *a)
+{
+    if (!a) return em_err(EM_ERR_ARG, "em_accel_gather_params: accelerator is NULL");
+    return a->zero ? em_zero_gather_params(a->zero) : EM_OK;
+}
 em_pg *em_accel_pg(const em_accelerator *a) { return a ? a->pg : NULL; }
 em_device em_accel_device(const em_accelerator *a) { return a ? a->device : em_device_cpu(); }
 

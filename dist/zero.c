@@ -1,6 +1,7 @@
-/* zero.c — ZeRO stages 1 and 2: data parallelism where each rank keeps the
- * optimizer state (stage 1), and also the averaged gradients (stage 2), of
- * only its share of the parameters.
+/* zero.c — ZeRO stages 1-3: data parallelism where each rank keeps the
+ * optimizer state (stage 1), also the averaged gradients (stage 2), and
+ * also the parameters between uses (stage 3), of only its share of the
+ * parameters.
  *
  * The share. DDP's buckets (dist/ddp.c) cut the flat gradient buffer into
  * slices; ZeRO cuts every bucket of n elements into `world` chunks of
@@ -31,8 +32,19 @@
  * DDP's all-reduce. A bucket whose size is not a multiple of the world goes
  * through a padded copy (world * c), so every collective has equal chunks.
  *
- * CPU parameters of f32 or f64 only (f32 masters under mixed precision);
- * CUDA is refused (EM_ERR_UNSUPPORTED) for now. */
+ *   stage 3: as stage 2, and the parameters too are kept whole only while
+ *            they are used: after the step each rank gives back the memory
+ *            of every parameter element outside its chunks; an op that
+ *            reads a parameter (tensor/dispatch.h calls fetch for any input
+ *            in the flat parameter buffer, forward or backward) first
+ *            all-gathers the bucket it lies in. At most KEEP buckets are
+ *            whole at once (least recently used evicted), and the bucket
+ *            after the one fetched, in the direction the fetches go
+ *            (forward walks the buckets down, backward up), is prefetched
+ *            while the current one computes.
+ *
+ * CPU parameters of f32 or f64 only (stage 3: f32; f32 masters under mixed
+ * precision); CUDA is refused (EM_ERR_UNSUPPORTED) for now. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +57,7 @@
 #include "dist/zero_impl.h"
 #include "ember/dist.h"
 #include "optim/optim_impl.h"
+#include "tensor/dispatch.h"
 #include "tensor/tensor_impl.h"
 
 typedef struct zbucket {
@@ -57,6 +70,12 @@ typedef struct zbucket {
     em_tensor *pad;     /* n % world != 0: world * c scratch, else NULL */
     em_work *work;      /* stage 2: the bucket's reduce-scatter in this backward */
     bool released;      /* stage 2: its gradient pages were given back */
+    em_tensor *mine;    /* this rank's chunk (c) of params, or of pad: what it sends to the all-gather */
+    /* stage 3: whether every element of the bucket's parameters is there,
+     * the all-gather bringing them (a prefetch), and when it was last used */
+    bool resident;
+    em_work *gwork;
+    uint64_t used;
 } zbucket;
 
 struct em_zero {
@@ -71,7 +90,19 @@ struct em_zero {
     em_tensor *gshard; /* stage 2: every bucket's chunk of reduced gradients, bucket after bucket */
     tensor **gpiece;   /* stage 2: per optimizer parameter, its piece's view of gshard (or NULL) */
     int npiece;
+    /* stage 3: the flat parameters (f32), the use clock, the last bucket
+     * fetched (for the prefetch's direction) */
+    tensor *flat;
+    uint64_t clock;
+    int last;
 };
+
+/* Stage 3 keeps at most this many buckets of parameters whole at once: the
+ * one in use, the one before it (a residual's), and the prefetched next. */
+enum { KEEP = 3 };
+
+/* Whether a stage 3 engine holds the dispatcher's fetch (one at a time). */
+static bool fetching;
 
 /* ---- the gradient buffer's pages ----------------------------------------------------- */
 
@@ -127,6 +158,128 @@ static void finished(void *ctx)
         if (!z->b[i].released) release_bucket(z, i);
         z->b[i].work = NULL;
     }
+}
+
+/* ---- the parameters' all-gather -------------------------------------------------------------- */
+
+/* Starts (work not NULL) or runs bucket i's all-gather of parameters: every
+ * rank's chunk to every rank (through the pad when the world does not
+ * divide the bucket; gather_done copies it back). */
+static em_status gather_start(em_zero *z, int i, em_work **work)
+{
+    zbucket *b = &z->b[i];
+    size_t es = em_dtype_size(b->dtype);
+    if (b->pad)
+        memcpy(em_data(b->mine), (char *)em_data(b->params) + (size_t)(z->rank * b->c) * es, (size_t)b->own * es);
+    return em_all_gather(z->pg, b->pad ? b->pad : b->params, b->mine, work);
+}
+
+static void gather_done(em_zero *z, int i)
+{
+    zbucket *b = &z->b[i];
+    if (b->pad) memcpy(em_data(b->params), em_data(b->pad), (size_t)b->n * em_dtype_size(b->dtype));
+}
+
+/* ---- stage 3: parameters whole only while they are used ------------------------------------- */
+
+/* Gives back the whole pages of bucket i's parameters outside this rank's
+ * chunk (its chunk stays: the optimizer updates it; pages shared with a
+ * chunk or another bucket stay too, stale, until the next gather). */
+static void evict(em_zero *z, int i)
+{
+    zbucket *b = &z->b[i];
+    size_t es = em_dtype_size(b->dtype), pg = (size_t)sysconf(_SC_PAGESIZE);
+    char *p = em_data(b->params);
+    size_t regions[2][2] = {{0, (size_t)(z->rank * b->c)}, {(size_t)(z->rank * b->c + b->own), (size_t)b->n}};
+    for (int k = 0; k < 2; k++) {
+        uintptr_t a = (uintptr_t)(p + regions[k][0] * es), e = (uintptr_t)(p + regions[k][1] * es);
+        uintptr_t pa = (a + pg - 1) / pg * pg, pe = e / pg * pg;
+        if (pe > pa) madvise((void *)pa, pe - pa, MADV_DONTNEED);
+    }
+    b->resident = false;
+}
+
+static em_status finish_prefetch(em_zero *z, int i)
+{
+    zbucket *b = &z->b[i];
+    em_status s = em_work_wait(b->gwork);
+    b->gwork = NULL;
+    if (!s) {
+        gather_done(z, i);
+        b->resident = true;
+    }
+    return s;
+}
+
+/* Makes bucket i whole: waits for its prefetch or gathers it; keeps at
+ * most KEEP buckets whole (the least recently used others are evicted);
+ * then starts the prefetch of the next bucket in the direction the
+ * fetches go (forward walks the buckets down, backward up). */
+static em_status make_resident(em_zero *z, int i)
+{
+    zbucket *b = &z->b[i];
+    b->used = ++z->clock;
+    if (b->resident) return EM_OK;
+    em_status s = b->gwork ? finish_prefetch(z, i) : gather_start(z, i, NULL);
+    if (s) return s;
+    if (!b->resident) {
+        gather_done(z, i);
+        b->resident = true;
+    }
+    for (;;) { /* whole or coming: at most KEEP */
+        int n = 0, lru = -1;
+        for (int k = 0; k < z->nb; k++) {
+            if (!z->b[k].resident && !z->b[k].gwork) continue;
+            n++;
+            if (k != i && !z->b[k].gwork && (lru < 0 || z->b[k].used < z->b[lru].used)) lru = k;
+        }
+        if (n <= KEEP || lru < 0) break;
+        evict(z, lru);
+    }
+    int d = z->last >= 0 ? i - z->last : 0, next = i + d;
+    z->last = i;
+    if ((d == 1 || d == -1) && next >= 0 && next < z->nb && !z->b[next].resident && !z->b[next].gwork) {
+        z->b[next].used = z->clock;
+        if ((s = gather_start(z, next, &z->b[next].gwork))) z->b[next].gwork = NULL;
+    }
+    return s;
+}
+
+/* The dispatcher's fetch (tensor/dispatch.h): t lies in the flat
+ * parameters; every bucket it touches is made whole. */
+static em_status fetch(void *ctx, const tensor *t)
+{
+    em_zero *z = ctx;
+    int64_t lo = t->offset - z->flat->offset, hi = lo + 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 0) return EM_OK;
+        hi += (t->shape[d] - 1) * (t->stride[d] < 0 ? -t->stride[d] : t->stride[d]);
+    }
+    for (int i = 0; i < z->nb; i++) {
+        const zbucket *b = &z->b[i];
+        if (b->lo < hi && lo < b->lo + b->n) {
+            em_status s = make_resident(z, i);
+            if (s) return s;
+        }
+    }
+    return EM_OK;
+}
+
+em_status em_zero_gather_params(em_zero *z)
+{
+    if (!z) return em_err(EM_ERR_ARG, "em_zero_gather_params: zero is NULL");
+    if (z->stage < 3) return EM_OK;
+    em_status first = EM_OK;
+    for (int i = 0; i < z->nb; i++) { /* every rank the same calls, whatever fails */
+        zbucket *b = &z->b[i];
+        em_status s = b->gwork ? finish_prefetch(z, i) : b->resident ? EM_OK : gather_start(z, i, NULL);
+        if (!s && !b->resident) {
+            gather_done(z, i);
+            b->resident = true;
+        }
+        if (s && !first) first = s;
+    }
+    return first;
 }
 
 /* ---- set-up ------------------------------------------------------------------------------ */
@@ -206,10 +359,13 @@ static em_status make_chunks(em_zero *z, const char *fn)
         if (em_device_of(fp).type != EM_CPU)
             return em_err(EM_ERR_UNSUPPORTED, "%s: the model is on a CUDA device; ZeRO runs on the CPU for now", fn);
         if (!(b->params = slice_of(fp, b->lo, b->n))) return em_last_status();
-        if (b->n % z->world && z->stage >= 1) {
+        if (b->n % z->world) {
             int64_t padded = b->c * z->world;
             if (!(b->pad = zeros_of(b->dtype, padded))) return em_last_status();
         }
+        b->mine = b->pad ? slice_of(b->pad, (int64_t)z->rank * b->c, b->c)
+                         : slice_of(fp, b->lo + (int64_t)z->rank * b->c, b->c);
+        if (!b->mine) return em_last_status();
         total += b->c;
     }
     if (z->stage >= 2 && z->nb > 0) {
@@ -231,12 +387,13 @@ static em_status make_chunks(em_zero *z, const char *fn)
 em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage)
 {
     const char *fn = "em_zero_new";
-    if (stage < 1 || stage > 2) {
+    if (stage < 1 || stage > 3) {
         if (owns_ddp) em_ddp_free(ddp);
-        return em_fail(stage == 3 ? EM_ERR_UNSUPPORTED : EM_ERR_ARG,
-                       "%s: stage %d %s", fn, stage,
-                       stage == 3 ? "(sharded parameters) is not built yet; stages 1 and 2 are"
-                                  : "is not a ZeRO stage (1 or 2; 0 is plain DDP)");
+        return em_fail(EM_ERR_ARG, "%s: stage %d is not a ZeRO stage (1, 2 or 3; 0 is plain DDP)", fn, stage);
+    }
+    if (stage == 3 && fetching) {
+        if (owns_ddp) em_ddp_free(ddp);
+        return em_fail(EM_ERR_UNSUPPORTED, "%s: another stage 3 model is live in this process; one at a time", fn);
     }
     em_zero *z = calloc(1, sizeof *z);
     if (!z) {
@@ -252,6 +409,7 @@ em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage)
     z->world = em_pg_world(z->pg);
     z->rank = em_pg_rank(z->pg);
     z->npiece = opt->np;
+    z->last = -1;
     z->gpiece = calloc((size_t)opt->np + 1, sizeof *z->gpiece);
     em_status s = z->gpiece ? make_chunks(z, fn) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; i < opt->np && !s; i++) s = set_piece(z, i, fn);
@@ -262,7 +420,21 @@ em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage)
         em_set_error(s, "%s", msg);
         return NULL;
     }
-    if (stage >= 2) ddp_set_hooks(ddp, (ddp_hooks){.launch = launch, .finished = finished, .ctx = z});
+    if (stage >= 2) { /* the full gradient buffer holds memory only while backward fills it */
+        ddp_set_hooks(ddp, (ddp_hooks){.launch = launch, .finished = finished, .ctx = z});
+        em_zero_zero_grad(z);
+    }
+    if (stage == 3) { /* from now on parameters are whole only while used */
+        em_tensor *fp = em_module_flat_params(z->model, EM_F32);
+        z->flat = fp ? t_resolve(fp, fn) : NULL;
+        if (!z->flat) {
+            em_zero_free(z);
+            return em_fail(EM_ERR_UNSUPPORTED, "%s: stage 3 shards f32 parameters; the model has none", fn);
+        }
+        for (int i = 0; i < z->nb; i++) evict(z, i);
+        op_set_fetch(z->flat->st, fetch, z);
+        fetching = true;
+    }
     return z;
 }
 
@@ -272,7 +444,7 @@ em_zero *em_zero_new(em_pg *pg, em_module *model, em_optimizer *opt, const em_ze
         return em_fail(EM_ERR_ARG, "em_zero_new: %s is NULL", !pg ? "pg" : !model ? "model" : "opt");
     em_zero_config c = cfg ? *cfg : (em_zero_config){.stage = 1};
     if (c.stage < 1 || c.stage > 3)
-        return em_fail(EM_ERR_ARG, "em_zero_new: stage %d is not a ZeRO stage (1 or 2; 0 is plain DDP)", c.stage);
+        return em_fail(EM_ERR_ARG, "em_zero_new: stage %d is not a ZeRO stage (1, 2 or 3; 0 is plain DDP)", c.stage);
     em_ddp *d = em_ddp_new(pg, model, &(em_ddp_config){.bucket_mb = c.bucket_mb,
                                                         .find_unused_parameters = c.find_unused_parameters});
     return d ? zero_attach(d, true, opt, c.stage) : NULL;
@@ -282,7 +454,13 @@ void em_zero_free(em_zero *z)
 {
     if (!z) return;
     if (z->ddp) ddp_set_hooks(z->ddp, (ddp_hooks){0});
+    if (z->flat) {
+        op_set_fetch(NULL, NULL, NULL);
+        fetching = false;
+    }
     for (int i = 0; i < z->nb; i++) {
+        if (z->b[i].gwork) em_work_wait(z->b[i].gwork);
+        em_free(z->b[i].mine);
         em_free(z->b[i].params);
         em_free(z->b[i].shard);
         em_free(z->b[i].pad);
@@ -396,20 +574,24 @@ em_status zero_unscale(em_zero *z, em_grad_scaler *sc)
 em_status em_zero_step(em_zero *z)
 {
     if (!z) return em_err(EM_ERR_ARG, "em_zero_step: zero is NULL");
+    /* stage 3: a prefetch still running reads the chunk the step changes */
+    for (int i = 0; i < z->nb; i++)
+        if (z->b[i].gwork) {
+            em_status s = finish_prefetch(z, i);
+            if (s) return s;
+        }
     em_status s = em_optim_step(z->opt);
     if (s) return s;
-    /* every bucket's pieces to every rank: started together, then waited */
+    if (z->stage == 3) { /* the next forward gathers the updated chunks as it needs them */
+        for (int i = 0; i < z->nb; i++) evict(z, i);
+        z->last = -1;
+        return EM_OK;
+    }
+    /* every bucket's chunks to every rank: started together, then waited */
     em_status first = EM_OK;
     for (int i = 0; i < z->nb; i++) {
         zbucket *b = &z->b[i];
-        em_tensor *out = b->pad ? b->pad : b->params;
-        size_t es = em_dtype_size(b->dtype);
-        char *mine = (char *)em_data(out) + (size_t)(z->rank * b->c) * es;
-        if (b->pad) memcpy(mine, (char *)em_data(b->params) + (size_t)(z->rank * b->c) * es, (size_t)b->own * es);
-        em_tensor *in = em_narrow(out, 0, (int64_t)z->rank * b->c, b->c);
-        s = in ? em_all_gather(z->pg, out, in, &b->work) : em_last_status();
-        em_free(in);
-        if (s) {
+        if ((s = gather_start(z, i, &b->work))) {
             b->work = NULL;
             if (!first) first = s;
         }
@@ -420,8 +602,7 @@ em_status em_zero_step(em_zero *z)
         s = em_work_wait(b->work);
         b->work = NULL;
         if (s && !first) first = s;
-        if (!s && b->pad)
-            memcpy(em_data(b->params), em_data(b->pad), (size_t)b->n * em_dtype_size(b->dtype));
+        if (!s) gather_done(z, i);
     }
     return first;
 }

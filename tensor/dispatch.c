@@ -203,6 +203,28 @@ static bool kind_checks(op_call *c)
     return true;
 }
 
+/* ---- parameters resident in part ------------------------------------------------------ */
+
+static const storage *fetch_st;
+static op_fetch_fn fetch_fn;
+static void *fetch_ctx;
+
+void op_set_fetch(const storage *st, op_fetch_fn fetch, void *ctx)
+{
+    fetch_st = fetch ? st : NULL;
+    fetch_fn = fetch;
+    fetch_ctx = ctx;
+}
+
+/* Makes every input on the registered storage resident; false + error. */
+static bool fetch_inputs(int nin, tensor *const *in)
+{
+    if (!fetch_fn) return true;
+    for (int i = 0; i < nin; i++)
+        if (in[i] && in[i]->st == fetch_st && fetch_fn(fetch_ctx, in[i])) return false;
+    return true;
+}
+
 /* ---- the steps --------------------------------------------------------------------------- */
 
 /* op_begin's checks, between the profiler's begin and its abandon on failure */
@@ -214,6 +236,7 @@ static bool begin_checks(op_call *c, op_id op, int nin, tensor **in)
             if (em_last_status() == EM_OK) em_fail(EM_ERR_ARG, "%s: input %d is NULL", name, i);
             return false;
         }
+    if (!fetch_inputs(nin, in)) return false;
     /* the device first: where the product runs decides whether LOW casts */
     if (t_same_device(name, nin, in, &c->dev)) return false;
     if (autocast != EM_F32 && reads_f32_as_low(op, c->dev)) c->low = autocast;
@@ -245,7 +268,7 @@ bool op_begin_backward(op_call *c, const node *n, int nin, tensor **in)
     *c = (op_call){.op = n->op, .nin = nin, .in = in, .dev = em_device_cpu(), .saved = n->saved};
     memcpy(c->ip, n->ip, sizeof c->ip);
     memcpy(c->dp, n->dp, sizeof c->dp);
-    return t_same_device(op_name(n->op), nin, in, &c->dev) == EM_OK;
+    return fetch_inputs(nin, in) && t_same_device(op_name(n->op), nin, in, &c->dev) == EM_OK;
 }
 
 tensor *op_out(const op_call *c, em_dtype dt, int ndim, const int64_t *shape)

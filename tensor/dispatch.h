@@ -114,6 +114,20 @@ tensor *op_end(op_call *c, tensor *out, backward_fn bw);
  * profiler's record ends here. */
 void op_done(op_call *c, bool ok);
 
+/* ---- parameters resident in part (ZeRO stage 3) ------------------------------------------
+ * dist/zero.c keeps only this rank's share of a model's flat parameter
+ * buffer (storage st) resident between uses. fetch(ctx, t) must make the
+ * elements of st that t covers resident before they are read; op_begin
+ * calls it for every input on st, and op_begin_backward for every tensor a
+ * backward kernel reads (a saved weight), so a forward or backward anywhere
+ * reads whole parameters. fetch may run collectives: every rank must make
+ * the same calls in the same order, as with DDP. A failing fetch fails the
+ * op with its error. One registration at a time; NULL fetch removes it.
+ * (tensor/ knows only the callback: dist registers it, as amp's overflow
+ * vote is registered, so no dependency points up.) */
+typedef em_status (*op_fetch_fn)(void *ctx, const tensor *t);
+void op_set_fetch(const storage *st, op_fetch_fn fetch, void *ctx);
+
 /* ---- for backward functions ------------------------------------------------------------ */
 
 /* Starts a backward kernel call for node n on in[0..nin) (the tensors its

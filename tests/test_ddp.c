@@ -126,6 +126,7 @@ static void train_job(int rank, int world, void *ctx)
             break;
         }
     }
+    CHECK_OK(em_accel_gather_params(acc)); /* ZeRO-3: whole parameters on every rank */
     if (rank == 0 && j->params[0]) {
         em_scope s = em_scope_begin();
         em_tensor *flat = em_to(em_module_flat_params(g->m, EM_F32), em_device_cpu());
@@ -292,6 +293,10 @@ TEST(test_zero_stage_2_follows_ddp_two_ranks) { check_zero_against_ddp(2, zero_j
 
 TEST(test_zero_stage_2_follows_ddp_four_ranks) { check_zero_against_ddp(4, zero_job, 2, false); }
 
+TEST(test_zero_stage_3_follows_ddp_two_ranks) { check_zero_against_ddp(2, zero_job, 3, false); }
+
+TEST(test_zero_stage_3_follows_ddp_four_ranks) { check_zero_against_ddp(4, zero_job, 3, false); }
+
 TEST(test_zero_stages_follow_ddp_with_accumulation)
 {
     job j = zero_job;
@@ -299,6 +304,7 @@ TEST(test_zero_stages_follow_ddp_with_accumulation)
     j.batch = 6;
     check_zero_against_ddp(2, j, 1, true);
     check_zero_against_ddp(2, j, 2, false);
+    check_zero_against_ddp(2, j, 3, false);
 }
 
 TEST(test_zero_stages_follow_ddp_under_bf16)
@@ -307,6 +313,7 @@ TEST(test_zero_stages_follow_ddp_under_bf16)
     j.precision = EM_PREC_BF16;
     check_zero_against_ddp(2, j, 1, true);
     check_zero_against_ddp(2, j, 2, false);
+    check_zero_against_ddp(2, j, 3, false);
 }
 
 TEST(test_zero_stages_follow_ddp_under_fp16_with_the_loss_scaler)
@@ -315,6 +322,7 @@ TEST(test_zero_stages_follow_ddp_under_fp16_with_the_loss_scaler)
     j.precision = EM_PREC_FP16;
     check_zero_against_ddp(2, j, 1, true);
     check_zero_against_ddp(2, j, 2, false);
+    check_zero_against_ddp(2, j, 3, false);
 }
 
 /* em_zero_new's refusals, each on every rank alike. */
@@ -335,8 +343,8 @@ static void zero_refusals(em_pg *pg, int rank, int world, void *ctx)
     em_optimizer *bad = em_adamw_new(1, &foreign, NULL);
     CHECK_NOTNULL(opt);
     CHECK_NOTNULL(bad);
-    CHECK_ERR(em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 3}), EM_ERR_UNSUPPORTED, "stage 3");
     CHECK_ERR(em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 4}), EM_ERR_ARG, "stage 4");
+    CHECK_ERR(em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 0}), EM_ERR_ARG, "stage 0");
     CHECK_ERR(em_zero_new(NULL, g->m, opt, NULL), EM_ERR_ARG, "pg is NULL");
     CHECK_ERR(em_zero_new(pg, g->m, bad, NULL), EM_ERR_ARG, "not a parameter of the model");
     /* and a good one still works after the refusals */
@@ -351,7 +359,7 @@ static void zero_refusals(em_pg *pg, int rank, int world, void *ctx)
     em_gpt_free(g);
 }
 
-TEST(test_zero_new_refuses_stage_3_bad_stages_and_foreign_parameters)
+TEST(test_zero_new_refuses_bad_stages_and_foreign_parameters)
 {
     TH_RANKS(2, EM_TRANSPORT_AUTO, zero_refusals, NULL);
 }

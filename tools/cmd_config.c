@@ -43,7 +43,7 @@ static int usage(FILE *f)
            "  --even-batches | --no-even-batches    pad the last batch so every rank gets one (default on)\n"
            "  --timeout S                        seconds any collective may wait (default 300)\n"
            "  --max-restarts K                   times `ember launch` restarts a failed group (default 0)\n"
-           "  --zero-stage S                     ZeRO: 0 DDP, 1 shard optimizer state, 2 and gradients (default 0)\n");
+           "  --zero-stage S                     ZeRO: 0 DDP, 1 optimizer state, 2 +gradients, 3 +parameters\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -229,7 +229,8 @@ static ask_result interview(em_config *c)
         return ASK_EOF;
     if (ask_int("How many times should `ember launch` restart a failed group?", 0, 1000000, &c->max_restarts))
         return ASK_EOF;
-    if (ask_int("ZeRO stage (0 DDP, 1 shard the optimizer state, 2 and the gradients)?", 0, 2, &c->zero_stage))
+    if (ask_int("ZeRO stage (0 DDP, 1 shard the optimizer state, 2 and the gradients, 3 and the parameters)?", 0,
+                3, &c->zero_stage))
         return ASK_EOF;
     return ASK_OK;
 }
@@ -250,7 +251,7 @@ static const char *apply_flag(em_config *c, const char *flag, const char *v, boo
     if (!strcmp(flag, "--gradient-accumulation-steps")) return int_value(v, 1, INT_MAX, &c->grad_accum);
     if (!strcmp(flag, "--timeout")) return seconds_value(v, &c->timeout_s);
     if (!strcmp(flag, "--max-restarts")) return int_value(v, 0, 1000000, &c->max_restarts);
-    if (!strcmp(flag, "--zero-stage")) return int_value(v, 0, 2, &c->zero_stage);
+    if (!strcmp(flag, "--zero-stage")) return int_value(v, 0, 3, &c->zero_stage);
     *known = false;
     return NULL;
 }

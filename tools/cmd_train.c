@@ -72,8 +72,9 @@ static int usage(FILE *f)
         "                                             N processes under `ember launch` takes batch/N\n"
         "  --grad-accum K                             micro-batches per step (default: config file, 1)\n"
         "  --zero S                                   ZeRO stage under `ember launch`: 0 DDP, 1 shard the\n"
-        "                                             optimizer state, 2 and the gradients (default: config\n"
-        "                                             file zero_stage, EMBER_ZERO_STAGE, else 0)\n"
+        "                                             optimizer state, 2 and the gradients, 3 and the\n"
+        "                                             parameters (default: config zero_stage,\n"
+        "                                             EMBER_ZERO_STAGE, else 0)\n"
         "  --mixed-precision no|bf16|fp16             autocast forward passes, f32 master weights; fp16\n"
         "                                             with dynamic loss scaling (default: config file, no)\n"
         "  --lr X --min-lr X --warmup N               AdamW lr, cosine to min-lr after warm-up\n"
@@ -184,7 +185,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
         } else if (!strcmp(f, "--grad-accum"))
             ok = parse_int(f, v, 1, 1 << 20, &o->grad_accum);
         else if (!strcmp(f, "--zero")) {
-            ok = parse_int(f, v, 0, 2, &o->zero);
+            ok = parse_int(f, v, 0, 3, &o->zero);
             if (ok) o->zero++;
         }
         else if (!strcmp(f, "--save-total-limit"))
@@ -344,8 +345,9 @@ static em_status evaluate(run *r, double loss[2])
 static em_status save(run *r)
 {
     fault_point("train.save"); /* EMBER_FAULT: a crash as a save begins */
-    em_status s = EM_OK;
-    if (r->main) {
+    /* ZeRO-3: every rank gathers the whole model (collective), rank 0 writes it */
+    em_status s = em_accel_gather_params(r->acc);
+    if (!s && r->main) {
         s = em_module_save(r->gpt->m, in_out(r, "model.safetensors"));
         if (!s) s = run_config_write(in_out(r, "config"), &r->gpt->cfg, &r->text->vocab);
     }

@@ -229,25 +229,33 @@ int em_ddp_num_buckets(const em_ddp *d);
 
 /* ---- ZeRO (dist/zero.c) ---------------------------------------------------------
  * Data parallelism in which each rank keeps the optimizer state of only its
- * share of the parameters (stage 1) and also only its share of the averaged
- * gradients (stage 2), so per-rank memory falls with the world size
+ * share of the parameters (stage 1), also only its share of the averaged
+ * gradients (stage 2), and also holds the parameters whole only while an
+ * op uses them (stage 3), so per-rank memory falls with the world size
  * (docs/distributed.md, "ZeRO"). The share: DDP's buckets, each cut into
  * `world` chunks of ceil(n / world) elements, rank r owning chunk r of each.
  * A training step is
- *     em_zero_backward(z, loss, sync);      stage 1: all-reduce, 2: reduce-scatter
+ *     em_zero_backward(z, loss, sync);      stage 1: all-reduce, 2-3: reduce-scatter
  *     em_zero_clip_grad_norm(z, 1.0, NULL); optional; global norm over ranks
- *     em_zero_step(z);                      update my chunks, all-gather params
+ *     em_zero_step(z);                      update my chunks; 1-2: all-gather params
  *     em_zero_zero_grad(z);
  * and gives the parameters DDP with the same optimizer gives (stage 1
- * bitwise; stage 2 to reassociation of the gradient average: the
+ * bitwise; stages 2-3 to reassociation of the gradient average: the
  * reduce-scatter may add the ranks in another order than the all-reduce).
- * After a stage 2 backward only this rank's chunks of the gradients are
- * kept (em_grad of a parameter reads zeros elsewhere). CPU models with f32
- * or f64 parameters; stage 3 and CUDA are not built yet (EM_ERR_UNSUPPORTED). */
+ * After a stage 2-3 backward only this rank's chunks of the gradients are
+ * kept (em_grad of a parameter reads zeros elsewhere). Stage 3: any op
+ * reading a parameter (forward, or a backward kernel reading a saved
+ * weight) first all-gathers the bucket it lies in (tensor/dispatch.h,
+ * op_set_fetch), at most 3 buckets are kept whole, and the next bucket in
+ * the direction of use is prefetched; so every rank must run the same
+ * forwards and backwards in the same order (as DDP's collectives need), and
+ * code that reads parameter memory directly (saving the model) calls
+ * em_zero_gather_params first. CPU models with f32 or f64 parameters
+ * (stage 3: f32); CUDA is not built yet (EM_ERR_UNSUPPORTED). */
 typedef struct em_zero em_zero;
 
 typedef struct em_zero_config {
-    int stage;        /* 1 or 2 (0 is plain DDP: em_ddp) */
+    int stage;        /* 1, 2 or 3 (0 is plain DDP: em_ddp) */
     double bucket_mb; /* 0 = 25 */
     bool find_unused_parameters; /* as em_ddp_config's */
 } em_zero_config;
@@ -258,13 +266,17 @@ typedef struct em_zero_config {
  * so far is dropped; em_optim_state lists each parameter's chunk, shape
  * (n)). Every parameter of opt must be one of model's. pg, model and opt
  * are borrowed and must outlive z; opt must be stepped only through
- * em_zero_step while z lives. cfg NULL = stage 1, 25 MB buckets. NULL +
- * error: EM_ERR_ARG (NULL argument, stage out of 1..3, a parameter of
- * opt not in model), EM_ERR_UNSUPPORTED (stage 3, CUDA, parameters other
- * than f32/f64, or stage 2 with both), em_ddp_new's errors. */
+ * em_zero_step while z lives. cfg NULL = stage 1, 25 MB buckets. Stage 3
+ * gives back the memory of every parameter element outside this rank's
+ * chunks at once. NULL + error: EM_ERR_ARG (NULL argument, stage out of
+ * 1..3, a parameter of opt not in model), EM_ERR_UNSUPPORTED (CUDA,
+ * parameters other than f32/f64, stages 2-3 with both, stage 3 with no f32
+ * parameter or while another stage 3 engine lives), em_ddp_new's errors. */
 em_zero *em_zero_new(em_pg *pg, em_module *model, em_optimizer *opt, const em_zero_config *cfg);
 /* Frees z and its DDP (not the model or the optimizer: the optimizer keeps
- * its sharded state). NULL is a no-op. */
+ * its sharded state). After stage 3, parameter elements outside this
+ * rank's chunks are undefined unless em_zero_gather_params ran since the
+ * last step. NULL is a no-op. */
 void em_zero_free(em_zero *z);
 int em_zero_stage(const em_zero *z); /* -1 for NULL */
 /* The DDP inside z (borrowed), for em_ddp_num_buckets and the like. */
@@ -280,10 +292,16 @@ em_status em_zero_backward(em_zero *z, em_tensor *loss, bool sync);
  * all-reduce, every rank gets the same total). NAN and *status set on
  * error (status may be NULL). */
 double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status);
-/* em_optim_step on this rank's chunks, then every bucket's parameters
- * all-gathered, so every rank holds the whole updated model. Errors of the
- * step (nothing sent) or of the collectives. */
+/* em_optim_step on this rank's chunks, then (stages 1-2) every bucket's
+ * parameters all-gathered, so every rank holds the whole updated model;
+ * stage 3 gives back all but its chunks instead. Errors of the step
+ * (nothing sent) or of the collectives. */
 em_status em_zero_step(em_zero *z);
+/* Stage 3: makes every parameter whole on this rank (an all-gather per
+ * bucket not whole yet; collective), until the next em_zero_step: for code
+ * that reads parameter memory without an op, such as em_module_save.
+ * Stages 1-2: nothing to do. EM_ERR_ARG for NULL; the collectives' errors. */
+em_status em_zero_gather_params(em_zero *z);
 /* Zeroes the gradients (stage 2: the full buffer's pages are given back to
  * the system and read as zeros). */
 em_status em_zero_zero_grad(em_zero *z);
@@ -308,7 +326,7 @@ typedef enum em_precision_kind { EM_PREC_DEFAULT = 0, EM_PREC_NO, EM_PREC_BF16, 
  *   even_batches: true
  *   timeout: 300            # seconds, every collective
  *   max_restarts: 0
- *   zero_stage: 0           # 0 DDP | 1 sharded optimizer state | 2 and gradients (em_zero)
+ *   zero_stage: 0           # 0 DDP | 1 shard optimizer state | 2 and gradients | 3 and parameters
  * A field the file does not set keeps the value it had (so a caller fills
  * defaults first, then reads). */
 typedef struct em_config {
@@ -320,7 +338,7 @@ typedef struct em_config {
     bool split_batches, even_batches;
     double timeout_s;
     int max_restarts;
-    int zero_stage; /* 0..3 (3 is refused by the Accelerator until it is built) */
+    int zero_stage; /* 0..3 */
 } em_config;
 
 /* The defaults: 1 process, 1 machine, rank 0, 127.0.0.1, port 29500, no
@@ -368,7 +386,7 @@ typedef struct em_accel_config {
     int split_batches;            /* 0 = config/env (else off), 1 on, -1 off */
     int even_batches;             /* 0 = config/env (else on), 1 on, -1 off */
     /* ZeRO (em_zero): 0 = config/env (zero_stage, EMBER_ZERO_STAGE; else 0),
-     * 1 or 2 that stage, -1 stage 0 (plain DDP) whatever they say. With a
+     * 1, 2 or 3 that stage, -1 stage 0 (plain DDP) whatever they say. With a
      * stage, em_accel_prepare shards the prepared optimizer over the ranks
      * (one model and one optimizer; world > 1), and backward, clip, step and
      * zero_grad go through em_zero. */
@@ -418,9 +436,14 @@ int em_accel_local_rank(const em_accelerator *a);
 bool em_accel_is_main_process(const em_accelerator *a);
 bool em_accel_is_local_main(const em_accelerator *a);
 int em_accel_grad_accum(const em_accelerator *a);
-/* The ZeRO stage in force: 1 or 2 once an optimizer is prepared with
+/* The ZeRO stage in force: 1, 2 or 3 once an optimizer is prepared with
  * zero_stage set and world > 1, else 0 (-1 for NULL). */
 int em_accel_zero_stage(const em_accelerator *a);
+/* Accelerate's get_state_dict for ZeRO-3: makes every prepared model's
+ * parameters whole on every rank until the next em_accel_step (a
+ * collective under stage 3; nothing to do otherwise), so they can be read
+ * directly (em_module_save). EM_ERR_ARG for NULL. */
+em_status em_accel_gather_params(em_accelerator *a);
 em_pg *em_accel_pg(const em_accelerator *a); /* borrowed */
 /* The device this process computes on (em_accel_config.device). */
 em_device em_accel_device(const em_accelerator *a);
