@@ -579,6 +579,21 @@ static const st_entry *find_entry(const em_safetensors *f, const char *name)
     return NULL;
 }
 
+int em_safetensors_shape(const em_safetensors *f, const char *name, int64_t shape[EM_MAX_DIMS])
+{
+    if (!f || !name || !shape)
+        return (em_fail(EM_ERR_ARG, "em_safetensors_shape: file, name or shape is NULL"), -1);
+    const st_entry *e = find_entry(f, name);
+    if (!e) return (em_fail(EM_ERR_ARG, "em_safetensors_shape: %s has no tensor '%s'", f->path, name), -1);
+    if (!e->shape)
+        return (em_fail(EM_ERR_SHAPE,
+                        "em_safetensors_shape: '%s' in %s has %d dims; at most %d are supported", name,
+                        f->path, e->ndim, EM_MAX_DIMS),
+                -1);
+    memcpy(shape, e->shape, sizeof(int64_t) * (size_t)e->ndim);
+    return e->ndim;
+}
+
 /* ember's dtype for entry e (I64 reads as i32), or an EM_ERR_DTYPE/SHAPE
  * error naming op; -1 then. */
 static int entry_dtype(const em_safetensors *f, const st_entry *e, const char *op)

@@ -40,6 +40,7 @@
 #include "commands.h"
 #include "dist/checkpoint_impl.h"
 #include "ember/ember.h"
+#include "mem_check.h"
 #include "tensor/fault_impl.h"
 #include "tensor/fileio_impl.h"
 #include "train_config.h"
@@ -55,6 +56,7 @@ typedef struct train_opts {
     uint64_t seed;
     bool bytes;
     bool resume_auto; /* --resume auto: resume is OUT/state when it holds a checkpoint, else NULL */
+    bool no_memory_check;        /* --no-memory-check: start even when the estimate exceeds the memory */
     em_precision_kind precision; /* DEFAULT: the config file / EMBER_MIXED_PRECISION */
     int log_with;                /* EM_TRACK_* beyond metrics.jsonl (--log-with, else EMBER_LOG_WITH) */
     bool log_with_set;
@@ -95,6 +97,8 @@ static int usage(FILE *f)
         "                                             counting up), keeping the newest K; --resume auto\n"
         "                                             takes the newest of them\n"
         "  --bytes                                    byte vocabulary instead of the file's characters\n"
+        "  --no-memory-check                          start even when the estimated memory per process\n"
+        "                                             (ember estimate-memory) exceeds what is available\n"
         "  --no-bias                                  no biases in Linear and LayerNorm\n"
         "  --gelu exact|tanh                          MLP activation (default exact, as nanoGPT)\n"
         "  --log-with tensorboard|jsonl|all|none      trackers beside OUT/metrics.jsonl (always written):\n"
@@ -160,6 +164,10 @@ static int parse_args(int argc, char **argv, train_opts *o)
         }
         if (!strcmp(f, "--cpu")) {
             o->device = "cpu";
+            continue;
+        }
+        if (!strcmp(f, "--no-memory-check")) {
+            o->no_memory_check = true;
             continue;
         }
         if (!strcmp(f, "--no-bias")) {
@@ -481,33 +489,60 @@ static em_status register_dropout_rngs(run *r)
     return s;
 }
 
-/* Refuses, before allocating anything, a model whose parameters alone
- * cannot fit: n parameters take 16 bytes each in f32 training (weights,
- * gradients, AdamW's two moments) on top of the activations, against the
- * machine's memory (or the CUDA device's). The estimate is a lower bound:
- * a model that passes may still not fit, one that fails never would. */
+/* The run's memory per rank (em_estimate_memory, for this model, batch,
+ * precision, world and data), the figure check_fits compares and the end
+ * of the run prints beside the measured peak. */
+static em_status estimate(run *r, em_mem_estimate *e)
+{
+    em_mem_config c = em_mem_config_defaults();
+    c.model = r->o.model;
+    c.world = em_accel_world(r->acc);
+    c.batch = r->o.batch / c.world;
+    em_dtype dt = em_accel_autocast_dtype(r->acc);
+    c.precision = dt == EM_BF16 ? EM_PREC_BF16 : dt == EM_F16 ? EM_PREC_FP16 : EM_PREC_NO;
+    /* the text's tokens (i32, the splits are views of them) and the vocabulary */
+    c.data_bytes = (size_t)r->text->tokens.n * sizeof(int32_t) + (size_t)r->text->vocab.size * 8;
+    return em_estimate_memory(&c, e);
+}
+
+/* Refuses, before the model is allocated, a run whose estimate per rank
+ * (times the processes of this machine, LOCAL_WORLD_SIZE) exceeds what this
+ * process may use (mem_available: MemAvailable or a lower cgroup limit), or
+ * whose device part exceeds a CUDA device's memory; the message names the
+ * estimate, the memory and the biggest category. --no-memory-check skips it. */
 static em_status check_fits(run *r)
 {
-    const em_gpt_config *m = &r->o.model;
-    double C = (double)m->n_embd, params = (double)(m->vocab_size + m->block_size) * C +
-                                           (double)m->n_layer * (12.0 * C * C + 13.0 * C) + 2.0 * C;
-    double need = 16.0 * params, have;
-    const char *where;
+    em_mem_estimate e;
+    em_status s = estimate(r, &e);
+    if (s || r->o.no_memory_check) return s;
+    em_mem_category big = em_mem_biggest(&e);
+    const char *lw = getenv("LOCAL_WORLD_SIZE");
+    int local = lw && atoi(lw) > 0 ? atoi(lw) : 1;
+    double need = (double)e.total * local, have;
+    char where[1200], b0[32], b1[32], b2[32];
     em_device dev = em_accel_device(r->acc);
     em_cuda_device_info info;
     if (dev.type == EM_CUDA && em_cuda_device_info_of(dev.index, &info) == EM_OK) {
-        have = (double)info.total_memory;
-        where = "the CUDA device has";
+        have = (double)info.total_memory; /* one device per process; the runtime stays on the host */
+        need = (double)(e.total - e.bytes[EM_MEM_RUNTIME] - e.bytes[EM_MEM_COMM]);
+        snprintf(where, sizeof where, "cuda:%d has", dev.index);
     } else {
-        have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-        where = "this machine has";
+        char what[1100];
+        have = mem_available(what, sizeof what);
+        snprintf(where, sizeof where, "%s says", what);
     }
     if (!(have > 0) || need <= have) return EM_OK;
-    return em_set_error(EM_ERR_OOM,
-                        "the model cannot fit: %.3g parameters need at least %.1f GiB (16 bytes each for weights, "
-                        "gradients and AdamW's moments) and %s %.1f GiB; make --layers, --embd or the vocabulary "
-                        "smaller",
-                        params, need / (1 << 30), where, have / (1 << 30));
+    char procs[64] = "";
+    if (local > 1 && dev.type != EM_CUDA)
+        snprintf(procs, sizeof procs, " (x %d processes on this machine)", local);
+    return em_set_error(
+        EM_ERR_OOM,
+        "the run cannot fit: it needs an estimated %s per process%s, %s of them %s, and %s %s "
+        "are available; make --layers, --embd, --batch or the vocabulary smaller, "
+        "or pass --no-memory-check to run anyway "
+        "(ember estimate-memory shows the whole table)",
+        mem_human((double)e.total, b0, sizeof b0), procs, mem_human((double)e.bytes[big], b1, sizeof b1),
+        em_mem_category_name(big), where, mem_human(have, b2, sizeof b2));
 }
 
 /* A resumed run continues from its checkpoint at `step`, so the records a
@@ -798,6 +833,12 @@ int cmd_train(int argc, char **argv)
             printf(", TensorBoard event files in %s/%s (tensorboard --logdir %s)", r.logdir, r.run_name,
                    r.logdir);
         printf("\n");
+        /* VmHWM, beside the estimate the start was checked against */
+        em_mem_estimate e;
+        char b0[32], b1[32];
+        if (estimate(&r, &e) == EM_OK && mem_peak_rss() > 0)
+            printf("ember train: peak memory %s on process 0 (estimated %s per process)\n",
+                   mem_human(mem_peak_rss(), b0, sizeof b0), mem_human((double)e.total, b1, sizeof b1));
     }
     teardown(&r);
     return s ? 1 : 0;

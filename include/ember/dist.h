@@ -781,6 +781,74 @@ em_status em_accel_log(em_accelerator *a, int64_t step, int n, const em_metric *
  * open. em_accelerator_free closes them too, ignoring errors. */
 em_status em_accel_end_training(em_accelerator *a);
 
+/* ---- memory per rank (dist/memory_estimate.c) ------------------------------------
+ * What training em_gpt_new's model takes on each rank, by category, before
+ * it is built: `ember estimate-memory` prints it, `ember train` refuses a run
+ * whose total exceeds the memory it has. Parameters are f32 (the masters
+ * under autocast). Stage arithmetic, P parameters, W ranks, bucket = bucket_mb:
+ *   stage 0 (DDP): params 4P, grads 4P, optimizer (Adam/AdamW 8P, SGD with
+ *                  momentum 4P, SGD 0)
+ *   stage 1:       params 4P, grads 4P, optimizer / W
+ *   stage 2:       params 4P, grads 4P/W + 2 x bucket (at most 4P), optimizer / W
+ *   stage 3:       params 4P/W + 2 x the largest unit gathered at once (one
+ *                  block, or the embeddings with the head), grads and
+ *                  optimizer as stage 2
+ * Activations are what one step (forward, loss, backward) of batch x context
+ * tokens leaves in the step scope, counted op by op from what nn/gpt.c's
+ * forward keeps and its backward makes (docs/distributed.md, "Memory per
+ * rank"); communication is the shared-memory segment of a group on one
+ * host; runtime the process's own baseline (libraries, thread pool, scratch)
+ * plus data_bytes. Measured peaks of the tiny GPT fall within 10% of the
+ * total (tests/test_memory_estimate.c). */
+typedef enum em_mem_optimizer { EM_MEM_ADAMW = 0, EM_MEM_ADAM, EM_MEM_SGD } em_mem_optimizer;
+
+typedef struct em_mem_config {
+    em_gpt_config model;         /* vocab_size, block_size, n_layer, n_head, n_embd >= 1; bias, dropout */
+    int world;                   /* ranks >= 1 */
+    int zero_stage;              /* 0..3 */
+    em_precision_kind precision; /* DEFAULT and NO: f32; BF16, FP16: autocast with f32 masters */
+    int64_t batch;               /* sequences per rank per micro-batch, >= 1 */
+    int64_t context;             /* tokens per sequence, 1..model.block_size; 0 = block_size */
+    em_mem_optimizer optimizer;
+    bool momentum;     /* SGD with momentum (EM_MEM_SGD only) */
+    double bucket_mb;  /* gradient bucket, MiB; 0 = 25 (DDP's default) */
+    int threads;       /* ember's pool; 0 = this process's (em_num_threads) */
+    size_t data_bytes; /* the caller's data kept resident, counted in the runtime */
+} em_mem_config;
+
+/* The tiny GPT (vocab 65, block 64, 4 layers, 4 heads, 128 wide, bias), world
+ * 1, stage 0, f32, batch 12, context = block, AdamW, 25 MiB buckets. */
+em_mem_config em_mem_config_defaults(void);
+
+typedef enum em_mem_category {
+    EM_MEM_PARAMS = 0,
+    EM_MEM_GRADS,
+    EM_MEM_OPTIMIZER,
+    EM_MEM_ACTIVATIONS,
+    EM_MEM_COMM,
+    EM_MEM_RUNTIME,
+    EM_MEM_NCATEGORIES
+} em_mem_category;
+
+typedef struct em_mem_estimate {
+    int64_t n_params;                   /* P, as em_module_num_params counts em_gpt_new's model */
+    uint64_t bytes[EM_MEM_NCATEGORIES]; /* per rank */
+    uint64_t total;                     /* their sum */
+} em_mem_estimate;
+
+/* Fills *out (caller-owned; zeroed first) for config c. Allocates nothing and
+ * reads nothing but c. EM_ERR_ARG naming the field and its value for a NULL
+ * c or out, a size < 1, n_embd not a multiple of n_head, context outside
+ * 0..block_size, a stage outside 0..3, an unknown precision or optimizer,
+ * momentum without SGD, a negative bucket or threads, or a total past 2^62
+ * bytes. */
+em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out);
+/* "parameters", "gradients", "optimizer state", "activations",
+ * "communication", "runtime" ("?" for anything else; static strings). */
+const char *em_mem_category_name(em_mem_category c);
+/* The category holding the most bytes of *e (EM_MEM_PARAMS for NULL). */
+em_mem_category em_mem_biggest(const em_mem_estimate *e);
+
 #if defined(__GNUC__) && !defined(__CUDACC__)
 #pragma GCC visibility pop
 #endif

@@ -136,6 +136,11 @@ em_safetensors *em_safetensors_open(const char *path);
 void em_safetensors_close(em_safetensors *f);
 int em_safetensors_count(const em_safetensors *f);
 const char *em_safetensors_name(const em_safetensors *f, int i); /* owned by f */
+/* The shape of tensor `name` from the header alone (no data is read): its
+ * dims into shape (caller's, EM_MAX_DIMS long) and their number returned;
+ * -1 + EM_ERR_ARG if there is no such name (or f, name, shape is NULL),
+ * EM_ERR_SHAPE if it has more than EM_MAX_DIMS dims. */
+int em_safetensors_shape(const em_safetensors *f, const char *name, int64_t shape[EM_MAX_DIMS]);
 /* A new persistent tensor (caller frees) with the stored values; NULL +
  * EM_ERR_ARG if there is no such name. */
 em_tensor *em_safetensors_get(const em_safetensors *f, const char *name);

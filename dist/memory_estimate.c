@@ -1,0 +1,231 @@
+/* memory_estimate.c — bytes per rank of training a GPT: parameters,
+ * gradients, optimizer state, activations, communication buffers and the
+ * runtime, for a world size, a ZeRO stage, a precision, a micro-batch and a
+ * context (em_estimate_memory; `ember estimate-memory` prints it and `ember
+ * train` refuses a run whose estimate exceeds the memory it has).
+ *
+ * Two parts, each in one place:
+ *   - the stage arithmetic (zero_split): how parameters, gradients and
+ *     optimizer state divide over W ranks at ZeRO stages 0..3;
+ *   - the activations (step_scope_bytes): what one training step leaves in
+ *     the step scope's arena. Scope memory is only given back when the step
+ *     ends, so this is everything forward makes (each op's output and what
+ *     it saves for backward: the tape keeps them) plus everything backward
+ *     makes (each gradient of a non-leaf tensor, the copies and casts it
+ *     takes), op by op as nn/gpt.c's forward runs them. tests/test_memory_
+ *     estimate.c checks the sum against the arena's measured use.
+ * docs/distributed.md ("Memory per rank") has the tables. */
+#include <stdio.h>
+#include <string.h>
+
+#include "dist/pg_impl.h"
+#include "ember/dist.h"
+#include "tensor/error_impl.h"
+
+em_mem_config em_mem_config_defaults(void)
+{
+    return (em_mem_config){
+        .model = {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true},
+        .world = 1,
+        .zero_stage = 0,
+        .precision = EM_PREC_NO,
+        .batch = 12,
+        .context = 0,
+        .optimizer = EM_MEM_ADAMW,
+        .momentum = false,
+        .bucket_mb = 0,
+        .threads = 0,
+        .data_bytes = 0};
+}
+
+const char *em_mem_category_name(em_mem_category c)
+{
+    switch (c) {
+    case EM_MEM_PARAMS: return "parameters";
+    case EM_MEM_GRADS: return "gradients";
+    case EM_MEM_OPTIMIZER: return "optimizer state";
+    case EM_MEM_ACTIVATIONS: return "activations";
+    case EM_MEM_COMM: return "communication";
+    case EM_MEM_RUNTIME: return "runtime";
+    case EM_MEM_NCATEGORIES: break;
+    }
+    return "?";
+}
+
+/* The parameter count of em_gpt_new's model: tied token embedding (V,C),
+ * positions (block,C), per layer ln_1, c_attn (3C,C), c_proj (C,C), ln_2,
+ * c_fc (4C,C), c_proj (C,4C) (biases and LayerNorm biases when bias), ln_f. */
+static double gpt_params(const em_gpt_config *m, double *largest_unit)
+{
+    double C = (double)m->n_embd, V = (double)m->vocab_size, bias = m->bias ? 1 : 0;
+    double ln = C + bias * C;
+    double block = 2 * ln + 12 * C * C + bias * 9 * C;
+    double embed = (V + (double)m->block_size) * C + ln; /* wte (also the head), wpe, ln_f */
+    *largest_unit = block > embed ? block : embed;
+    return embed + (double)m->n_layer * block;
+}
+
+/* The stage arithmetic, P parameters in f32 (masters under autocast), opt
+ * bytes of optimizer state per parameter, over W ranks:
+ *   stage 0: params 4P,  grads 4P,  optimizer opt*P
+ *   stage 1: params 4P,  grads 4P,  optimizer opt*P / W
+ *   stage 2: params 4P,  grads 4P/W + the buckets in flight during backward
+ *            (2 x bucket bytes, at most 4P), optimizer / W
+ *   stage 3: params 4P/W + 2 x the largest unit gathered at once (a block, or
+ *            the embeddings with the head), grads and optimizer as stage 2.
+ * The ZeRO engine (dist/zero.c) allocates exactly this; change both together. */
+static void zero_split(int stage, double W, double P, double opt, double bucket, double unit, double out[3])
+{
+    double params = 4 * P, grads = 4 * P, optim = opt * P;
+    if (stage >= 1) optim /= W;
+    if (stage >= 2) grads = 4 * P / W + (2 * bucket < 4 * P ? 2 * bucket : 4 * P);
+    if (stage >= 3) params = 4 * P / W + 2 * 4 * unit;
+    out[0] = params, out[1] = grads, out[2] = optim;
+}
+
+/* What one training step of the GPT (forward + loss + backward) allocates in
+ * the step scope, for B sequences of T tokens, matrix products' outputs of a
+ * bytes per element (4 in f32, 2 under bf16/fp16 autocast). Counts are per
+ * row (one of the B*T positions) unless said otherwise; f = 4 bytes (f32).
+ *
+ * forward, one block (nn/layers.c block_forward):
+ *   ln_1                       out 4C, mean and rstd as f64 (16)
+ *   c_attn (3C)                product a*3C; under autocast + bias the
+ *                              product is cast up (4*3C) for the bias add
+ *                              (4*3C). Every Linear is like this.
+ *   attention                  out 4C, P (B,H,T,T): 4*H*T per row
+ *   heads back to (B,T,C)      a contiguous copy 4C
+ *   c_proj (C), + x            Linear, 4C
+ *   ln_2                       4C + 16
+ *   c_fc (4C), gelu, c_proj (C) Linear, 4*4C, Linear; + x 4C
+ *   dropout (p > 0), 3 places  out 4C + mask 1C each (one before block 0)
+ * backward, one block (autograd/tape.c: a gradient is adopted when it is a
+ * tensor's only one, copied when a second arrives):
+ *   mlp c_proj, gelu           dX 4*4C, 4*4C; c_fc dX 4C
+ *   ln_2                       dX 4C + the copy of x1's second gradient 4C
+ *   attn c_proj                dX 4C
+ *   attention                  dq, dk, dv 3*4C; each made contiguous 3*4C;
+ *                              gathered into d(qkv) 4*3C
+ *   c_attn, ln_1               dX 4C; dX 4C + the copy 4C
+ *   dropout (p > 0)            dX 4C each
+ *   under autocast: each Linear's product gradient cast down a*out, and the
+ *   weight's gradient made in the scope (4 * its size) before it is added
+ *   to the flat gradient buffer.
+ * outside the blocks: embedding + positions 4C + 4C (backward: the position
+ * gradient, T*C f32), ln_f 4C + 16 (backward 4C), logits a*V (+ 4V cast up
+ * under autocast), cross-entropy's saved log-sum-exp and targets (12);
+ * backward: dlogits 4V (+ a*V cast down), dX 4C (+ 4VC for the tied
+ * weight under autocast). Each op also costs a tape node and headers
+ * (about 380 bytes; 46 ops a block). */
+static double step_scope_bytes(const em_gpt_config *m, double B, double T, double a)
+{
+    double C = (double)m->n_embd, V = (double)m->vocab_size, H = (double)m->n_head, L = (double)m->n_layer;
+    bool amp = a<4, bias = m->bias, drop = m->dropout> 0;
+    double lin = bias ? (amp ? a + 8 : 8) : a; /* bytes per output element of a Linear */
+    double lin_out = 3 * C + C + 4 * C + C;    /* the block's Linear outputs per row */
+    double fwd = 2 * (4 * C + 16) + lin * lin_out + (4 * C + 4 * H * T) + 4 * C + 2 * 4 * C + 4 * 4 * C;
+    double bwd = 2 * 4 * 4 * C + 4 * C + 2 * 2 * 4 * C + 4 * C + 3 * 3 * 4 * C + 4 * C;
+    if (drop) fwd += 2 * 5 * C, bwd += 2 * 4 * C; /* the block's two dropouts */
+    if (amp) bwd += a * lin_out;
+    double per_block_rows = fwd + bwd;
+    double block_fixed = (amp ? 4 * 12 * C * C : 0) + 46 * 380.0;
+    double head_rows = 4 * C + 4 * C + (drop ? 5 * C + 4 * C : 0) + (4 * C + 16) + 4 * V + (amp ? a * V : 0) +
+                       12 + 4 * V + (amp ? a * V : 0) + 4 * C + 4 * C;
+    double head_fixed = 4 * T * C + (amp ? 4 * V * C : 0) + 12 * 380.0;
+    return B * T * (L * per_block_rows + head_rows) + L * block_fixed + head_fixed;
+}
+
+/* The runtime: what an ember process holds before and beside the training
+ * step, measured (release build, OpenBLAS, on x86-64): the binary, its
+ * libraries and the first arena chunks, about 8 MiB; each thread of the pool
+ * its stack and temp-arena scratch (GEMM packing, attention's (T,T) rows),
+ * about 2 MiB; plus what the caller's data keeps resident. */
+static double runtime_bytes(int threads, size_t data_bytes)
+{
+    return 8.0 * (1 << 20) + 2.0 * (1 << 20) * threads + (double)data_bytes;
+}
+
+static em_status check(const em_mem_config *c)
+{
+    static const char fn[] = "em_estimate_memory";
+    if (!c) return em_err(EM_ERR_ARG, "%s: config is NULL", fn);
+    const em_gpt_config *m = &c->model;
+    const struct {
+        const char *name;
+        int64_t v;
+    } pos[] = {{"model.vocab_size", m->vocab_size},
+               {"model.block_size", m->block_size},
+               {"model.n_layer", m->n_layer},
+               {"model.n_head", m->n_head},
+               {"model.n_embd", m->n_embd},
+               {"world", c->world},
+               {"batch", c->batch}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v < 1)
+            return em_err(EM_ERR_ARG, "%s: %s = %lld must be >= 1", fn, pos[i].name, (long long)pos[i].v);
+    if (m->n_embd % m->n_head)
+        return em_err(EM_ERR_ARG, "%s: model.n_embd = %lld is not a multiple of model.n_head = %lld", fn,
+                      (long long)m->n_embd, (long long)m->n_head);
+    if (!(m->dropout >= 0 && m->dropout < 1))
+        return em_err(EM_ERR_ARG, "%s: model.dropout = %g is not in [0, 1)", fn, m->dropout);
+    if (c->context < 0 || c->context > m->block_size)
+        return em_err(EM_ERR_ARG, "%s: context = %lld is not in 1..model.block_size = %lld (0: block_size)",
+                      fn, (long long)c->context, (long long)m->block_size);
+    if (c->zero_stage < 0 || c->zero_stage > 3)
+        return em_err(EM_ERR_ARG, "%s: zero_stage = %d is not 0, 1, 2 or 3", fn, c->zero_stage);
+    if (c->precision < EM_PREC_DEFAULT || c->precision > EM_PREC_FP16)
+        return em_err(EM_ERR_ARG, "%s: precision = %d is not an em_precision_kind", fn, (int)c->precision);
+    if (c->optimizer < EM_MEM_ADAMW || c->optimizer > EM_MEM_SGD)
+        return em_err(EM_ERR_ARG, "%s: optimizer = %d is not an em_mem_optimizer", fn, (int)c->optimizer);
+    if (c->momentum && c->optimizer != EM_MEM_SGD)
+        return em_err(EM_ERR_ARG, "%s: momentum is for optimizer SGD only", fn);
+    if (!(c->bucket_mb >= 0) || c->bucket_mb > 1e6)
+        return em_err(EM_ERR_ARG, "%s: bucket_mb = %g is not in 0..1e6 (0: 25)", fn, c->bucket_mb);
+    if (c->threads < 0 || c->threads > 4096)
+        return em_err(EM_ERR_ARG, "%s: threads = %d is not in 0..4096 (0: this process's pool)", fn,
+                      c->threads);
+    return EM_OK;
+}
+
+em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out)
+{
+    if (!out) return em_err(EM_ERR_ARG, "em_estimate_memory: out is NULL");
+    memset(out, 0, sizeof *out);
+    em_status s = check(c);
+    if (s) return s;
+    double unit, P = gpt_params(&c->model, &unit);
+    double opt = c->optimizer == EM_MEM_SGD ? (c->momentum ? 4 : 0) : 8;
+    double bucket = (c->bucket_mb > 0 ? c->bucket_mb : 25) * (1 << 20);
+    double split[3];
+    zero_split(c->zero_stage, (double)c->world, P, opt, bucket, unit, split);
+    double a = c->precision == EM_PREC_BF16 || c->precision == EM_PREC_FP16 ? 2 : 4;
+    double T = (double)(c->context ? c->context : c->model.block_size);
+    double v[EM_MEM_NCATEGORIES] = {
+        [EM_MEM_PARAMS] = split[0],
+        [EM_MEM_GRADS] = split[1],
+        [EM_MEM_OPTIMIZER] = split[2],
+        [EM_MEM_ACTIVATIONS] = step_scope_bytes(&c->model, (double)c->batch, T, a),
+        /* the shared-memory segment of a group on one host (dist/shm.c) */
+        [EM_MEM_COMM] =
+            c->world > 1 ? (double)shm_bytes(c->world < SHM_MAX_WORLD ? c->world : SHM_MAX_WORLD) : 0,
+        [EM_MEM_RUNTIME] = runtime_bytes(c->threads ? c->threads : em_num_threads(), c->data_bytes)};
+    out->n_params = (int64_t)P;
+    double total = 0;
+    for (int i = 0; i < EM_MEM_NCATEGORIES; i++) {
+        if (!(v[i] < 0x1p62))
+            return em_err(EM_ERR_ARG, "em_estimate_memory: %s overflow 2^62 bytes", em_mem_category_name(i));
+        out->bytes[i] = (uint64_t)v[i];
+        total += v[i];
+    }
+    if (!(total < 0x1p62)) return em_err(EM_ERR_ARG, "em_estimate_memory: the total overflows 2^62 bytes");
+    out->total = (uint64_t)total;
+    return EM_OK;
+}
+
+em_mem_category em_mem_biggest(const em_mem_estimate *e)
+{
+    em_mem_category best = EM_MEM_PARAMS;
+    for (int i = 1; e && i < EM_MEM_NCATEGORIES; i++)
+        if (e->bytes[i] > e->bytes[best]) best = (em_mem_category)i;
+    return best;
+}

@@ -1,0 +1,393 @@
+/* test_memory_estimate.c — em_estimate_memory against what ember really
+ * takes: its parameter count against em_gpt_new's model, its activations
+ * against the step scope a training step leaves (em_arena_in_use), its total
+ * against the measured peak resident set of `ember train` (alone and under
+ * `ember launch -n 2`), the stage arithmetic, and its argument checks; plus
+ * `ember estimate-memory` and the check `ember train` makes before it
+ * allocates a model. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define EMBER_BIN EMBER_BUILD_DIR "/ember"
+#define run_ember(...) th_run(EMBER_BIN, __VA_ARGS__)
+
+static em_mem_estimate estimate_of(const em_mem_config *c)
+{
+    em_mem_estimate e;
+    em_status s = em_estimate_memory(c, &e);
+    if (s) th_fail(__FILE__, __LINE__, "em_estimate_memory: %s", em_last_error());
+    return e;
+}
+
+TEST(test_estimate_memory_counts_the_parameters_of_em_gpt_new)
+{
+    for (int bias = 0; bias < 2; bias++) {
+        em_mem_config c = em_mem_config_defaults();
+        c.model = (em_gpt_config){
+            .vocab_size = 67, .block_size = 24, .n_layer = 3, .n_head = 2, .n_embd = 40, .bias = bias};
+        em_gpt *g = em_gpt_new(&c.model, 1);
+        CHECK(g != NULL);
+        CHECK(estimate_of(&c).n_params == em_module_num_params(g->m));
+        em_gpt_free(g);
+    }
+}
+
+/* One row per configuration whose step scope is measured. */
+typedef struct scope_case {
+    const char *name;
+    em_gpt_config model;
+    int64_t batch, context;
+    em_precision_kind precision;
+} scope_case;
+
+static const scope_case scope_cases[] = {
+    {"tiny f32",
+     {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true},
+     12,
+     64,
+     EM_PREC_NO},
+    {"tiny bf16",
+     {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true},
+     12,
+     64,
+     EM_PREC_BF16},
+    {"tiny fp16",
+     {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true},
+     12,
+     64,
+     EM_PREC_FP16},
+    {"dropout",
+     {.vocab_size = 65,
+      .block_size = 64,
+      .n_layer = 2,
+      .n_head = 4,
+      .n_embd = 128,
+      .bias = true,
+      .dropout = 0.1},
+     8,
+     64,
+     EM_PREC_NO},
+    {"no bias",
+     {.vocab_size = 65, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 128, .bias = false},
+     8,
+     64,
+     EM_PREC_NO},
+    {"short context, more heads, wide vocab",
+     {.vocab_size = 500, .block_size = 64, .n_layer = 2, .n_head = 8, .n_embd = 64, .bias = true},
+     6,
+     32,
+     EM_PREC_NO},
+    {"wide vocab bf16",
+     {.vocab_size = 500, .block_size = 64, .n_layer = 2, .n_head = 2, .n_embd = 64, .bias = true},
+     6,
+     48,
+     EM_PREC_BF16},
+};
+
+/* What one step (forward, loss, backward) leaves in the step scope, as
+ * em_arena_in_use measures it, is the estimate's activations within 2%. */
+TEST(test_estimate_memory_activations_match_the_step_scope_of_a_gpt_step)
+{
+    for (size_t k = 0; k < sizeof scope_cases / sizeof scope_cases[0]; k++) {
+        const scope_case *sc = &scope_cases[k];
+        em_dtype low = sc->precision == EM_PREC_BF16   ? EM_BF16
+                       : sc->precision == EM_PREC_FP16 ? EM_F16
+                                                       : EM_F32;
+        const char *path = em_matmul_path(EM_BF16);
+        if (low == EM_BF16 && (!path || strcmp(path, "f32"))) continue; /* casts of its own: not counted */
+        em_gpt *g = em_gpt_new(&sc->model, 1);
+        CHECK(g != NULL);
+        CHECK_OK(em_module_flatten(g->m));
+        em_rng rng = em_rng_new(7);
+        size_t used = 0;
+        for (int step = 0; step < 2; step++) { /* the second step runs on the first one's chunks */
+            em_scope s = em_scope_begin();
+            int64_t shape[2] = {sc->batch, sc->context};
+            em_tensor *x = em_randint(0, sc->model.vocab_size, EM_I32, 2, shape, &rng);
+            em_tensor *y = em_randint(0, sc->model.vocab_size, EM_I32, 2, shape, &rng);
+            size_t before = em_arena_in_use();
+            em_autocast_set(low);
+            em_tensor *loss = em_gpt_loss(g, x, y);
+            em_autocast_set(EM_F32);
+            CHECK(loss != NULL);
+            CHECK_OK(em_backward(loss, NULL));
+            used = em_arena_in_use() - before;
+            em_scope_end(s);
+        }
+        em_mem_config c = em_mem_config_defaults();
+        c.model = sc->model;
+        c.batch = sc->batch;
+        c.context = sc->context;
+        c.precision = sc->precision;
+        double est = (double)estimate_of(&c).bytes[EM_MEM_ACTIVATIONS];
+        if (!(fabs(est - (double)used) <= 0.02 * (double)used))
+            th_fail(__FILE__, __LINE__,
+                    "%s: the step scope holds %zu bytes, the estimate says %.0f (%+.2f%%)", sc->name, used,
+                    est, 100 * (est / (double)used - 1));
+        em_gpt_free(g);
+    }
+}
+
+/* The stage arithmetic of em_estimate_memory's contract, P parameters over
+ * W = 4 ranks, with AdamW (8 bytes), SGD with momentum (4) and SGD (0). */
+TEST(test_estimate_memory_splits_params_grads_and_optimizer_by_stage)
+{
+    em_mem_config c = em_mem_config_defaults();
+    c.world = 4;
+    c.bucket_mb = 1;
+    const double bucket = 1 << 20;
+    struct {
+        em_mem_optimizer opt;
+        bool momentum;
+        double per_param;
+    } opts[] = {
+        {EM_MEM_ADAMW, false, 8}, {EM_MEM_ADAM, false, 8}, {EM_MEM_SGD, true, 4}, {EM_MEM_SGD, false, 0}};
+    double P = 0, unit = 0;
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+        c.optimizer = opts[k].opt;
+        c.momentum = opts[k].momentum;
+        em_mem_estimate e[4];
+        for (int z = 0; z < 4; z++) {
+            c.zero_stage = z;
+            e[z] = estimate_of(&c);
+        }
+        P = (double)e[0].n_params;
+        /* the largest unit: a block (12C^2 + 13C) or wte + wpe + ln_f */
+        double C = 128, block = 12 * C * C + 13 * C, embed = (65 + 64) * C + 2 * C;
+        unit = block > embed ? block : embed;
+        double opt = opts[k].per_param * P, grads2 = 4 * P / 4 + (2 * bucket < 4 * P ? 2 * bucket : 4 * P);
+        CHECK((double)e[0].bytes[EM_MEM_PARAMS] == 4 * P && (double)e[0].bytes[EM_MEM_GRADS] == 4 * P);
+        CHECK((double)e[0].bytes[EM_MEM_OPTIMIZER] == opt);
+        CHECK((double)e[1].bytes[EM_MEM_PARAMS] == 4 * P && (double)e[1].bytes[EM_MEM_GRADS] == 4 * P);
+        CHECK((double)e[1].bytes[EM_MEM_OPTIMIZER] == opt / 4);
+        CHECK((double)e[2].bytes[EM_MEM_PARAMS] == 4 * P && (double)e[2].bytes[EM_MEM_GRADS] == grads2);
+        CHECK((double)e[2].bytes[EM_MEM_OPTIMIZER] == opt / 4);
+        CHECK((double)e[3].bytes[EM_MEM_PARAMS] == 4 * P / 4 + 8 * unit);
+        CHECK((double)e[3].bytes[EM_MEM_GRADS] == grads2 && (double)e[3].bytes[EM_MEM_OPTIMIZER] == opt / 4);
+        for (int z = 0; z < 4; z++) {
+            uint64_t sum = 0;
+            for (int i = 0; i < EM_MEM_NCATEGORIES; i++) sum += e[z].bytes[i];
+            CHECK(e[z].total == sum);
+            CHECK(e[z].bytes[EM_MEM_ACTIVATIONS] == e[0].bytes[EM_MEM_ACTIVATIONS]);
+        }
+    }
+}
+
+TEST(test_estimate_memory_rejects_bad_fields_naming_them)
+{
+    em_mem_estimate e;
+    em_mem_config c = em_mem_config_defaults();
+    c.world = 0;
+    CHECK_ERR(em_estimate_memory(&c, &e), EM_ERR_ARG, "world = 0");
+    c = em_mem_config_defaults();
+    c.zero_stage = 4;
+    CHECK_ERR(em_estimate_memory(&c, &e), EM_ERR_ARG, "zero_stage = 4");
+    c = em_mem_config_defaults();
+    c.model.n_embd = 0;
+    CHECK_ERR(em_estimate_memory(&c, &e), EM_ERR_ARG, "model.n_embd = 0");
+    c = em_mem_config_defaults();
+    c.batch = -2;
+    CHECK_ERR(em_estimate_memory(&c, &e), EM_ERR_ARG, "batch = -2");
+    c = em_mem_config_defaults();
+    c.context = 65;
+    CHECK_ERR(em_estimate_memory(&c, &e), EM_ERR_ARG, "context = 65");
+    c = em_mem_config_defaults();
+    c.momentum = true; /* AdamW */
+    CHECK_ERR(em_estimate_memory(&c, &e), EM_ERR_ARG, "momentum");
+    c = em_mem_config_defaults();
+    c.model.n_head = 3;
+    CHECK_ERR(em_estimate_memory(&c, &e), EM_ERR_ARG, "n_head = 3");
+    c = em_mem_config_defaults();
+    c.model.n_layer = 1 << 30;
+    c.model.n_embd = 1 << 30;
+    c.model.n_head = 1;
+    CHECK_ERR(em_estimate_memory(&c, &e), EM_ERR_ARG, "2^62");
+    CHECK_ERR(em_estimate_memory(NULL, &e), EM_ERR_ARG, "config is NULL");
+    CHECK_ERR(em_estimate_memory(&c, NULL), EM_ERR_ARG, "out is NULL");
+}
+
+/* ---- measured against `ember train` --------------------------------------------- */
+
+/* A character corpus big enough for the tiny GPT's windows. */
+static void make_corpus(char *dir, size_t n, char *txt, size_t tn)
+{
+    snprintf(dir, n, "/tmp/ember-mem-XXXXXX");
+    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
+    snprintf(txt, tn, "%s/corpus.txt", dir);
+    FILE *f = fopen(txt, "w");
+    for (int i = 0; i < 400; i++)
+        fprintf(f, "line %d: the quick brown fox jumps over the lazy dog, %d times.\n", i, i * 7);
+    fclose(f);
+}
+
+/* A measured configuration of the tiny GPT (ember train's default model,
+ * L4 H4 C128, global batch 12 x 64). Stages 1..3 are one row each once
+ * `ember train --zero N` exists. */
+typedef struct peak_case {
+    int world;
+    int zero;
+    const char *precision;
+} peak_case;
+
+static const peak_case peak_cases[] = {
+    {1, 0, "no"},
+    {1, 0, "bf16"},
+    {2, 0, "no"},
+    {2, 0, "bf16"},
+};
+
+/* "peak memory X MiB on process 0 (estimated Y MiB per process)" */
+static bool parse_peak(const char *out, double *peak, double *est)
+{
+    const char *p = strstr(out, "peak memory ");
+    char u1[8], u2[8];
+    if (!p || sscanf(p, "peak memory %lf %7s on process 0 (estimated %lf %7s", peak, u1, est, u2) != 4)
+        return false;
+    *peak *= strcmp(u1, "GiB") ? 1 : 1024;
+    *est *= strncmp(u2, "GiB", 3) ? 1 : 1024;
+    return true;
+}
+
+TEST(test_estimate_memory_total_is_within_10_percent_of_the_measured_peak_of_ember_train)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    SKIP("AddressSanitizer's shadow memory and quarantine inflate the resident set: the estimate is for "
+         "release builds");
+#endif
+    char dir[64], txt[128], out[160], world[8], zero[8];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    for (size_t k = 0; k < sizeof peak_cases / sizeof peak_cases[0]; k++) {
+        const peak_case *pc = &peak_cases[k];
+        snprintf(world, sizeof world, "%d", pc->world);
+        snprintf(zero, sizeof zero, "%d", pc->zero);
+        const char *train[] = {"train",       "--data",       txt, "--out",
+                               out,           "--iters",      "3", "--eval-every",
+                               "1000",        "--eval-iters", "1", "--mixed-precision",
+                               pc->precision, "--cpu"};
+        th_run_result *r;
+        /* (pc->zero > 0: "--zero", zero, appended once ember train takes it) */
+        if (pc->world == 1)
+            r = run_ember(train[0], train[1], train[2], train[3], train[4], train[5], train[6], train[7],
+                          train[8], train[9], train[10], train[11], train[12], train[13], NULL);
+        else
+            r = run_ember("launch", "-n", world, "--master-port", "0", EMBER_BIN, train[0], train[1],
+                          train[2], train[3], train[4], train[5], train[6], train[7], train[8], train[9],
+                          train[10], train[11], train[12], train[13], NULL);
+        CHECK_EXIT(r, 0);
+        double peak, est;
+        if (!parse_peak(r->out, &peak, &est))
+            th_fail(__FILE__, __LINE__, "world %d, %s: no peak line in: %s", pc->world, pc->precision,
+                    r->out);
+        if (!(fabs(est - peak) <= 0.10 * peak))
+            th_fail(__FILE__, __LINE__, "world %d, stage %s, %s: peak %.1f MiB, estimate %.1f MiB (%+.1f%%)",
+                    pc->world, zero, pc->precision, peak, est, 100 * (est / peak - 1));
+    }
+}
+
+/* ---- the commands ------------------------------------------------------------- */
+
+TEST(test_cli_estimate_memory_prints_every_category_and_stage_and_the_total)
+{
+    th_run_result *r = run_ember("estimate-memory", "--n-layer", "12", "--n-head", "12", "--n-embd", "768",
+                                 "--vocab", "50257", "--block-size", "1024", "--world", "4", NULL);
+    CHECK_EXIT(r, 0);
+    for (int i = 0; i < EM_MEM_NCATEGORIES; i++) CHECK(strstr(r->out, em_mem_category_name(i)) != NULL);
+    CHECK(strstr(r->out, "ZeRO stage 0") && strstr(r->out, "ZeRO stage 3") && strstr(r->out, "total"));
+    CHECK(strstr(r->out, "124.44M parameters") != NULL);
+    r = run_ember("estimate-memory", "--zero", "2", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->out, "ZeRO stage 2") && !strstr(r->out, "ZeRO stage 0"));
+}
+
+TEST(test_cli_estimate_memory_rejects_bad_flags_naming_them)
+{
+    struct {
+        const char *flag, *value, *want;
+    } bad[] = {{"--world", "0", "--world"},
+               {"--zero", "4", "--zero"},
+               {"--precision", "f8", "--precision"},
+               {"--optimizer", "lion", "--optimizer"},
+               {"--n-embd", "-1", "--n-embd"},
+               {"--batch", "x", "--batch"},
+               {"--bucket-mb", "-2", "--bucket-mb"},
+               {"--frobnicate", "1", "--frobnicate"},
+               {"--model", "/nonexistent/m", "/nonexistent/m"}};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        th_run_result *r = run_ember("estimate-memory", bad[k].flag, bad[k].value, NULL);
+        CHECK_EXIT(r, 2);
+        if (!strstr(r->err, bad[k].want))
+            th_fail(__FILE__, __LINE__, "%s %s: stderr %s", bad[k].flag, bad[k].value, r->err);
+    }
+    th_run_result *r = run_ember("estimate-memory", "--n-head", "5", NULL); /* 128 wide */
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--n-head") != NULL);
+    r = run_ember("estimate-memory", "--momentum", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--momentum") != NULL);
+}
+
+/* The shape comes from a safetensors file's header: the same table as the
+ * flags give; a file without a GPT's tensors is refused naming it. */
+TEST(test_cli_estimate_memory_reads_the_model_shape_from_a_safetensors_header)
+{
+    char dir[64], path[128];
+    snprintf(dir, sizeof dir, "/tmp/ember-mem-XXXXXX");
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    em_gpt_config m = {
+        .vocab_size = 50, .block_size = 32, .n_layer = 3, .n_head = 2, .n_embd = 16, .bias = false};
+    em_gpt *g = em_gpt_new(&m, 1);
+    CHECK(g != NULL);
+    CHECK_OK(em_module_save(g->m, path));
+    em_gpt_free(g);
+    th_run_result *r = run_ember("estimate-memory", "--n-layer", "3", "--n-head", "2", "--n-embd", "16",
+                                 "--vocab", "50", "--block-size", "32", "--no-bias", NULL);
+    CHECK_EXIT(r, 0);
+    char want[sizeof r->out];
+    snprintf(want, sizeof want, "%s", r->out);
+    r = run_ember("estimate-memory", "--model", path, "--n-head", "2", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(!strcmp(r->out, want));
+    r = run_ember("estimate-memory", "--model", dir, "--n-head", "2", NULL); /* DIR/model.safetensors */
+    CHECK_EXIT(r, 0);
+    CHECK(!strcmp(r->out, want));
+    r = run_ember("estimate-memory", "--model", path, NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "--n-head") != NULL);
+    em_named one = {"w", em_zeros(EM_F32, 1, (int64_t[]){4})};
+    CHECK_OK(em_safetensors_save(path, 1, &one, NULL));
+    em_free(one.t);
+    r = run_ember("estimate-memory", "--model", path, "--n-head", "2", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, path) && strstr(r->err, "wte.weight"));
+}
+
+/* A model whose estimate exceeds the machine is refused before anything big
+ * is allocated: fast, naming the estimate, the memory available and the
+ * biggest category. */
+TEST(test_cli_train_refuses_a_run_that_cannot_fit_before_allocating)
+{
+    char dir[64], txt[128], out[160];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* 48 x (12 x 16384^2) parameters: about 2.5 TB of f32 weights, gradients and moments */
+    th_run_result *r = run_ember("train", "--data", txt, "--out", out, "--layers", "48", "--heads", "16",
+                                 "--embd", "16384", "--iters", "1", NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, "cannot fit") && strstr(r->err, "estimated") && strstr(r->err, "available"));
+    CHECK(strstr(r->err, "optimizer state") != NULL); /* the biggest category */
+    CHECK(strstr(r->err, "--no-memory-check") != NULL);
+    CHECK((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) < 1.0);
+    CHECK(access(out, F_OK) != 0); /* nothing written */
+}
