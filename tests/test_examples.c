@@ -442,3 +442,12 @@ TEST(test_example_ddp_from_scratch_rejects_an_unknown_part)
     CHECK(strstr(r->err, "'zero3'") != NULL);
     CHECK(strstr(r->err, "usage: ddp_from_scratch ddp|zero1") != NULL);
 }
+
+TEST(test_example_ddp_from_scratch_refuses_a_world_that_does_not_split_the_batch)
+{
+    if (access(DDP_SCRATCH_BIN, X_OK) != 0 || access(EMBER_BIN, X_OK) != 0)
+        SKIP("example binary not built (ninja -C <build> builds examples/)");
+    th_run_result *r = th_run(EMBER_BIN, "launch", "-n", "5", DDP_SCRATCH_BIN, "ddp", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, "a batch of 24 rows does not split evenly over 5 ranks") != NULL);
+}
