@@ -144,7 +144,9 @@ static em_status train_ddp(trainer *t, int steps)
          * (the gradient being linear) its gradient is the average of the W
          * gradients: after this call every rank holds the gradient one
          * process would have computed on the whole batch. AVG is the sum
-         * divided by W. em_ddp does the same in pieces (buckets), each
+         * divided by W. (Forget the division and Adam would hardly notice:
+         * its step barely depends on the gradient's scale. SGD would take
+         * steps W times too long.) em_ddp does the same in pieces (buckets), each
          * started during backward as soon as its gradients are final, so
          * the communication overlaps the computation; here it waits for
          * the end. */
@@ -172,14 +174,15 @@ static em_status train_zero1(trainer *t, int steps)
      * it at zero (zero weight, zero moments, a zero update) and it is never
      * copied into the model. `mine` counts the real elements of this rank's
      * chunk (fewer than C on the last rank if it holds padding). */
-    int64_t W = t->world, C = (t->P + W - 1) / W, lo = t->rank * C;
-    int64_t mine = t->P - lo < C ? (t->P - lo > 0 ? t->P - lo : 0) : C;
+    int64_t W = t->world, C = (t->P + W - 1) / W, lo = t->rank * C, mine = t->P - lo;
+    if (mine > C) mine = C;
+    if (mine < 0) mine = 0; /* a chunk of nothing but padding (a tiny P, many ranks) */
 
     /* `padded` is the whole model in W*C elements: the gradients on their
      * way into the reduce-scatter, then the weights on their way out of the
      * all-gather (its padding stays zero). The model's own flat buffers hold
-     * exactly P elements, hence the copies; a library pads its buffers at
-     * creation and needs none. */
+     * exactly P elements, hence the copies; an implementation that
+     * allocates its flat buffers padded needs none. */
     em_tensor *padded = em_zeros(EM_F32, EM_SHAPE(W * C));
     /* This rank's chunk of the weights, as a tensor of its own with a
      * gradient of its own, is the one parameter its optimizer knows: AdamW
@@ -203,9 +206,8 @@ static em_status train_zero1(trainer *t, int steps)
     em_optimizer *opt = st == EM_OK ? em_adamw_new(1, &chunk, &cfg) : NULL;
     if (!opt) st = em_last_status();
     if (st == EM_OK && t->rank == 0)
-        printf("zero1: %d rank(s), a flat buffer of %lld in %d chunks of %lld (%lld of padding): AdamW state "
-               "for "
-               "%lld numbers per rank instead of %lld\n",
+        printf("zero1: %d rank(s), a flat buffer of %lld in %d chunks of %lld (%lld of padding): "
+               "AdamW state for %lld numbers per rank instead of %lld\n",
                t->world, (long long)t->P, t->world, (long long)C, (long long)(W * C - t->P),
                (long long)(2 * C), (long long)(2 * t->P));
 
@@ -216,17 +218,17 @@ static em_status train_zero1(trainer *t, int steps)
         em_tensor *loss = local_loss(t, step);
         st = loss ? em_backward(loss, NULL) : em_last_status();
         /* Reduce-scatter instead of all-reduce: rank r receives the average
-         * over ranks of its own chunk only. An all-reduce is a reduce-scatter
-         * followed by an all-gather, so this sends half as much, and no rank
-         * needs the averaged gradient of weights it does not update. */
+         * over ranks of its own chunk only; no rank needs the averaged
+         * gradient of weights it does not update. */
         if (st == EM_OK) st = em_copy_into(em_narrow(padded, 0, 0, t->P), t->flat_grads);
         if (st == EM_OK) st = em_reduce_scatter(t->pg, chunk_grad, padded, EM_RED_AVG, NULL);
         /* Each rank updates its chunk: a W-th of the optimizer's work. */
         if (st == EM_OK) st = em_optim_step(opt);
         /* All-gather: the W updated chunks, end to end, are the new weights;
-         * every rank copies them into its model for the next forward. (This
-         * is the half of the all-reduce that part 1 spent on gradients, so
-         * the traffic per step is the same as DDP's.) */
+         * every rank copies them into its model for the next forward. An
+         * all-reduce is itself a reduce-scatter followed by an all-gather,
+         * so ZeRO-1 sends as many bytes per step as DDP: it saves memory,
+         * not traffic (it moves weights in the second half, not gradients). */
         if (st == EM_OK) st = em_all_gather(t->pg, padded, chunk, NULL);
         if (st == EM_OK) st = em_copy_into(t->flat_params, em_narrow(padded, 0, 0, t->P));
         if (st == EM_OK) st = em_module_zero_grad(t->model);
