@@ -1,8 +1,10 @@
 /* test_examples.c — the programs in examples/ run as a user runs them: the
  * built binaries (EMBER_BUILD_DIR/examples/...) are started with a few short
  * runs, and their exit status and printed numbers are checked: the loss goes
- * down, the accuracy ends above chance, and a bad flag exits 2 naming it. A
- * binary that was not built is a skip, not a failure. */
+ * down, the accuracy ends above chance, and a bad flag exits 2 naming it;
+ * ddp_from_scratch's printed losses are compared with the library's DDP run
+ * on the same job and between its two parts. A binary that was not built
+ * is a skip, not a failure. */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <sys/mman.h>
