@@ -375,6 +375,10 @@ static void scratch_reference_rank(int rank, int world, void *ctx)
     em_free(y);
 }
 
+/* The losses rank 0 of the library's run prints, on `world` forked ranks
+ * with the Accelerator configured by cfg (a ZeRO stage in cfg makes this
+ * the library's ZeRO run: comparing it with the example is then one
+ * check_same_losses call). */
 static void library_losses(int world, const em_accel_config *cfg, float *out)
 {
     scratch_ref *ref = mmap(NULL, sizeof *ref + sizeof(float) * SCRATCH_STEPS, PROT_READ | PROT_WRITE,
