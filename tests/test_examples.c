@@ -214,7 +214,8 @@ static th_run_result *run_accelerate2(const char *dir, const char *a1, const cha
 {
     if (access(ACCELERATE_BIN, X_OK) != 0 || access(EMBER_BIN, X_OK) != 0)
         SKIP("example binary not built (ninja -C <build> builds examples/)");
-    return th_run(EMBER_BIN, "launch", "-n", "2", ACCELERATE_BIN, "--out", dir, a1, a2, NULL);
+    return th_run(EMBER_BIN, "launch", "-n", "2", "--master-port", "0", ACCELERATE_BIN, "--out", dir, a1, a2,
+                  NULL);
 }
 
 /* Two processes, 6 epochs straight; and 2 epochs, stopped, then --resume:
@@ -285,15 +286,18 @@ enum { SCRATCH_STEPS = 20 };
 
 /* The SCRATCH_STEPS losses rank 0 prints for `ember launch -n world
  * ddp_from_scratch part` (world 1: the binary alone). Each is an f32 printed
- * with %.9g, so the float read back is the very value the run computed. */
+ * with %.9g, so the float read back is the very value the run computed.
+ * Every launch in this file puts its store on a free port (--master-port 0):
+ * tests running at once must not meet on the default one. */
 static void scratch_losses(const char *part, int world, float *out)
 {
     if (access(DDP_SCRATCH_BIN, X_OK) != 0 || access(EMBER_BIN, X_OK) != 0)
         SKIP("example binary not built (ninja -C <build> builds examples/)");
     char n[8];
     snprintf(n, sizeof n, "%d", world);
-    th_run_result *r = world == 1 ? th_run(DDP_SCRATCH_BIN, part, NULL)
-                                  : th_run(EMBER_BIN, "launch", "-n", n, DDP_SCRATCH_BIN, part, NULL);
+    th_run_result *r =
+        world == 1 ? th_run(DDP_SCRATCH_BIN, part, NULL)
+                   : th_run(EMBER_BIN, "launch", "-n", n, "--master-port", "0", DDP_SCRATCH_BIN, part, NULL);
     CHECK_EXIT(r, 0);
     double loss[SCRATCH_STEPS + 1];
     int got = numbers_after(r->out, "| loss ", loss, SCRATCH_STEPS + 1);
@@ -453,7 +457,8 @@ TEST(test_example_ddp_from_scratch_refuses_a_world_that_does_not_split_the_batch
 {
     if (access(DDP_SCRATCH_BIN, X_OK) != 0 || access(EMBER_BIN, X_OK) != 0)
         SKIP("example binary not built (ninja -C <build> builds examples/)");
-    th_run_result *r = th_run(EMBER_BIN, "launch", "-n", "5", DDP_SCRATCH_BIN, "ddp", NULL);
+    th_run_result *r =
+        th_run(EMBER_BIN, "launch", "-n", "5", "--master-port", "0", DDP_SCRATCH_BIN, "ddp", NULL);
     CHECK_EXIT(r, 1);
     CHECK(strstr(r->err, "a batch of 24 rows does not split evenly over 5 ranks") != NULL);
 }
