@@ -220,9 +220,9 @@ static em_status train_zero1(trainer *t, int steps)
         /* Reduce-scatter instead of all-reduce: rank r receives the average
          * over ranks of its own chunk only; no rank needs the averaged
          * gradient of weights it does not update. (ember's em_zero keeps
-         * DDP's all-reduce at stage 1, so that every rank can still clip
-         * by the global norm as DDP does, and reduce-scatters at stage 2,
-         * where it also frees the full gradients.) */
+         * DDP's all-reduce at stage 1, where every rank then holds all the
+         * gradients and clips them as DDP does, and reduce-scatters at
+         * stage 2, where it also gives back the full gradients' memory.) */
         if (st == EM_OK) st = em_copy_into(em_narrow(padded, 0, 0, t->P), t->flat_grads);
         if (st == EM_OK) st = em_reduce_scatter(t->pg, chunk_grad, padded, EM_RED_AVG, NULL);
         /* Each rank updates its chunk: a W-th of the optimizer's work. */
