@@ -1,14 +1,18 @@
 /* test_examples.c — the programs in examples/ run as a user runs them: the
  * built binaries (EMBER_BUILD_DIR/examples/...) are started with a few short
  * runs, and their exit status and printed numbers are checked: the loss goes
- * down, the accuracy ends above chance, and a bad flag exits 2 naming it. A
- * binary that was not built is a skip, not a failure. */
+ * down, the accuracy ends above chance, and a bad flag exits 2 naming it;
+ * ddp_from_scratch's printed losses are compared with the library's DDP run
+ * on the same job and between its two parts. A binary that was not built
+ * is a skip, not a failure. */
 #include <stdarg.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "dist_util.h"
 #include "harness.h"
 
 #define GPT_BIN EMBER_BUILD_DIR "/examples/gpt"
@@ -210,7 +214,8 @@ static th_run_result *run_accelerate2(const char *dir, const char *a1, const cha
 {
     if (access(ACCELERATE_BIN, X_OK) != 0 || access(EMBER_BIN, X_OK) != 0)
         SKIP("example binary not built (ninja -C <build> builds examples/)");
-    return th_run(EMBER_BIN, "launch", "-n", "2", ACCELERATE_BIN, "--out", dir, a1, a2, NULL);
+    return th_run(EMBER_BIN, "launch", "-n", "2", "--master-port", "0", ACCELERATE_BIN, "--out", dir, a1, a2,
+                  NULL);
 }
 
 /* Two processes, 6 epochs straight; and 2 epochs, stopped, then --resume:
@@ -272,4 +277,200 @@ TEST(test_example_accelerate_rejects_unknown_flag_naming_it)
     th_run_result *r = run_example(ACCELERATE_BIN, "--lr", "3", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "'--lr'") != NULL);
+}
+
+/* ---- ddp_from_scratch ------------------------------------------------------------ */
+
+#define DDP_SCRATCH_BIN EMBER_BUILD_DIR "/examples/ddp_from_scratch"
+enum { SCRATCH_STEPS = 20 };
+
+/* The SCRATCH_STEPS losses rank 0 prints for `ember launch -n world
+ * ddp_from_scratch part` (world 1: the binary alone). Each is an f32 printed
+ * with %.9g, so the float read back is the very value the run computed.
+ * Every launch in this file puts its store on a free port (--master-port 0):
+ * tests running at once must not meet on the default one. */
+static void scratch_losses(const char *part, int world, float *out)
+{
+    if (access(DDP_SCRATCH_BIN, X_OK) != 0 || access(EMBER_BIN, X_OK) != 0)
+        SKIP("example binary not built (ninja -C <build> builds examples/)");
+    char n[8];
+    snprintf(n, sizeof n, "%d", world);
+    th_run_result *r =
+        world == 1 ? th_run(DDP_SCRATCH_BIN, part, NULL)
+                   : th_run(EMBER_BIN, "launch", "-n", n, "--master-port", "0", DDP_SCRATCH_BIN, part, NULL);
+    CHECK_EXIT(r, 0);
+    double loss[SCRATCH_STEPS + 1];
+    int got = numbers_after(r->out, "| loss ", loss, SCRATCH_STEPS + 1);
+    if (got != SCRATCH_STEPS)
+        th_fail(__FILE__, __LINE__, "%s on %d: want %d losses, got %d:\n%s", part, world, SCRATCH_STEPS, got,
+                r->out);
+    for (int i = 0; i < SCRATCH_STEPS; i++) out[i] = (float)loss[i];
+}
+
+/* Fails unless a[i] and b[i] agree for every step: bitwise when rel is 0,
+ * else within rel relative. The one place every comparison goes through. */
+static void check_same_losses(const char *what, const float *a, const float *b, int n, double rel)
+{
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]), m = fabs((double)b[i]);
+        if (rel == 0 ? a[i] != b[i] : !(d <= rel * m))
+            th_fail(__FILE__, __LINE__,
+                    "%s: step %d: loss %.9g vs %.9g (relative difference %.3g, allowed %g)", what, i,
+                    (double)a[i], (double)b[i], m > 0 ? d / m : d, rel);
+    }
+}
+
+/* ddp_from_scratch's training through the library instead of by hand: the
+ * same data, model, per-rank initial weights, batch split and AdamW, with
+ * the Accelerator (cfg) doing the broadcast, the gradient averaging and the
+ * step. Must stay the example's set-up line for line (its setup and
+ * local_loss); any drift shows as a failed comparison. */
+typedef struct scratch_ref {
+    em_accel_config cfg;
+    float *losses; /* shared with the parent: SCRATCH_STEPS of them */
+} scratch_ref;
+
+static void scratch_reference_rank(int rank, int world, void *ctx)
+{
+    enum { IN = 8, HIDDEN = 32, CLASSES = 3, N_DATA = 480, BATCH = 24 };
+    scratch_ref *ref = ctx;
+    th_no_user_config();
+    em_accelerator *acc = em_accelerator_new(&ref->cfg);
+    CHECK_NOTNULL(acc);
+    em_rng data_rng = em_rng_new(42);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(N_DATA, IN), &data_rng);
+    em_tensor *teacher = em_randn(EM_F32, EM_SHAPE(IN, CLASSES), &data_rng);
+    em_scope s = em_scope_begin();
+    em_tensor *y = em_keep(em_argmax(em_matmul(x, teacher), 1, false));
+    em_scope_end(s);
+    em_rng init_rng = em_rng_new(1000 + (uint64_t)rank);
+    em_module *model = em_module_new(NULL, "");
+    em_nn_linear *fc1 = em_nn_linear_new(model, "fc1", IN, HIDDEN, true, &init_rng);
+    em_nn_linear *fc2 = em_nn_linear_new(model, "fc2", HIDDEN, CLASSES, true, &init_rng);
+    CHECK(y && fc2);
+    em_named named[4];
+    em_tensor *params[4];
+    int n = em_module_params(model, named, 4);
+    for (int i = 0; i < n; i++) params[i] = named[i].t;
+    em_adam_config ac = em_adamw_defaults();
+    ac.lr = 1e-2;
+    em_optimizer *opt = em_adamw_new(n, params, &ac);
+    CHECK_OK(em_accel_prepare(acc, model, opt, NULL, NULL));
+    CHECK(em_accel_zero_stage(acc) ==
+          (ref->cfg.zero_stage > 0 ? ref->cfg.zero_stage : 0)); /* the asked run */
+    int64_t per_rank = BATCH / world;
+    for (int step = 0; step < SCRATCH_STEPS; step++) {
+        s = em_scope_begin();
+        int64_t first = (int64_t)step * BATCH % N_DATA + rank * per_rank;
+        em_tensor *h = em_relu(em_nn_linear_forward(fc1, em_narrow(x, 0, first, per_rank)));
+        em_tensor *loss =
+            em_cross_entropy(em_nn_linear_forward(fc2, h), em_narrow(y, 0, first, per_rank), -1);
+        CHECK_NOTNULL(loss);
+        CHECK_OK(em_accel_backward(acc, loss));
+        CHECK_OK(em_accel_step(acc));
+        CHECK_OK(em_accel_zero_grad(acc));
+        em_tensor *mean = em_accel_reduce(acc, em_scalar(EM_F32, em_item(loss)), EM_RED_AVG);
+        CHECK_NOTNULL(mean);
+        if (rank == 0) ref->losses[step] = (float)em_item(mean);
+        em_scope_end(s);
+    }
+    em_accelerator_free(acc);
+    em_optim_free(opt);
+    em_module_free(model);
+    em_free(x);
+    em_free(y);
+}
+
+/* The losses rank 0 of the library's run prints, on `world` forked ranks
+ * with the Accelerator configured by cfg (zero_stage picks DDP or ZeRO). */
+static void library_losses(int world, const em_accel_config *cfg, float *out)
+{
+    scratch_ref *ref = mmap(NULL, sizeof *ref + sizeof(float) * SCRATCH_STEPS, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(ref != MAP_FAILED);
+    *ref = (scratch_ref){.cfg = *cfg, .losses = (float *)(ref + 1)};
+    TH_RANKS_ENV(world, scratch_reference_rank, ref);
+    memcpy(out, ref->losses, sizeof(float) * SCRATCH_STEPS);
+    munmap(ref, sizeof *ref + sizeof(float) * SCRATCH_STEPS);
+}
+
+/* Part 1 against em_ddp (through the Accelerator) on 2 processes: bitwise.
+ * Every gradient element is the same a+b then /2 whichever way the sum is
+ * cut into messages (two addends commute exactly), and the forward, the
+ * backward and AdamW are the same calls on the same numbers. */
+TEST(test_example_ddp_from_scratch_ddp_matches_the_library_ddp_bitwise_on_two_processes)
+{
+    float ex[SCRATCH_STEPS], lib[SCRATCH_STEPS];
+    scratch_losses("ddp", 2, ex);
+    library_losses(2, &(em_accel_config){0}, lib);
+    check_same_losses("by-hand DDP vs the Accelerator's DDP", ex, lib, SCRATCH_STEPS, 0);
+    /* and it learns: the last loss well below the first */
+    CHECK(ex[SCRATCH_STEPS - 1] < 0.8f * ex[0]);
+}
+
+/* Part 2 against part 1 on 2 processes: bitwise. AdamW is elementwise, so a
+ * chunk's update is the same arithmetic as the whole model's, and the
+ * reduce-scatter's average of two addends is the all-reduce's. */
+TEST(test_example_ddp_from_scratch_zero1_matches_its_ddp_bitwise_on_two_processes)
+{
+    float ddp[SCRATCH_STEPS], zero1[SCRATCH_STEPS];
+    scratch_losses("ddp", 2, ddp);
+    scratch_losses("zero1", 2, zero1);
+    check_same_losses("by-hand ZeRO-1 vs by-hand DDP", zero1, ddp, SCRATCH_STEPS, 0);
+}
+
+/* Part 2 against the library's ZeRO-1 (the Accelerator with zero_stage 1)
+ * on 2 processes: bitwise. The library cuts each DDP bucket rather than the
+ * whole buffer, and all-reduces where the example reduce-scatters, but
+ * every element still takes the same average and the same AdamW step. */
+TEST(test_example_ddp_from_scratch_zero1_matches_the_library_zero1_bitwise_on_two_processes)
+{
+    float ex[SCRATCH_STEPS], lib[SCRATCH_STEPS];
+    scratch_losses("zero1", 2, ex);
+    library_losses(2, &(em_accel_config){.zero_stage = 1}, lib);
+    check_same_losses("by-hand ZeRO-1 vs the Accelerator's ZeRO-1", ex, lib, SCRATCH_STEPS, 0);
+}
+
+/* On 3 processes the flat buffer (400 elements) does not split evenly: the
+ * last chunk carries 2 elements of padding. ZeRO-1 still follows DDP, within
+ * 1e-6: with three addends the sum's order matters, and the library promises
+ * no common order to the all-reduce and the reduce-scatter (today both sum
+ * messages this small in rank order, and the losses come out bitwise). */
+TEST(test_example_ddp_from_scratch_zero1_pads_the_last_chunk_and_follows_ddp_on_three_processes)
+{
+    float ddp[SCRATCH_STEPS], zero1[SCRATCH_STEPS];
+    scratch_losses("ddp", 3, ddp);
+    scratch_losses("zero1", 3, zero1);
+    check_same_losses("by-hand ZeRO-1 vs by-hand DDP, 3 processes", zero1, ddp, SCRATCH_STEPS, 1e-6);
+}
+
+/* Alone, both parts run as a group of one (every collective returns its
+ * input), agree bitwise with each other, and follow the 2-process run within
+ * rounding (a mean over 24 rows vs the average of two means over 12). */
+TEST(test_example_ddp_from_scratch_runs_alone_and_follows_the_two_process_run)
+{
+    float one_ddp[SCRATCH_STEPS], one_zero1[SCRATCH_STEPS], two[SCRATCH_STEPS];
+    scratch_losses("ddp", 1, one_ddp);
+    scratch_losses("zero1", 1, one_zero1);
+    scratch_losses("ddp", 2, two);
+    check_same_losses("ZeRO-1 vs DDP, one process", one_zero1, one_ddp, SCRATCH_STEPS, 0);
+    check_same_losses("one process vs two", one_ddp, two, SCRATCH_STEPS, 1e-5);
+}
+
+TEST(test_example_ddp_from_scratch_rejects_an_unknown_part)
+{
+    th_run_result *r = run_example(DDP_SCRATCH_BIN, "zero3", NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "'zero3'") != NULL);
+    CHECK(strstr(r->err, "usage: ddp_from_scratch ddp|zero1") != NULL);
+}
+
+TEST(test_example_ddp_from_scratch_refuses_a_world_that_does_not_split_the_batch)
+{
+    if (access(DDP_SCRATCH_BIN, X_OK) != 0 || access(EMBER_BIN, X_OK) != 0)
+        SKIP("example binary not built (ninja -C <build> builds examples/)");
+    th_run_result *r =
+        th_run(EMBER_BIN, "launch", "-n", "5", "--master-port", "0", DDP_SCRATCH_BIN, "ddp", NULL);
+    CHECK_EXIT(r, 1);
+    CHECK(strstr(r->err, "a batch of 24 rows does not split evenly over 5 ranks") != NULL);
 }
