@@ -12,12 +12,12 @@
  *
  * bench_ddp zero [tiny|124m] [ranks] [steps] [threads per rank]
  *                (default tiny, 2, 30 (124m: 6), 1)
- *   ZeRO stages 0 (DDP), 1 and 2 (em_zero) side by side: for each, a fresh
+ *   ZeRO stages 0 (DDP), 1, 2 and 3 (em_zero) side by side: for each, a fresh
  *   group of N ranks runs the same steps (tiny: batch 12 x T 64 per rank;
  *   124m: GPT-2 124M, batch 4 x T 64), and the table gives the median step
  *   (slowest rank), its ratio to DDP's, and the largest peak resident memory
  *   of a rank (VmHWM, which a fresh process per stage keeps apart) with the
- *   optimizer state one rank holds. Stages run in turn, twice (0 1 2 0 1 2),
+ *   optimizer state one rank holds. Stages run in turn, twice (0 1 2 3 0 1 2 3),
  *   and the faster of each stage's two medians is reported, so a slow
  *   moment of a shared machine does not land on one stage only. */
 #include <stdio.h>
@@ -176,7 +176,7 @@ static void print_machine(void)
            getenv("EMBER_TRANSPORT") ? getenv("EMBER_TRANSPORT") : "auto (shm on one machine)");
 }
 
-/* The ZeRO table: stages 0, 1, 2 in turn, twice. */
+/* The ZeRO table: stages 0-3 in turn, twice. */
 static int zero_table(int argc, char **argv)
 {
     bool big = argc > 2 && !strcmp(argv[2], "124m");
@@ -195,10 +195,10 @@ static int zero_table(int argc, char **argv)
     }
     j.ms = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (j.ms == MAP_FAILED) return 1;
-    double ms[3], rss[3], st[3];
-    for (int k = 0; k < 3; k++) ms[k] = 1e300;
+    double ms[4], rss[4], st[4];
+    for (int k = 0; k < 4; k++) ms[k] = 1e300;
     for (int round = 0; round < 2; round++)
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 4; k++) {
             j.stage = k;
             if (bench_ranks(world, EM_TRANSPORT_AUTO, "bench/zero", train, &j)) return 1;
             if (j.ms[0] < ms[k]) ms[k] = j.ms[0];
@@ -211,7 +211,7 @@ static int zero_table(int argc, char **argv)
            big ? "GPT-2 124M" : "tiny", (big ? 124.44 : 0.80), world, j.threads, j.batch, (int)j.model.block_size,
            j.steps);
     printf("%-6s %10s %9s %14s %16s\n", "stage", "ms/step", "vs DDP", "peak RSS MiB", "opt state MiB");
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         printf("%-6d %10.1f %8.3fx %14.0f %16.1f\n", k, ms[k], ms[k] / ms[0], rss[k], st[k]);
     return 0;
 }

@@ -193,7 +193,7 @@ int em_accel_local_rank(const em_accelerator *a) { return a ? a->local_rank : -1
 bool em_accel_is_main_process(const em_accelerator *a) { return a && a->rank == 0; }
 bool em_accel_is_local_main(const em_accelerator *a) { return a && a->local_rank == 0; }
 int em_accel_grad_accum(const em_accelerator *a) { return a ? a->grad_accum : -1; }
-int em_accel_zero_stage(const em_accelerator *a) { return !a ? -1 : a->zero ? em_zero_stage(a->zero) : 0; }
+int em_accel_zero_stage(const em_accelerator *a) { return !a ? -1 : a->world > 1 ? a->zero_stage : 0; }
 
 em_status em_accel_gather_params(em_accelerator *a)
 {

@@ -61,7 +61,8 @@ static double gpt_params(const em_gpt_config *m, double *largest_unit)
     double ln = C + bias * C;
     double block = 2 * ln + 12 * C * C + bias * 9 * C;
     double embed = (V + (double)m->block_size) * C + ln; /* wte (also the head), wpe, ln_f */
-    *largest_unit = block > embed ? block : embed;
+    /* the largest parameter: a bucket of stage 3 holds at least it */
+    *largest_unit = V * C > 4 * C * C ? V * C : 4 * C * C;
     return embed + (double)m->n_layer * block;
 }
 
@@ -71,15 +72,20 @@ static double gpt_params(const em_gpt_config *m, double *largest_unit)
  *   stage 1: params 4P,  grads 4P,  optimizer opt*P / W
  *   stage 2: params 4P,  grads 4P/W + the buckets in flight during backward
  *            (2 x bucket bytes, at most 4P), optimizer / W
- *   stage 3: params 4P/W + 2 x the largest unit gathered at once (a block, or
- *            the embeddings with the head), grads and optimizer as stage 2.
+ *   stage 3: params 4P/W + the 3 buckets kept whole at once (dist/zero.c's
+ *            KEEP: in use, the one before, the prefetched next; a bucket is
+ *            bucket bytes, or the largest parameter when that is bigger;
+ *            never more than 4P in all), grads and optimizer as stage 2.
  * The ZeRO engine (dist/zero.c) allocates exactly this; change both together. */
 static void zero_split(int stage, double W, double P, double opt, double bucket, double unit, double out[3])
 {
     double params = 4 * P, grads = 4 * P, optim = opt * P;
     if (stage >= 1) optim /= W;
     if (stage >= 2) grads = 4 * P / W + (2 * bucket < 4 * P ? 2 * bucket : 4 * P);
-    if (stage >= 3) params = 4 * P / W + 2 * 4 * unit;
+    if (stage >= 3) {
+        double whole = 3 * (bucket > 4 * unit ? bucket : 4 * unit);
+        params = 4 * P / W + (whole < 4 * P - 4 * P / W ? whole : 4 * P - 4 * P / W);
+    }
     out[0] = params, out[1] = grads, out[2] = optim;
 }
 

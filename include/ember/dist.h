@@ -436,8 +436,10 @@ int em_accel_local_rank(const em_accelerator *a);
 bool em_accel_is_main_process(const em_accelerator *a);
 bool em_accel_is_local_main(const em_accelerator *a);
 int em_accel_grad_accum(const em_accelerator *a);
-/* The ZeRO stage in force: 1, 2 or 3 once an optimizer is prepared with
- * zero_stage set and world > 1, else 0 (-1 for NULL). */
+/* The ZeRO stage this Accelerator runs (resolved from code, the
+ * environment and the config file; 0 = DDP, and always 0 with world 1,
+ * where there is nothing to shard); it shards the optimizer once one is
+ * prepared. -1 for NULL. */
 int em_accel_zero_stage(const em_accelerator *a);
 /* Accelerate's get_state_dict for ZeRO-3: makes every prepared model's
  * parameters whole on every rank until the next em_accel_step (a
