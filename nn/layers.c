@@ -90,7 +90,9 @@ static void *abandon(em_module *parent, em_module *m)
 }
 
 /* Checks a layer forward's input x: its last dim must be `dim`, its dtype the
- * parameter's. */
+ * parameter's, or, under autocast, the autocast dtype over f32 parameters
+ * (a bf16 product's output going into the next Linear: the ops cast as their
+ * policies say). */
 static tensor *check_x(const char *kind, em_tensor *xh, int64_t dim, em_tensor *param)
 {
     tensor *x = t_resolve(xh, kind);
@@ -99,7 +101,9 @@ static tensor *check_x(const char *kind, em_tensor *xh, int64_t dim, em_tensor *
     if (x->ndim < 1 || x->shape[x->ndim - 1] != dim)
         return em_fail(EM_ERR_SHAPE, "x is %s, its last dim must be %lld (parameter is %s)", shp(x),
                        (long long)dim, shp(p));
-    if (x->dtype != p->dtype)
+    em_dtype ac = op_autocast();
+    bool autocast_ok = ac != EM_F32 && p->dtype == EM_F32 && (x->dtype == ac || x->dtype == EM_F32);
+    if (x->dtype != p->dtype && !autocast_ok)
         return em_fail(EM_ERR_DTYPE, "x is %s%s but the parameters are %s", em_dtype_name(x->dtype), shp(x),
                        em_dtype_name(p->dtype));
     return x;

@@ -40,6 +40,28 @@ TEST(test_autocast_follows_the_policy_table)
     em_scope_end(s);
 }
 
+/* A GPT without biases under bf16 autocast: the MLP's GELU keeps the first
+ * Linear's bf16 output (no bias add promotes it), and the second Linear
+ * takes it over its f32 weight. It used to fail the Linear's dtype check. */
+TEST(test_a_gpt_without_biases_trains_under_bf16_autocast)
+{
+    em_gpt_config c = {.vocab_size = 16, .block_size = 8, .n_layer = 1, .n_head = 2, .n_embd = 16, .bias = false};
+    em_gpt *g = em_gpt_new(&c, 3);
+    CHECK_NOTNULL(g);
+    em_scope sc = em_scope_begin();
+    int32_t tok[16];
+    for (int i = 0; i < 16; i++) tok[i] = (i * 5) % 16;
+    em_tensor *x = em_from_data(EM_I32, EM_SHAPE(2, 8), tok), *y = em_from_data(EM_I32, EM_SHAPE(2, 8), tok);
+    em_dtype prev = em_autocast_set(EM_BF16);
+    em_tensor *loss = em_gpt_loss(g, x, y);
+    em_autocast_set(prev);
+    CHECK_NOTNULL(loss);
+    CHECK(isfinite(em_item(loss)));
+    CHECK_OK(em_backward(loss, NULL));
+    em_scope_end(sc);
+    em_gpt_free(g);
+}
+
 TEST(test_amp_policy_can_be_overridden_per_op)
 {
     CHECK(em_amp_policy_of("softmax") == EM_AMP_F32 && em_amp_policy_of("matmul") == EM_AMP_LOW);
