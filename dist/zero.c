@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "amp/amp_impl.h"
@@ -101,6 +102,10 @@ struct em_zero {
  * one in use, the one before it (a residual's), and the prefetched next. */
 enum { KEEP = 3 };
 
+/* Stages 2-3: buckets of gradients whose reduce-scatter may still be running
+ * while backward fills the next one. */
+enum { INFLIGHT = 2 };
+
 /* Whether a stage 3 engine holds the dispatcher's fetch (one at a time). */
 static bool fetching;
 
@@ -136,9 +141,17 @@ static em_status launch(void *ctx, int i, em_tensor *grads, em_work **work)
 {
     em_zero *z = ctx;
     zbucket *b = &z->b[i];
-    /* the buckets whose collective is done by now give their pages back */
-    for (int j = 0; j < i; j++)
-        if (z->b[j].work && !z->b[j].released && em_work_done(z->b[j].work)) release_bucket(z, j);
+    /* The buckets whose collective is done give their pages back; at most
+     * INFLIGHT buckets of gradients stay resident behind this one, so
+     * backward waits for the oldest when communication falls behind (the
+     * handle stays DDP's to wait on: this only watches it). */
+    for (int j = 0; j < i; j++) {
+        zbucket *o = &z->b[j];
+        if (!o->work || o->released) continue;
+        if (j < i - INFLIGHT)
+            while (!em_work_done(o->work)) nanosleep(&(struct timespec){0, 20000}, NULL);
+        if (em_work_done(o->work)) release_bucket(z, j);
+    }
     em_tensor *in = grads;
     if (b->pad) { /* equal chunks: the bucket, then zeros */
         size_t es = em_dtype_size(b->dtype);
