@@ -79,6 +79,12 @@ static inline int opt_state_shape(const oparam *p, const tensor *t, int64_t *sha
  * non-contiguous parameter. */
 em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece);
 
+/* The checks em_optim_load_state makes of state (names, dtypes, shapes,
+ * every field of a parameter that has one), without changing o: for a
+ * caller that must know a load will succeed before it changes anything
+ * else. Errors name fn. */
+em_status optim_check_state(const em_optimizer *o, int n, const em_named *state, const char *fn);
+
 /* Allocates (zeroed) the missing state tensors of parameter i, whose tensor
  * is t. EM_ERR_OOM on failure (what was allocated stays, unused). */
 em_status opt_alloc_state(em_optimizer *o, int i, tensor *t);

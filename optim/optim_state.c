@@ -126,20 +126,18 @@ static em_status chk_count(const char *fn, const char *name, const tensor *t)
     return EM_OK;
 }
 
-em_status em_optim_load_state(em_optimizer *o, int n, const em_named *state)
+/* em_optim_load_state's checks of state against o (nothing is modified):
+ * mask[i] (np + 1 ints, zeroed; [np] the global "step") gets the fields
+ * found for parameter i. Errors name fn. */
+static em_status check_state(const em_optimizer *o, int n, const em_named *state, int *mask, const char *fn)
 {
-    const char *fn = "em_optim_load_state";
-    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
     if (n < 0 || (n > 0 && !state)) return em_err(EM_ERR_ARG, "%s: bad state array (n=%d)", fn, n);
     for (int i = 0; i < o->np; i++)
         if (!t_resolve(o->p[i].h, fn)) return em_last_status();
     int full = 0;
     for (int f = 0; f < F_COUNT; f++)
         if (opt_has_field(o, f)) full |= 1 << f;
-    int *mask = calloc((size_t)o->np + 1, sizeof *mask); /* [np]: the global "step" */
-    if (!mask) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
     em_status s = EM_OK;
-    /* 1. check every entry */
     for (int k = 0; k < n && !s; k++) {
         const char *name = state[k].name;
         if (!name) {
@@ -191,6 +189,27 @@ em_status em_optim_load_state(em_optimizer *o, int n, const em_named *state)
                 s = em_err(EM_ERR_ARG, "%s: '%s' is missing (parameter %d has other state entries)", fn,
                            o->p[i].name[f], i);
     }
+    return s;
+}
+
+em_status optim_check_state(const em_optimizer *o, int n, const em_named *state, const char *fn)
+{
+    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
+    int *mask = calloc((size_t)o->np + 1, sizeof *mask);
+    if (!mask) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    em_status s = check_state(o, n, state, mask, fn);
+    free(mask);
+    return s;
+}
+
+em_status em_optim_load_state(em_optimizer *o, int n, const em_named *state)
+{
+    const char *fn = "em_optim_load_state";
+    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
+    int *mask = calloc((size_t)o->np + 1, sizeof *mask); /* [np]: the global "step" */
+    if (!mask) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    /* 1. check every entry */
+    em_status s = check_state(o, n, state, mask, fn);
     /* 2. allocate what is missing (nothing is modified yet) */
     for (int i = 0; i < o->np && !s; i++)
         if (mask[i]) s = opt_alloc_state(o, i, t_resolve(o->p[i].h, fn));
