@@ -4,6 +4,8 @@
  *
  *   DIR/model.safetensors      parameters and buffers      (rank 0 writes)
  *   DIR/optimizer.safetensors  em_optim_state               (rank 0 writes)
+ *     or, under ZeRO, DIR/optimizer.rank_R.safetensors: each rank's shard
+ *     (dist/checkpoint_optim.c has the format and how a load re-shards)
  *   DIR/rank_R.json            this rank's counters: world size, optimizer
  *                              steps, micro-step, loader position and global
  *                              batch, sampler state and batch, loss scaler,
@@ -14,7 +16,8 @@
  *                              and steps (dist/checkpoint.c)
  *
  * Model and optimizer state are the same on every rank under DDP, so one copy
- * serves all; the counters and generators are per rank. Numbers are written
+ * serves all (under ZeRO the optimizer state is not: each rank saves its
+ * pieces'); the counters and generators are per rank. Numbers are written
  * as decimal strings (generator seeds are full 64-bit).
  *
  * A save is whole or absent: rank 0 makes a save id and the directory
@@ -44,6 +47,10 @@
  *    every saved rank stays alike (exact); one that differed per rank cannot
  *    be mapped exactly, and its draws (dropout masks) then differ from an
  *    uninterrupted run of either size.
+ *  - the optimizers' state: each rank assembles the state of its own
+ *    pieces (ZeRO) or whole parameters from the files that hold them, the
+ *    whole-state file or the shards that overlap (dist/checkpoint_optim.c),
+ *    during the checks, so a bad shard fails the load before any change.
  *  - a save made mid-accumulation (micro-step != 0) resumes only at W: the
  *    window's partial gradients were summed per rank (no_sync) and cannot
  *    be shared out over another number of ranks.
@@ -756,7 +763,8 @@ static em_status plan_local(em_accelerator *a, const char *dir, const ckpt_manif
     em_status s = read_checkpoint(a, dir, &c[0], &c[1], &c[2]);
     if (!s) s = check_run(a, dir, &c[0], &c[1]);
     for (int k = 0; k < a->nloaders && !s; k++) s = loader_position(a, k, &c[0], &c[1], &pos[k]);
-    for (int k = 0; k < a->nopts && !s; k++) s = ckpt_optim_read(a->opts[k], dir, m, k, &o->st[k], &o->n[k], LOAD);
+    for (int k = 0; k < a->nopts && !s; k++)
+        s = ckpt_optim_read(a->opts[k], dir, m, k, &o->st[k], &o->n[k], LOAD);
     return s;
 }
 

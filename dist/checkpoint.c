@@ -220,7 +220,8 @@ static bool checkpoint_file(const char *name)
     snprintf(base, sizeof base, "%s", name);
     char *t = strstr(base, ".tmp");
     if (t && (t[4] == '\0' || t[4] == '.')) *t = '\0';
-    if (!strcmp(base, CKPT_MANIFEST) || object_file(base, "model") || object_file(base, "optimizer")) return true;
+    if (!strcmp(base, CKPT_MANIFEST) || object_file(base, "model") || object_file(base, "optimizer"))
+        return true;
     if (model_shard_file(base)) return true; /* em_accel_save_model's */
     size_t n = strlen(base);
     if (n < 11 || strncmp(base, "rank_", 5) || strcmp(base + n - 5, ".json")) return false;

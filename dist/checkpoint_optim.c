@@ -144,8 +144,9 @@ em_status ckpt_optim_save(const em_optimizer *o, const char *path, const ckpt_sh
     jbuf meta = {0};
     jb_puts(&meta, "{\"format\":\"" SHARD_FORMAT "\",\"save_id\":");
     jb_str(&meta, hex);
-    snprintf(num, sizeof num, ",\"world\":\"%d\",\"rank\":\"%d\",\"zero_stage\":\"%d\",\"pieces\":", id->world,
-             id->rank, id->stage);
+    snprintf(num, sizeof num,
+             ",\"world\":\"%d\",\"rank\":\"%d\",\"zero_stage\":\"%d\",\"pieces\":", id->world, id->rank,
+             id->stage);
     jb_puts(&meta, num);
     jb_str(&meta, pieces.len ? pieces.p : "");
     jb_puts(&meta, "}");
@@ -170,12 +171,12 @@ typedef struct plan {
     const ckpt_manifest *m;
     const char *dir, *fn;
     int k;
-    bool sharded;         /* the save's: shard files (else one whole-state file) */
-    int nfiles;           /* 1, or the saved world size */
-    piece *pc;            /* every file's pieces, file after file */
+    bool sharded; /* the save's: shard files (else one whole-state file) */
+    int nfiles;   /* 1, or the saved world size */
+    piece *pc;    /* every file's pieces, file after file */
     int npc, cap;
-    double step;          /* the global "step" */
-    double *pstep;        /* per parameter: its step count, once seen */
+    double step;   /* the global "step" */
+    double *pstep; /* per parameter: its step count, once seen */
     bool *has_pstep;
 } plan;
 
@@ -210,18 +211,20 @@ static em_status find_files(plan *p)
         return EM_OK;
     }
     if (!ckpt_lists(p->m, first))
-        return em_err(EM_ERR_IO, "%s: %s holds no state of optimizer %d: its manifest names neither %s nor %s",
-                      p->fn, p->dir, p->k, whole, first);
+        return em_err(EM_ERR_IO,
+                      "%s: %s holds no state of optimizer %d: its manifest names neither %s nor %s", p->fn,
+                      p->dir, p->k, whole, first);
     p->sharded = true;
     p->nfiles = (int)p->m->world;
     for (int r = 1; r < p->nfiles; r++) {
         char name[CKPT_NAME_MAX];
         ckpt_optim_file(name, sizeof name, p->k, r);
         if (!ckpt_lists(p->m, name))
-            return em_err(EM_ERR_IO,
-                          "%s: %s was saved by %d ZeRO ranks but its manifest does not name rank %d's shard %s: "
-                          "the checkpoint is incomplete",
-                          p->fn, p->dir, p->nfiles, r, name);
+            return em_err(
+                EM_ERR_IO,
+                "%s: %s was saved by %d ZeRO ranks but its manifest does not name rank %d's shard %s: "
+                "the checkpoint is incomplete",
+                p->fn, p->dir, p->nfiles, r, name);
     }
     return EM_OK;
 }
@@ -233,8 +236,8 @@ static em_status meta_count(const em_safetensors *f, const char *path, const cha
     char *end = NULL;
     long long x = v && *v >= '0' && *v <= '9' ? strtoll(v, &end, 10) : -1;
     if (x < 0 || !end || *end)
-        return em_err(EM_ERR_IO, "%s: %s: metadata \"%s\" is %s%s%s, not a count", fn, path, key, v ? "'" : "",
-                      v ? v : "missing", v ? "'" : "");
+        return em_err(EM_ERR_IO, "%s: %s: metadata \"%s\" is %s%s%s, not a count", fn, path, key,
+                      v ? "'" : "", v ? v : "missing", v ? "'" : "");
     *out = x;
     return EM_OK;
 }
@@ -245,22 +248,24 @@ static em_status shard_meta(plan *p, const em_safetensors *f, int file, const ch
     const char *fn = p->fn, *fmt = em_safetensors_metadata(f, "format"),
                *id = em_safetensors_metadata(f, "save_id"), *pcs = em_safetensors_metadata(f, "pieces");
     if (!fmt || strcmp(fmt, SHARD_FORMAT))
-        return em_err(EM_ERR_IO, "%s: %s is not an optimizer shard (metadata \"format\" '%.40s', want '%s')", fn,
-                      path, fmt ? fmt : "(none)", SHARD_FORMAT);
+        return em_err(EM_ERR_IO, "%s: %s is not an optimizer shard (metadata \"format\" '%.40s', want '%s')",
+                      fn, path, fmt ? fmt : "(none)", SHARD_FORMAT);
     char want[17];
     ckpt_id_hex(p->m->id, want);
     if (!id || strcmp(id, want))
         return em_err(EM_ERR_IO,
-                      "%s: %s belongs to save %.20s but the manifest is of save %s (a shard of another save)", fn,
-                      path, id ? id : "(none)", want);
+                      "%s: %s belongs to save %.20s but the manifest is of save %s (a shard of another save)",
+                      fn, path, id ? id : "(none)", want);
     int64_t world, rank, stage;
     em_status s = meta_count(f, path, "world", &world, fn);
     if (!s) s = meta_count(f, path, "rank", &rank, fn);
     if (!s) s = meta_count(f, path, "zero_stage", &stage, fn);
     if (s) return s;
     if (world != p->nfiles || rank != file)
-        return em_err(EM_ERR_IO, "%s: %s holds rank %lld of %lld's shard; the save has %d ranks and this is rank %d's file",
-                      fn, path, (long long)rank, (long long)world, p->nfiles, file);
+        return em_err(
+            EM_ERR_IO,
+            "%s: %s holds rank %lld of %lld's shard; the save has %d ranks and this is rank %d's file", fn,
+            path, (long long)rank, (long long)world, p->nfiles, file);
     if (!pcs) return em_err(EM_ERR_IO, "%s: %s: metadata \"pieces\" is missing", fn, path);
     int first = p->npc;
     for (const char *c = pcs; *c && !s;) {
@@ -279,19 +284,22 @@ static em_status shard_meta(plan *p, const em_safetensors *f, int file, const ch
         if (*c == ',') c++;
         int i = (int)v[0];
         if (v[0] >= p->o->np)
-            return em_err(EM_ERR_ARG,
-                          "%s: %s holds state of parameter %lld; this run's optimizer %d has %d parameters (is it "
-                          "the same model?)",
-                          fn, path, v[0], p->k, p->o->np);
+            return em_err(
+                EM_ERR_ARG,
+                "%s: %s holds state of parameter %lld; this run's optimizer %d has %d parameters (is it "
+                "the same model?)",
+                fn, path, v[0], p->k, p->o->np);
         int64_t numel = numel_of(p->o, i);
         if (v[3] != numel)
-            return em_err(EM_ERR_ARG,
-                          "%s: %s: parameter %d had %lld elements when saved; this run's has %lld (is it the same "
-                          "model?)",
-                          fn, path, i, v[3], (long long)numel);
+            return em_err(
+                EM_ERR_ARG,
+                "%s: %s: parameter %d had %lld elements when saved; this run's has %lld (is it the same "
+                "model?)",
+                fn, path, i, v[3], (long long)numel);
         if (v[2] < 1 || v[1] + v[2] > numel)
-            return em_err(EM_ERR_IO, "%s: %s: piece [%lld, %lld) of parameter %d (%lld elements) is out of bounds",
-                          fn, path, v[1], v[1] + v[2], i, (long long)numel);
+            return em_err(EM_ERR_IO,
+                          "%s: %s: piece [%lld, %lld) of parameter %d (%lld elements) is out of bounds", fn,
+                          path, v[1], v[1] + v[2], i, (long long)numel);
         for (int q = first; q < p->npc; q++)
             if (p->pc[q].param == i)
                 return em_err(EM_ERR_IO, "%s: %s: parameter %d has two pieces", fn, path, i);
@@ -329,14 +337,16 @@ static em_status scan_entries(plan *p, const em_safetensors *f, int file, int fi
         if (!strcmp(name, "step")) {
             if ((s = read_count(f, path, name, &v, fn))) break;
             if (file > 0 && v != p->step)
-                s = em_err(EM_ERR_IO, "%s: %s says %g optimizer steps but rank 0's shard says %g: not one save", fn,
+                s = em_err(EM_ERR_IO,
+                           "%s: %s says %g optimizer steps but rank 0's shard says %g: not one save", fn,
                            path, v, p->step);
             p->step = v;
             has_step = true;
             continue;
         }
         if (!entry_of(p->o, name, &i, &fld))
-            return em_err(EM_ERR_ARG, "%s: %s holds '%s', which is no state of this run's optimizer %d (%d parameters)",
+            return em_err(EM_ERR_ARG,
+                          "%s: %s holds '%s', which is no state of this run's optimizer %d (%d parameters)",
                           fn, path, name, p->k, p->o->np);
         piece *pc = NULL;
         for (int q = first; q < p->npc && !pc; q++)
@@ -351,8 +361,8 @@ static em_status scan_entries(plan *p, const em_safetensors *f, int file, int fi
         if (fld != F_STEP) continue;
         if ((s = read_count(f, path, name, &v, fn))) break;
         if (p->has_pstep[i] && v != p->pstep[i])
-            s = em_err(EM_ERR_IO, "%s: %s says '%s' is %g but another shard says %g: not one save", fn, path, name,
-                       v, p->pstep[i]);
+            s = em_err(EM_ERR_IO, "%s: %s says '%s' is %g but another shard says %g: not one save", fn, path,
+                       name, v, p->pstep[i]);
         p->pstep[i] = v;
         p->has_pstep[i] = true;
     }
@@ -404,14 +414,16 @@ static em_status check_cover(plan *p)
         for (; q < p->npc && p->pc[q].param == i; q++) {
             const piece *pc = &p->pc[q];
             if (pc->lo > at)
-                return em_err(EM_ERR_IO,
-                              "%s: %s: elements [%lld, %lld) of parameter %d (%lld elements) are in no shard of "
-                              "optimizer %d: the shards do not cover it",
-                              p->fn, p->dir, (long long)at, (long long)pc->lo, i, (long long)numel, p->k);
+                return em_err(
+                    EM_ERR_IO,
+                    "%s: %s: elements [%lld, %lld) of parameter %d (%lld elements) are in no shard of "
+                    "optimizer %d: the shards do not cover it",
+                    p->fn, p->dir, (long long)at, (long long)pc->lo, i, (long long)numel, p->k);
             if (pc->lo < at) {
                 file_path(p, p->pc[q - 1].file, path, sizeof path, a, sizeof a);
                 file_path(p, pc->file, path, sizeof path, b, sizeof b);
-                return em_err(EM_ERR_IO, "%s: %s: elements [%lld, %lld) of parameter %d are in both %s and %s", p->fn,
+                return em_err(EM_ERR_IO,
+                              "%s: %s: elements [%lld, %lld) of parameter %d are in both %s and %s", p->fn,
                               p->dir, (long long)pc->lo, (long long)at, i, a, b);
             }
             at = pc->lo + pc->n;
@@ -525,9 +537,10 @@ static em_status copy_from(plan *p, int file, em_named *st, int n)
             tensor *src = h ? t_resolve(h, p->fn) : NULL;
             if (!src) {
                 s = em_last_status();
-            } else if (t_numel(src) != pc->n || (!p->sharded && (src->ndim != param->ndim ||
-                                                                  memcmp(src->shape, param->shape,
-                                                                         sizeof(int64_t) * (size_t)src->ndim)))) {
+            } else if (t_numel(src) != pc->n ||
+                       (!p->sharded &&
+                        (src->ndim != param->ndim ||
+                         memcmp(src->shape, param->shape, sizeof(int64_t) * (size_t)src->ndim)))) {
                 char want[64];
                 if (p->sharded)
                     snprintf(want, sizeof want, "(%lld)", (long long)pc->n);
@@ -536,10 +549,11 @@ static em_status copy_from(plan *p, int file, em_named *st, int n)
                 s = em_err(EM_ERR_IO, "%s: %s: '%s' is %s; parameter %d's piece there is %s", p->fn, path,
                            o->p[i].name[fld], shp(src), i, want);
             } else if (!em_dtype_is_float(src->dtype)) {
-                s = em_err(EM_ERR_IO, "%s: %s: '%s' is %s; state tensors are float", p->fn, path, o->p[i].name[fld],
-                           em_dtype_name(src->dtype));
+                s = em_err(EM_ERR_IO, "%s: %s: '%s' is %s; state tensors are float", p->fn, path,
+                           o->p[i].name[fld], em_dtype_name(src->dtype));
             } else {
-                opt_gather(src, a - pc->lo, b - a, dst->dtype, (char *)t_ptr(dst) + (size_t)(a - lo) * t_esize(dst));
+                opt_gather(src, a - pc->lo, b - a, dst->dtype,
+                           (char *)t_ptr(dst) + (size_t)(a - lo) * t_esize(dst));
             }
             em_free(h);
         }
@@ -548,8 +562,8 @@ static em_status copy_from(plan *p, int file, em_named *st, int n)
     return s;
 }
 
-em_status ckpt_optim_read(const em_optimizer *o, const char *dir, const ckpt_manifest *m, int k, em_named **out,
-                          int *n, const char *fn)
+em_status ckpt_optim_read(const em_optimizer *o, const char *dir, const ckpt_manifest *m, int k,
+                          em_named **out, int *n, const char *fn)
 {
     plan p = {.o = o, .m = m, .dir = dir, .fn = fn, .k = k};
     p.pstep = calloc((size_t)o->np + 1, sizeof *p.pstep);

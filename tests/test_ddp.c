@@ -224,9 +224,12 @@ static void check_resume_is_exact_on(int world, const char *device, int zero)
     /* a smaller batch and run on the device: the emulator runs about 1 µs a
      * GPU thread, and three runs of 20 steps took over 60 s under ASan on a
      * busy 2-core machine */
-    job straight = {
-        .accum = 2, .batch = device ? 2 : 6, .steps = device ? 12 : 20, .bucket_mb = 0.002, .device = device,
-        .zero = zero};
+    job straight = {.accum = 2,
+                    .batch = device ? 2 : 6,
+                    .steps = device ? 12 : 20,
+                    .bucket_mb = 0.002,
+                    .device = device,
+                    .zero = zero};
     job_files(&straight, "straight");
     straight.losses[0] = 0;
     TH_RANKS_ENV(world, train_job, &straight);
@@ -242,8 +245,8 @@ static void check_resume_is_exact_on(int world, const char *device, int zero)
     snprintf(second.params, sizeof second.params, "%s.resumed", first.dir);
     TH_RANKS_ENV(world, train_job, &second);
     if (!same_bytes(straight.params, second.params))
-        th_fail(__FILE__, __LINE__, "world %d zero stage %d: resumed weights differ from the straight run's", world,
-                zero);
+        th_fail(__FILE__, __LINE__, "world %d zero stage %d: resumed weights differ from the straight run's",
+                world, zero);
 }
 
 static void check_resume_is_exact(int world) { check_resume_is_exact_on(world, NULL, 0); }
@@ -376,10 +379,11 @@ static void check_reshard(int world_a, int zero_a, int world_b, int zero_b)
     for (int i = first.save_at; i < zero_job.steps; i++) {
         double rel = fabs(la[i] - lb[i]) / fabs(la[i]);
         if (!(rel < 1e-5))
-            th_fail(__FILE__, __LINE__,
-                    "saved by %d ranks at stage %d, resumed by %d at stage %d: step %d loss %.9g vs the straight "
-                    "run's %.9g (rel %.3g)",
-                    world_a, zero_a, world_b, zero_b, i, lb[i], la[i], rel);
+            th_fail(
+                __FILE__, __LINE__,
+                "saved by %d ranks at stage %d, resumed by %d at stage %d: step %d loss %.9g vs the straight "
+                "run's %.9g (rel %.3g)",
+                world_a, zero_a, world_b, zero_b, i, lb[i], la[i], rel);
     }
 }
 

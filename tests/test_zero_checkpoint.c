@@ -89,7 +89,8 @@ static uLong rig_sum(rig *r)
     CHECK(em_optim_state(r->opt, st, n) == n);
     for (int i = 0; i < n; i++) {
         c = crc32(c, (const Bytef *)st[i].name, (uInt)strlen(st[i].name));
-        c = crc32(c, em_data(st[i].t), (uInt)(em_numel(st[i].t) * (int64_t)em_dtype_size(em_dtype_of(st[i].t))));
+        c = crc32(c, em_data(st[i].t),
+                  (uInt)(em_numel(st[i].t) * (int64_t)em_dtype_size(em_dtype_of(st[i].t))));
     }
     return c;
 }
@@ -126,8 +127,8 @@ static void saves_shards(int rank, int world, void *ctx)
             size_t len;
             char *body = th_slurp(th_path(dir, name), &len);
             char want[200];
-            snprintf(want, sizeof want, "{\"name\": \"%s\", \"size\": \"%zu\", \"crc32\": \"%08lx\"}", name, len,
-                     crc32(0, (const Bytef *)body, (uInt)len));
+            snprintf(want, sizeof want, "{\"name\": \"%s\", \"size\": \"%zu\", \"crc32\": \"%08lx\"}", name,
+                     len, crc32(0, (const Bytef *)body, (uInt)len));
             if (!strstr(m, want)) th_fail(__FILE__, __LINE__, "manifest lacks %s:\n%s", want, m);
             free(body);
             em_safetensors *f = em_safetensors_open(th_path(dir, name));
@@ -153,13 +154,36 @@ TEST(test_zero_save_state_writes_every_ranks_optimizer_shard_and_the_manifest_li
     TH_RANKS_ENV(2, saves_shards, dir);
 }
 
+static void saves_twice(int rank, int world, void *ctx)
+{
+    (void)rank, (void)world;
+    const char *dir = ctx;
+    rig *r = rig_new();
+    rig_step(r);
+    CHECK_OK(em_accel_save_state(r->a, dir));
+    rig_step(r);
+    CHECK_OK(em_accel_save_state(r->a, dir)); /* the shards are checkpoint files: DIR is replaced */
+    uLong saved = rig_sum(r);
+    rig_step(r);
+    CHECK_OK(em_accel_load_state(r->a, dir));
+    CHECK(rig_sum(r) == saved);
+    rig_free(r);
+}
+
+TEST(test_zero_save_state_replaces_a_previous_zero_checkpoint_and_loads_it_back)
+{
+    char dir[128];
+    make_dir(dir, sizeof dir);
+    TH_RANKS_ENV(2, saves_twice, dir);
+}
+
 /* ---- refused loads ------------------------------------------------------------------- */
 
 typedef struct spoil {
-    char dir[128], other[128]; /* other: a second save (the shard of another save) */
+    char dir[128], other[128];          /* other: a second save (the shard of another save) */
     void (*fn)(const struct spoil *sp); /* rank 0 spoils dir with it */
-    const char *want;                  /* what the error must say (besides the file) */
-    const char *names;                 /* the file or directory the error must name */
+    const char *want;                   /* what the error must say (besides the file) */
+    const char *names;                  /* the file or directory the error must name */
 } spoil;
 
 /* Saves (twice when sp->other is set), steps on, lets rank 0 spoil the
@@ -186,8 +210,8 @@ static void load_spoiled(int rank, int world, void *ctx)
     if (s == EM_OK) th_fail(__FILE__, __LINE__, "rank %d: the spoiled save loaded", rank);
     const char *msg = em_last_error();
     if (s != EM_ERR_IO || !strstr(msg, sp->want) || !strstr(msg, sp->names))
-        th_fail(__FILE__, __LINE__, "rank %d: status %d '%s' does not say '%s' naming %s", rank, s, msg, sp->want,
-                sp->names);
+        th_fail(__FILE__, __LINE__, "rank %d: status %d '%s' does not say '%s' naming %s", rank, s, msg,
+                sp->want, sp->names);
     CHECK(rig_sum(r) == before);
     rig_free(r);
 }
@@ -282,8 +306,10 @@ static void drop_a_piece(const spoil *sp)
     CHECK(k < n);
     char meta[4096];
     snprintf(meta, sizeof meta,
-             "{\"format\":\"%s\",\"save_id\":\"%s\",\"world\":\"2\",\"rank\":\"1\",\"zero_stage\":\"1\",\"pieces\":\"%s\"}",
-             em_safetensors_metadata(f, "format"), em_safetensors_metadata(f, "save_id"), strchr(pieces, ',') + 1);
+             "{\"format\":\"%s\",\"save_id\":\"%s\",\"world\":\"2\",\"rank\":\"1\",\"zero_stage\":\"1\","
+             "\"pieces\":\"%s\"}",
+             em_safetensors_metadata(f, "format"), em_safetensors_metadata(f, "save_id"),
+             strchr(pieces, ',') + 1);
     CHECK_OK(em_safetensors_save(path, k, keep, meta));
     for (int i = 0; i < k; i++) em_free(keep[i].t);
     free(keep);
