@@ -93,10 +93,15 @@ static bool entry_of(const em_optimizer *o, const char *name, int *param, int *f
     return false;
 }
 
+/* The optimizer's parameter i, whose shape, dtype and size are read here
+ * (it may be on a CUDA device: the name given to t_resolve is one that
+ * takes device tensors, tensor/device.c). */
+static tensor *param_of(const em_optimizer *o, int i) { return t_resolve(o->p[i].h, "em_optim_load_state"); }
+
 /* Parameter i's numel in this run. */
 static int64_t numel_of(const em_optimizer *o, int i)
 {
-    tensor *t = t_resolve(o->p[i].h, "em_accel_state");
+    tensor *t = param_of(o, i);
     return t ? t_numel(t) : -1;
 }
 
@@ -475,7 +480,7 @@ static em_status make_state(plan *p, em_named **out, int *n)
     for (int q = 0; q < p->npc && !s; q++) {
         int i = p->pc[q].param;
         if (q > 0 && p->pc[q - 1].param == i) continue;
-        tensor *t = t_resolve(o->p[i].h, p->fn);
+        tensor *t = param_of(o, i);
         int64_t lo, len, shape[EM_MAX_DIMS];
         target_of(o, i, &lo, &len);
         int nd = opt_state_shape(&o->p[i], t, shape);
@@ -529,7 +534,7 @@ static em_status copy_from(plan *p, int file, em_named *st, int n)
         target_of(o, i, &lo, &len);
         int64_t a = pc->lo > lo ? pc->lo : lo, b = pc->lo + pc->n < lo + len ? pc->lo + pc->n : lo + len;
         if (pc->file != file || a >= b) continue;
-        tensor *param = t_resolve(o->p[i].h, p->fn);
+        tensor *param = param_of(o, i);
         for (int fld = 0; fld < F_COUNT && !s; fld++) {
             if (fld == F_STEP || !(pc->fields & (1 << fld))) continue;
             tensor *dst = state_entry(p, st, n, i, fld);
@@ -574,14 +579,14 @@ em_status ckpt_optim_read(const em_optimizer *o, const char *dir, const ckpt_man
     if (!s) s = find_files(&p);
     if (!s) s = scan(&p);
     if (!s) {
-        qsort(p.pc, (size_t)p.npc, sizeof *p.pc, by_param_then_lo);
+        if (p.npc) qsort(p.pc, (size_t)p.npc, sizeof *p.pc, by_param_then_lo);
         s = check_cover(&p);
     }
     em_named *st = NULL;
     int nst = 0;
     if (!s) s = make_state(&p, &st, &nst);
     for (int file = 0; file < p.nfiles && !s; file++) s = copy_from(&p, file, st, nst);
-    if (!s) s = optim_check_state(o, nst, st, fn);
+    if (!s) s = optim_check_state(o, nst, st, "em_optim_load_state"); /* its messages, as the load's */
     free(p.pc);
     free(p.pstep);
     free(p.has_pstep);

@@ -41,7 +41,8 @@ em_status ckpt_optim_save(const em_optimizer *o, const char *path, const ckpt_sh
  * entries named as em_optim_state names them (names owned by o, tensors
  * persistent: ckpt_optim_state_free). Changes nothing. EM_ERR_IO naming
  * the file for a file that does not fit the save, EM_ERR_ARG for state
- * that does not fit o. Errors name fn. */
+ * that does not fit o (em_optim_load_state's checks, which name it). Other
+ * errors name fn. */
 em_status ckpt_optim_read(const em_optimizer *o, const char *dir, const ckpt_manifest *m, int k,
                           em_named **out, int *n, const char *fn);
 void ckpt_optim_state_free(em_named *st, int n);
