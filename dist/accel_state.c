@@ -769,7 +769,7 @@ static em_status plan_local(em_accelerator *a, const char *dir, const ckpt_manif
 }
 
 static em_status apply_local(em_accelerator *a, const char *dir, const ckpt_manifest *m, const counters *ref,
-                             const counters *own, const em_loader_pos *pos, const opt_states *o)
+                             const counters *own, const em_loader_pos *pos, opt_states *o)
 {
     /* a file the manifest names was verified whole by ckpt_open: its own
      * checksum would be one more pass over the same bytes */
@@ -780,7 +780,7 @@ static em_status apply_local(em_accelerator *a, const char *dir, const ckpt_mani
         path_in(path, sizeof path, dir, file);
         s = module_load(a->models[k], path, true, !ckpt_lists(m, file));
     }
-    for (int k = 0; k < a->nopts && !s; k++) s = em_optim_load_state(a->opts[k], o->n[k], o->st[k]);
+    for (int k = 0; k < a->nopts && !s; k++) s = ckpt_optim_load(a->opts[k], o->n[k], o->st[k]);
     for (int k = 0; k < a->nloaders && !s; k++) s = em_loader_seek(a->loaders[k], pos[k]);
     if (!s && a->scaler) s = em_scaler_set_state(a->scaler, ref->scaler);
     if (!s) s = module_rngs(a, own, true);

@@ -451,6 +451,8 @@ static void target_of(const em_optimizer *o, int i, int64_t *lo, int64_t *n)
     *n = o->p[i].sharded ? o->p[i].n : numel_of(o, i);
 }
 
+em_status ckpt_optim_load(em_optimizer *o, int n, em_named *st) { return optim_load_state_taking(o, n, st); }
+
 void ckpt_optim_state_free(em_named *st, int n)
 {
     for (int e = 0; st && e < n; e++) em_free(st[e].t);

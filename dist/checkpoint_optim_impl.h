@@ -45,6 +45,10 @@ em_status ckpt_optim_save(const em_optimizer *o, const char *path, const ckpt_sh
  * errors name fn. */
 em_status ckpt_optim_read(const em_optimizer *o, const char *dir, const ckpt_manifest *m, int k,
                           em_named **out, int *n, const char *fn);
+/* Loads what ckpt_optim_read assembled into o (it was checked there): the
+ * tensors become o's state where they can, without a copy, so the state
+ * is never in memory twice (their entries' t become NULL). */
+em_status ckpt_optim_load(em_optimizer *o, int n, em_named *st);
 void ckpt_optim_state_free(em_named *st, int n);
 
 #endif

@@ -11,6 +11,7 @@
 
 #include "dist_util.h"
 #include "harness.h"
+#include "optim/optim_impl.h"
 
 enum { VOCAB = 12, T = 8, NTOK = 2000 };
 
@@ -321,4 +322,37 @@ TEST(test_zero_load_state_refuses_shards_that_do_not_cover_a_parameter)
 {
     spoil sp = {0};
     run_spoiled(&sp, drop_a_piece, "are in no shard of optimizer 0: the shards do not cover it", false);
+}
+
+/* ---- the assembled state is not held twice ------------------------------------------
+ * A load builds this rank's state, then hands it to the optimizer
+ * (optim_load_state_taking): the tensors that fit become the optimizer's
+ * state as they are, so a rank never holds its state twice; one that does
+ * not fit (here an f64 moment for an f32 parameter) is copied and stays
+ * the caller's. */
+TEST(test_optim_load_state_taking_keeps_fitting_state_tensors_instead_of_copying_them)
+{
+    em_tensor *w = em_full(EM_F32, 1, (int64_t[]){4}, 1.0);
+    CHECK_NOTNULL(w);
+    CHECK_OK(em_set_requires_grad(w, true));
+    em_adam_config ac = em_adamw_defaults();
+    em_optimizer *o = em_adamw_new(1, &w, &ac);
+    CHECK_NOTNULL(o);
+    em_tensor *step = em_full(EM_F64, 0, NULL, 3), *pstep = em_full(EM_F64, 0, NULL, 3),
+              *m = em_full(EM_F32, 1, (int64_t[]){4}, 0.5), *v = em_full(EM_F64, 1, (int64_t[]){4}, 0.25);
+    CHECK(step && pstep && m && v);
+    em_named st[] = {
+        {"step", step}, {"state.0.step", pstep}, {"state.0.exp_avg", m}, {"state.0.exp_avg_sq", v}};
+    CHECK_OK(optim_load_state_taking(o, 4, st));
+    CHECK(st[0].t == step && st[1].t == NULL && st[2].t == NULL &&
+          st[3].t == v); /* taken: the fitting ones */
+    em_named got[4];
+    CHECK(em_optim_state(o, got, 4) == 4);
+    CHECK(got[1].t == pstep && got[2].t == m); /* the optimizer's state is the tensors given */
+    CHECK(got[3].t != v && em_dtype_of(got[3].t) == EM_F32 && ((float *)em_data(got[3].t))[2] == 0.25f);
+    CHECK(em_item(got[0].t) == 3);
+    em_free(step);
+    em_free(v);
+    em_optim_free(o);
+    em_free(w);
 }
