@@ -34,8 +34,9 @@
  * integers a parameter); then the state of this rank's pieces is allocated
  * and the files that overlap it are read one at a time, one entry at a
  * time: this rank's own state plus one entry of one file. Everything is
- * checked before anything changes (the caller loads the result with
- * em_optim_load_state after every rank checked its part).
+ * checked before anything changes; once every rank has checked its part,
+ * ckpt_optim_load hands the tensors to the optimizer as its state (no
+ * second copy: optim_load_state_taking).
  */
 #include <inttypes.h>
 #include <stdio.h>
