@@ -4,6 +4,8 @@
  *
  *   DIR/model.safetensors      parameters and buffers      (rank 0 writes)
  *   DIR/optimizer.safetensors  em_optim_state               (rank 0 writes)
+ *     or, under ZeRO, DIR/optimizer.rank_R.safetensors: each rank's shard
+ *     (dist/checkpoint_optim.c has the format and how a load re-shards)
  *   DIR/rank_R.json            this rank's counters: world size, optimizer
  *                              steps, micro-step, loader position and global
  *                              batch, sampler state and batch, loss scaler,
@@ -14,7 +16,8 @@
  *                              and steps (dist/checkpoint.c)
  *
  * Model and optimizer state are the same on every rank under DDP, so one copy
- * serves all; the counters and generators are per rank. Numbers are written
+ * serves all (under ZeRO the optimizer state is not: each rank saves its
+ * pieces'); the counters and generators are per rank. Numbers are written
  * as decimal strings (generator seeds are full 64-bit).
  *
  * A save is whole or absent: rank 0 makes a save id and the directory
@@ -44,6 +47,10 @@
  *    every saved rank stays alike (exact); one that differed per rank cannot
  *    be mapped exactly, and its draws (dropout masks) then differ from an
  *    uninterrupted run of either size.
+ *  - the optimizers' state: each rank assembles the state of its own
+ *    pieces (ZeRO) or whole parameters from the files that hold them, the
+ *    whole-state file or the shards that overlap (dist/checkpoint_optim.c),
+ *    during the checks, so a bad shard fails the load before any change.
  *  - a save made mid-accumulation (micro-step != 0) resumes only at W: the
  *    window's partial gradients were summed per rank (no_sync) and cannot
  *    be shared out over another number of ranks.
@@ -59,6 +66,7 @@
 
 #include "dist/accel_impl.h"
 #include "dist/checkpoint_impl.h"
+#include "dist/checkpoint_optim_impl.h"
 #include "nn/json_impl.h"
 #include "nn/safetensors_impl.h"
 #include "tensor/fileio_impl.h"
@@ -216,18 +224,6 @@ static em_status save_counters(em_accelerator *a, const char *dir, uint64_t id)
     return s;
 }
 
-static em_status save_optimizer(em_optimizer *o, const char *path, file_sum *sum)
-{
-    int n = em_optim_state(o, NULL, 0);
-    if (n < 0) return em_last_status();
-    em_named *st = calloc((size_t)n + 1, sizeof *st);
-    if (!st) return em_err(EM_ERR_OOM, "em_accel_save_state: out of memory");
-    em_optim_state(o, st, n);
-    em_status s = st_save(path, n, st, "{\"format\":\"ember-optimizer\"}", sum);
-    free(st);
-    return s;
-}
-
 /* Every rank gets rank 0's save id. */
 static em_status share_id(em_accelerator *a, uint64_t *id)
 {
@@ -242,22 +238,36 @@ static em_status share_id(em_accelerator *a, uint64_t *id)
 }
 
 /* Rank 0, once every rank wrote its files into tmp: the manifest (its own
- * files' sums as they were written, the rank files' read back) and the
- * publishing rename. */
+ * files' sums as they were written; the rank files and the other ranks'
+ * optimizer shards read back) and the publishing rename. */
 static em_status finish_save(em_accelerator *a, const char *dir, const char *tmp, uint64_t id,
                              const ckpt_entry *mine, int nmine)
 {
-    ckpt_manifest m = {.id = id, .world = a->world, .steps = a->steps, .n = nmine + a->world};
+    int nsharded = 0;
+    for (int k = 0; k < a->nopts; k++) nsharded += ckpt_optim_is_sharded(a->opts[k]);
+    ckpt_manifest m = {
+        .id = id, .world = a->world, .steps = a->steps, .n = nmine + a->world + nsharded * (a->world - 1)};
     m.files = calloc((size_t)m.n, sizeof *m.files);
     if (!m.files) return em_err(EM_ERR_OOM, SAVE ": out of memory");
     memcpy(m.files, mine, sizeof *mine * (size_t)nmine);
     em_status s = EM_OK;
+    int at = nmine;
     for (int r = 0; r < a->world && !s; r++) {
-        ckpt_entry *e = &m.files[nmine + r];
+        ckpt_entry *e = &m.files[at++];
         snprintf(e->name, sizeof e->name, "rank_%d.json", r);
         char path[4096];
         path_in(path, sizeof path, tmp, e->name);
         s = file_checksum(path, &e->sum, SAVE);
+    }
+    for (int k = 0; k < a->nopts && !s; k++) {
+        if (!ckpt_optim_is_sharded(a->opts[k])) continue;
+        for (int r = 1; r < a->world && !s; r++) {
+            ckpt_entry *e = &m.files[at++];
+            ckpt_optim_file(e->name, sizeof e->name, k, r);
+            char path[4096];
+            path_in(path, sizeof path, tmp, e->name);
+            s = file_checksum(path, &e->sum, SAVE);
+        }
     }
     if (!s) s = ckpt_finish(dir, tmp, &m, STATE_FORMAT, SAVE);
     ckpt_manifest_free(&m);
@@ -292,10 +302,17 @@ em_status em_accel_save_state(em_accelerator *a, const char *dir)
         path_in(path, sizeof path, tmp, mine[nmine].name);
         s = module_save(a->models[k], path, &mine[nmine].sum);
     }
-    for (int k = 0; a->rank == 0 && k < a->nopts && !s; k++, nmine++) {
-        object_file(mine[nmine].name, sizeof mine[nmine].name, "optimizer", k);
-        path_in(path, sizeof path, tmp, mine[nmine].name);
-        s = save_optimizer(a->opts[k], path, &mine[nmine].sum);
+    /* an optimizer's state: rank 0 writes the whole of it; under ZeRO each
+     * rank writes its shard (dist/checkpoint_optim.c) */
+    for (int k = 0; k < a->nopts && !s; k++) {
+        bool sharded = ckpt_optim_is_sharded(a->opts[k]);
+        if (!sharded && a->rank != 0) continue;
+        ckpt_entry e;
+        ckpt_optim_file(e.name, sizeof e.name, k, sharded ? a->rank : -1);
+        path_in(path, sizeof path, tmp, e.name);
+        ckpt_shard_id sid = {.save_id = id, .world = a->world, .rank = a->rank, .stage = a->zero_stage};
+        s = ckpt_optim_save(a->opts[k], path, sharded ? &sid : NULL, &e.sum, SAVE);
+        if (a->rank == 0) mine[nmine++] = e;
     }
     if (!s) s = save_counters(a, tmp, id);
     s = accel_agree(a, s, SAVE); /* every rank's files are in tmp */
@@ -708,46 +725,6 @@ static em_status loader_position(em_accelerator *a, int k, const counters *ref, 
     return EM_OK;
 }
 
-/* Reads the optimizer file into named tensors (persistent; freed by the caller). */
-static em_status read_optimizer(const char *path, bool verify, em_named **out, int *n)
-{
-    em_safetensors *f = st_open(path, verify);
-    if (!f) return em_last_status();
-    int k = em_safetensors_count(f);
-    em_named *st = calloc((size_t)k + 1, sizeof *st);
-    char **names = calloc((size_t)k + 1, sizeof *names);
-    em_status s = st && names ? EM_OK : em_err(EM_ERR_OOM, "em_accel_load_state: out of memory");
-    for (int i = 0; i < k && !s; i++) {
-        names[i] = strdup(em_safetensors_name(f, i));
-        st[i].name = names[i];
-        st[i].t = names[i] ? em_safetensors_get(f, names[i]) : NULL;
-        if (!st[i].t) s = names[i] ? em_last_status() : em_err(EM_ERR_OOM, "em_accel_load_state: out of memory");
-    }
-    em_safetensors_close(f);
-    if (s) {
-        for (int i = 0; i < k && st; i++) {
-            em_free(st[i].t);
-            free(names ? names[i] : NULL);
-        }
-        free(st);
-        free(names);
-        return s;
-    }
-    free(names); /* st[i].name now owns each string */
-    *out = st;
-    *n = k;
-    return EM_OK;
-}
-
-static void free_named(em_named *st, int n)
-{
-    for (int i = 0; i < n; i++) {
-        em_free(st[i].t);
-        free((char *)st[i].name);
-    }
-    free(st);
-}
-
 /* Reads and checks every counters file this rank needs, before anything
  * changes: rank 0's (the reference, *ref), the saved rank whose generators
  * this rank continues (rank % W of the W that saved, *own), and the saved
@@ -770,38 +747,40 @@ static em_status read_checkpoint(em_accelerator *a, const char *dir, counters *r
     return s;
 }
 
-/* The counters' part of a load, which changes nothing: c[0] gets rank 0's
- * counters, c[1] those whose generators this rank continues (c[2] is
- * scratch), pos[k] where loader k goes on. */
-static em_status plan_local(em_accelerator *a, const char *dir, counters *c, em_loader_pos *pos)
+/* The optimizers' state this rank loads, assembled and checked before
+ * anything changes (dist/checkpoint_optim.c). */
+typedef struct opt_states {
+    em_named *st[MAX_PREPARED];
+    int n[MAX_PREPARED];
+} opt_states;
+
+/* The part of a load that changes nothing: c[0] gets rank 0's counters,
+ * c[1] those whose generators this rank continues (c[2] is scratch),
+ * pos[k] where loader k goes on, o each optimizer's state. */
+static em_status plan_local(em_accelerator *a, const char *dir, const ckpt_manifest *m, counters *c,
+                            em_loader_pos *pos, opt_states *o)
 {
     em_status s = read_checkpoint(a, dir, &c[0], &c[1], &c[2]);
     if (!s) s = check_run(a, dir, &c[0], &c[1]);
     for (int k = 0; k < a->nloaders && !s; k++) s = loader_position(a, k, &c[0], &c[1], &pos[k]);
+    for (int k = 0; k < a->nopts && !s; k++)
+        s = ckpt_optim_read(a->opts[k], dir, m, k, &o->st[k], &o->n[k], LOAD);
     return s;
 }
 
 static em_status apply_local(em_accelerator *a, const char *dir, const ckpt_manifest *m, const counters *ref,
-                             const counters *own, const em_loader_pos *pos)
+                             const counters *own, const em_loader_pos *pos, opt_states *o)
 {
     /* a file the manifest names was verified whole by ckpt_open: its own
      * checksum would be one more pass over the same bytes */
     char path[4096], file[CKPT_NAME_MAX];
-    em_named *opt_state[MAX_PREPARED] = {0};
-    int nopt[MAX_PREPARED] = {0};
     em_status s = EM_OK;
-    for (int k = 0; k < a->nopts && !s; k++) {
-        object_file(file, sizeof file, "optimizer", k);
-        path_in(path, sizeof path, dir, file);
-        s = read_optimizer(path, !ckpt_lists(m, file), &opt_state[k], &nopt[k]);
-    }
     for (int k = 0; k < a->nmodels && !s; k++) {
         object_file(file, sizeof file, "model", k);
         path_in(path, sizeof path, dir, file);
         s = module_load(a->models[k], path, true, !ckpt_lists(m, file));
     }
-    for (int k = 0; k < a->nopts && !s; k++) s = em_optim_load_state(a->opts[k], nopt[k], opt_state[k]);
-    for (int k = 0; k < a->nopts; k++) free_named(opt_state[k], nopt[k]);
+    for (int k = 0; k < a->nopts && !s; k++) s = ckpt_optim_load(a->opts[k], o->n[k], o->st[k]);
     for (int k = 0; k < a->nloaders && !s; k++) s = em_loader_seek(a->loaders[k], pos[k]);
     if (!s && a->scaler) s = em_scaler_set_state(a->scaler, ref->scaler);
     if (!s) s = module_rngs(a, own, true);
@@ -854,14 +833,16 @@ em_status em_accel_load_state(em_accelerator *a, const char *dir)
     ckpt_manifest m = {0};
     counters *c = calloc(3, sizeof *c);
     em_loader_pos pos[MAX_PREPARED] = {{0, 0}};
+    opt_states o = {0};
     /* nothing changes until every rank has verified every file of the
      * checkpoint and checked the counters, and all ranks saw the same save */
     em_status s =
         c ? ckpt_open(dir, STATE_FORMAT, d, sizeof d, &m, LOAD) : em_err(EM_ERR_OOM, LOAD ": out of memory");
-    if (!s) s = plan_local(a, d, c, pos);
+    if (!s) s = plan_local(a, d, &m, c, pos, &o);
     s = accel_agree(a, s, LOAD);
     if (!s) s = accel_agree(a, same_save(a, m.id), LOAD);
-    if (!s) s = accel_agree(a, apply_local(a, d, &m, &c[0], &c[1], pos), LOAD);
+    if (!s) s = accel_agree(a, apply_local(a, d, &m, &c[0], &c[1], pos, &o), LOAD);
+    for (int k = 0; k < MAX_PREPARED; k++) ckpt_optim_state_free(o.st[k], o.n[k]);
     ckpt_manifest_free(&m);
     for (int i = 0; c && i < 3; i++) counters_free(&c[i]);
     free(c);

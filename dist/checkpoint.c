@@ -191,6 +191,26 @@ static bool model_shard_file(const char *name)
     return k >= 5 && !strcmp(p + k, ".safetensors");
 }
 
+/* p at n digits (at least one): past them, else NULL. */
+static const char *digits(const char *p)
+{
+    size_t k = strspn(p, "0123456789");
+    return k ? p + k : NULL;
+}
+
+/* A prepared object's file (accel_state.c, checkpoint_optim.c): KIND[_K]
+ * .safetensors, and for the optimizer a ZeRO rank's shard KIND[_K].rank_R
+ * .safetensors. */
+static bool object_file(const char *name, const char *kind)
+{
+    size_t n = strlen(kind);
+    if (strncmp(name, kind, n)) return false;
+    const char *p = name + n;
+    if (*p == '_' && !(p = digits(p + 1))) return false;
+    if (!strcmp(kind, "optimizer") && !strncmp(p, ".rank_", 6) && !(p = digits(p + 6))) return false;
+    return !strcmp(p, ".safetensors");
+}
+
 /* A name a checkpoint directory may hold: its files, and the temporaries
  * of the writers (NAME.tmp, NAME.tmp.XXXXXX) an older ember left behind. */
 static bool checkpoint_file(const char *name)
@@ -200,8 +220,7 @@ static bool checkpoint_file(const char *name)
     snprintf(base, sizeof base, "%s", name);
     char *t = strstr(base, ".tmp");
     if (t && (t[4] == '\0' || t[4] == '.')) *t = '\0';
-    if (!strcmp(base, "model.safetensors") || !strcmp(base, "optimizer.safetensors") ||
-        !strcmp(base, CKPT_MANIFEST))
+    if (!strcmp(base, CKPT_MANIFEST) || object_file(base, "model") || object_file(base, "optimizer"))
         return true;
     if (model_shard_file(base)) return true; /* em_accel_save_model's */
     size_t n = strlen(base);

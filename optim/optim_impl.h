@@ -79,6 +79,20 @@ static inline int opt_state_shape(const oparam *p, const tensor *t, int64_t *sha
  * non-contiguous parameter. */
 em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece);
 
+/* The checks em_optim_load_state makes of state (names, dtypes, shapes,
+ * every field of a parameter that has one), without changing o: for a
+ * caller that must know a load will succeed before it changes anything
+ * else. Errors name fn. */
+em_status optim_check_state(const em_optimizer *o, int n, const em_named *state, const char *fn);
+
+/* em_optim_load_state, taking instead of copying each entry that can be
+ * the optimizer's state as it is (a contiguous CPU tensor, persistent, of
+ * the dtype and shape the state has, beside a CPU parameter): the
+ * optimizer owns it from then on and its entry's t becomes NULL; the rest
+ * is copied. So a loader that built the state itself does not hold it
+ * twice. The same checks and errors; on failure nothing is taken. */
+em_status optim_load_state_taking(em_optimizer *o, int n, em_named *state);
+
 /* Allocates (zeroed) the missing state tensors of parameter i, whose tensor
  * is t. EM_ERR_OOM on failure (what was allocated stays, unused). */
 em_status opt_alloc_state(em_optimizer *o, int i, tensor *t);

@@ -126,20 +126,18 @@ static em_status chk_count(const char *fn, const char *name, const tensor *t)
     return EM_OK;
 }
 
-em_status em_optim_load_state(em_optimizer *o, int n, const em_named *state)
+/* em_optim_load_state's checks of state against o (nothing is modified):
+ * mask[i] (np + 1 ints, zeroed; [np] the global "step") gets the fields
+ * found for parameter i. Errors name fn. */
+static em_status check_state(const em_optimizer *o, int n, const em_named *state, int *mask, const char *fn)
 {
-    const char *fn = "em_optim_load_state";
-    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
     if (n < 0 || (n > 0 && !state)) return em_err(EM_ERR_ARG, "%s: bad state array (n=%d)", fn, n);
     for (int i = 0; i < o->np; i++)
         if (!t_resolve(o->p[i].h, fn)) return em_last_status();
     int full = 0;
     for (int f = 0; f < F_COUNT; f++)
         if (opt_has_field(o, f)) full |= 1 << f;
-    int *mask = calloc((size_t)o->np + 1, sizeof *mask); /* [np]: the global "step" */
-    if (!mask) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
     em_status s = EM_OK;
-    /* 1. check every entry */
     for (int k = 0; k < n && !s; k++) {
         const char *name = state[k].name;
         if (!name) {
@@ -191,31 +189,95 @@ em_status em_optim_load_state(em_optimizer *o, int n, const em_named *state)
                 s = em_err(EM_ERR_ARG, "%s: '%s' is missing (parameter %d has other state entries)", fn,
                            o->p[i].name[f], i);
     }
-    /* 2. allocate what is missing (nothing is modified yet) */
-    for (int i = 0; i < o->np && !s; i++)
-        if (mask[i]) s = opt_alloc_state(o, i, t_resolve(o->p[i].h, fn));
-    if (s) {
+    return s;
+}
+
+em_status optim_check_state(const em_optimizer *o, int n, const em_named *state, const char *fn)
+{
+    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
+    int *mask = calloc((size_t)o->np + 1, sizeof *mask);
+    if (!mask) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    em_status s = check_state(o, n, state, mask, fn);
+    free(mask);
+    return s;
+}
+
+/* Whether state tensor t can become field f of parameter i as it is (no
+ * copy): what opt_alloc_state would make there, a contiguous CPU tensor of
+ * the state's dtype and shape beside a CPU parameter. */
+static bool adoptable(const em_optimizer *o, int i, int f, const tensor *t, const char *fn)
+{
+    tensor *p = t_resolve(o->p[i].h, fn);
+    if (t->depth != 0 || t_on_cuda(t) || t_on_cuda(p) || !t_is_contig(t)) return false;
+    if (f == F_STEP) return t->dtype == EM_F64 && t->ndim == 0;
+    int64_t want[EM_MAX_DIMS];
+    int nd = opt_state_shape(&o->p[i], p, want);
+    return t->dtype == opt_state_dtype(p->dtype) && t->ndim == nd &&
+           !memcmp(t->shape, want, sizeof(int64_t) * (size_t)nd);
+}
+
+/* em_optim_load_state; with take, the entries adoptable() accepts become
+ * the optimizer's own state (their handles set to NULL) instead of copies. */
+static em_status load_state(em_optimizer *o, int n, em_named *state, bool take)
+{
+    const char *fn = "em_optim_load_state";
+    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
+    int *mask = calloc((size_t)o->np + 1, sizeof *mask); /* [np]: the global "step" */
+    bool *adopt = calloc((size_t)(n > 0 ? n : 0) + 1, sizeof *adopt);
+    if (!mask || !adopt) {
         free(mask);
-        return s;
+        free(adopt);
+        return em_err(EM_ERR_OOM, "%s: out of memory", fn);
     }
-    /* 3. copy */
-    for (int k = 0; k < n; k++) {
+    /* 1. check every entry */
+    em_status s = check_state(o, n, state, mask, fn);
+    /* 2. allocate what is missing and not taken (nothing is modified yet) */
+    int *taken = s ? NULL : calloc((size_t)o->np + 1, sizeof *taken); /* per parameter: fields taken */
+    if (!s && !taken) s = em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    for (int k = 0; k < n && !s && take; k++) {
+        int i = o->np, f = F_STEP;
+        if (strcmp(state[k].name, "step") != 0) parse_name(o, state[k].name, &i, &f);
+        if (i < o->np && (adopt[k] = adoptable(o, i, f, t_resolve(state[k].t, fn), fn))) taken[i] |= 1 << f;
+    }
+    for (int i = 0; i < o->np && !s; i++) {
+        bool missing = false;
+        for (int f = 0; f < F_COUNT; f++)
+            missing |= opt_has_field(o, f) && !o->p[i].f[f] && !(taken[i] & (1 << f));
+        if (mask[i] && missing) s = opt_alloc_state(o, i, t_resolve(o->p[i].h, fn));
+    }
+    free(taken);
+    /* 3. copy (or take) */
+    for (int k = 0; k < n && !s; k++) {
         tensor *t = t_resolve(state[k].t, fn);
         int i = o->np, f = F_STEP;
         if (strcmp(state[k].name, "step") != 0) parse_name(o, state[k].name, &i, &f);
+        if (adopt[k]) {
+            t_free(o->p[i].f[f]);
+            o->p[i].f[f] = t;
+            state[k].t = NULL;
+            continue;
+        }
         tensor *dst = i == o->np ? o->step : o->p[i].f[f];
         if (f == F_STEP && !t_on_cuda(t))
             *(double *)t_ptr(dst) = ld(t->dtype, t_ptr(t));
-        else if ((s = opt_copy(dst, t))) /* device state: through the host */
+        else if ((s = opt_copy(dst, t))) /* device state: through the host; only this can fail here */
             break;
     }
-    if (s) { /* only a failed device copy gets here */
-        free(mask);
-        return s;
-    }
-    for (int i = 0; i < o->np; i++) o->p[i].started = mask[i] != 0;
+    if (!s)
+        for (int i = 0; i < o->np; i++) o->p[i].started = mask[i] != 0;
     free(mask);
-    return EM_OK;
+    free(adopt);
+    return s;
+}
+
+em_status em_optim_load_state(em_optimizer *o, int n, const em_named *state)
+{
+    return load_state(o, n, (em_named *)state, false); /* without take, state is only read */
+}
+
+em_status optim_load_state_taking(em_optimizer *o, int n, em_named *state)
+{
+    return load_state(o, n, state, true);
 }
 
 /* ---- gradient clipping ---------------------------------------------------- */
