@@ -483,6 +483,9 @@ em_status em_accel_save_model(em_accelerator *a, em_module *model, const char *d
                    c.max_shard_size);
     else if (c.dtype != EM_F32 && c.dtype != EM_F16 && c.dtype != EM_BF16)
         s = em_err(EM_ERR_ARG, MODEL ": dtype %s: want f32 (as held), f16 or bf16", em_dtype_name(c.dtype));
+    /* ZeRO-3: every rank first makes the parameters whole (collective) */
+    em_status g = em_accel_gather_params(a);
+    if (!s) s = g;
     if (!s && a->rank == 0) s = save_model_main(a, model, dir, &c);
     return accel_agree(a, s, MODEL); /* the other ranks wait here for the main process */
 }

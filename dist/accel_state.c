@@ -297,6 +297,11 @@ em_status em_accel_save_state(em_accelerator *a, const char *dir)
     ckpt_tmp_dir(d, id, tmp, sizeof tmp);
     ckpt_entry mine[2 * MAX_PREPARED];
     int nmine = 0;
+    /* ZeRO-3: the parameters whole on every rank (collective) before rank 0 writes them */
+    if ((s = accel_agree(a, em_accel_gather_params(a), SAVE))) {
+        if (a->rank == 0) ckpt_abandon(tmp);
+        return s;
+    }
     for (int k = 0; a->rank == 0 && k < a->nmodels && !s; k++, nmine++) {
         object_file(mine[nmine].name, sizeof mine[nmine].name, "model", k);
         path_in(path, sizeof path, tmp, mine[nmine].name);

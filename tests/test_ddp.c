@@ -436,6 +436,11 @@ TEST(test_zero_stage_2_resume_at_step_10_gives_bitwise_the_straight_weights_two_
     check_resume_is_exact_on(2, NULL, 2);
 }
 
+TEST(test_zero_stage_3_resume_at_step_10_gives_bitwise_the_straight_weights_two_ranks)
+{
+    check_resume_is_exact_on(2, NULL, 3);
+}
+
 /* The losses of lines "step loss" into out[step] (steps below max); how many lines. */
 static int read_losses_by_step(const char *path, double *out, int max)
 {
@@ -494,6 +499,12 @@ TEST(test_zero_stage_2_save_of_two_ranks_resumes_on_one_process_without_zero) { 
 TEST(test_zero_stage_1_save_of_two_ranks_resumes_on_four_at_stage_1) { check_reshard(2, 1, 4, 1); }
 
 TEST(test_zero_stage_2_save_of_two_ranks_resumes_on_four_at_stage_2) { check_reshard(2, 2, 4, 2); }
+
+TEST(test_zero_stage_3_save_of_two_ranks_resumes_on_four_at_stage_3_and_on_one_without_zero)
+{
+    check_reshard(2, 3, 4, 3);
+    check_reshard(2, 3, 1, 0);
+}
 
 TEST(test_ddp_save_resumes_under_zero_stage_1_and_2) /* each rank slices the whole state */
 {
