@@ -170,6 +170,7 @@ static void finished(void *ctx)
     for (int i = 0; i < z->nb; i++) {
         if (!z->b[i].released) release_bucket(z, i);
         z->b[i].work = NULL;
+        z->b[i].released = false; /* for the next backward */
     }
 }
 

@@ -410,6 +410,46 @@ static void zero_state_size(em_pg *pg, int rank, int world, void *ctx)
     em_gpt_free(g);
 }
 
+/* Stage 2 gives the full gradient buffer back after every synced backward
+ * (its memory is the point): the flat gradients read zeros after each of
+ * several steps, while the shard holds the averaged chunk. */
+static void zero_gives_back(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world, (void)ctx;
+    em_gpt *g = small_gpt(5, 32);
+    CHECK_NOTNULL(g);
+    em_named ps[64];
+    int n = em_module_params(g->m, ps, 64);
+    em_tensor *pt[64];
+    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+    em_optimizer *opt = em_adamw_new(n, pt, NULL);
+    em_zero *z = opt ? em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.004}) : NULL;
+    CHECK_NOTNULL(z);
+    for (int step = 0; step < 3; step++) {
+        em_scope sc = em_scope_begin();
+        int32_t tok[2 * T];
+        for (int i = 0; i < 2 * T; i++) tok[i] = (i * 7 + rank + step) % VOCAB;
+        em_tensor *x = em_from_data(EM_I32, EM_SHAPE(2, T), tok);
+        CHECK_OK(em_zero_backward(z, em_gpt_loss(g, x, x), true));
+        const float *fg = em_data(em_module_flat_grads(g->m, EM_F32));
+        int64_t nz = 0, total = em_numel(em_module_flat_grads(g->m, EM_F32));
+        for (int64_t i = 0; i < total; i++) nz += fg[i] != 0;
+        if (nz) th_fail(__FILE__, __LINE__, "step %d: %lld of %lld flat gradients kept after backward", step,
+                        (long long)nz, (long long)total);
+        CHECK_OK(em_zero_step(z));
+        CHECK_OK(em_zero_zero_grad(z));
+        em_scope_end(sc);
+    }
+    em_zero_free(z);
+    em_optim_free(opt);
+    em_gpt_free(g);
+}
+
+TEST(test_zero_stage_2_gives_the_full_gradient_buffer_back_after_every_backward)
+{
+    TH_RANKS(2, EM_TRANSPORT_AUTO, zero_gives_back, NULL);
+}
+
 TEST(test_zero_stage_2_keeps_a_world_share_of_the_optimizer_state_per_rank)
 {
     TH_RANKS(2, EM_TRANSPORT_AUTO, zero_state_size, NULL);
