@@ -35,7 +35,8 @@ typedef struct job {
     em_gpt_config model;
     int batch;           /* per rank */
     double *ms; /* shared with the parent: rank 0 writes the median step, [1] the peak RSS (MiB, max
-                 * over ranks), [2] one rank's optimizer state (MiB, max over ranks) */
+                 * over ranks), [2] one rank's optimizer state (MiB, max over ranks), [3] the
+                 * parameter count */
 } job;
 
 static const em_gpt_config tiny = {
@@ -128,6 +129,7 @@ static int train(em_pg *pg, void *ctx)
         j->ms[0] = 1e3 * median(em_data(times), j->steps);
         j->ms[1] = ((double *)em_data(mt))[0];
         j->ms[2] = ((double *)em_data(mt))[1];
+        j->ms[3] = (double)em_module_num_params(g->m);
     }
     em_free(times);
     em_free(mt);
@@ -206,9 +208,9 @@ static int zero_table(int argc, char **argv)
             st[k] = j.ms[2];
         }
     print_machine();
-    printf("bench_ddp zero: %s GPT (%.1fM parameters), %d ranks x %d thread(s), batch %d x T %d per rank; best "
+    printf("bench_ddp zero: %s (%.2fM parameters), %d ranks x %d thread(s), batch %d x T %d per rank; best "
            "of 2 medians of %d steps (slowest rank)\n",
-           big ? "GPT-2 124M" : "tiny", (big ? 124.44 : 0.80), world, j.threads, j.batch, (int)j.model.block_size,
+           big ? "GPT-2 124M" : "tiny", j.ms[3] / 1e6, world, j.threads, j.batch, (int)j.model.block_size,
            j.steps);
     printf("%-6s %10s %9s %14s %16s\n", "stage", "ms/step", "vs DDP", "peak RSS MiB", "opt state MiB");
     for (int k = 0; k < 4; k++)

@@ -67,25 +67,27 @@ static double gpt_params(const em_gpt_config *m, double *largest_unit)
 }
 
 /* The stage arithmetic, P parameters in f32 (masters under autocast), opt
- * bytes of optimizer state per parameter, over W ranks:
+ * bytes of optimizer state per parameter, over W ranks; a bucket of B bytes
+ * (DDP's size; a parameter larger than that, the token embedding of a big
+ * vocabulary, is a bucket of its own: L bytes, the largest parameter):
  *   stage 0: params 4P,  grads 4P,  optimizer opt*P
  *   stage 1: params 4P,  grads 4P,  optimizer opt*P / W
- *   stage 2: params 4P,  grads 4P/W + the buckets in flight during backward
- *            (2 x bucket bytes, at most 4P), optimizer / W
- *   stage 3: params 4P/W + the 3 buckets kept whole at once (dist/zero.c's
- *            KEEP: in use, the one before, the prefetched next; a bucket is
- *            bucket bytes, or the largest parameter when that is bigger;
- *            never more than 4P in all), grads and optimizer as stage 2.
- * The ZeRO engine (dist/zero.c) allocates exactly this; change both together. */
+ *   stage 2: params 4P,  grads 4P/W (the shard) + what backward holds of the
+ *            full buffer: the largest parameter's bucket (a tied embedding's
+ *            gradient is begun first and finished last) and 2 more buckets
+ *            in flight (dist/zero.c INFLIGHT): L + 2B, at most 4P;
+ *            optimizer / W
+ *   stage 3: params 4P/W + the 3 buckets kept whole (dist/zero.c KEEP): the
+ *            largest and 2 more, L + 2B, never more than 4P in all; grads
+ *            and optimizer as stage 2.
+ * The ZeRO engine (dist/zero.c) behaves like this; change both together. */
 static void zero_split(int stage, double W, double P, double opt, double bucket, double unit, double out[3])
 {
     double params = 4 * P, grads = 4 * P, optim = opt * P;
+    double held = 4 * unit > bucket ? 4 * unit + 2 * bucket : 3 * bucket; /* L + 2B */
     if (stage >= 1) optim /= W;
-    if (stage >= 2) grads = 4 * P / W + (2 * bucket < 4 * P ? 2 * bucket : 4 * P);
-    if (stage >= 3) {
-        double whole = 3 * (bucket > 4 * unit ? bucket : 4 * unit);
-        params = 4 * P / W + (whole < 4 * P - 4 * P / W ? whole : 4 * P - 4 * P / W);
-    }
+    if (stage >= 2) grads = 4 * P / W + (held < 4 * P ? held : 4 * P);
+    if (stage >= 3) params = 4 * P / W + (held < 4 * P - 4 * P / W ? held : 4 * P - 4 * P / W);
     out[0] = params, out[1] = grads, out[2] = optim;
 }
 

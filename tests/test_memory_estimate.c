@@ -159,12 +159,13 @@ TEST(test_estimate_memory_splits_params_grads_and_optimizer_by_stage)
             e[z] = estimate_of(&c);
         }
         P = (double)e[0].n_params;
-        /* stage 3 keeps 3 buckets whole; a bucket holds at least the
-         * largest parameter: c_fc's (4C, C) or wte's (V, C) */
-        double C = 128, big = 4 * C * C > 65 * C ? 4 * C * C : 65 * C;
-        unit = 3 * (bucket > 4 * big ? bucket : 4 * big);
-        if (unit > 4 * P - P) unit = 4 * P - P; /* never more than 4P in all */
-        double opt = opts[k].per_param * P, grads2 = 4 * P / 4 + (2 * bucket < 4 * P ? 2 * bucket : 4 * P);
+        /* stages 2-3 hold the largest parameter's bucket and 2 more: c_fc's
+         * (4C, C) or wte's (V, C) when bigger than a bucket */
+        double C = 128, big = 4 * (4 * C * C > 65 * C ? 4 * C * C : 65 * C);
+        double held = big > bucket ? big + 2 * bucket : 3 * bucket;
+        double grads2 = 4 * P / 4 + (held < 4 * P ? held : 4 * P);
+        unit = held < 4 * P - P ? held : 4 * P - P; /* stage 3's whole buckets; never more than 4P in all */
+        double opt = opts[k].per_param * P;
         CHECK((double)e[0].bytes[EM_MEM_PARAMS] == 4 * P && (double)e[0].bytes[EM_MEM_GRADS] == 4 * P);
         CHECK((double)e[0].bytes[EM_MEM_OPTIMIZER] == opt);
         CHECK((double)e[1].bytes[EM_MEM_PARAMS] == 4 * P && (double)e[1].bytes[EM_MEM_GRADS] == 4 * P);
