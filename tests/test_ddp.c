@@ -305,66 +305,94 @@ TEST(test_zero_stage_3_follows_ddp_two_ranks) { check_zero_against_ddp(2, zero_j
 
 TEST(test_zero_stage_3_follows_ddp_four_ranks) { check_zero_against_ddp(4, zero_job, 3, false); }
 
+/* Stages 1 (bitwise), 2 and 3 against DDP on job j at world 2. */
+static void check_every_stage(job j)
+{
+    check_zero_against_ddp(2, j, 1, true);
+    check_zero_against_ddp(2, j, 2, false);
+    check_zero_against_ddp(2, j, 3, false);
+}
+
 TEST(test_zero_stages_follow_ddp_with_accumulation)
 {
     job j = zero_job;
     j.accum = 2;
     j.batch = 6;
-    check_zero_against_ddp(2, j, 1, true);
-    check_zero_against_ddp(2, j, 2, false);
-    check_zero_against_ddp(2, j, 3, false);
+    check_every_stage(j);
 }
 
 TEST(test_zero_stages_follow_ddp_under_bf16)
 {
     job j = zero_job;
     j.precision = EM_PREC_BF16;
-    check_zero_against_ddp(2, j, 1, true);
-    check_zero_against_ddp(2, j, 2, false);
-    check_zero_against_ddp(2, j, 3, false);
+    check_every_stage(j);
 }
 
 TEST(test_zero_stages_follow_ddp_under_fp16_with_the_loss_scaler)
 {
     job j = zero_job;
     j.precision = EM_PREC_FP16;
-    check_zero_against_ddp(2, j, 1, true);
-    check_zero_against_ddp(2, j, 2, false);
-    check_zero_against_ddp(2, j, 3, false);
+    check_every_stage(j);
+}
+
+/* A small GPT with AdamW over all its parameters, for the em_zero tests. */
+typedef struct zero_fixture {
+    em_gpt *g;
+    em_optimizer *opt;
+} zero_fixture;
+
+static zero_fixture zero_fixture_new(uint64_t seed, int64_t embd)
+{
+    zero_fixture f = {small_gpt(seed, embd), NULL};
+    CHECK_NOTNULL(f.g);
+    em_named ps[64];
+    int n = em_module_params(f.g->m, ps, 64);
+    em_tensor *pt[64];
+    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+    f.opt = em_adamw_new(n, pt, NULL);
+    CHECK_NOTNULL(f.opt);
+    return f;
+}
+
+static void zero_fixture_free(zero_fixture f)
+{
+    em_optim_free(f.opt);
+    em_gpt_free(f.g);
+}
+
+/* One synced stage step of z on a batch of 2 made from `salt`. */
+static void zero_one_step(em_zero *z, em_gpt *g, int salt, bool step)
+{
+    int32_t tok[2 * T];
+    for (int i = 0; i < 2 * T; i++) tok[i] = (i * 7 + salt) % VOCAB;
+    em_tensor *x = em_from_data(EM_I32, EM_SHAPE(2, T), tok);
+    CHECK_OK(em_zero_backward(z, em_gpt_loss(g, x, x), true));
+    if (step) CHECK_OK(em_zero_step(z));
 }
 
 /* em_zero_new's refusals, each on every rank alike. */
 static void zero_refusals(em_pg *pg, int rank, int world, void *ctx)
 {
     (void)rank, (void)world, (void)ctx;
-    em_gpt *g = small_gpt(5, 16), *other = small_gpt(6, 16);
-    CHECK_NOTNULL(g);
-    CHECK_NOTNULL(other);
-    em_named ps[64];
-    int n = em_module_params(g->m, ps, 64);
-    em_tensor *pt[64];
-    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
-    em_optimizer *opt = em_adamw_new(n, pt, NULL);
+    zero_fixture f = zero_fixture_new(5, 16), other = zero_fixture_new(6, 16);
     em_named po[64];
-    em_module_params(other->m, po, 64);
+    em_module_params(other.g->m, po, 64);
     em_tensor *foreign = po[0].t;
     em_optimizer *bad = em_adamw_new(1, &foreign, NULL);
-    CHECK_NOTNULL(opt);
     CHECK_NOTNULL(bad);
-    CHECK_ERR(em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 4}), EM_ERR_ARG, "stage 4");
-    CHECK_ERR(em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 0}), EM_ERR_ARG, "stage 0");
-    CHECK_ERR(em_zero_new(NULL, g->m, opt, NULL), EM_ERR_ARG, "pg is NULL");
-    CHECK_ERR(em_zero_new(pg, g->m, bad, NULL), EM_ERR_ARG, "not a parameter of the model");
+    CHECK_ERR(em_zero_new(pg, f.g->m, f.opt, &(em_zero_config){.stage = 4}), EM_ERR_ARG, "stage 4");
+    CHECK_ERR(em_zero_new(pg, f.g->m, f.opt, &(em_zero_config){.stage = 0}), EM_ERR_ARG, "stage 0");
+    CHECK_ERR(em_zero_new(NULL, f.g->m, f.opt, NULL), EM_ERR_ARG, "pg is NULL");
+    CHECK_ERR(em_zero_new(pg, f.g->m, bad, NULL), EM_ERR_ARG, "not a parameter of the model");
     /* and a good one still works after the refusals */
-    em_zero *z = em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.001});
+    em_zero *z = em_zero_new(pg, f.g->m, f.opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.001});
     CHECK_NOTNULL(z);
     CHECK(em_zero_stage(z) == 2);
     CHECK(em_ddp_num_buckets(em_zero_ddp(z)) > 1);
     em_zero_free(z);
     em_optim_free(bad);
-    em_optim_free(opt);
-    em_gpt_free(other);
-    em_gpt_free(g);
+    zero_fixture_free(other);
+    zero_fixture_free(f);
 }
 
 TEST(test_zero_new_refuses_bad_stages_and_foreign_parameters)
@@ -376,38 +404,26 @@ TEST(test_zero_new_refuses_bad_stages_and_foreign_parameters)
  * each rank, and the ranks' pieces together cover every element once. */
 static void zero_state_size(em_pg *pg, int rank, int world, void *ctx)
 {
-    (void)rank, (void)ctx;
-    em_gpt *g = small_gpt(5, 32);
-    CHECK_NOTNULL(g);
-    em_named ps[64];
-    int n = em_module_params(g->m, ps, 64);
-    em_tensor *pt[64];
-    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
-    em_optimizer *opt = em_adamw_new(n, pt, NULL);
-    CHECK_NOTNULL(opt);
-    em_zero *z = em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.004});
+    (void)ctx;
+    zero_fixture f = zero_fixture_new(5, 32);
+    em_zero *z = em_zero_new(pg, f.g->m, f.opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.004});
     CHECK_NOTNULL(z);
     em_scope sc = em_scope_begin();
-    int32_t tok[2 * T];
-    for (int i = 0; i < 2 * T; i++) tok[i] = (i * 7 + rank) % VOCAB;
-    em_tensor *x = em_from_data(EM_I32, EM_SHAPE(2, T), tok), *y = em_from_data(EM_I32, EM_SHAPE(2, T), tok);
-    CHECK_OK(em_zero_backward(z, em_gpt_loss(g, x, y), true));
-    CHECK_OK(em_zero_step(z));
+    zero_one_step(z, f.g, rank, true);
     em_scope_end(sc);
     em_named st[256];
-    int k = em_optim_state(opt, st, 256);
+    int k = em_optim_state(f.opt, st, 256);
     int64_t mine = 0;
     for (int i = 0; i < k; i++)
         if (strstr(st[i].name, ".exp_avg_sq")) mine += em_numel(st[i].t);
-    int64_t total = em_module_num_params(g->m);
+    int64_t total = em_module_num_params(f.g->m);
     em_tensor *sum = em_scalar(EM_F64, (double)mine);
     CHECK_OK(em_all_reduce(pg, sum, EM_RED_SUM, NULL));
     CHECK(em_item(sum) == (double)total);              /* every element once */
     CHECK(mine <= total / world + total / 10);          /* and about my share */
     em_free(sum);
     em_zero_free(z);
-    em_optim_free(opt);
-    em_gpt_free(g);
+    zero_fixture_free(f);
 }
 
 /* Stage 2 gives the full gradient buffer back after every synced backward
@@ -416,33 +432,24 @@ static void zero_state_size(em_pg *pg, int rank, int world, void *ctx)
 static void zero_gives_back(em_pg *pg, int rank, int world, void *ctx)
 {
     (void)world, (void)ctx;
-    em_gpt *g = small_gpt(5, 32);
-    CHECK_NOTNULL(g);
-    em_named ps[64];
-    int n = em_module_params(g->m, ps, 64);
-    em_tensor *pt[64];
-    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
-    em_optimizer *opt = em_adamw_new(n, pt, NULL);
-    em_zero *z = opt ? em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.004}) : NULL;
+    zero_fixture f = zero_fixture_new(5, 32);
+    em_zero *z = em_zero_new(pg, f.g->m, f.opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.004});
     CHECK_NOTNULL(z);
     for (int step = 0; step < 3; step++) {
         em_scope sc = em_scope_begin();
-        int32_t tok[2 * T];
-        for (int i = 0; i < 2 * T; i++) tok[i] = (i * 7 + rank + step) % VOCAB;
-        em_tensor *x = em_from_data(EM_I32, EM_SHAPE(2, T), tok);
-        CHECK_OK(em_zero_backward(z, em_gpt_loss(g, x, x), true));
-        const float *fg = em_data(em_module_flat_grads(g->m, EM_F32));
-        int64_t nz = 0, total = em_numel(em_module_flat_grads(g->m, EM_F32));
+        zero_one_step(z, f.g, rank + step, false);
+        const float *fg = em_data(em_module_flat_grads(f.g->m, EM_F32));
+        int64_t nz = 0, total = em_numel(em_module_flat_grads(f.g->m, EM_F32));
         for (int64_t i = 0; i < total; i++) nz += fg[i] != 0;
-        if (nz) th_fail(__FILE__, __LINE__, "step %d: %lld of %lld flat gradients kept after backward", step,
-                        (long long)nz, (long long)total);
+        if (nz)
+            th_fail(__FILE__, __LINE__, "step %d: %lld of %lld flat gradients kept after backward", step,
+                    (long long)nz, (long long)total);
         CHECK_OK(em_zero_step(z));
         CHECK_OK(em_zero_zero_grad(z));
         em_scope_end(sc);
     }
     em_zero_free(z);
-    em_optim_free(opt);
-    em_gpt_free(g);
+    zero_fixture_free(f);
 }
 
 TEST(test_zero_stage_2_gives_the_full_gradient_buffer_back_after_every_backward)
