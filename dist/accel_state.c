@@ -75,7 +75,7 @@
 #include "tensor/kernel_impl.h"
 #include "tensor/tensor_impl.h"
 
-#define STATE_FORMAT "ember-accelerator-state-2"
+#define STATE_FORMAT CKPT_STATE_FORMAT
 #define SAVE "em_accel_save_state"
 #define LOAD "em_accel_load_state"
 

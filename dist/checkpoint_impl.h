@@ -16,6 +16,9 @@
 #include "tensor/fileio_impl.h"
 
 #define CKPT_MANIFEST "manifest.json"
+/* The format of em_accel_save_state's directories (their manifest's and
+ * rank files'). */
+#define CKPT_STATE_FORMAT "ember-accelerator-state-2"
 #define CKPT_NAME_MAX 64
 
 typedef struct ckpt_entry {

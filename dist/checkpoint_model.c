@@ -63,8 +63,8 @@ static em_named *tensors_of(const em_module *m, int *n, const char *fn)
     return v;
 }
 
-em_status ckpt_model_save(const em_module *m, const ckpt_range *share, const char *path, const ckpt_shard_id *id,
-                          file_sum *sum, const char *fn)
+em_status ckpt_model_save(const em_module *m, const ckpt_range *share, const char *path,
+                          const ckpt_shard_id *id, file_sum *sum, const char *fn)
 {
     int n = 0, kept = 0;
     em_named *v = tensors_of(m, &n, fn);
@@ -85,8 +85,8 @@ em_status ckpt_model_save(const em_module *m, const ckpt_range *share, const cha
         ckpt_range r = share[i];
         if (r.n <= 0 && !(t_numel(t) == 0 && id->rank == 0)) continue; /* an empty tensor: rank 0 names it */
         if (r.lo < 0 || r.lo + r.n > t_numel(t) || (r.n < t_numel(t) && !t_is_contig(t))) {
-            s = em_err(EM_ERR_ARG, "%s: '%s' %s: share [%lld, %lld) is not a contiguous part of it", fn, v[i].name,
-                       shp(t), (long long)r.lo, (long long)(r.lo + r.n));
+            s = em_err(EM_ERR_ARG, "%s: '%s' %s: share [%lld, %lld) is not a contiguous part of it", fn,
+                       v[i].name, shp(t), (long long)r.lo, (long long)(r.lo + r.n));
             break;
         }
         em_tensor *entry = v[i].t; /* whole: as it is; a part: a 1-D view of it */
@@ -149,10 +149,12 @@ static em_status set_count(ckpt_model *cm, int64_t nt, const char *path)
 {
     if (cm->t) {
         if (nt == cm->nt) return EM_OK;
-        return em_err(EM_ERR_IO, "%s: %s says the model has %lld tensors; rank 0's shard says %d: not one save",
-                      cm->fn, path, (long long)nt, cm->nt);
+        return em_err(EM_ERR_IO,
+                      "%s: %s says the model has %lld tensors; rank 0's shard says %d: not one save", cm->fn,
+                      path, (long long)nt, cm->nt);
     }
-    if (nt > (1 << 24)) return em_err(EM_ERR_IO, "%s: %s: %lld tensors is not a model", cm->fn, path, (long long)nt);
+    if (nt > (1 << 24))
+        return em_err(EM_ERR_IO, "%s: %s: %lld tensors is not a model", cm->fn, path, (long long)nt);
     cm->t = calloc((size_t)nt + 1, sizeof *cm->t);
     if (!cm->t) return em_err(EM_ERR_OOM, "%s: out of memory", cm->fn);
     cm->nt = (int)nt;
@@ -176,7 +178,8 @@ static em_status describe(ckpt_model *cm, int k, const char *name, int dt, int n
     if (!strcmp(t->name, name) && t->dtype == (em_dtype)dt && t->ndim == nd &&
         !memcmp(t->shape, shape, sizeof(int64_t) * (size_t)nd))
         return EM_OK;
-    return em_err(EM_ERR_IO, "%s: %s holds '%s' %s%s as tensor %d; another shard has '%s' %s%s there: not one save",
+    return em_err(EM_ERR_IO,
+                  "%s: %s holds '%s' %s%s as tensor %d; another shard has '%s' %s%s there: not one save",
                   cm->fn, path, name, em_dtype_name((em_dtype)dt), shp_of(nd, shape), k, t->name,
                   em_dtype_name(t->dtype), shp_of(t->ndim, t->shape));
 }
@@ -214,7 +217,8 @@ static bool parse_piece(const char *s, int64_t v[3], int *nd, int64_t *shape)
 }
 
 /* One entry of a shard: its "piece.NAME" against the entry itself. */
-static em_status shard_entry(ckpt_model *cm, const em_safetensors *f, int file, const char *name, const char *path)
+static em_status shard_entry(ckpt_model *cm, const em_safetensors *f, int file, const char *name,
+                             const char *path)
 {
     char key[1100];
     snprintf(key, sizeof key, "piece.%s", name);
@@ -228,11 +232,12 @@ static em_status shard_entry(ckpt_model *cm, const em_safetensors *f, int file, 
                       val ? "'" : "", val ? val : "missing", val ? "'" : "");
     for (int d = 0; d < nd; d++) numel *= shape[d];
     if (v[0] >= cm->nt || v[2] != got || v[1] + v[2] > numel || (v[2] == 0 && numel != 0))
-        return em_err(EM_ERR_IO,
-                      "%s: %s: '%s' (%lld elements) as piece [%lld, %lld) of tensor %lld of %d (%lld elements) "
-                      "does not fit",
-                      cm->fn, path, name, (long long)got, (long long)v[1], (long long)(v[1] + v[2]),
-                      (long long)v[0], cm->nt, (long long)numel);
+        return em_err(
+            EM_ERR_IO,
+            "%s: %s: '%s' (%lld elements) as piece [%lld, %lld) of tensor %lld of %d (%lld elements) "
+            "does not fit",
+            cm->fn, path, name, (long long)got, (long long)v[1], (long long)(v[1] + v[2]), (long long)v[0],
+            cm->nt, (long long)numel);
     em_status s = describe(cm, (int)v[0], name, dt, nd, shape, path);
     return s ? s : add_piece(cm, (ckpt_mpiece){file, (int)v[0], v[1], v[2]});
 }
@@ -282,7 +287,8 @@ static em_status check_tiling(const ckpt_model *cm)
     for (int i = 0; i < cm->nt; i++) {
         const ckpt_mtensor *t = &cm->t[i];
         if (!t->name)
-            return em_err(EM_ERR_IO, "%s: %s: tensor %d of model %d's %d is in no shard: the shards do not cover it",
+            return em_err(EM_ERR_IO,
+                          "%s: %s: tensor %d of model %d's %d is in no shard: the shards do not cover it",
                           cm->fn, cm->dir, i, cm->k, cm->nt);
         int64_t at = 0;
         for (; q < cm->npc && cm->pc[q].t == i; q++) {
@@ -298,12 +304,13 @@ static em_status check_tiling(const ckpt_model *cm)
                           (long long)cm->pc[q].lo, (long long)at, t->name, other, here);
         }
         if (at != t->numel)
-            return em_err(EM_ERR_IO,
-                          "%s: %s: elements [%lld, %lld) of '%s' (%lld elements) are in no shard of model %d: the "
-                          "shards do not cover it",
-                          cm->fn, cm->dir, (long long)at,
-                          (long long)(q < cm->npc && cm->pc[q].t == i ? cm->pc[q].lo : t->numel), t->name,
-                          (long long)t->numel, cm->k);
+            return em_err(
+                EM_ERR_IO,
+                "%s: %s: elements [%lld, %lld) of '%s' (%lld elements) are in no shard of model %d: the "
+                "shards do not cover it",
+                cm->fn, cm->dir, (long long)at,
+                (long long)(q < cm->npc && cm->pc[q].t == i ? cm->pc[q].lo : t->numel), t->name,
+                (long long)t->numel, cm->k);
     }
     return EM_OK;
 }
@@ -359,5 +366,45 @@ em_status ckpt_model_fill(const ckpt_model *cm, const ckpt_range *want, void *co
         }
         em_safetensors_close(f);
     }
+    return s;
+}
+
+/* ---- merging ------------------------------------------------------------------------------- */
+
+em_status ckpt_merge_model(const char *dir, int k, const char *out, int *ntensors, int64_t *bytes,
+                           const char *fn)
+{
+    char real[4096];
+    ckpt_manifest m;
+    ckpt_model cm = {0};
+    em_status s = ckpt_open(dir, CKPT_STATE_FORMAT, real, sizeof real, &m, fn);
+    if (!s) s = ckpt_model_scan(&cm, real, &m, k, fn);
+    em_named *v = s ? NULL : calloc((size_t)cm.nt + 1, sizeof *v);
+    ckpt_range *want = s ? NULL : calloc((size_t)cm.nt + 1, sizeof *want);
+    void **dst = s ? NULL : calloc((size_t)cm.nt + 1, sizeof *dst);
+    if (!s && (!v || !want || !dst)) s = em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    int64_t total = 0;
+    for (int i = 0; i < cm.nt && !s; i++) {
+        const ckpt_mtensor *t = &cm.t[i];
+        tensor *h = t_new_persistent(t->dtype, t->ndim, t->shape);
+        if (!h) {
+            s = em_last_status();
+            break;
+        }
+        v[i] = (em_named){t->name, t_handle(h)};
+        want[i] = (ckpt_range){0, t->numel};
+        dst[i] = t_ptr(h);
+        total += t->numel * (int64_t)em_dtype_size(t->dtype);
+    }
+    if (!s) s = ckpt_model_fill(&cm, want, dst);
+    if (!s) s = st_save(out, cm.nt, v, "{\"format\":\"pt\"}", NULL);
+    if (!s && ntensors) *ntensors = cm.nt;
+    if (!s && bytes) *bytes = total;
+    for (int i = 0; v && i < cm.nt; i++) em_free(v[i].t);
+    free(v);
+    free(want);
+    free(dst);
+    ckpt_model_free(&cm);
+    ckpt_manifest_free(&m);
     return s;
 }

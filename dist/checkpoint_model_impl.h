@@ -23,8 +23,8 @@ void ckpt_model_file(char *buf, size_t n, int k, int rank);
  * then buffers, em_module_save's order) those with share[i].n > 0, each
  * tensor's elements share[i] (a part of a parameter must be contiguous),
  * and the save *id. *sum gets the file's size and crc32. Errors name fn. */
-em_status ckpt_model_save(const em_module *m, const ckpt_range *share, const char *path, const ckpt_shard_id *id,
-                          file_sum *sum, const char *fn);
+em_status ckpt_model_save(const em_module *m, const ckpt_range *share, const char *path,
+                          const ckpt_shard_id *id, file_sum *sum, const char *fn);
 
 /* One tensor of the saved model. */
 typedef struct ckpt_mtensor {
@@ -45,9 +45,9 @@ typedef struct ckpt_model {
     const char *dir, *fn;
     int k, nfiles;
     bool sharded;
-    int nt;            /* the model's tensors, in em_module_save's order */
-    ckpt_mtensor *t;   /* nt */
-    ckpt_mpiece *pc;   /* every file's pieces, sorted by tensor, then lo */
+    int nt;          /* the model's tensors, in em_module_save's order */
+    ckpt_mtensor *t; /* nt */
+    ckpt_mpiece *pc; /* every file's pieces, sorted by tensor, then lo */
     int npc, cap;
 } ckpt_model;
 
@@ -65,5 +65,16 @@ em_status ckpt_model_fill(const ckpt_model *cm, const ckpt_range *want, void *co
 /* The tensor of cm named name, or -1. */
 int ckpt_model_find(const ckpt_model *cm, const char *name);
 void ckpt_model_free(ckpt_model *cm);
+
+/* `ember merge-weights`: model k of em_accel_save_state's checkpoint dir
+ * (its manifest and every file verified first), from its shards or its
+ * whole file, as one standard safetensors file at out: em_module_save's
+ * names, order, shapes and metadata ({"format": "pt"}), so the same bytes
+ * em_module_save writes for that model. Written to out.tmp and renamed
+ * (st_save): a failure leaves no out. Holds the output plus one entry of
+ * one file. *ntensors, *bytes (when not NULL) get what was written.
+ * EM_ERR_IO naming dir, the file or out. */
+em_status ckpt_merge_model(const char *dir, int k, const char *out, int *ntensors, int64_t *bytes,
+                           const char *fn);
 
 #endif
