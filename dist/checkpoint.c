@@ -767,3 +767,27 @@ em_status ckpt_find_files(const ckpt_manifest *m, const char *dir, void (*file)(
     }
     return EM_OK;
 }
+
+em_status ckpt_room(void **p, int *cap, int n, size_t size, const char *fn)
+{
+    if (n < *cap) return EM_OK;
+    int c = *cap ? 2 * *cap : 64;
+    void *q = realloc(*p, size * (size_t)c);
+    if (!q) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    *p = q;
+    *cap = c;
+    return EM_OK;
+}
+
+void ckpt_object_file(char *buf, size_t n, const char *kind, int k, int rank)
+{
+    char base[32];
+    if (k > 0)
+        snprintf(base, sizeof base, "%s_%d", kind, k);
+    else
+        snprintf(base, sizeof base, "%s", kind);
+    if (rank < 0)
+        snprintf(buf, n, "%s.safetensors", base);
+    else
+        snprintf(buf, n, "%s.rank_%d.safetensors", base, rank);
+}

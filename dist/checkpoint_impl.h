@@ -98,6 +98,10 @@ void ckpt_shard_meta(jbuf *b, const char *format, const ckpt_shard_id *id);
  * that it is rank `rank` of a save by `world` ranks. EM_ERR_IO naming path. */
 em_status ckpt_shard_check(const em_safetensors *f, const char *path, const char *format, const char *what,
                            const ckpt_manifest *m, int world, int rank, const char *fn);
+/* The file of prepared object k of kind ("model", "optimizer"): rank < 0
+ * the whole object's (KIND.safetensors, KIND_1.safetensors, ...), else
+ * rank's shard (KIND.rank_R.safetensors, KIND_1.rank_R.safetensors). */
+void ckpt_object_file(char *buf, size_t n, const char *kind, int k, int rank);
 /* Which files hold an object's part of the save (file names them: rank
  * < 0 the whole file, else rank's shard, of the k-th object): the whole
  * file (*nfiles = 1, *sharded = false) or one shard per rank of the save,
@@ -105,6 +109,9 @@ em_status ckpt_shard_check(const em_safetensors *f, const char *path, const char
  * the file missing from the manifest. */
 em_status ckpt_find_files(const ckpt_manifest *m, const char *dir, void (*file)(char *, size_t, int, int), int k,
                           const char *what, int *nfiles, bool *sharded, const char *fn);
+/* Room in the array *p (*cap elements of size bytes) for element n: grows
+ * it (doubling) when n == *cap. EM_ERR_OOM naming fn. */
+em_status ckpt_room(void **p, int *cap, int n, size_t size, const char *fn);
 /* Metadata `key` of f as a count (decimal digits); EM_ERR_IO naming path. */
 em_status ckpt_meta_count(const em_safetensors *f, const char *path, const char *key, int64_t *out,
                           const char *fn);

@@ -39,15 +39,7 @@
 
 #define SHARD_FORMAT "ember-model-shard"
 
-void ckpt_model_file(char *buf, size_t n, int k, int rank)
-{
-    char base[32] = "model";
-    if (k > 0) snprintf(base, sizeof base, "model_%d", k);
-    if (rank < 0)
-        snprintf(buf, n, "%s.safetensors", base);
-    else
-        snprintf(buf, n, "%s.rank_%d.safetensors", base, rank);
-}
+void ckpt_model_file(char *buf, size_t n, int k, int rank) { ckpt_object_file(buf, n, "model", k, rank); }
 
 /* ---- saving --------------------------------------------------------------------------- */
 
@@ -186,15 +178,9 @@ static em_status describe(ckpt_model *cm, int k, const char *name, int dt, int n
 
 static em_status add_piece(ckpt_model *cm, ckpt_mpiece pc)
 {
-    if (cm->npc == cm->cap) {
-        int cap = cm->cap ? 2 * cm->cap : 64;
-        ckpt_mpiece *q = realloc(cm->pc, sizeof *q * (size_t)cap);
-        if (!q) return em_err(EM_ERR_OOM, "%s: out of memory", cm->fn);
-        cm->pc = q;
-        cm->cap = cap;
-    }
-    cm->pc[cm->npc++] = pc;
-    return EM_OK;
+    em_status s = ckpt_room((void **)&cm->pc, &cm->cap, cm->npc, sizeof pc, cm->fn);
+    if (!s) cm->pc[cm->npc++] = pc;
+    return s;
 }
 
 /* "K:LO:N:D0,D1,..." into its numbers; false when it is not that. */

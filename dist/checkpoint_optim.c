@@ -51,15 +51,7 @@
 
 #define SHARD_FORMAT "ember-optimizer-shard"
 
-void ckpt_optim_file(char *buf, size_t n, int k, int rank)
-{
-    char base[32] = "optimizer";
-    if (k > 0) snprintf(base, sizeof base, "optimizer_%d", k);
-    if (rank < 0)
-        snprintf(buf, n, "%s.safetensors", base);
-    else
-        snprintf(buf, n, "%s.rank_%d.safetensors", base, rank);
-}
+void ckpt_optim_file(char *buf, size_t n, int k, int rank) { ckpt_object_file(buf, n, "optimizer", k, rank); }
 
 bool ckpt_optim_is_sharded(const em_optimizer *o)
 {
@@ -188,15 +180,9 @@ static void file_path(const plan *p, int file, char *path, size_t n, char *name,
 
 static em_status add_piece(plan *p, piece pc)
 {
-    if (p->npc == p->cap) {
-        int cap = p->cap ? 2 * p->cap : 64;
-        piece *q = realloc(p->pc, sizeof *q * (size_t)cap);
-        if (!q) return em_err(EM_ERR_OOM, "%s: out of memory", p->fn);
-        p->pc = q;
-        p->cap = cap;
-    }
-    p->pc[p->npc++] = pc;
-    return EM_OK;
+    em_status s = ckpt_room((void **)&p->pc, &p->cap, p->npc, sizeof pc, p->fn);
+    if (!s) p->pc[p->npc++] = pc;
+    return s;
 }
 
 /* Which files hold optimizer k's state: the whole-state file, or one shard

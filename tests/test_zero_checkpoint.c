@@ -109,6 +109,18 @@ static void make_dir(char *dir, size_t n)
 
 /* ---- what a save writes ------------------------------------------------------------ */
 
+/* The manifest text m lists dir/name with its size and crc32. */
+static void check_listed(const char *m, const char *dir, const char *name)
+{
+    size_t len;
+    char *body = th_slurp(th_path(dir, name), &len);
+    char want[200];
+    snprintf(want, sizeof want, "{\"name\": \"%s\", \"size\": \"%zu\", \"crc32\": \"%08lx\"}", name, len,
+             crc32(0, (const Bytef *)body, (uInt)len));
+    if (!strstr(m, want)) th_fail(__FILE__, __LINE__, "manifest lacks %s:\n%s", want, m);
+    free(body);
+}
+
 static void saves_shards(int rank, int world, void *ctx)
 {
     (void)world;
@@ -128,13 +140,7 @@ static void saves_shards(int rank, int world, void *ctx)
         for (int k = 0; k < 2; k++) {
             char name[64];
             snprintf(name, sizeof name, "optimizer.rank_%d.safetensors", k);
-            size_t len;
-            char *body = th_slurp(th_path(dir, name), &len);
-            char want[200];
-            snprintf(want, sizeof want, "{\"name\": \"%s\", \"size\": \"%zu\", \"crc32\": \"%08lx\"}", name,
-                     len, crc32(0, (const Bytef *)body, (uInt)len));
-            if (!strstr(m, want)) th_fail(__FILE__, __LINE__, "manifest lacks %s:\n%s", want, m);
-            free(body);
+            check_listed(m, dir, name);
             em_safetensors *f = em_safetensors_open(th_path(dir, name));
             CHECK_NOTNULL(f);
             char rk[8];
@@ -364,13 +370,7 @@ static void saves_model_shards(int rank, int world, void *ctx)
         for (int k = 0; k < 2; k++) {
             char name[64];
             snprintf(name, sizeof name, "model.rank_%d.safetensors", k);
-            size_t len;
-            char *body = th_slurp(th_path(dir, name), &len);
-            char want[200];
-            snprintf(want, sizeof want, "{\"name\": \"%s\", \"size\": \"%zu\", \"crc32\": \"%08lx\"}", name,
-                     len, crc32(0, (const Bytef *)body, (uInt)len));
-            if (!strstr(m, want)) th_fail(__FILE__, __LINE__, "manifest lacks %s:\n%s", want, m);
-            free(body);
+            check_listed(m, dir, name);
             em_safetensors *f = em_safetensors_open(th_path(dir, name));
             CHECK_NOTNULL(f);
             CHECK(!strcmp(em_safetensors_metadata(f, "format"), "ember-model-shard"));
