@@ -823,13 +823,15 @@ static em_status check_model(int k, const ckpt_model *cm, const em_named *v, int
         if (!c)
             return em_err(EM_ERR_ARG, LOAD ": %s holds no '%s' of model %d (is it the same model?)", cm->dir,
                           v[i].name, k);
-        if (c->dtype != t->dtype || c->ndim != t->ndim || memcmp(c->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
-            return em_err(EM_ERR_ARG, LOAD ": %s: '%s' of model %d is %s%s in the save but %s%s in this run", cm->dir,
-                          v[i].name, k, em_dtype_name(c->dtype), shp_of(c->ndim, c->shape), em_dtype_name(t->dtype),
-                          shp(t));
+        if (c->dtype != t->dtype || c->ndim != t->ndim ||
+            memcmp(c->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
+            return em_err(EM_ERR_ARG, LOAD ": %s: '%s' of model %d is %s%s in the save but %s%s in this run",
+                          cm->dir, v[i].name, k, em_dtype_name(c->dtype), shp_of(c->ndim, c->shape),
+                          em_dtype_name(t->dtype), shp(t));
     }
     if (cm->nt != n)
-        return em_err(EM_ERR_ARG, LOAD ": %s holds %d tensors of model %d; this run's has %d (is it the same model?)",
+        return em_err(EM_ERR_ARG,
+                      LOAD ": %s holds %d tensors of model %d; this run's has %d (is it the same model?)",
                       cm->dir, cm->nt, k, n);
     return EM_OK;
 }
@@ -837,7 +839,8 @@ static em_status check_model(int k, const ckpt_model *cm, const em_named *v, int
 /* Reads what this rank loads of model k into ms: from its shards, all of
  * every tensor (below ZeRO stage 3) or this rank's shares (stage 3; from
  * the whole model file too); else nothing (module_load reads it later). */
-static em_status read_model(em_accelerator *a, const char *dir, const ckpt_manifest *m, int k, model_states *ms)
+static em_status read_model(em_accelerator *a, const char *dir, const ckpt_manifest *m, int k,
+                            model_states *ms)
 {
     char whole[CKPT_NAME_MAX];
     ckpt_model_file(whole, sizeof whole, k, -1);
@@ -861,7 +864,8 @@ static em_status read_model(em_accelerator *a, const char *dir, const ckpt_manif
     ms->want[k] = calloc((size_t)cm.nt + 1, sizeof *ms->want[k]);
     void **dst = calloc((size_t)cm.nt + 1, sizeof *dst);
     ms->n[k] = n;
-    if (!want || !v || !idx || !ms->st[k] || !ms->want[k] || !dst) s = em_err(EM_ERR_OOM, LOAD ": out of memory");
+    if (!want || !v || !idx || !ms->st[k] || !ms->want[k] || !dst)
+        s = em_err(EM_ERR_OOM, LOAD ": out of memory");
     if (!s) {
         int np = em_module_params(a->models[k], v, n);
         em_module_buffers(a->models[k], v + np, n - np);
@@ -873,8 +877,10 @@ static em_status read_model(em_accelerator *a, const char *dir, const ckpt_manif
         tensor *t = t_resolve(v[i].t, LOAD);
         if (!model_sharded(a)) want[i] = (ckpt_range){0, t_numel(t)};
         bool part = want[i].n < t_numel(t);
-        ms->st[k][i] = part ? t_new_persistent(t->dtype, 1, &want[i].n) : t_new_persistent(t->dtype, t->ndim, t->shape);
-        if (!ms->st[k][i]) s = em_last_status();
+        ms->st[k][i] =
+            part ? t_new_persistent(t->dtype, 1, &want[i].n) : t_new_persistent(t->dtype, t->ndim, t->shape);
+        if (!ms->st[k][i])
+            s = em_last_status();
         else {
             ms->want[k][idx[i]] = want[i];
             dst[idx[i]] = t_ptr(ms->st[k][i]);

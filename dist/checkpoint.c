@@ -743,8 +743,8 @@ em_status ckpt_shard_check(const em_safetensors *f, const char *path, const char
     return EM_OK;
 }
 
-em_status ckpt_find_files(const ckpt_manifest *m, const char *dir, void (*file)(char *, size_t, int, int), int k,
-                          const char *what, int *nfiles, bool *sharded, const char *fn)
+em_status ckpt_find_files(const ckpt_manifest *m, const char *dir, void (*file)(char *, size_t, int, int),
+                          int k, const char *what, int *nfiles, bool *sharded, const char *fn)
 {
     char whole[CKPT_NAME_MAX], name[CKPT_NAME_MAX];
     file(whole, sizeof whole, k, -1);
@@ -753,17 +753,18 @@ em_status ckpt_find_files(const ckpt_manifest *m, const char *dir, void (*file)(
     *sharded = false;
     if (ckpt_lists(m, whole)) return EM_OK;
     if (!ckpt_lists(m, name))
-        return em_err(EM_ERR_IO, "%s: %s holds no %s: its manifest names neither %s nor %s", fn, dir, what, whole,
-                      name);
+        return em_err(EM_ERR_IO, "%s: %s holds no %s: its manifest names neither %s nor %s", fn, dir, what,
+                      whole, name);
     *sharded = true;
     *nfiles = (int)m->world;
     for (int r = 1; r < *nfiles; r++) {
         file(name, sizeof name, k, r);
         if (!ckpt_lists(m, name))
-            return em_err(EM_ERR_IO,
-                          "%s: %s was saved by %d ZeRO ranks but its manifest does not name rank %d's shard %s: "
-                          "the checkpoint is incomplete",
-                          fn, dir, *nfiles, r, name);
+            return em_err(
+                EM_ERR_IO,
+                "%s: %s was saved by %d ZeRO ranks but its manifest does not name rank %d's shard %s: "
+                "the checkpoint is incomplete",
+                fn, dir, *nfiles, r, name);
     }
     return EM_OK;
 }

@@ -107,8 +107,8 @@ void ckpt_object_file(char *buf, size_t n, const char *kind, int k, int rank);
  * file (*nfiles = 1, *sharded = false) or one shard per rank of the save,
  * each of which m must list. EM_ERR_IO naming dir, what ("model 0") and
  * the file missing from the manifest. */
-em_status ckpt_find_files(const ckpt_manifest *m, const char *dir, void (*file)(char *, size_t, int, int), int k,
-                          const char *what, int *nfiles, bool *sharded, const char *fn);
+em_status ckpt_find_files(const ckpt_manifest *m, const char *dir, void (*file)(char *, size_t, int, int),
+                          int k, const char *what, int *nfiles, bool *sharded, const char *fn);
 /* Room in the array *p (*cap elements of size bytes) for element n: grows
  * it (doubling) when n == *cap. EM_ERR_OOM naming fn. */
 em_status ckpt_room(void **p, int *cap, int n, size_t size, const char *fn);

@@ -619,7 +619,8 @@ TEST(test_merge_weights_joins_zero_3_shards_into_the_gathered_models_file_byte_f
     CHECK_EXIT(r, 0);
     CHECK(strstr(r->out, "merged") != NULL);
     if (!same_bytes(out, j.model))
-        th_fail(__FILE__, __LINE__, "%s differs from em_module_save's %s of the gathered model", out, j.model);
+        th_fail(__FILE__, __LINE__, "%s differs from em_module_save's %s of the gathered model", out,
+                j.model);
     int64_t na, nb;
     float *a = loaded_params(out, 5, &na), *b = loaded_params(j.model, 6, &nb);
     CHECK(na == nb && !memcmp(a, b, sizeof *a * (size_t)na));

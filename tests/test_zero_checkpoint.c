@@ -453,8 +453,9 @@ static void drop_a_model_piece(const spoil *sp)
     em_named *keep = calloc((size_t)n, sizeof *keep);
     CHECK(keep != NULL);
     char meta[8192];
-    int at = snprintf(meta, sizeof meta, "{\"format\":\"%s\",\"save_id\":\"%s\",\"world\":\"2\",\"rank\":\"1\","
-                                         "\"zero_stage\":\"3\",\"tensors\":\"%s\"",
+    int at = snprintf(meta, sizeof meta,
+                      "{\"format\":\"%s\",\"save_id\":\"%s\",\"world\":\"2\",\"rank\":\"1\","
+                      "\"zero_stage\":\"3\",\"tensors\":\"%s\"",
                       em_safetensors_metadata(f, "format"), em_safetensors_metadata(f, "save_id"),
                       em_safetensors_metadata(f, "tensors"));
     for (int i = 1; i < n; i++) {
@@ -463,7 +464,8 @@ static void drop_a_model_piece(const spoil *sp)
         CHECK_NOTNULL(keep[i - 1].t);
         char key[300];
         snprintf(key, sizeof key, "piece.%s", keep[i - 1].name);
-        at += snprintf(meta + at, sizeof meta - (size_t)at, ",\"%s\":\"%s\"", key, em_safetensors_metadata(f, key));
+        at += snprintf(meta + at, sizeof meta - (size_t)at, ",\"%s\":\"%s\"", key,
+                       em_safetensors_metadata(f, key));
     }
     snprintf(meta + at, sizeof meta - (size_t)at, "}");
     CHECK_OK(em_safetensors_save(path, n - 1, keep, meta));
