@@ -3,6 +3,9 @@
  * saved it or on another number.
  *
  *   DIR/model.safetensors      parameters and buffers      (rank 0 writes)
+ *     or, under ZeRO stage 3, DIR/model.rank_R.safetensors: each rank's
+ *     pieces of the parameters, no rank gathering the model
+ *     (dist/checkpoint_model.c has the format and how a load reads it)
  *   DIR/optimizer.safetensors  em_optim_state               (rank 0 writes)
  *     or, under ZeRO, DIR/optimizer.rank_R.safetensors: each rank's shard
  *     (dist/checkpoint_optim.c has the format and how a load re-shards)
@@ -47,6 +50,10 @@
  *    every saved rank stays alike (exact); one that differed per rank cannot
  *    be mapped exactly, and its draws (dropout masks) then differ from an
  *    uninterrupted run of either size.
+ *  - the models: the whole file as it is (module_load); at ZeRO stage 3
+ *    this rank's chunks only, from the shards or the whole file, after
+ *    which every bucket counts as not whole (the next op gathers it);
+ *    below stage 3 from shards, every tensor assembled whole.
  *  - the optimizers' state: each rank assembles the state of its own
  *    pieces (ZeRO) or whole parameters from the files that hold them, the
  *    whole-state file or the shards that overlap (dist/checkpoint_optim.c),
