@@ -17,7 +17,7 @@ static const char usage_text[] =
     "  sample --ckpt DIR    generate text from a model `ember train` wrote (ember sample --help)\n"
     "  plot METRICS.jsonl   draw the losses and learning rate of a run as an SVG (ember plot --help)\n"
     "  estimate-memory      memory per rank of training a GPT, by category and ZeRO stage (--help)\n"
-    "  merge-weights DIR OUT  join a checkpoint's model (ZeRO-3 shards) into one safetensors file\n"
+    "  merge-weights        join a checkpoint's model (ZeRO-3 shards) into one safetensors file (--help)\n"
     "  launch -n N PROG     run PROG as N processes of one distributed job (ember launch --help)\n"
     "  config               write the default distributed/training config file (ember config --help)\n"
     "  demo                 train a small MLP with the autograd engine and print its falling loss\n"
