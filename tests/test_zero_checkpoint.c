@@ -24,10 +24,10 @@ typedef struct rig {
     em_tokens tokens;
 } rig;
 
-/* A small GPT under ZeRO `stage` with buckets of bucket_mb (2 KB: many
- * buckets, so every rank has pieces of several parameters, and parameters
- * cut between ranks). */
-static rig *rig_new_at(int stage, double bucket_mb)
+/* A small GPT of width embd under ZeRO `stage` with buckets of bucket_mb
+ * (2 KB: many buckets, so every rank has pieces of several parameters, and
+ * parameters cut between ranks). */
+static rig *rig_new_at(int stage, double bucket_mb, int64_t embd)
 {
     th_no_user_config();
     rig *r = calloc(1, sizeof *r);
@@ -38,7 +38,7 @@ static rig *rig_new_at(int stage, double bucket_mb)
     r->tokens = em_tokens_view(r->tok, NTOK, EM_TOK_I32);
     CHECK_OK(em_window_sampler_init(&r->sampler, &r->tokens, 4, T, 5));
     em_gpt_config c = {
-        .vocab_size = VOCAB, .block_size = T, .n_layer = 1, .n_head = 2, .n_embd = 16, .bias = true};
+        .vocab_size = VOCAB, .block_size = T, .n_layer = 1, .n_head = 2, .n_embd = embd, .bias = true};
     r->g = em_gpt_new(&c, 99);
     CHECK_NOTNULL(r->g);
     int n = em_module_params(r->g->m, NULL, 0);
@@ -56,7 +56,7 @@ static rig *rig_new_at(int stage, double bucket_mb)
     return r;
 }
 
-static rig *rig_new(void) { return rig_new_at(1, 0.002); }
+static rig *rig_new(void) { return rig_new_at(1, 0.002, 16); }
 
 static void rig_step(rig *r)
 {
@@ -205,7 +205,7 @@ static void load_spoiled(int rank, int world, void *ctx)
 {
     (void)world;
     const spoil *sp = ctx;
-    rig *r = rig_new_at(sp->stage ? sp->stage : 1, 0.002);
+    rig *r = rig_new_at(sp->stage ? sp->stage : 1, 0.002, 16);
     rig_step(r);
     CHECK_OK(em_accel_save_state(r->a, sp->dir));
     if (sp->other[0]) {
@@ -353,10 +353,10 @@ static void saves_model_shards(int rank, int world, void *ctx)
 {
     (void)world;
     const char *dir = ctx;
-    rig *r = rig_new_at(3, 0); /* one bucket: each rank's chunk is half the model */
+    rig *r = rig_new_at(3, 0, 64); /* one bucket: each rank's chunk is half the model (~100 KB) */
     rig_step(r);
     int64_t total, before = zeros_in_params(r, &total);
-    CHECK(before >= sysconf(_SC_PAGESIZE) / 4); /* at least a page of the other rank's half was given back */
+    CHECK(before > total / 4); /* most of the other rank's half was given back */
     CHECK_OK(em_accel_save_state(r->a, dir));
     int64_t after = zeros_in_params(r, &total);
     if (after != before) /* a gather would have filled the other half */
@@ -418,7 +418,7 @@ static void loads_over_gathered(int rank, int world, void *ctx)
 {
     (void)rank, (void)world;
     const char *dir = ctx;
-    rig *r = rig_new_at(3, 0.002);
+    rig *r = rig_new_at(3, 0.002, 16);
     rig_step(r);
     CHECK_OK(em_accel_save_state(r->a, dir));
     int64_t n, m;
