@@ -554,6 +554,11 @@ TEST(test_ddp_save_resumes_under_zero_stage_1_and_2) /* each rank slices the who
     check_reshard(2, 0, 4, 2);
 }
 
+TEST(test_ddp_save_resumes_under_zero_stage_3) /* each rank fills its chunks from model.safetensors */
+{
+    check_reshard(2, 0, 2, 3);
+}
+
 TEST(test_zero_save_resumes_under_ddp) /* each rank joins every shard */
 {
     check_reshard(2, 2, 2, 0);
