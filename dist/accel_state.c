@@ -3,6 +3,9 @@
  * saved it or on another number.
  *
  *   DIR/model.safetensors      parameters and buffers      (rank 0 writes)
+ *     or, under ZeRO stage 3, DIR/model.rank_R.safetensors: each rank's
+ *     pieces of the parameters, no rank gathering the model
+ *     (dist/checkpoint_model.c has the format and how a load reads it)
  *   DIR/optimizer.safetensors  em_optim_state               (rank 0 writes)
  *     or, under ZeRO, DIR/optimizer.rank_R.safetensors: each rank's shard
  *     (dist/checkpoint_optim.c has the format and how a load re-shards)
@@ -47,6 +50,10 @@
  *    every saved rank stays alike (exact); one that differed per rank cannot
  *    be mapped exactly, and its draws (dropout masks) then differ from an
  *    uninterrupted run of either size.
+ *  - the models: the whole file as it is (module_load); at ZeRO stage 3
+ *    this rank's chunks only, from the shards or the whole file, after
+ *    which every bucket counts as not whole (the next op gathers it);
+ *    below stage 3 from shards, every tensor assembled whole.
  *  - the optimizers' state: each rank assembles the state of its own
  *    pieces (ZeRO) or whole parameters from the files that hold them, the
  *    whole-state file or the shards that overlap (dist/checkpoint_optim.c),
@@ -66,13 +73,16 @@
 
 #include "dist/accel_impl.h"
 #include "dist/checkpoint_impl.h"
+#include "dist/checkpoint_model_impl.h"
 #include "dist/checkpoint_optim_impl.h"
+#include "dist/zero_impl.h"
 #include "nn/json_impl.h"
 #include "nn/safetensors_impl.h"
 #include "tensor/fileio_impl.h"
+#include "tensor/kernel_impl.h"
 #include "tensor/tensor_impl.h"
 
-#define STATE_FORMAT "ember-accelerator-state-2"
+#define STATE_FORMAT CKPT_STATE_FORMAT
 #define SAVE "em_accel_save_state"
 #define LOAD "em_accel_load_state"
 
@@ -80,15 +90,6 @@
 static void path_in(char *buf, size_t n, const char *dir, const char *file)
 {
     if (snprintf(buf, n, "%s/%s", dir, file) >= (int)n) buf[n - 1] = '\0';
-}
-
-/* The file of prepared object k: "model.safetensors", "model_1.safetensors", ... */
-static void object_file(char *buf, size_t n, const char *kind, int k)
-{
-    if (k == 0)
-        snprintf(buf, n, "%s.safetensors", kind);
-    else
-        snprintf(buf, n, "%s_%d.safetensors", kind, k);
 }
 
 /* The rank file's key for field of loader k: "loader.epoch", "loader_1.epoch", ... */
@@ -237,13 +238,43 @@ static em_status share_id(em_accelerator *a, uint64_t *id)
     return s;
 }
 
+/* Whether the model is saved one shard per rank (ZeRO stage 3: no rank
+ * holds it whole; dist/checkpoint_model.c). */
+static bool model_sharded(const em_accelerator *a) { return a->zero && a->zero_stage == 3; }
+
+/* For each tensor of model 0 (parameters, then buffers: *n): this rank's
+ * share of it at ZeRO stage 3 (the part in its chunks, dist/zero.c), else
+ * the whole of it; a tensor in no bucket is whole on every rank, and for a
+ * save (`save`) only rank 0 writes it. */
+static ckpt_range *shares_of(em_accelerator *a, bool save, int *n, const char *fn)
+{
+    em_module *m = a->models[0];
+    int np = em_module_params(m, NULL, 0), nb = em_module_buffers(m, NULL, 0);
+    em_named *v = calloc((size_t)(np + nb) + 1, sizeof *v);
+    ckpt_range *r = calloc((size_t)(np + nb) + 1, sizeof *r);
+    if (!v || !r) {
+        free(v);
+        free(r);
+        return em_fail(EM_ERR_OOM, "%s: out of memory", fn);
+    }
+    em_module_params(m, v, np);
+    em_module_buffers(m, v + np, nb);
+    for (int i = 0; i < np + nb; i++) {
+        if (i < np && model_sharded(a) && zero_param_share(a->zero, v[i].t, &r[i].lo, &r[i].n)) continue;
+        r[i] = (ckpt_range){0, save && a->rank != 0 ? 0 : em_numel(v[i].t)};
+    }
+    free(v);
+    *n = np + nb;
+    return r;
+}
+
 /* Rank 0, once every rank wrote its files into tmp: the manifest (its own
  * files' sums as they were written; the rank files and the other ranks'
- * optimizer shards read back) and the publishing rename. */
+ * model and optimizer shards read back) and the publishing rename. */
 static em_status finish_save(em_accelerator *a, const char *dir, const char *tmp, uint64_t id,
                              const ckpt_entry *mine, int nmine)
 {
-    int nsharded = 0;
+    int nsharded = model_sharded(a);
     for (int k = 0; k < a->nopts; k++) nsharded += ckpt_optim_is_sharded(a->opts[k]);
     ckpt_manifest m = {
         .id = id, .world = a->world, .steps = a->steps, .n = nmine + a->world + nsharded * (a->world - 1)};
@@ -259,11 +290,14 @@ static em_status finish_save(em_accelerator *a, const char *dir, const char *tmp
         path_in(path, sizeof path, tmp, e->name);
         s = file_checksum(path, &e->sum, SAVE);
     }
-    for (int k = 0; k < a->nopts && !s; k++) {
-        if (!ckpt_optim_is_sharded(a->opts[k])) continue;
+    for (int k = -1; k < a->nopts && !s; k++) { /* -1: the model's shards */
+        if (k < 0 ? !model_sharded(a) : !ckpt_optim_is_sharded(a->opts[k])) continue;
         for (int r = 1; r < a->world && !s; r++) {
             ckpt_entry *e = &m.files[at++];
-            ckpt_optim_file(e->name, sizeof e->name, k, r);
+            if (k < 0)
+                ckpt_model_file(e->name, sizeof e->name, 0, r);
+            else
+                ckpt_optim_file(e->name, sizeof e->name, k, r);
             char path[4096];
             path_in(path, sizeof path, tmp, e->name);
             s = file_checksum(path, &e->sum, SAVE);
@@ -297,15 +331,23 @@ em_status em_accel_save_state(em_accelerator *a, const char *dir)
     ckpt_tmp_dir(d, id, tmp, sizeof tmp);
     ckpt_entry mine[2 * MAX_PREPARED];
     int nmine = 0;
-    /* ZeRO-3: the parameters whole on every rank (collective) before rank 0 writes them */
-    if ((s = accel_agree(a, em_accel_gather_params(a), SAVE))) {
-        if (a->rank == 0) ckpt_abandon(tmp);
-        return s;
-    }
-    for (int k = 0; a->rank == 0 && k < a->nmodels && !s; k++, nmine++) {
-        object_file(mine[nmine].name, sizeof mine[nmine].name, "model", k);
-        path_in(path, sizeof path, tmp, mine[nmine].name);
-        s = module_save(a->models[k], path, &mine[nmine].sum);
+    /* a model: rank 0 writes it whole; under ZeRO stage 3 each rank writes
+     * its shard, and no rank gathers it (dist/checkpoint_model.c) */
+    ckpt_shard_id sid = {.save_id = id, .world = a->world, .rank = a->rank, .stage = a->zero_stage};
+    for (int k = 0; k < a->nmodels && !s; k++) {
+        if (!model_sharded(a) && a->rank != 0) continue;
+        ckpt_entry e;
+        ckpt_model_file(e.name, sizeof e.name, k, model_sharded(a) ? a->rank : -1);
+        path_in(path, sizeof path, tmp, e.name);
+        if (model_sharded(a)) {
+            int n = 0;
+            ckpt_range *share = shares_of(a, true, &n, SAVE);
+            s = share ? ckpt_model_save(a->models[k], share, path, &sid, &e.sum, SAVE) : em_last_status();
+            free(share);
+        } else {
+            s = module_save(a->models[k], path, &e.sum);
+        }
+        if (a->rank == 0) mine[nmine++] = e;
     }
     /* an optimizer's state: rank 0 writes the whole of it; under ZeRO each
      * rank writes its shard (dist/checkpoint_optim.c) */
@@ -315,7 +357,6 @@ em_status em_accel_save_state(em_accelerator *a, const char *dir)
         ckpt_entry e;
         ckpt_optim_file(e.name, sizeof e.name, k, sharded ? a->rank : -1);
         path_in(path, sizeof path, tmp, e.name);
-        ckpt_shard_id sid = {.save_id = id, .world = a->world, .rank = a->rank, .stage = a->zero_stage};
         s = ckpt_optim_save(a->opts[k], path, sharded ? &sid : NULL, &e.sum, SAVE);
         if (a->rank == 0) mine[nmine++] = e;
     }
@@ -759,29 +800,166 @@ typedef struct opt_states {
     int n[MAX_PREPARED];
 } opt_states;
 
+/* A model's tensors this rank loads from model shards (or, at ZeRO stage
+ * 3, its shares from the whole model file), read and checked before
+ * anything changes; NULL st: the whole file is loaded as it is
+ * (module_load). */
+typedef struct model_states {
+    tensor **st[MAX_PREPARED]; /* per tensor of the model (parameters, then buffers) */
+    ckpt_range *want[MAX_PREPARED];
+    int n[MAX_PREPARED];
+} model_states;
+
+static void model_states_free(model_states *ms)
+{
+    for (int k = 0; k < MAX_PREPARED; k++) {
+        for (int i = 0; ms->st[k] && i < ms->n[k]; i++) t_free(ms->st[k][i]);
+        free(ms->st[k]);
+        free(ms->want[k]);
+    }
+}
+
+/* Model k's tensors against what the save holds of it (cm): the same
+ * names, shapes and dtypes; idx[i] gets tensor i's place in cm. */
+static em_status check_model(int k, const ckpt_model *cm, const em_named *v, int n, int *idx)
+{
+    for (int i = 0; i < n; i++) {
+        tensor *t = t_resolve(v[i].t, LOAD);
+        if (!t) return em_last_status();
+        const ckpt_mtensor *c = (idx[i] = ckpt_model_find(cm, v[i].name)) < 0 ? NULL : &cm->t[idx[i]];
+        if (!c)
+            return em_err(EM_ERR_ARG, LOAD ": %s holds no '%s' of model %d (is it the same model?)", cm->dir,
+                          v[i].name, k);
+        if (c->dtype != t->dtype || c->ndim != t->ndim ||
+            memcmp(c->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
+            return em_err(EM_ERR_ARG, LOAD ": %s: '%s' of model %d is %s%s in the save but %s%s in this run",
+                          cm->dir, v[i].name, k, em_dtype_name(c->dtype), shp_of(c->ndim, c->shape),
+                          em_dtype_name(t->dtype), shp(t));
+    }
+    if (cm->nt != n)
+        return em_err(EM_ERR_ARG,
+                      LOAD ": %s holds %d tensors of model %d; this run's has %d (is it the same model?)",
+                      cm->dir, cm->nt, k, n);
+    return EM_OK;
+}
+
+/* Reads what this rank loads of model k into ms: from its shards, all of
+ * every tensor (below ZeRO stage 3) or this rank's shares (stage 3; from
+ * the whole model file too); else nothing (module_load reads it later). */
+static em_status read_model(em_accelerator *a, const char *dir, const ckpt_manifest *m, int k,
+                            model_states *ms)
+{
+    char whole[CKPT_NAME_MAX];
+    ckpt_model_file(whole, sizeof whole, k, -1);
+    if (ckpt_lists(m, whole) && !model_sharded(a)) return EM_OK;
+    ckpt_model cm;
+    em_status s = ckpt_model_scan(&cm, dir, m, k, LOAD);
+    if (s) return s;
+    int n = 0;
+    em_named *v = NULL;
+    int *idx = NULL;
+    ckpt_range *want = NULL;
+    if (model_sharded(a)) {
+        want = shares_of(a, false, &n, LOAD);
+    } else {
+        n = em_module_params(a->models[k], NULL, 0) + em_module_buffers(a->models[k], NULL, 0);
+        want = calloc((size_t)n + 1, sizeof *want);
+    }
+    v = calloc((size_t)n + 1, sizeof *v);
+    idx = calloc((size_t)n + 1, sizeof *idx);
+    ms->st[k] = calloc((size_t)n + 1, sizeof *ms->st[k]);
+    ms->want[k] = calloc((size_t)cm.nt + 1, sizeof *ms->want[k]);
+    void **dst = calloc((size_t)cm.nt + 1, sizeof *dst);
+    ms->n[k] = n;
+    if (!want || !v || !idx || !ms->st[k] || !ms->want[k] || !dst)
+        s = em_err(EM_ERR_OOM, LOAD ": out of memory");
+    if (!s) {
+        int np = em_module_params(a->models[k], v, n);
+        em_module_buffers(a->models[k], v + np, n - np);
+        s = check_model(k, &cm, v, n, idx);
+    }
+    /* the tensors it loads whole get their own shape (and device), the
+     * shares a 1-D piece; ms->want is in cm's order for the fill */
+    for (int i = 0; i < n && !s; i++) {
+        tensor *t = t_resolve(v[i].t, LOAD);
+        if (!model_sharded(a)) want[i] = (ckpt_range){0, t_numel(t)};
+        bool part = want[i].n < t_numel(t);
+        ms->st[k][i] =
+            part ? t_new_persistent(t->dtype, 1, &want[i].n) : t_new_persistent(t->dtype, t->ndim, t->shape);
+        if (!ms->st[k][i])
+            s = em_last_status();
+        else {
+            ms->want[k][idx[i]] = want[i];
+            dst[idx[i]] = t_ptr(ms->st[k][i]);
+        }
+    }
+    if (!s) s = ckpt_model_fill(&cm, ms->want[k], dst);
+    for (int i = 0; i < n && !s; i++) { /* onto the parameter's device */
+        tensor *t = t_resolve(v[i].t, LOAD), *d;
+        if (em_device_equal(t->device, ms->st[k][i]->device)) continue;
+        if (!(d = t_copy_to(ms->st[k][i], t->device))) s = em_last_status();
+        t_free(ms->st[k][i]);
+        ms->st[k][i] = d;
+    }
+    for (int i = 0; i < n && !s; i++) ms->want[k][i] = want[i]; /* now in the module's order */
+    free(dst);
+    free(idx);
+    free(v);
+    free(want);
+    ckpt_model_free(&cm);
+    return s;
+}
+
+/* Copies what read_model read into model k (it was checked there). */
+static em_status apply_model(em_accelerator *a, int k, model_states *ms)
+{
+    int n = ms->n[k];
+    em_named *v = calloc((size_t)n + 1, sizeof *v);
+    if (!v) return em_err(EM_ERR_OOM, LOAD ": out of memory");
+    int np = em_module_params(a->models[k], v, n);
+    em_module_buffers(a->models[k], v + np, n - np);
+    for (int i = 0; i < n; i++) {
+        tensor *t = t_resolve(v[i].t, LOAD), *src = ms->st[k][i];
+        if (ms->want[k][i].n < t_numel(t)) /* a share: a contiguous part of a parameter */
+            memcpy((char *)t_ptr(t) + (size_t)ms->want[k][i].lo * t_esize(t), t_ptr(src),
+                   (size_t)ms->want[k][i].n * t_esize(t));
+        else
+            copy_strided(t, src);
+    }
+    free(v);
+    /* ZeRO-3: only this rank's chunks are right; the next use gathers the rest */
+    return a->zero ? zero_params_changed(a->zero) : EM_OK;
+}
+
 /* The part of a load that changes nothing: c[0] gets rank 0's counters,
  * c[1] those whose generators this rank continues (c[2] is scratch),
- * pos[k] where loader k goes on, o each optimizer's state. */
+ * pos[k] where loader k goes on, ms each model's tensors, o each
+ * optimizer's state. */
 static em_status plan_local(em_accelerator *a, const char *dir, const ckpt_manifest *m, counters *c,
-                            em_loader_pos *pos, opt_states *o)
+                            em_loader_pos *pos, model_states *ms, opt_states *o)
 {
     em_status s = read_checkpoint(a, dir, &c[0], &c[1], &c[2]);
     if (!s) s = check_run(a, dir, &c[0], &c[1]);
     for (int k = 0; k < a->nloaders && !s; k++) s = loader_position(a, k, &c[0], &c[1], &pos[k]);
+    for (int k = 0; k < a->nmodels && !s; k++) s = read_model(a, dir, m, k, ms);
     for (int k = 0; k < a->nopts && !s; k++)
         s = ckpt_optim_read(a->opts[k], dir, m, k, &o->st[k], &o->n[k], LOAD);
     return s;
 }
 
 static em_status apply_local(em_accelerator *a, const char *dir, const ckpt_manifest *m, const counters *ref,
-                             const counters *own, const em_loader_pos *pos, opt_states *o)
+                             const counters *own, const em_loader_pos *pos, model_states *ms, opt_states *o)
 {
     /* a file the manifest names was verified whole by ckpt_open: its own
      * checksum would be one more pass over the same bytes */
     char path[4096], file[CKPT_NAME_MAX];
     em_status s = EM_OK;
     for (int k = 0; k < a->nmodels && !s; k++) {
-        object_file(file, sizeof file, "model", k);
+        if (ms->st[k]) {
+            s = apply_model(a, k, ms);
+            continue;
+        }
+        ckpt_model_file(file, sizeof file, k, -1);
         path_in(path, sizeof path, dir, file);
         s = module_load(a->models[k], path, true, !ckpt_lists(m, file));
     }
@@ -839,14 +1017,16 @@ em_status em_accel_load_state(em_accelerator *a, const char *dir)
     counters *c = calloc(3, sizeof *c);
     em_loader_pos pos[MAX_PREPARED] = {{0, 0}};
     opt_states o = {0};
+    model_states ms = {0};
     /* nothing changes until every rank has verified every file of the
      * checkpoint and checked the counters, and all ranks saw the same save */
     em_status s =
         c ? ckpt_open(dir, STATE_FORMAT, d, sizeof d, &m, LOAD) : em_err(EM_ERR_OOM, LOAD ": out of memory");
-    if (!s) s = plan_local(a, d, &m, c, pos, &o);
+    if (!s) s = plan_local(a, d, &m, c, pos, &ms, &o);
     s = accel_agree(a, s, LOAD);
     if (!s) s = accel_agree(a, same_save(a, m.id), LOAD);
-    if (!s) s = accel_agree(a, apply_local(a, d, &m, &c[0], &c[1], pos, &o), LOAD);
+    if (!s) s = accel_agree(a, apply_local(a, d, &m, &c[0], &c[1], pos, &ms, &o), LOAD);
+    model_states_free(&ms);
     for (int k = 0; k < MAX_PREPARED; k++) ckpt_optim_state_free(o.st[k], o.n[k]);
     ckpt_manifest_free(&m);
     for (int i = 0; c && i < 3; i++) counters_free(&c[i]);

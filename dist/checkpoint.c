@@ -198,16 +198,16 @@ static const char *digits(const char *p)
     return k ? p + k : NULL;
 }
 
-/* A prepared object's file (accel_state.c, checkpoint_optim.c): KIND[_K]
- * .safetensors, and for the optimizer a ZeRO rank's shard KIND[_K].rank_R
- * .safetensors. */
+/* A prepared object's file (accel_state.c, checkpoint_optim.c,
+ * checkpoint_model.c): KIND[_K].safetensors, and a ZeRO rank's shard
+ * KIND[_K].rank_R.safetensors. */
 static bool object_file(const char *name, const char *kind)
 {
     size_t n = strlen(kind);
     if (strncmp(name, kind, n)) return false;
     const char *p = name + n;
     if (*p == '_' && !(p = digits(p + 1))) return false;
-    if (!strcmp(kind, "optimizer") && !strncmp(p, ".rank_", 6) && !(p = digits(p + 6))) return false;
+    if (!strncmp(p, ".rank_", 6) && !(p = digits(p + 6))) return false;
     return !strcmp(p, ".safetensors");
 }
 
@@ -687,4 +687,108 @@ em_status ckpt_finish(const char *dir, const char *tmp, const ckpt_manifest *m, 
     if (s) return s;
     each_sibling(dir, ".old-", remove_one, NULL); /* copies an interrupted publish left */
     return EM_OK;
+}
+
+/* ---- ZeRO's shard files ---------------------------------------------------------------- */
+
+void ckpt_shard_meta(jbuf *b, const char *format, const ckpt_shard_id *id)
+{
+    char hex[17], num[96];
+    ckpt_id_hex(id->save_id, hex);
+    jb_puts(b, "{\"format\":");
+    jb_str(b, format);
+    jb_puts(b, ",\"save_id\":");
+    jb_str(b, hex);
+    snprintf(num, sizeof num, ",\"world\":\"%d\",\"rank\":\"%d\",\"zero_stage\":\"%d\"", id->world, id->rank,
+             id->stage);
+    jb_puts(b, num);
+}
+
+em_status ckpt_meta_count(const em_safetensors *f, const char *path, const char *key, int64_t *out,
+                          const char *fn)
+{
+    const char *v = em_safetensors_metadata(f, key);
+    char *end = NULL;
+    long long x = v && *v >= '0' && *v <= '9' ? strtoll(v, &end, 10) : -1;
+    if (x < 0 || !end || *end)
+        return em_err(EM_ERR_IO, "%s: %s: metadata \"%s\" is %s%s%s, not a count", fn, path, key,
+                      v ? "'" : "", v ? v : "missing", v ? "'" : "");
+    *out = x;
+    return EM_OK;
+}
+
+em_status ckpt_shard_check(const em_safetensors *f, const char *path, const char *format, const char *what,
+                           const ckpt_manifest *m, int world, int rank, const char *fn)
+{
+    const char *fmt = em_safetensors_metadata(f, "format"), *id = em_safetensors_metadata(f, "save_id");
+    if (!fmt || strcmp(fmt, format))
+        return em_err(EM_ERR_IO, "%s: %s is not %s (metadata \"format\" '%.40s', want '%s')", fn, path, what,
+                      fmt ? fmt : "(none)", format);
+    char want[17];
+    ckpt_id_hex(m->id, want);
+    if (!id || strcmp(id, want))
+        return em_err(EM_ERR_IO,
+                      "%s: %s belongs to save %.20s but the manifest is of save %s (a shard of another save)",
+                      fn, path, id ? id : "(none)", want);
+    int64_t w, r, stage;
+    em_status s = ckpt_meta_count(f, path, "world", &w, fn);
+    if (!s) s = ckpt_meta_count(f, path, "rank", &r, fn);
+    if (!s) s = ckpt_meta_count(f, path, "zero_stage", &stage, fn);
+    if (s) return s;
+    if (w != world || r != rank)
+        return em_err(
+            EM_ERR_IO,
+            "%s: %s holds rank %lld of %lld's shard; the save has %d ranks and this is rank %d's file", fn,
+            path, (long long)r, (long long)w, world, rank);
+    return EM_OK;
+}
+
+em_status ckpt_find_files(const ckpt_manifest *m, const char *dir, void (*file)(char *, size_t, int, int),
+                          int k, const char *what, int *nfiles, bool *sharded, const char *fn)
+{
+    char whole[CKPT_NAME_MAX], name[CKPT_NAME_MAX];
+    file(whole, sizeof whole, k, -1);
+    file(name, sizeof name, k, 0);
+    *nfiles = 1;
+    *sharded = false;
+    if (ckpt_lists(m, whole)) return EM_OK;
+    if (!ckpt_lists(m, name))
+        return em_err(EM_ERR_IO, "%s: %s holds no %s: its manifest names neither %s nor %s", fn, dir, what,
+                      whole, name);
+    *sharded = true;
+    *nfiles = (int)m->world;
+    for (int r = 1; r < *nfiles; r++) {
+        file(name, sizeof name, k, r);
+        if (!ckpt_lists(m, name))
+            return em_err(
+                EM_ERR_IO,
+                "%s: %s was saved by %d ZeRO ranks but its manifest does not name rank %d's shard %s: "
+                "the checkpoint is incomplete",
+                fn, dir, *nfiles, r, name);
+    }
+    return EM_OK;
+}
+
+em_status ckpt_room(void **p, int *cap, int n, size_t size, const char *fn)
+{
+    if (n < *cap) return EM_OK;
+    int c = *cap ? 2 * *cap : 64;
+    void *q = realloc(*p, size * (size_t)c);
+    if (!q) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    *p = q;
+    *cap = c;
+    return EM_OK;
+}
+
+void ckpt_object_file(char *buf, size_t n, const char *kind, int k, int rank)
+{
+    char base[32];
+    if (k > 0)
+        snprintf(base, sizeof base, "%s_%d", kind, k);
+    else
+        snprintf(base, sizeof base, "%s", kind);
+    if (rank < 0)
+        snprintf(buf, n, "%s.safetensors", base);
+    else
+        snprintf(buf, n, "%s.rank_%d.safetensors", base, rank);
 }

@@ -10,10 +10,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ember/nn.h"
 #include "ember/tensor.h"
+#include "nn/json_impl.h"
 #include "tensor/fileio_impl.h"
 
 #define CKPT_MANIFEST "manifest.json"
+/* The format of em_accel_save_state's directories (their manifest's and
+ * rank files'). */
+#define CKPT_STATE_FORMAT "ember-accelerator-state-2"
 #define CKPT_NAME_MAX 64
 
 typedef struct ckpt_entry {
@@ -76,5 +81,39 @@ em_status ckpt_open(const char *dir, const char *format, char *real, size_t n, c
 
 /* Whether m names the file `name` (so ckpt_open verified its bytes). */
 bool ckpt_lists(const ckpt_manifest *m, const char *name);
+
+/* ---- ZeRO's shard files (checkpoint_optim.c, checkpoint_model.c) ---- */
+/* What a shard file says of the save it belongs to. */
+typedef struct ckpt_shard_id {
+    uint64_t save_id;
+    int world, rank, stage;
+} ckpt_shard_id;
+
+/* The start of a shard's metadata JSON into b: {"format": format,
+ * "save_id": 16 hex digits, "world", "rank", "zero_stage" (decimal
+ * strings), without the closing brace (the caller adds its own keys). */
+void ckpt_shard_meta(jbuf *b, const char *format, const ckpt_shard_id *id);
+/* Checks a shard's metadata (f opened from path) against the save: its
+ * format (what: "an optimizer shard", for the message), m's save id, and
+ * that it is rank `rank` of a save by `world` ranks. EM_ERR_IO naming path. */
+em_status ckpt_shard_check(const em_safetensors *f, const char *path, const char *format, const char *what,
+                           const ckpt_manifest *m, int world, int rank, const char *fn);
+/* The file of prepared object k of kind ("model", "optimizer"): rank < 0
+ * the whole object's (KIND.safetensors, KIND_1.safetensors, ...), else
+ * rank's shard (KIND.rank_R.safetensors, KIND_1.rank_R.safetensors). */
+void ckpt_object_file(char *buf, size_t n, const char *kind, int k, int rank);
+/* Which files hold an object's part of the save (file names them: rank
+ * < 0 the whole file, else rank's shard, of the k-th object): the whole
+ * file (*nfiles = 1, *sharded = false) or one shard per rank of the save,
+ * each of which m must list. EM_ERR_IO naming dir, what ("model 0") and
+ * the file missing from the manifest. */
+em_status ckpt_find_files(const ckpt_manifest *m, const char *dir, void (*file)(char *, size_t, int, int),
+                          int k, const char *what, int *nfiles, bool *sharded, const char *fn);
+/* Room in the array *p (*cap elements of size bytes) for element n: grows
+ * it (doubling) when n == *cap. EM_ERR_OOM naming fn. */
+em_status ckpt_room(void **p, int *cap, int n, size_t size, const char *fn);
+/* Metadata `key` of f as a count (decimal digits); EM_ERR_IO naming path. */
+em_status ckpt_meta_count(const em_safetensors *f, const char *path, const char *key, int64_t *out,
+                          const char *fn);
 
 #endif

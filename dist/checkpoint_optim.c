@@ -51,15 +51,7 @@
 
 #define SHARD_FORMAT "ember-optimizer-shard"
 
-void ckpt_optim_file(char *buf, size_t n, int k, int rank)
-{
-    char base[32] = "optimizer";
-    if (k > 0) snprintf(base, sizeof base, "optimizer_%d", k);
-    if (rank < 0)
-        snprintf(buf, n, "%s.safetensors", base);
-    else
-        snprintf(buf, n, "%s.rank_%d.safetensors", base, rank);
-}
+void ckpt_optim_file(char *buf, size_t n, int k, int rank) { ckpt_object_file(buf, n, "optimizer", k, rank); }
 
 bool ckpt_optim_is_sharded(const em_optimizer *o)
 {
@@ -145,15 +137,9 @@ em_status ckpt_optim_save(const em_optimizer *o, const char *path, const ckpt_sh
                  numel_of(o, i));
         jb_puts(&pieces, one);
     }
-    char hex[17], num[96];
-    ckpt_id_hex(id->save_id, hex);
     jbuf meta = {0};
-    jb_puts(&meta, "{\"format\":\"" SHARD_FORMAT "\",\"save_id\":");
-    jb_str(&meta, hex);
-    snprintf(num, sizeof num,
-             ",\"world\":\"%d\",\"rank\":\"%d\",\"zero_stage\":\"%d\",\"pieces\":", id->world, id->rank,
-             id->stage);
-    jb_puts(&meta, num);
+    ckpt_shard_meta(&meta, SHARD_FORMAT, id);
+    jb_puts(&meta, ",\"pieces\":");
     jb_str(&meta, pieces.len ? pieces.p : "");
     jb_puts(&meta, "}");
     em_status s = pieces.oom || meta.oom ? em_err(EM_ERR_OOM, "%s: out of memory", fn)
@@ -194,84 +180,26 @@ static void file_path(const plan *p, int file, char *path, size_t n, char *name,
 
 static em_status add_piece(plan *p, piece pc)
 {
-    if (p->npc == p->cap) {
-        int cap = p->cap ? 2 * p->cap : 64;
-        piece *q = realloc(p->pc, sizeof *q * (size_t)cap);
-        if (!q) return em_err(EM_ERR_OOM, "%s: out of memory", p->fn);
-        p->pc = q;
-        p->cap = cap;
-    }
-    p->pc[p->npc++] = pc;
-    return EM_OK;
+    em_status s = ckpt_room((void **)&p->pc, &p->cap, p->npc, sizeof pc, p->fn);
+    if (!s) p->pc[p->npc++] = pc;
+    return s;
 }
 
 /* Which files hold optimizer k's state: the whole-state file, or one shard
  * per rank of the save; each must be in the manifest (so it was verified). */
 static em_status find_files(plan *p)
 {
-    char whole[CKPT_NAME_MAX], first[CKPT_NAME_MAX];
-    ckpt_optim_file(whole, sizeof whole, p->k, -1);
-    ckpt_optim_file(first, sizeof first, p->k, 0);
-    if (ckpt_lists(p->m, whole)) {
-        p->nfiles = 1;
-        return EM_OK;
-    }
-    if (!ckpt_lists(p->m, first))
-        return em_err(EM_ERR_IO,
-                      "%s: %s holds no state of optimizer %d: its manifest names neither %s nor %s", p->fn,
-                      p->dir, p->k, whole, first);
-    p->sharded = true;
-    p->nfiles = (int)p->m->world;
-    for (int r = 1; r < p->nfiles; r++) {
-        char name[CKPT_NAME_MAX];
-        ckpt_optim_file(name, sizeof name, p->k, r);
-        if (!ckpt_lists(p->m, name))
-            return em_err(
-                EM_ERR_IO,
-                "%s: %s was saved by %d ZeRO ranks but its manifest does not name rank %d's shard %s: "
-                "the checkpoint is incomplete",
-                p->fn, p->dir, p->nfiles, r, name);
-    }
-    return EM_OK;
-}
-
-static em_status meta_count(const em_safetensors *f, const char *path, const char *key, int64_t *out,
-                            const char *fn)
-{
-    const char *v = em_safetensors_metadata(f, key);
-    char *end = NULL;
-    long long x = v && *v >= '0' && *v <= '9' ? strtoll(v, &end, 10) : -1;
-    if (x < 0 || !end || *end)
-        return em_err(EM_ERR_IO, "%s: %s: metadata \"%s\" is %s%s%s, not a count", fn, path, key,
-                      v ? "'" : "", v ? v : "missing", v ? "'" : "");
-    *out = x;
-    return EM_OK;
+    char what[48];
+    snprintf(what, sizeof what, "state of optimizer %d", p->k);
+    return ckpt_find_files(p->m, p->dir, ckpt_optim_file, p->k, what, &p->nfiles, &p->sharded, p->fn);
 }
 
 /* A shard's metadata: its save, world and rank, and its pieces. */
 static em_status shard_meta(plan *p, const em_safetensors *f, int file, const char *path)
 {
-    const char *fn = p->fn, *fmt = em_safetensors_metadata(f, "format"),
-               *id = em_safetensors_metadata(f, "save_id"), *pcs = em_safetensors_metadata(f, "pieces");
-    if (!fmt || strcmp(fmt, SHARD_FORMAT))
-        return em_err(EM_ERR_IO, "%s: %s is not an optimizer shard (metadata \"format\" '%.40s', want '%s')",
-                      fn, path, fmt ? fmt : "(none)", SHARD_FORMAT);
-    char want[17];
-    ckpt_id_hex(p->m->id, want);
-    if (!id || strcmp(id, want))
-        return em_err(EM_ERR_IO,
-                      "%s: %s belongs to save %.20s but the manifest is of save %s (a shard of another save)",
-                      fn, path, id ? id : "(none)", want);
-    int64_t world, rank, stage;
-    em_status s = meta_count(f, path, "world", &world, fn);
-    if (!s) s = meta_count(f, path, "rank", &rank, fn);
-    if (!s) s = meta_count(f, path, "zero_stage", &stage, fn);
+    const char *fn = p->fn, *pcs = em_safetensors_metadata(f, "pieces");
+    em_status s = ckpt_shard_check(f, path, SHARD_FORMAT, "an optimizer shard", p->m, p->nfiles, file, fn);
     if (s) return s;
-    if (world != p->nfiles || rank != file)
-        return em_err(
-            EM_ERR_IO,
-            "%s: %s holds rank %lld of %lld's shard; the save has %d ranks and this is rank %d's file", fn,
-            path, (long long)rank, (long long)world, p->nfiles, file);
     if (!pcs) return em_err(EM_ERR_IO, "%s: %s: metadata \"pieces\" is missing", fn, path);
     int first = p->npc;
     for (const char *c = pcs; *c && !s;) {

@@ -10,12 +10,6 @@
 #include "dist/checkpoint_impl.h"
 #include "ember/optim.h"
 
-/* What a shard file says of the save it belongs to. */
-typedef struct ckpt_shard_id {
-    uint64_t save_id;
-    int world, rank, stage;
-} ckpt_shard_id;
-
 /* The file name of optimizer k's state: rank < 0 the whole state's
  * ("optimizer.safetensors", "optimizer_1.safetensors", ...), else rank's
  * shard ("optimizer.rank_0.safetensors", "optimizer_1.rank_0.safetensors"). */

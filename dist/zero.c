@@ -296,6 +296,38 @@ em_status em_zero_gather_params(em_zero *z)
     return first;
 }
 
+bool zero_param_share(const em_zero *z, const em_tensor *param, int64_t *lo, int64_t *n)
+{
+    tensor *t = t_resolve(param, "zero_param_share");
+    em_tensor *flat = t ? em_module_flat_params(z->model, t->dtype) : NULL;
+    tensor *ft = flat ? t_resolve(flat, "zero_param_share") : NULL;
+    if (!ft || t->st != ft->st) return false;
+    int64_t at = t->offset - ft->offset, len = t_numel(t);
+    for (int i = 0; i < z->nb; i++) {
+        const zbucket *b = &z->b[i];
+        if (b->dtype != t->dtype || at < b->lo || at >= b->lo + b->n) continue;
+        int64_t mine = b->lo + (int64_t)z->rank * b->c, a = at > mine ? at : mine;
+        int64_t e = at + len < mine + b->own ? at + len : mine + b->own;
+        *lo = e > a ? a - at : 0;
+        *n = e > a ? e - a : 0;
+        return true;
+    }
+    return false;
+}
+
+em_status zero_params_changed(em_zero *z)
+{
+    if (z->stage < 3) return EM_OK;
+    em_status first = EM_OK;
+    for (int i = 0; i < z->nb; i++) { /* a prefetch still running would overwrite the new values */
+        em_status s = z->b[i].gwork ? finish_prefetch(z, i) : EM_OK;
+        if (s && !first) first = s;
+        evict(z, i);
+    }
+    z->last = -1;
+    return first;
+}
+
 /* ---- set-up ------------------------------------------------------------------------------ */
 
 /* A persistent 1-D view of elements [lo, lo + n) of base's storage (base's

@@ -15,4 +15,15 @@ em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage);
  * stage 1. */
 em_status zero_unscale(em_zero *z, em_grad_scaler *sc);
 
+/* Where this rank's share of a parameter of z's model lies: *lo, *n
+ * elements of param (in its element order) inside this rank's chunk of the
+ * bucket param lies in (*n may be 0). false when param lies in no bucket
+ * (it is then whole on every rank). */
+bool zero_param_share(const em_zero *z, const em_tensor *param, int64_t *lo, int64_t *n);
+/* Stage 3: the parameters were written outside the dispatcher (a load
+ * filled this rank's shares): every bucket counts as not whole, so the
+ * next use gathers it. Collective only in that it waits for a running
+ * prefetch; EM_OK below stage 3. */
+em_status zero_params_changed(em_zero *z);
+
 #endif

@@ -664,6 +664,14 @@ em_tensor *em_safetensors_get(const em_safetensors *f, const char *name)
     return t_handle(read_entry(f, e, "em_safetensors_get"));
 }
 
+int st_dtype(const em_safetensors *f, const char *name)
+{
+    const st_entry *e = find_entry(f, name);
+    if (!e)
+        return (em_fail(EM_ERR_ARG, "em_safetensors_get: '%s' has no tensor named '%s'", f->path, name), -1);
+    return entry_dtype(f, e, "em_safetensors_get");
+}
+
 /* ---- writing --------------------------------------------------------------- */
 
 static _Thread_local const em_named *name_base;

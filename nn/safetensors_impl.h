@@ -21,6 +21,10 @@ em_status module_save(const em_module *m, const char *path, file_sum *sum);
  * "ember.crc32" (one pass over every byte), for a caller that has just
  * verified the same bytes another way (a checkpoint's manifest). */
 em_safetensors *st_open(const char *path, bool verify);
+/* The dtype em_safetensors_get would give entry `name` of f (its header
+ * only), or -1 with the error set (EM_ERR_ARG for a name f lacks, as
+ * em_safetensors_get's; EM_ERR_DTYPE for one ember does not read). */
+int st_dtype(const em_safetensors *f, const char *name);
 /* em_module_load, with st_open's verify. */
 em_status module_load(em_module *m, const char *path, bool strict, bool verify);
 

@@ -34,6 +34,7 @@ typedef struct job {
     char dir[200];     /* state directory */
     char losses[256];  /* rank 0 writes "step loss" lines here */
     char params[256];  /* rank 0 writes the final flat parameters here */
+    char model[256];   /* and, when set, em_module_save's file of the final model */
 } job;
 
 /* A learnable token stream: mostly t+1 mod V, with some noise. */
@@ -134,6 +135,7 @@ static void train_job(int rank, int world, void *ctx)
         write_file(j->params, "w", em_data(flat), (size_t)em_numel(flat) * sizeof(float));
         em_scope_end(s);
     }
+    if (rank == 0 && j->model[0]) CHECK_OK(em_module_save(g->m, j->model));
     em_accelerator_free(acc);
     em_optim_free(opt);
     em_gpt_free(g);
@@ -559,10 +561,135 @@ TEST(test_ddp_save_resumes_under_zero_stage_1_and_2) /* each rank slices the who
     check_reshard(2, 0, 4, 2);
 }
 
+TEST(test_ddp_save_resumes_under_zero_stage_3) /* each rank fills its chunks from model.safetensors */
+{
+    check_reshard(2, 0, 2, 3);
+}
+
 TEST(test_zero_save_resumes_under_ddp) /* each rank joins every shard */
 {
     check_reshard(2, 2, 2, 0);
     check_reshard(2, 1, 4, 0);
+}
+
+/* ---- merge-weights (tools/cmd_merge.c, dist/checkpoint_model.c) ------------------------------ */
+
+#define EMBER_BIN EMBER_BUILD_DIR "/ember"
+
+/* A job of `world` ranks at stage `zero` that saves after step 10 and then
+ * writes em_module_save's file of its (gathered) model: j->dir, j->model. */
+static job saved_job(int world, int zero)
+{
+    job j = zero_job;
+    j.zero = zero;
+    j.save_at = 10;
+    job_files(&j, "merge");
+    j.losses[0] = j.params[0] = 0;
+    snprintf(j.model, sizeof j.model, "%s.gathered.safetensors", j.dir);
+    TH_RANKS_ENV(world, train_job, &j);
+    return j;
+}
+
+/* The f32 parameters of a fresh GPT after em_module_load(path), one after
+ * another. */
+static float *loaded_params(const char *path, uint64_t seed, int64_t *n)
+{
+    em_gpt *g = small_gpt(seed, 16);
+    CHECK_NOTNULL(g);
+    CHECK_OK(em_module_load(g->m, path, true));
+    em_named ps[64];
+    int np = em_module_params(g->m, NULL, 0);
+    CHECK(np <= 64);
+    em_module_params(g->m, ps, np);
+    *n = 0;
+    for (int i = 0; i < np; i++) *n += em_numel(ps[i].t);
+    float *p = malloc(sizeof *p * (size_t)*n), *at = p;
+    CHECK(p != NULL);
+    for (int i = 0; i < np; i++) {
+        memcpy(at, em_data(ps[i].t), sizeof *p * (size_t)em_numel(ps[i].t));
+        at += em_numel(ps[i].t);
+    }
+    em_gpt_free(g);
+    return p;
+}
+
+/* Under ZeRO stage 3 no rank holds the whole model: the save is one model
+ * shard per rank, and `ember merge-weights` joins them into the very file
+ * em_module_save writes for the same run's gathered model, which loads
+ * into a GPT with the gathered weights. */
+TEST(test_merge_weights_joins_zero_3_shards_into_the_gathered_models_file_byte_for_byte)
+{
+    job j = saved_job(2, 3);
+    char p[3][400];
+    snprintf(p[0], sizeof p[0], "%s", th_path(j.dir, "model.rank_0.safetensors"));
+    snprintf(p[1], sizeof p[1], "%s", th_path(j.dir, "model.rank_1.safetensors"));
+    snprintf(p[2], sizeof p[2], "%s", th_path(j.dir, "model.safetensors"));
+    CHECK(access(p[0], F_OK) == 0 && access(p[1], F_OK) == 0 && access(p[2], F_OK) != 0);
+    char out[300];
+    snprintf(out, sizeof out, "%s.merged.safetensors", j.dir);
+    th_run_result *r = th_run(EMBER_BIN, "merge-weights", j.dir, out, NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(strstr(r->out, "merged") != NULL);
+    if (!same_bytes(out, j.model))
+        th_fail(__FILE__, __LINE__, "%s differs from em_module_save's %s of the gathered model", out,
+                j.model);
+    int64_t na, nb;
+    float *a = loaded_params(out, 5, &na), *b = loaded_params(j.model, 6, &nb);
+    CHECK(na == nb && !memcmp(a, b, sizeof *a * (size_t)na));
+    free(a);
+    free(b);
+}
+
+/* A save without ZeRO holds the whole model file; merging it gives it back. */
+TEST(test_merge_weights_of_a_ddp_save_gives_its_model_file_byte_for_byte)
+{
+    job j = saved_job(2, 0);
+    char out[300], whole[400];
+    snprintf(out, sizeof out, "%s.merged.safetensors", j.dir);
+    snprintf(whole, sizeof whole, "%s", th_path(j.dir, "model.safetensors"));
+    CHECK_EXIT(th_run(EMBER_BIN, "merge-weights", j.dir, out, NULL), 0);
+    CHECK(same_bytes(out, whole) && same_bytes(out, j.model));
+}
+
+/* merge-weights refuses: exit 1, a message saying `want`, and no output
+ * file (nor its temporary). */
+static void check_merge_refused(const char *dir, const char *out, const char *want)
+{
+    th_run_result *r = th_run(EMBER_BIN, "merge-weights", dir, out, NULL);
+    CHECK_EXIT(r, 1);
+    if (!strstr(r->err, want)) th_fail(__FILE__, __LINE__, "stderr '%s' does not say '%s'", r->err, want);
+    struct stat st;
+    CHECK(stat(out, &st) != 0 || S_ISDIR(st.st_mode));
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    CHECK(access(tmp, F_OK) != 0);
+}
+
+TEST(test_merge_weights_refuses_what_is_not_a_checkpoint_and_bad_output_paths)
+{
+    job j = saved_job(2, 3);
+    char out[300], bad[400], base[300];
+    snprintf(out, sizeof out, "%s.merged.safetensors", j.dir);
+    check_merge_refused("/nonexistent/ember-ckpt", out, "no checkpoint at /nonexistent/ember-ckpt");
+    snprintf(base, sizeof base, "%s", j.dir);
+    *strrchr(base, '/') = '\0';
+    check_merge_refused(base, out, "is not a complete checkpoint"); /* a directory without a manifest */
+    snprintf(bad, sizeof bad, "%s/no/such/dir/out.safetensors", base);
+    check_merge_refused(j.dir, bad, "cannot create");
+    check_merge_refused(j.dir, base, "is a directory");
+    th_run_result *r = th_run(EMBER_BIN, "merge-weights", j.dir, NULL);
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "no output file given") != NULL);
+}
+
+TEST(test_merge_weights_refuses_a_checkpoint_missing_a_model_shard_naming_it)
+{
+    job j = saved_job(2, 3);
+    char shard[400], out[300];
+    snprintf(shard, sizeof shard, "%s", th_path(j.dir, "model.rank_1.safetensors"));
+    CHECK(unlink(shard) == 0);
+    snprintf(out, sizeof out, "%s.merged.safetensors", j.dir);
+    check_merge_refused(j.dir, out, shard);
 }
 
 /* ---- on CUDA devices ----------------------------------------------------------------------

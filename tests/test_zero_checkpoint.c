@@ -24,20 +24,21 @@ typedef struct rig {
     em_tokens tokens;
 } rig;
 
-/* A small GPT under ZeRO stage 1 with 2 KB buckets (many buckets, so every
- * rank has pieces of several parameters, and parameters cut between ranks). */
-static rig *rig_new(void)
+/* A small GPT of width embd under ZeRO `stage` with buckets of bucket_mb
+ * (2 KB: many buckets, so every rank has pieces of several parameters, and
+ * parameters cut between ranks). */
+static rig *rig_new_at(int stage, double bucket_mb, int64_t embd)
 {
     th_no_user_config();
     rig *r = calloc(1, sizeof *r);
     CHECK(r != NULL);
-    r->a = em_accelerator_new(&(em_accel_config){.zero_stage = 1, .bucket_mb = 0.002});
+    r->a = em_accelerator_new(&(em_accel_config){.zero_stage = stage, .bucket_mb = bucket_mb});
     CHECK_NOTNULL(r->a);
     for (int i = 0; i < NTOK; i++) r->tok[i] = (int32_t)((i * 7 + i / 5) % VOCAB);
     r->tokens = em_tokens_view(r->tok, NTOK, EM_TOK_I32);
     CHECK_OK(em_window_sampler_init(&r->sampler, &r->tokens, 4, T, 5));
     em_gpt_config c = {
-        .vocab_size = VOCAB, .block_size = T, .n_layer = 1, .n_head = 2, .n_embd = 16, .bias = true};
+        .vocab_size = VOCAB, .block_size = T, .n_layer = 1, .n_head = 2, .n_embd = embd, .bias = true};
     r->g = em_gpt_new(&c, 99);
     CHECK_NOTNULL(r->g);
     int n = em_module_params(r->g->m, NULL, 0);
@@ -54,6 +55,8 @@ static rig *rig_new(void)
     CHECK_OK(em_accel_prepare_sampler(r->a, &r->sampler));
     return r;
 }
+
+static rig *rig_new(void) { return rig_new_at(1, 0.002, 16); }
 
 static void rig_step(rig *r)
 {
@@ -106,6 +109,18 @@ static void make_dir(char *dir, size_t n)
 
 /* ---- what a save writes ------------------------------------------------------------ */
 
+/* The manifest text m lists dir/name with its size and crc32. */
+static void check_listed(const char *m, const char *dir, const char *name)
+{
+    size_t len;
+    char *body = th_slurp(th_path(dir, name), &len);
+    char want[200];
+    snprintf(want, sizeof want, "{\"name\": \"%s\", \"size\": \"%zu\", \"crc32\": \"%08lx\"}", name, len,
+             crc32(0, (const Bytef *)body, (uInt)len));
+    if (!strstr(m, want)) th_fail(__FILE__, __LINE__, "manifest lacks %s:\n%s", want, m);
+    free(body);
+}
+
 static void saves_shards(int rank, int world, void *ctx)
 {
     (void)world;
@@ -125,13 +140,7 @@ static void saves_shards(int rank, int world, void *ctx)
         for (int k = 0; k < 2; k++) {
             char name[64];
             snprintf(name, sizeof name, "optimizer.rank_%d.safetensors", k);
-            size_t len;
-            char *body = th_slurp(th_path(dir, name), &len);
-            char want[200];
-            snprintf(want, sizeof want, "{\"name\": \"%s\", \"size\": \"%zu\", \"crc32\": \"%08lx\"}", name,
-                     len, crc32(0, (const Bytef *)body, (uInt)len));
-            if (!strstr(m, want)) th_fail(__FILE__, __LINE__, "manifest lacks %s:\n%s", want, m);
-            free(body);
+            check_listed(m, dir, name);
             em_safetensors *f = em_safetensors_open(th_path(dir, name));
             CHECK_NOTNULL(f);
             char rk[8];
@@ -185,6 +194,7 @@ typedef struct spoil {
     void (*fn)(const struct spoil *sp); /* rank 0 spoils dir with it */
     const char *want;                   /* what the error must say (besides the file) */
     const char *names;                  /* the file or directory the error must name */
+    int stage;                          /* the ZeRO stage (0: 1) */
 } spoil;
 
 /* Saves (twice when sp->other is set), steps on, lets rank 0 spoil the
@@ -195,7 +205,7 @@ static void load_spoiled(int rank, int world, void *ctx)
 {
     (void)world;
     const spoil *sp = ctx;
-    rig *r = rig_new();
+    rig *r = rig_new_at(sp->stage ? sp->stage : 1, 0.002, 16);
     rig_step(r);
     CHECK_OK(em_accel_save_state(r->a, sp->dir));
     if (sp->other[0]) {
@@ -322,6 +332,153 @@ TEST(test_zero_load_state_refuses_shards_that_do_not_cover_a_parameter)
 {
     spoil sp = {0};
     run_spoiled(&sp, drop_a_piece, "are in no shard of optimizer 0: the shards do not cover it", false);
+}
+
+/* ---- ZeRO stage 3: the model's shards (dist/checkpoint_model.c) --------------------------- */
+
+/* The elements of this rank's flat parameters that read as zero (stage 3
+ * gives back the pages outside its chunks: they read as zeros). */
+static int64_t zeros_in_params(rig *r, int64_t *total)
+{
+    em_tensor *flat = em_module_flat_params(r->g->m, EM_F32);
+    CHECK_NOTNULL(flat);
+    const float *p = em_data(flat);
+    int64_t z = 0;
+    *total = em_numel(flat);
+    for (int64_t i = 0; i < *total; i++) z += p[i] == 0.0f;
+    return z;
+}
+
+static void saves_model_shards(int rank, int world, void *ctx)
+{
+    (void)world;
+    const char *dir = ctx;
+    rig *r = rig_new_at(3, 0, 64); /* one bucket: each rank's chunk is half the model (~100 KB) */
+    rig_step(r);
+    int64_t total, before = zeros_in_params(r, &total);
+    CHECK(before > total / 4); /* most of the other rank's half was given back */
+    CHECK_OK(em_accel_save_state(r->a, dir));
+    int64_t after = zeros_in_params(r, &total);
+    if (after != before) /* a gather would have filled the other half */
+        th_fail(__FILE__, __LINE__, "rank %d: save_state made %lld parameter elements resident", rank,
+                (long long)(before - after));
+    if (rank == 0) {
+        size_t n;
+        char *m = th_slurp(th_path(dir, "manifest.json"), &n);
+        CHECK(access(th_path(dir, "model.safetensors"), F_OK) != 0); /* no whole model under stage 3 */
+        int64_t pieces = 0;
+        for (int k = 0; k < 2; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "model.rank_%d.safetensors", k);
+            check_listed(m, dir, name);
+            em_safetensors *f = em_safetensors_open(th_path(dir, name));
+            CHECK_NOTNULL(f);
+            CHECK(!strcmp(em_safetensors_metadata(f, "format"), "ember-model-shard"));
+            CHECK(!strcmp(em_safetensors_metadata(f, "zero_stage"), "3"));
+            char key[300];
+            snprintf(key, sizeof key, "piece.%s", em_safetensors_name(f, 0));
+            CHECK(em_safetensors_metadata(f, key) != NULL);
+            for (int e = 0; e < em_safetensors_count(f); e++) {
+                int64_t shape[EM_MAX_DIMS], numel = 1;
+                int nd = em_safetensors_shape(f, em_safetensors_name(f, e), shape);
+                for (int d = 0; d < nd; d++) numel *= shape[d];
+                pieces += numel;
+            }
+            em_safetensors_close(f);
+        }
+        CHECK(pieces == total); /* every element once: the two halves */
+        free(m);
+    }
+    rig_free(r);
+}
+
+TEST(test_zero_3_save_state_writes_each_ranks_model_shard_without_gathering_the_model)
+{
+    char dir[128];
+    make_dir(dir, sizeof dir);
+    TH_RANKS_ENV(2, saves_model_shards, dir);
+}
+
+/* The whole flat parameters (gathered: collective), copied. */
+static float *gathered_params(rig *r, int64_t *n)
+{
+    CHECK_OK(em_accel_gather_params(r->a));
+    em_tensor *flat = em_module_flat_params(r->g->m, EM_F32);
+    *n = em_numel(flat);
+    float *p = malloc(sizeof *p * (size_t)*n);
+    CHECK(p != NULL);
+    memcpy(p, em_data(flat), sizeof *p * (size_t)*n);
+    return p;
+}
+
+/* A load writes only this rank's chunks; buckets gathered before it must
+ * not count as whole after it, or the next use would read the old values
+ * of the other ranks' chunks. */
+static void loads_over_gathered(int rank, int world, void *ctx)
+{
+    (void)rank, (void)world;
+    const char *dir = ctx;
+    rig *r = rig_new_at(3, 0.002, 16);
+    rig_step(r);
+    CHECK_OK(em_accel_save_state(r->a, dir));
+    int64_t n, m;
+    float *saved = gathered_params(r, &n);
+    rig_step(r);
+    free(gathered_params(r, &m)); /* every bucket whole, with the new values */
+    CHECK_OK(em_accel_load_state(r->a, dir));
+    float *loaded = gathered_params(r, &m);
+    CHECK(m == n && !memcmp(saved, loaded, sizeof *saved * (size_t)n));
+    free(saved);
+    free(loaded);
+    rig_free(r);
+}
+
+TEST(test_zero_3_load_state_over_gathered_parameters_gives_the_saved_ones)
+{
+    char dir[128];
+    make_dir(dir, sizeof dir);
+    TH_RANKS_ENV(2, loads_over_gathered, dir);
+}
+
+/* Rewrites rank 1's model shard without its first entry (and that entry's
+ * "piece." key), and reseals the manifest. */
+static void drop_a_model_piece(const spoil *sp)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s", th_path(sp->dir, "model.rank_1.safetensors"));
+    em_safetensors *f = em_safetensors_open(path);
+    CHECK_NOTNULL(f);
+    int n = em_safetensors_count(f);
+    CHECK(n > 1);
+    em_named *keep = calloc((size_t)n, sizeof *keep);
+    CHECK(keep != NULL);
+    char meta[8192];
+    int at = snprintf(meta, sizeof meta,
+                      "{\"format\":\"%s\",\"save_id\":\"%s\",\"world\":\"2\",\"rank\":\"1\","
+                      "\"zero_stage\":\"3\",\"tensors\":\"%s\"",
+                      em_safetensors_metadata(f, "format"), em_safetensors_metadata(f, "save_id"),
+                      em_safetensors_metadata(f, "tensors"));
+    for (int i = 1; i < n; i++) {
+        keep[i - 1].name = em_safetensors_name(f, i);
+        keep[i - 1].t = em_safetensors_get(f, keep[i - 1].name);
+        CHECK_NOTNULL(keep[i - 1].t);
+        char key[300];
+        snprintf(key, sizeof key, "piece.%s", keep[i - 1].name);
+        at += snprintf(meta + at, sizeof meta - (size_t)at, ",\"%s\":\"%s\"", key,
+                       em_safetensors_metadata(f, key));
+    }
+    snprintf(meta + at, sizeof meta - (size_t)at, "}");
+    CHECK_OK(em_safetensors_save(path, n - 1, keep, meta));
+    for (int i = 0; i < n - 1; i++) em_free(keep[i].t);
+    free(keep);
+    em_safetensors_close(f);
+    th_reseal_checkpoint(sp->dir);
+}
+
+TEST(test_zero_3_load_state_refuses_model_shards_that_do_not_cover_a_parameter)
+{
+    spoil sp = {.stage = 3};
+    run_spoiled(&sp, drop_a_model_piece, "are in no shard of model 0: the shards do not cover it", false);
 }
 
 /* ---- the assembled state is not held twice ------------------------------------------

@@ -13,5 +13,6 @@ int cmd_config(int argc, char **argv); /* tools/cmd_config.c */
 int cmd_test(int argc, char **argv);   /* tools/cmd_test.c */
 int cmd_plot(int argc, char **argv);   /* tools/cmd_plot.c */
 int cmd_estimate_memory(int argc, char **argv); /* tools/cmd_estimate.c */
+int cmd_merge_weights(int argc, char **argv);   /* tools/cmd_merge.c */
 
 #endif

@@ -17,6 +17,7 @@ static const char usage_text[] =
     "  sample --ckpt DIR    generate text from a model `ember train` wrote (ember sample --help)\n"
     "  plot METRICS.jsonl   draw the losses and learning rate of a run as an SVG (ember plot --help)\n"
     "  estimate-memory      memory per rank of training a GPT, by category and ZeRO stage (--help)\n"
+    "  merge-weights        join a checkpoint's model (ZeRO-3 shards) into one safetensors file (--help)\n"
     "  launch -n N PROG     run PROG as N processes of one distributed job (ember launch --help)\n"
     "  config               write the default distributed/training config file (ember config --help)\n"
     "  demo                 train a small MLP with the autograd engine and print its falling loss\n"
@@ -64,6 +65,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "sample")) return cmd_sample(sub_argc, sub_argv);
     if (!strcmp(cmd, "plot")) return cmd_plot(sub_argc, sub_argv);
     if (!strcmp(cmd, "estimate-memory")) return cmd_estimate_memory(sub_argc, sub_argv);
+    if (!strcmp(cmd, "merge-weights")) return cmd_merge_weights(sub_argc, sub_argv);
     if (!strcmp(cmd, "launch")) return cmd_launch(sub_argc, sub_argv);
     if (!strcmp(cmd, "config")) return cmd_config(sub_argc, sub_argv);
     if (cmd[0] == '-') return bad_usage("unknown flag", cmd);
