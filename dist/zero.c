@@ -60,6 +60,10 @@
 #include "optim/optim_impl.h"
 #include "tensor/dispatch.h"
 #include "tensor/tensor_impl.h"
+#if EM_HAVE_CUDA
+#include "optim/cuda_optim.h"
+#include "tensor/cuda_impl.h"
+#endif
 
 typedef struct zbucket {
     em_dtype dtype;
@@ -85,6 +89,7 @@ struct em_zero {
     em_optimizer *opt;
     em_ddp *ddp;
     bool owns_ddp;
+    em_device dev; /* the model's: its flat buffers, pads and shard live there */
     int stage, world, rank;
     int nb;
     zbucket *b;
@@ -109,6 +114,32 @@ enum { INFLIGHT = 2 };
 /* Whether a stage 3 engine holds the dispatcher's fetch (one at a time). */
 static bool fetching;
 
+/* ---- bytes on the model's device ----------------------------------------------------- */
+
+/* dst = src (bytes, both on z's device): a host copy on the CPU; on CUDA a
+ * copy queued on the device's compute stream, after the kernels that wrote
+ * src and before the collectives started after it (dist/nccl.c). */
+static em_status dev_copy(const em_zero *z, void *dst, const void *src, size_t bytes)
+{
+#if EM_HAVE_CUDA
+    if (z->dev.type == EM_CUDA) return cu_memcpy(dst, z->dev, src, z->dev, bytes);
+#endif
+    (void)z;
+    memcpy(dst, src, bytes);
+    return EM_OK;
+}
+
+/* p[0, bytes) = 0 on z's device (queued on CUDA, as dev_copy). */
+static em_status dev_zero(const em_zero *z, void *p, size_t bytes)
+{
+#if EM_HAVE_CUDA
+    if (z->dev.type == EM_CUDA) return cu_fill(z->dev.index, EM_U8, p, (int64_t)bytes, 0.0);
+#endif
+    (void)z;
+    memset(p, 0, bytes);
+    return EM_OK;
+}
+
 /* ---- the gradient buffer's pages ----------------------------------------------------- */
 
 /* Gives the whole pages inside [p, p + bytes) back to the kernel (they read
@@ -126,13 +157,20 @@ static void give_back(void *p, size_t bytes)
     memset((void *)pe, 0, e - pe);
 }
 
-static void release_bucket(em_zero *z, int i)
+/* Bucket i's slice of the full gradient buffer, its collective done, reads
+ * zeros from now on: its pages are given back on the CPU; device memory
+ * cannot be given back in part, so on CUDA the slice is zeroed in place (a
+ * kernel queued after the collective: the compute stream has waited for it). */
+static em_status release_bucket(em_zero *z, int i)
 {
     zbucket *b = &z->b[i];
     em_tensor *flat = em_module_flat_grads(z->model, b->dtype);
     size_t es = em_dtype_size(b->dtype);
-    give_back((char *)em_data(flat) + (size_t)b->lo * es, (size_t)b->n * es);
+    char *p = (char *)em_data(flat) + (size_t)b->lo * es;
     b->released = true;
+    if (z->dev.type != EM_CPU) return dev_zero(z, p, (size_t)b->n * es);
+    give_back(p, (size_t)b->n * es);
+    return EM_OK;
 }
 
 /* ---- stage 2's reduce-scatter, bucket by bucket (DDP's hooks) ------------------------------ */
@@ -145,7 +183,7 @@ static em_status launch(void *ctx, int i, em_tensor *grads, em_work **work)
      * INFLIGHT buckets of gradients stay resident behind this one, so
      * backward waits for the oldest when communication falls behind (the
      * handle stays DDP's to wait on: this only watches it). */
-    for (int j = 0; j < i; j++) {
+    for (int j = 0; j < i && z->dev.type == EM_CPU; j++) { /* CUDA: nothing to give back (finished) */
         zbucket *o = &z->b[j];
         if (!o->work || o->released) continue;
         if (j < i - INFLIGHT)
@@ -153,13 +191,15 @@ static em_status launch(void *ctx, int i, em_tensor *grads, em_work **work)
         if (em_work_done(o->work)) release_bucket(z, j);
     }
     em_tensor *in = grads;
+    em_status s = EM_OK;
     if (b->pad) { /* equal chunks: the bucket, then zeros */
         size_t es = em_dtype_size(b->dtype);
-        memcpy(em_data(b->pad), em_data(grads), (size_t)b->n * es);
-        memset((char *)em_data(b->pad) + (size_t)b->n * es, 0, (size_t)(z->world * b->c - b->n) * es);
+        s = dev_copy(z, em_data(b->pad), em_data(grads), (size_t)b->n * es);
+        if (!s)
+            s = dev_zero(z, (char *)em_data(b->pad) + (size_t)b->n * es, (size_t)(z->world * b->c - b->n) * es);
         in = b->pad;
     }
-    em_status s = em_reduce_scatter(z->pg, b->shard, in, EM_RED_AVG, work);
+    if (!s) s = em_reduce_scatter(z->pg, b->shard, in, EM_RED_AVG, work);
     b->work = s ? NULL : *work;
     return s;
 }
@@ -168,7 +208,8 @@ static void finished(void *ctx)
 {
     em_zero *z = ctx;
     for (int i = 0; i < z->nb; i++) {
-        if (!z->b[i].released) release_bucket(z, i);
+        /* a CUDA zeroing that fails to queue shows at the next check of the device */
+        if (!z->b[i].released) (void)release_bucket(z, i);
         z->b[i].work = NULL;
         z->b[i].released = false; /* for the next backward */
     }
@@ -183,15 +224,19 @@ static em_status gather_start(em_zero *z, int i, em_work **work)
 {
     zbucket *b = &z->b[i];
     size_t es = em_dtype_size(b->dtype);
-    if (b->pad)
-        memcpy(em_data(b->mine), (char *)em_data(b->params) + (size_t)(z->rank * b->c) * es, (size_t)b->own * es);
+    if (b->pad) {
+        em_status s =
+            dev_copy(z, em_data(b->mine), (char *)em_data(b->params) + (size_t)(z->rank * b->c) * es, (size_t)b->own * es);
+        if (s) return s;
+    }
     return em_all_gather(z->pg, b->pad ? b->pad : b->params, b->mine, work);
 }
 
-static void gather_done(em_zero *z, int i)
+static em_status gather_done(em_zero *z, int i)
 {
     zbucket *b = &z->b[i];
-    if (b->pad) memcpy(em_data(b->params), em_data(b->pad), (size_t)b->n * em_dtype_size(b->dtype));
+    if (!b->pad) return EM_OK;
+    return dev_copy(z, em_data(b->params), em_data(b->pad), (size_t)b->n * em_dtype_size(b->dtype));
 }
 
 /* ---- stage 3: parameters whole only while they are used ------------------------------------- */
@@ -218,10 +263,8 @@ static em_status finish_prefetch(em_zero *z, int i)
     zbucket *b = &z->b[i];
     em_status s = em_work_wait(b->gwork);
     b->gwork = NULL;
-    if (!s) {
-        gather_done(z, i);
-        b->resident = true;
-    }
+    if (!s) s = gather_done(z, i);
+    if (!s) b->resident = true;
     return s;
 }
 
@@ -237,7 +280,7 @@ static em_status make_resident(em_zero *z, int i)
     em_status s = b->gwork ? finish_prefetch(z, i) : gather_start(z, i, NULL);
     if (s) return s;
     if (!b->resident) {
-        gather_done(z, i);
+        if ((s = gather_done(z, i))) return s;
         b->resident = true;
     }
     for (;;) { /* whole or coming: at most KEEP */
@@ -287,10 +330,7 @@ em_status em_zero_gather_params(em_zero *z)
     for (int i = 0; i < z->nb; i++) { /* every rank the same calls, whatever fails */
         zbucket *b = &z->b[i];
         em_status s = b->gwork ? finish_prefetch(z, i) : b->resident ? EM_OK : gather_start(z, i, NULL);
-        if (!s && !b->resident) {
-            gather_done(z, i);
-            b->resident = true;
-        }
+        if (!s && !b->resident && !(s = gather_done(z, i))) b->resident = true;
         if (s && !first) first = s;
     }
     return first;
@@ -311,11 +351,14 @@ static em_tensor *slice_of(em_tensor *base, int64_t lo, int64_t n)
     return t_handle(v);
 }
 
-/* A persistent zeroed 1-D tensor of n elements. */
-static em_tensor *zeros_of(em_dtype dt, int64_t n)
+/* A persistent zeroed 1-D tensor of n elements on dev. */
+static em_tensor *zeros_on(em_device dev, em_dtype dt, int64_t n)
 {
-    tensor *t = t_new_persistent(dt, 1, &n);
-    if (t) memset(t_ptr(t), 0, (size_t)n * em_dtype_size(dt));
+    tensor *t = t_new_persistent_on(dev, dt, 1, &n);
+    if (t && t_fill_zero(t)) {
+        t_free(t);
+        return NULL;
+    }
     return t ? t_handle(t) : NULL;
 }
 
@@ -370,12 +413,25 @@ static em_status make_chunks(em_zero *z, const char *fn)
         int64_t start = (int64_t)z->rank * b->c;
         b->own = start >= b->n ? 0 : (b->n - start < b->c ? b->n - start : b->c);
         em_tensor *fp = em_module_flat_params(z->model, b->dtype);
-        if (em_device_of(fp).type != EM_CPU)
-            return em_err(EM_ERR_UNSUPPORTED, "%s: the model is on a CUDA device; ZeRO runs on the CPU for now", fn);
+        em_device dev = em_device_of(fp);
+        if (i == 0) z->dev = dev;
+        if (!em_device_equal(dev, z->dev)) {
+            char a[16], d[16];
+            return em_err(EM_ERR_DEVICE, "%s: the model's parameters are on %s and %s; ZeRO takes one device", fn,
+                          em_device_str(z->dev, a, sizeof a), em_device_str(dev, d, sizeof d));
+        }
+        if (dev.type != EM_CPU && z->stage == 3) {
+            char a[16];
+            return em_err(EM_ERR_UNSUPPORTED,
+                          "%s: stage 3 on %s: it saves memory by giving back the pages of the flat parameter "
+                          "buffer outside this rank's chunks, and device memory cannot be given back in part; "
+                          "use stage 2 (or 1) on CUDA",
+                          fn, em_device_str(dev, a, sizeof a));
+        }
         if (!(b->params = slice_of(fp, b->lo, b->n))) return em_last_status();
         if (b->n % z->world) {
             int64_t padded = b->c * z->world;
-            if (!(b->pad = zeros_of(b->dtype, padded))) return em_last_status();
+            if (!(b->pad = zeros_on(dev, b->dtype, padded))) return em_last_status();
         }
         b->mine = b->pad ? slice_of(b->pad, (int64_t)z->rank * b->c, b->c)
                          : slice_of(fp, b->lo + (int64_t)z->rank * b->c, b->c);
@@ -388,7 +444,7 @@ static em_status make_chunks(em_zero *z, const char *fn)
             if (z->b[i].dtype != z->b[0].dtype)
                 return em_err(EM_ERR_UNSUPPORTED, "%s: stage 2 takes parameters of one dtype (f32 and f64 found)",
                               fn);
-        if (!(z->gshard = zeros_of(z->b[0].dtype, total))) return em_last_status();
+        if (!(z->gshard = zeros_on(z->dev, z->b[0].dtype, total))) return em_last_status();
         int64_t at = 0;
         for (int i = 0; i < z->nb; i++) {
             if (!(z->b[i].shard = slice_of(z->gshard, at, z->b[i].c))) return em_last_status();
@@ -520,6 +576,34 @@ static int grads_of(const em_zero *z, tensor **out)
     return n;
 }
 
+/* *sq = the sum of squares of this rank's chunks of the gradient shard, on
+ * a CUDA device: one device sum per bucket (optim/optim.cu's fixed-order
+ * reduction, in double), one copy to the host, summed there in bucket
+ * order. */
+static em_status shard_sumsq_cuda(const em_zero *z, double *sq)
+{
+#if EM_HAVE_CUDA
+    const char *fn = "em_zero_clip_grad_norm";
+    int d = z->dev.index;
+    double *dev_sq = cu_alloc(d, (size_t)(z->nb + 1) * sizeof(double)), *host = calloc((size_t)z->nb + 1, sizeof *host);
+    em_status s = dev_sq && host ? cu_fill(d, EM_F64, dev_sq, z->nb, 0) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    for (int i = 0; i < z->nb && !s; i++) {
+        const zbucket *b = &z->b[i];
+        s = cu_sumsq(d, b->dtype, em_data(b->shard), b->own, &dev_sq[i]);
+    }
+    if (!s) s = cu_memcpy(host, em_device_cpu(), dev_sq, z->dev, (size_t)z->nb * sizeof(double)); /* waits */
+    *sq = 0;
+    for (int i = 0; i < z->nb && !s; i++) *sq += host[i];
+    if (dev_sq) cu_free(d, dev_sq);
+    free(host);
+    return s;
+#else
+    (void)sq;
+    return em_err(EM_ERR_DEVICE, "em_zero_clip_grad_norm: the gradients are on %s in a build without CUDA",
+                  z->dev.type == EM_CUDA ? "a CUDA device" : "another device");
+#endif
+}
+
 double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
 {
     em_status dummy;
@@ -547,7 +631,8 @@ double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
     /* stage 2: the squares of this rank's chunks (the pads' zeros add
      * nothing), summed over ranks */
     double sq = 0;
-    for (int i = 0; i < z->nb; i++) {
+    em_status s = z->dev.type != EM_CPU ? shard_sumsq_cuda(z, &sq) : EM_OK;
+    for (int i = 0; i < z->nb && z->dev.type == EM_CPU; i++) {
         const zbucket *b = &z->b[i];
         if (b->dtype == EM_F32) {
             const float *g = em_data(b->shard);
@@ -557,9 +642,10 @@ double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
             for (int64_t k = 0; k < b->own; k++) sq += g[k] * g[k];
         }
     }
+    if (s) return *status = s, NAN;
     em_scope sc = em_scope_begin();
     em_tensor *t = em_scalar(EM_F64, sq);
-    em_status s = t ? em_all_reduce(z->pg, t, EM_RED_SUM, NULL) : em_last_status();
+    s = t ? em_all_reduce(z->pg, t, EM_RED_SUM, NULL) : em_last_status();
     double total = s ? NAN : sqrt(em_item(t));
     em_scope_end(sc);
     if (s) return *status = s, NAN;
@@ -567,6 +653,12 @@ double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
         double c = max_norm / (total + 1e-6);
         tensor *g = t_resolve(z->gshard, "em_zero_clip_grad_norm");
         int64_t n = t_numel(g);
+#if EM_HAVE_CUDA
+        if (t_on_cuda(g)) {
+            if ((s = cu_scale(g->device.index, g->dtype, t_ptr(g), n, c))) return *status = s, NAN;
+            return total;
+        }
+#endif
         if (g->dtype == EM_F32) {
             float *p = t_ptr(g), cf = (float)c;
             for (int64_t k = 0; k < n; k++) p[k] *= cf;
@@ -615,8 +707,8 @@ em_status em_zero_step(em_zero *z)
         if (!b->work) continue;
         s = em_work_wait(b->work);
         b->work = NULL;
+        if (!s) s = gather_done(z, i);
         if (s && !first) first = s;
-        if (!s) gather_done(z, i);
     }
     return first;
 }
@@ -624,7 +716,7 @@ em_status em_zero_step(em_zero *z)
 em_status em_zero_zero_grad(em_zero *z)
 {
     if (!z) return em_err(EM_ERR_ARG, "em_zero_zero_grad: zero is NULL");
-    if (z->stage < 2) return em_module_zero_grad(z->model);
+    if (z->stage < 2 || z->dev.type != EM_CPU) return em_module_zero_grad(z->model); /* CUDA: kept, zeroed */
     static const em_dtype dts[] = {EM_F32, EM_F64};
     for (int k = 0; k < 2; k++) {
         em_tensor *g = em_module_flat_grads(z->model, dts[k]);

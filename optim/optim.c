@@ -419,15 +419,16 @@ em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor 
     if (!o || i < 0 || i >= o->np) return em_err(EM_ERR_ARG, "%s: parameter index %d out of range", fn, i);
     tensor *t = t_resolve(o->p[i].h, fn);
     if (!t) return em_last_status();
-    if (t_on_cuda(t) || !t_is_contig(t))
-        return em_err(EM_ERR_UNSUPPORTED, "%s: parameter %d %s%s must be a contiguous CPU tensor", fn, i,
+    if (!t_is_contig(t))
+        return em_err(EM_ERR_UNSUPPORTED, "%s: parameter %d %s%s must be contiguous", fn, i,
                       em_dtype_name(t->dtype), shp(t));
     if (lo < 0 || n < 0 || lo + n > t_numel(t))
         return em_err(EM_ERR_ARG, "%s: piece [%lld, %lld) is outside parameter %d %s", fn, (long long)lo,
                       (long long)(lo + n), i, shp(t));
-    if (gpiece && (t_numel(gpiece) != n || gpiece->dtype != t->dtype || !t_is_contig(gpiece)))
-        return em_err(EM_ERR_ARG, "%s: gradient piece %s%s does not fit %lld elements of %s", fn,
-                      em_dtype_name(gpiece->dtype), shp(gpiece), (long long)n, em_dtype_name(t->dtype));
+    if (gpiece && (t_numel(gpiece) != n || gpiece->dtype != t->dtype || !t_is_contig(gpiece) ||
+                   !em_device_equal(gpiece->device, t->device)))
+        return em_err(EM_ERR_ARG, "%s: gradient piece %s%s does not fit %lld elements of %s on the parameter's device",
+                      fn, em_dtype_name(gpiece->dtype), shp(gpiece), (long long)n, em_dtype_name(t->dtype));
     oparam *p = &o->p[i];
     for (int f = 0; f < F_COUNT; f++) {
         t_free(p->f[f]);
@@ -516,14 +517,15 @@ static em_status alloc_cuda_state(em_optimizer *o, const char *fn)
     if (!opt_has_field(o, want)) return EM_OK;
     for (int i = 0; i < o->np;) {
         tensor *t = t_resolve(o->p[i].h, fn);
-        if (!t_on_cuda(t) || !t->grad || o->p[i].f[want]) {
+        if (!t_on_cuda(t) || !t->grad || o->p[i].f[want] || o->p[i].sharded) { /* a piece: opt_alloc_state */
             i++;
             continue;
         }
         int j = i + 1;
         while (j < o->np) {
             tensor *u = t_resolve(o->p[j].h, fn);
-            if (!u->grad || o->p[j].f[want] || !follows(t_resolve(o->p[j - 1].h, fn), u)) break;
+            if (!u->grad || o->p[j].f[want] || o->p[j].sharded || !follows(t_resolve(o->p[j - 1].h, fn), u))
+                break;
             j++;
         }
         em_status s = alloc_run_state(o, i, j, fn);
@@ -540,6 +542,7 @@ static bool fuses(const em_optimizer *o, int j, const char *fn)
     const oparam *a = &o->p[j - 1], *b = &o->p[j];
     tensor *ta = t_resolve(a->h, fn), *tb = t_resolve(b->h, fn);
     if (!tb->grad || a->group != b->group || a->started != b->started) return false;
+    if (a->sharded || b->sharded) return false; /* ZeRO's pieces: one launch each */
     if (!follows(ta, tb) || !follows(ta->grad, tb->grad)) return false;
     for (int f = 0; f < F_COUNT; f++)
         if (f != F_STEP && opt_has_field(o, f) && !follows(a->f[f], b->f[f])) return false;
@@ -660,16 +663,21 @@ static em_status optim_step(em_optimizer *o)
         tensor *s1, *s2, *a, *b;
         em_status s = prepare(o, i, &u, &s1, &s2);
         for (int k = i + 1; k < j && !s; k++) s = prepare(o, k, &uk, &a, &b);
-        if (!s && t_on_cuda(t)) {
+        if (!s && o->p[i].sharded) { /* ZeRO: this rank's piece only (j == i + 1) */
+            const oparam *p = &o->p[i];
+            tensor tv = piece_of(t, p->lo, p->n), gv = p->gpiece ? *p->gpiece : piece_of(g, p->lo, p->n);
+            if (p->n > 0 && t_on_cuda(t)) {
+#if EM_HAVE_CUDA
+                s = apply_cuda(&u, &tv, &gv, s1, s2, p->n);
+#endif
+            } else if (p->n > 0)
+                apply(&u, &tv, &gv, s1, s2, pb, gb);
+        } else if (!s && t_on_cuda(t)) {
 #if EM_HAVE_CUDA
             int64_t n = 0;
             for (int k = i; k < j; k++) n += t_numel(t_resolve(o->p[k].h, fn));
             s = apply_cuda(&u, t, g, s1, s2, n);
 #endif
-        } else if (!s && o->p[i].sharded) {
-            const oparam *p = &o->p[i];
-            tensor tv = piece_of(t, p->lo, p->n), gv = p->gpiece ? *p->gpiece : piece_of(g, p->lo, p->n);
-            if (p->n > 0) apply(&u, &tv, &gv, s1, s2, pb, gb);
         } else if (!s)
             apply(&u, t, g, s1, s2, pb, gb);
         if (s) {
