@@ -672,6 +672,15 @@ TEST(test_cuda_zero_stage_2_flat_gradients_read_zeros_after_every_backward)
     TH_RANKS(2, EM_TRANSPORT_AUTO, zero_gives_back, (void *)1);
 }
 
+/* save_state at step 6 of 12 and load_state under ZeRO on the device:
+ * each rank's shard of device state goes out through host copies and comes
+ * back onto the device; the weights are the straight run's, byte for byte. */
+TEST(test_cuda_zero_stage_2_resume_at_step_6_of_12_gives_bitwise_the_straight_weights_two_ranks)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    check_resume_is_exact_on(2, "cuda", 2);
+}
+
 /* Stage 3 on a device: refused, naming why (its saving is giving back
  * parameter pages, which device memory cannot do in part). */
 static void cuda_zero_3_refused(em_pg *pg, int rank, int world, void *ctx)
