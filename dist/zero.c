@@ -43,8 +43,20 @@
  *            (forward walks the buckets down, backward up), is prefetched
  *            while the current one computes.
  *
- * CPU parameters of f32 or f64 only (stage 3: f32; f32 masters under mixed
- * precision); CUDA is refused (EM_ERR_UNSUPPORTED) for now. */
+ * On a CUDA device (stages 1-2): the same buckets, chunks and collectives,
+ * through NCCL on device buffers (dist/nccl.c); the pads and the gradient
+ * shard live on the device, filled by copies queued on the compute stream
+ * (dev_copy, dev_zero), and the optimizer updates each piece with one
+ * launch (optim/optim.c). Device memory cannot be given back in part, so
+ * stage 2 keeps the full gradient buffer allocated (zeroed once the
+ * reduce-scatters are done, so it reads as on the CPU): there stage 2 saves
+ * the optimizer state as stage 1 does, holds its gradient shard besides,
+ * and moves less (a reduce-scatter instead of an all-reduce). Stage 3's
+ * saving is giving parameter pages back, so it is refused on a device
+ * (EM_ERR_UNSUPPORTED, naming why).
+ *
+ * Parameters of f32 or f64 only (stage 3: f32; f32 masters under mixed
+ * precision), all on one device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

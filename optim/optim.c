@@ -468,7 +468,9 @@ em_status opt_alloc_state(em_optimizer *o, int i, tensor *t)
  * One fused kernel per update. After em_module_flatten the parameters and
  * their gradients are consecutive slices of one buffer each; their state is
  * then allocated as one buffer per field too, so a run of such parameters
- * (same group, same step) is updated by a single launch over all of it. */
+ * (same group, same step) is updated by a single launch over all of it.
+ * ZeRO's pieces (optim_set_piece) are launched one by one, each over its
+ * own state of shape (n) (opt_alloc_state). */
 
 /* Whether b starts where a ends, in the same storage (both contiguous). */
 static bool follows(const tensor *a, const tensor *b)

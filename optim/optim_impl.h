@@ -69,14 +69,16 @@ static inline int opt_state_shape(const oparam *p, const tensor *t, int64_t *sha
 }
 
 /* ZeRO (dist/zero.c): from now on this rank updates only elements [lo, lo +
- * n) of parameter i (a contiguous CPU f32/f64 parameter; n may be 0), its
- * gradient read from gpiece (a contiguous tensor of n elements and the
- * parameter's dtype, borrowed: it must outlive the optimizer's use of it)
- * or, when gpiece is NULL, from the parameter's gradient at lo. Drops the
- * parameter's state (it starts fresh; em_optim_load_state gives it back in
- * the piece's shape). EM_ERR_ARG for an index or range out of bounds or a
- * gpiece of another size or dtype; EM_ERR_UNSUPPORTED for a CUDA or
- * non-contiguous parameter. */
+ * n) of parameter i (a contiguous f32/f64 parameter, on the CPU or a CUDA
+ * device; n may be 0), its gradient read from gpiece (a contiguous tensor
+ * of n elements, the parameter's dtype and device, borrowed: it must
+ * outlive the optimizer's use of it) or, when gpiece is NULL, from the
+ * parameter's gradient at lo. Drops the parameter's state (it starts
+ * fresh, shape (n) beside the parameter; em_optim_load_state gives it back
+ * in the piece's shape). A CUDA piece is one launch of the fused update
+ * (pieces are not fused with their neighbours). EM_ERR_ARG for an index or
+ * range out of bounds or a gpiece of another size, dtype or device;
+ * EM_ERR_UNSUPPORTED for a non-contiguous parameter. */
 em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece);
 
 /* The checks em_optim_load_state makes of state (names, dtypes, shapes,

@@ -7,7 +7,7 @@
  *   (bitwise, 1 and 2 processes).
  * and the same jobs on CUDA devices (under ember's emulator in CI: cusim):
  *   cuda:LOCAL_RANK follows the CPU's losses (1 and 2 processes, DDP over
- *   NCCL), and resumes bitwise.
+ *   NCCL), and resumes bitwise; ZeRO stages 1-2 give CUDA DDP's weights.
  * The training runs go through the Accelerator, as a user program would. */
 #include <stdlib.h>
 #include <string.h>

@@ -250,8 +250,11 @@ int em_ddp_num_buckets(const em_ddp *d);
  * the direction of use is prefetched; so every rank must run the same
  * forwards and backwards in the same order (as DDP's collectives need), and
  * code that reads parameter memory directly (saving the model) calls
- * em_zero_gather_params first. CPU models with f32 or f64 parameters
- * (stage 3: f32); CUDA is not built yet (EM_ERR_UNSUPPORTED). */
+ * em_zero_gather_params first. Models with f32 or f64 parameters (stage
+ * 3: f32), on the CPU or (stages 1-2) a CUDA device, collectives through
+ * NCCL; on a device stage 2 keeps the full gradient buffer allocated
+ * (device memory is not given back in part) beside its shard, and stage 3
+ * is refused (EM_ERR_UNSUPPORTED). */
 typedef struct em_zero em_zero;
 
 typedef struct em_zero_config {
@@ -269,9 +272,10 @@ typedef struct em_zero_config {
  * em_zero_step while z lives. cfg NULL = stage 1, 25 MB buckets. Stage 3
  * gives back the memory of every parameter element outside this rank's
  * chunks at once. NULL + error: EM_ERR_ARG (NULL argument, stage out of
- * 1..3, a parameter of opt not in model), EM_ERR_UNSUPPORTED (CUDA,
- * parameters other than f32/f64, stages 2-3 with both, stage 3 with no f32
- * parameter or while another stage 3 engine lives), em_ddp_new's errors. */
+ * 1..3, a parameter of opt not in model), EM_ERR_UNSUPPORTED (stage 3 on
+ * CUDA, parameters other than f32/f64, stages 2-3 with both, stage 3 with
+ * no f32 parameter or while another stage 3 engine lives), EM_ERR_DEVICE
+ * (parameters on two devices), em_ddp_new's errors. */
 em_zero *em_zero_new(em_pg *pg, em_module *model, em_optimizer *opt, const em_zero_config *cfg);
 /* Frees z and its DDP (not the model or the optimizer: the optimizer keeps
  * its sharded state). After stage 3, parameter elements outside this
