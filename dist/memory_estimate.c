@@ -71,17 +71,19 @@ static double gpt_params(const em_gpt_config *m, double *largest_unit)
  *   stage 0: params 4P,  grads 4P,  optimizer opt*P
  *   stage 1: params 4P,  grads 4P,  optimizer opt*P / W
  *   stage 2: params 4P,  grads 4P/W + the buckets in flight during backward
- *            (2 x bucket bytes, at most 4P), optimizer / W
+ *            (2 x bucket bytes, at most 4P), optimizer / W; on a CUDA device
+ *            grads 4P + 4P/W (the full buffer stays: no giving pages back)
  *   stage 3: params 4P/W + the 3 buckets kept whole at once (dist/zero.c's
  *            KEEP: in use, the one before, the prefetched next; a bucket is
  *            bucket bytes, or the largest parameter when that is bigger;
  *            never more than 4P in all), grads and optimizer as stage 2.
  * The ZeRO engine (dist/zero.c) allocates exactly this; change both together. */
-static void zero_split(int stage, double W, double P, double opt, double bucket, double unit, double out[3])
+static void zero_split(int stage, bool cuda, double W, double P, double opt, double bucket, double unit,
+                       double out[3])
 {
     double params = 4 * P, grads = 4 * P, optim = opt * P;
     if (stage >= 1) optim /= W;
-    if (stage >= 2) grads = 4 * P / W + (2 * bucket < 4 * P ? 2 * bucket : 4 * P);
+    if (stage >= 2) grads = cuda ? 4 * P + 4 * P / W : 4 * P / W + (2 * bucket < 4 * P ? 2 * bucket : 4 * P);
     if (stage >= 3) {
         double whole = 3 * (bucket > 4 * unit ? bucket : 4 * unit);
         params = 4 * P / W + (whole < 4 * P - 4 * P / W ? whole : 4 * P - 4 * P / W);
@@ -179,6 +181,9 @@ static em_status check(const em_mem_config *c)
                       fn, (long long)c->context, (long long)m->block_size);
     if (c->zero_stage < 0 || c->zero_stage > 3)
         return em_err(EM_ERR_ARG, "%s: zero_stage = %d is not 0, 1, 2 or 3", fn, c->zero_stage);
+    if (c->zero_stage == 3 && c->cuda)
+        return em_err(EM_ERR_UNSUPPORTED, "%s: zero_stage = 3 on a CUDA device is refused (dist/zero.c: device "
+                      "memory is not given back in part); stages 1-2 run there", fn);
     if (c->precision < EM_PREC_DEFAULT || c->precision > EM_PREC_FP16)
         return em_err(EM_ERR_ARG, "%s: precision = %d is not an em_precision_kind", fn, (int)c->precision);
     if (c->optimizer < EM_MEM_ADAMW || c->optimizer > EM_MEM_SGD)
@@ -203,7 +208,7 @@ em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out)
     double opt = c->optimizer == EM_MEM_SGD ? (c->momentum ? 4 : 0) : 8;
     double bucket = (c->bucket_mb > 0 ? c->bucket_mb : 25) * (1 << 20);
     double split[3];
-    zero_split(c->zero_stage, (double)c->world, P, opt, bucket, unit, split);
+    zero_split(c->zero_stage, c->cuda, (double)c->world, P, opt, bucket, unit, split);
     double a = c->precision == EM_PREC_BF16 || c->precision == EM_PREC_FP16 ? 2 : 4;
     double T = (double)(c->context ? c->context : c->model.block_size);
     double v[EM_MEM_NCATEGORIES] = {

@@ -499,6 +499,7 @@ static em_status estimate(run *r, em_mem_estimate *e)
     c.world = em_accel_world(r->acc);
     c.batch = r->o.batch / c.world;
     c.zero_stage = em_accel_zero_stage(r->acc);
+    c.cuda = em_accel_device(r->acc).type == EM_CUDA;
     em_dtype dt = em_accel_autocast_dtype(r->acc);
     c.precision = dt == EM_BF16 ? EM_PREC_BF16 : dt == EM_F16 ? EM_PREC_FP16 : EM_PREC_NO;
     /* the text's tokens (i32, the splits are views of them) and the vocabulary */

@@ -796,6 +796,7 @@ em_status em_accel_end_training(em_accelerator *a);
  *                  momentum 4P, SGD 0)
  *   stage 1:       params 4P, grads 4P, optimizer / W
  *   stage 2:       params 4P, grads 4P/W + 2 x bucket (at most 4P), optimizer / W
+ *                  (on a CUDA device: grads 4P + 4P/W, the full buffer kept)
  *   stage 3:       params 4P/W + 2 x the largest unit gathered at once (one
  *                  block, or the embeddings with the head), grads and
  *                  optimizer as stage 2
@@ -820,6 +821,10 @@ typedef struct em_mem_config {
     double bucket_mb;  /* gradient bucket, MiB; 0 = 25 (DDP's default) */
     int threads;       /* ember's pool; 0 = this process's (em_num_threads) */
     size_t data_bytes; /* the caller's data kept resident, counted in the runtime */
+    /* The model on a CUDA device (dist/zero.c): stage 2's gradients are the
+     * full buffer (a device does not give memory back in part) plus the
+     * shard, 4P + 4P/W; stage 3 is refused there (EM_ERR_UNSUPPORTED). */
+    bool cuda;
 } em_mem_config;
 
 /* The tiny GPT (vocab 65, block 64, 4 layers, 4 heads, 128 wide, bias), world
@@ -847,7 +852,7 @@ typedef struct em_mem_estimate {
  * c or out, a size < 1, n_embd not a multiple of n_head, context outside
  * 0..block_size, a stage outside 0..3, an unknown precision or optimizer,
  * momentum without SGD, a negative bucket or threads, or a total past 2^62
- * bytes. */
+ * bytes; EM_ERR_UNSUPPORTED for stage 3 with cuda. */
 em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out);
 /* "parameters", "gradients", "optimizer state", "activations",
  * "communication", "runtime" ("?" for anything else; static strings). */
