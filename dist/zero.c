@@ -82,6 +82,7 @@ typedef struct zbucket {
     int64_t lo, n;   /* the bucket's slice of the flat buffers */
     int64_t c;       /* chunk: ceil(n / world) */
     int64_t own;     /* elements of this rank's chunk inside the bucket: [r*c, r*c + own) */
+    int64_t at;      /* where its chunk starts in gshard, hpar and hgrad */
     em_tensor *params;  /* the bucket's slice of the flat parameters (n) */
     em_tensor *shard;   /* stage 2: this rank's c reduced gradients (a slice of gshard) */
     em_tensor *pad;     /* n % world != 0: world * c scratch, else NULL */
@@ -108,6 +109,12 @@ struct em_zero {
     em_tensor *gshard; /* stage 2: every bucket's chunk of reduced gradients, bucket after bucket */
     tensor **gpiece;   /* stage 2: per optimizer parameter, its piece's view of gshard (or NULL) */
     int npiece;
+    /* offload (CUDA models): this rank's chunks of the parameters and of the
+     * averaged gradients on the host, bucket after bucket as in gshard, and
+     * per optimizer parameter its piece's view of hpar (gpiece: of hgrad) */
+    bool offload;
+    em_tensor *hpar, *hgrad;
+    tensor **ppiece;
     /* stage 3: the flat parameters (f32), the use clock, the last bucket
      * fetched (for the prefetch's direction) */
     tensor *flat;
@@ -131,14 +138,19 @@ static bool fetching;
 /* dst = src (bytes, both on z's device): a host copy on the CPU; on CUDA a
  * copy queued on the device's compute stream, after the kernels that wrote
  * src and before the collectives started after it (dist/nccl.c). */
-static em_status dev_copy(const em_zero *z, void *dst, const void *src, size_t bytes)
+static em_status xfer(void *dst, em_device dd, const void *src, em_device sd, size_t bytes)
 {
 #if EM_HAVE_CUDA
-    if (z->dev.type == EM_CUDA) return cu_memcpy(dst, z->dev, src, z->dev, bytes);
+    if (dd.type == EM_CUDA || sd.type == EM_CUDA) return cu_memcpy(dst, dd, src, sd, bytes);
 #endif
-    (void)z;
+    (void)dd, (void)sd;
     memcpy(dst, src, bytes);
     return EM_OK;
+}
+
+static em_status dev_copy(const em_zero *z, void *dst, const void *src, size_t bytes)
+{
+    return xfer(dst, z->dev, src, z->dev, bytes);
 }
 
 /* p[0, bytes) = 0 on z's device (queued on CUDA, as dev_copy). */
@@ -392,8 +404,17 @@ static em_status set_piece(em_zero *z, int i, const char *fn)
         int64_t own_lo = b->lo + (int64_t)z->rank * b->c, own_hi = own_lo + b->own;
         int64_t lo = off > own_lo ? off : own_lo, hi = off + n < own_hi ? off + n : own_hi;
         if (hi <= lo) lo = hi = off; /* none of it is mine */
-        tensor *g = NULL;
-        if (z->stage >= 2) { /* a header over the piece's gradients in the shard */
+        tensor *g = NULL, *pp = NULL;
+        if (z->offload) { /* headers over the piece's values and gradients in the host chunks */
+            em_tensor *hp = slice_of(z->hpar, b->at + (lo - own_lo), hi - lo);
+            em_tensor *hg = hp ? slice_of(z->hgrad, b->at + (lo - own_lo), hi - lo) : NULL;
+            if (!hg) {
+                em_free(hp);
+                return em_last_status();
+            }
+            z->ppiece[i] = pp = t_resolve(hp, fn);
+            z->gpiece[i] = g = t_resolve(hg, fn);
+        } else if (z->stage >= 2) { /* a header over the piece's gradients in the shard */
             g = t_new_persistent(t->dtype, 0, NULL);
             if (!g) return em_last_status();
             z->gpiece[i] = g;
@@ -402,7 +423,7 @@ static em_status set_piece(em_zero *z, int i, const char *fn)
             g->stride[0] = 1;
             t_repoint(g, t_resolve(z->gshard, fn), em_offset(b->shard) + (lo - own_lo));
         }
-        return optim_set_piece(z->opt, i, lo - off, hi - lo, g);
+        return optim_set_piece(z->opt, i, lo - off, hi - lo, g, pp);
     }
     return em_err(EM_ERR_ARG, "%s: optimizer parameter %d %s%s lies in no bucket", fn, i, em_dtype_name(t->dtype),
                   shp(t));
@@ -448,14 +469,25 @@ static em_status make_chunks(em_zero *z, const char *fn)
         b->mine = b->pad ? slice_of(b->pad, (int64_t)z->rank * b->c, b->c)
                          : slice_of(fp, b->lo + (int64_t)z->rank * b->c, b->c);
         if (!b->mine) return em_last_status();
+        b->at = total;
         total += b->c;
     }
-    if (z->stage >= 2 && z->nb > 0) {
+    if (z->offload && z->dev.type == EM_CPU)
+        return em_err(EM_ERR_ARG, "%s: offload keeps a CUDA model's optimizer state in host memory; this model is "
+                      "on the CPU already", fn);
+    if ((z->stage >= 2 || z->offload) && z->nb > 0) {
         /* one shard buffer per dtype would be needed for f64 beside f32 */
         for (int i = 1; i < z->nb; i++)
             if (z->b[i].dtype != z->b[0].dtype)
-                return em_err(EM_ERR_UNSUPPORTED, "%s: stage 2 takes parameters of one dtype (f32 and f64 found)",
-                              fn);
+                return em_err(EM_ERR_UNSUPPORTED, "%s: %s takes parameters of one dtype (f32 and f64 found)", fn,
+                              z->offload ? "offload" : "stage 2");
+    }
+    if (z->offload && z->nb > 0) {
+        if (!(z->hpar = zeros_on(em_device_cpu(), z->b[0].dtype, total)) ||
+            !(z->hgrad = zeros_on(em_device_cpu(), z->b[0].dtype, total)))
+            return em_last_status();
+    }
+    if (z->stage >= 2 && z->nb > 0) {
         if (!(z->gshard = zeros_on(z->dev, z->b[0].dtype, total))) return em_last_status();
         int64_t at = 0;
         for (int i = 0; i < z->nb; i++) {
@@ -466,7 +498,7 @@ static em_status make_chunks(em_zero *z, const char *fn)
     return EM_OK;
 }
 
-em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage)
+em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage, bool offload)
 {
     const char *fn = "em_zero_new";
     if (stage < 1 || stage > 3) {
@@ -492,8 +524,10 @@ em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage)
     z->rank = em_pg_rank(z->pg);
     z->npiece = opt->np;
     z->last = -1;
+    z->offload = offload;
     z->gpiece = calloc((size_t)opt->np + 1, sizeof *z->gpiece);
-    em_status s = z->gpiece ? make_chunks(z, fn) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    z->ppiece = calloc((size_t)opt->np + 1, sizeof *z->ppiece);
+    em_status s = z->gpiece && z->ppiece ? make_chunks(z, fn) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; i < opt->np && !s; i++) s = set_piece(z, i, fn);
     if (s) {
         char msg[1024];
@@ -529,7 +563,7 @@ em_zero *em_zero_new(em_pg *pg, em_module *model, em_optimizer *opt, const em_ze
         return em_fail(EM_ERR_ARG, "em_zero_new: stage %d is not a ZeRO stage (1, 2 or 3; 0 is plain DDP)", c.stage);
     em_ddp *d = em_ddp_new(pg, model, &(em_ddp_config){.bucket_mb = c.bucket_mb,
                                                         .find_unused_parameters = c.find_unused_parameters});
-    return d ? zero_attach(d, true, opt, c.stage) : NULL;
+    return d ? zero_attach(d, true, opt, c.stage, c.offload) : NULL;
 }
 
 void em_zero_free(em_zero *z)
@@ -548,9 +582,17 @@ void em_zero_free(em_zero *z)
         em_free(z->b[i].pad);
     }
     /* the optimizer's pieces point into the shard: it forgets them first */
-    for (int i = 0; i < z->npiece; i++)
-        if (z->gpiece[i] && i < z->opt->np) z->opt->p[i].gpiece = NULL;
-    for (int i = 0; i < z->npiece; i++) t_free(z->gpiece[i]);
+    for (int i = 0; i < z->npiece && i < z->opt->np; i++) {
+        if (z->gpiece && z->gpiece[i]) z->opt->p[i].gpiece = NULL;
+        if (z->ppiece && z->ppiece[i]) z->opt->p[i].ppiece = NULL;
+    }
+    for (int i = 0; i < z->npiece; i++) {
+        if (z->gpiece) t_free(z->gpiece[i]);
+        if (z->ppiece) t_free(z->ppiece[i]);
+    }
+    em_free(z->hpar);
+    em_free(z->hgrad);
+    free(z->ppiece);
     em_free(z->gshard);
     if (z->owns_ddp) em_ddp_free(z->ddp);
     free(z->gpiece);
@@ -689,6 +731,30 @@ em_status zero_unscale(em_zero *z, em_grad_scaler *sc)
     return amp_unscale_grads(sc, n, g, z->pg);
 }
 
+/* Offload: this rank's chunk of every bucket's parameters and averaged
+ * gradients (the shard in stage 2, the full buffer's chunk in stage 1)
+ * device -> host (in: before the optimizer steps on the host; each copy
+ * waits for the device), or the updated parameters host -> device (out:
+ * queued before the all-gather that sends them). */
+static em_status offload_chunks(em_zero *z, bool in)
+{
+    em_device cpu = em_device_cpu();
+    em_tensor *fg = em_module_flat_grads(z->model, z->b[0].dtype);
+    em_status s = EM_OK;
+    for (int i = 0; i < z->nb && !s; i++) {
+        zbucket *b = &z->b[i];
+        size_t es = em_dtype_size(b->dtype), bytes = (size_t)b->own * es, mine = (size_t)(z->rank * b->c) * es;
+        char *hp = (char *)em_data(z->hpar) + (size_t)b->at * es, *hg = (char *)em_data(z->hgrad) + (size_t)b->at * es;
+        char *dp = (char *)em_data(b->params) + mine;
+        const char *dg = z->stage >= 2 ? (const char *)em_data(b->shard) : (const char *)em_data(fg) + (size_t)b->lo * es + mine;
+        if (!in)
+            s = xfer(dp, z->dev, hp, cpu, bytes);
+        else if (!(s = xfer(hp, cpu, dp, z->dev, bytes)))
+            s = xfer(hg, cpu, dg, z->dev, bytes);
+    }
+    return s;
+}
+
 em_status em_zero_step(em_zero *z)
 {
     if (!z) return em_err(EM_ERR_ARG, "em_zero_step: zero is NULL");
@@ -698,7 +764,9 @@ em_status em_zero_step(em_zero *z)
             em_status s = finish_prefetch(z, i);
             if (s) return s;
         }
-    em_status s = em_optim_step(z->opt);
+    em_status s = z->offload ? offload_chunks(z, true) : EM_OK;
+    if (!s) s = em_optim_step(z->opt);
+    if (!s && z->offload) s = offload_chunks(z, false);
     if (s) return s;
     if (z->stage == 3) { /* the next forward gathers the updated chunks as it needs them */
         for (int i = 0; i < z->nb; i++) evict(z, i);

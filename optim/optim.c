@@ -413,7 +413,7 @@ static tensor piece_of(const tensor *t, int64_t lo, int64_t n)
     return v;
 }
 
-em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece)
+em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece, tensor *ppiece)
 {
     const char *fn = "optim_set_piece";
     if (!o || i < 0 || i >= o->np) return em_err(EM_ERR_ARG, "%s: parameter index %d out of range", fn, i);
@@ -425,9 +425,13 @@ em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor 
     if (lo < 0 || n < 0 || lo + n > t_numel(t))
         return em_err(EM_ERR_ARG, "%s: piece [%lld, %lld) is outside parameter %d %s", fn, (long long)lo,
                       (long long)(lo + n), i, shp(t));
+    if (ppiece && (!gpiece || t_numel(ppiece) != n || ppiece->dtype != t->dtype || !t_is_contig(ppiece)))
+        return em_err(EM_ERR_ARG, "%s: parameter piece %s%s does not fit %lld elements of %s (or has no gradient piece)",
+                      fn, em_dtype_name(ppiece->dtype), shp(ppiece), (long long)n, em_dtype_name(t->dtype));
+    em_device where = ppiece ? ppiece->device : t->device; /* where the update runs */
     if (gpiece && (t_numel(gpiece) != n || gpiece->dtype != t->dtype || !t_is_contig(gpiece) ||
-                   !em_device_equal(gpiece->device, t->device)))
-        return em_err(EM_ERR_ARG, "%s: gradient piece %s%s does not fit %lld elements of %s on the parameter's device",
+                   !em_device_equal(gpiece->device, where)))
+        return em_err(EM_ERR_ARG, "%s: gradient piece %s%s does not fit %lld elements of %s on the update's device",
                       fn, em_dtype_name(gpiece->dtype), shp(gpiece), (long long)n, em_dtype_name(t->dtype));
     oparam *p = &o->p[i];
     for (int f = 0; f < F_COUNT; f++) {
@@ -440,6 +444,7 @@ em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor 
     p->lo = lo;
     p->n = n;
     p->gpiece = gpiece;
+    p->ppiece = ppiece;
     return EM_OK;
 }
 
@@ -451,8 +456,9 @@ em_status opt_alloc_state(em_optimizer *o, int i, tensor *t)
         /* the step count is a host scalar; the rest lives beside the parameter */
         int64_t shape[EM_MAX_DIMS];
         int nd = opt_state_shape(p, t, shape);
+        em_device dev = p->ppiece ? p->ppiece->device : t->device; /* offload: beside the host piece */
         tensor *s = f == F_STEP ? t_new_persistent(EM_F64, 0, NULL)
-                                : t_new_persistent_on(t->device, opt_state_dtype(t->dtype), nd, shape);
+                                : t_new_persistent_on(dev, opt_state_dtype(t->dtype), nd, shape);
         if (!s) return em_err(EM_ERR_OOM, "em_optim: out of memory for state of parameter %d %s", i, shp(t));
         if (t_on_cuda(s)) {
             if (t_fill_zero(s)) return em_last_status();
@@ -667,8 +673,15 @@ static em_status optim_step(em_optimizer *o)
         for (int k = i + 1; k < j && !s; k++) s = prepare(o, k, &uk, &a, &b);
         if (!s && o->p[i].sharded) { /* ZeRO: this rank's piece only (j == i + 1) */
             const oparam *p = &o->p[i];
-            tensor tv = piece_of(t, p->lo, p->n), gv = p->gpiece ? *p->gpiece : piece_of(g, p->lo, p->n);
-            if (p->n > 0 && t_on_cuda(t)) {
+            tensor tv = p->ppiece ? *p->ppiece : piece_of(t, p->lo, p->n),
+                   gv = p->gpiece ? *p->gpiece : piece_of(g, p->lo, p->n);
+            if (s1 && !em_device_equal(s1->device, tv.device)) {
+                char a[16], b[16];
+                s = em_err(EM_ERR_DEVICE,
+                           "%s: parameter %d's piece is on %s but its state on %s (an offloaded ZeRO optimizer "
+                           "stepped without its engine?)",
+                           fn, i, em_device_str(tv.device, a, sizeof a), em_device_str(s1->device, b, sizeof b));
+            } else if (p->n > 0 && t_on_cuda(&tv)) {
 #if EM_HAVE_CUDA
                 s = apply_cuda(&u, &tv, &gv, s1, s2, p->n);
 #endif

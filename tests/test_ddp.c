@@ -32,6 +32,7 @@ typedef struct job {
     em_precision_kind precision;
     int zero;          /* the Accelerator's zero_stage */
     int embd;          /* the GPT's n_embd: 0 = 16 */
+    bool offload;      /* the Accelerator's zero_offload */
     char dir[200];     /* state directory */
     char losses[256];  /* rank 0 writes "step loss" lines here */
     char params[256];  /* rank 0 writes the final flat parameters here */
@@ -71,7 +72,7 @@ static void train_job(int rank, int world, void *ctx)
     th_no_user_config();
     em_accelerator *acc = em_accelerator_new(&(em_accel_config){
         .grad_accum = j->accum, .bucket_mb = j->bucket_mb, .device = j->device, .mixed_precision = j->precision,
-        .zero_stage = j->zero});
+        .zero_stage = j->zero, .zero_offload = j->offload});
     CHECK_NOTNULL(acc);
     static int32_t tok[NTOK];
     make_tokens(tok);
@@ -624,11 +625,12 @@ TEST(test_cuda_resume_at_step_6_of_12_gives_bitwise_the_straight_weights_two_pro
  * global batch 2 with accumulation 2: two emulated runs of about 12 s each
  * under ASan on a busy 2-core machine. */
 
-static void check_cuda_zero_against_ddp(int stage, bool bitwise)
+static void check_cuda_zero_against_ddp(int stage, bool offload, bool bitwise)
 {
     job base = {.accum = 2, .batch = 2, .steps = 16, .bucket_mb = 0.002, .device = "cuda", .embd = 9};
     job ddp = base, zero = base, cpu = base;
     zero.zero = stage;
+    zero.offload = offload;
     cpu.device = NULL;
     job_files(&ddp, "ddp");
     job_files(&zero, "zero");
@@ -657,13 +659,98 @@ static void check_cuda_zero_against_ddp(int stage, bool bitwise)
 TEST(test_cuda_zero_stage_1_gives_cuda_ddp_weights_bitwise_two_ranks)
 {
     CUDA_JOBS_OR_SKIP(2);
-    check_cuda_zero_against_ddp(1, true);
+    check_cuda_zero_against_ddp(1, false, true);
 }
 
 TEST(test_cuda_zero_stage_2_follows_cuda_ddp_two_ranks)
 {
     CUDA_JOBS_OR_SKIP(2);
-    check_cuda_zero_against_ddp(2, false);
+    check_cuda_zero_against_ddp(2, false, false);
+}
+
+/* Offload: the optimizer state on the host, each step's update there on
+ * this rank's chunks copied off the device and back. The CPU's AdamW
+ * computes each element with the device kernel's functions
+ * (optim/update_math.h). Measured: bitwise CUDA DDP's losses and weights
+ * (stages 1 and 2); held to 1e-6, as the compilers may contract the two
+ * builds' arithmetic differently. */
+TEST(test_cuda_zero_stage_1_offload_follows_cuda_ddp_two_ranks)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    check_cuda_zero_against_ddp(1, true, false);
+}
+
+TEST(test_cuda_zero_stage_2_offload_follows_cuda_ddp_two_ranks)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    check_cuda_zero_against_ddp(2, true, false);
+}
+
+/* The device memory a stage 1 engine and one step of it leave in use on
+ * cuda:rank, with or without offload (the cache emptied first, so blocks
+ * are not reused at up to twice their request); *mine (if not NULL) gets
+ * this rank's state elements. */
+static size_t device_bytes_after_a_step(em_pg *pg, int rank, em_gpt *g, bool offload, int64_t *mine)
+{
+    em_cuda_memory before, m;
+    em_cuda_empty_cache(rank);
+    CHECK_OK(em_cuda_memory_stats(rank, &before));
+    em_named ps[64];
+    int n = em_module_params(g->m, ps, 64);
+    em_tensor *pt[64];
+    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+    em_optimizer *opt = em_adamw_new(n, pt, NULL);
+    em_zero *z = opt ? em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 1, .bucket_mb = 0.004, .offload = offload})
+                     : NULL;
+    CHECK_NOTNULL(z);
+    em_scope sc = em_scope_begin();
+    int32_t tok[2 * T];
+    for (int i = 0; i < 2 * T; i++) tok[i] = (i * 7 + rank) % VOCAB;
+    em_tensor *x = em_to(em_from_data(EM_I32, EM_SHAPE(2, T), tok), em_device_cuda(rank));
+    CHECK_OK(em_zero_backward(z, em_gpt_loss(g, x, x), true));
+    CHECK_OK(em_zero_step(z));
+    CHECK_OK(em_zero_zero_grad(z));
+    em_scope_end(sc);
+    CHECK_OK(em_cuda_memory_stats(rank, &m));
+    if (mine) {
+        em_named st[256];
+        int k = em_optim_state(opt, st, 256);
+        *mine = 0;
+        for (int i = 0; i < k; i++)
+            if (strstr(st[i].name, ".exp_avg_sq")) *mine += em_numel(st[i].t);
+    }
+    em_zero_free(z);
+    /* its state stays on the host: stepped without the engine, it says so */
+    if (offload) CHECK_ERR(em_optim_step(opt), EM_ERR_DEVICE, "offloaded ZeRO optimizer");
+    em_optim_free(opt);
+    return m.allocated - before.allocated;
+}
+
+/* Offload keeps the optimizer state off the device: at least the 8 bytes
+ * per element of this rank's AdamW moments fewer in use there (measured:
+ * none of it on the device, 119-122 KB without offload for 105 KB of
+ * moments, blocks rounded to 512 bytes). */
+static void offload_frees_the_device(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world, (void)ctx;
+    em_gpt *g = small_gpt(5, 32);
+    CHECK_NOTNULL(g);
+    CHECK_OK(em_module_to(g->m, em_device_cuda(rank)));
+    int64_t mine = 0;
+    device_bytes_after_a_step(pg, rank, g, false, NULL); /* the first backward makes the gradient buffer */
+    size_t on_device = device_bytes_after_a_step(pg, rank, g, false, &mine);
+    size_t offloaded = device_bytes_after_a_step(pg, rank, g, true, NULL);
+    if (!(offloaded + 8 * (size_t)mine <= on_device))
+        th_fail(__FILE__, __LINE__, "rank %d: %zu bytes in use with offload, %zu without; the state is %lld bytes",
+                rank, offloaded, on_device, (long long)(8 * mine));
+    CHECK(mine > 0);
+    em_gpt_free(g);
+}
+
+TEST(test_cuda_zero_offload_keeps_the_optimizer_state_off_the_device)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    TH_RANKS(2, EM_TRANSPORT_AUTO, offload_frees_the_device, NULL);
 }
 
 TEST(test_cuda_zero_stage_2_flat_gradients_read_zeros_after_every_backward)

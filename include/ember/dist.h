@@ -261,6 +261,13 @@ typedef struct em_zero_config {
     int stage;        /* 1, 2 or 3 (0 is plain DDP: em_ddp) */
     double bucket_mb; /* 0 = 25 */
     bool find_unused_parameters; /* as em_ddp_config's */
+    /* Stages 1-2 of a CUDA model: the optimizer state in host memory. Each
+     * step copies this rank's chunks of the parameters and averaged
+     * gradients to the host, updates them there (the CPU's optimizer, the
+     * same per-element maths as the device's), and copies the parameters
+     * back before the all-gather: the device keeps no optimizer state.
+     * EM_ERR_ARG for a CPU model. */
+    bool offload;
 } em_zero_config;
 
 /* Wraps model in DDP (em_ddp_new: flattens, checks every rank's parameters,
@@ -272,10 +279,11 @@ typedef struct em_zero_config {
  * em_zero_step while z lives. cfg NULL = stage 1, 25 MB buckets. Stage 3
  * gives back the memory of every parameter element outside this rank's
  * chunks at once. NULL + error: EM_ERR_ARG (NULL argument, stage out of
- * 1..3, a parameter of opt not in model), EM_ERR_UNSUPPORTED (stage 3 on
- * CUDA, parameters other than f32/f64, stages 2-3 with both, stage 3 with
- * no f32 parameter or while another stage 3 engine lives), EM_ERR_DEVICE
- * (parameters on two devices), em_ddp_new's errors. */
+ * 1..3, a parameter of opt not in model, offload of a CPU model),
+ * EM_ERR_UNSUPPORTED (stage 3 on CUDA, parameters other than f32/f64,
+ * stages 2-3 or offload with both, stage 3 with no f32 parameter or while
+ * another stage 3 engine lives), EM_ERR_DEVICE (parameters on two
+ * devices), em_ddp_new's errors. */
 em_zero *em_zero_new(em_pg *pg, em_module *model, em_optimizer *opt, const em_zero_config *cfg);
 /* Frees z and its DDP (not the model or the optimizer: the optimizer keeps
  * its sharded state). After stage 3, parameter elements outside this
@@ -395,6 +403,7 @@ typedef struct em_accel_config {
      * (one model and one optimizer; world > 1), and backward, clip, step and
      * zero_grad go through em_zero. */
     int zero_stage;
+    bool zero_offload; /* with zero_stage 1-2 on a CUDA device: em_zero_config.offload */
     double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT; to the group */
     double bucket_mb;             /* 0 = 25 */
     bool find_unused_parameters;
