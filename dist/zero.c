@@ -55,6 +55,12 @@
  * saving is giving parameter pages back, so it is refused on a device
  * (EM_ERR_UNSUPPORTED, naming why).
  *
+ * Offload (CUDA, stages 1-2): the optimizer state lives in host memory.
+ * Each step copies this rank's chunk of every bucket's parameters and
+ * averaged gradients to the host (hpar, hgrad: laid out as gshard), the
+ * optimizer updates its pieces there (optim_set_piece's ppiece), and the
+ * parameters go back to the device before the all-gather (offload_chunks).
+ *
  * Parameters of f32 or f64 only (stage 3: f32; f32 masters under mixed
  * precision), all on one device. */
 #include <math.h>
