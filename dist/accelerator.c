@@ -373,7 +373,8 @@ em_status em_accel_prepare(em_accelerator *a, em_module *model, em_optimizer *op
     em_status s = check_prepare(a, model, opt, loader, sched);
     if (!s && model) s = prepare_model(a, model);
     if (!s && loader) s = em_loader_set_shard(loader, a->rank, a->world, a->split_batches, a->even_batches);
-    if (!s && opt && a->zero_stage > 0 && a->world > 1 && !(a->zero = zero_attach(a->ddps[0], false, opt, a->zero_stage, a->zero_offload)))
+    if (!s && opt && a->zero_stage > 0 && a->world > 1 &&
+        !(a->zero = zero_attach(a->ddps[0], false, opt, a->zero_stage, a->zero_offload)))
         s = em_last_status();
     if (s) return s;
     if (loader) a->loaders[a->nloaders++] = loader;

@@ -182,8 +182,10 @@ static em_status check(const em_mem_config *c)
     if (c->zero_stage < 0 || c->zero_stage > 3)
         return em_err(EM_ERR_ARG, "%s: zero_stage = %d is not 0, 1, 2 or 3", fn, c->zero_stage);
     if (c->zero_stage == 3 && c->cuda)
-        return em_err(EM_ERR_UNSUPPORTED, "%s: zero_stage = 3 on a CUDA device is refused (dist/zero.c: device "
-                      "memory is not given back in part); stages 1-2 run there", fn);
+        return em_err(EM_ERR_UNSUPPORTED,
+                      "%s: zero_stage = 3 on a CUDA device is refused (dist/zero.c: device "
+                      "memory is not given back in part); stages 1-2 run there",
+                      fn);
     if (c->precision < EM_PREC_DEFAULT || c->precision > EM_PREC_FP16)
         return em_err(EM_ERR_ARG, "%s: precision = %d is not an em_precision_kind", fn, (int)c->precision);
     if (c->optimizer < EM_MEM_ADAMW || c->optimizer > EM_MEM_SGD)

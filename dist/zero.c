@@ -226,7 +226,8 @@ static em_status launch(void *ctx, int i, em_tensor *grads, em_work **work)
         size_t es = em_dtype_size(b->dtype);
         s = dev_copy(z, em_data(b->pad), em_data(grads), (size_t)b->n * es);
         if (!s)
-            s = dev_zero(z, (char *)em_data(b->pad) + (size_t)b->n * es, (size_t)(z->world * b->c - b->n) * es);
+            s = dev_zero(z, (char *)em_data(b->pad) + (size_t)b->n * es,
+                         (size_t)(z->world * b->c - b->n) * es);
         in = b->pad;
     }
     if (!s) s = em_reduce_scatter(z->pg, b->shard, in, EM_RED_AVG, work);
@@ -256,7 +257,8 @@ static em_status gather_start(em_zero *z, int i, em_work **work)
     size_t es = em_dtype_size(b->dtype);
     if (b->pad) {
         em_status s =
-            dev_copy(z, em_data(b->mine), (char *)em_data(b->params) + (size_t)(z->rank * b->c) * es, (size_t)b->own * es);
+            dev_copy(z, em_data(b->mine), (char *)em_data(b->params) + (size_t)(z->rank * b->c) * es,
+                     (size_t)b->own * es);
         if (s) return s;
     }
     return em_all_gather(z->pg, b->pad ? b->pad : b->params, b->mine, work);
@@ -456,16 +458,17 @@ static em_status make_chunks(em_zero *z, const char *fn)
         if (i == 0) z->dev = dev;
         if (!em_device_equal(dev, z->dev)) {
             char a[16], d[16];
-            return em_err(EM_ERR_DEVICE, "%s: the model's parameters are on %s and %s; ZeRO takes one device", fn,
-                          em_device_str(z->dev, a, sizeof a), em_device_str(dev, d, sizeof d));
+            return em_err(EM_ERR_DEVICE, "%s: the model's parameters are on %s and %s; ZeRO takes one device",
+                          fn, em_device_str(z->dev, a, sizeof a), em_device_str(dev, d, sizeof d));
         }
         if (dev.type != EM_CPU && z->stage == 3) {
             char a[16];
-            return em_err(EM_ERR_UNSUPPORTED,
-                          "%s: stage 3 on %s: it saves memory by giving back the pages of the flat parameter "
-                          "buffer outside this rank's chunks, and device memory cannot be given back in part; "
-                          "use stage 2 (or 1) on CUDA",
-                          fn, em_device_str(dev, a, sizeof a));
+            return em_err(
+                EM_ERR_UNSUPPORTED,
+                "%s: stage 3 on %s: it saves memory by giving back the pages of the flat parameter "
+                "buffer outside this rank's chunks, and device memory cannot be given back in part; "
+                "use stage 2 (or 1) on CUDA",
+                fn, em_device_str(dev, a, sizeof a));
         }
         if (!(b->params = slice_of(fp, b->lo, b->n))) return em_last_status();
         if (b->n % z->world) {
@@ -479,14 +482,16 @@ static em_status make_chunks(em_zero *z, const char *fn)
         total += b->c;
     }
     if (z->offload && z->dev.type == EM_CPU)
-        return em_err(EM_ERR_ARG, "%s: offload keeps a CUDA model's optimizer state in host memory; this model is "
-                      "on the CPU already", fn);
+        return em_err(EM_ERR_ARG,
+                      "%s: offload keeps a CUDA model's optimizer state in host memory; this model is "
+                      "on the CPU already",
+                      fn);
     if ((z->stage >= 2 || z->offload) && z->nb > 0) {
         /* one shard buffer per dtype would be needed for f64 beside f32 */
         for (int i = 1; i < z->nb; i++)
             if (z->b[i].dtype != z->b[0].dtype)
-                return em_err(EM_ERR_UNSUPPORTED, "%s: %s takes parameters of one dtype (f32 and f64 found)", fn,
-                              z->offload ? "offload" : "stage 2");
+                return em_err(EM_ERR_UNSUPPORTED, "%s: %s takes parameters of one dtype (f32 and f64 found)",
+                              fn, z->offload ? "offload" : "stage 2");
     }
     if (z->offload && z->nb > 0) {
         if (!(z->hpar = zeros_on(em_device_cpu(), z->b[0].dtype, total)) ||
@@ -645,8 +650,10 @@ static em_status shard_sumsq_cuda(const em_zero *z, double *sq)
 #if EM_HAVE_CUDA
     const char *fn = "em_zero_clip_grad_norm";
     int d = z->dev.index;
-    double *dev_sq = cu_alloc(d, (size_t)(z->nb + 1) * sizeof(double)), *host = calloc((size_t)z->nb + 1, sizeof *host);
-    em_status s = dev_sq && host ? cu_fill(d, EM_F64, dev_sq, z->nb, 0) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    double *dev_sq = cu_alloc(d, (size_t)(z->nb + 1) * sizeof(double)),
+           *host = calloc((size_t)z->nb + 1, sizeof *host);
+    em_status s =
+        dev_sq && host ? cu_fill(d, EM_F64, dev_sq, z->nb, 0) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; i < z->nb && !s; i++) {
         const zbucket *b = &z->b[i];
         s = cu_sumsq(d, b->dtype, em_data(b->shard), b->own, &dev_sq[i]);
@@ -749,10 +756,13 @@ static em_status offload_chunks(em_zero *z, bool in)
     em_status s = EM_OK;
     for (int i = 0; i < z->nb && !s; i++) {
         zbucket *b = &z->b[i];
-        size_t es = em_dtype_size(b->dtype), bytes = (size_t)b->own * es, mine = (size_t)(z->rank * b->c) * es;
-        char *hp = (char *)em_data(z->hpar) + (size_t)b->at * es, *hg = (char *)em_data(z->hgrad) + (size_t)b->at * es;
+        size_t es = em_dtype_size(b->dtype), bytes = (size_t)b->own * es,
+               mine = (size_t)(z->rank * b->c) * es;
+        char *hp = (char *)em_data(z->hpar) + (size_t)b->at * es,
+             *hg = (char *)em_data(z->hgrad) + (size_t)b->at * es;
         char *dp = (char *)em_data(b->params) + mine;
-        const char *dg = z->stage >= 2 ? (const char *)em_data(b->shard) : (const char *)em_data(fg) + (size_t)b->lo * es + mine;
+        const char *dg = z->stage >= 2 ? (const char *)em_data(b->shard)
+                                       : (const char *)em_data(fg) + (size_t)b->lo * es + mine;
         if (!in)
             s = xfer(dp, z->dev, hp, cpu, bytes);
         else if (!(s = xfer(hp, cpu, dp, z->dev, bytes)))

@@ -426,13 +426,15 @@ em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor 
         return em_err(EM_ERR_ARG, "%s: piece [%lld, %lld) is outside parameter %d %s", fn, (long long)lo,
                       (long long)(lo + n), i, shp(t));
     if (ppiece && (!gpiece || t_numel(ppiece) != n || ppiece->dtype != t->dtype || !t_is_contig(ppiece)))
-        return em_err(EM_ERR_ARG, "%s: parameter piece %s%s does not fit %lld elements of %s (or has no gradient piece)",
+        return em_err(EM_ERR_ARG,
+                      "%s: parameter piece %s%s does not fit %lld elements of %s (or has no gradient piece)",
                       fn, em_dtype_name(ppiece->dtype), shp(ppiece), (long long)n, em_dtype_name(t->dtype));
     em_device where = ppiece ? ppiece->device : t->device; /* where the update runs */
     if (gpiece && (t_numel(gpiece) != n || gpiece->dtype != t->dtype || !t_is_contig(gpiece) ||
                    !em_device_equal(gpiece->device, where)))
-        return em_err(EM_ERR_ARG, "%s: gradient piece %s%s does not fit %lld elements of %s on the update's device",
-                      fn, em_dtype_name(gpiece->dtype), shp(gpiece), (long long)n, em_dtype_name(t->dtype));
+        return em_err(EM_ERR_ARG,
+                      "%s: gradient piece %s%s does not fit %lld elements of %s on the update's device", fn,
+                      em_dtype_name(gpiece->dtype), shp(gpiece), (long long)n, em_dtype_name(t->dtype));
     oparam *p = &o->p[i];
     for (int f = 0; f < F_COUNT; f++) {
         t_free(p->f[f]);
@@ -677,10 +679,11 @@ static em_status optim_step(em_optimizer *o)
                    gv = p->gpiece ? *p->gpiece : piece_of(g, p->lo, p->n);
             if (s1 && !em_device_equal(s1->device, tv.device)) {
                 char a[16], b[16];
-                s = em_err(EM_ERR_DEVICE,
-                           "%s: parameter %d's piece is on %s but its state on %s (an offloaded ZeRO optimizer "
-                           "stepped without its engine?)",
-                           fn, i, em_device_str(tv.device, a, sizeof a), em_device_str(s1->device, b, sizeof b));
+                s = em_err(
+                    EM_ERR_DEVICE,
+                    "%s: parameter %d's piece is on %s but its state on %s (an offloaded ZeRO optimizer "
+                    "stepped without its engine?)",
+                    fn, i, em_device_str(tv.device, a, sizeof a), em_device_str(s1->device, b, sizeof b));
             } else if (p->n > 0 && t_on_cuda(&tv)) {
 #if EM_HAVE_CUDA
                 s = apply_cuda(&u, &tv, &gv, s1, s2, p->n);

@@ -52,8 +52,12 @@ static void make_tokens(int32_t *tok)
 /* Two heads, or one when embd is odd (parameters of odd sizes). */
 static em_gpt *small_gpt(uint64_t seed, int64_t embd)
 {
-    em_gpt_config c = {.vocab_size = VOCAB, .block_size = T, .n_layer = 2, .n_head = embd % 2 ? 1 : 2,
-                       .n_embd = embd, .bias = true};
+    em_gpt_config c = {.vocab_size = VOCAB,
+                       .block_size = T,
+                       .n_layer = 2,
+                       .n_head = embd % 2 ? 1 : 2,
+                       .n_embd = embd,
+                       .bias = true};
     return em_gpt_new(&c, seed);
 }
 
@@ -70,16 +74,20 @@ static void train_job(int rank, int world, void *ctx)
     (void)world;
     job *j = ctx;
     th_no_user_config();
-    em_accelerator *acc = em_accelerator_new(&(em_accel_config){
-        .grad_accum = j->accum, .bucket_mb = j->bucket_mb, .device = j->device, .mixed_precision = j->precision,
-        .zero_stage = j->zero, .zero_offload = j->offload});
+    em_accelerator *acc = em_accelerator_new(&(em_accel_config){.grad_accum = j->accum,
+                                                                .bucket_mb = j->bucket_mb,
+                                                                .device = j->device,
+                                                                .mixed_precision = j->precision,
+                                                                .zero_stage = j->zero,
+                                                                .zero_offload = j->offload});
     CHECK_NOTNULL(acc);
     static int32_t tok[NTOK];
     make_tokens(tok);
     em_tokens tokens = em_tokens_view(tok, NTOK, EM_TOK_I32);
     em_window_sampler sampler;
     CHECK_OK(em_window_sampler_init(&sampler, &tokens, j->batch, T, 7));
-    em_gpt *g = small_gpt(1234 + (uint64_t)rank, j->embd ? j->embd : 16); /* different inits: DDP broadcasts rank 0's */
+    /* different inits: DDP must broadcast rank 0's */
+    em_gpt *g = small_gpt(1234 + (uint64_t)rank, j->embd ? j->embd : 16);
     CHECK_NOTNULL(g);
     int n = em_module_params(g->m, NULL, 0);
     em_named ps[64];
@@ -645,11 +653,11 @@ static void check_cuda_zero_against_ddp(int stage, bool offload, bool bitwise)
     for (int i = 0; i < nz; i++) {
         double rel = fabs(lz[i] - ld[i]) / fabs(ld[i]), rel_cpu = fabs(lz[i] - lc[i]) / fabs(lc[i]);
         if (bitwise ? lz[i] != ld[i] : !(rel < 1e-6))
-            th_fail(__FILE__, __LINE__, "stage %d step %d: loss %.17g vs CUDA DDP's %.17g (rel %.3g)", stage, i,
-                    lz[i], ld[i], rel);
+            th_fail(__FILE__, __LINE__, "stage %d step %d: loss %.17g vs CUDA DDP's %.17g (rel %.3g)", stage,
+                    i, lz[i], ld[i], rel);
         if (!(rel_cpu < 1e-4))
-            th_fail(__FILE__, __LINE__, "stage %d step %d: loss %.9g vs CPU DDP's %.9g (rel %.3g > 1e-4)", stage,
-                    i, lz[i], lc[i], rel_cpu);
+            th_fail(__FILE__, __LINE__, "stage %d step %d: loss %.9g vs CPU DDP's %.9g (rel %.3g > 1e-4)",
+                    stage, i, lz[i], lc[i], rel_cpu);
     }
     if (bitwise && !same_bytes(ddp.params, zero.params))
         th_fail(__FILE__, __LINE__, "stage %d: final weights differ from CUDA DDP's", stage);
@@ -700,7 +708,8 @@ static size_t device_bytes_after_a_step(em_pg *pg, int rank, em_gpt *g, bool off
     em_tensor *pt[64];
     for (int i = 0; i < n; i++) pt[i] = ps[i].t;
     em_optimizer *opt = em_adamw_new(n, pt, NULL);
-    em_zero *z = opt ? em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 1, .bucket_mb = 0.004, .offload = offload})
+    em_zero *z = opt ? em_zero_new(pg, g->m, opt,
+                                   &(em_zero_config){.stage = 1, .bucket_mb = 0.004, .offload = offload})
                      : NULL;
     CHECK_NOTNULL(z);
     em_scope sc = em_scope_begin();
@@ -741,8 +750,9 @@ static void offload_frees_the_device(em_pg *pg, int rank, int world, void *ctx)
     size_t on_device = device_bytes_after_a_step(pg, rank, g, false, &mine);
     size_t offloaded = device_bytes_after_a_step(pg, rank, g, true, NULL);
     if (!(offloaded + 8 * (size_t)mine <= on_device))
-        th_fail(__FILE__, __LINE__, "rank %d: %zu bytes in use with offload, %zu without; the state is %lld bytes",
-                rank, offloaded, on_device, (long long)(8 * mine));
+        th_fail(__FILE__, __LINE__,
+                "rank %d: %zu bytes in use with offload, %zu without; the state is %lld bytes", rank,
+                offloaded, on_device, (long long)(8 * mine));
     CHECK(mine > 0);
     em_gpt_free(g);
 }

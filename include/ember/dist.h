@@ -403,7 +403,7 @@ typedef struct em_accel_config {
      * (one model and one optimizer; world > 1), and backward, clip, step and
      * zero_grad go through em_zero. */
     int zero_stage;
-    bool zero_offload; /* with zero_stage 1-2 on a CUDA device: em_zero_config.offload */
+    bool zero_offload;            /* with zero_stage 1-2 on a CUDA device: em_zero_config.offload */
     double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT; to the group */
     double bucket_mb;             /* 0 = 25 */
     bool find_unused_parameters;
