@@ -141,9 +141,9 @@ static bool fetching;
 
 /* ---- bytes on the model's device ----------------------------------------------------- */
 
-/* dst = src (bytes, both on z's device): a host copy on the CPU; on CUDA a
- * copy queued on the device's compute stream, after the kernels that wrote
- * src and before the collectives started after it (dist/nccl.c). */
+/* dst (on dd) = src (on sd), bytes: a host copy between host pointers,
+ * else cu_memcpy (within a device: queued on its compute stream; to the
+ * host: waits for the device; to a device: returns before it lands). */
 static em_status xfer(void *dst, em_device dd, const void *src, em_device sd, size_t bytes)
 {
 #if EM_HAVE_CUDA
@@ -154,6 +154,9 @@ static em_status xfer(void *dst, em_device dd, const void *src, em_device sd, si
     return EM_OK;
 }
 
+/* dst = src (bytes, both on z's device): a host copy on the CPU; on CUDA a
+ * copy queued on the device's compute stream, after the kernels that wrote
+ * src and before the collectives started after it (dist/nccl.c). */
 static em_status dev_copy(const em_zero *z, void *dst, const void *src, size_t bytes)
 {
     return xfer(dst, z->dev, src, z->dev, bytes);
