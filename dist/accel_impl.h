@@ -50,6 +50,7 @@ struct em_accelerator {
     /* ZeRO (dist/zero.c): the resolved stage, and with world > 1 and a
      * stage, the engine over ddps[0] sharding opts[0] */
     int zero_stage;
+    bool zero_offload; /* em_accel_config's */
     em_zero *zero;
     em_tensor **params; /* every prepared model's parameters, in order */
     int nparams;

@@ -159,6 +159,7 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
     a->bucket_mb = cfg->bucket_mb;
     a->find_unused = cfg->find_unused_parameters;
     a->zero_stage = c.zero_stage;
+    a->zero_offload = cfg->zero_offload;
     a->amp = c.mixed_precision == EM_PREC_BF16 ? EM_BF16 : c.mixed_precision == EM_PREC_FP16 ? EM_F16 : EM_F32;
     if (a->amp == EM_F16 && !(a->scaler = em_grad_scaler_new(&cfg->scaler))) {
         char msg[512];
@@ -372,7 +373,8 @@ em_status em_accel_prepare(em_accelerator *a, em_module *model, em_optimizer *op
     em_status s = check_prepare(a, model, opt, loader, sched);
     if (!s && model) s = prepare_model(a, model);
     if (!s && loader) s = em_loader_set_shard(loader, a->rank, a->world, a->split_batches, a->even_batches);
-    if (!s && opt && a->zero_stage > 0 && a->world > 1 && !(a->zero = zero_attach(a->ddps[0], false, opt, a->zero_stage)))
+    if (!s && opt && a->zero_stage > 0 && a->world > 1 &&
+        !(a->zero = zero_attach(a->ddps[0], false, opt, a->zero_stage, a->zero_offload)))
         s = em_last_status();
     if (s) return s;
     if (loader) a->loaders[a->nloaders++] = loader;

@@ -76,17 +76,19 @@ static double gpt_params(const em_gpt_config *m, double *largest_unit)
  *            full buffer: the largest parameter's bucket (a tied embedding's
  *            gradient is begun first and finished last) and 2 more buckets
  *            in flight (dist/zero.c INFLIGHT): L + 2B, at most 4P;
- *            optimizer / W
+ *            optimizer / W; on a CUDA device grads 4P + 4P/W (the full
+ *            buffer stays allocated: device pages cannot be given back)
  *   stage 3: params 4P/W + the 3 buckets kept whole (dist/zero.c KEEP): the
  *            largest and 2 more, L + 2B, never more than 4P in all; grads
  *            and optimizer as stage 2.
  * The ZeRO engine (dist/zero.c) behaves like this; change both together. */
-static void zero_split(int stage, double W, double P, double opt, double bucket, double unit, double out[3])
+static void zero_split(int stage, bool cuda, double W, double P, double opt, double bucket, double unit,
+                       double out[3])
 {
     double params = 4 * P, grads = 4 * P, optim = opt * P;
     double held = 4 * unit > bucket ? 4 * unit + 2 * bucket : 3 * bucket; /* L + 2B */
     if (stage >= 1) optim /= W;
-    if (stage >= 2) grads = 4 * P / W + (held < 4 * P ? held : 4 * P);
+    if (stage >= 2) grads = cuda ? 4 * P + 4 * P / W : 4 * P / W + (held < 4 * P ? held : 4 * P);
     if (stage >= 3) params = 4 * P / W + (held < 4 * P - 4 * P / W ? held : 4 * P - 4 * P / W);
     out[0] = params, out[1] = grads, out[2] = optim;
 }
@@ -181,6 +183,11 @@ static em_status check(const em_mem_config *c)
                       fn, (long long)c->context, (long long)m->block_size);
     if (c->zero_stage < 0 || c->zero_stage > 3)
         return em_err(EM_ERR_ARG, "%s: zero_stage = %d is not 0, 1, 2 or 3", fn, c->zero_stage);
+    if (c->zero_stage == 3 && c->cuda)
+        return em_err(EM_ERR_UNSUPPORTED,
+                      "%s: zero_stage = 3 on a CUDA device is refused (dist/zero.c: device "
+                      "memory is not given back in part); stages 1-2 run there",
+                      fn);
     if (c->precision < EM_PREC_DEFAULT || c->precision > EM_PREC_FP16)
         return em_err(EM_ERR_ARG, "%s: precision = %d is not an em_precision_kind", fn, (int)c->precision);
     if (c->optimizer < EM_MEM_ADAMW || c->optimizer > EM_MEM_SGD)
@@ -205,7 +212,7 @@ em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out)
     double opt = c->optimizer == EM_MEM_SGD ? (c->momentum ? 4 : 0) : 8;
     double bucket = (c->bucket_mb > 0 ? c->bucket_mb : 25) * (1 << 20);
     double split[3];
-    zero_split(c->zero_stage, (double)c->world, P, opt, bucket, unit, split);
+    zero_split(c->zero_stage, c->cuda, (double)c->world, P, opt, bucket, unit, split);
     double a = c->precision == EM_PREC_BF16 || c->precision == EM_PREC_FP16 ? 2 : 4;
     double T = (double)(c->context ? c->context : c->model.block_size);
     double v[EM_MEM_NCATEGORIES] = {

@@ -43,8 +43,26 @@
  *            (forward walks the buckets down, backward up), is prefetched
  *            while the current one computes.
  *
- * CPU parameters of f32 or f64 only (stage 3: f32; f32 masters under mixed
- * precision); CUDA is refused (EM_ERR_UNSUPPORTED) for now. */
+ * On a CUDA device (stages 1-2): the same buckets, chunks and collectives,
+ * through NCCL on device buffers (dist/nccl.c); the pads and the gradient
+ * shard live on the device, filled by copies queued on the compute stream
+ * (dev_copy, dev_zero), and the optimizer updates each piece with one
+ * launch (optim/optim.c). Device memory cannot be given back in part, so
+ * stage 2 keeps the full gradient buffer allocated (zeroed once the
+ * reduce-scatters are done, so it reads as on the CPU): there stage 2 saves
+ * the optimizer state as stage 1 does, holds its gradient shard besides,
+ * and moves less (a reduce-scatter instead of an all-reduce). Stage 3's
+ * saving is giving parameter pages back, so it is refused on a device
+ * (EM_ERR_UNSUPPORTED, naming why).
+ *
+ * Offload (CUDA, stages 1-2): the optimizer state lives in host memory.
+ * Each step copies this rank's chunk of every bucket's parameters and
+ * averaged gradients to the host (hpar, hgrad: laid out as gshard), the
+ * optimizer updates its pieces there (optim_set_piece's ppiece), and the
+ * parameters go back to the device before the all-gather (offload_chunks).
+ *
+ * Parameters of f32 or f64 only (stage 3: f32; f32 masters under mixed
+ * precision), all on one device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,12 +78,17 @@
 #include "optim/optim_impl.h"
 #include "tensor/dispatch.h"
 #include "tensor/tensor_impl.h"
+#if EM_HAVE_CUDA
+#include "optim/cuda_optim.h"
+#include "tensor/cuda_impl.h"
+#endif
 
 typedef struct zbucket {
     em_dtype dtype;
     int64_t lo, n;   /* the bucket's slice of the flat buffers */
     int64_t c;       /* chunk: ceil(n / world) */
     int64_t own;     /* elements of this rank's chunk inside the bucket: [r*c, r*c + own) */
+    int64_t at;      /* where its chunk starts in gshard, hpar and hgrad */
     em_tensor *params;  /* the bucket's slice of the flat parameters (n) */
     em_tensor *shard;   /* stage 2: this rank's c reduced gradients (a slice of gshard) */
     em_tensor *pad;     /* n % world != 0: world * c scratch, else NULL */
@@ -85,12 +108,19 @@ struct em_zero {
     em_optimizer *opt;
     em_ddp *ddp;
     bool owns_ddp;
+    em_device dev; /* the model's: its flat buffers, pads and shard live there */
     int stage, world, rank;
     int nb;
     zbucket *b;
     em_tensor *gshard; /* stage 2: every bucket's chunk of reduced gradients, bucket after bucket */
     tensor **gpiece;   /* stage 2: per optimizer parameter, its piece's view of gshard (or NULL) */
     int npiece;
+    /* offload (CUDA models): this rank's chunks of the parameters and of the
+     * averaged gradients on the host, bucket after bucket as in gshard, and
+     * per optimizer parameter its piece's view of hpar (gpiece: of hgrad) */
+    bool offload;
+    em_tensor *hpar, *hgrad;
+    tensor **ppiece;
     /* stage 3: the flat parameters (f32), the use clock, the last bucket
      * fetched (for the prefetch's direction) */
     tensor *flat;
@@ -109,6 +139,40 @@ enum { INFLIGHT = 2 };
 /* Whether a stage 3 engine holds the dispatcher's fetch (one at a time). */
 static bool fetching;
 
+/* ---- bytes on the model's device ----------------------------------------------------- */
+
+/* dst (on dd) = src (on sd), bytes: a host copy between host pointers,
+ * else cu_memcpy (within a device: queued on its compute stream; to the
+ * host: waits for the device; to a device: returns before it lands). */
+static em_status xfer(void *dst, em_device dd, const void *src, em_device sd, size_t bytes)
+{
+#if EM_HAVE_CUDA
+    if (dd.type == EM_CUDA || sd.type == EM_CUDA) return cu_memcpy(dst, dd, src, sd, bytes);
+#endif
+    (void)dd, (void)sd;
+    memcpy(dst, src, bytes);
+    return EM_OK;
+}
+
+/* dst = src (bytes, both on z's device): a host copy on the CPU; on CUDA a
+ * copy queued on the device's compute stream, after the kernels that wrote
+ * src and before the collectives started after it (dist/nccl.c). */
+static em_status dev_copy(const em_zero *z, void *dst, const void *src, size_t bytes)
+{
+    return xfer(dst, z->dev, src, z->dev, bytes);
+}
+
+/* p[0, bytes) = 0 on z's device (queued on CUDA, as dev_copy). */
+static em_status dev_zero(const em_zero *z, void *p, size_t bytes)
+{
+#if EM_HAVE_CUDA
+    if (z->dev.type == EM_CUDA) return cu_fill(z->dev.index, EM_U8, p, (int64_t)bytes, 0.0);
+#endif
+    (void)z;
+    memset(p, 0, bytes);
+    return EM_OK;
+}
+
 /* ---- the gradient buffer's pages ----------------------------------------------------- */
 
 /* Gives the whole pages inside [p, p + bytes) back to the kernel (they read
@@ -126,13 +190,20 @@ static void give_back(void *p, size_t bytes)
     memset((void *)pe, 0, e - pe);
 }
 
-static void release_bucket(em_zero *z, int i)
+/* Bucket i's slice of the full gradient buffer, its collective done, reads
+ * zeros from now on: its pages are given back on the CPU; device memory
+ * cannot be given back in part, so on CUDA the slice is zeroed in place (a
+ * kernel queued after the collective: the compute stream has waited for it). */
+static em_status release_bucket(em_zero *z, int i)
 {
     zbucket *b = &z->b[i];
     em_tensor *flat = em_module_flat_grads(z->model, b->dtype);
     size_t es = em_dtype_size(b->dtype);
-    give_back((char *)em_data(flat) + (size_t)b->lo * es, (size_t)b->n * es);
+    char *p = (char *)em_data(flat) + (size_t)b->lo * es;
     b->released = true;
+    if (z->dev.type != EM_CPU) return dev_zero(z, p, (size_t)b->n * es);
+    give_back(p, (size_t)b->n * es);
+    return EM_OK;
 }
 
 /* ---- stage 2's reduce-scatter, bucket by bucket (DDP's hooks) ------------------------------ */
@@ -145,7 +216,7 @@ static em_status launch(void *ctx, int i, em_tensor *grads, em_work **work)
      * INFLIGHT buckets of gradients stay resident behind this one, so
      * backward waits for the oldest when communication falls behind (the
      * handle stays DDP's to wait on: this only watches it). */
-    for (int j = 0; j < i; j++) {
+    for (int j = 0; j < i && z->dev.type == EM_CPU; j++) { /* CUDA: nothing to give back (finished) */
         zbucket *o = &z->b[j];
         if (!o->work || o->released) continue;
         if (j < i - INFLIGHT)
@@ -153,13 +224,16 @@ static em_status launch(void *ctx, int i, em_tensor *grads, em_work **work)
         if (em_work_done(o->work)) release_bucket(z, j);
     }
     em_tensor *in = grads;
+    em_status s = EM_OK;
     if (b->pad) { /* equal chunks: the bucket, then zeros */
         size_t es = em_dtype_size(b->dtype);
-        memcpy(em_data(b->pad), em_data(grads), (size_t)b->n * es);
-        memset((char *)em_data(b->pad) + (size_t)b->n * es, 0, (size_t)(z->world * b->c - b->n) * es);
+        s = dev_copy(z, em_data(b->pad), em_data(grads), (size_t)b->n * es);
+        if (!s)
+            s = dev_zero(z, (char *)em_data(b->pad) + (size_t)b->n * es,
+                         (size_t)(z->world * b->c - b->n) * es);
         in = b->pad;
     }
-    em_status s = em_reduce_scatter(z->pg, b->shard, in, EM_RED_AVG, work);
+    if (!s) s = em_reduce_scatter(z->pg, b->shard, in, EM_RED_AVG, work);
     b->work = s ? NULL : *work;
     return s;
 }
@@ -168,7 +242,8 @@ static void finished(void *ctx)
 {
     em_zero *z = ctx;
     for (int i = 0; i < z->nb; i++) {
-        if (!z->b[i].released) release_bucket(z, i);
+        /* a CUDA zeroing that fails to queue shows at the next check of the device */
+        if (!z->b[i].released) (void)release_bucket(z, i);
         z->b[i].work = NULL;
         z->b[i].released = false; /* for the next backward */
     }
@@ -183,15 +258,20 @@ static em_status gather_start(em_zero *z, int i, em_work **work)
 {
     zbucket *b = &z->b[i];
     size_t es = em_dtype_size(b->dtype);
-    if (b->pad)
-        memcpy(em_data(b->mine), (char *)em_data(b->params) + (size_t)(z->rank * b->c) * es, (size_t)b->own * es);
+    if (b->pad) {
+        em_status s =
+            dev_copy(z, em_data(b->mine), (char *)em_data(b->params) + (size_t)(z->rank * b->c) * es,
+                     (size_t)b->own * es);
+        if (s) return s;
+    }
     return em_all_gather(z->pg, b->pad ? b->pad : b->params, b->mine, work);
 }
 
-static void gather_done(em_zero *z, int i)
+static em_status gather_done(em_zero *z, int i)
 {
     zbucket *b = &z->b[i];
-    if (b->pad) memcpy(em_data(b->params), em_data(b->pad), (size_t)b->n * em_dtype_size(b->dtype));
+    if (!b->pad) return EM_OK;
+    return dev_copy(z, em_data(b->params), em_data(b->pad), (size_t)b->n * em_dtype_size(b->dtype));
 }
 
 /* ---- stage 3: parameters whole only while they are used ------------------------------------- */
@@ -218,10 +298,8 @@ static em_status finish_prefetch(em_zero *z, int i)
     zbucket *b = &z->b[i];
     em_status s = em_work_wait(b->gwork);
     b->gwork = NULL;
-    if (!s) {
-        gather_done(z, i);
-        b->resident = true;
-    }
+    if (!s) s = gather_done(z, i);
+    if (!s) b->resident = true;
     return s;
 }
 
@@ -237,7 +315,7 @@ static em_status make_resident(em_zero *z, int i)
     em_status s = b->gwork ? finish_prefetch(z, i) : gather_start(z, i, NULL);
     if (s) return s;
     if (!b->resident) {
-        gather_done(z, i);
+        if ((s = gather_done(z, i))) return s;
         b->resident = true;
     }
     for (;;) { /* whole or coming: at most KEEP */
@@ -287,10 +365,7 @@ em_status em_zero_gather_params(em_zero *z)
     for (int i = 0; i < z->nb; i++) { /* every rank the same calls, whatever fails */
         zbucket *b = &z->b[i];
         em_status s = b->gwork ? finish_prefetch(z, i) : b->resident ? EM_OK : gather_start(z, i, NULL);
-        if (!s && !b->resident) {
-            gather_done(z, i);
-            b->resident = true;
-        }
+        if (!s && !b->resident && !(s = gather_done(z, i))) b->resident = true;
         if (s && !first) first = s;
     }
     return first;
@@ -343,11 +418,14 @@ static em_tensor *slice_of(em_tensor *base, int64_t lo, int64_t n)
     return t_handle(v);
 }
 
-/* A persistent zeroed 1-D tensor of n elements. */
-static em_tensor *zeros_of(em_dtype dt, int64_t n)
+/* A persistent zeroed 1-D tensor of n elements on dev. */
+static em_tensor *zeros_on(em_device dev, em_dtype dt, int64_t n)
 {
-    tensor *t = t_new_persistent(dt, 1, &n);
-    if (t) memset(t_ptr(t), 0, (size_t)n * em_dtype_size(dt));
+    tensor *t = t_new_persistent_on(dev, dt, 1, &n);
+    if (t && t_fill_zero(t)) {
+        t_free(t);
+        return NULL;
+    }
     return t ? t_handle(t) : NULL;
 }
 
@@ -369,8 +447,17 @@ static em_status set_piece(em_zero *z, int i, const char *fn)
         int64_t own_lo = b->lo + (int64_t)z->rank * b->c, own_hi = own_lo + b->own;
         int64_t lo = off > own_lo ? off : own_lo, hi = off + n < own_hi ? off + n : own_hi;
         if (hi <= lo) lo = hi = off; /* none of it is mine */
-        tensor *g = NULL;
-        if (z->stage >= 2) { /* a header over the piece's gradients in the shard */
+        tensor *g = NULL, *pp = NULL;
+        if (z->offload) { /* headers over the piece's values and gradients in the host chunks */
+            em_tensor *hp = slice_of(z->hpar, b->at + (lo - own_lo), hi - lo);
+            em_tensor *hg = hp ? slice_of(z->hgrad, b->at + (lo - own_lo), hi - lo) : NULL;
+            if (!hg) {
+                em_free(hp);
+                return em_last_status();
+            }
+            z->ppiece[i] = pp = t_resolve(hp, fn);
+            z->gpiece[i] = g = t_resolve(hg, fn);
+        } else if (z->stage >= 2) { /* a header over the piece's gradients in the shard */
             g = t_new_persistent(t->dtype, 0, NULL);
             if (!g) return em_last_status();
             z->gpiece[i] = g;
@@ -379,7 +466,7 @@ static em_status set_piece(em_zero *z, int i, const char *fn)
             g->stride[0] = 1;
             t_repoint(g, t_resolve(z->gshard, fn), em_offset(b->shard) + (lo - own_lo));
         }
-        return optim_set_piece(z->opt, i, lo - off, hi - lo, g);
+        return optim_set_piece(z->opt, i, lo - off, hi - lo, g, pp);
     }
     return em_err(EM_ERR_ARG, "%s: optimizer parameter %d %s%s lies in no bucket", fn, i, em_dtype_name(t->dtype),
                   shp(t));
@@ -402,25 +489,52 @@ static em_status make_chunks(em_zero *z, const char *fn)
         int64_t start = (int64_t)z->rank * b->c;
         b->own = start >= b->n ? 0 : (b->n - start < b->c ? b->n - start : b->c);
         em_tensor *fp = em_module_flat_params(z->model, b->dtype);
-        if (em_device_of(fp).type != EM_CPU)
-            return em_err(EM_ERR_UNSUPPORTED, "%s: the model is on a CUDA device; ZeRO runs on the CPU for now", fn);
+        em_device dev = em_device_of(fp);
+        if (i == 0) z->dev = dev;
+        if (!em_device_equal(dev, z->dev)) {
+            char a[16], d[16];
+            return em_err(EM_ERR_DEVICE, "%s: the model's parameters are on %s and %s; ZeRO takes one device",
+                          fn, em_device_str(z->dev, a, sizeof a), em_device_str(dev, d, sizeof d));
+        }
+        if (dev.type != EM_CPU && z->stage == 3) {
+            char a[16];
+            return em_err(
+                EM_ERR_UNSUPPORTED,
+                "%s: stage 3 on %s: it saves memory by giving back the pages of the flat parameter "
+                "buffer outside this rank's chunks, and device memory cannot be given back in part; "
+                "use stage 2 (or 1) on CUDA",
+                fn, em_device_str(dev, a, sizeof a));
+        }
         if (!(b->params = slice_of(fp, b->lo, b->n))) return em_last_status();
         if (b->n % z->world) {
             int64_t padded = b->c * z->world;
-            if (!(b->pad = zeros_of(b->dtype, padded))) return em_last_status();
+            if (!(b->pad = zeros_on(dev, b->dtype, padded))) return em_last_status();
         }
         b->mine = b->pad ? slice_of(b->pad, (int64_t)z->rank * b->c, b->c)
                          : slice_of(fp, b->lo + (int64_t)z->rank * b->c, b->c);
         if (!b->mine) return em_last_status();
+        b->at = total;
         total += b->c;
     }
-    if (z->stage >= 2 && z->nb > 0) {
+    if (z->offload && z->dev.type == EM_CPU)
+        return em_err(EM_ERR_ARG,
+                      "%s: offload keeps a CUDA model's optimizer state in host memory; this model is "
+                      "on the CPU already",
+                      fn);
+    if ((z->stage >= 2 || z->offload) && z->nb > 0) {
         /* one shard buffer per dtype would be needed for f64 beside f32 */
         for (int i = 1; i < z->nb; i++)
             if (z->b[i].dtype != z->b[0].dtype)
-                return em_err(EM_ERR_UNSUPPORTED, "%s: stage 2 takes parameters of one dtype (f32 and f64 found)",
-                              fn);
-        if (!(z->gshard = zeros_of(z->b[0].dtype, total))) return em_last_status();
+                return em_err(EM_ERR_UNSUPPORTED, "%s: %s takes parameters of one dtype (f32 and f64 found)",
+                              fn, z->offload ? "offload" : "stage 2");
+    }
+    if (z->offload && z->nb > 0) {
+        if (!(z->hpar = zeros_on(em_device_cpu(), z->b[0].dtype, total)) ||
+            !(z->hgrad = zeros_on(em_device_cpu(), z->b[0].dtype, total)))
+            return em_last_status();
+    }
+    if (z->stage >= 2 && z->nb > 0) {
+        if (!(z->gshard = zeros_on(z->dev, z->b[0].dtype, total))) return em_last_status();
         int64_t at = 0;
         for (int i = 0; i < z->nb; i++) {
             if (!(z->b[i].shard = slice_of(z->gshard, at, z->b[i].c))) return em_last_status();
@@ -430,7 +544,7 @@ static em_status make_chunks(em_zero *z, const char *fn)
     return EM_OK;
 }
 
-em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage)
+em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage, bool offload)
 {
     const char *fn = "em_zero_new";
     if (stage < 1 || stage > 3) {
@@ -456,8 +570,10 @@ em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage)
     z->rank = em_pg_rank(z->pg);
     z->npiece = opt->np;
     z->last = -1;
+    z->offload = offload;
     z->gpiece = calloc((size_t)opt->np + 1, sizeof *z->gpiece);
-    em_status s = z->gpiece ? make_chunks(z, fn) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    z->ppiece = calloc((size_t)opt->np + 1, sizeof *z->ppiece);
+    em_status s = z->gpiece && z->ppiece ? make_chunks(z, fn) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; i < opt->np && !s; i++) s = set_piece(z, i, fn);
     if (s) {
         char msg[1024];
@@ -493,7 +609,7 @@ em_zero *em_zero_new(em_pg *pg, em_module *model, em_optimizer *opt, const em_ze
         return em_fail(EM_ERR_ARG, "em_zero_new: stage %d is not a ZeRO stage (1, 2 or 3; 0 is plain DDP)", c.stage);
     em_ddp *d = em_ddp_new(pg, model, &(em_ddp_config){.bucket_mb = c.bucket_mb,
                                                         .find_unused_parameters = c.find_unused_parameters});
-    return d ? zero_attach(d, true, opt, c.stage) : NULL;
+    return d ? zero_attach(d, true, opt, c.stage, c.offload) : NULL;
 }
 
 void em_zero_free(em_zero *z)
@@ -512,9 +628,17 @@ void em_zero_free(em_zero *z)
         em_free(z->b[i].pad);
     }
     /* the optimizer's pieces point into the shard: it forgets them first */
-    for (int i = 0; i < z->npiece; i++)
-        if (z->gpiece[i] && i < z->opt->np) z->opt->p[i].gpiece = NULL;
-    for (int i = 0; i < z->npiece; i++) t_free(z->gpiece[i]);
+    for (int i = 0; i < z->npiece && i < z->opt->np; i++) {
+        if (z->gpiece && z->gpiece[i]) z->opt->p[i].gpiece = NULL;
+        if (z->ppiece && z->ppiece[i]) z->opt->p[i].ppiece = NULL;
+    }
+    for (int i = 0; i < z->npiece; i++) {
+        if (z->gpiece) t_free(z->gpiece[i]);
+        if (z->ppiece) t_free(z->ppiece[i]);
+    }
+    em_free(z->hpar);
+    em_free(z->hgrad);
+    free(z->ppiece);
     em_free(z->gshard);
     if (z->owns_ddp) em_ddp_free(z->ddp);
     free(z->gpiece);
@@ -552,6 +676,36 @@ static int grads_of(const em_zero *z, tensor **out)
     return n;
 }
 
+/* *sq = the sum of squares of this rank's chunks of the gradient shard, on
+ * a CUDA device: one device sum per bucket (optim/optim.cu's fixed-order
+ * reduction, in double), one copy to the host, summed there in bucket
+ * order. */
+static em_status shard_sumsq_cuda(const em_zero *z, double *sq)
+{
+#if EM_HAVE_CUDA
+    const char *fn = "em_zero_clip_grad_norm";
+    int d = z->dev.index;
+    double *dev_sq = cu_alloc(d, (size_t)(z->nb + 1) * sizeof(double)),
+           *host = calloc((size_t)z->nb + 1, sizeof *host);
+    em_status s =
+        dev_sq && host ? cu_fill(d, EM_F64, dev_sq, z->nb, 0) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    for (int i = 0; i < z->nb && !s; i++) {
+        const zbucket *b = &z->b[i];
+        s = cu_sumsq(d, b->dtype, em_data(b->shard), b->own, &dev_sq[i]);
+    }
+    if (!s) s = cu_memcpy(host, em_device_cpu(), dev_sq, z->dev, (size_t)z->nb * sizeof(double)); /* waits */
+    *sq = 0;
+    for (int i = 0; i < z->nb && !s; i++) *sq += host[i];
+    if (dev_sq) cu_free(d, dev_sq);
+    free(host);
+    return s;
+#else
+    (void)sq;
+    return em_err(EM_ERR_DEVICE, "em_zero_clip_grad_norm: the gradients are on %s in a build without CUDA",
+                  z->dev.type == EM_CUDA ? "a CUDA device" : "another device");
+#endif
+}
+
 double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
 {
     em_status dummy;
@@ -579,7 +733,8 @@ double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
     /* stage 2: the squares of this rank's chunks (the pads' zeros add
      * nothing), summed over ranks */
     double sq = 0;
-    for (int i = 0; i < z->nb; i++) {
+    em_status s = z->dev.type != EM_CPU ? shard_sumsq_cuda(z, &sq) : EM_OK;
+    for (int i = 0; i < z->nb && z->dev.type == EM_CPU; i++) {
         const zbucket *b = &z->b[i];
         if (b->dtype == EM_F32) {
             const float *g = em_data(b->shard);
@@ -589,9 +744,10 @@ double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
             for (int64_t k = 0; k < b->own; k++) sq += g[k] * g[k];
         }
     }
+    if (s) return *status = s, NAN;
     em_scope sc = em_scope_begin();
     em_tensor *t = em_scalar(EM_F64, sq);
-    em_status s = t ? em_all_reduce(z->pg, t, EM_RED_SUM, NULL) : em_last_status();
+    s = t ? em_all_reduce(z->pg, t, EM_RED_SUM, NULL) : em_last_status();
     double total = s ? NAN : sqrt(em_item(t));
     em_scope_end(sc);
     if (s) return *status = s, NAN;
@@ -599,6 +755,12 @@ double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
         double c = max_norm / (total + 1e-6);
         tensor *g = t_resolve(z->gshard, "em_zero_clip_grad_norm");
         int64_t n = t_numel(g);
+#if EM_HAVE_CUDA
+        if (t_on_cuda(g)) {
+            if ((s = cu_scale(g->device.index, g->dtype, t_ptr(g), n, c))) return *status = s, NAN;
+            return total;
+        }
+#endif
         if (g->dtype == EM_F32) {
             float *p = t_ptr(g), cf = (float)c;
             for (int64_t k = 0; k < n; k++) p[k] *= cf;
@@ -617,6 +779,33 @@ em_status zero_unscale(em_zero *z, em_grad_scaler *sc)
     return amp_unscale_grads(sc, n, g, z->pg);
 }
 
+/* Offload: this rank's chunk of every bucket's parameters and averaged
+ * gradients (the shard in stage 2, the full buffer's chunk in stage 1)
+ * device -> host (in: before the optimizer steps on the host; each copy
+ * waits for the device), or the updated parameters host -> device (out:
+ * queued before the all-gather that sends them). */
+static em_status offload_chunks(em_zero *z, bool in)
+{
+    em_device cpu = em_device_cpu();
+    em_tensor *fg = em_module_flat_grads(z->model, z->b[0].dtype);
+    em_status s = EM_OK;
+    for (int i = 0; i < z->nb && !s; i++) {
+        zbucket *b = &z->b[i];
+        size_t es = em_dtype_size(b->dtype), bytes = (size_t)b->own * es,
+               mine = (size_t)(z->rank * b->c) * es;
+        char *hp = (char *)em_data(z->hpar) + (size_t)b->at * es,
+             *hg = (char *)em_data(z->hgrad) + (size_t)b->at * es;
+        char *dp = (char *)em_data(b->params) + mine;
+        const char *dg = z->stage >= 2 ? (const char *)em_data(b->shard)
+                                       : (const char *)em_data(fg) + (size_t)b->lo * es + mine;
+        if (!in)
+            s = xfer(dp, z->dev, hp, cpu, bytes);
+        else if (!(s = xfer(hp, cpu, dp, z->dev, bytes)))
+            s = xfer(hg, cpu, dg, z->dev, bytes);
+    }
+    return s;
+}
+
 em_status em_zero_step(em_zero *z)
 {
     if (!z) return em_err(EM_ERR_ARG, "em_zero_step: zero is NULL");
@@ -626,7 +815,9 @@ em_status em_zero_step(em_zero *z)
             em_status s = finish_prefetch(z, i);
             if (s) return s;
         }
-    em_status s = em_optim_step(z->opt);
+    em_status s = z->offload ? offload_chunks(z, true) : EM_OK;
+    if (!s) s = em_optim_step(z->opt);
+    if (!s && z->offload) s = offload_chunks(z, false);
     if (s) return s;
     if (z->stage == 3) { /* the next forward gathers the updated chunks as it needs them */
         for (int i = 0; i < z->nb; i++) evict(z, i);
@@ -647,8 +838,8 @@ em_status em_zero_step(em_zero *z)
         if (!b->work) continue;
         s = em_work_wait(b->work);
         b->work = NULL;
+        if (!s) s = gather_done(z, i);
         if (s && !first) first = s;
-        if (!s) gather_done(z, i);
     }
     return first;
 }
@@ -656,7 +847,7 @@ em_status em_zero_step(em_zero *z)
 em_status em_zero_zero_grad(em_zero *z)
 {
     if (!z) return em_err(EM_ERR_ARG, "em_zero_zero_grad: zero is NULL");
-    if (z->stage < 2) return em_module_zero_grad(z->model);
+    if (z->stage < 2 || z->dev.type != EM_CPU) return em_module_zero_grad(z->model); /* CUDA: kept, zeroed */
     static const em_dtype dts[] = {EM_F32, EM_F64};
     for (int k = 0; k < 2; k++) {
         em_tensor *g = em_module_flat_grads(z->model, dts[k]);

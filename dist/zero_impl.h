@@ -8,8 +8,8 @@
 
 /* em_zero_new over a DDP the caller made (the Accelerator's, made when the
  * model was prepared): owns_ddp says whether em_zero_free frees it (on
- * failure too). */
-em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage);
+ * failure too); offload as em_zero_config's. */
+em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage, bool offload);
 /* The fp16 scaler's unscale (and overflow vote over the group) on the
  * gradients this rank steps with: the shard in stage 2, all of them in
  * stage 1. */

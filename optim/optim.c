@@ -413,20 +413,27 @@ static tensor piece_of(const tensor *t, int64_t lo, int64_t n)
     return v;
 }
 
-em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece)
+em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece, tensor *ppiece)
 {
     const char *fn = "optim_set_piece";
     if (!o || i < 0 || i >= o->np) return em_err(EM_ERR_ARG, "%s: parameter index %d out of range", fn, i);
     tensor *t = t_resolve(o->p[i].h, fn);
     if (!t) return em_last_status();
-    if (t_on_cuda(t) || !t_is_contig(t))
-        return em_err(EM_ERR_UNSUPPORTED, "%s: parameter %d %s%s must be a contiguous CPU tensor", fn, i,
+    if (!t_is_contig(t))
+        return em_err(EM_ERR_UNSUPPORTED, "%s: parameter %d %s%s must be contiguous", fn, i,
                       em_dtype_name(t->dtype), shp(t));
     if (lo < 0 || n < 0 || lo + n > t_numel(t))
         return em_err(EM_ERR_ARG, "%s: piece [%lld, %lld) is outside parameter %d %s", fn, (long long)lo,
                       (long long)(lo + n), i, shp(t));
-    if (gpiece && (t_numel(gpiece) != n || gpiece->dtype != t->dtype || !t_is_contig(gpiece)))
-        return em_err(EM_ERR_ARG, "%s: gradient piece %s%s does not fit %lld elements of %s", fn,
+    if (ppiece && (!gpiece || t_numel(ppiece) != n || ppiece->dtype != t->dtype || !t_is_contig(ppiece)))
+        return em_err(EM_ERR_ARG,
+                      "%s: parameter piece %s%s does not fit %lld elements of %s (or has no gradient piece)",
+                      fn, em_dtype_name(ppiece->dtype), shp(ppiece), (long long)n, em_dtype_name(t->dtype));
+    em_device where = ppiece ? ppiece->device : t->device; /* where the update runs */
+    if (gpiece && (t_numel(gpiece) != n || gpiece->dtype != t->dtype || !t_is_contig(gpiece) ||
+                   !em_device_equal(gpiece->device, where)))
+        return em_err(EM_ERR_ARG,
+                      "%s: gradient piece %s%s does not fit %lld elements of %s on the update's device", fn,
                       em_dtype_name(gpiece->dtype), shp(gpiece), (long long)n, em_dtype_name(t->dtype));
     oparam *p = &o->p[i];
     for (int f = 0; f < F_COUNT; f++) {
@@ -439,6 +446,7 @@ em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor 
     p->lo = lo;
     p->n = n;
     p->gpiece = gpiece;
+    p->ppiece = ppiece;
     return EM_OK;
 }
 
@@ -450,8 +458,9 @@ em_status opt_alloc_state(em_optimizer *o, int i, tensor *t)
         /* the step count is a host scalar; the rest lives beside the parameter */
         int64_t shape[EM_MAX_DIMS];
         int nd = opt_state_shape(p, t, shape);
+        em_device dev = p->ppiece ? p->ppiece->device : t->device; /* offload: beside the host piece */
         tensor *s = f == F_STEP ? t_new_persistent(EM_F64, 0, NULL)
-                                : t_new_persistent_on(t->device, opt_state_dtype(t->dtype), nd, shape);
+                                : t_new_persistent_on(dev, opt_state_dtype(t->dtype), nd, shape);
         if (!s) return em_err(EM_ERR_OOM, "em_optim: out of memory for state of parameter %d %s", i, shp(t));
         if (t_on_cuda(s)) {
             if (t_fill_zero(s)) return em_last_status();
@@ -467,7 +476,9 @@ em_status opt_alloc_state(em_optimizer *o, int i, tensor *t)
  * One fused kernel per update. After em_module_flatten the parameters and
  * their gradients are consecutive slices of one buffer each; their state is
  * then allocated as one buffer per field too, so a run of such parameters
- * (same group, same step) is updated by a single launch over all of it. */
+ * (same group, same step) is updated by a single launch over all of it.
+ * ZeRO's pieces (optim_set_piece) are launched one by one, each over its
+ * own state of shape (n) (opt_alloc_state). */
 
 /* Whether b starts where a ends, in the same storage (both contiguous). */
 static bool follows(const tensor *a, const tensor *b)
@@ -516,14 +527,15 @@ static em_status alloc_cuda_state(em_optimizer *o, const char *fn)
     if (!opt_has_field(o, want)) return EM_OK;
     for (int i = 0; i < o->np;) {
         tensor *t = t_resolve(o->p[i].h, fn);
-        if (!t_on_cuda(t) || !t->grad || o->p[i].f[want]) {
+        if (!t_on_cuda(t) || !t->grad || o->p[i].f[want] || o->p[i].sharded) { /* a piece: opt_alloc_state */
             i++;
             continue;
         }
         int j = i + 1;
         while (j < o->np) {
             tensor *u = t_resolve(o->p[j].h, fn);
-            if (!u->grad || o->p[j].f[want] || !follows(t_resolve(o->p[j - 1].h, fn), u)) break;
+            if (!u->grad || o->p[j].f[want] || o->p[j].sharded || !follows(t_resolve(o->p[j - 1].h, fn), u))
+                break;
             j++;
         }
         em_status s = alloc_run_state(o, i, j, fn);
@@ -540,6 +552,7 @@ static bool fuses(const em_optimizer *o, int j, const char *fn)
     const oparam *a = &o->p[j - 1], *b = &o->p[j];
     tensor *ta = t_resolve(a->h, fn), *tb = t_resolve(b->h, fn);
     if (!tb->grad || a->group != b->group || a->started != b->started) return false;
+    if (a->sharded || b->sharded) return false; /* ZeRO's pieces: one launch each */
     if (!follows(ta, tb) || !follows(ta->grad, tb->grad)) return false;
     for (int f = 0; f < F_COUNT; f++)
         if (f != F_STEP && opt_has_field(o, f) && !follows(a->f[f], b->f[f])) return false;
@@ -660,16 +673,29 @@ static em_status optim_step(em_optimizer *o)
         tensor *s1, *s2, *a, *b;
         em_status s = prepare(o, i, &u, &s1, &s2);
         for (int k = i + 1; k < j && !s; k++) s = prepare(o, k, &uk, &a, &b);
-        if (!s && t_on_cuda(t)) {
+        if (!s && o->p[i].sharded) { /* ZeRO: this rank's piece only (j == i + 1) */
+            const oparam *p = &o->p[i];
+            tensor tv = p->ppiece ? *p->ppiece : piece_of(t, p->lo, p->n),
+                   gv = p->gpiece ? *p->gpiece : piece_of(g, p->lo, p->n);
+            if (s1 && !em_device_equal(s1->device, tv.device)) {
+                char a[16], b[16];
+                s = em_err(
+                    EM_ERR_DEVICE,
+                    "%s: parameter %d's piece is on %s but its state on %s (an offloaded ZeRO optimizer "
+                    "stepped without its engine?)",
+                    fn, i, em_device_str(tv.device, a, sizeof a), em_device_str(s1->device, b, sizeof b));
+            } else if (p->n > 0 && t_on_cuda(&tv)) {
+#if EM_HAVE_CUDA
+                s = apply_cuda(&u, &tv, &gv, s1, s2, p->n);
+#endif
+            } else if (p->n > 0)
+                apply(&u, &tv, &gv, s1, s2, pb, gb);
+        } else if (!s && t_on_cuda(t)) {
 #if EM_HAVE_CUDA
             int64_t n = 0;
             for (int k = i; k < j; k++) n += t_numel(t_resolve(o->p[k].h, fn));
             s = apply_cuda(&u, t, g, s1, s2, n);
 #endif
-        } else if (!s && o->p[i].sharded) {
-            const oparam *p = &o->p[i];
-            tensor tv = piece_of(t, p->lo, p->n), gv = p->gpiece ? *p->gpiece : piece_of(g, p->lo, p->n);
-            if (p->n > 0) apply(&u, &tv, &gv, s1, s2, pb, gb);
         } else if (!s)
             apply(&u, t, g, s1, s2, pb, gb);
         if (s) {

@@ -28,6 +28,11 @@ typedef struct oparam {
     bool sharded;
     int64_t lo, n;
     tensor *gpiece;
+    /* ZeRO offload: the piece's values, n elements on the host, which the
+     * step updates (on the CPU, its state beside them) in place of the
+     * parameter's own elements; the engine copies them in and out. NULL:
+     * the parameter's elements from lo. */
+    tensor *ppiece;
 } oparam;
 
 typedef struct ogroup {
@@ -69,15 +74,22 @@ static inline int opt_state_shape(const oparam *p, const tensor *t, int64_t *sha
 }
 
 /* ZeRO (dist/zero.c): from now on this rank updates only elements [lo, lo +
- * n) of parameter i (a contiguous CPU f32/f64 parameter; n may be 0), its
- * gradient read from gpiece (a contiguous tensor of n elements and the
- * parameter's dtype, borrowed: it must outlive the optimizer's use of it)
- * or, when gpiece is NULL, from the parameter's gradient at lo. Drops the
- * parameter's state (it starts fresh; em_optim_load_state gives it back in
- * the piece's shape). EM_ERR_ARG for an index or range out of bounds or a
- * gpiece of another size or dtype; EM_ERR_UNSUPPORTED for a CUDA or
+ * n) of parameter i (a contiguous f32/f64 parameter, on the CPU or a CUDA
+ * device; n may be 0), its gradient read from gpiece (a contiguous tensor
+ * of n elements, the parameter's dtype and device, borrowed: it must
+ * outlive the optimizer's use of it) or, when gpiece is NULL, from the
+ * parameter's gradient at lo. Drops the parameter's state (it starts
+ * fresh, shape (n) beside the parameter; em_optim_load_state gives it back
+ * in the piece's shape). A CUDA piece is one launch of the fused update
+ * (pieces are not fused with their neighbours). ppiece (offload; NULL
+ * otherwise): the step updates ppiece (n contiguous elements of the
+ * parameter's dtype, borrowed, usually on the host) instead of the
+ * parameter's elements, with gpiece (required then, on ppiece's device)
+ * as the gradient and the state allocated on ppiece's device. EM_ERR_ARG
+ * for an index or range out of bounds, a gpiece or ppiece of another size,
+ * dtype or device, or a ppiece without gpiece; EM_ERR_UNSUPPORTED for a
  * non-contiguous parameter. */
-em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece);
+em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece, tensor *ppiece);
 
 /* The checks em_optim_load_state makes of state (names, dtypes, shapes,
  * every field of a parameter that has one), without changing o: for a

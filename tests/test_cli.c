@@ -560,6 +560,21 @@ TEST(test_cli_train_rejects_a_bad_device)
     CHECK(strstr(r->err, "cuda:7") != NULL);
 }
 
+/* --zero-offload reaches the ZeRO engine, which keeps a CUDA model's
+ * optimizer state on the host: a CPU run is refused naming why. */
+TEST(test_cli_train_zero_offload_of_a_cpu_model_is_refused_naming_why)
+{
+    char dir[64], txt[128], out[160];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    th_run_result *r =
+        run_ember("launch", "-n", "2", "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out", out,
+                  TINY_MODEL, "--iters", "1", "--zero", "1", "--zero-offload", "--cpu", NULL);
+    CHECK(r->status != 0);
+    if (!strstr(r->err, "offload keeps a CUDA model's optimizer state"))
+        th_fail(__FILE__, __LINE__, "stderr: %s", r->err);
+}
+
 TEST(test_cli_launch_more_ranks_than_cuda_devices_fails_naming_the_shortage)
 {
     char dir[64], txt[128], out[160], n[16];

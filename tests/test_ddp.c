@@ -7,7 +7,7 @@
  *   (bitwise, 1 and 2 processes).
  * and the same jobs on CUDA devices (under ember's emulator in CI: cusim):
  *   cuda:LOCAL_RANK follows the CPU's losses (1 and 2 processes, DDP over
- *   NCCL), and resumes bitwise.
+ *   NCCL), and resumes bitwise; ZeRO stages 1-2 give CUDA DDP's weights.
  * The training runs go through the Accelerator, as a user program would. */
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +31,8 @@ typedef struct job {
     const char *device; /* the Accelerator's device: NULL = cpu */
     em_precision_kind precision;
     int zero;          /* the Accelerator's zero_stage */
+    int embd;          /* the GPT's n_embd: 0 = 16 */
+    bool offload;      /* the Accelerator's zero_offload */
     char dir[200];     /* state directory */
     char losses[256];  /* rank 0 writes "step loss" lines here */
     char params[256];  /* rank 0 writes the final flat parameters here */
@@ -48,9 +50,14 @@ static void make_tokens(int32_t *tok)
     }
 }
 
+/* Two heads, or one when embd is odd (parameters of odd sizes). */
 static em_gpt *small_gpt(uint64_t seed, int64_t embd)
 {
-    em_gpt_config c = {.vocab_size = VOCAB, .block_size = T, .n_layer = 2, .n_head = 2, .n_embd = embd,
+    em_gpt_config c = {.vocab_size = VOCAB,
+                       .block_size = T,
+                       .n_layer = 2,
+                       .n_head = embd % 2 ? 1 : 2,
+                       .n_embd = embd,
                        .bias = true};
     return em_gpt_new(&c, seed);
 }
@@ -68,16 +75,20 @@ static void train_job(int rank, int world, void *ctx)
     (void)world;
     job *j = ctx;
     th_no_user_config();
-    em_accelerator *acc = em_accelerator_new(&(em_accel_config){
-        .grad_accum = j->accum, .bucket_mb = j->bucket_mb, .device = j->device, .mixed_precision = j->precision,
-        .zero_stage = j->zero});
+    em_accelerator *acc = em_accelerator_new(&(em_accel_config){.grad_accum = j->accum,
+                                                                .bucket_mb = j->bucket_mb,
+                                                                .device = j->device,
+                                                                .mixed_precision = j->precision,
+                                                                .zero_stage = j->zero,
+                                                                .zero_offload = j->offload});
     CHECK_NOTNULL(acc);
     static int32_t tok[NTOK];
     make_tokens(tok);
     em_tokens tokens = em_tokens_view(tok, NTOK, EM_TOK_I32);
     em_window_sampler sampler;
     CHECK_OK(em_window_sampler_init(&sampler, &tokens, j->batch, T, 7));
-    em_gpt *g = small_gpt(1234 + (uint64_t)rank, 16); /* different inits: DDP must broadcast rank 0's */
+    /* different inits: DDP must broadcast rank 0's */
+    em_gpt *g = small_gpt(1234 + (uint64_t)rank, j->embd ? j->embd : 16);
     CHECK_NOTNULL(g);
     int n = em_module_params(g->m, NULL, 0);
     em_named ps[64];
@@ -343,10 +354,11 @@ typedef struct zero_fixture {
     em_optimizer *opt;
 } zero_fixture;
 
-static zero_fixture zero_fixture_new(uint64_t seed, int64_t embd)
+static zero_fixture zero_fixture_new(uint64_t seed, int64_t embd, int dev /* cuda:dev, or -1: the CPU */)
 {
     zero_fixture f = {small_gpt(seed, embd), NULL};
     CHECK_NOTNULL(f.g);
+    if (dev >= 0) CHECK_OK(em_module_to(f.g->m, em_device_cuda(dev)));
     em_named ps[64];
     int n = em_module_params(f.g->m, ps, 64);
     em_tensor *pt[64];
@@ -363,11 +375,12 @@ static void zero_fixture_free(zero_fixture f)
 }
 
 /* One synced stage step of z on a batch of 2 made from `salt`. */
-static void zero_one_step(em_zero *z, em_gpt *g, int salt, bool step)
+static void zero_one_step(em_zero *z, em_gpt *g, int salt, bool step, int dev)
 {
     int32_t tok[2 * T];
     for (int i = 0; i < 2 * T; i++) tok[i] = (i * 7 + salt) % VOCAB;
     em_tensor *x = em_from_data(EM_I32, EM_SHAPE(2, T), tok);
+    if (dev >= 0) x = em_to(x, em_device_cuda(dev));
     CHECK_OK(em_zero_backward(z, em_gpt_loss(g, x, x), true));
     if (step) CHECK_OK(em_zero_step(z));
 }
@@ -376,7 +389,7 @@ static void zero_one_step(em_zero *z, em_gpt *g, int salt, bool step)
 static void zero_refusals(em_pg *pg, int rank, int world, void *ctx)
 {
     (void)rank, (void)world, (void)ctx;
-    zero_fixture f = zero_fixture_new(5, 16), other = zero_fixture_new(6, 16);
+    zero_fixture f = zero_fixture_new(5, 16, -1), other = zero_fixture_new(6, 16, -1);
     em_named po[64];
     em_module_params(other.g->m, po, 64);
     em_tensor *foreign = po[0].t;
@@ -407,11 +420,11 @@ TEST(test_zero_new_refuses_bad_stages_and_foreign_parameters)
 static void zero_state_size(em_pg *pg, int rank, int world, void *ctx)
 {
     (void)ctx;
-    zero_fixture f = zero_fixture_new(5, 32);
+    zero_fixture f = zero_fixture_new(5, 32, -1);
     em_zero *z = em_zero_new(pg, f.g->m, f.opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.004});
     CHECK_NOTNULL(z);
     em_scope sc = em_scope_begin();
-    zero_one_step(z, f.g, rank, true);
+    zero_one_step(z, f.g, rank, true, -1);
     em_scope_end(sc);
     em_named st[256];
     int k = em_optim_state(f.opt, st, 256);
@@ -433,15 +446,18 @@ static void zero_state_size(em_pg *pg, int rank, int world, void *ctx)
  * several steps, while the shard holds the averaged chunk. */
 static void zero_gives_back(em_pg *pg, int rank, int world, void *ctx)
 {
-    (void)world, (void)ctx;
-    zero_fixture f = zero_fixture_new(5, 32);
+    (void)world;
+    int dev = ctx ? rank : -1; /* on cuda:rank the buffer stays allocated, and reads zeros */
+    zero_fixture f = zero_fixture_new(5, 32, dev);
     em_zero *z = em_zero_new(pg, f.g->m, f.opt, &(em_zero_config){.stage = 2, .bucket_mb = 0.004});
     CHECK_NOTNULL(z);
     for (int step = 0; step < 3; step++) {
         em_scope sc = em_scope_begin();
-        zero_one_step(z, f.g, rank + step, false);
-        const float *fg = em_data(em_module_flat_grads(f.g->m, EM_F32));
-        int64_t nz = 0, total = em_numel(em_module_flat_grads(f.g->m, EM_F32));
+        zero_one_step(z, f.g, rank + step, false, dev);
+        em_tensor *flat = em_module_flat_grads(f.g->m, EM_F32);
+        if (dev >= 0) flat = em_to(flat, em_device_cpu());
+        const float *fg = em_data(flat);
+        int64_t nz = 0, total = em_numel(flat);
         for (int64_t i = 0; i < total; i++) nz += fg[i] != 0;
         if (nz)
             th_fail(__FILE__, __LINE__, "step %d: %lld of %lld flat gradients kept after backward", step,
@@ -734,6 +750,192 @@ TEST(test_cuda_resume_at_step_6_of_12_gives_bitwise_the_straight_weights_two_pro
 {
     CUDA_JOBS_OR_SKIP(2);
     check_resume_is_exact_on(2, "cuda", 0);
+}
+
+/* ---- ZeRO on CUDA devices (dist/zero.c over NCCL) --------------------------------------------
+ * The CUDA DDP job above at world 2 with zero_stage 1 and 2, against the
+ * same job under CUDA DDP and under CPU DDP. n_embd 9 (one head) gives
+ * parameters of odd sizes, so buckets of odd sizes: each goes through its
+ * padded copy on the device. Stage 1 all-reduces and clips as DDP does and
+ * updates each element of its pieces with the kernel DDP's fused launches
+ * use: bitwise CUDA DDP's losses and weights. Stage 2 reduce-scatters
+ * (the emulated NCCL adds the ranks in the all-reduce's order) and sums
+ * the clip's squares per bucket chunk, then over ranks: measured bitwise
+ * too (losses and weights); held to 1e-6 relative, as on the CPU, since a
+ * GPU's NCCL may order the two collectives' sums apart. Against CPU DDP:
+ * the CUDA tolerance above, 1e-4 (measured: under 3e-8). 16 steps of
+ * global batch 2 with accumulation 2: two emulated runs of about 12 s each
+ * under ASan on a busy 2-core machine. */
+
+static void check_cuda_zero_against_ddp(int stage, bool offload, bool bitwise)
+{
+    job base = {.accum = 2, .batch = 2, .steps = 16, .bucket_mb = 0.002, .device = "cuda", .embd = 9};
+    job ddp = base, zero = base, cpu = base;
+    zero.zero = stage;
+    zero.offload = offload;
+    cpu.device = NULL;
+    job_files(&ddp, "ddp");
+    job_files(&zero, "zero");
+    job_files(&cpu, "cpu");
+    TH_RANKS_ENV(2, train_job, &ddp);
+    TH_RANKS_ENV(2, train_job, &zero);
+    TH_RANKS_ENV(2, train_job, &cpu);
+    double ld[64], lz[64], lc[64];
+    int nd = read_losses(ddp.losses, ld, 64), nz = read_losses(zero.losses, lz, 64),
+        nc = read_losses(cpu.losses, lc, 64);
+    CHECK(nd == base.steps && nz == base.steps && nc == base.steps);
+    for (int i = 0; i < nz; i++) {
+        double rel = fabs(lz[i] - ld[i]) / fabs(ld[i]), rel_cpu = fabs(lz[i] - lc[i]) / fabs(lc[i]);
+        if (bitwise ? lz[i] != ld[i] : !(rel < 1e-6))
+            th_fail(__FILE__, __LINE__, "stage %d step %d: loss %.17g vs CUDA DDP's %.17g (rel %.3g)", stage,
+                    i, lz[i], ld[i], rel);
+        if (!(rel_cpu < 1e-4))
+            th_fail(__FILE__, __LINE__, "stage %d step %d: loss %.9g vs CPU DDP's %.9g (rel %.3g > 1e-4)",
+                    stage, i, lz[i], lc[i], rel_cpu);
+    }
+    if (bitwise && !same_bytes(ddp.params, zero.params))
+        th_fail(__FILE__, __LINE__, "stage %d: final weights differ from CUDA DDP's", stage);
+    CHECK(lz[nz - 1] < lz[0] - 0.3); /* and it learned */
+}
+
+TEST(test_cuda_zero_stage_1_gives_cuda_ddp_weights_bitwise_two_ranks)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    check_cuda_zero_against_ddp(1, false, true);
+}
+
+TEST(test_cuda_zero_stage_2_follows_cuda_ddp_two_ranks)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    check_cuda_zero_against_ddp(2, false, false);
+}
+
+/* Offload: the optimizer state on the host, each step's update there on
+ * this rank's chunks copied off the device and back. The CPU's AdamW
+ * computes each element with the device kernel's functions
+ * (optim/update_math.h). Measured: bitwise CUDA DDP's losses and weights
+ * (stages 1 and 2); held to 1e-6, as the compilers may contract the two
+ * builds' arithmetic differently. */
+TEST(test_cuda_zero_stage_1_offload_follows_cuda_ddp_two_ranks)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    check_cuda_zero_against_ddp(1, true, false);
+}
+
+TEST(test_cuda_zero_stage_2_offload_follows_cuda_ddp_two_ranks)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    check_cuda_zero_against_ddp(2, true, false);
+}
+
+/* The device memory a stage 1 engine and one step of it leave in use on
+ * cuda:rank, with or without offload (the cache emptied first, so blocks
+ * are not reused at up to twice their request); *mine (if not NULL) gets
+ * this rank's state elements. */
+static size_t device_bytes_after_a_step(em_pg *pg, int rank, em_gpt *g, bool offload, int64_t *mine)
+{
+    em_cuda_memory before, m;
+    em_cuda_empty_cache(rank);
+    CHECK_OK(em_cuda_memory_stats(rank, &before));
+    em_named ps[64];
+    int n = em_module_params(g->m, ps, 64);
+    em_tensor *pt[64];
+    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+    em_optimizer *opt = em_adamw_new(n, pt, NULL);
+    em_zero *z = opt ? em_zero_new(pg, g->m, opt,
+                                   &(em_zero_config){.stage = 1, .bucket_mb = 0.004, .offload = offload})
+                     : NULL;
+    CHECK_NOTNULL(z);
+    em_scope sc = em_scope_begin();
+    int32_t tok[2 * T];
+    for (int i = 0; i < 2 * T; i++) tok[i] = (i * 7 + rank) % VOCAB;
+    em_tensor *x = em_to(em_from_data(EM_I32, EM_SHAPE(2, T), tok), em_device_cuda(rank));
+    CHECK_OK(em_zero_backward(z, em_gpt_loss(g, x, x), true));
+    CHECK_OK(em_zero_step(z));
+    CHECK_OK(em_zero_zero_grad(z));
+    em_scope_end(sc);
+    CHECK_OK(em_cuda_memory_stats(rank, &m));
+    if (mine) {
+        em_named st[256];
+        int k = em_optim_state(opt, st, 256);
+        *mine = 0;
+        for (int i = 0; i < k; i++)
+            if (strstr(st[i].name, ".exp_avg_sq")) *mine += em_numel(st[i].t);
+    }
+    em_zero_free(z);
+    /* its state stays on the host: stepped without the engine, it says so */
+    if (offload) CHECK_ERR(em_optim_step(opt), EM_ERR_DEVICE, "offloaded ZeRO optimizer");
+    em_optim_free(opt);
+    return m.allocated - before.allocated;
+}
+
+/* Offload keeps the optimizer state off the device: at least the 8 bytes
+ * per element of this rank's AdamW moments fewer in use there (measured:
+ * none of it on the device, 119-122 KB without offload for 105 KB of
+ * moments, blocks rounded to 512 bytes). */
+static void offload_frees_the_device(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world, (void)ctx;
+    em_gpt *g = small_gpt(5, 32);
+    CHECK_NOTNULL(g);
+    CHECK_OK(em_module_to(g->m, em_device_cuda(rank)));
+    int64_t mine = 0;
+    device_bytes_after_a_step(pg, rank, g, false, NULL); /* the first backward makes the gradient buffer */
+    size_t on_device = device_bytes_after_a_step(pg, rank, g, false, &mine);
+    size_t offloaded = device_bytes_after_a_step(pg, rank, g, true, NULL);
+    if (!(offloaded + 8 * (size_t)mine <= on_device))
+        th_fail(__FILE__, __LINE__,
+                "rank %d: %zu bytes in use with offload, %zu without; the state is %lld bytes", rank,
+                offloaded, on_device, (long long)(8 * mine));
+    CHECK(mine > 0);
+    em_gpt_free(g);
+}
+
+TEST(test_cuda_zero_offload_keeps_the_optimizer_state_off_the_device)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    TH_RANKS(2, EM_TRANSPORT_AUTO, offload_frees_the_device, NULL);
+}
+
+TEST(test_cuda_zero_stage_2_flat_gradients_read_zeros_after_every_backward)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    TH_RANKS(2, EM_TRANSPORT_AUTO, zero_gives_back, (void *)1);
+}
+
+/* save_state at step 6 of 12 and load_state under ZeRO on the device:
+ * each rank's shard of device state goes out through host copies and comes
+ * back onto the device; the weights are the straight run's, byte for byte. */
+TEST(test_cuda_zero_stage_2_resume_at_step_6_of_12_gives_bitwise_the_straight_weights_two_ranks)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    check_resume_is_exact_on(2, "cuda", 2);
+}
+
+/* Stage 3 on a device: refused, naming why (its saving is giving back
+ * parameter pages, which device memory cannot do in part). */
+static void cuda_zero_3_refused(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world, (void)ctx;
+    em_gpt *g = small_gpt(5, 16);
+    CHECK_NOTNULL(g);
+    CHECK_OK(em_module_to(g->m, em_device_cuda(rank)));
+    em_named ps[64];
+    int n = em_module_params(g->m, ps, 64);
+    em_tensor *pt[64];
+    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+    em_optimizer *opt = em_adamw_new(n, pt, NULL);
+    CHECK_NOTNULL(opt);
+    CHECK_ERR(em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 3}), EM_ERR_UNSUPPORTED,
+              "stage 3 on cuda");
+    em_optim_free(opt);
+    em_gpt_free(g);
+}
+
+TEST(test_cuda_zero_stage_3_is_refused_naming_why)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    TH_RANKS(2, EM_TRANSPORT_AUTO, cuda_zero_3_refused, NULL);
 }
 
 TEST(test_accelerator_refuses_more_local_processes_than_cuda_devices)

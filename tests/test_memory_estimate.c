@@ -183,6 +183,31 @@ TEST(test_estimate_memory_splits_params_grads_and_optimizer_by_stage)
     }
 }
 
+/* On a CUDA device stage 2 keeps the full gradient buffer beside its shard
+ * (dist/zero.c: device memory is not given back in part), and stage 3 is
+ * refused there as em_zero_new refuses it. */
+TEST(test_estimate_memory_on_cuda_counts_stage_2s_full_gradient_buffer)
+{
+    em_mem_config c = em_mem_config_defaults();
+    c.world = 4;
+    c.bucket_mb = 0.1; /* on the CPU, two buckets in flight: less than the whole buffer */
+    c.zero_stage = 2;
+    c.cuda = true;
+    em_mem_estimate e = estimate_of(&c), host;
+    double P = (double)e.n_params;
+    CHECK((double)e.bytes[EM_MEM_GRADS] == 4 * P + 4 * P / 4);
+    c.zero_stage = 1;
+    CHECK(estimate_of(&c).bytes[EM_MEM_GRADS] == (uint64_t)(4 * P)); /* stage 1 as on the CPU */
+    c.cuda = false;
+    c.zero_stage = 2;
+    host = estimate_of(&c);
+    CHECK(host.bytes[EM_MEM_GRADS] < e.bytes[EM_MEM_GRADS]);
+    CHECK(host.bytes[EM_MEM_OPTIMIZER] == e.bytes[EM_MEM_OPTIMIZER]);
+    c.cuda = true;
+    c.zero_stage = 3;
+    CHECK_ERR(em_estimate_memory(&c, &e), EM_ERR_UNSUPPORTED, "zero_stage = 3 on a CUDA device");
+}
+
 TEST(test_estimate_memory_rejects_bad_fields_naming_them)
 {
     em_mem_estimate e;

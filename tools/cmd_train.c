@@ -57,6 +57,7 @@ typedef struct train_opts {
     bool bytes;
     bool resume_auto; /* --resume auto: resume is OUT/state when it holds a checkpoint, else NULL */
     bool no_memory_check;        /* --no-memory-check: start even when the estimate exceeds the memory */
+    bool zero_offload;           /* --zero-offload: ZeRO's optimizer state in host memory (CUDA) */
     em_precision_kind precision; /* DEFAULT: the config file / EMBER_MIXED_PRECISION */
     int log_with;                /* EM_TRACK_* beyond metrics.jsonl (--log-with, else EMBER_LOG_WITH) */
     bool log_with_set;
@@ -77,6 +78,8 @@ static int usage(FILE *f)
         "                                             optimizer state, 2 and the gradients, 3 and the\n"
         "                                             parameters (default: config zero_stage,\n"
         "                                             EMBER_ZERO_STAGE, else 0)\n"
+        "  --zero-offload                             with --zero 1|2 and --device cuda: the optimizer\n"
+        "                                             state in host memory, updated on the CPU\n"
         "  --mixed-precision no|bf16|fp16             autocast forward passes, f32 master weights; fp16\n"
         "                                             with dynamic loss scaling (default: config file, no)\n"
         "  --lr X --min-lr X --warmup N               AdamW lr, cosine to min-lr after warm-up\n"
@@ -168,6 +171,10 @@ static int parse_args(int argc, char **argv, train_opts *o)
         }
         if (!strcmp(f, "--no-memory-check")) {
             o->no_memory_check = true;
+            continue;
+        }
+        if (!strcmp(f, "--zero-offload")) {
+            o->zero_offload = true;
             continue;
         }
         if (!strcmp(f, "--no-bias")) {
@@ -499,6 +506,7 @@ static em_status estimate(run *r, em_mem_estimate *e)
     c.world = em_accel_world(r->acc);
     c.batch = r->o.batch / c.world;
     c.zero_stage = em_accel_zero_stage(r->acc);
+    c.cuda = em_accel_device(r->acc).type == EM_CUDA;
     em_dtype dt = em_accel_autocast_dtype(r->acc);
     c.precision = dt == EM_BF16 ? EM_PREC_BF16 : dt == EM_F16 ? EM_PREC_FP16 : EM_PREC_NO;
     /* the text's tokens (i32, the splits are views of them) and the vocabulary */
@@ -526,6 +534,7 @@ static em_status check_fits(run *r)
     if (dev.type == EM_CUDA && em_cuda_device_info_of(dev.index, &info) == EM_OK) {
         have = (double)info.total_memory; /* one device per process; the runtime stays on the host */
         need = (double)(e.total - e.bytes[EM_MEM_RUNTIME] - e.bytes[EM_MEM_COMM]);
+        if (r->o.zero_offload) need -= (double)e.bytes[EM_MEM_OPTIMIZER]; /* on the host */
         snprintf(where, sizeof where, "cuda:%d has", dev.index);
     } else {
         char what[1100];
@@ -666,6 +675,7 @@ static em_status setup(run *r)
     train_opts *o = &r->o;
     r->acc = em_accelerator_new(&(em_accel_config){.grad_accum = (int)o->grad_accum,
                                                    .zero_stage = o->zero == 1 ? -1 : (int)o->zero - 1,
+                                                   .zero_offload = o->zero_offload,
                                                    .mixed_precision = o->precision,
                                                    .device = o->device,
                                                    .project_dir = o->save_total_limit ? o->out : NULL,

@@ -250,14 +250,24 @@ int em_ddp_num_buckets(const em_ddp *d);
  * the direction of use is prefetched; so every rank must run the same
  * forwards and backwards in the same order (as DDP's collectives need), and
  * code that reads parameter memory directly (saving the model) calls
- * em_zero_gather_params first. CPU models with f32 or f64 parameters
- * (stage 3: f32); CUDA is not built yet (EM_ERR_UNSUPPORTED). */
+ * em_zero_gather_params first. Models with f32 or f64 parameters (stage
+ * 3: f32), on the CPU or (stages 1-2) a CUDA device, collectives through
+ * NCCL; on a device stage 2 keeps the full gradient buffer allocated
+ * (device memory is not given back in part) beside its shard, and stage 3
+ * is refused (EM_ERR_UNSUPPORTED). */
 typedef struct em_zero em_zero;
 
 typedef struct em_zero_config {
     int stage;        /* 1, 2 or 3 (0 is plain DDP: em_ddp) */
     double bucket_mb; /* 0 = 25 */
     bool find_unused_parameters; /* as em_ddp_config's */
+    /* Stages 1-2 of a CUDA model: the optimizer state in host memory. Each
+     * step copies this rank's chunks of the parameters and averaged
+     * gradients to the host, updates them there (the CPU's optimizer, the
+     * same per-element maths as the device's), and copies the parameters
+     * back before the all-gather: the device keeps no optimizer state.
+     * EM_ERR_ARG for a CPU model. */
+    bool offload;
 } em_zero_config;
 
 /* Wraps model in DDP (em_ddp_new: flattens, checks every rank's parameters,
@@ -269,9 +279,11 @@ typedef struct em_zero_config {
  * em_zero_step while z lives. cfg NULL = stage 1, 25 MB buckets. Stage 3
  * gives back the memory of every parameter element outside this rank's
  * chunks at once. NULL + error: EM_ERR_ARG (NULL argument, stage out of
- * 1..3, a parameter of opt not in model), EM_ERR_UNSUPPORTED (CUDA,
- * parameters other than f32/f64, stages 2-3 with both, stage 3 with no f32
- * parameter or while another stage 3 engine lives), em_ddp_new's errors. */
+ * 1..3, a parameter of opt not in model, offload of a CPU model),
+ * EM_ERR_UNSUPPORTED (stage 3 on CUDA, parameters other than f32/f64,
+ * stages 2-3 or offload with both, stage 3 with no f32 parameter or while
+ * another stage 3 engine lives), EM_ERR_DEVICE (parameters on two
+ * devices), em_ddp_new's errors. */
 em_zero *em_zero_new(em_pg *pg, em_module *model, em_optimizer *opt, const em_zero_config *cfg);
 /* Frees z and its DDP (not the model or the optimizer: the optimizer keeps
  * its sharded state). After stage 3, parameter elements outside this
@@ -391,6 +403,7 @@ typedef struct em_accel_config {
      * (one model and one optimizer; world > 1), and backward, clip, step and
      * zero_grad go through em_zero. */
     int zero_stage;
+    bool zero_offload;            /* with zero_stage 1-2 on a CUDA device: em_zero_config.offload */
     double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT; to the group */
     double bucket_mb;             /* 0 = 25 */
     bool find_unused_parameters;
@@ -792,6 +805,7 @@ em_status em_accel_end_training(em_accelerator *a);
  *                  momentum 4P, SGD 0)
  *   stage 1:       params 4P, grads 4P, optimizer / W
  *   stage 2:       params 4P, grads 4P/W + 2 x bucket (at most 4P), optimizer / W
+ *                  (on a CUDA device: grads 4P + 4P/W, the full buffer kept)
  *   stage 3:       params 4P/W + 2 x the largest unit gathered at once (one
  *                  block, or the embeddings with the head), grads and
  *                  optimizer as stage 2
@@ -816,6 +830,10 @@ typedef struct em_mem_config {
     double bucket_mb;  /* gradient bucket, MiB; 0 = 25 (DDP's default) */
     int threads;       /* ember's pool; 0 = this process's (em_num_threads) */
     size_t data_bytes; /* the caller's data kept resident, counted in the runtime */
+    /* The model on a CUDA device (dist/zero.c): stage 2's gradients are the
+     * full buffer (a device does not give memory back in part) plus the
+     * shard, 4P + 4P/W; stage 3 is refused there (EM_ERR_UNSUPPORTED). */
+    bool cuda;
 } em_mem_config;
 
 /* The tiny GPT (vocab 65, block 64, 4 layers, 4 heads, 128 wide, bias), world
@@ -843,7 +861,7 @@ typedef struct em_mem_estimate {
  * c or out, a size < 1, n_embd not a multiple of n_head, context outside
  * 0..block_size, a stage outside 0..3, an unknown precision or optimizer,
  * momentum without SGD, a negative bucket or threads, or a total past 2^62
- * bytes. */
+ * bytes; EM_ERR_UNSUPPORTED for stage 3 with cuda. */
 em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out);
 /* "parameters", "gradients", "optimizer state", "activations",
  * "communication", "runtime" ("?" for anything else; static strings). */
