@@ -1,6 +1,7 @@
 /* dist_util.c — see dist_util.h: forked ranks around a store the test hosts. */
 #include "dist_util.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,4 +156,22 @@ void th_ranks(const char *file, int line, int world, em_transport tr, th_rank_fn
 void th_ranks_env(const char *file, int line, int world, th_env_fn fn, void *ctx)
 {
     run(file, line, world, EM_TRANSPORT_AUTO, NULL, fn, ctx);
+}
+
+em_optimizer *th_adamw_of(em_module *m, double lr)
+{
+    int n = em_module_params(m, NULL, 0);
+    em_named *ps = calloc((size_t)n + 1, sizeof *ps);
+    em_tensor **pt = calloc((size_t)n + 1, sizeof *pt);
+    em_optimizer *opt = NULL;
+    if (ps && pt) {
+        em_module_params(m, ps, n);
+        for (int i = 0; i < n; i++) pt[i] = ps[i].t;
+        em_adam_config ac = em_adamw_defaults();
+        if (!isnan(lr)) ac.lr = lr;
+        opt = em_adamw_new(n, pt, &ac);
+    }
+    free(ps);
+    free(pt);
+    return opt;
 }

@@ -32,4 +32,8 @@ void th_ranks_env(const char *file, int line, int world, th_env_fn fn, void *ctx
 #define TH_RANKS(world, tr, fn, ctx) th_ranks(__FILE__, __LINE__, (world), (tr), (fn), (ctx))
 #define TH_RANKS_ENV(world, fn, ctx) th_ranks_env(__FILE__, __LINE__, (world), (fn), (ctx))
 
+/* AdamW (torch's defaults, lr = lr unless NAN) over every parameter of m, in
+ * registration order: the optimizer the training tests share. NULL + error. */
+em_optimizer *th_adamw_of(em_module *m, double lr);
+
 #endif

@@ -40,15 +40,7 @@ static rig *rig_new(void)
         .vocab_size = VOCAB, .block_size = T, .n_layer = 1, .n_head = 2, .n_embd = 16, .bias = true};
     r->g = em_gpt_new(&c, 99);
     CHECK_NOTNULL(r->g);
-    int n = em_module_params(r->g->m, NULL, 0);
-    em_named ps[32];
-    em_tensor *pt[32];
-    CHECK(n <= 32);
-    em_module_params(r->g->m, ps, n);
-    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
-    em_adam_config ac = em_adamw_defaults();
-    ac.lr = 1e-2;
-    r->opt = em_adamw_new(n, pt, &ac);
+    r->opt = th_adamw_of(r->g->m, 1e-2);
     CHECK_NOTNULL(r->opt);
     CHECK_OK(em_accel_prepare(r->a, r->g->m, r->opt, NULL, NULL));
     CHECK_OK(em_accel_prepare_sampler(r->a, &r->sampler));

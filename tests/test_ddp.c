@@ -90,15 +90,7 @@ static void train_job(int rank, int world, void *ctx)
     /* different inits: DDP must broadcast rank 0's */
     em_gpt *g = small_gpt(1234 + (uint64_t)rank, j->embd ? j->embd : 16);
     CHECK_NOTNULL(g);
-    int n = em_module_params(g->m, NULL, 0);
-    em_named ps[64];
-    em_tensor *pt[64];
-    CHECK(n <= 64);
-    em_module_params(g->m, ps, n);
-    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
-    em_adam_config ac = em_adamw_defaults();
-    ac.lr = 1e-2;
-    em_optimizer *opt = em_adamw_new(n, pt, &ac);
+    em_optimizer *opt = th_adamw_of(g->m, 1e-2);
     CHECK_NOTNULL(opt);
     em_lr_schedule sched = {.kind = EM_LR_COSINE, .base_lr = 1e-2, .min_lr = 1e-3, .warmup = 3, .total = 20};
     CHECK_OK(em_accel_prepare(acc, g->m, opt, NULL, &sched));
@@ -359,11 +351,7 @@ static zero_fixture zero_fixture_new(uint64_t seed, int64_t embd, int dev /* cud
     zero_fixture f = {small_gpt(seed, embd), NULL};
     CHECK_NOTNULL(f.g);
     if (dev >= 0) CHECK_OK(em_module_to(f.g->m, em_device_cuda(dev)));
-    em_named ps[64];
-    int n = em_module_params(f.g->m, ps, 64);
-    em_tensor *pt[64];
-    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
-    f.opt = em_adamw_new(n, pt, NULL);
+    f.opt = th_adamw_of(f.g->m, NAN);
     CHECK_NOTNULL(f.opt);
     return f;
 }
@@ -837,11 +825,7 @@ static size_t device_bytes_after_a_step(em_pg *pg, int rank, em_gpt *g, bool off
     em_cuda_memory before, m;
     em_cuda_empty_cache(rank);
     CHECK_OK(em_cuda_memory_stats(rank, &before));
-    em_named ps[64];
-    int n = em_module_params(g->m, ps, 64);
-    em_tensor *pt[64];
-    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
-    em_optimizer *opt = em_adamw_new(n, pt, NULL);
+    em_optimizer *opt = th_adamw_of(g->m, NAN);
     em_zero *z = opt ? em_zero_new(pg, g->m, opt,
                                    &(em_zero_config){.stage = 1, .bucket_mb = 0.004, .offload = offload})
                      : NULL;
@@ -920,11 +904,7 @@ static void cuda_zero_3_refused(em_pg *pg, int rank, int world, void *ctx)
     em_gpt *g = small_gpt(5, 16);
     CHECK_NOTNULL(g);
     CHECK_OK(em_module_to(g->m, em_device_cuda(rank)));
-    em_named ps[64];
-    int n = em_module_params(g->m, ps, 64);
-    em_tensor *pt[64];
-    for (int i = 0; i < n; i++) pt[i] = ps[i].t;
-    em_optimizer *opt = em_adamw_new(n, pt, NULL);
+    em_optimizer *opt = th_adamw_of(g->m, NAN);
     CHECK_NOTNULL(opt);
     CHECK_ERR(em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 3}), EM_ERR_UNSUPPORTED,
               "stage 3 on cuda");
