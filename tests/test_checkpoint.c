@@ -11,54 +11,16 @@
 
 #include "dist_util.h"
 #include "harness.h"
+#include "accel_rig.h"
 
 /* ---- a small training rig: GPT, AdamW, sampler, Accelerator ---------------------- */
 
-enum { VOCAB = 12, T = 8, NTOK = 2000 };
-
-typedef struct rig {
-    em_accelerator *a;
-    em_gpt *g;
-    em_optimizer *opt;
-    em_window_sampler sampler;
-    int32_t tok[NTOK];
-    em_tokens tokens;
-} rig;
+enum { VOCAB = RIG_VOCAB, T = RIG_T };
 
 static rig *rig_new(void)
 {
-    th_no_user_config();
     unsetenv("EMBER_NO_RENAME_EXCHANGE");
-    rig *r = calloc(1, sizeof *r);
-    CHECK(r != NULL);
-    r->a = em_accelerator_new(NULL);
-    CHECK_NOTNULL(r->a);
-    for (int i = 0; i < NTOK; i++) r->tok[i] = (int32_t)((i * 7 + i / 5) % VOCAB);
-    r->tokens = em_tokens_view(r->tok, NTOK, EM_TOK_I32);
-    CHECK_OK(em_window_sampler_init(&r->sampler, &r->tokens, 4, T, 5));
-    em_gpt_config c = {
-        .vocab_size = VOCAB, .block_size = T, .n_layer = 1, .n_head = 2, .n_embd = 16, .bias = true};
-    r->g = em_gpt_new(&c, 99);
-    CHECK_NOTNULL(r->g);
-    r->opt = th_adamw_of(r->g->m, 1e-2);
-    CHECK_NOTNULL(r->opt);
-    CHECK_OK(em_accel_prepare(r->a, r->g->m, r->opt, NULL, NULL));
-    CHECK_OK(em_accel_prepare_sampler(r->a, &r->sampler));
-    return r;
-}
-
-static void rig_step(rig *r)
-{
-    em_scope s = em_scope_begin();
-    em_accel_accumulate(r->a);
-    em_batch b;
-    CHECK_OK(em_window_sampler_next(&r->sampler, &b));
-    em_tensor *loss = em_gpt_loss(r->g, b.x, b.y);
-    CHECK_NOTNULL(loss);
-    CHECK_OK(em_accel_backward(r->a, loss));
-    CHECK_OK(em_accel_step(r->a));
-    CHECK_OK(em_accel_zero_grad(r->a));
-    em_scope_end(s);
+    return rig_new_at(0, 0, 16);
 }
 
 /* A copy of the flat parameters (malloc'd, *n floats). */
@@ -72,13 +34,6 @@ static float *rig_params(rig *r, int64_t *n)
     return p;
 }
 
-static void rig_free(rig *r)
-{
-    em_accelerator_free(r->a);
-    em_optim_free(r->opt);
-    em_gpt_free(r->g);
-    free(r);
-}
 
 /* ---- files ------------------------------------------------------------------------ */
 
