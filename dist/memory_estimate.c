@@ -150,9 +150,10 @@ static double step_scope_bytes(const em_gpt_config *m, double B, double T, doubl
  * libraries and the first arena chunks, about 8 MiB; each thread of the pool
  * its stack and temp-arena scratch (GEMM packing, attention's (T,T) rows),
  * about 2 MiB; plus what the caller's data keeps resident. */
-static double runtime_bytes(int threads, size_t data_bytes)
+static double runtime_bytes(int threads, size_t base_bytes, size_t data_bytes)
 {
-    return 8.0 * (1 << 20) + 2.0 * (1 << 20) * threads + (double)data_bytes;
+    double base = base_bytes ? (double)base_bytes : 8.0 * (1 << 20) + 2.0 * (1 << 20) * threads;
+    return base + (double)data_bytes;
 }
 
 static em_status check(const em_mem_config *c)
@@ -223,7 +224,7 @@ em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out)
         /* the shared-memory segment of a group on one host (dist/shm.c) */
         [EM_MEM_COMM] =
             c->world > 1 ? (double)shm_bytes(c->world < SHM_MAX_WORLD ? c->world : SHM_MAX_WORLD) : 0,
-        [EM_MEM_RUNTIME] = runtime_bytes(c->threads ? c->threads : em_num_threads(), c->data_bytes)};
+        [EM_MEM_RUNTIME] = runtime_bytes(c->threads ? c->threads : em_num_threads(), c->base_bytes, c->data_bytes)};
     out->n_params = (int64_t)P;
     double total = 0;
     for (int i = 0; i < EM_MEM_NCATEGORIES; i++) {

@@ -4,6 +4,7 @@
  * directory (DIR/config, as `ember train` writes it) or from a safetensors
  * file's header (the data is never read). */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,8 +266,13 @@ static int parse_args(int argc, char **argv, est_opts *o)
 
 int cmd_estimate_memory(int argc, char **argv)
 {
+    /* the runtime's baseline: what this process (the binary and libraries a
+     * training run loads, CUDA's in a CUDA build) holds before it reads
+     * anything, rounded up to a MiB so the table does not move with pages */
+    double base = mem_rss();
     est_opts o = {0};
     int rc = parse_args(argc, argv, &o);
+    o.c.base_bytes = (size_t)(ceil(base / (1 << 20)) * (1 << 20));
     if (rc) return rc < 0 ? 0 : rc;
     int first = o.zero < 0 ? 0 : o.zero, last = o.zero < 0 ? 3 : o.zero;
     em_mem_estimate e[4];

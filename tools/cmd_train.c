@@ -308,6 +308,7 @@ typedef struct run {
     char logdir[4096]; /* the trackers' LOGDIR and run name, when --log-with tensorboard */
     char run_name[256];
     char state[4096]; /* OUT/state, when --resume auto finds a checkpoint there */
+    double base_rss;  /* the resident set before the model existed: the estimate's runtime */
 } run;
 
 static const char *in_out(run *r, const char *name)
@@ -510,7 +511,12 @@ static em_status estimate(run *r, em_mem_estimate *e)
     em_dtype dt = em_accel_autocast_dtype(r->acc);
     c.precision = dt == EM_BF16 ? EM_PREC_BF16 : dt == EM_F16 ? EM_PREC_FP16 : EM_PREC_NO;
     /* the text's tokens (i32, the splits are views of them) and the vocabulary */
-    c.data_bytes = (size_t)r->text->tokens.n * sizeof(int32_t) + (size_t)r->text->vocab.size * 8;
+    /* what this process holds now (libraries, CUDA's when built with it, the
+     * pool, the text already read) is the runtime's baseline */
+    if (!r->base_rss) r->base_rss = mem_rss(); /* the first call's: before the model exists */
+    c.base_bytes = (size_t)r->base_rss;
+    if (!c.base_bytes) /* unknown: the guess, plus the text's tokens and vocabulary */
+        c.data_bytes = (size_t)r->text->tokens.n * sizeof(int32_t) + (size_t)r->text->vocab.size * 8;
     return em_estimate_memory(&c, e);
 }
 

@@ -27,6 +27,8 @@ static double proc_kb(const char *path, const char *key)
 
 double mem_peak_rss(void) { return proc_kb("/proc/self/status", "VmHWM"); }
 
+double mem_rss(void) { return proc_kb("/proc/self/status", "VmRSS"); }
+
 /* A limit file's number ("max", or a v1 "unlimited" near 2^63, is none: 0). */
 static double read_limit(const char *path)
 {

@@ -17,6 +17,8 @@ double mem_available(char *what, size_t n);
 /* This process's peak resident set (VmHWM of /proc/self/status), bytes; 0
  * when it cannot be read. */
 double mem_peak_rss(void);
+/* Its current resident set (VmRSS), bytes; 0 when it cannot be read. */
+double mem_rss(void);
 
 /* "123.4 MiB" / "1.23 GiB" into buf (n bytes); returns buf. */
 const char *mem_human(double bytes, char *buf, size_t n);

@@ -804,17 +804,18 @@ em_status em_accel_end_training(em_accelerator *a);
  *   stage 0 (DDP): params 4P, grads 4P, optimizer (Adam/AdamW 8P, SGD with
  *                  momentum 4P, SGD 0)
  *   stage 1:       params 4P, grads 4P, optimizer / W
- *   stage 2:       params 4P, grads 4P/W + 2 x bucket (at most 4P), optimizer / W
- *                  (on a CUDA device: grads 4P + 4P/W, the full buffer kept)
- *   stage 3:       params 4P/W + 2 x the largest unit gathered at once (one
- *                  block, or the embeddings with the head), grads and
- *                  optimizer as stage 2
+ *   stage 2:       params 4P, grads 4P/W + the largest parameter's bucket and
+ *                  2 more held by backward (at most 4P), optimizer / W (on a
+ *                  CUDA device: grads 4P + 4P/W, the full buffer kept)
+ *   stage 3:       params 4P/W + 3 buckets kept whole (the largest and 2
+ *                  more; never above 4P in all), grads and optimizer as
+ *                  stage 2
  * Activations are what one step (forward, loss, backward) of batch x context
  * tokens leaves in the step scope, counted op by op from what nn/gpt.c's
  * forward keeps and its backward makes (docs/distributed.md, "Memory per
  * rank"); communication is the shared-memory segment of a group on one
- * host; runtime the process's own baseline (libraries, thread pool, scratch)
- * plus data_bytes. Measured peaks of the tiny GPT fall within 10% of the
+ * host; runtime the process's own baseline (base_bytes, or a guess for
+ * libraries, thread pool and scratch) plus data_bytes. Measured peaks of the tiny GPT fall within 10% of the
  * total (tests/test_memory_estimate.c). */
 typedef enum em_mem_optimizer { EM_MEM_ADAMW = 0, EM_MEM_ADAM, EM_MEM_SGD } em_mem_optimizer;
 
@@ -830,6 +831,12 @@ typedef struct em_mem_config {
     double bucket_mb;  /* gradient bucket, MiB; 0 = 25 (DDP's default) */
     int threads;       /* ember's pool; 0 = this process's (em_num_threads) */
     size_t data_bytes; /* the caller's data kept resident, counted in the runtime */
+    /* The process's own resident baseline when the caller knows it (its
+     * VmRSS before the model exists: ember's libraries, and CUDA's when the
+     * build has them, which are over 100 MiB; the pool), replacing the
+     * built-in guess of 8 MiB + 2 MiB per thread; 0 = the guess. data_bytes
+     * adds to either. */
+    size_t base_bytes;
     /* The model on a CUDA device (dist/zero.c): stage 2's gradients are the
      * full buffer (a device does not give memory back in part) plus the
      * shard, 4P + 4P/W; stage 3 is refused there (EM_ERR_UNSUPPORTED). */
