@@ -25,13 +25,6 @@
  *            gradients are never all resident at once; zero_grad gives back
  *            the whole buffer. Clipping sums the squares of the shards and
  *            all-reduces that one number.
- *
- * Communication per step, in elements of the flat buffer (P): DDP's
- * all-reduce moves about 2P per rank; stage 2's reduce-scatter P and the
- * parameters' all-gather P, the same total; stage 1 adds the all-gather to
- * DDP's all-reduce. A bucket whose size is not a multiple of the world goes
- * through a padded copy (world * c), so every collective has equal chunks.
- *
  *   stage 3: as stage 2, and the parameters too are kept whole only while
  *            they are used: after the step each rank gives back the memory
  *            of every parameter element outside its chunks; an op that
@@ -42,6 +35,12 @@
  *            after the one fetched, in the direction the fetches go
  *            (forward walks the buckets down, backward up), is prefetched
  *            while the current one computes.
+ *
+ * Communication per step, in elements of the flat buffer (P): DDP's
+ * all-reduce moves about 2P per rank; stage 2's reduce-scatter P and the
+ * parameters' all-gather P, the same total; stage 1 adds the all-gather to
+ * DDP's all-reduce. A bucket whose size is not a multiple of the world goes
+ * through a padded copy (world * c), so every collective has equal chunks.
  *
  * On a CUDA device (stages 1-2): the same buckets, chunks and collectives,
  * through NCCL on device buffers (dist/nccl.c); the pads and the gradient
