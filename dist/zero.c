@@ -175,17 +175,26 @@ static em_status dev_zero(const em_zero *z, void *p, size_t bytes)
 /* ---- the gradient buffer's pages ----------------------------------------------------- */
 
 /* Gives the whole pages inside [p, p + bytes) back to the kernel (they read
- * as zeros from then on, and cost no memory until written) and zeroes the
- * bytes at the ends that share a page with other data. */
-static void give_back(void *p, size_t bytes)
+ * as zeros from then on, and cost no memory until written); *pa, *pe: that
+ * page-aligned part. false when there is none or madvise refused. */
+static bool pages_back(void *p, size_t bytes, uintptr_t *pa, uintptr_t *pe)
 {
     uintptr_t a = (uintptr_t)p, e = a + bytes, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t pa = (a + pg - 1) / pg * pg, pe = e / pg * pg;
-    if (pe <= pa || madvise((void *)pa, pe - pa, MADV_DONTNEED) != 0) {
+    *pa = (a + pg - 1) / pg * pg;
+    *pe = e / pg * pg;
+    return *pe > *pa && madvise((void *)*pa, *pe - *pa, MADV_DONTNEED) == 0;
+}
+
+/* [p, p + bytes) reads zeros from now on: its whole pages given back, the
+ * bytes at the ends that share a page with other data zeroed. */
+static void give_back(void *p, size_t bytes)
+{
+    uintptr_t pa, pe, e = (uintptr_t)p + bytes;
+    if (!pages_back(p, bytes, &pa, &pe)) {
         memset(p, 0, bytes);
         return;
     }
-    memset(p, 0, pa - a);
+    memset(p, 0, pa - (uintptr_t)p);
     memset((void *)pe, 0, e - pe);
 }
 
@@ -281,13 +290,12 @@ static em_status gather_done(em_zero *z, int i)
 static void evict(em_zero *z, int i)
 {
     zbucket *b = &z->b[i];
-    size_t es = em_dtype_size(b->dtype), pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t es = em_dtype_size(b->dtype);
     char *p = em_data(b->params);
     size_t regions[2][2] = {{0, (size_t)(z->rank * b->c)}, {(size_t)(z->rank * b->c + b->own), (size_t)b->n}};
     for (int k = 0; k < 2; k++) {
-        uintptr_t a = (uintptr_t)(p + regions[k][0] * es), e = (uintptr_t)(p + regions[k][1] * es);
-        uintptr_t pa = (a + pg - 1) / pg * pg, pe = e / pg * pg;
-        if (pe > pa) madvise((void *)pa, pe - pa, MADV_DONTNEED);
+        uintptr_t pa, pe; /* the ends stay as they are: stale values, overwritten by the next gather */
+        (void)pages_back(p + regions[k][0] * es, (regions[k][1] - regions[k][0]) * es, &pa, &pe);
     }
     b->resident = false;
 }
@@ -302,6 +310,16 @@ static em_status finish_prefetch(em_zero *z, int i)
     return s;
 }
 
+/* Bucket i whole, if it is not: its prefetch waited for, or a gather. */
+static em_status make_whole(em_zero *z, int i)
+{
+    zbucket *b = &z->b[i];
+    if (b->resident) return EM_OK;
+    em_status s = b->gwork ? finish_prefetch(z, i) : gather_start(z, i, NULL);
+    if (!s && !b->resident && !(s = gather_done(z, i))) b->resident = true;
+    return s;
+}
+
 /* Makes bucket i whole: waits for its prefetch or gathers it; keeps at
  * most KEEP buckets whole (the least recently used others are evicted);
  * then starts the prefetch of the next bucket in the direction the
@@ -311,12 +329,8 @@ static em_status make_resident(em_zero *z, int i)
     zbucket *b = &z->b[i];
     b->used = ++z->clock;
     if (b->resident) return EM_OK;
-    em_status s = b->gwork ? finish_prefetch(z, i) : gather_start(z, i, NULL);
+    em_status s = make_whole(z, i);
     if (s) return s;
-    if (!b->resident) {
-        if ((s = gather_done(z, i))) return s;
-        b->resident = true;
-    }
     for (;;) { /* whole or coming: at most KEEP */
         int n = 0, lru = -1;
         for (int k = 0; k < z->nb; k++) {
@@ -362,31 +376,43 @@ em_status em_zero_gather_params(em_zero *z)
     if (z->stage < 3) return EM_OK;
     em_status first = EM_OK;
     for (int i = 0; i < z->nb; i++) { /* every rank the same calls, whatever fails */
-        zbucket *b = &z->b[i];
-        em_status s = b->gwork ? finish_prefetch(z, i) : b->resident ? EM_OK : gather_start(z, i, NULL);
-        if (!s && !b->resident && !(s = gather_done(z, i))) b->resident = true;
+        em_status s = make_whole(z, i);
         if (s && !first) first = s;
     }
     return first;
 }
 
+/* Where parameter t (a slice of the model's flat parameters) meets this
+ * rank's chunk of its bucket: elements [*lo, *hi) of the flat buffer (lo =
+ * hi = t's start when none of it is mine). The bucket's index, or -1 when t
+ * is not a parameter of the model or lies in no bucket. */
+static int own_range(const em_zero *z, const tensor *t, int64_t *lo, int64_t *hi)
+{
+    em_tensor *flat = em_module_flat_params(z->model, t->dtype);
+    tensor *ft = flat ? t_resolve(flat, "em_zero") : NULL;
+    if (!ft || t->st != ft->st) return -1;
+    int64_t off = t->offset - ft->offset, n = t_numel(t);
+    for (int k = 0; k < z->nb; k++) {
+        const zbucket *b = &z->b[k];
+        if (b->dtype != t->dtype || off < b->lo || off >= b->lo + b->n) continue;
+        int64_t own_lo = b->lo + (int64_t)z->rank * b->c, own_hi = own_lo + b->own;
+        *lo = off > own_lo ? off : own_lo;
+        *hi = off + n < own_hi ? off + n : own_hi;
+        if (*hi <= *lo) *lo = *hi = off; /* none of it is mine */
+        return k;
+    }
+    return -1;
+}
+
 bool zero_param_share(const em_zero *z, const em_tensor *param, int64_t *lo, int64_t *n)
 {
     tensor *t = t_resolve(param, "zero_param_share");
-    em_tensor *flat = t ? em_module_flat_params(z->model, t->dtype) : NULL;
-    tensor *ft = flat ? t_resolve(flat, "zero_param_share") : NULL;
-    if (!ft || t->st != ft->st) return false;
-    int64_t at = t->offset - ft->offset, len = t_numel(t);
-    for (int i = 0; i < z->nb; i++) {
-        const zbucket *b = &z->b[i];
-        if (b->dtype != t->dtype || at < b->lo || at >= b->lo + b->n) continue;
-        int64_t mine = b->lo + (int64_t)z->rank * b->c, a = at > mine ? at : mine;
-        int64_t e = at + len < mine + b->own ? at + len : mine + b->own;
-        *lo = e > a ? a - at : 0;
-        *n = e > a ? e - a : 0;
-        return true;
-    }
-    return false;
+    int64_t a, e;
+    if (!t || own_range(z, t, &a, &e) < 0) return false;
+    em_tensor *flat = em_module_flat_params(z->model, t->dtype);
+    *lo = a - (t->offset - t_resolve(flat, "zero_param_share")->offset);
+    *n = e - a;
+    return true;
 }
 
 em_status zero_params_changed(em_zero *z)
@@ -439,13 +465,11 @@ static em_status set_piece(em_zero *z, int i, const char *fn)
     if (!ft || t->st != ft->st)
         return em_err(EM_ERR_ARG, "%s: optimizer parameter %d %s%s is not a parameter of the model", fn, i,
                       em_dtype_name(t->dtype), shp(t));
-    int64_t off = t->offset - ft->offset, n = t_numel(t);
-    for (int k = 0; k < z->nb; k++) {
-        zbucket *b = &z->b[k];
-        if (b->dtype != t->dtype || off < b->lo || off >= b->lo + b->n) continue;
-        int64_t own_lo = b->lo + (int64_t)z->rank * b->c, own_hi = own_lo + b->own;
-        int64_t lo = off > own_lo ? off : own_lo, hi = off + n < own_hi ? off + n : own_hi;
-        if (hi <= lo) lo = hi = off; /* none of it is mine */
+    int64_t off = t->offset - ft->offset, lo, hi;
+    int k = own_range(z, t, &lo, &hi);
+    if (k >= 0) {
+        const zbucket *b = &z->b[k];
+        int64_t own_lo = b->lo + (int64_t)z->rank * b->c;
         tensor *g = NULL, *pp = NULL;
         if (z->offload) { /* headers over the piece's values and gradients in the host chunks */
             em_tensor *hp = slice_of(z->hpar, b->at + (lo - own_lo), hi - lo);
@@ -818,11 +842,7 @@ em_status em_zero_step(em_zero *z)
     if (!s) s = em_optim_step(z->opt);
     if (!s && z->offload) s = offload_chunks(z, false);
     if (s) return s;
-    if (z->stage == 3) { /* the next forward gathers the updated chunks as it needs them */
-        for (int i = 0; i < z->nb; i++) evict(z, i);
-        z->last = -1;
-        return EM_OK;
-    }
+    if (z->stage == 3) return zero_params_changed(z); /* the next forward gathers the new chunks */
     /* every bucket's chunks to every rank: started together, then waited */
     em_status first = EM_OK;
     for (int i = 0; i < z->nb; i++) {
