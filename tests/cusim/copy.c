@@ -40,7 +40,11 @@ static bool classify(const char *api, const char *role, const void *p, size_t n,
     case CUSIM_MEM_INVALID: break;
     }
     const char *c = p, *base = a.base;
-    if (a.freed)
+    if (a.unmapped)
+        cusim_report(
+            "%s: the %s (%zu bytes at %p) touches an unmapped part of the %zu-byte range reserved at %p", api,
+            role, n, p, a.size, a.base);
+    else if (a.freed)
         cusim_report(
             "%s: the %s (%zu bytes at %p) is in a %zu-byte allocation at %p on cuda:%d that was freed", api,
             role, n, p, a.size, a.base, a.device);

@@ -284,6 +284,7 @@ static bool operand_ok(const char *api, const char *name, const void *p, cudaDat
     }
     const char *why = kind == CUSIM_MEM_DEVICE ? "on another device than the handle's stream"
                       : info.freed             ? "in an allocation that was freed"
+                      : info.unmapped          ? "touching an unmapped part of a reserved range"
                                                : "which runs outside its allocation";
     cusim_report(
         "%s: %s (%d x %d, ld %d, %d matrices %lld elements apart) spans %zu bytes at %p, %s (%zu bytes at "

@@ -110,20 +110,25 @@ void cusim_lock(void);
 void cusim_unlock(void);
 
 /* What an address is to the emulator: in a live device allocation
- * (CUSIM_MEM_DEVICE, with the allocation's base, size and device), in the
- * guard zone around one or in a freed one (CUSIM_MEM_INVALID, with the
- * nearest allocation), or anything else (CUSIM_MEM_OTHER). */
+ * (CUSIM_MEM_DEVICE, with the allocation's base, size and device; for
+ * memory mapped into a reserved range (vmm.c), the run of adjacent
+ * accessible mappings around it), in the guard zone around one, in a
+ * freed one or in an unmapped part of a reserved range (CUSIM_MEM_INVALID,
+ * with the nearest allocation, or the whole reserved range), or anything
+ * else (CUSIM_MEM_OTHER). */
 typedef enum { CUSIM_MEM_OTHER, CUSIM_MEM_DEVICE, CUSIM_MEM_INVALID } cusim_mem_kind;
 typedef struct cusim_alloc_info {
     void *base;
     size_t size;
     int device;
-    bool freed; /* CUSIM_MEM_INVALID: that allocation was freed (use after free) */
+    bool freed;    /* CUSIM_MEM_INVALID: that allocation was freed (use after free) */
+    bool unmapped; /* CUSIM_MEM_INVALID: base is a reserved range, the access touches a part of it
+                      with nothing mapped (or mapped without access) */
 } cusim_alloc_info;
 cusim_mem_kind cusim_mem_lookup(const void *p, size_t n, cusim_alloc_info *info);
 
 /* Calls fn for every live device allocation (base, size, device), lowest
- * address first: the schedule checker snapshots and compares them. */
+ * address first, then every accessible mapping in a reserved range. */
 void cusim_mem_foreach(void (*fn)(void *ctx, void *base, size_t size, int device), void *ctx);
 
 /* Queues l on stream s (NULL: the current device's default stream); the

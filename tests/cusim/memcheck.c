@@ -445,6 +445,12 @@ void cusim_access(const void *p, size_t n, int kind)
         snprintf(what, sizeof what,
                  "device allocation %p (%zu bytes) was freed: offset %lld (a use after free)", info.base,
                  info.size, off);
+    else if (info.unmapped)
+        snprintf(
+            what, sizeof what,
+            "an unmapped part of the range reserved at %p (%zu bytes): offset %lld (nothing mapped there, "
+            "or mapped without access)",
+            info.base, info.size, off);
     else
         snprintf(what, sizeof what, "out of bounds of device allocation %p (%zu bytes): offset %lld",
                  info.base, info.size, off);

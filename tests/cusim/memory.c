@@ -26,6 +26,9 @@
  *
  * Pinned host memory (cudaMallocHost) is plain host memory remembered as
  * pinned: the runtime's copies behave differently for it (see runtime.c).
+ * Reserved ranges and the memory mapped into them (cuMemAddressReserve,
+ * cuMemMap) are vmm.c's; this file answers for them through it (lookups,
+ * faults, protection) and counts their memory with cudaMalloc's.
  *
  * The tables are guarded by cusim_lock; the fault handler reads them
  * without it (it only runs when the process is about to die). */
@@ -191,6 +194,14 @@ static void on_fault(int sig, siginfo_t *si, void *uc)
     const char *a = si->si_addr;
     long i = find_region(a);
     char msg[768], rel[384];
+    int v =
+        i < 0 ? vmm_fault(a, thread_open > 0, activity, protect == PROTECT_MPROTECT, msg, sizeof msg) : -1;
+    if (v == 0) return; /* device work's first touch of a mapping since memory was opened */
+    if (v == 1) {
+        say(msg);
+        signal(SIGABRT, SIG_DFL);
+        abort();
+    }
     if (i < 0) {
         if (thread_open > 0) {
             snprintf(
@@ -226,8 +237,7 @@ static void on_fault(int sig, siginfo_t *si, void *uc)
     abort();
 }
 
-/* lock held */
-static void install_handler(void)
+void mem_install_handler(void)
 {
     if (handler_installed) return;
     struct sigaction sa;
@@ -276,10 +286,31 @@ cudaError_t cudaMalloc(void **p, size_t n)
         return rt_fail(cudaErrorMemoryAllocation);
     }
     used_bytes[dev] += n;
-    install_handler();
+    mem_install_handler();
     cusim_unlock();
     *p = r.base;
     return cudaSuccess;
+}
+
+bool mem_charge(int dev, size_t n)
+{
+    if (used_bytes[dev] + n > rt_device_memory()) return false;
+    used_bytes[dev] += n;
+    return true;
+}
+
+void mem_uncharge(int dev, size_t n) { used_bytes[dev] -= n; }
+
+int mem_protect(void *p, size_t n, bool accessible)
+{
+    pthread_once(&once, init_memory);
+    if (!accessible) return mprotect(p, n, PROT_NONE);
+    switch (protect) {
+    case PROTECT_OFF: return mprotect(p, n, PROT_READ | PROT_WRITE);
+    case PROTECT_PKEY: return pkey_mprotect(p, n, PROT_READ | PROT_WRITE, pkey);
+    case PROTECT_MPROTECT: return mprotect(p, n, PROT_NONE); /* opened by the first touch (on_fault) */
+    }
+    return -1;
 }
 
 /* lock held: r is freed; it joins the quarantine, whose oldest member leaves */
@@ -345,7 +376,9 @@ cusim_mem_kind cusim_mem_lookup(const void *p, size_t n, cusim_alloc_info *info)
         const region *r = &regions[i];
         bool inside = c >= r->base && c < r->base + r->size && n <= (size_t)(r->base + r->size - c);
         kind = inside && !r->freed ? CUSIM_MEM_DEVICE : CUSIM_MEM_INVALID;
-        if (info) *info = (cusim_alloc_info){r->base, r->size, r->device, r->freed};
+        if (info) *info = (cusim_alloc_info){r->base, r->size, r->device, r->freed, false};
+    } else {
+        kind = vmm_lookup(p, n, info);
     }
     cusim_unlock();
     return kind;
@@ -356,6 +389,7 @@ void cusim_mem_foreach(void (*fn)(void *ctx, void *base, size_t size, int device
     cusim_lock();
     for (size_t i = 0; i < nregions; i++)
         if (!regions[i].freed) fn(ctx, regions[i].base, regions[i].size, regions[i].device);
+    vmm_foreach(fn, ctx);
     cusim_unlock();
 }
 
@@ -387,9 +421,11 @@ void cusim_mem_close(void)
     case PROTECT_PKEY: pkey_set(pkey, PKEY_DISABLE_ACCESS); break;
     case PROTECT_MPROTECT:
         cusim_lock();
-        if (--open_threads == 0)
+        if (--open_threads == 0) {
             for (size_t i = 0; i < nregions; i++)
                 if (regions[i].opened) toggle(&regions[i], false);
+            vmm_close();
+        }
         cusim_unlock();
         break;
     }

@@ -92,6 +92,12 @@ static ncclResult_t check_device(op *o, const char *what, const void *p, size_t 
                 cusim_nccl_api_name(o->kind), what, p, n, info.base, info.size);
         return ncclSuccess;
     case CUSIM_MEM_INVALID:
+        if (info.unmapped)
+            return cusim_nccl_fail(
+                o, ncclInvalidArgument,
+                "%s: %s %p + %zu bytes touches an unmapped part of the range reserved at %p "
+                "(%zu bytes)",
+                cusim_nccl_api_name(o->kind), what, p, n, info.base, info.size);
         if ((const uint8_t *)p >= (const uint8_t *)info.base &&
             (const uint8_t *)p < (const uint8_t *)info.base + info.size)
             return cusim_nccl_fail(

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "cuda_runtime_api.h"
+#include "cusim_impl.h"
 
 /* at most this many emulated devices (EMBER_CUSIM_DEVICES is clamped to it) */
 enum { CUSIM_MAX_DEVICES = 16 };
@@ -73,9 +74,36 @@ int rt_stream_device(void *stream);
 /* true when [p, p+n) lies inside one block from cudaMallocHost */
 bool mem_pinned(const void *p, size_t n);
 
+/* Device memory charged to dev (lock held): false when n more bytes would
+ * pass what it has (EMBER_CUSIM_MEMORY); mem_uncharge gives them back. */
+bool mem_charge(int dev, size_t n);
+void mem_uncharge(int dev, size_t n);
+/* [p, p+n) (whole pages of a mapping) accessible to device work or not,
+ * under the protection in force (memory.c's comment); 0 or -1. */
+int mem_protect(void *p, size_t n, bool accessible);
+/* The fault handler that names what was touched, installed once (lock held). */
+void mem_install_handler(void);
+
 /* Names the device work the calling thread runs now ("kernel foo",
  * "cudaMemcpyAsync"), for the message of a fault inside it; NULL: none.
  * Returns the name it replaces (work can nest: restore it afterwards). */
 const char *mem_activity(const char *what);
+
+/* ---- vmm.c: reserved ranges and what is mapped in them ------------------------ */
+
+/* cusim_mem_lookup's answer for [p, p+n) when it touches a reserved range
+ * (lock held); CUSIM_MEM_OTHER when it does not. */
+cusim_mem_kind vmm_lookup(const void *p, size_t n, cusim_alloc_info *info);
+/* cusim_mem_foreach's part: every accessible mapping (lock held). */
+void vmm_foreach(void (*fn)(void *ctx, void *base, size_t size, int device), void *ctx);
+/* The fault handler's part, for a fault at a (no lock: the process is about
+ * to die, or device work touches a mapping first under lazy mprotect):
+ * -1 when a is not in a reserved range; 0 when the access may resume (lazy:
+ * the mapping was opened for device work); 1 with msg filled (the handler
+ * prints it and aborts). */
+int vmm_fault(const char *a, bool device_work, const char *activity, bool lazy, char *msg, size_t cap);
+/* PROTECT_MPROTECT, the last thread closing device memory: every mapping
+ * opened since is protected again (lock held). */
+void vmm_close(void);
 
 #endif

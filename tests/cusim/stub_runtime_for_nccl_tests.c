@@ -78,7 +78,7 @@ cusim_mem_kind cusim_mem_lookup(const void *p, size_t n, cusim_alloc_info *info)
         uintptr_t b = (uintptr_t)allocs[i].base;
         if (!b || a < b || a >= b + allocs[i].size) continue;
         k = a + n <= b + allocs[i].size ? CUSIM_MEM_DEVICE : CUSIM_MEM_INVALID;
-        if (info) *info = (cusim_alloc_info){allocs[i].base, allocs[i].size, allocs[i].device, false};
+        if (info) *info = (cusim_alloc_info){allocs[i].base, allocs[i].size, allocs[i].device, false, false};
     }
     pthread_mutex_unlock(&lock);
     return k;

@@ -107,6 +107,25 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 
+/* The driver's functions (cuda.h: the virtual memory management ember
+ * uses) by name, as the driver of cudaVersion serves them: *funcPtr NULL
+ * and *driverStatus cudaDriverEntryPointSymbolNotFound for a symbol the
+ * emulator does not serve; cudaErrorInvalidValue for a version newer than
+ * its driver (CUDART_VERSION). */
+enum cudaGetDriverEntryPointFlags {
+    cudaEnableDefault = 0x0,
+    cudaEnableLegacyStream = 0x1,
+    cudaEnablePerThreadDefaultStream = 0x2
+};
+enum cudaDriverEntryPointQueryResult {
+    cudaDriverEntryPointSuccess = 0,
+    cudaDriverEntryPointSymbolNotFound = 1,
+    cudaDriverEntryPointVersionNotSufficent = 2
+};
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+                                             unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *driverStatus);
+
 /* C++ callers pass the kernel itself (a template overload in cuda_runtime.h) */
 cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value);
 
