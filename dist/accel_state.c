@@ -918,15 +918,26 @@ static em_status apply_model(em_accelerator *a, int k, model_states *ms)
     if (!v) return em_err(EM_ERR_OOM, LOAD ": out of memory");
     int np = em_module_params(a->models[k], v, n);
     em_module_buffers(a->models[k], v + np, n - np);
-    for (int i = 0; i < n; i++) {
+    em_status s = EM_OK;
+    for (int i = 0; i < n && !s; i++) {
         tensor *t = t_resolve(v[i].t, LOAD), *src = ms->st[k][i];
-        if (ms->want[k][i].n < t_numel(t)) /* a share: a contiguous part of a parameter */
-            memcpy((char *)t_ptr(t) + (size_t)ms->want[k][i].lo * t_esize(t), t_ptr(src),
-                   (size_t)ms->want[k][i].n * t_esize(t));
-        else
+        if (ms->want[k][i].n <
+            t_numel(t)) { /* a share: a contiguous part of a parameter (src on its device) */
+            char *dst = (char *)t_ptr(t) + (size_t)ms->want[k][i].lo * t_esize(t);
+            size_t bytes = (size_t)ms->want[k][i].n * t_esize(t);
+#if EM_HAVE_CUDA
+            if (t_on_cuda(t)) {
+                s = cu_memcpy(dst, t->device, t_ptr(src), src->device, bytes);
+                continue;
+            }
+#endif
+            memcpy(dst, t_ptr(src), bytes);
+        } else {
             copy_strided(t, src);
+        }
     }
     free(v);
+    if (s) return s;
     /* ZeRO-3: only this rank's chunks are right; the next use gathers the rest */
     return a->zero ? zero_params_changed(a->zero) : EM_OK;
 }

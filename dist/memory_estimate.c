@@ -15,6 +15,7 @@
  *     takes), op by op as nn/gpt.c's forward runs them. tests/test_memory_
  *     estimate.c checks the sum against the arena's measured use.
  * docs/distributed.md ("Memory per rank") has the tables. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -80,7 +81,11 @@ static double gpt_params(const em_gpt_config *m, double *largest_unit)
  *            buffer stays allocated: device pages cannot be given back)
  *   stage 3: params 4P/W + the 3 buckets kept whole (dist/zero.c KEEP): the
  *            largest and 2 more, L + 2B, never more than 4P in all; grads
- *            and optimizer as stage 2.
+ *            and optimizer as stage 2. On a CUDA device the parameters are
+ *            mapped in granules of 2 MiB (tensor/cuda_vmm.c): the two ends
+ *            of each bucket's chunk may share a granule with other ranks'
+ *            elements, up to 2 granules per bucket (about 4P/B buckets)
+ *            beyond 4P/W, within the same 4P in all.
  * The ZeRO engine (dist/zero.c) behaves like this; change both together. */
 static void zero_split(int stage, bool cuda, double W, double P, double opt, double bucket, double unit,
                        double out[3])
@@ -89,7 +94,11 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
     double held = 4 * unit > bucket ? 4 * unit + 2 * bucket : 3 * bucket; /* L + 2B */
     if (stage >= 1) optim /= W;
     if (stage >= 2) grads = cuda ? 4 * P + 4 * P / W : 4 * P / W + (held < 4 * P ? held : 4 * P);
-    if (stage >= 3) params = 4 * P / W + (held < 4 * P - 4 * P / W ? held : 4 * P - 4 * P / W);
+    if (stage >= 3) {
+        double granules = cuda ? 2 * ceil(4 * P / bucket) * (double)(2 << 20) : 0;
+        params = 4 * P / W + granules + held;
+        if (params > 4 * P) params = 4 * P;
+    }
     out[0] = params, out[1] = grads, out[2] = optim;
 }
 
@@ -184,11 +193,6 @@ static em_status check(const em_mem_config *c)
                       fn, (long long)c->context, (long long)m->block_size);
     if (c->zero_stage < 0 || c->zero_stage > 3)
         return em_err(EM_ERR_ARG, "%s: zero_stage = %d is not 0, 1, 2 or 3", fn, c->zero_stage);
-    if (c->zero_stage == 3 && c->cuda)
-        return em_err(EM_ERR_UNSUPPORTED,
-                      "%s: zero_stage = 3 on a CUDA device is refused (dist/zero.c: device "
-                      "memory is not given back in part); stages 1-2 run there",
-                      fn);
     if (c->precision < EM_PREC_DEFAULT || c->precision > EM_PREC_FP16)
         return em_err(EM_ERR_ARG, "%s: precision = %d is not an em_precision_kind", fn, (int)c->precision);
     if (c->optimizer < EM_MEM_ADAMW || c->optimizer > EM_MEM_SGD)

@@ -42,23 +42,38 @@
  * DDP's all-reduce. A bucket whose size is not a multiple of the world goes
  * through a padded copy (world * c), so every collective has equal chunks.
  *
- * On a CUDA device (stages 1-2): the same buckets, chunks and collectives,
- * through NCCL on device buffers (dist/nccl.c); the pads and the gradient
- * shard live on the device, filled by copies queued on the compute stream
- * (dev_copy, dev_zero), and the optimizer updates each piece with one
- * launch (optim/optim.c). Device memory cannot be given back in part, so
- * stage 2 keeps the full gradient buffer allocated (zeroed once the
+ * On a CUDA device: the same buckets, chunks and collectives, through NCCL
+ * on device buffers (dist/nccl.c); the pads and the gradient shard live on
+ * the device, filled by copies queued on the compute stream (dev_copy,
+ * dev_zero), and the optimizer updates each piece with one launch
+ * (optim/optim.c). A cudaMalloc block cannot be given back in part, so
+ * stages 2-3 keep the full gradient buffer allocated (zeroed once the
  * reduce-scatters are done, so it reads as on the CPU): there stage 2 saves
  * the optimizer state as stage 1 does, holds its gradient shard besides,
- * and moves less (a reduce-scatter instead of an all-reduce). Stage 3's
- * saving is giving parameter pages back, so it is refused on a device
- * (EM_ERR_UNSUPPORTED, naming why).
+ * and moves less (a reduce-scatter instead of an all-reduce).
+ *   Stage 3 on a device keeps the CPU's design, with CUDA's virtual memory
+ * management (tensor/cuda_vmm.c) in place of madvise: at set-up the flat
+ * parameters move into an address range reserved for them
+ * (reserve_on_device; every view keeps its offsets, so nothing else
+ * changes), cut into granules (2 MiB on current GPUs) each mapped to memory
+ * of its own. evict unmaps the granules of a bucket that no one needs
+ * (granule_needed: none of this rank's chunks, no bucket whole or being
+ * gathered lies in them), once the kernels queued so far have read them
+ * (cu_vrange_unmap waits on an event, not the host); gather_start maps the
+ * bucket's granules before the all-gather writes them. A granule the ends
+ * of a chunk share with other ranks' elements stays mapped: up to 2 per
+ * bucket beyond this rank's share. The fetch hook, KEEP, the prefetch on
+ * the communication stream (em_all_gather with a work handle: dist/nccl.c
+ * orders it after the compute stream, and the compute stream waits for it
+ * before the bucket is used) are the CPU's. em_zero_free copies the range
+ * back into an ordinary block (unmapped parts read zeros).
  *
- * Offload (CUDA, stages 1-2): the optimizer state lives in host memory.
+ * Offload (CUDA, stages 1-3): the optimizer state lives in host memory.
  * Each step copies this rank's chunk of every bucket's parameters and
  * averaged gradients to the host (hpar, hgrad: laid out as gshard), the
  * optimizer updates its pieces there (optim_set_piece's ppiece), and the
- * parameters go back to the device before the all-gather (offload_chunks).
+ * parameters go back to the device before the all-gather (offload_chunks;
+ * stage 3: into its chunks, which stay mapped, gathered at the next use).
  *
  * Parameters of f32 or f64 only (stage 3: f32; f32 masters under mixed
  * precision), all on one device. */
@@ -125,6 +140,13 @@ struct em_zero {
     tensor *flat;
     uint64_t clock;
     int last;
+    /* stage 3 on a CUDA device: the flat parameters' address range, whose
+     * granules are mapped only while needed (tensor/cuda_vmm.c), its
+     * granule size, and per granule whether one of this rank's chunks
+     * lies in it (those stay mapped) */
+    struct cu_vrange *vr;
+    size_t gran;
+    unsigned char *own_g;
 };
 
 /* Stage 3 keeps at most this many buckets of parameters whole at once: the
@@ -259,6 +281,17 @@ static void finished(void *ctx)
 
 /* ---- the parameters' all-gather -------------------------------------------------------------- */
 
+#if EM_HAVE_CUDA
+/* Bucket i's parameters as bytes [*lo, *hi) of the flat buffer's storage
+ * (stage 3: the storage's own offsets, which the device's granules use). */
+static void bucket_bytes(const em_zero *z, const zbucket *b, size_t *lo, size_t *hi)
+{
+    size_t es = em_dtype_size(b->dtype);
+    *lo = (size_t)(z->flat->offset + b->lo) * es;
+    *hi = *lo + (size_t)b->n * es;
+}
+#endif
+
 /* Starts (work not NULL) or runs bucket i's all-gather of parameters: every
  * rank's chunk to every rank (through the pad when the world does not
  * divide the bucket; gather_done copies it back). */
@@ -266,6 +299,14 @@ static em_status gather_start(em_zero *z, int i, em_work **work)
 {
     zbucket *b = &z->b[i];
     size_t es = em_dtype_size(b->dtype);
+#if EM_HAVE_CUDA
+    if (z->vr) { /* stage 3 on a device: memory under the whole bucket first */
+        size_t lo, hi;
+        bucket_bytes(z, b, &lo, &hi);
+        em_status s = cu_vrange_map(z->vr, lo, hi);
+        if (s) return s;
+    }
+#endif
     if (b->pad) {
         em_status s =
             dev_copy(z, em_data(b->mine), (char *)em_data(b->params) + (size_t)(z->rank * b->c) * es,
@@ -284,12 +325,55 @@ static em_status gather_done(em_zero *z, int i)
 
 /* ---- stage 3: parameters whole only while they are used ------------------------------------- */
 
-/* Gives back the whole pages of bucket i's parameters outside this rank's
- * chunk (its chunk stays: the optimizer updates it; pages shared with a
- * chunk or another bucket stay too, stale, until the next gather). */
-static void evict(em_zero *z, int i)
+#if EM_HAVE_CUDA
+/* Whether granule g of the device's flat parameters holds something this
+ * rank needs now: a piece of its chunks, or of a bucket that is whole or
+ * being gathered. */
+static bool granule_needed(const em_zero *z, size_t g)
+{
+    if (z->own_g[g]) return true;
+    size_t glo = g * z->gran, ghi = glo + z->gran;
+    for (int k = 0; k < z->nb; k++) {
+        size_t lo, hi;
+        bucket_bytes(z, &z->b[k], &lo, &hi);
+        if (lo < ghi && glo < hi && (z->b[k].resident || z->b[k].gwork)) return true;
+    }
+    return false;
+}
+
+/* Stage 3 on a device: unmaps the granules of bucket i's parameters that no
+ * one needs (granule_needed), run by run, once the work queued so far has
+ * read them (cu_vrange_unmap). */
+static em_status unmap_bucket(em_zero *z, int i)
+{
+    size_t lo, hi;
+    bucket_bytes(z, &z->b[i], &lo, &hi);
+    em_status first = EM_OK;
+    for (size_t g = lo / z->gran; g * z->gran < hi;) {
+        size_t e = g;
+        while (e * z->gran < hi && !granule_needed(z, e)) e++;
+        if (e > g) {
+            em_status s = cu_vrange_unmap(z->vr, g * z->gran, e * z->gran);
+            if (s && !first) first = s;
+        }
+        g = e + 1;
+    }
+    return first;
+}
+#endif
+
+/* Bucket i's parameters are whole no more: on the CPU the whole pages
+ * outside this rank's chunk are given back (its chunk stays: the optimizer
+ * updates it; pages shared with a chunk or another bucket stay too, stale,
+ * until the next gather); on a device the granules no one needs are
+ * unmapped. */
+static em_status evict(em_zero *z, int i)
 {
     zbucket *b = &z->b[i];
+    b->resident = false;
+#if EM_HAVE_CUDA
+    if (z->vr) return unmap_bucket(z, i);
+#endif
     size_t es = em_dtype_size(b->dtype);
     char *p = em_data(b->params);
     size_t regions[2][2] = {{0, (size_t)(z->rank * b->c)}, {(size_t)(z->rank * b->c + b->own), (size_t)b->n}};
@@ -297,7 +381,7 @@ static void evict(em_zero *z, int i)
         uintptr_t pa, pe; /* the ends stay as they are: stale values, overwritten by the next gather */
         (void)pages_back(p + regions[k][0] * es, (regions[k][1] - regions[k][0]) * es, &pa, &pe);
     }
-    b->resident = false;
+    return EM_OK;
 }
 
 static em_status finish_prefetch(em_zero *z, int i)
@@ -339,7 +423,7 @@ static em_status make_resident(em_zero *z, int i)
             if (k != i && !z->b[k].gwork && (lru < 0 || z->b[k].used < z->b[lru].used)) lru = k;
         }
         if (n <= KEEP || lru < 0) break;
-        evict(z, lru);
+        if ((s = evict(z, lru))) return s;
     }
     int d = z->last >= 0 ? i - z->last : 0, next = i + d;
     z->last = i;
@@ -422,7 +506,8 @@ em_status zero_params_changed(em_zero *z)
     for (int i = 0; i < z->nb; i++) { /* a prefetch still running would overwrite the new values */
         em_status s = z->b[i].gwork ? finish_prefetch(z, i) : EM_OK;
         if (s && !first) first = s;
-        evict(z, i);
+        s = evict(z, i);
+        if (s && !first) first = s;
     }
     z->last = -1;
     return first;
@@ -519,15 +604,6 @@ static em_status make_chunks(em_zero *z, const char *fn)
             return em_err(EM_ERR_DEVICE, "%s: the model's parameters are on %s and %s; ZeRO takes one device",
                           fn, em_device_str(z->dev, a, sizeof a), em_device_str(dev, d, sizeof d));
         }
-        if (dev.type != EM_CPU && z->stage == 3) {
-            char a[16];
-            return em_err(
-                EM_ERR_UNSUPPORTED,
-                "%s: stage 3 on %s: it saves memory by giving back the pages of the flat parameter "
-                "buffer outside this rank's chunks, and device memory cannot be given back in part; "
-                "use stage 2 (or 1) on CUDA",
-                fn, em_device_str(dev, a, sizeof a));
-        }
         if (!(b->params = slice_of(fp, b->lo, b->n))) return em_last_status();
         if (b->n % z->world) {
             int64_t padded = b->c * z->world;
@@ -564,6 +640,30 @@ static em_status make_chunks(em_zero *z, const char *fn)
             at += z->b[i].c;
         }
     }
+    return EM_OK;
+}
+
+/* Stage 3 on a CUDA device: the flat parameters move into an address range
+ * whose granules can be unmapped (tensor/cuda_vmm.c; every view keeps its
+ * offsets), and the granules holding this rank's chunks are marked to stay. */
+static em_status reserve_on_device(em_zero *z, const char *fn)
+{
+#if EM_HAVE_CUDA
+    if (z->dev.type != EM_CUDA) return EM_OK;
+    storage *st = z->flat->st;
+    if (!(z->vr = cu_vrange_adopt(z->dev.index, &st->data, st->nbytes))) return em_last_status();
+    z->gran = cu_vrange_granule(z->vr);
+    if (!(z->own_g = calloc(st->nbytes / z->gran + 2, 1))) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    for (int i = 0; i < z->nb; i++) {
+        const zbucket *b = &z->b[i];
+        size_t lo, hi, es = em_dtype_size(b->dtype);
+        bucket_bytes(z, b, &lo, &hi);
+        size_t a = lo + (size_t)(z->rank * b->c) * es, e = a + (size_t)b->own * es;
+        for (size_t g = a / z->gran; b->own && g * z->gran < e; g++) z->own_g[g] = 1;
+    }
+#else
+    (void)z, (void)fn;
+#endif
     return EM_OK;
 }
 
@@ -616,7 +716,15 @@ em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage, b
             em_zero_free(z);
             return em_fail(EM_ERR_UNSUPPORTED, "%s: stage 3 shards f32 parameters; the model has none", fn);
         }
-        for (int i = 0; i < z->nb; i++) evict(z, i);
+        s = reserve_on_device(z, fn);
+        for (int i = 0; i < z->nb && !s; i++) s = evict(z, i);
+        if (s) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", em_last_error());
+            em_zero_free(z);
+            em_set_error(s, "%s", msg);
+            return NULL;
+        }
         op_set_fetch(z->flat->st, fetch, z);
         fetching = true;
     }
@@ -643,8 +751,15 @@ void em_zero_free(em_zero *z)
         op_set_fetch(NULL, NULL, NULL);
         fetching = false;
     }
-    for (int i = 0; i < z->nb; i++) {
+    for (int i = 0; i < z->nb; i++)
         if (z->b[i].gwork) em_work_wait(z->b[i].gwork);
+#if EM_HAVE_CUDA
+    /* the flat parameters back in an ordinary block: this rank's chunks and
+     * the buckets whole now, zeros elsewhere */
+    if (z->vr) (void)cu_vrange_return(z->vr, &z->flat->st->data);
+    free(z->own_g);
+#endif
+    for (int i = 0; i < z->nb; i++) {
         em_free(z->b[i].mine);
         em_free(z->b[i].params);
         em_free(z->b[i].shard);

@@ -17,7 +17,8 @@
  *     CUDA's own message. Nothing here calls exit().
  *
  * Files: tensor/cuda_runtime.c (devices, streams, the caching allocator,
- * copies, cuBLAS handles), tensor/cuda_core.cu (strided copy/convert, fill,
+ * copies, cuBLAS handles), tensor/cuda_vmm.c (address ranges whose memory
+ * is mapped granule by granule), tensor/cuda_core.cu (strided copy/convert, fill,
  * add: what views, casts and gradient accumulation need), and one .cu beside
  * each family of ops (ops_*.cu) with that family's kernels. */
 #ifndef EMBER_CUDA_IMPL_H
@@ -59,6 +60,43 @@ void cu_free(int dev, void *p);
 em_status cu_memcpy(void *dst, em_device ddev, const void *src, em_device sdev, size_t nbytes);
 /* Waits for everything queued on dev's compute stream. */
 em_status cu_sync(int dev);
+
+/* Physical memory mapped into address ranges (tensor/cuda_vmm.c) changed
+ * by delta bytes on dev: em_cuda_memory_stats' mapped and peak_mapped. */
+void cu_note_mapped(int dev, int64_t delta);
+
+/* ---- address ranges whose memory comes and goes (tensor/cuda_vmm.c) -----------
+ * CUDA's virtual memory management: a range of device addresses reserved
+ * once, cut into granules (cu_vrange_granule bytes, 2 MiB on current GPUs),
+ * each mapped to memory of its own or not. Pointers into the range stay
+ * valid while granules are unmapped and mapped again; only the bytes of an
+ * unmapped granule are gone (and the device memory they held). */
+typedef struct cu_vrange cu_vrange;
+/* Moves the nbytes of device memory at *data (a cu_alloc block of dev)
+ * into a range reserved for them, every granule mapped, and points *data
+ * at it (same offsets); the block goes back to the caching allocator in
+ * stream order. NULL + error (EM_ERR_UNSUPPORTED: the driver lacks the
+ * calls; EM_ERR_OOM; EM_ERR_DEVICE naming the driver call), *data as it was. */
+cu_vrange *cu_vrange_adopt(int dev, void **data, size_t nbytes);
+size_t cu_vrange_granule(const cu_vrange *r);
+/* Maps every granule that meets bytes [lo, hi) of the range and is not
+ * mapped (one whose unmap is still pending just stays). A newly mapped
+ * granule's bytes are undefined until written. EM_ERR_OOM when the device
+ * has no memory left for it. */
+em_status cu_vrange_map(cu_vrange *r, size_t lo, size_t hi);
+/* Unmaps every granule wholly inside bytes [lo, hi) once the work queued
+ * on dev's compute stream so far has run (it may still read them): at a
+ * later call on r that finds it done, or at cu_vrange_settle. */
+em_status cu_vrange_unmap(cu_vrange *r, size_t lo, size_t hi);
+/* Whether byte off of the range lies in a mapped granule (pending unmaps
+ * count as mapped). */
+bool cu_vrange_mapped(const cu_vrange *r, size_t off);
+/* The range's bytes back into a new cu_alloc block (an unmapped granule's
+ * part reads zeros), *data pointed at it, the range released. Waits for
+ * the device. NULL r: EM_OK. */
+em_status cu_vrange_return(cu_vrange *r, void **data);
+/* Waits for dev's pending unmaps and does them (em_cuda_empty_cache). */
+void cu_vrange_settle(int dev);
 
 /* ---- the core kernels (tensor/cuda_core.cu) -------------------------------------
  * A strided walk: `ndim` dims of `shape`; for each operand k its element

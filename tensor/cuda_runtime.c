@@ -45,6 +45,7 @@ typedef struct device_state {
     block *used;       /* blocks handed out */
     size_t allocated, reserved, peak;
     uint64_t mallocs;
+    size_t mapped, peak_mapped; /* cuda_vmm.c's granules */
     void *pinned; /* staging for host -> device copies */
     size_t pinned_size;
     cudaEvent_t pinned_done; /* the last copy out of `pinned` */
@@ -289,7 +290,7 @@ em_status em_cuda_memory_stats(int index, em_cuda_memory *out)
         return em_err(EM_ERR_DEVICE, "em_cuda_memory_stats: cuda:%d does not exist", index);
     pthread_mutex_lock(&lock);
     device_state *d = &devs[index];
-    *out = (em_cuda_memory){d->allocated, d->reserved, d->peak, d->mallocs};
+    *out = (em_cuda_memory){d->allocated, d->reserved, d->peak, d->mallocs, d->mapped, d->peak_mapped};
     pthread_mutex_unlock(&lock);
     return EM_OK;
 }
@@ -299,6 +300,17 @@ void em_cuda_reset_peak(int index)
     if (index < 0 || index >= MAX_DEVICES) return;
     pthread_mutex_lock(&lock);
     devs[index].peak = devs[index].allocated;
+    devs[index].peak_mapped = devs[index].mapped;
+    pthread_mutex_unlock(&lock);
+}
+
+void cu_note_mapped(int dev, int64_t delta)
+{
+    if (dev < 0 || dev >= MAX_DEVICES) return;
+    pthread_mutex_lock(&lock);
+    device_state *d = &devs[dev];
+    d->mapped = (size_t)((int64_t)d->mapped + delta);
+    if (d->mapped > d->peak_mapped) d->peak_mapped = d->mapped;
     pthread_mutex_unlock(&lock);
 }
 
@@ -307,6 +319,7 @@ void em_cuda_empty_cache(int index)
     if (index < 0 || index >= MAX_DEVICES || !devs[index].ready) return;
     cudaSetDevice(index);
     cudaStreamSynchronize(devs[index].stream);
+    cu_vrange_settle(index); /* the unmaps waiting for that work */
     pthread_mutex_lock(&lock);
     release_cached(&devs[index]);
     pthread_mutex_unlock(&lock);

@@ -95,8 +95,11 @@ static const char *const cuda_entry_points[] = {
     "em_sgd_new", "em_adam_new", "em_adamw_new", "em_optim_add_group", "em_optim_step", "em_optim_zero_grad",
     "em_optim_load_state", "em_clip_grad_norm", "em_scaler_unscale", "all_reduce", "broadcast", "all_gather",
     "reduce_scatter", "gather", "send", "recv",
-    /* ZeRO stages 1-2 (dist/zero.c): device copies, NCCL, the optimizer's pieces on the device */
-    "em_zero_new", "em_zero", "em_zero_clip_grad_norm", "optim_set_piece",
+    /* ZeRO (dist/zero.c): device copies, NCCL, the optimizer's pieces on the device; stage 3's
+     * shares (metadata) and their checkpoints (dist/accel_state.c, checkpoint_model.c: device
+     * values pass through host copies) */
+    "em_zero_new", "em_zero", "em_zero_clip_grad_norm", "optim_set_piece", "zero_param_share",
+    "em_accel_save_state", "em_accel_load_state",
 };
 /* clang-format on */
 

@@ -11,9 +11,12 @@
  * The training runs go through the Accelerator, as a user program would. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dist/ddp_impl.h"
+#include "dist/zero_impl.h"
 #include "dist_util.h"
 #include "harness.h"
 
@@ -514,15 +517,15 @@ static int read_losses_by_step(const char *path, double *out, int max)
 /* A job of world_a ranks at zero stage zero_a saves after step 10; a new
  * job of world_b ranks at stage zero_b loads it and trains to step 20: its
  * losses follow the straight world_a run's within 1e-5 relative. */
-static void check_reshard(int world_a, int zero_a, int world_b, int zero_b)
+static void check_reshard_on(job base, int world_a, int zero_a, int world_b, int zero_b)
 {
-    job straight = zero_job, first = zero_job;
+    job straight = base, first = base;
     straight.zero = first.zero = zero_a;
     job_files(&straight, "straight");
     straight.params[0] = 0;
     TH_RANKS_ENV(world_a, train_job, &straight);
     job_files(&first, "first");
-    first.save_at = zero_job.steps / 2;
+    first.save_at = base.steps / 2;
     first.losses[0] = first.params[0] = 0;
     TH_RANKS_ENV(world_a, train_job, &first);
     job second = first;
@@ -532,9 +535,9 @@ static void check_reshard(int world_a, int zero_a, int world_b, int zero_b)
     snprintf(second.losses, sizeof second.losses, "%s.resumed-losses", first.dir);
     TH_RANKS_ENV(world_b, train_job, &second);
     double la[64], lb[64];
-    CHECK(read_losses_by_step(straight.losses, la, 64) == zero_job.steps);
-    CHECK(read_losses_by_step(second.losses, lb, 64) == zero_job.steps - first.save_at);
-    for (int i = first.save_at; i < zero_job.steps; i++) {
+    CHECK(read_losses_by_step(straight.losses, la, 64) == base.steps);
+    CHECK(read_losses_by_step(second.losses, lb, 64) == base.steps - first.save_at);
+    for (int i = first.save_at; i < base.steps; i++) {
         double rel = fabs(la[i] - lb[i]) / fabs(la[i]);
         if (!(rel < 1e-5))
             th_fail(
@@ -543,6 +546,11 @@ static void check_reshard(int world_a, int zero_a, int world_b, int zero_b)
                 "run's %.9g (rel %.3g)",
                 world_a, zero_a, world_b, zero_b, i, lb[i], la[i], rel);
     }
+}
+
+static void check_reshard(int world_a, int zero_a, int world_b, int zero_b)
+{
+    check_reshard_on(zero_job, world_a, zero_a, world_b, zero_b);
 }
 
 TEST(test_zero_stage_1_save_of_two_ranks_resumes_on_one_process_without_zero) { check_reshard(2, 1, 1, 0); }
@@ -756,7 +764,8 @@ TEST(test_cuda_resume_at_step_6_of_12_gives_bitwise_the_straight_weights_two_pro
  * under ASan on a busy 2-core machine. */
 
 /* One ZeRO run (stage, offload) of `base` against the CUDA DDP run `ddp`
- * (losses ld, weights file) and the CPU DDP losses lc, made once. */
+ * (losses ld, weights file) and the CPU DDP losses lc (NULL: none), made
+ * once. */
 static void check_cuda_zero_run(job base, const job *ddp, const double *ld, const double *lc, int stage,
                                 bool offload, bool bitwise)
 {
@@ -769,11 +778,11 @@ static void check_cuda_zero_run(job base, const job *ddp, const double *ld, cons
     int nz = read_losses(zero.losses, lz, 64);
     CHECK(nz == base.steps);
     for (int i = 0; i < nz; i++) {
-        double rel = fabs(lz[i] - ld[i]) / fabs(ld[i]), rel_cpu = fabs(lz[i] - lc[i]) / fabs(lc[i]);
+        double rel = fabs(lz[i] - ld[i]) / fabs(ld[i]), rel_cpu = lc ? fabs(lz[i] - lc[i]) / fabs(lc[i]) : 0;
         if (bitwise ? lz[i] != ld[i] : !(rel < 1e-6))
             th_fail(__FILE__, __LINE__, "stage %d%s step %d: loss %.17g vs CUDA DDP's %.17g (rel %.3g)", stage,
                     offload ? " offload" : "", i, lz[i], ld[i], rel);
-        if (!(rel_cpu < 1e-4))
+        if (lc && !(rel_cpu < 1e-4))
             th_fail(__FILE__, __LINE__, "stage %d%s step %d: loss %.9g vs CPU DDP's %.9g (rel %.3g > 1e-4)",
                     stage, offload ? " offload" : "", i, lz[i], lc[i], rel_cpu);
     }
@@ -788,7 +797,7 @@ static void check_cuda_zero_run(job base, const job *ddp, const double *ld, cons
  * (optim/update_math.h). Measured: within 5e-8 of CUDA DDP's losses; held
  * to 1e-6, as the compilers may contract the two builds' arithmetic
  * differently. The CUDA and CPU DDP runs are made once for the four. */
-TEST(test_cuda_zero_stages_1_and_2_with_and_without_offload_follow_cuda_and_cpu_ddp_two_ranks)
+TEST(test_cuda_zero_stages_1_to_3_with_and_without_offload_follow_cuda_and_cpu_ddp_two_ranks)
 {
     CUDA_JOBS_OR_SKIP(2);
     job base = {.accum = 2, .batch = 2, .steps = 16, .bucket_mb = 0.002, .device = "cuda", .embd = 9};
@@ -804,6 +813,28 @@ TEST(test_cuda_zero_stages_1_and_2_with_and_without_offload_follow_cuda_and_cpu_
     check_cuda_zero_run(base, &ddp, ld, lc, 2, false, false);
     check_cuda_zero_run(base, &ddp, ld, lc, 1, true, false);
     check_cuda_zero_run(base, &ddp, ld, lc, 2, true, false);
+    check_cuda_zero_run(base, &ddp, ld, lc, 3, false, false);
+    check_cuda_zero_run(base, &ddp, ld, lc, 3, true, false);
+}
+
+/* Stage 3 under bf16 autocast (f32 masters, the CUDA DDP job's
+ * accumulation): CUDA DDP's losses within 1e-6, as in f32. */
+TEST(test_cuda_zero_stage_3_under_bf16_follows_cuda_ddp_two_ranks)
+{
+    CUDA_JOBS_OR_SKIP(2);
+    job base = {.accum = 2,
+                .batch = 2,
+                .steps = 16,
+                .bucket_mb = 0.002,
+                .device = "cuda",
+                .embd = 9,
+                .precision = EM_PREC_BF16};
+    job ddp = base;
+    job_files(&ddp, "ddp");
+    TH_RANKS_ENV(2, train_job, &ddp);
+    double ld[64];
+    CHECK(read_losses(ddp.losses, ld, 64) == base.steps);
+    check_cuda_zero_run(base, &ddp, ld, NULL, 3, false, false);
 }
 
 /* The device memory a stage 1 engine and one step of it leave in use on
@@ -886,184 +917,135 @@ TEST(test_cuda_zero_stage_2_resume_at_step_6_of_12_gives_bitwise_the_straight_we
     check_resume_is_exact_on(2, "cuda", 2);
 }
 
-/* Stage 3 on a device: refused, naming why (its saving is giving back
- * parameter pages, which device memory cannot do in part). */
-static void cuda_zero_3_refused(em_pg *pg, int rank, int world, void *ctx)
-{
-    (void)world, (void)ctx;
-    em_gpt *g = small_gpt(5, 16);
-    CHECK_NOTNULL(g);
-    CHECK_OK(em_module_to(g->m, em_device_cuda(rank)));
-    em_optimizer *opt = th_adamw_of(g->m, NAN);
-    CHECK_NOTNULL(opt);
-    CHECK_ERR(em_zero_new(pg, g->m, opt, &(em_zero_config){.stage = 3}), EM_ERR_UNSUPPORTED,
-              "stage 3 on cuda");
-    em_optim_free(opt);
-    em_gpt_free(g);
-}
-
-TEST(test_cuda_zero_stage_3_is_refused_naming_why)
+/* Stage 3: each rank saves its model shard from the device (its chunks,
+ * through host copies) and loads it back into its chunks. */
+TEST(test_cuda_zero_stage_3_resume_at_step_6_of_12_gives_bitwise_the_straight_weights_two_ranks)
 {
     CUDA_JOBS_OR_SKIP(2);
-    TH_RANKS(2, EM_TRANSPORT_AUTO, cuda_zero_3_refused, NULL);
+    check_resume_is_exact_on(2, "cuda", 3);
 }
 
-TEST(test_accelerator_refuses_more_local_processes_than_cuda_devices)
+/* A stage 3 save of two ranks on their devices resumes under CUDA DDP:
+ * each rank joins the model shards into the whole model on its device. */
+TEST(test_cuda_zero_stage_3_save_resumes_under_cuda_ddp)
 {
-    setenv("LOCAL_WORLD_SIZE", "64", 1);
-    setenv("LOCAL_RANK", "0", 1);
-    th_no_user_config();
-    CHECK_ERR(em_accelerator_new(&(em_accel_config){.device = "cuda"}), EM_ERR_DEVICE, "not enough GPUs");
-    CHECK_ERR(em_accelerator_new(&(em_accel_config){.device = "tpu"}), EM_ERR_ARG, "'tpu'");
-    unsetenv("LOCAL_WORLD_SIZE");
-    unsetenv("LOCAL_RANK");
+    CUDA_JOBS_OR_SKIP(2);
+    check_reshard_on((job){.accum = 2, .batch = 2, .steps = 12, .bucket_mb = 0.002, .device = "cuda"}, 2, 3,
+                     2, 0);
 }
 
-/* ---- DDP on its own ------------------------------------------------------------------ */
+/* ---- ZeRO stage 3 on a device: parameters mapped only while used ---------------------------
+ * The flat parameters live in an address range whose granules are mapped
+ * only while needed (tensor/cuda_vmm.c, dist/zero.c). The emulator's
+ * granularity is set to one host page (4 KiB; a GPU's is 2 MiB), so a model
+ * of 400 KB makes about 100 granules and buckets of 13 of them. */
 
-/* rank r's loss is sum(w * x_r) with x_r = r + 1: the averaged gradient is
- * the mean of 1..world everywhere. */
-static void averages(em_pg *pg, int rank, int world, void *ctx)
-{
-    (void)ctx;
-    em_module *m = em_module_new(NULL, NULL);
-    CHECK_NOTNULL(m);
-    CHECK_OK(em_module_add_param(m, "w", em_zeros(EM_F32, 1, (int64_t[]){5})));
-    CHECK_OK(em_module_add_param(m, "v", em_zeros(EM_F32, 1, (int64_t[]){3})));
-    em_ddp *d = em_ddp_new(pg, m, &(em_ddp_config){.bucket_mb = 1e-5}); /* one parameter per bucket */
-    CHECK_NOTNULL(d);
-    CHECK(em_ddp_num_buckets(d) == 2);
-    em_scope s = em_scope_begin();
-    em_tensor *w = em_module_find(m, "w"), *v = em_module_find(m, "v");
-    em_tensor *loss = em_add(em_sum(em_mul_scalar(w, rank + 1), 0, NULL, false),
-                             em_sum(em_mul_scalar(v, 2.0 * (rank + 1)), 0, NULL, false));
-    CHECK_OK(em_ddp_backward(d, loss, NULL));
-    double mean = (world + 1) / 2.0;
-    for (int i = 0; i < 5; i++) CHECK_NEAR(((float *)em_data(em_grad(w)))[i], mean, 1e-6);
-    for (int i = 0; i < 3; i++) CHECK_NEAR(((float *)em_data(em_grad(v)))[i], 2 * mean, 1e-6);
-    em_scope_end(s);
-    em_ddp_free(d);
-    em_module_free(m);
-}
+enum { Z3_STEPS = 2, Z3_EMBD = 64 };
 
-TEST(test_ddp_averages_gradients_over_ranks)
-{
-    TH_RANKS(2, EM_TRANSPORT_AUTO, averages, NULL);
-    TH_RANKS(3, EM_TRANSPORT_TCP, averages, NULL);
-}
+typedef struct z3_share {
+    int64_t full;           /* the flat parameters' bytes */
+    int64_t largest_bucket; /* bytes */
+    int nb;
+    size_t granule;
+    size_t mapped[2][Z3_STEPS]; /* per rank, after each step (its unmaps done) */
+    size_t peak[2];             /* per rank, the most mapped during the steps */
+    size_t own[2];              /* per rank, the bytes of its chunks */
+} z3_share;
 
-static void broadcasts(em_pg *pg, int rank, int world, void *ctx)
+/* Z3_STEPS stage 3 steps of a GPT of width Z3_EMBD on cuda:rank with
+ * buckets of 52 KB; what is mapped after each step and at the peak into
+ * the shared page; rank 0 writes the gathered parameters to path. */
+static void z3_steps(em_pg *pg, int rank, int world, void *ctx)
 {
     (void)world;
-    (void)ctx;
-    em_gpt *g = small_gpt(100 + (uint64_t)rank, 16), *ref = small_gpt(100, 16);
-    CHECK_NOTNULL(g);
-    CHECK_NOTNULL(ref);
-    em_ddp *d = em_ddp_new(pg, g->m, NULL);
-    CHECK_NOTNULL(d);
-    CHECK_OK(em_module_flatten(ref->m));
-    em_tensor *a = em_module_flat_params(g->m, EM_F32), *b = em_module_flat_params(ref->m, EM_F32);
-    CHECK(em_numel(a) == em_numel(b));
-    CHECK(memcmp(em_data(a), em_data(b), (size_t)em_numel(a) * 4) == 0);
-    em_ddp_free(d);
-    em_gpt_free(g);
-    em_gpt_free(ref);
-}
-
-TEST(test_ddp_starts_every_rank_from_rank_0_parameters) { TH_RANKS(2, EM_TRANSPORT_AUTO, broadcasts, NULL); }
-
-static void different_models(em_pg *pg, int rank, int world, void *ctx)
-{
-    (void)world;
-    (void)ctx;
-    em_gpt *g = small_gpt(1, rank == 1 ? 24 : 16);
-    CHECK_NOTNULL(g);
-    /* rank 1 names the first difference; rank 0 names rank 1 */
-    CHECK_ERR(em_ddp_new(pg, g->m, NULL), EM_ERR_DIST, rank == 1 ? "on rank 1 but" : "rank 1's parameters differ");
-    em_gpt_free(g);
-}
-
-TEST(test_ddp_rejects_ranks_with_different_parameter_shapes)
-{
-    TH_RANKS(2, EM_TRANSPORT_AUTO, different_models, NULL);
-}
-
-/* a parameter the loss does not use */
-static void unused(em_pg *pg, int rank, int world, void *ctx)
-{
-    (void)rank;
-    (void)world;
-    bool find = ctx != NULL;
-    em_module *m = em_module_new(NULL, NULL);
-    CHECK_OK(em_module_add_param(m, "used", em_full(EM_F32, 1, (int64_t[]){4}, 1.0)));
-    CHECK_OK(em_module_add_param(m, "idle", em_full(EM_F32, 1, (int64_t[]){4}, 1.0)));
-    em_ddp *d = em_ddp_new(pg, m, &(em_ddp_config){.find_unused_parameters = find});
-    CHECK_NOTNULL(d);
-    for (int round = 0; round < 2; round++) { /* the group stays usable after the error */
-        em_scope s = em_scope_begin();
-        em_tensor *loss = em_sum(em_module_find(m, "used"), 0, NULL, false);
-        if (find)
-            CHECK_OK(em_ddp_backward(d, loss, NULL));
-        else
-            CHECK_ERR(em_ddp_backward(d, loss, NULL), EM_ERR_DIST, "'idle' received no gradient");
-        CHECK_NEAR(((float *)em_data(em_grad(em_module_find(m, "used"))))[0], round + 1, 1e-6);
-        em_scope_end(s);
+    z3_share *sh = ((void **)ctx)[0];
+    const char *path = ((void **)ctx)[1];
+    zero_fixture f = zero_fixture_new(5, Z3_EMBD, rank);
+    em_zero *z = em_zero_new(pg, f.g->m, f.opt, &(em_zero_config){.stage = 3, .bucket_mb = 0.05});
+    CHECK_NOTNULL(z);
+    em_tensor *flat = em_module_flat_params(f.g->m, EM_F32);
+    sh->full = em_numel(flat) * 4;
+    sh->nb = em_ddp_num_buckets(em_zero_ddp(z));
+    em_named ps[64];
+    int np = em_module_params(f.g->m, ps, 64);
+    for (int i = 0; i < np; i++) {
+        int64_t lo, n;
+        if (zero_param_share(z, ps[i].t, &lo, &n)) sh->own[rank] += (size_t)n * 4;
     }
-    em_ddp_free(d);
-    em_module_free(m);
+    for (int i = 0; i < sh->nb; i++) {
+        em_dtype dt;
+        int64_t lo, n;
+        ddp_bucket_span(em_zero_ddp(z), i, &dt, &lo, &n);
+        if (n * 4 > sh->largest_bucket) sh->largest_bucket = n * 4;
+    }
+    em_cuda_empty_cache(rank);
+    em_cuda_reset_peak(rank);
+    for (int step = 0; step < Z3_STEPS; step++) {
+        em_scope sc = em_scope_begin();
+        zero_one_step(z, f.g, rank + step, true, rank);
+        CHECK_OK(em_zero_zero_grad(z));
+        em_scope_end(sc);
+        em_cuda_empty_cache(rank); /* the unmaps waiting for the step's kernels */
+        em_cuda_memory m;
+        CHECK_OK(em_cuda_memory_stats(rank, &m));
+        sh->mapped[rank][step] = m.mapped;
+        sh->peak[rank] = m.peak_mapped;
+    }
+    CHECK_OK(em_zero_gather_params(z));
+    if (rank == 0) {
+        em_scope sc = em_scope_begin();
+        em_tensor *h = em_to(flat, em_device_cpu());
+        CHECK_NOTNULL(h);
+        write_file(path, "w", em_data(h), (size_t)em_numel(h) * 4);
+        em_scope_end(sc);
+    }
+    em_zero_free(z);
+    em_cuda_memory m;
+    CHECK_OK(em_cuda_memory_stats(rank, &m));
+    CHECK(m.mapped == 0); /* the range went with the engine */
+    zero_fixture_free(f);
 }
 
-TEST(test_ddp_names_a_parameter_without_gradient) { TH_RANKS(2, EM_TRANSPORT_AUTO, unused, NULL); }
-
-TEST(test_ddp_find_unused_parameters_averages_the_rest) { TH_RANKS(2, EM_TRANSPORT_AUTO, unused, (void *)1); }
-
-/* no_sync: local accumulation, then one synced backward averages the sums */
-static void no_sync(em_pg *pg, int rank, int world, void *ctx)
+/* Between steps a rank keeps mapped only the granules of its chunks: at
+ * most its share plus the two granules each chunk may straddle, and far
+ * below the whole buffer; during a step at most KEEP (3) buckets more are
+ * whole, plus the one being gathered. And unmapping changes no value: the
+ * same steps with 2 MiB granules (nothing ever unmapped, the whole model in
+ * one) end with the same parameters, byte for byte. */
+TEST(test_cuda_zero_stage_3_maps_only_this_ranks_chunks_between_steps_and_changes_no_weight)
 {
-    (void)world;
-    (void)ctx;
-    em_module *m = em_module_new(NULL, NULL);
-    CHECK_OK(em_module_add_param(m, "w", em_zeros(EM_F32, 1, (int64_t[]){3})));
-    em_ddp *d = em_ddp_new(pg, m, NULL);
-    em_tensor *w = em_module_find(m, "w");
-    em_scope s = em_scope_begin();
-    em_ddp_set_sync(d, false);
-    CHECK(!em_ddp_sync(d));
-    CHECK_OK(em_ddp_backward(d, em_sum(em_mul_scalar(w, rank + 1), 0, NULL, false), NULL));
-    CHECK_NEAR(((float *)em_data(em_grad(w)))[0], rank + 1, 1e-6); /* not communicated */
-    em_ddp_set_sync(d, true);
-    CHECK_OK(em_ddp_backward(d, em_sum(em_mul_scalar(w, 10.0 * (rank + 1)), 0, NULL, false), NULL));
-    /* ranks hold 11*(r+1) before averaging: mean over r=0,1 is 16.5 */
-    CHECK_NEAR(((float *)em_data(em_grad(w)))[2], 16.5, 1e-5);
-    em_scope_end(s);
-    em_ddp_free(d);
-    em_module_free(m);
-}
-
-TEST(test_ddp_no_sync_accumulates_locally_until_the_synced_backward)
-{
-    TH_RANKS(2, EM_TRANSPORT_AUTO, no_sync, NULL);
-}
-
-TEST(test_ddp_world_of_one_leaves_gradients_alone)
-{
-    em_pg *pg = em_pg_new(&(em_pg_config){.rank = 0, .world = 1});
-    CHECK_NOTNULL(pg);
-    em_module *m = em_module_new(NULL, NULL);
-    CHECK_OK(em_module_add_param(m, "w", em_zeros(EM_F32, 1, (int64_t[]){2})));
-    em_ddp *d = em_ddp_new(pg, m, NULL);
-    CHECK_NOTNULL(d);
-    em_scope s = em_scope_begin();
-    CHECK_OK(em_ddp_backward(d, em_sum(em_mul_scalar(em_module_find(m, "w"), 3.0), 0, NULL, false), NULL));
-    CHECK_NEAR(((float *)em_data(em_grad(em_module_find(m, "w"))))[1], 3.0, 0);
-    em_scope_end(s);
-    em_ddp_free(d);
-    em_module_free(m);
-    em_pg_free(pg);
-}
-
-TEST(test_ddp_rejects_null_arguments)
-{
-    CHECK_ERR(em_ddp_new(NULL, NULL, NULL), EM_ERR_ARG, "em_ddp_new");
-    CHECK_ERR(em_ddp_backward(NULL, NULL, NULL), EM_ERR_ARG, "ddp is NULL");
+    CUDA_JOBS_OR_SKIP(2);
+    char base[] = "/tmp/ember-z3-XXXXXX", fine[300], whole[300];
+    CHECK(mkdtemp(base) != NULL);
+    snprintf(fine, sizeof fine, "%s/fine", base);
+    snprintf(whole, sizeof whole, "%s/whole", base);
+    z3_share *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(sh != MAP_FAILED);
+    memset(sh, 0, sizeof *sh);
+    setenv("EMBER_CUSIM_VMM_GRANULARITY", "2097152", 1);
+    TH_RANKS(2, EM_TRANSPORT_AUTO, z3_steps, ((void *[]){sh, whole}));
+    memset(sh, 0, sizeof *sh);
+    char g[32];
+    snprintf(g, sizeof g, "%ld", sysconf(_SC_PAGESIZE));
+    setenv("EMBER_CUSIM_VMM_GRANULARITY", g, 1);
+    TH_RANKS(2, EM_TRANSPORT_AUTO, z3_steps, ((void *[]){sh, fine}));
+    unsetenv("EMBER_CUSIM_VMM_GRANULARITY");
+    size_t gr = (size_t)sysconf(_SC_PAGESIZE);
+    CHECK(sh->nb >= 6);
+    for (int r = 0; r < 2; r++) {
+        size_t most = sh->own[r] + 2 * (size_t)sh->nb * gr, whole_bytes = (size_t)sh->full;
+        for (int step = 0; step < Z3_STEPS; step++)
+            if (!(sh->mapped[r][step] <= most && sh->mapped[r][step] < whole_bytes * 7 / 10))
+                th_fail(__FILE__, __LINE__,
+                        "rank %d step %d: %zu bytes mapped between steps; its chunks are %zu, the whole %zu",
+                        r, step, sh->mapped[r][step], sh->own[r], whole_bytes);
+        size_t peak_most = most + 4 * ((size_t)sh->largest_bucket + 2 * gr);
+        if (!(sh->peak[r] <= peak_most && sh->peak[r] < whole_bytes))
+            th_fail(__FILE__, __LINE__,
+                    "rank %d: %zu bytes mapped at the peak; at most %zu expected, the whole %zu", r,
+                    sh->peak[r], peak_most, whole_bytes);
+    }
+    if (!same_bytes(fine, whole))
+        th_fail(__FILE__, __LINE__,
+                "the weights after unmapping differ from those of a run that never unmapped");
 }

@@ -184,8 +184,7 @@ TEST(test_estimate_memory_splits_params_grads_and_optimizer_by_stage)
 }
 
 /* On a CUDA device stage 2 keeps the full gradient buffer beside its shard
- * (dist/zero.c: device memory is not given back in part), and stage 3 is
- * refused there as em_zero_new refuses it. */
+ * (dist/zero.c: the gradients are not given back in part there). */
 TEST(test_estimate_memory_on_cuda_counts_stage_2s_full_gradient_buffer)
 {
     em_mem_config c = em_mem_config_defaults();
@@ -203,9 +202,29 @@ TEST(test_estimate_memory_on_cuda_counts_stage_2s_full_gradient_buffer)
     host = estimate_of(&c);
     CHECK(host.bytes[EM_MEM_GRADS] < e.bytes[EM_MEM_GRADS]);
     CHECK(host.bytes[EM_MEM_OPTIMIZER] == e.bytes[EM_MEM_OPTIMIZER]);
-    c.cuda = true;
+}
+
+/* Stage 3 on a CUDA device: the gradients as stage 2 there, and the
+ * parameters as on the CPU (the share and the 3 buckets kept whole) plus
+ * the 2 MiB granules each bucket's chunk may straddle: GPT-2 124M at world
+ * 8: 19 buckets of 25 MiB, 76 MiB more. */
+TEST(test_estimate_memory_on_cuda_stage_3_adds_two_granules_per_bucket_to_the_parameters)
+{
+    em_mem_config c = em_mem_config_defaults();
+    c.model = (em_gpt_config){
+        .vocab_size = 50257, .block_size = 1024, .n_layer = 12, .n_head = 12, .n_embd = 768, .bias = true};
+    c.world = 8;
+    c.batch = 1;
     c.zero_stage = 3;
-    CHECK_ERR(em_estimate_memory(&c, &e), EM_ERR_UNSUPPORTED, "zero_stage = 3 on a CUDA device");
+    em_mem_estimate host = estimate_of(&c);
+    c.cuda = true;
+    em_mem_estimate dev = estimate_of(&c);
+    double P = (double)dev.n_params, buckets = ceil(4 * P / (25 << 20));
+    CHECK(buckets == 19);
+    CHECK((double)dev.bytes[EM_MEM_PARAMS] == (double)host.bytes[EM_MEM_PARAMS] + 2 * buckets * (2 << 20));
+    CHECK((double)dev.bytes[EM_MEM_PARAMS] < 4 * P); /* below the whole model: not capped */
+    CHECK((double)dev.bytes[EM_MEM_GRADS] == 4 * P + 4 * P / 8);
+    CHECK(dev.bytes[EM_MEM_OPTIMIZER] == host.bytes[EM_MEM_OPTIMIZER]);
 }
 
 TEST(test_estimate_memory_rejects_bad_fields_naming_them)

@@ -78,7 +78,10 @@ static int usage(FILE *f)
         "                                             optimizer state, 2 and the gradients, 3 and the\n"
         "                                             parameters (default: config zero_stage,\n"
         "                                             EMBER_ZERO_STAGE, else 0)\n"
-        "  --zero-offload                             with --zero 1|2 and --device cuda: the optimizer\n"
+        "                                             (3 on a device: only this rank's chunks of the\n"
+        "                                             parameters stay mapped between uses, in 2 MiB\n"
+        "                                             granules; the gradient buffer stays allocated)\n"
+        "  --zero-offload                             with --zero 1|2|3 and --device cuda: the optimizer\n"
         "                                             state in host memory, updated on the CPU\n"
         "  --mixed-precision no|bf16|fp16             autocast forward passes, f32 master weights; fp16\n"
         "                                             with dynamic loss scaling (default: config file, no)\n"
@@ -520,6 +523,18 @@ static em_status estimate(run *r, em_mem_estimate *e)
     return em_estimate_memory(&c, e);
 }
 
+/* The part of estimate e a CUDA device holds: all but the runtime and the
+ * communication segment (on the host), and the optimizer state under
+ * --zero-offload. Under ZeRO stage 3 its parameters are this rank's share
+ * plus the buckets whole at once and the 2 MiB granules the chunks straddle
+ * (dist/zero.c), beside the full gradient buffer and the shard. */
+static double device_part(const run *r, const em_mem_estimate *e)
+{
+    double need = (double)(e->total - e->bytes[EM_MEM_RUNTIME] - e->bytes[EM_MEM_COMM]);
+    if (r->o.zero_offload) need -= (double)e->bytes[EM_MEM_OPTIMIZER]; /* on the host */
+    return need;
+}
+
 /* Refuses, before the model is allocated, a run whose estimate per rank
  * (times the processes of this machine, LOCAL_WORLD_SIZE) exceeds what this
  * process may use (mem_available: MemAvailable or a lower cgroup limit), or
@@ -539,8 +554,7 @@ static em_status check_fits(run *r)
     em_cuda_device_info info;
     if (dev.type == EM_CUDA && em_cuda_device_info_of(dev.index, &info) == EM_OK) {
         have = (double)info.total_memory; /* one device per process; the runtime stays on the host */
-        need = (double)(e.total - e.bytes[EM_MEM_RUNTIME] - e.bytes[EM_MEM_COMM]);
-        if (r->o.zero_offload) need -= (double)e.bytes[EM_MEM_OPTIMIZER]; /* on the host */
+        need = device_part(r, &e);
         snprintf(where, sizeof where, "cuda:%d has", dev.index);
     } else {
         char what[1100];
@@ -856,6 +870,17 @@ int cmd_train(int argc, char **argv)
         if (estimate(&r, &e) == EM_OK && mem_peak_rss() > 0)
             printf("ember train: peak memory %s on process 0 (estimated %s per process)\n",
                    mem_human(mem_peak_rss(), b0, sizeof b0), mem_human((double)e.total, b1, sizeof b1));
+        /* and on its device: the caching allocator's peak in use, and under
+         * ZeRO stage 3 the parameters' mapped granules at their peak */
+        em_device dev = em_accel_device(r.acc);
+        em_cuda_memory m;
+        char b2[32];
+        if (dev.type == EM_CUDA && estimate(&r, &e) == EM_OK && em_cuda_memory_stats(dev.index, &m) == EM_OK)
+            printf("ember train: cuda:%d peak %s in use%s%s (estimated %s on the device)\n", dev.index,
+                   mem_human((double)m.peak_allocated, b0, sizeof b0),
+                   m.peak_mapped ? " + parameters mapped " : "",
+                   m.peak_mapped ? mem_human((double)m.peak_mapped, b2, sizeof b2) : "",
+                   mem_human(device_part(&r, &e), b1, sizeof b1));
     }
     teardown(&r);
     return s ? 1 : 0;

@@ -251,22 +251,25 @@ int em_ddp_num_buckets(const em_ddp *d);
  * forwards and backwards in the same order (as DDP's collectives need), and
  * code that reads parameter memory directly (saving the model) calls
  * em_zero_gather_params first. Models with f32 or f64 parameters (stage
- * 3: f32), on the CPU or (stages 1-2) a CUDA device, collectives through
- * NCCL; on a device stage 2 keeps the full gradient buffer allocated
- * (device memory is not given back in part) beside its shard, and stage 3
- * is refused (EM_ERR_UNSUPPORTED). */
+ * 3: f32), on the CPU or a CUDA device, collectives through NCCL; on a
+ * device stages 2-3 keep the full gradient buffer allocated beside the
+ * shard (a cudaMalloc block is not given back in part), and stage 3 keeps
+ * the flat parameters in an address range whose 2 MiB granules are mapped
+ * only while needed (CUDA virtual memory management): between uses this
+ * rank's chunks, plus up to 2 granules per bucket their ends share with
+ * other ranks (em_cuda_memory_stats' mapped counts it). */
 typedef struct em_zero em_zero;
 
 typedef struct em_zero_config {
     int stage;        /* 1, 2 or 3 (0 is plain DDP: em_ddp) */
     double bucket_mb; /* 0 = 25 */
     bool find_unused_parameters; /* as em_ddp_config's */
-    /* Stages 1-2 of a CUDA model: the optimizer state in host memory. Each
+    /* A CUDA model (any stage): the optimizer state in host memory. Each
      * step copies this rank's chunks of the parameters and averaged
      * gradients to the host, updates them there (the CPU's optimizer, the
      * same per-element maths as the device's), and copies the parameters
-     * back before the all-gather: the device keeps no optimizer state.
-     * EM_ERR_ARG for a CPU model. */
+     * back before the all-gather (stage 3: before their next use): the
+     * device keeps no optimizer state. EM_ERR_ARG for a CPU model. */
     bool offload;
 } em_zero_config;
 
@@ -278,12 +281,15 @@ typedef struct em_zero_config {
  * are borrowed and must outlive z; opt must be stepped only through
  * em_zero_step while z lives. cfg NULL = stage 1, 25 MB buckets. Stage 3
  * gives back the memory of every parameter element outside this rank's
- * chunks at once. NULL + error: EM_ERR_ARG (NULL argument, stage out of
- * 1..3, a parameter of opt not in model, offload of a CPU model),
- * EM_ERR_UNSUPPORTED (stage 3 on CUDA, parameters other than f32/f64,
- * stages 2-3 or offload with both, stage 3 with no f32 parameter or while
- * another stage 3 engine lives), EM_ERR_DEVICE (parameters on two
- * devices), em_ddp_new's errors. */
+ * chunks at once (on a CUDA device the model's flat parameters move into a
+ * reserved address range first: their tensors keep their offsets, and
+ * em_zero_free moves them back). NULL + error: EM_ERR_ARG (NULL argument,
+ * stage out of 1..3, a parameter of opt not in model, offload of a CPU
+ * model), EM_ERR_UNSUPPORTED (parameters other than f32/f64, stages 2-3 or
+ * offload with both, stage 3 with no f32 parameter or while another stage
+ * 3 engine lives, stage 3 on a device whose driver lacks virtual memory
+ * management), EM_ERR_DEVICE (parameters on two devices, a driver call
+ * that failed), EM_ERR_OOM, em_ddp_new's errors. */
 em_zero *em_zero_new(em_pg *pg, em_module *model, em_optimizer *opt, const em_zero_config *cfg);
 /* Frees z and its DDP (not the model or the optimizer: the optimizer keeps
  * its sharded state). After stage 3, parameter elements outside this
@@ -403,7 +409,7 @@ typedef struct em_accel_config {
      * (one model and one optimizer; world > 1), and backward, clip, step and
      * zero_grad go through em_zero. */
     int zero_stage;
-    bool zero_offload;            /* with zero_stage 1-2 on a CUDA device: em_zero_config.offload */
+    bool zero_offload;            /* with zero_stage 1-3 on a CUDA device: em_zero_config.offload */
     double timeout_s;             /* 0 = config/env, else EM_DIST_DEFAULT_TIMEOUT; to the group */
     double bucket_mb;             /* 0 = 25 */
     bool find_unused_parameters;
@@ -837,9 +843,10 @@ typedef struct em_mem_config {
      * built-in guess of 8 MiB + 2 MiB per thread; 0 = the guess. data_bytes
      * adds to either. */
     size_t base_bytes;
-    /* The model on a CUDA device (dist/zero.c): stage 2's gradients are the
-     * full buffer (a device does not give memory back in part) plus the
-     * shard, 4P + 4P/W; stage 3 is refused there (EM_ERR_UNSUPPORTED). */
+    /* The model on a CUDA device (dist/zero.c): stages 2-3 keep the full
+     * gradient buffer allocated beside the shard, 4P + 4P/W; stage 3 maps
+     * the parameters in granules of 2 MiB, so each bucket's chunk may hold
+     * up to 2 granules more than its share (2 MiB x 2 x buckets). */
     bool cuda;
 } em_mem_config;
 
@@ -868,7 +875,7 @@ typedef struct em_mem_estimate {
  * c or out, a size < 1, n_embd not a multiple of n_head, context outside
  * 0..block_size, a stage outside 0..3, an unknown precision or optimizer,
  * momentum without SGD, a negative bucket or threads, or a total past 2^62
- * bytes; EM_ERR_UNSUPPORTED for stage 3 with cuda. */
+ * bytes. */
 em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out);
 /* "parameters", "gradients", "optimizer state", "activations",
  * "communication", "runtime" ("?" for anything else; static strings). */

@@ -74,14 +74,21 @@ void em_cuda_versions(int *driver, int *runtime, int *nccl);
 em_status em_cuda_synchronize(int index);
 /* The caching allocator's figures for device `index`, in bytes: in use by
  * tensors, held from CUDA (in use + cached), the peak in use since start
- * or the last reset, and how many times it called cudaMalloc. */
+ * or the last reset, and how many times it called cudaMalloc. Beside them,
+ * memory mapped into address ranges ember reserved (CUDA's virtual memory
+ * management: ZeRO stage 3's flat parameters, dist/zero.c), counted in
+ * neither figure above: mapped now (granules whose unmap waits for queued
+ * work included), and its peak since start or the last reset. */
 typedef struct em_cuda_memory {
     size_t allocated, reserved, peak_allocated;
     uint64_t device_mallocs;
+    size_t mapped, peak_mapped;
 } em_cuda_memory;
 em_status em_cuda_memory_stats(int index, em_cuda_memory *out);
+/* Both peaks back to what is in use / mapped now. */
 void em_cuda_reset_peak(int index);
-/* Returns cached blocks of device `index` to CUDA. */
+/* Waits for device `index`, then returns its cached blocks to CUDA and
+ * does the unmaps that were waiting for its work. */
 void em_cuda_empty_cache(int index);
 /* TF32 for f32 matmuls on the device (off by default, as in PyTorch). */
 void em_cuda_set_tf32(bool on);

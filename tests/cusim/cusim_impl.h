@@ -11,7 +11,8 @@
  *                       schedule fuzzing and the shared-memory race checker
  *   runtime.c, stream.c devices, device memory (guarded mappings, unreadable
  *   memory.c, copy.c    from host code), streams and events that run queued
- *                       work only when something orders it, copies
+ *   vmm.c               work only when something orders it, copies; reserved
+ *                       address ranges with memory mapped into them
  *   cublas.c            the cuBLAS calls ember makes, argument rules checked,
  *                       computed in double
  *   nccl.c              the NCCL calls ember makes, across processes through
