@@ -85,7 +85,7 @@ static double gpt_params(const em_gpt_config *m, double *largest_unit)
  *            mapped in granules of 2 MiB (tensor/cuda_vmm.c): the two ends
  *            of each bucket's chunk may share a granule with other ranks'
  *            elements, up to 2 granules per bucket (about 4P/B buckets)
- *            beyond 4P/W, within the same 4P in all.
+ *            beyond 4P/W, within 4P rounded up to whole granules in all.
  * The ZeRO engine (dist/zero.c) behaves like this; change both together. */
 static void zero_split(int stage, bool cuda, double W, double P, double opt, double bucket, double unit,
                        double out[3])
@@ -95,9 +95,10 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
     if (stage >= 1) optim /= W;
     if (stage >= 2) grads = cuda ? 4 * P + 4 * P / W : 4 * P / W + (held < 4 * P ? held : 4 * P);
     if (stage >= 3) {
-        double granules = cuda ? 2 * ceil(4 * P / bucket) * (double)(2 << 20) : 0;
+        double g = 2 << 20, granules = cuda ? 2 * ceil(4 * P / bucket) * g : 0;
+        double whole = cuda ? ceil(4 * P / g) * g : 4 * P; /* a device maps whole granules */
         params = 4 * P / W + granules + held;
-        if (params > 4 * P) params = 4 * P;
+        if (params > whole) params = whole;
     }
     out[0] = params, out[1] = grads, out[2] = optim;
 }

@@ -667,6 +667,17 @@ static em_status reserve_on_device(em_zero *z, const char *fn)
     return EM_OK;
 }
 
+/* NULL, z freed, with the error s that the set-up met (its message kept
+ * across the frees). */
+static em_zero *fail_freeing(em_zero *z, em_status s)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", em_last_error());
+    em_zero_free(z);
+    em_set_error(s, "%s", msg);
+    return NULL;
+}
+
 em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage, bool offload)
 {
     const char *fn = "em_zero_new";
@@ -698,13 +709,7 @@ em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage, b
     z->ppiece = calloc((size_t)opt->np + 1, sizeof *z->ppiece);
     em_status s = z->gpiece && z->ppiece ? make_chunks(z, fn) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; i < opt->np && !s; i++) s = set_piece(z, i, fn);
-    if (s) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", em_last_error());
-        em_zero_free(z);
-        em_set_error(s, "%s", msg);
-        return NULL;
-    }
+    if (s) return fail_freeing(z, s);
     if (stage >= 2) { /* the full gradient buffer holds memory only while backward fills it */
         ddp_set_hooks(ddp, (ddp_hooks){.launch = launch, .finished = finished, .ctx = z});
         em_zero_zero_grad(z);
@@ -718,13 +723,7 @@ em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage, b
         }
         s = reserve_on_device(z, fn);
         for (int i = 0; i < z->nb && !s; i++) s = evict(z, i);
-        if (s) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", em_last_error());
-            em_zero_free(z);
-            em_set_error(s, "%s", msg);
-            return NULL;
-        }
+        if (s) return fail_freeing(z, s);
         op_set_fetch(z->flat->st, fetch, z);
         fetching = true;
     }

@@ -248,8 +248,8 @@ em_status cu_vrange_map(cu_vrange *r, size_t lo, size_t hi)
         if (r->state[k] == G_PENDING) r->state[k] = G_MAPPED; /* never left */
         if (r->state[k] == G_UNMAPPED) {
             s = map_granule(r, k);
-            if (s && s == EM_ERR_OOM && !reap(r, true))
-                s = map_granule(r, k); /* the device's memory may free up */
+            if (s == EM_ERR_OOM && reap(r, true) == EM_OK) /* the pending unmaps may free enough */
+                s = map_granule(r, k);
         }
     }
     return s;

@@ -3,6 +3,7 @@
  * the checks of reports and failed launches, device memory. Sim build only:
  * elsewhere this file is empty. */
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ember_config.h"
@@ -58,6 +59,31 @@ void check_launch_failed(const char *file, int line, cudaError_t at_sync)
         th_fail(file, line, "the sync returned %s, want cudaErrorLaunchFailure", cudaGetErrorName(at_sync));
     if (cudaGetLastError() != cudaErrorLaunchFailure)
         th_fail(file, line, "cudaGetLastError does not return the kernel's failure");
+}
+
+/* Runs fn(ctx) in a child whose stderr goes to a file; returns its wait
+ * status and stderr (err, cap bytes). */
+int run_child(void (*fn)(void *), void *ctx, char *err, size_t cap)
+{
+    char path[] = "/tmp/ember-cusim-child-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    unlink(path);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(fd, STDERR_FILENO);
+        fn(ctx);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    ssize_t n = pread(fd, err, cap - 1, 0);
+    err[n > 0 ? n : 0] = 0;
+    close(fd);
+    return status;
 }
 
 void *device_alloc(size_t n)

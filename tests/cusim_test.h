@@ -45,6 +45,10 @@ void check_report(const char *file, int line, int before, ...);
 void check_launch_failed(const char *file, int line, cudaError_t at_sync);
 #define CHECK_LAUNCH_FAILED(sync_call) check_launch_failed(__FILE__, __LINE__, (sync_call))
 
+/* Runs fn(ctx) in a forked child whose stderr goes to a file; returns its
+ * wait status and stderr (err, cap bytes, NUL-terminated). */
+int run_child(void (*fn)(void *), void *ctx, char *err, size_t cap);
+
 /* n bytes of device memory (cudaMalloc; a failure fails the test) */
 void *device_alloc(size_t n);
 

@@ -547,6 +547,24 @@ TEST(test_cli_launch_two_ranks_train_on_cuda_follows_the_cpu_ddp_losses)
     check_train_follows_cpu(2, "no", 1e-4);
 }
 
+/* `ember launch -n 2 ember train --device cuda --zero 3` runs (the estimate
+ * no longer refuses stage 3 on a device) and ends saying what the device
+ * held: its peak in use and the parameters' mapped granules. */
+TEST(test_cli_launch_two_ranks_train_on_cuda_at_zero_stage_3_says_what_the_device_held)
+{
+    if (em_cuda_device_count() < 2) SKIP("needs 2 CUDA devices (GPU test)");
+    char dir[64], txt[128], out[160];
+    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    snprintf(out, sizeof out, "%s/run", dir);
+    th_run_result *r =
+        run_ember("launch", "-n", "2", "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out", out,
+                  DEVICE_MODEL, "--iters", "2", "--eval-iters", "1", "--device", "cuda", "--zero", "3", NULL);
+    CHECK_EXIT(r, 0);
+    if (!strstr(r->out, "ZeRO stage 3") || !strstr(r->out, "cuda:0 peak") ||
+        !strstr(r->out, "+ parameters mapped"))
+        th_fail(__FILE__, __LINE__, "stdout: %s", r->out);
+}
+
 TEST(test_cli_train_rejects_a_bad_device)
 {
     th_run_result *r = run_ember("train", "--data", "x.txt", "--device", "gpu", NULL);

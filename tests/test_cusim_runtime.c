@@ -59,31 +59,6 @@ CUSIM_RUNTIME_TESTS(SKIPPED)
 
 /* ---- device memory from host code ---------------------------------------------------------- */
 
-/* Runs fn(ctx) in a child whose stderr goes to a file; returns its wait
- * status and stderr (err, cap bytes). */
-static int run_child(void (*fn)(void *), void *ctx, char *err, size_t cap)
-{
-    char path[] = "/tmp/ember-cusim-child-XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    unlink(path);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        dup2(fd, STDERR_FILENO);
-        fn(ctx);
-        _exit(0);
-    }
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid);
-    ssize_t n = pread(fd, err, cap - 1, 0);
-    err[n > 0 ? n : 0] = 0;
-    close(fd);
-    return status;
-}
-
 static void read_device_memory_from_host(void *ctx)
 {
     int **where = ctx;

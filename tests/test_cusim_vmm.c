@@ -156,25 +156,8 @@ TEST(test_cusim_vmm_host_code_reading_a_mapping_dies_naming_it)
     vmm_emulator();
     char **where = mmap(NULL, sizeof *where, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(where != MAP_FAILED);
-    char path[] = "/tmp/ember-cusim-vmm-XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    unlink(path);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        dup2(fd, STDERR_FILENO);
-        read_mapping_from_host(where);
-        _exit(0);
-    }
-    int status = 0;
-    CHECK(waitpid(pid, &status, 0) == pid);
     char err[4096];
-    ssize_t n = pread(fd, err, sizeof err - 1, 0);
-    err[n > 0 ? n : 0] = 0;
-    close(fd);
+    int status = run_child(read_mapping_from_host, where, err, sizeof err);
     if (!WIFSIGNALED(status)) th_fail(__FILE__, __LINE__, "the child lived: %s", err);
     char want[200];
     snprintf(want, sizeof want,

@@ -846,7 +846,8 @@ typedef struct em_mem_config {
     /* The model on a CUDA device (dist/zero.c): stages 2-3 keep the full
      * gradient buffer allocated beside the shard, 4P + 4P/W; stage 3 maps
      * the parameters in granules of 2 MiB, so each bucket's chunk may hold
-     * up to 2 granules more than its share (2 MiB x 2 x buckets). */
+     * up to 2 granules more than its share (2 MiB x 2 x buckets), within
+     * the whole buffer rounded up to granules. */
     bool cuda;
 } em_mem_config;
 
