@@ -7,7 +7,8 @@
  *   (bitwise, 1 and 2 processes).
  * and the same jobs on CUDA devices (under ember's emulator in CI: cusim):
  *   cuda:LOCAL_RANK follows the CPU's losses (1 and 2 processes, DDP over
- *   NCCL), and resumes bitwise; ZeRO stages 1-2 give CUDA DDP's weights.
+ *   NCCL), and resumes bitwise; ZeRO stages 1-3 give CUDA DDP's weights,
+ *   and stage 3 keeps only its chunks' parameters mapped between uses.
  * The training runs go through the Accelerator, as a user program would. */
 #include <stdlib.h>
 #include <string.h>
@@ -514,8 +515,8 @@ static int read_losses_by_step(const char *path, double *out, int max)
     return n;
 }
 
-/* A job of world_a ranks at zero stage zero_a saves after step 10; a new
- * job of world_b ranks at stage zero_b loads it and trains to step 20: its
+/* A job `base` of world_a ranks at zero stage zero_a saves halfway; a new
+ * job of world_b ranks at stage zero_b loads it and trains to the end: its
  * losses follow the straight world_a run's within 1e-5 relative. */
 static void check_reshard_on(job base, int world_a, int zero_a, int world_b, int zero_b)
 {
@@ -548,6 +549,7 @@ static void check_reshard_on(job base, int world_a, int zero_a, int world_b, int
     }
 }
 
+/* check_reshard_on the CPU job zero_job (20 steps, saved after 10). */
 static void check_reshard(int world_a, int zero_a, int world_b, int zero_b)
 {
     check_reshard_on(zero_job, world_a, zero_a, world_b, zero_b);
@@ -749,7 +751,7 @@ TEST(test_cuda_resume_at_step_6_of_12_gives_bitwise_the_straight_weights_two_pro
 }
 
 /* ---- ZeRO on CUDA devices (dist/zero.c over NCCL) --------------------------------------------
- * The CUDA DDP job above at world 2 with zero_stage 1 and 2, against the
+ * The CUDA DDP job above at world 2 with zero_stage 1, 2 and 3, against the
  * same job under CUDA DDP and under CPU DDP. n_embd 9 (one head) gives
  * parameters of odd sizes, so buckets of odd sizes: each goes through its
  * padded copy on the device. Stage 1 all-reduces and clips as DDP does and
@@ -758,7 +760,9 @@ TEST(test_cuda_resume_at_step_6_of_12_gives_bitwise_the_straight_weights_two_pro
  * (the emulated NCCL adds the ranks in the all-reduce's order) and sums
  * the clip's squares per bucket chunk, then over ranks: measured bitwise
  * too (losses and weights); held to 1e-6 relative, as on the CPU, since a
- * GPU's NCCL may order the two collectives' sums apart. Against CPU DDP:
+ * GPU's NCCL may order the two collectives' sums apart. Stage 3 is stage 2
+ * with the parameters gathered around each use: measured bitwise too, in
+ * f32 and bf16, held to 1e-6. Against CPU DDP:
  * the CUDA tolerance above, 1e-4 (measured: under 3e-8). 16 steps of
  * global batch 2 with accumulation 2: two emulated runs of about 12 s each
  * under ASan on a busy 2-core machine. */
@@ -796,7 +800,7 @@ static void check_cuda_zero_run(job base, const job *ddp, const double *ld, cons
  * computes each element with the device kernel's functions
  * (optim/update_math.h). Measured: within 5e-8 of CUDA DDP's losses; held
  * to 1e-6, as the compilers may contract the two builds' arithmetic
- * differently. The CUDA and CPU DDP runs are made once for the four. */
+ * differently. The CUDA and CPU DDP runs are made once for the six. */
 TEST(test_cuda_zero_stages_1_to_3_with_and_without_offload_follow_cuda_and_cpu_ddp_two_ranks)
 {
     CUDA_JOBS_OR_SKIP(2);
@@ -818,7 +822,9 @@ TEST(test_cuda_zero_stages_1_to_3_with_and_without_offload_follow_cuda_and_cpu_d
 }
 
 /* Stage 3 under bf16 autocast (f32 masters, the CUDA DDP job's
- * accumulation): CUDA DDP's losses within 1e-6, as in f32. */
+ * accumulation): CUDA DDP's losses within 1e-6, as in f32 (measured:
+ * bitwise, losses and weights). Its own CUDA DDP baseline: the shared one
+ * is f32. */
 TEST(test_cuda_zero_stage_3_under_bf16_follows_cuda_ddp_two_ranks)
 {
     CUDA_JOBS_OR_SKIP(2);
