@@ -515,18 +515,18 @@ static int read_losses_by_step(const char *path, double *out, int max)
     return n;
 }
 
-/* A job `base` of world_a ranks at zero stage zero_a saves halfway; a new
- * job of world_b ranks at stage zero_b loads it and trains to the end: its
+/* A job of world_a ranks at zero stage zero_a saves after step 10; a new
+ * job of world_b ranks at stage zero_b loads it and trains to step 20: its
  * losses follow the straight world_a run's within 1e-5 relative. */
-static void check_reshard_on(job base, int world_a, int zero_a, int world_b, int zero_b)
+static void check_reshard(int world_a, int zero_a, int world_b, int zero_b)
 {
-    job straight = base, first = base;
+    job straight = zero_job, first = zero_job;
     straight.zero = first.zero = zero_a;
     job_files(&straight, "straight");
     straight.params[0] = 0;
     TH_RANKS_ENV(world_a, train_job, &straight);
     job_files(&first, "first");
-    first.save_at = base.steps / 2;
+    first.save_at = zero_job.steps / 2;
     first.losses[0] = first.params[0] = 0;
     TH_RANKS_ENV(world_a, train_job, &first);
     job second = first;
@@ -536,9 +536,9 @@ static void check_reshard_on(job base, int world_a, int zero_a, int world_b, int
     snprintf(second.losses, sizeof second.losses, "%s.resumed-losses", first.dir);
     TH_RANKS_ENV(world_b, train_job, &second);
     double la[64], lb[64];
-    CHECK(read_losses_by_step(straight.losses, la, 64) == base.steps);
-    CHECK(read_losses_by_step(second.losses, lb, 64) == base.steps - first.save_at);
-    for (int i = first.save_at; i < base.steps; i++) {
+    CHECK(read_losses_by_step(straight.losses, la, 64) == zero_job.steps);
+    CHECK(read_losses_by_step(second.losses, lb, 64) == zero_job.steps - first.save_at);
+    for (int i = first.save_at; i < zero_job.steps; i++) {
         double rel = fabs(la[i] - lb[i]) / fabs(la[i]);
         if (!(rel < 1e-5))
             th_fail(
@@ -547,12 +547,6 @@ static void check_reshard_on(job base, int world_a, int zero_a, int world_b, int
                 "run's %.9g (rel %.3g)",
                 world_a, zero_a, world_b, zero_b, i, lb[i], la[i], rel);
     }
-}
-
-/* check_reshard_on the CPU job zero_job (20 steps, saved after 10). */
-static void check_reshard(int world_a, int zero_a, int world_b, int zero_b)
-{
-    check_reshard_on(zero_job, world_a, zero_a, world_b, zero_b);
 }
 
 TEST(test_zero_stage_1_save_of_two_ranks_resumes_on_one_process_without_zero) { check_reshard(2, 1, 1, 0); }
@@ -923,21 +917,43 @@ TEST(test_cuda_zero_stage_2_resume_at_step_6_of_12_gives_bitwise_the_straight_we
     check_resume_is_exact_on(2, "cuda", 2);
 }
 
-/* Stage 3: each rank saves its model shard from the device (its chunks,
- * through host copies) and loads it back into its chunks. */
-TEST(test_cuda_zero_stage_3_resume_at_step_6_of_12_gives_bitwise_the_straight_weights_two_ranks)
+/* Stage 3 on the devices saves at step 6 of 12 (each rank its model shard,
+ * from its chunks through host copies). The save resumes under stage 3
+ * (each rank's shard back into its chunks) to bitwise the straight run's
+ * weights, and under CUDA DDP (each rank joins the shards into the whole
+ * model on its device) to the straight run's losses within 1e-5 (measured:
+ * bitwise). One straight run and one save serve both resumes. */
+TEST(test_cuda_zero_stage_3_save_at_step_6_resumes_bitwise_and_under_cuda_ddp_two_ranks)
 {
     CUDA_JOBS_OR_SKIP(2);
-    check_resume_is_exact_on(2, "cuda", 3);
-}
-
-/* A stage 3 save of two ranks on their devices resumes under CUDA DDP:
- * each rank joins the model shards into the whole model on its device. */
-TEST(test_cuda_zero_stage_3_save_resumes_under_cuda_ddp)
-{
-    CUDA_JOBS_OR_SKIP(2);
-    check_reshard_on((job){.accum = 2, .batch = 2, .steps = 12, .bucket_mb = 0.002, .device = "cuda"}, 2, 3,
-                     2, 0);
+    job straight = {.accum = 2, .batch = 2, .steps = 12, .bucket_mb = 0.002, .device = "cuda", .zero = 3};
+    job_files(&straight, "straight");
+    TH_RANKS_ENV(2, train_job, &straight);
+    job first = straight;
+    job_files(&first, "first");
+    first.save_at = 6;
+    first.params[0] = first.losses[0] = 0;
+    TH_RANKS_ENV(2, train_job, &first);
+    job again = first, ddp = first;
+    again.save_at = ddp.save_at = 0;
+    again.resume = ddp.resume = true;
+    snprintf(again.params, sizeof again.params, "%s.resumed", first.dir);
+    TH_RANKS_ENV(2, train_job, &again);
+    if (!same_bytes(straight.params, again.params))
+        th_fail(__FILE__, __LINE__, "stage 3 on cuda: resumed weights differ from the straight run's");
+    ddp.zero = 0;
+    snprintf(ddp.losses, sizeof ddp.losses, "%s.ddp-losses", first.dir);
+    TH_RANKS_ENV(2, train_job, &ddp);
+    double ls[64], ld[64];
+    CHECK(read_losses_by_step(straight.losses, ls, 64) == straight.steps);
+    CHECK(read_losses_by_step(ddp.losses, ld, 64) == straight.steps - first.save_at);
+    for (int i = first.save_at; i < straight.steps; i++) {
+        double rel = fabs(ld[i] - ls[i]) / fabs(ls[i]);
+        if (!(rel < 1e-5))
+            th_fail(__FILE__, __LINE__,
+                    "resumed under CUDA DDP: step %d loss %.9g vs the straight run's %.9g (rel %.3g)", i,
+                    ld[i], ls[i], rel);
+    }
 }
 
 /* ---- ZeRO stage 3 on a device: parameters mapped only while used ---------------------------
