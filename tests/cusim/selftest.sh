@@ -7,7 +7,7 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 out=${TMPDIR:-/tmp}/cusim-selftest
 mkdir -p "$out"
-common="$here/runtime.c $here/stream.c $here/copy.c $here/memory.c $here/report.c $here/stub_exec_for_runtime_tests.c"
+common="$here/runtime.c $here/stream.c $here/copy.c $here/memory.c $here/vmm.c $here/report.c $here/stub_exec_for_runtime_tests.c"
 flags="-std=gnu11 -Wall -Wextra -Werror -g -I$here/include -I$here"
 for t in runtime cublas; do
     extra=""
