@@ -203,10 +203,12 @@ static em_status accum(tensor *t, tensor *g)
         return em_err(EM_ERR_DEVICE, "backward: gradient %s is on another device than tensor %s (op '%s')", shp(g),
                       shp(t), t->grad_fn ? op_name(t->grad_fn->op) : "leaf");
     bool leaf = !t->grad_fn;
-    if (!t->grad && !leaf && g->dtype == t->dtype) {
+    if (!t->grad && !leaf && t_takes_grad_in(t, g->dtype)) {
         /* a non-leaf's first contribution is adopted, not copied: backward
          * functions never write into a gradient they are given. It is
-         * copied only if a second contribution has to be added to it. */
+         * copied only if a second contribution has to be added to it (into
+         * t's dtype, so a wider first one is rounded then, as it would
+         * have been on arrival). */
         t->grad = g;
         t->grad_shared = true;
     } else if (!t->grad || t->grad_shared) {

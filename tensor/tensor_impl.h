@@ -90,7 +90,7 @@ typedef em_status (*backward_fn)(node *n, tensor *gout);
 typedef tensor *(*grad_view_fn)(const node *n, tensor *acc);
 
 struct node {
-    op_id op;          /* the op that recorded it (its name: op_name) */
+    op_id op; /* the op that recorded it (its name: op_name) */
     backward_fn backward;
     int nin;
     tensor **in;
@@ -106,7 +106,19 @@ struct node {
      * grad_view, so this use of in[0] counts even when out never gets a
      * gradient of its own */
     bool delivered;
+    /* its backward reads the output's gradient in f32 too, rounding it to
+     * the output's dtype as it reads it (op_call.grad_reads_f32): a first
+     * f32 contribution is adopted as it is, not narrowed (the narrowing
+     * pass would make the same bits the reading does) */
+    bool grad_reads_f32;
 };
+
+/* Whether t's gradient may be handed over in dt as it is: its dtype, or
+ * f32 where t's node reads that itself (node.grad_reads_f32). */
+static inline bool t_takes_grad_in(const tensor *t, em_dtype dt)
+{
+    return dt == t->dtype || (dt == EM_F32 && t->grad_fn && t->grad_fn->grad_reads_f32);
+}
 
 /* ---- handles -------------------------------------------------------------- */
 /* The tensor behind h. NULL if h is NULL (keeping an earlier error, or setting
@@ -146,7 +158,8 @@ tensor *t_zeros_like(const tensor *t);
 /* A header over base's storage with the given geometry (no checks). */
 tensor *t_view_of(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
 /* Like t_view_of, but persistent whatever scope is open (caller frees: t_free). */
-tensor *t_view_persistent(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
+tensor *t_view_persistent(tensor *base, int ndim, const int64_t *shape, const int64_t *stride,
+                          int64_t offset);
 /* t's values on dev, contiguous (t itself when it is there already), in the
  * current scope, no autograd; a copy to the host waits for the device.
  * NULL + EM_ERR_DEVICE when dev is not a usable device. */
