@@ -253,19 +253,7 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
         }
         return;
     }
-    gemm_job j = {.dt = dt,
-                  .ta = ta,
-                  .tb = tb,
-                  .M = M,
-                  .N = N,
-                  .K = K,
-                  .lda = lda,
-                  .ldb = ldb,
-                  .ldc = ldc,
-                  .alpha = alpha,
-                  .beta = beta,
-                  .A = A,
-                  .B = B,
-                  .C = C};
+    gemm_job j = {.dt = dt, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
+                  .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
     gemm_run(&j);
 }
