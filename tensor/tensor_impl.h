@@ -90,7 +90,7 @@ typedef em_status (*backward_fn)(node *n, tensor *gout);
 typedef tensor *(*grad_view_fn)(const node *n, tensor *acc);
 
 struct node {
-    op_id op; /* the op that recorded it (its name: op_name) */
+    op_id op;          /* the op that recorded it (its name: op_name) */
     backward_fn backward;
     int nin;
     tensor **in;
@@ -158,8 +158,7 @@ tensor *t_zeros_like(const tensor *t);
 /* A header over base's storage with the given geometry (no checks). */
 tensor *t_view_of(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
 /* Like t_view_of, but persistent whatever scope is open (caller frees: t_free). */
-tensor *t_view_persistent(tensor *base, int ndim, const int64_t *shape, const int64_t *stride,
-                          int64_t offset);
+tensor *t_view_persistent(tensor *base, int ndim, const int64_t *shape, const int64_t *stride, int64_t offset);
 /* t's values on dev, contiguous (t itself when it is there already), in the
  * current scope, no autograd; a copy to the host waits for the device.
  * NULL + EM_ERR_DEVICE when dev is not a usable device. */
