@@ -350,8 +350,19 @@ void em_gpt_free(em_gpt *g); /* NULL is a no-op */
  * outside [0,V) is EM_ERR_INDEX) -> logits (B,T,V), in the caller's scope. */
 em_tensor *em_gpt_forward(em_gpt *g, em_tensor *idx);
 /* Mean cross-entropy of em_gpt_forward(g, idx) against targets EM_I32 (B,T)
- * (the shape of idx; -1 marks a position to ignore): a 0-dim tensor. */
+ * (the shape of idx, EM_ERR_SHAPE otherwise), already shifted: targets[b,t]
+ * is the token that follows idx[b,t] (nanoGPT's y). EM_IGNORE_INDEX (-100,
+ * PyTorch's default) marks a position to ignore; before ember took
+ * PyTorch's convention it was -1, which is now an error (EM_ERR_INDEX)
+ * saying so. A 0-dim tensor, NaN when every position is ignored. */
 em_tensor *em_gpt_loss(em_gpt *g, em_tensor *idx, em_tensor *targets);
+/* The loss of Hugging Face's GPT2LMHeadModel(input_ids=idx, labels=labels):
+ * labels EM_I32 (B,T) unshifted, usually idx itself with -100 where a
+ * position should not count (padding, a prompt); the shift happens here:
+ * logits[:, :-1] against labels[:, 1:], so labels[:, 0] is never used. Mean
+ * over the positions not ignored (EM_IGNORE_INDEX): a 0-dim tensor, NaN
+ * when there are none (T = 1 among them). Errors as em_gpt_loss. */
+em_tensor *em_gpt_loss_labels(em_gpt *g, em_tensor *idx, em_tensor *labels);
 
 /* ---- sampling with a key/value cache ----------------------------------------
  * The cache holds, per layer, the keys and values of the positions already
