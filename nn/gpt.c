@@ -411,6 +411,12 @@ static em_status feed(em_gpt *g, em_gpt_cache *c, const int32_t *tokens, int64_t
 int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, double temperature, int top_k,
                   em_rng *rng, int32_t *out)
 {
+    return em_gpt_sample_progress(g, prompt, n_prompt, n_new, temperature, top_k, rng, out, NULL, NULL);
+}
+
+int em_gpt_sample_progress(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, double temperature,
+                           int top_k, em_rng *rng, int32_t *out, em_gpt_token_fn on_token, void *ctx)
+{
     if (!g || !prompt || !out) return em_err(EM_ERR_ARG, "em_gpt_sample: model, prompt or out is NULL"), -1;
     if (n_prompt < 1 || n_new < 0)
         return em_err(EM_ERR_ARG, "em_gpt_sample: n_prompt = %d must be >= 1 and n_new = %d >= 0", n_prompt,
@@ -443,6 +449,7 @@ int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, dou
         double u = em_item(em_rand(EM_F64, EM_SHAPE(1), rng));
         em_scope_end(s);
         out[len++] = draw_token(row, V, temperature, top_k, u, row + V);
+        if (on_token) on_token(ctx, k + 1, n_new);
         if (k == n_new - 1) break;
         if (len - start > block) { /* the window slides: positions change, recompute */
             start = len - block;
