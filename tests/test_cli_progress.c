@@ -50,23 +50,13 @@ static const char *run_on_tty(int *status, ...)
     return out;
 }
 
-static void make_corpus(char *dir, size_t n, char *txt, size_t tn)
-{
-    snprintf(dir, n, "/tmp/ember-progress-XXXXXX");
-    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
-    snprintf(txt, tn, "%s/corpus.txt", dir);
-    FILE *f = fopen(txt, "w");
-    for (int i = 0; i < 300; i++) fputs("the cat sat on the mat. the dog sat on the log.\n", f);
-    fclose(f);
-}
-
 #define TINY                                                                                                 \
     "--layers", "1", "--heads", "2", "--embd", "16", "--block", "16", "--batch", "4", "--eval-iters", "2"
 
 TEST(test_cli_train_on_a_terminal_draws_a_bar_with_loss_rate_and_eta)
 {
     char dir[64], txt[128], out[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     int st;
     const char *o = run_on_tty(&st, "train", "--data", txt, "--out", out, TINY, "--iters", "12",
@@ -91,7 +81,7 @@ TEST(test_cli_train_on_a_terminal_draws_a_bar_with_loss_rate_and_eta)
 TEST(test_cli_train_into_a_log_prints_the_plain_lines_only)
 {
     char dir[64], txt[128], out[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     th_run_result *r = th_run(EMBER_BIN, "train", "--data", txt, "--out", out, TINY, "--iters", "12",
                               "--log-every", "6", "--eval-every", "12", NULL);
@@ -122,7 +112,7 @@ TEST(test_cli_train_into_a_log_prints_the_plain_lines_only)
 TEST(test_cli_sample_on_a_terminal_shows_a_bar_for_a_long_generation_only)
 {
     char dir[64], txt[128], out[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     th_run_result *r = th_run(EMBER_BIN, "train", "--data", txt, "--out", out, TINY, "--iters", "2",
                               "--eval-every", "2", NULL);
