@@ -75,16 +75,22 @@ static void check_logits(em_gpt *g)
     em_scope_end(s);
 }
 
+/* and em_gpt_loss_labels against GPT2LMHeadModel(input_ids, labels=labels).loss */
+static void check_logits_and_loss(em_gpt *g)
+{
+    check_logits(g);
+    em_scope s = em_scope_begin();
+    CHECK_NEAR(em_item(em_gpt_loss_labels(g, batch(hf_ref_ids), batch(hf_ref_labels))), hf_ref_loss, 2e-6);
+    em_scope_end(s);
+}
+
 TEST(test_gpt_loss_labels_matches_transformers_gpt2_loss)
 {
     st_tmpdir();
     write_tensors(st_path("model.safetensors"), -1, NULL, NULL);
     em_gpt *g = hf_gpt();
     CHECK_OK(em_gpt_load_hf(g->m, st_path("model.safetensors")));
-    check_logits(g);
-    em_scope s = em_scope_begin();
-    CHECK_NEAR(em_item(em_gpt_loss_labels(g, batch(hf_ref_ids), batch(hf_ref_labels))), hf_ref_loss, 2e-6);
-    em_scope_end(s);
+    check_logits_and_loss(g);
     em_gpt_free(g);
     st_cleanup();
 }
@@ -158,10 +164,7 @@ TEST(test_gpt_load_hf_reads_two_shards_by_directory_and_by_index)
     em_gpt_free(g);
     g = hf_gpt();
     CHECK_OK(em_gpt_load_hf(g->m, st_path("model.safetensors.index.json")));
-    check_logits(g);
-    em_scope s = em_scope_begin();
-    CHECK_NEAR(em_item(em_gpt_loss_labels(g, batch(hf_ref_ids), batch(hf_ref_labels))), hf_ref_loss, 2e-6);
-    em_scope_end(s);
+    check_logits_and_loss(g);
     em_gpt_free(g);
     st_cleanup();
 }
