@@ -147,7 +147,8 @@ static double evaluate(model *g, const em_window_sampler *val, int batches)
         em_scope sc = em_scope_begin();
         em_batch b;
         em_tensor *loss = NULL;
-        if (em_window_sampler_next(&s, &b) == EM_OK) loss = em_cross_entropy(forward(g, b.x), b.y, -1);
+        if (em_window_sampler_next(&s, &b) == EM_OK)
+            loss = em_cross_entropy(forward(g, b.x), b.y, EM_IGNORE_INDEX);
         sum += loss ? em_item(loss) : NAN;
         em_scope_end(sc);
     }
@@ -324,7 +325,8 @@ int main(int argc, char **argv)
         em_batch b;
         em_tensor *loss = NULL;
         if (em_window_sampler_next(&train_batches, &b) == EM_OK)
-            loss = em_cross_entropy(forward(&g, b.x), b.y, -1); /* x (B,T), y (B,T) = x shifted by one */
+            loss = em_cross_entropy(forward(&g, b.x), b.y,
+                                    EM_IGNORE_INDEX); /* x (B,T), y (B,T) = x shifted by one */
         double value = loss ? em_item(loss) : NAN;
         em_status st = loss ? em_backward(loss, NULL) : em_last_status();
         em_scope_end(s); /* gradients live on in the parameters */
