@@ -33,11 +33,11 @@ static inline EM_HD UM_K UM_(opt_k_of)(const opt_coef *c)
 
 /* SGD on one element: the new p. momentum: buf is the element's momentum
  * buffer (read unless first, written; not touched otherwise, so it may be
- * NULL); decay: wd != 0 (decided in double, from opt_coef). */
+ * NULL); decay: wd != 0 (decided in double, from opt_coef); maximize: -g. */
 static inline EM_HD UM_T UM_(sgd_elem)(const UM_K *k, UM_T p, UM_T g, UM_T *buf, bool momentum, bool decay,
-                                       bool first, bool nesterov)
+                                       bool first, bool nesterov, bool maximize)
 {
-    UM_T d = g;
+    UM_T d = maximize ? -g : g;
     if (decay) d += k->wd * p;
     if (momentum) {
         UM_T b = first ? d : k->mom * *buf + k->omd * d;
@@ -47,14 +47,22 @@ static inline EM_HD UM_T UM_(sgd_elem)(const UM_K *k, UM_T p, UM_T g, UM_T *buf,
     return p - k->lr * d;
 }
 
-/* Adam / AdamW on one element: the new p; *m and *v advanced. */
-static inline EM_HD UM_T UM_(adam_elem)(const UM_K *k, UM_T p, UM_T g, UM_T *m, UM_T *v, bool l2,
-                                        bool decoupled)
+/* Adam / AdamW on one element: the new p; *m and *v advanced, and under
+ * amsgrad *vmax (NULL otherwise) := max(*vmax, v), NaN winning as in
+ * torch.maximum; maximize: -g. */
+static inline EM_HD UM_T UM_(adam_elem)(const UM_K *k, UM_T p, UM_T g, UM_T *m, UM_T *v, UM_T *vmax, bool l2,
+                                        bool decoupled, bool amsgrad, bool maximize)
 {
+    if (maximize) g = -g;
     if (decoupled) p *= k->decay;
     if (l2) g += k->wd * p;
     UM_T mi = k->b1 * *m + k->omb1 * g;
     UM_T vi = k->b2 * *v + k->omb2 * g * g;
     *m = mi, *v = vi;
+    if (amsgrad) {
+        UM_T mx = *vmax;
+        vi = mx > vi || mx != mx ? mx : vi;
+        *vmax = vi;
+    }
     return p - k->ss * (mi / (UM_SQRT(vi) / k->bc2s + k->eps));
 }
