@@ -295,9 +295,18 @@ static em_status optim_zero_grad(em_optimizer *o)
     for (int i = 0; i < o->np; i++) {
         em_status s = em_zero_grad(o->p[i].h);
         if (s) return s;
-        if (o->zero_grad_mode == EM_ZERO_GRAD_SET_TO_NONE) t_resolve(o->p[i].h, "em_optim_zero_grad")->grad_set = false;
     }
+    optim_grads_zeroed(o);
     return EM_OK;
+}
+
+void optim_grads_zeroed(em_optimizer *o)
+{
+    if (o->zero_grad_mode != EM_ZERO_GRAD_SET_TO_NONE) return;
+    for (int i = 0; i < o->np; i++) {
+        tensor *t = t_resolve(o->p[i].h, "em_optim_zero_grad");
+        if (t) t->grad_set = false;
+    }
 }
 
 /* ---- update kernels ---------------------------------------------------------
@@ -363,9 +372,23 @@ static inline __attribute__((always_inline)) void adam_f32_flags(const opt_coef 
         adam_f32_body(u, p, g, m, v, NULL, n, l2, decoupled, false, false);
 }
 
+/* AdamW's decay p *= 1 - lr wd as a pass of its own (torch's p.mul_ before
+ * its update), for amsgrad: fused into the update, p decay - ss q has two
+ * products, and gcc's vectorised amsgrad loop fuses the other one than its
+ * scalar tail and adam_elem do; apart, the update has one product, fused
+ * alike everywhere (tests/test_scalar_math.c checks the bits). */
+static void decay_f32(const opt_coef *u, float *restrict p, int64_t n)
+{
+    const float d = opt_k_of_f32(u).decay;
+    for (int64_t i = 0; i < n; i++) p[i] *= d;
+}
+
 static void adam_f32(const opt_coef *u, float *p, const float *g, float *m, float *v, float *vmax, int64_t n)
 {
-    if (u->decoupled)
+    if (u->decoupled && u->amsgrad) {
+        decay_f32(u, p, n);
+        adam_f32_flags(u, p, g, m, v, vmax, n, false, false);
+    } else if (u->decoupled)
         adam_f32_flags(u, p, g, m, v, vmax, n, false, true);
     else if (u->l2)
         adam_f32_flags(u, p, g, m, v, vmax, n, true, false);
@@ -377,7 +400,9 @@ static void adam_f64(const opt_coef *u, double *p, const double *g, double *m, d
                      int64_t n)
 {
     const opt_k_f64 k = opt_k_of_f64(u);
-    const bool l2 = u->l2, decoupled = u->decoupled, ams = u->amsgrad, max = u->maximize;
+    const bool l2 = u->l2, ams = u->amsgrad, max = u->maximize, decoupled = u->decoupled && !ams;
+    if (u->decoupled && ams) /* as adam_f32 */
+        for (int64_t i = 0; i < n; i++) p[i] *= k.decay;
     for (int64_t i = 0; i < n; i++)
         p[i] = adam_elem_f64(&k, p[i], g[i], &m[i], &v[i], ams ? &vmax[i] : NULL, l2, decoupled, ams, max);
 }

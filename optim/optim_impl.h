@@ -95,6 +95,11 @@ static inline int opt_state_shape(const oparam *p, const tensor *t, int64_t *sha
  * non-contiguous parameter. */
 em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece, tensor *ppiece);
 
+/* The gradients of o's parameters were just zeroed (em_optim_zero_grad, or
+ * ZeRO's zero_grad, which zeroes them its own way): in the set-to-none mode
+ * they count as none from now on (em_has_grad false), else they stay. */
+void optim_grads_zeroed(em_optimizer *o);
+
 /* The checks em_optim_load_state makes of state (names, dtypes, shapes,
  * every field of a parameter that has one), without changing o: for a
  * caller that must know a load will succeed before it changes anything
