@@ -20,7 +20,7 @@ typedef struct prig {
     em_dtype dt;
 } prig;
 
-static em_tensor *pr_values(em_dtype dt, int ndim, const int64_t *shape, const double *v, double scale)
+static inline em_tensor *pr_values(em_dtype dt, int ndim, const int64_t *shape, const double *v, double scale)
 {
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
@@ -37,7 +37,7 @@ static const int64_t pr_shape[3][2] = {{2, 3}, {4, 0}, {3, 0}};
 static const int pr_ndim[3] = {2, 1, 1};
 static const int pr_numel[3] = {6, 4, 3};
 
-static void prig_init(prig *r, em_dtype dt, bool flatten)
+static inline void prig_init(prig *r, em_dtype dt, bool flatten)
 {
     const double *v[3] = {PT_P0, PT_P1, PT_P2};
     static const char *names[3] = {"p0", "p1", "p2"};
@@ -52,12 +52,12 @@ static void prig_init(prig *r, em_dtype dt, bool flatten)
     if (flatten) CHECK_OK(em_module_flatten(r->m));
 }
 
-static void prig_free(prig *r) { em_module_free(r->m); }
+static inline void prig_free(prig *r) { em_module_free(r->m); }
 
 /* loss = sum(p0 * g0 * scale) (+ sum(p1 * g1 * scale) when g1 is not
  * NULL): a backward gives p0 the gradient g0 * scale, p1 g1 * scale. In the
  * current scope. */
-static em_tensor *prig_loss(prig *r, const double *g0, const double *g1, double scale)
+static inline em_tensor *prig_loss(prig *r, const double *g0, const double *g1, double scale)
 {
     em_tensor *c0 = pr_values(r->dt, pr_ndim[0], pr_shape[0], g0, scale);
     em_tensor *loss = em_sum(em_mul(r->p[0], c0), 0, NULL, false);
@@ -69,7 +69,7 @@ static em_tensor *prig_loss(prig *r, const double *g0, const double *g1, double 
     return loss;
 }
 
-static void prig_backward(prig *r, const double *g0, const double *g1, double scale)
+static inline void prig_backward(prig *r, const double *g0, const double *g1, double scale)
 {
     em_scope s = em_scope_begin();
     CHECK_OK(em_backward(prig_loss(r, g0, g1, scale), NULL));
@@ -78,7 +78,7 @@ static void prig_backward(prig *r, const double *g0, const double *g1, double sc
 
 /* The first n parameters' values (in order) against want within tol *
  * max(1, |want|). */
-static void prig_check(prig *r, int n, const double *want, double tol, const char *what, int k)
+static inline void prig_check(prig *r, int n, const double *want, double tol, const char *what, int k)
 {
     double got[13];
     int at = 0;
@@ -92,6 +92,6 @@ static void prig_check(prig *r, int n, const double *want, double tol, const cha
                     got[i], want[i], tol);
 }
 
-static double pr_tol(em_dtype dt) { return dt == EM_F64 ? 1e-12 : 1e-6; }
+static inline double pr_tol(em_dtype dt) { return dt == EM_F64 ? 1e-12 : 1e-6; }
 
 #endif
