@@ -120,6 +120,35 @@ TEST(test_set_base_lr_changes_what_the_schedule_scales)
     prig_free(&r);
 }
 
+/* The schedule em_accel_prepare takes drives the groups the same way. */
+TEST(test_accelerator_schedule_scales_each_groups_own_lr_as_torch_steplr)
+{
+    th_no_user_config();
+    unsetenv("WORLD_SIZE");
+    em_accelerator *a = em_accelerator_new(NULL);
+    CHECK_NOTNULL(a);
+    prig r;
+    prig_init(&r, EM_F64, false);
+    em_optimizer *o = two_group_opt(&r, false);
+    em_lr_schedule s = {.kind = EM_LR_STEP, .base_lr = 0.1, .step_size = 2, .gamma = 0.5};
+    CHECK_OK(em_accel_prepare(a, r.m, o, NULL, &s));
+    for (int k = 0; k < PT_STEPS; k++) {
+        em_scope sc = em_scope_begin();
+        CHECK(em_accel_accumulate(a));
+        CHECK_OK(em_accel_backward(a, prig_loss(&r, PT_G0[k], PT_G1[k], 1.0)));
+        CHECK_OK(em_accel_step(a));
+        CHECK_OK(em_accel_zero_grad(a));
+        em_scope_end(sc);
+        th_case("step %d", k);
+        CHECK_NEAR(em_optim_get_lr(o, 0), PT_GROUPS_STEP_LR[k][0], 1e-15);
+        CHECK_NEAR(em_optim_get_lr(o, 1), PT_GROUPS_STEP_LR[k][1], 1e-16);
+        prig_check(&r, 2, PT_GROUPS_STEP_F64[k], 1e-12, "StepLR through the Accelerator", k);
+    }
+    em_accelerator_free(a);
+    em_optim_free(o);
+    prig_free(&r);
+}
+
 static double bad_at_2(int64_t step, void *ctx)
 {
     (void)ctx;
@@ -432,6 +461,29 @@ TEST(test_clip_by_the_inf_norm_follows_torch)
 {
     clip_follows(INFINITY, PT_CLIP_INF_NORM_F64, PT_CLIP_INF_GRADS_F64, PT_CLIP_INF_NORM_F32,
                  PT_CLIP_INF_GRADS_F32);
+}
+
+TEST(test_accelerator_clip_with_takes_the_norm_type)
+{
+    th_no_user_config();
+    unsetenv("WORLD_SIZE");
+    em_accelerator *a = em_accelerator_new(NULL);
+    prig r;
+    prig_init(&r, EM_F64, false);
+    em_optimizer *o = two_group_opt(&r, false);
+    CHECK_OK(em_accel_prepare(a, r.m, o, NULL, NULL));
+    em_scope sc = em_scope_begin();
+    CHECK(em_accel_accumulate(a));
+    CHECK_OK(em_accel_backward(a, prig_loss(&r, PT_G0[0], PT_G1[0], 1.0)));
+    em_status st;
+    double total = em_accel_clip_grad_norm_with(a, &(em_clip_config){.max_norm = 0.5, .norm_type = INFINITY}, &st);
+    CHECK_OK(st);
+    CHECK(total == PT_CLIP_INF_NORM_F64);
+    CHECK(((double *)em_data(em_grad(r.p[0])))[0] == PT_CLIP_INF_GRADS_F64[0]);
+    em_scope_end(sc);
+    em_accelerator_free(a);
+    em_optim_free(o);
+    prig_free(&r);
 }
 
 TEST(test_clip_error_if_nonfinite_refuses_a_nan_gradient_naming_it_and_changes_nothing)
