@@ -783,10 +783,11 @@ double em_zero_clip_grad_norm_with(em_zero *z, const em_clip_config *cfg, em_sta
     em_scope_end(sc);
     if (s) return *status = s, NAN;
     if (!isfinite(total) && cfg->error_if_nonfinite) /* every rank has the same total: all refuse */
-        return *status = opt_clip_refuse(fn, total, p,
-                                         isfinite(acc) ? " (on another rank's gradient shard)"
-                                                       : " (this rank's gradient shard holds a value that is not "
-                                                         "finite)"),
+        return *status =
+                   opt_clip_refuse(fn, total, p,
+                                   isfinite(acc) ? " (on another rank's gradient shard)"
+                                                 : " (this rank's gradient shard holds a value that is not "
+                                                   "finite)"),
                NAN;
     if (!(total + 1e-6 <= cfg->max_norm)) { /* NaN too: torch's clamp passes it through */
         double c = cfg->max_norm / (total + 1e-6);

@@ -235,7 +235,10 @@ em_status em_optim_set_lr(em_optimizer *o, int group, double lr)
     return set_lr("em_optim_set_lr", o, group, lr, false);
 }
 
-double em_optim_get_lr(const em_optimizer *o, int group) { return get_lr("em_optim_get_lr", o, group, false); }
+double em_optim_get_lr(const em_optimizer *o, int group)
+{
+    return get_lr("em_optim_get_lr", o, group, false);
+}
 
 em_status em_optim_set_base_lr(em_optimizer *o, int group, double lr)
 {
@@ -345,9 +348,11 @@ static void sgd_f64(const opt_coef *u, double *restrict p, const double *restric
  * loop has no branches and vectorises (sqrt and division are exact in vector
  * form, so the results do not change: tests/test_scalar_math.c compares the
  * step with adam_elem_f32 element by element). */
-static inline __attribute__((always_inline)) void
-adam_f32_body(const opt_coef *u, float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
-              float *restrict vmax, int64_t n, bool l2, bool decoupled, bool amsgrad, bool maximize)
+static inline __attribute__((always_inline)) void adam_f32_body(const opt_coef *u, float *restrict p,
+                                                                const float *restrict g, float *restrict m,
+                                                                float *restrict v, float *restrict vmax,
+                                                                int64_t n, bool l2, bool decoupled,
+                                                                bool amsgrad, bool maximize)
 {
     const opt_k_f32 k = opt_k_of_f32(u);
     for (int64_t i = 0; i < n; i++)
@@ -423,7 +428,8 @@ static void upd_range(void *ctx, int64_t lo, int64_t hi)
 {
     const upd_job *j = ctx;
     size_t es = j->f64 ? sizeof(double) : sizeof(float);
-    void *p = at(j->p, lo, es), *s1 = at(j->s[0], lo, es), *s2 = at(j->s[1], lo, es), *s3 = at(j->s[2], lo, es);
+    void *p = at(j->p, lo, es), *s1 = at(j->s[0], lo, es), *s2 = at(j->s[1], lo, es),
+         *s3 = at(j->s[2], lo, es);
     const void *g = at((void *)j->g, lo, es);
     int64_t n = hi - lo;
     if (j->u->sgd) {
@@ -620,15 +626,16 @@ static em_status alloc_cuda_state(em_optimizer *o, const char *fn)
     int want = o->kind == OPT_SGD ? F_MOMENTUM : F_EXP_AVG;
     if (!opt_has_field(o, want)) return EM_OK;
     for (int i = 0; i < o->np;) {
-        tensor *t = t_resolve(o->p[i].h, fn);
-        if (!t_on_cuda(t) || !t_live_grad(t) || o->p[i].f[want] || o->p[i].sharded) { /* a piece: opt_alloc_state */
+        tensor *t = t_resolve(o->p[i].h, fn); /* a piece (sharded): opt_alloc_state */
+        if (!t_on_cuda(t) || !t_live_grad(t) || o->p[i].f[want] || o->p[i].sharded) {
             i++;
             continue;
         }
         int j = i + 1;
         while (j < o->np) {
             tensor *u = t_resolve(o->p[j].h, fn);
-            if (!t_live_grad(u) || o->p[j].f[want] || o->p[j].sharded || !follows(t_resolve(o->p[j - 1].h, fn), u))
+            if (!t_live_grad(u) || o->p[j].f[want] || o->p[j].sharded ||
+                !follows(t_resolve(o->p[j - 1].h, fn), u))
                 break;
             j++;
         }

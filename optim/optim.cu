@@ -38,13 +38,14 @@ __device__ __forceinline__ double sgd_elem(const opt_k_f64 *k, double p, double 
 {
     return sgd_elem_f64(k, p, g, buf, momentum, decay, first, nesterov, maximize);
 }
-__device__ __forceinline__ float adam_elem(const opt_k_f32 *k, float p, float g, float *m, float *v, float *vmax,
-                                           bool l2, bool decoupled, bool amsgrad, bool maximize)
+__device__ __forceinline__ float adam_elem(const opt_k_f32 *k, float p, float g, float *m, float *v,
+                                           float *vmax, bool l2, bool decoupled, bool amsgrad, bool maximize)
 {
     return adam_elem_f32(k, p, g, m, v, vmax, l2, decoupled, amsgrad, maximize);
 }
 __device__ __forceinline__ double adam_elem(const opt_k_f64 *k, double p, double g, double *m, double *v,
-                                            double *vmax, bool l2, bool decoupled, bool amsgrad, bool maximize)
+                                            double *vmax, bool l2, bool decoupled, bool amsgrad,
+                                            bool maximize)
 {
     return adam_elem_f64(k, p, g, m, v, vmax, l2, decoupled, amsgrad, maximize);
 }
@@ -63,8 +64,8 @@ __global__ void update_kernel(opt_coef u, K k, em_dtype pdt, void *p, em_dtype g
             pi = sgd_elem(&k, pi, gi, s1 ? &s1[i] : nullptr, s1 != nullptr, decay, u.first, u.nesterov,
                           u.maximize);
         else
-            pi = adam_elem(&k, pi, gi, &s1[i], &s2[i], u.amsgrad ? &s3[i] : nullptr, u.l2, u.decoupled, u.amsgrad,
-                           u.maximize);
+            pi = adam_elem(&k, pi, gi, &s1[i], &s2[i], u.amsgrad ? &s3[i] : nullptr, u.l2, u.decoupled,
+                           u.amsgrad, u.maximize);
         put<T>(pdt, p, i, pi);
     }
 }

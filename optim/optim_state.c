@@ -392,7 +392,8 @@ static tensor *clip_grad(em_tensor *h) { return t_live_grad(t_resolve(h, "em_cli
 em_status opt_clip_check(const char *fn, const em_clip_config *cfg, double *p)
 {
     if (!cfg) return em_err(EM_ERR_ARG, "%s: cfg is NULL", fn);
-    if (!(cfg->max_norm >= 0)) return em_err(EM_ERR_ARG, "%s: max_norm must be >= 0, got %g", fn, cfg->max_norm);
+    if (!(cfg->max_norm >= 0))
+        return em_err(EM_ERR_ARG, "%s: max_norm must be >= 0, got %g", fn, cfg->max_norm);
     *p = cfg->norm_type == 0 ? 2.0 : cfg->norm_type;
     if (!(*p > 0))
         return em_err(EM_ERR_ARG, "%s: norm_type must be > 0 or inf (0 means 2), got %g", fn, cfg->norm_type);
@@ -451,7 +452,8 @@ static double clip_cuda(int n, em_tensor *const *params, const em_clip_config *c
             return NAN;
         }
     }
-    double *acc_dev = cu_alloc(dev.index, (size_t)n * sizeof(double)), *acc = calloc((size_t)n, sizeof(double));
+    double *acc_dev = cu_alloc(dev.index, (size_t)n * sizeof(double)),
+           *acc = calloc((size_t)n, sizeof(double));
     em_status s = acc_dev && acc ? EM_OK : em_err(EM_ERR_OOM, "%s: out of memory for %d sums", fn, n);
     if (!s) s = cu_fill(dev.index, EM_F64, acc_dev, n, 0);
     for (int i = 0; i < n && !s; i++) {

@@ -88,8 +88,8 @@ static inline void prig_check(prig *r, int n, const double *want, double tol, co
     }
     for (int i = 0; i < at; i++)
         if (!(fabs(got[i] - want[i]) <= tol * fmax(1.0, fabs(want[i]))))
-            th_fail(__FILE__, __LINE__, "%s: after step %d, element %d = %.12g, want %.12g (tol %g)", what, k, i,
-                    got[i], want[i], tol);
+            th_fail(__FILE__, __LINE__, "%s: after step %d, element %d = %.12g, want %.12g (tol %g)", what, k,
+                    i, got[i], want[i], tol);
 }
 
 static inline double pr_tol(em_dtype dt) { return dt == EM_F64 ? 1e-12 : 1e-6; }

@@ -34,8 +34,8 @@ static em_optimizer *two_group_opt(prig *r, bool adamw)
 
 /* Both groups under s for PT_STEPS steps: each group's lr against lrs, the
  * parameters against want (f64, then f32). */
-static void two_groups_follow(const em_lr_schedule *s, bool adamw, const double lrs[][2], const double want64[][10],
-                              const double want32[][10], const char *what)
+static void two_groups_follow(const em_lr_schedule *s, bool adamw, const double lrs[][2],
+                              const double want64[][10], const double want32[][10], const char *what)
 {
     for (int d = 0; d < 2; d++) {
         prig r;
@@ -186,9 +186,15 @@ static void hf_follows(em_lr_kind kind, const double want[][14])
     }
 }
 
-TEST(test_lr_cosine_hf_is_transformers_cosine_schedule_step_for_step) { hf_follows(EM_LR_COSINE_HF, PT_HF_COSINE); }
+TEST(test_lr_cosine_hf_is_transformers_cosine_schedule_step_for_step)
+{
+    hf_follows(EM_LR_COSINE_HF, PT_HF_COSINE);
+}
 
-TEST(test_lr_linear_hf_is_transformers_linear_schedule_step_for_step) { hf_follows(EM_LR_LINEAR_HF, PT_HF_LINEAR); }
+TEST(test_lr_linear_hf_is_transformers_linear_schedule_step_for_step)
+{
+    hf_follows(EM_LR_LINEAR_HF, PT_HF_LINEAR);
+}
 
 TEST(test_lr_linear_hf_is_the_old_lr_linear)
 {
@@ -242,7 +248,8 @@ static void unused_follows(bool adamw, em_zero_grad_mode mode, const double want
 
 TEST(test_adamw_skips_a_parameter_without_gradient_after_set_to_none_zero_grad)
 {
-    unused_follows(true, EM_ZERO_GRAD_SET_TO_NONE, PT_UNUSED_ADAMW_NONE_F64, PT_UNUSED_ADAMW_NONE_F32, "AdamW");
+    unused_follows(true, EM_ZERO_GRAD_SET_TO_NONE, PT_UNUSED_ADAMW_NONE_F64, PT_UNUSED_ADAMW_NONE_F32,
+                   "AdamW");
 }
 
 TEST(test_sgd_momentum_skips_a_parameter_without_gradient_after_set_to_none_zero_grad)
@@ -360,7 +367,10 @@ static void am_follows(int which, const double want64[][10], const double want32
     }
 }
 
-TEST(test_adam_amsgrad_follows_torch) { am_follows(0, PT_ADAM_AMSGRAD_F64, PT_ADAM_AMSGRAD_F32, "Adam amsgrad"); }
+TEST(test_adam_amsgrad_follows_torch)
+{
+    am_follows(0, PT_ADAM_AMSGRAD_F64, PT_ADAM_AMSGRAD_F32, "Adam amsgrad");
+}
 
 TEST(test_adamw_amsgrad_follows_torch)
 {
@@ -377,7 +387,10 @@ TEST(test_adamw_amsgrad_maximize_follows_torch)
     am_follows(3, PT_ADAMW_AMSGRAD_MAXIMIZE_F64, PT_ADAMW_AMSGRAD_MAXIMIZE_F32, "AdamW amsgrad maximize");
 }
 
-TEST(test_sgd_nesterov_maximize_follows_torch) { am_follows(4, PT_SGD_MAXIMIZE_F64, PT_SGD_MAXIMIZE_F32, "SGD maximize"); }
+TEST(test_sgd_nesterov_maximize_follows_torch)
+{
+    am_follows(4, PT_SGD_MAXIMIZE_F64, PT_SGD_MAXIMIZE_F32, "SGD maximize");
+}
 
 /* amsgrad's running maximum is state: saved as state.<i>.max_exp_avg_sq,
  * and a run resumed from it continues bit for bit. */
@@ -434,7 +447,8 @@ static void clip_follows(double p, double norm64, const double *grads64, double 
         prig_init(&r, d ? EM_F32 : EM_F64, true);
         prig_backward(&r, PT_G0[0], PT_G1[0], 1.0);
         em_status st;
-        double total = em_clip_grad_norm_with(3, r.p, &(em_clip_config){.max_norm = 0.5, .norm_type = p}, &st);
+        double total =
+            em_clip_grad_norm_with(3, r.p, &(em_clip_config){.max_norm = 0.5, .norm_type = p}, &st);
         CHECK_OK(st);
         th_case("norm_type %g, %s", p, d ? "f32" : "f64");
         double want = d ? norm32 : norm64, tol = d ? 1e-6 : 1e-13;
@@ -476,7 +490,8 @@ TEST(test_accelerator_clip_with_takes_the_norm_type)
     CHECK(em_accel_accumulate(a));
     CHECK_OK(em_accel_backward(a, prig_loss(&r, PT_G0[0], PT_G1[0], 1.0)));
     em_status st;
-    double total = em_accel_clip_grad_norm_with(a, &(em_clip_config){.max_norm = 0.5, .norm_type = INFINITY}, &st);
+    double total =
+        em_accel_clip_grad_norm_with(a, &(em_clip_config){.max_norm = 0.5, .norm_type = INFINITY}, &st);
     CHECK_OK(st);
     CHECK(total == PT_CLIP_INF_NORM_F64);
     CHECK(((double *)em_data(em_grad(r.p[0])))[0] == PT_CLIP_INF_GRADS_F64[0]);
@@ -522,8 +537,8 @@ TEST(test_clip_refuses_a_norm_type_not_above_0_and_reads_0_as_2)
     prig_init(&r, EM_F64, true);
     prig_backward(&r, PT_G0[0], PT_G1[0], 1.0);
     em_status st;
-    CHECK_ERR(em_clip_grad_norm_with(3, r.p, &(em_clip_config){.max_norm = 1, .norm_type = -2}, &st), EM_ERR_ARG,
-              "em_clip_grad_norm: norm_type must be > 0 or inf (0 means 2), got -2");
+    CHECK_ERR(em_clip_grad_norm_with(3, r.p, &(em_clip_config){.max_norm = 1, .norm_type = -2}, &st),
+              EM_ERR_ARG, "em_clip_grad_norm: norm_type must be > 0 or inf (0 means 2), got -2");
     CHECK_ERR(em_clip_grad_norm_with(3, r.p, &(em_clip_config){.max_norm = 1, .norm_type = NAN}, &st),
               EM_ERR_ARG, "got nan");
     CHECK_ERR(em_clip_grad_norm_with(3, r.p, NULL, &st), EM_ERR_ARG, "cfg is NULL");

@@ -41,7 +41,8 @@ static void unused_over_ranks(em_pg *pg, int rank, int world, void *ctx)
     if (stage == 0)
         d = em_ddp_new(pg, r.m, &(em_ddp_config){.bucket_mb = 1e-6, .find_unused_parameters = true});
     else
-        z = em_zero_new(pg, r.m, o, &(em_zero_config){.stage = stage, .bucket_mb = 1e-6, .find_unused_parameters = true});
+        z = em_zero_new(pg, r.m, o,
+                        &(em_zero_config){.stage = stage, .bucket_mb = 1e-6, .find_unused_parameters = true});
     CHECK(d || z);
     for (int k = 0; k < PT_STEPS; k++) {
         em_scope s = em_scope_begin();
@@ -87,7 +88,8 @@ static void zero_clips(em_pg *pg, int rank, int world, void *ctx)
 {
     (void)world;
     const clip_job *j = ctx;
-    double norms[] = {1, 3, INFINITY}, want_norm[] = {PT_CLIP_1_NORM_F64, PT_CLIP_3_NORM_F64, PT_CLIP_INF_NORM_F64};
+    double norms[] = {1, 3, INFINITY},
+           want_norm[] = {PT_CLIP_1_NORM_F64, PT_CLIP_3_NORM_F64, PT_CLIP_INF_NORM_F64};
     const double *want_grads[] = {PT_CLIP_1_GRADS_F64, PT_CLIP_3_GRADS_F64, PT_CLIP_INF_GRADS_F64};
     for (int c = 0; c < (j->nan ? 1 : 3); c++) {
         prig r;
@@ -95,8 +97,9 @@ static void zero_clips(em_pg *pg, int rank, int world, void *ctx)
         em_sgd_config sc = em_sgd_defaults();
         sc.lr = 1;
         em_optimizer *o = em_sgd_new(3, r.p, &sc);
-        em_zero *z =
-            em_zero_new(pg, r.m, o, &(em_zero_config){.stage = j->stage, .bucket_mb = 1e-6, .find_unused_parameters = true});
+        em_zero *z = em_zero_new(
+            pg, r.m, o,
+            &(em_zero_config){.stage = j->stage, .bucket_mb = 1e-6, .find_unused_parameters = true});
         CHECK_NOTNULL(z);
         double g1[4];
         memcpy(g1, PT_G1[0], sizeof g1);
@@ -152,10 +155,10 @@ TEST(test_zero_clip_error_if_nonfinite_refuses_on_every_rank_and_changes_nothing
 /* ---- amsgrad's maximum in ZeRO's sharded checkpoint ------------------------------------------ */
 
 typedef struct ams_job {
-    int zero;      /* the Accelerator's zero_stage (-1: off) */
-    int from, to;  /* steps [from, to) */
-    bool load;     /* load dir first */
-    bool save;     /* save dir after step to - 1 */
+    int zero;     /* the Accelerator's zero_stage (-1: off) */
+    int from, to; /* steps [from, to) */
+    bool load;    /* load dir first */
+    bool save;    /* save dir after step to - 1 */
     char dir[128];
 } ams_job;
 
