@@ -160,9 +160,9 @@ em_status em_optim_step(em_optimizer *o);
  *     and momentum act on it), torch's set_to_none=False. A parameter that
  *     never had one stays without. */
 typedef enum em_zero_grad_mode { EM_ZERO_GRAD_SET_TO_NONE = 0, EM_ZERO_GRAD_IN_PLACE } em_zero_grad_mode;
-/* Chooses the optimizer's zero_grad mode (for em_optim_zero_grad and the
- * Accelerator's and ZeRO's zero_grad, which call it). EM_ERR_ARG for NULL
- * or an unknown mode. */
+/* Chooses the optimizer's zero_grad mode (em_optim_zero_grad's, which the
+ * Accelerator calls, and em_zero_zero_grad's). EM_ERR_ARG for NULL or an
+ * unknown mode. */
 em_status em_optim_set_zero_grad_mode(em_optimizer *o, em_zero_grad_mode mode);
 /* Zeroes the gradients of all parameters (keeps their storage, so flat
  * gradient buffers stay in use) and, in the default mode, marks them as
