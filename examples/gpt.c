@@ -320,8 +320,8 @@ int main(int argc, char **argv)
 
     int rc = opt ? 0 : fail("cannot make the optimizer");
     for (long step = 0; step < steps && !rc; step++) {
-        em_optim_set_lr(opt, -1, em_lr_at(&sched, step)); /* every group */
-        em_scope s = em_scope_begin();                    /* this step's tensors live here */
+        em_optim_apply_schedule(opt, &sched, step); /* every group, from its own base lr */
+        em_scope s = em_scope_begin();              /* this step's tensors live here */
         em_batch b;
         em_tensor *loss = NULL;
         if (em_window_sampler_next(&train_batches, &b) == EM_OK)
@@ -339,7 +339,7 @@ int main(int argc, char **argv)
         em_optim_zero_grad(opt);
         if (step % every == 0 || step == steps - 1)
             printf("step %4ld | loss %.4f | val loss %.4f | lr %.2e | grad norm %.2f\n", step, value,
-                   evaluate(&g, &val_batches, 4), em_lr_at(&sched, step), norm);
+                   evaluate(&g, &val_batches, 4), em_optim_get_lr(opt, 0), norm);
     }
 
     /* 4. sampling: the prompt, continued one character at a time */

@@ -73,6 +73,8 @@ struct tensor {
     tensor *grad;       /* leaf: persistent; non-leaf: temporary of a walk */
     bool grad_external; /* grad set by em_set_grad_buffer: not ours to free */
     bool grad_shared;   /* non-leaf grad adopted from a backward function: copy before adding */
+    bool grad_set;      /* leaf: a gradient was produced since the last set-to-none zero_grad
+                         * (em_has_grad; grad may exist, zeroed, while this is false) */
     int pending;        /* leaf uses left in the running backward */
     hook_entry *hooks;
 };
@@ -191,6 +193,11 @@ static inline void t_drop(tensor *t)
 {
     if (t && t->depth == 0) t_free(t);
 }
+/* A leaf's gradient when one was produced since the last set-to-none
+ * zero_grad (what the optimizer steps, clipping measures and the loss
+ * scaler checks), else NULL: a parameter skipped as PyTorch skips a None
+ * .grad. */
+static inline tensor *t_live_grad(const tensor *t) { return !t->grad_fn && t->grad_set ? t->grad : NULL; }
 /* Normalises dim (negative from the end) for a tensor of ndim dims; -1 plus
  * an EM_ERR_ARG error naming op on out of range. `extra` = 1 allows dim ==
  * ndim (for unsqueeze/stack). */
