@@ -75,16 +75,16 @@ static amp_vote_fn overflow_vote;
 
 void amp_set_overflow_vote(amp_vote_fn fn) { overflow_vote = fn; }
 
-/* Gradient i of the list unscale works on: a parameter's (params) or a
- * tensor given as it is (grads); NULL when there is none. */
+/* Gradient i of the list unscale works on: a parameter's (params: left out
+ * when it has none since the last set-to-none zero_grad, as the optimizer
+ * skips it) or a tensor given as it is (grads); NULL when there is none. */
 static tensor *grad_at(em_tensor *const *params, tensor *const *grads, int i, em_status *st)
 {
     if (grads) return grads[i];
-    em_tensor *gh = params[i] ? em_grad(params[i]) : NULL;
-    if (!gh) return NULL;
-    tensor *g = t_resolve(gh, "em_scaler_unscale");
-    if (!g) *st = em_last_status();
-    return g;
+    if (!params[i]) return NULL;
+    tensor *t = t_resolve(params[i], "em_scaler_unscale");
+    if (!t) *st = em_last_status();
+    return t ? t_live_grad(t) : NULL;
 }
 
 static em_status unscale(em_grad_scaler *s, int n, em_tensor *const *params, tensor *const *grads, em_pg *pg)

@@ -71,6 +71,12 @@ em_tensor *em_grad(const em_tensor *h)
     return t_handle(t->grad);
 }
 
+bool em_has_grad(const em_tensor *h)
+{
+    tensor *t = t_resolve(h, "em_has_grad");
+    return t && t_live_grad(t);
+}
+
 em_status em_set_grad_buffer(em_tensor *h, em_tensor *bh)
 {
     tensor *t = t_resolve(h, "em_set_grad_buffer"), *b = t_resolve(bh, "em_set_grad_buffer");
@@ -85,6 +91,7 @@ em_status em_set_grad_buffer(em_tensor *h, em_tensor *bh)
     if (t->grad && !t->grad_external) t_free(t->grad);
     t->grad = b;
     t->grad_external = true;
+    t->grad_set = true; /* the buffer's values are the gradient (PyTorch's p.grad = b) */
     return EM_OK;
 }
 
@@ -203,10 +210,13 @@ static em_status accum(tensor *t, tensor *g)
         return em_err(EM_ERR_DEVICE, "backward: gradient %s is on another device than tensor %s (op '%s')", shp(g),
                       shp(t), t->grad_fn ? op_name(t->grad_fn->op) : "leaf");
     bool leaf = !t->grad_fn;
-    if (!t->grad && !leaf && g->dtype == t->dtype) {
+    if (leaf) t->grad_set = true;
+    if (!t->grad && !leaf && t_takes_grad_in(t, g->dtype)) {
         /* a non-leaf's first contribution is adopted, not copied: backward
          * functions never write into a gradient they are given. It is
-         * copied only if a second contribution has to be added to it. */
+         * copied only if a second contribution has to be added to it (into
+         * t's dtype, so a wider first one is rounded then, as it would
+         * have been on arrival). */
         t->grad = g;
         t->grad_shared = true;
     } else if (!t->grad || t->grad_shared) {
@@ -244,7 +254,9 @@ static tensor *acc_of(tensor *t, bool *fresh)
             t->grad_shared = false;
             *fresh = true;
         }
-        return t->grad->dtype == t->dtype && t_is_contig(t->grad) ? t->grad : NULL;
+        if (t->grad->dtype != t->dtype || !t_is_contig(t->grad)) return NULL;
+        t->grad_set = true; /* the caller adds into it now */
+        return t->grad;
     }
     if (t->grad) {
         if (t->grad->dtype != t->dtype) return NULL;

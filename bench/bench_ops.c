@@ -9,9 +9,10 @@
  *       tensors, ns per call, with grad mode off and recording on the tape.
  *       Before/after a change to the op path, run this binary against each
  *       build's libember.so (LD_LIBRARY_PATH) in one session;
- *   (e) bf16 and f16 matmuls against f32 ones on the GPT-2 124M Linear
- *       products (forward x @ W^T, backward g @ W and g^T @ x, B*T = 256), ms,
- *       with the product path each dtype took (em_matmul_path).
+ *   (e) bf16 and f16 matmuls against f32 ones on the tiny GPT's and GPT-2
+ *       124M's Linear products (forward x @ W^T, backward g @ W and g^T @ x),
+ *       ms, with the product path each dtype took (em_matmul_path), and the
+ *       f32 operands under bf16 autocast (what a bf16 training step runs).
  * Every number is the median over repetitions after a warm-up; ember and the
  * reference are timed interleaved in the same run. Each ember repetition runs
  * in its own step scope, so the arena is reused and nothing grows.
@@ -334,15 +335,19 @@ static void bench_call_cost(int reps)
 
 /* ---- (e) low-precision products ---------------------------------------------------- */
 
-/* median ms of em_matmul(a, b) over `reps` runs after one warm-up */
-static double matmul_ms(em_tensor *a, em_tensor *b, int reps)
+/* median ms of em_matmul(a, b) under autocast ac (EM_F32: off) over `reps`
+ * runs after one warm-up */
+static double matmul_ms(em_tensor *a, em_tensor *b, em_dtype ac, int reps)
 {
     double t[MAX_REPS];
     for (int i = -1; i < reps; i++) {
         em_scope sc = em_scope_begin();
+        em_dtype prev = em_autocast_set(ac);
         double t0 = now();
-        if (!em_matmul(a, b)) die("em_matmul");
+        em_tensor *y = em_matmul(a, b);
         double t1 = now();
+        em_autocast_set(prev);
+        if (!y) die("em_matmul");
         em_scope_end(sc);
         if (i >= 0) t[i] = t1 - t0;
     }
@@ -353,16 +358,21 @@ static void bench_low(int reps)
 {
     const char *pb = em_matmul_path(EM_BF16);
     if (!pb) die("em_matmul_path(bf16)");
-    printf(
-        "\n(e) low-precision matmul vs f32 on the 124M Linear products, ms (median of %d, dtypes in turn, 3 "
-        "rounds);\n    paths: f32 %s, bf16 %s, f16 %s; ratio = f32 ms / low ms (>= 1: not slower)\n",
-        reps, em_matmul_path(EM_F32), pb, em_matmul_path(EM_F16));
-    printf("%-24s %9s %9s %9s %8s %8s\n", "product", "f32", "bf16", "f16", "f32/bf16", "f32/f16");
-    /* (rows, K, N) as the Linear's x (256,K) and W (N,K) meet in each product */
-    static const int64_t lin[][2] = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 50257}};
+    printf("\n(e) low-precision matmul vs f32 on the tiny and 124M Linear products, ms (median of %d, dtypes "
+           "in turn, 3 "
+           "rounds);\n    paths: f32 %s, bf16 %s, f16 %s; ratio = f32 ms / low ms (>= 1: not slower); "
+           "bf16 ac: the f32\n    operands under bf16 autocast, as the training step multiplies them\n",
+           reps, em_matmul_path(EM_F32), pb, em_matmul_path(EM_F16));
+    printf("%-26s %9s %9s %9s %9s %8s %8s %8s\n", "product (M x K x N)", "f32", "bf16", "bf16 ac", "f16",
+           "f32/bf16", "f32/ac", "f32/f16");
+    /* (rows, K, N) as the Linear's x (rows,K) and W (N,K) meet in each
+     * product: the tiny GPT's (B*T = 768), then GPT-2 124M's (B*T = 256) */
+    static const int64_t lin[][3] = {{768, 128, 384},  {768, 128, 128},  {768, 128, 512}, {768, 512, 128},
+                                     {768, 128, 65},   {256, 768, 2304}, {256, 768, 768}, {256, 768, 3072},
+                                     {256, 3072, 768}, {256, 768, 50257}};
     em_rng rng = em_rng_new(3);
     for (size_t l = 0; l < sizeof lin / sizeof lin[0]; l++) {
-        int64_t M = 256, K = lin[l][0], N = lin[l][1];
+        int64_t M = lin[l][0], K = lin[l][1], N = lin[l][2];
         em_tensor *x = em_randn(EM_F32, EM_SHAPE(M, K), &rng), *w = em_randn(EM_F32, EM_SHAPE(N, K), &rng),
                   *g = em_randn(EM_F32, EM_SHAPE(M, N), &rng);
         if (!x || !w || !g) die("low setup");
@@ -377,22 +387,24 @@ static void bench_low(int reps)
         const char *names[3] = {"x @ W^T", "g @ W", "g^T @ x"};
         int r = N > 10000 ? (reps + 2) / 3 : reps; /* the vocabulary's product is 20 GFLOP */
         for (int p = 0; p < 3; p++) {
-            double ms[3][3];
+            /* f32, bf16, f16 stored, then f32 operands under bf16 autocast */
+            double ms[4][3];
             for (int round = 0; round < 3; round++)
-                for (int d = 0; d < 3; d++) {
-                    em_tensor *wt = em_transpose(ws[d], 0, 1), *gt = em_transpose(gs[d], 0, 1);
-                    em_tensor *as[3] = {xs[d], gs[d], gt}, *bs[3] = {wt, ws[d], xs[d]};
-                    em_tensor *a = as[p], *b = bs[p];
-                    ms[d][round] = matmul_ms(a, b, r);
+                for (int d = 0; d < 4; d++) {
+                    int sd = d == 3 ? 0 : d;
+                    em_tensor *wt = em_transpose(ws[sd], 0, 1), *gt = em_transpose(gs[sd], 0, 1);
+                    em_tensor *as[3] = {xs[sd], gs[sd], gt}, *bs[3] = {wt, ws[sd], xs[sd]};
+                    ms[d][round] = matmul_ms(as[p], bs[p], d == 3 ? EM_BF16 : EM_F32, r);
                     em_free(wt);
                     em_free(gt);
                 }
-            double m[3];
-            for (int d = 0; d < 3; d++) m[d] = median(ms[d], 3);
+            double m[4];
+            for (int d = 0; d < 4; d++) m[d] = median(ms[d], 3);
             char label[64];
-            snprintf(label, sizeof label, "%s %lldx%lld", names[p], (long long)K, (long long)N);
-            printf("%-24s %9.2f %9.2f %9.2f %8.3f %8.3f\n", label, m[0], m[1], m[2], m[0] / m[1],
-                   m[0] / m[2]);
+            snprintf(label, sizeof label, "%s %lldx%lldx%lld", names[p], (long long)M, (long long)K,
+                     (long long)N);
+            printf("%-26s %9.2f %9.2f %9.2f %9.2f %8.3f %8.3f %8.3f\n", label, m[0], m[1], m[3], m[2],
+                   m[0] / m[1], m[0] / m[3], m[0] / m[2]);
             fflush(stdout);
         }
         for (int d = 1; d < 3; d++) {

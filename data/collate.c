@@ -46,10 +46,15 @@ static em_tensor *stacked(const em_field *f, int64_t B, const em_example *ex)
     return t;
 }
 
+em_pad_config em_pad_defaults(void)
+{
+    return (em_pad_config){.y_pad = EM_IGNORE_INDEX, .mask_dtype = EM_F32};
+}
+
 em_status em_collate_pad(void *ctx, const em_dataset *ds, int64_t n, const em_example *ex, em_batch *out)
 {
     const char *fn = "em_collate_pad";
-    em_pad_config cfg = ctx ? *(const em_pad_config *)ctx : (em_pad_config){0};
+    em_pad_config cfg = ctx ? *(const em_pad_config *)ctx : em_pad_defaults();
     if (!ds || !ex || !out || n < 1)
         return em_set_error(EM_ERR_ARG, "%s: dataset, examples and batch must be set and n >= 1, got n %lld",
                             fn, (long long)n);

@@ -33,7 +33,7 @@
 
 #include "dist/accel_impl.h"
 #include "dist/checkpoint_impl.h"
-#include "nn/json_impl.h"
+#include "nn/hf_checkpoint_impl.h"
 #include "nn/safetensors_impl.h"
 #include "tensor/error_impl.h"
 #include "tensor/fileio_impl.h"
@@ -337,45 +337,6 @@ em_status accel_load_auto(em_accelerator *a)
 
 static bool is_float(em_dtype dt) { return dt == EM_F32 || dt == EM_F64 || dt == EM_F16 || dt == EM_BF16; }
 
-typedef struct name_file {
-    const char *name, *file;
-} name_file;
-
-static int cmp_name(const void *x, const void *y)
-{
-    return strcmp(((const name_file *)x)->name, ((const name_file *)y)->name);
-}
-
-/* model.safetensors.index.json for the n tensors v, tensor i in file[i]. */
-static em_status write_index(const char *path, int n, const em_named *v, char (*file)[CKPT_NAME_MAX],
-                             uint64_t total, file_sum *sum)
-{
-    name_file *p = malloc(sizeof *p * (size_t)(n + 1));
-    if (!p) return em_err(EM_ERR_OOM, MODEL ": out of memory");
-    for (int i = 0; i < n; i++) p[i] = (name_file){v[i].name, file[i]};
-    qsort(p, (size_t)n, sizeof *p, cmp_name);
-    jbuf b = {0};
-    char num[64];
-    snprintf(num, sizeof num, "%" PRIu64, total);
-    jb_puts(&b, "{\n  \"metadata\": {\n    \"total_size\": ");
-    jb_puts(&b, num);
-    jb_puts(&b, "\n  },\n  \"weight_map\": {\n");
-    for (int i = 0; i < n; i++) {
-        jb_puts(&b, "    ");
-        jb_str(&b, p[i].name);
-        jb_puts(&b, ": ");
-        jb_str(&b, p[i].file);
-        jb_puts(&b, i + 1 < n ? ",\n" : "\n");
-    }
-    jb_puts(&b, "  }\n}\n");
-    free(p);
-    em_status s =
-        b.oom ? em_err(EM_ERR_OOM, MODEL ": out of memory") : file_write_atomic(path, b.p, b.len, MODEL);
-    if (!s) *sum = (file_sum){.size = b.len, .crc = file_crc32(0, b.p, b.len)};
-    free(b.p);
-    return s;
-}
-
 /* The files of the save into tmp (rank 0): shards of the n tensors v (bytes[i]
  * each) and, when there are several, the index. m->files gets their sums. */
 static em_status write_files(const char *tmp, int n, const em_named *v, const uint64_t *bytes, int64_t max,
@@ -401,7 +362,7 @@ static em_status write_files(const char *tmp, int n, const em_named *v, const ui
         while (end < n && shard[end] == k) end++;
         ckpt_entry *e = &m->files[m->n];
         if (nshard == 1)
-            snprintf(e->name, sizeof e->name, "model.safetensors");
+            snprintf(e->name, sizeof e->name, HF_SINGLE_NAME);
         else
             snprintf(e->name, sizeof e->name, "model-%05d-of-%05d.safetensors", k + 1, nshard);
         for (int i = first; i < end; i++) snprintf(file[i], CKPT_NAME_MAX, "%s", e->name);
@@ -410,11 +371,15 @@ static em_status write_files(const char *tmp, int n, const em_named *v, const ui
         if (!s) m->n++;
         first = end;
     }
-    if (!s && nshard > 1) {
+    if (!s && nshard > 1) { /* HF's index (nn/hf_checkpoint.c) */
         ckpt_entry *e = &m->files[m->n];
-        snprintf(e->name, sizeof e->name, "model.safetensors.index.json");
+        const char **names = malloc(sizeof *names * (size_t)(2 * n + 1));
+        for (int i = 0; names && i < n; i++) names[i] = v[i].name, names[n + i] = file[i];
+        snprintf(e->name, sizeof e->name, HF_INDEX_NAME);
         path_in(path, sizeof path, tmp, e->name);
-        s = write_index(path, n, v, file, total, &e->sum);
+        s = names ? hf_index_write(path, n, names, names + n, total, &e->sum, MODEL)
+                  : em_err(EM_ERR_OOM, MODEL ": out of memory");
+        free(names);
         if (!s) m->n++;
     }
     free(shard);

@@ -559,6 +559,11 @@ em_status em_accel_backward(em_accelerator *a, em_tensor *loss)
 
 double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *status)
 {
+    return em_accel_clip_grad_norm_with(a, &(em_clip_config){.max_norm = max_norm}, status);
+}
+
+double em_accel_clip_grad_norm_with(em_accelerator *a, const em_clip_config *cfg, em_status *status)
+{
     if (!a || !a->nmodels) {
         em_status s = em_err(EM_ERR_ARG, "em_accel_clip_grad_norm: %s",
                              a ? "no model was prepared" : "accelerator is NULL");
@@ -576,10 +581,11 @@ double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *st
         }
         if (em_scaler_found_inf(a->scaler)) return INFINITY; /* this step will be skipped */
     }
-    if (a->zero) return em_zero_clip_grad_norm(a->zero, max_norm, status);
-    /* after a synced backward every rank holds the same averaged gradients,
-     * so the local norm is the global one */
-    return em_clip_grad_norm(a->nparams, a->params, max_norm, status);
+    if (a->zero) return em_zero_clip_grad_norm_with(a->zero, cfg, status);
+    /* after a synced backward every rank holds the same averaged gradients
+     * (and agrees which parameters have one), so the local norm is the
+     * global one */
+    return em_clip_grad_norm_with(a->nparams, a->params, cfg, status);
 }
 
 em_status em_accel_step(em_accelerator *a)
@@ -601,12 +607,8 @@ em_status em_accel_step(em_accelerator *a)
     }
     /* every schedule first: a failing one (a user's fn) keeps its own
      * message, naming the step, and no optimizer has stepped yet */
-    for (int i = 0; i < a->nopts; i++) {
-        if (!a->has_sched[i]) continue;
-        double lr = em_lr_at(&a->scheds[i], a->steps);
-        if (isnan(lr)) return em_last_status();
-        if ((s = em_optim_set_lr(a->opts[i], -1, lr))) return s;
-    }
+    for (int i = 0; i < a->nopts; i++)
+        if (a->has_sched[i] && (s = em_optim_apply_schedule(a->opts[i], &a->scheds[i], a->steps))) return s;
     for (int i = 0; i < a->nopts; i++)
         if ((s = a->zero ? em_zero_step(a->zero) : em_optim_step(a->opts[i]))) return s;
     a->steps++;

@@ -22,6 +22,13 @@
  * stream wait for the communication stream, so the optimizer step that
  * follows em_ddp_backward runs on the averaged gradients; the host never
  * blocks.
+ *
+ * Unused parameters (find_unused_parameters): a parameter no backward
+ * reached since the last zero_grad sits in its bucket as zeros, so the
+ * average is the other ranks' sum over the world, as in torch. Whether it
+ * has a gradient at all (em_has_grad: the optimizer skips it otherwise) is
+ * then OR-ed over the ranks (share_used), so every rank steps the same
+ * parameters.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +97,26 @@ static void launch_ready(em_ddp *d, bool all)
         }
         d->next_launch++;
     }
+}
+
+/* find_unused_parameters, after a synced backward: a parameter has a
+ * gradient on every rank when it has one on any (its bucket averaged it),
+ * and on none otherwise. One all-reduce (max) of a flag per parameter;
+ * every rank calls it whatever failed before, so the ranks stay matched. */
+static em_status share_used(em_ddp *d)
+{
+    int64_t n = d->nparams;
+    em_scope sc = em_scope_begin(); /* `used` dies here */
+    em_tensor *used = em_zeros(EM_I32, 1, &n);
+    em_status s = used ? EM_OK : em_last_status();
+    for (int i = 0; i < d->nparams && !s; i++) ((int32_t *)em_data(used))[i] = em_has_grad(d->params[i].t);
+    if (!s) s = em_all_reduce(d->pg, used, EM_RED_MAX, NULL);
+    for (int i = 0; i < d->nparams && !s; i++) {
+        tensor *t = t_resolve(d->params[i].t, "em_has_grad"); /* a name that takes device tensors */
+        if (t) t->grad_set = ((int32_t *)em_data(used))[i] != 0;
+    }
+    em_scope_end(sc);
+    return s;
 }
 
 /* Starts every bucket not started yet (all are ready now) and waits for
@@ -419,8 +446,10 @@ em_status em_ddp_backward(em_ddp *d, em_tensor *loss, em_tensor *grad_output)
     for (int i = 0; i < d->nparams && !unused; i++)
         if (!d->params[i].ready) unused = d->params[i].name;
     finish_buckets(d);
+    em_status us = d->cfg.find_unused_parameters ? share_used(d) : EM_OK;
     if (bs != EM_OK) return em_set_error(bs, "%s", bmsg);
     if (d->first_err != EM_OK) return em_set_error(d->first_err, "%s", d->err_msg);
+    if (us != EM_OK) return us;
     if (unused && !d->cfg.find_unused_parameters)
         return em_err(EM_ERR_DIST,
                       "em_ddp_backward: parameter '%s' received no gradient in this backward; use it in the "
@@ -483,6 +512,8 @@ em_status ddp_backward_many(em_ddp *const *ds, int n, em_tensor *loss, bool sync
         for (int i = 0; i < d->nbuckets; i++) d->buckets[i].work = NULL;
         finish_buckets(d);
         if (d->first_err != EM_OK && !s) s = em_set_error(d->first_err, "%s", d->err_msg);
+        em_status us = d->cfg.find_unused_parameters ? share_used(d) : EM_OK;
+        if (us != EM_OK && !s) s = us;
     }
     for (int k = 0; k < n && !agreed; k++) ds[k]->touched = false;
     em_scope_end(sc);

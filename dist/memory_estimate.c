@@ -21,6 +21,7 @@
 
 #include "dist/pg_impl.h"
 #include "ember/dist.h"
+#include "ember/runtime.h"
 #include "tensor/error_impl.h"
 
 em_mem_config em_mem_config_defaults(void)
@@ -112,7 +113,9 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
  *   ln_1                       out 4C, mean and rstd as f64 (16)
  *   c_attn (3C)                product a*3C; under autocast + bias the
  *                              product is cast up (4*3C) for the bias add
- *                              (4*3C). Every Linear is like this.
+ *                              (4*3C), except where the product reads f32
+ *                              (rf: the add reads it as it is). Every
+ *                              Linear is like this.
  *   attention                  out 4C, P (B,H,T,T): 4*H*T per row
  *   heads back to (B,T,C)      a contiguous copy 4C
  *   c_proj (C), + x            Linear, 4C
@@ -128,30 +131,34 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
  *                              gathered into d(qkv) 4*3C
  *   c_attn, ln_1               dX 4C; dX 4C + the copy 4C
  *   dropout (p > 0)            dX 4C each
- *   under autocast: each Linear's product gradient cast down a*out, and the
- *   weight's gradient made in the scope (4 * its size) before it is added
- *   to the flat gradient buffer.
+ *   under autocast, unless the product reads f32 (rf): each Linear's
+ *   product gradient cast down a*out, and the weight's gradient made in the
+ *   scope (4 * its size) before it is added to the flat gradient buffer (rf:
+ *   the product reads the f32 gradient and adds dW where it lies).
  * outside the blocks: embedding + positions 4C + 4C (backward: the position
  * gradient, T*C f32), ln_f 4C + 16 (backward 4C), logits a*V (+ 4V cast up
  * under autocast), cross-entropy's saved log-sum-exp and targets (12);
- * backward: dlogits 4V (+ a*V cast down), dX 4C (+ 4VC for the tied
- * weight under autocast). Each op also costs a tape node and headers
- * (about 380 bytes; 46 ops a block). */
-static double step_scope_bytes(const em_gpt_config *m, double B, double T, double a)
+ * backward: dlogits 4V (+ a*V cast down, not with rf), dX 4C (+ 4VC for
+ * the tied weight under autocast, not with rf). Each op also costs a tape
+ * node and headers (about 380 bytes; 46 ops a block).
+ * rf: the low product reads f32 operands (on the CPU: f16 always, bf16 on
+ * its f32 path; em_matmul_path says "f32"), so autocast makes no cast
+ * around it (tensor/dispatch.c). */
+static double step_scope_bytes(const em_gpt_config *m, double B, double T, double a, bool rf)
 {
     double C = (double)m->n_embd, V = (double)m->vocab_size, H = (double)m->n_head, L = (double)m->n_layer;
-    bool amp = a<4, bias = m->bias, drop = m->dropout> 0;
-    double lin = bias ? (amp ? a + 8 : 8) : a; /* bytes per output element of a Linear */
+    bool amp = a < 4, bias = m->bias, drop = m->dropout > 0, casts = amp && !rf;
+    double lin = bias ? (casts ? a + 8 : amp ? a + 4 : 8) : a; /* bytes per output element of a Linear */
     double lin_out = 3 * C + C + 4 * C + C;    /* the block's Linear outputs per row */
     double fwd = 2 * (4 * C + 16) + lin * lin_out + (4 * C + 4 * H * T) + 4 * C + 2 * 4 * C + 4 * 4 * C;
     double bwd = 2 * 4 * 4 * C + 4 * C + 2 * 2 * 4 * C + 4 * C + 3 * 3 * 4 * C + 4 * C;
     if (drop) fwd += 2 * 5 * C, bwd += 2 * 4 * C; /* the block's two dropouts */
-    if (amp) bwd += a * lin_out;
+    if (casts) bwd += a * lin_out;
     double per_block_rows = fwd + bwd;
-    double block_fixed = (amp ? 4 * 12 * C * C : 0) + 46 * 380.0;
+    double block_fixed = (casts ? 4 * 12 * C * C : 0) + 46 * 380.0;
     double head_rows = 4 * C + 4 * C + (drop ? 5 * C + 4 * C : 0) + (4 * C + 16) + 4 * V + (amp ? a * V : 0) +
-                       12 + 4 * V + (amp ? a * V : 0) + 4 * C + 4 * C;
-    double head_fixed = 4 * T * C + (amp ? 4 * V * C : 0) + 12 * 380.0;
+                       12 + 4 * V + (casts ? a * V : 0) + 4 * C + 4 * C;
+    double head_fixed = 4 * T * C + (casts ? 4 * V * C : 0) + 12 * 380.0;
     return B * T * (L * per_block_rows + head_rows) + L * block_fixed + head_fixed;
 }
 
@@ -220,12 +227,15 @@ em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out)
     double split[3];
     zero_split(c->zero_stage, c->cuda, (double)c->world, P, opt, bucket, unit, split);
     double a = c->precision == EM_PREC_BF16 || c->precision == EM_PREC_FP16 ? 2 : 4;
+    /* whether the low product reads f32 here (no casts around it) */
+    const char *path = a < 4 ? em_matmul_path(c->precision == EM_PREC_BF16 ? EM_BF16 : EM_F16) : NULL;
+    bool rf = !c->cuda && path && !strcmp(path, "f32");
     double T = (double)(c->context ? c->context : c->model.block_size);
     double v[EM_MEM_NCATEGORIES] = {
         [EM_MEM_PARAMS] = split[0],
         [EM_MEM_GRADS] = split[1],
         [EM_MEM_OPTIMIZER] = split[2],
-        [EM_MEM_ACTIVATIONS] = step_scope_bytes(&c->model, (double)c->batch, T, a),
+        [EM_MEM_ACTIVATIONS] = step_scope_bytes(&c->model, (double)c->batch, T, a, rf),
         /* the shared-memory segment of a group on one host (dist/shm.c) */
         [EM_MEM_COMM] =
             c->world > 1 ? (double)shm_bytes(c->world < SHM_MAX_WORLD ? c->world : SHM_MAX_WORLD) : 0,

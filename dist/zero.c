@@ -90,6 +90,7 @@
 #include "dist/zero_impl.h"
 #include "ember/dist.h"
 #include "optim/optim_impl.h"
+#include "optim/update_math.h"
 #include "tensor/dispatch.h"
 #include "tensor/tensor_impl.h"
 #if EM_HAVE_CUDA
@@ -813,31 +814,31 @@ static int grads_of(const em_zero *z, tensor **out)
     return n;
 }
 
-/* *sq = the sum of squares of this rank's chunks of the gradient shard, on
- * a CUDA device: one device sum per bucket (optim/optim.cu's fixed-order
- * reduction, in double), one copy to the host, summed there in bucket
- * order. */
-static em_status shard_sumsq_cuda(const em_zero *z, double *sq)
+/* *acc = the p-norm's accumulation (optim/update_math.h's norm_acc) of
+ * this rank's chunks of the gradient shard, on a CUDA device: one device
+ * accumulation per bucket (optim/optim.cu's fixed-order reduction, in
+ * double), one copy to the host, joined there in bucket order. */
+static em_status shard_norm_cuda(const em_zero *z, double p, double *acc)
 {
 #if EM_HAVE_CUDA
     const char *fn = "em_zero_clip_grad_norm";
     int d = z->dev.index;
-    double *dev_sq = cu_alloc(d, (size_t)(z->nb + 1) * sizeof(double)),
+    double *dev_acc = cu_alloc(d, (size_t)(z->nb + 1) * sizeof(double)),
            *host = calloc((size_t)z->nb + 1, sizeof *host);
     em_status s =
-        dev_sq && host ? cu_fill(d, EM_F64, dev_sq, z->nb, 0) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
+        dev_acc && host ? cu_fill(d, EM_F64, dev_acc, z->nb, 0) : em_err(EM_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; i < z->nb && !s; i++) {
         const zbucket *b = &z->b[i];
-        s = cu_sumsq(d, b->dtype, em_data(b->shard), b->own, &dev_sq[i]);
+        s = cu_norm_acc(d, b->dtype, em_data(b->shard), b->own, p, &dev_acc[i]);
     }
-    if (!s) s = cu_memcpy(host, em_device_cpu(), dev_sq, z->dev, (size_t)z->nb * sizeof(double)); /* waits */
-    *sq = 0;
-    for (int i = 0; i < z->nb && !s; i++) *sq += host[i];
-    if (dev_sq) cu_free(d, dev_sq);
+    if (!s) s = cu_memcpy(host, em_device_cpu(), dev_acc, z->dev, (size_t)z->nb * sizeof(double)); /* waits */
+    *acc = 0;
+    for (int i = 0; i < z->nb && !s; i++) *acc = norm_join(*acc, host[i], p);
+    if (dev_acc) cu_free(d, dev_acc);
     free(host);
     return s;
 #else
-    (void)sq;
+    (void)p, (void)acc;
     return em_err(EM_ERR_DEVICE, "em_zero_clip_grad_norm: the gradients are on %s in a build without CUDA",
                   z->dev.type == EM_CUDA ? "a CUDA device" : "another device");
 #endif
@@ -845,12 +846,18 @@ static em_status shard_sumsq_cuda(const em_zero *z, double *sq)
 
 double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
 {
+    return em_zero_clip_grad_norm_with(z, &(em_clip_config){.max_norm = max_norm}, status);
+}
+
+double em_zero_clip_grad_norm_with(em_zero *z, const em_clip_config *cfg, em_status *status)
+{
+    const char *fn = "em_zero_clip_grad_norm";
     em_status dummy;
     if (!status) status = &dummy;
     *status = EM_OK;
-    if (!z) return *status = em_err(EM_ERR_ARG, "em_zero_clip_grad_norm: zero is NULL"), NAN;
-    if (!(max_norm >= 0))
-        return *status = em_err(EM_ERR_ARG, "em_zero_clip_grad_norm: max_norm must be >= 0, got %g", max_norm), NAN;
+    if (!z) return *status = em_err(EM_ERR_ARG, "%s: zero is NULL", fn), NAN;
+    double p;
+    if ((*status = opt_clip_check(fn, cfg, &p))) return NAN;
     if (z->stage < 2) { /* every rank has every averaged gradient: DDP's clip, bit for bit */
         int n = em_module_params(z->model, NULL, 0);
         em_named *ps = calloc((size_t)n + 1, sizeof *ps);
@@ -858,39 +865,47 @@ double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
         if (!ps || !pt) {
             free(ps);
             free(pt);
-            return *status = em_err(EM_ERR_OOM, "em_zero_clip_grad_norm: out of memory"), NAN;
+            return *status = em_err(EM_ERR_OOM, "%s: out of memory", fn), NAN;
         }
         em_module_params(z->model, ps, n);
         for (int i = 0; i < n; i++) pt[i] = ps[i].t;
-        double total = em_clip_grad_norm(n, pt, max_norm, status);
+        double total = em_clip_grad_norm_with(n, pt, cfg, status);
         free(ps);
         free(pt);
         return total;
     }
-    /* stage 2: the squares of this rank's chunks (the pads' zeros add
-     * nothing), summed over ranks */
-    double sq = 0;
-    em_status s = z->dev.type != EM_CPU ? shard_sumsq_cuda(z, &sq) : EM_OK;
+    /* stage 2: the accumulation over this rank's chunks (the pads' zeros add
+     * nothing; a parameter no rank used is zeros there), joined over ranks:
+     * a sum, or for inf a max */
+    double acc = 0;
+    em_status s = z->dev.type != EM_CPU ? shard_norm_cuda(z, p, &acc) : EM_OK;
     for (int i = 0; i < z->nb && z->dev.type == EM_CPU; i++) {
         const zbucket *b = &z->b[i];
         if (b->dtype == EM_F32) {
             const float *g = em_data(b->shard);
-            for (int64_t k = 0; k < b->own; k++) sq += (double)g[k] * g[k];
+            for (int64_t k = 0; k < b->own; k++) acc = norm_acc(acc, g[k], p);
         } else {
             const double *g = em_data(b->shard);
-            for (int64_t k = 0; k < b->own; k++) sq += g[k] * g[k];
+            for (int64_t k = 0; k < b->own; k++) acc = norm_acc(acc, g[k], p);
         }
     }
     if (s) return *status = s, NAN;
     em_scope sc = em_scope_begin();
-    em_tensor *t = em_scalar(EM_F64, sq);
-    s = t ? em_all_reduce(z->pg, t, EM_RED_SUM, NULL) : em_last_status();
-    double total = s ? NAN : sqrt(em_item(t));
+    em_tensor *t = em_scalar(EM_F64, acc);
+    s = t ? em_all_reduce(z->pg, t, isinf(p) ? EM_RED_MAX : EM_RED_SUM, NULL) : em_last_status();
+    double total = s ? NAN : norm_root(em_item(t), p);
     em_scope_end(sc);
     if (s) return *status = s, NAN;
-    if (total + 1e-6 > max_norm) {
-        double c = max_norm / (total + 1e-6);
-        tensor *g = t_resolve(z->gshard, "em_zero_clip_grad_norm");
+    if (!isfinite(total) && cfg->error_if_nonfinite) /* every rank has the same total: all refuse */
+        return *status =
+                   opt_clip_refuse(fn, total, p,
+                                   isfinite(acc) ? " (on another rank's gradient shard)"
+                                                 : " (this rank's gradient shard holds a value that is not "
+                                                   "finite)"),
+               NAN;
+    if (!(total + 1e-6 <= cfg->max_norm)) { /* NaN too: torch's clamp passes it through */
+        double c = cfg->max_norm / (total + 1e-6);
+        tensor *g = t_resolve(z->gshard, fn);
         int64_t n = t_numel(g);
 #if EM_HAVE_CUDA
         if (t_on_cuda(g)) {
@@ -899,11 +914,11 @@ double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
         }
 #endif
         if (g->dtype == EM_F32) {
-            float *p = t_ptr(g), cf = (float)c;
-            for (int64_t k = 0; k < n; k++) p[k] *= cf;
+            float *q = t_ptr(g), cf = (float)c;
+            for (int64_t k = 0; k < n; k++) q[k] *= cf;
         } else {
-            double *p = t_ptr(g);
-            for (int64_t k = 0; k < n; k++) p[k] *= c;
+            double *q = t_ptr(g);
+            for (int64_t k = 0; k < n; k++) q[k] *= c;
         }
     }
     return total;
@@ -980,11 +995,16 @@ em_status em_zero_step(em_zero *z)
 em_status em_zero_zero_grad(em_zero *z)
 {
     if (!z) return em_err(EM_ERR_ARG, "em_zero_zero_grad: zero is NULL");
-    if (z->stage < 2 || z->dev.type != EM_CPU) return em_module_zero_grad(z->model); /* CUDA: kept, zeroed */
+    if (z->stage < 2 || z->dev.type != EM_CPU) { /* CUDA: kept, zeroed */
+        em_status s = em_module_zero_grad(z->model);
+        if (!s) optim_grads_zeroed(z->opt);
+        return s;
+    }
     static const em_dtype dts[] = {EM_F32, EM_F64};
     for (int k = 0; k < 2; k++) {
         em_tensor *g = em_module_flat_grads(z->model, dts[k]);
         if (g) give_back(em_data(g), (size_t)em_numel(g) * em_dtype_size(dts[k]));
     }
+    optim_grads_zeroed(z->opt);
     return EM_OK;
 }

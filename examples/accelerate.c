@@ -222,7 +222,7 @@ static int run(program *p)
     int64_t global = (int64_t)BATCH * em_accel_world(acc);               /* each rank draws BATCH examples */
     int64_t steps_per_epoch = ((N_TRAIN + global - 1) / global + 1) / 2; /* 2 micro-batches a step */
     em_lr_schedule sched = {
-        .kind = EM_LR_LINEAR, .base_lr = 1e-2, .warmup = 10, .total = epochs * steps_per_epoch};
+        .kind = EM_LR_LINEAR_HF, .base_lr = 1e-2, .warmup = 10, .total = epochs * steps_per_epoch};
     if (em_accel_prepare(acc, m->root, opt, train, &sched) || em_accel_prepare(acc, NULL, NULL, eval, NULL))
         return fail("em_accel_prepare");
 

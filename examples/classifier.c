@@ -169,7 +169,8 @@ static double train_epoch(classifier *m, em_loader *loader, em_optimizer *opt)
             if (r < 0) return NAN;
             break;
         }
-        em_tensor *loss = em_cross_entropy(classifier_forward(m, b.x), b.y, -1);
+        em_tensor *loss =
+            em_cross_entropy_loss(classifier_forward(m, b.x), b.y, NULL); /* PyTorch's defaults */
         em_status st = loss ? em_backward(loss, NULL) : em_last_status();
         sum += loss ? em_item(loss) : 0;
         em_scope_end(s);

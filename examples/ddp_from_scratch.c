@@ -89,8 +89,8 @@ static em_tensor *local_loss(trainer *t, int step)
     int64_t per_rank = BATCH / t->world;
     int64_t first = (int64_t)step * BATCH % N_DATA + t->rank * per_rank;
     em_tensor *x = em_narrow(t->x, 0, first, per_rank), *y = em_narrow(t->y, 0, first, per_rank);
-    em_tensor *h = em_relu(em_nn_linear_forward(t->fc1, x));         /* (B/W,HIDDEN) */
-    return em_cross_entropy(em_nn_linear_forward(t->fc2, h), y, -1); /* logits (B/W,CLASSES) */
+    em_tensor *h = em_relu(em_nn_linear_forward(t->fc1, x));                      /* (B/W,HIDDEN) */
+    return em_cross_entropy(em_nn_linear_forward(t->fc2, h), y, EM_IGNORE_INDEX); /* logits (B/W,CLASSES) */
 }
 
 /* The whole batch's loss is the average of the ranks' losses (each a mean

@@ -147,7 +147,8 @@ static double evaluate(model *g, const em_window_sampler *val, int batches)
         em_scope sc = em_scope_begin();
         em_batch b;
         em_tensor *loss = NULL;
-        if (em_window_sampler_next(&s, &b) == EM_OK) loss = em_cross_entropy(forward(g, b.x), b.y, -1);
+        if (em_window_sampler_next(&s, &b) == EM_OK)
+            loss = em_cross_entropy(forward(g, b.x), b.y, EM_IGNORE_INDEX);
         sum += loss ? em_item(loss) : NAN;
         em_scope_end(sc);
     }
@@ -319,12 +320,13 @@ int main(int argc, char **argv)
 
     int rc = opt ? 0 : fail("cannot make the optimizer");
     for (long step = 0; step < steps && !rc; step++) {
-        em_optim_set_lr(opt, -1, em_lr_at(&sched, step)); /* every group */
-        em_scope s = em_scope_begin();                    /* this step's tensors live here */
+        em_optim_apply_schedule(opt, &sched, step); /* every group, from its own base lr */
+        em_scope s = em_scope_begin();              /* this step's tensors live here */
         em_batch b;
         em_tensor *loss = NULL;
         if (em_window_sampler_next(&train_batches, &b) == EM_OK)
-            loss = em_cross_entropy(forward(&g, b.x), b.y, -1); /* x (B,T), y (B,T) = x shifted by one */
+            loss = em_cross_entropy(forward(&g, b.x), b.y,
+                                    EM_IGNORE_INDEX); /* x (B,T), y (B,T) = x shifted by one */
         double value = loss ? em_item(loss) : NAN;
         em_status st = loss ? em_backward(loss, NULL) : em_last_status();
         em_scope_end(s); /* gradients live on in the parameters */
@@ -337,7 +339,7 @@ int main(int argc, char **argv)
         em_optim_zero_grad(opt);
         if (step % every == 0 || step == steps - 1)
             printf("step %4ld | loss %.4f | val loss %.4f | lr %.2e | grad norm %.2f\n", step, value,
-                   evaluate(&g, &val_batches, 4), em_lr_at(&sched, step), norm);
+                   evaluate(&g, &val_batches, 4), em_optim_get_lr(opt, 0), norm);
     }
 
     /* 4. sampling: the prompt, continued one character at a time */

@@ -185,16 +185,58 @@ em_tensor *em_gpt_forward(em_gpt *g, em_tensor *idx)
     return nn_named(g->m, "gpt", gpt_forward(g, i, idx)); /* a failing layer names itself */
 }
 
-em_tensor *em_gpt_loss(em_gpt *g, em_tensor *idx, em_tensor *targets)
+/* targets (or labels) resolved and checked against idx: i32 of its shape */
+static tensor *check_targets(em_gpt *g, const char *op, em_tensor *idx, em_tensor *targets, const char *what)
 {
-    tensor *i = check_idx(g, "em_gpt_loss", idx);
-    tensor *t = i ? t_resolve(targets, "em_gpt_loss") : NULL;
+    tensor *i = check_idx(g, op, idx);
+    tensor *t = i ? t_resolve(targets, op) : NULL;
     if (!t) return NULL;
     if (t->dtype != EM_I32 || t->ndim != 2 || t->shape[0] != i->shape[0] || t->shape[1] != i->shape[1])
-        return em_fail(EM_ERR_SHAPE, "em_gpt_loss: targets are %s%s, expected i32 of idx's shape %s",
+        return em_fail(EM_ERR_SHAPE, "%s: %s are %s%s, expected i32 of idx's shape %s", op, what,
                        em_dtype_name(t->dtype), shp(t), shp(i));
+    return t;
+}
+
+/* The cross-entropy of logits against targets ignoring EM_IGNORE_INDEX; a
+ * target of -1 (ember's ignore value before it took PyTorch's -100) is
+ * named as such. */
+static em_tensor *gpt_ce(const char *op, em_tensor *logits, em_tensor *targets)
+{
+    em_tensor *loss = logits && targets ? em_cross_entropy(logits, targets, EM_IGNORE_INDEX) : NULL;
+    if (!loss && em_last_status() == EM_ERR_INDEX && strstr(em_last_error(), "target -1 ")) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", em_last_error());
+        return em_fail(
+            EM_ERR_INDEX,
+            "%s: %s; positions to ignore are marked -100 (EM_IGNORE_INDEX, as in PyTorch and Hugging "
+            "Face), no longer -1",
+            op, why);
+    }
+    return loss;
+}
+
+em_tensor *em_gpt_loss(em_gpt *g, em_tensor *idx, em_tensor *targets)
+{
+    if (!check_targets(g, "em_gpt_loss", idx, targets, "targets")) return NULL;
     em_tensor *logits = em_gpt_forward(g, idx);
-    em_tensor *loss = logits ? em_cross_entropy(logits, targets, -1) : NULL;
+    em_tensor *loss = gpt_ce("em_gpt_loss", logits, targets);
+    drop(logits);
+    return loss;
+}
+
+em_tensor *em_gpt_loss_labels(em_gpt *g, em_tensor *idx, em_tensor *labels)
+{
+    const char *op = "em_gpt_loss_labels";
+    tensor *l = check_targets(g, op, idx, labels, "labels");
+    if (!l) return NULL;
+    int64_t T = l->shape[1];
+    em_tensor *logits = em_gpt_forward(g, idx); /* (B,T,V) */
+    /* position t predicts token t+1: logits[:, :-1] against labels[:, 1:] */
+    em_tensor *lg = logits ? em_narrow(logits, 1, 0, T - 1) : NULL;
+    em_tensor *lb = lg ? em_narrow(labels, 1, 1, T - 1) : NULL;
+    em_tensor *loss = gpt_ce(op, lg, lb);
+    drop(lb);
+    drop(lg);
     drop(logits);
     return loss;
 }
@@ -369,6 +411,12 @@ static em_status feed(em_gpt *g, em_gpt_cache *c, const int32_t *tokens, int64_t
 int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, double temperature, int top_k,
                   em_rng *rng, int32_t *out)
 {
+    return em_gpt_sample_progress(g, prompt, n_prompt, n_new, temperature, top_k, rng, out, NULL, NULL);
+}
+
+int em_gpt_sample_progress(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, double temperature,
+                           int top_k, em_rng *rng, int32_t *out, em_gpt_token_fn on_token, void *ctx)
+{
     if (!g || !prompt || !out) return em_err(EM_ERR_ARG, "em_gpt_sample: model, prompt or out is NULL"), -1;
     if (n_prompt < 1 || n_new < 0)
         return em_err(EM_ERR_ARG, "em_gpt_sample: n_prompt = %d must be >= 1 and n_new = %d >= 0", n_prompt,
@@ -401,6 +449,7 @@ int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, dou
         double u = em_item(em_rand(EM_F64, EM_SHAPE(1), rng));
         em_scope_end(s);
         out[len++] = draw_token(row, V, temperature, top_k, u, row + V);
+        if (on_token) on_token(ctx, k + 1, n_new);
         if (k == n_new - 1) break;
         if (len - start > block) { /* the window slides: positions change, recompute */
             start = len - block;

@@ -1,5 +1,7 @@
-/* gpt_hf.c — loads a Hugging Face GPT-2 checkpoint (model.safetensors) into
- * a module tree that uses ember's GPT parameter names.
+/* gpt_hf.c — loads a Hugging Face GPT-2 checkpoint (model.safetensors, or
+ * the shards of model.safetensors.index.json: nn/hf_checkpoint.c finds each
+ * tensor in its shard) into a module tree that uses ember's GPT parameter
+ * names.
  *
  * The names are the same up to an optional "transformer." prefix. The four
  * projection weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) are
@@ -17,6 +19,7 @@
 #include "../tensor/kernel_impl.h"
 #include "../tensor/tensor_impl.h"
 #include "ember/nn.h"
+#include "nn/hf_checkpoint_impl.h"
 
 #define OP "em_gpt_load_hf"
 
@@ -51,12 +54,7 @@ static bool ignored(const char *name, const char *prefix)
     return layer_of(name, prefix) >= 0 && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias"));
 }
 
-static int file_index(const em_safetensors *f, const char *name)
-{
-    for (int k = 0; k < em_safetensors_count(f); k++)
-        if (!strcmp(em_safetensors_name(f, k), name)) return k;
-    return -1;
-}
+static int file_index(const hf_ckpt *f, const char *name) { return hf_ckpt_find(f, name); }
 
 /* Number of layers: 1 + the largest h.{i} among names (0 if none). */
 static long count_layers(int n, const char *const *names, const char *prefix)
@@ -86,7 +84,7 @@ static em_status embedding_mismatch(const char *path, const char *pname, const t
 
 /* Reads and checks the file tensor for parameter (pname, dst); returns the
  * staging tensor in ember's layout (a transposed view for Conv1D weights). */
-static tensor *stage(const em_safetensors *f, const char *path, const char *prefix, const char *pname, tensor *dst)
+static tensor *stage(const hf_ckpt *f, const char *path, const char *prefix, const char *pname, tensor *dst)
 {
     char hf[512];
     snprintf(hf, sizeof hf, "%s%s", prefix, pname);
@@ -98,10 +96,15 @@ static tensor *stage(const em_safetensors *f, const char *path, const char *pref
     int64_t want[EM_MAX_DIMS];
     memcpy(want, dst->shape, sizeof(int64_t) * (size_t)dst->ndim);
     if (tr) want[0] = dst->shape[1], want[1] = dst->shape[0];
-    if (file_index(f, hf) < 0)
-        return em_fail(EM_ERR_ARG, OP ": '%s': missing tensor '%s' (for the model's '%s', expected %s)", path, hf, pname,
-                       shp_of(dst->ndim, want));
-    tensor *t = t_resolve(em_safetensors_get(f, hf), OP);
+    int k = file_index(f, hf);
+    if (k < 0) {
+        char where[64] = "";
+        if (hf_ckpt_shards(f) > 1)
+            snprintf(where, sizeof where, "; none of its %d shards has it", hf_ckpt_shards(f));
+        return em_fail(EM_ERR_ARG, OP ": '%s': missing tensor '%s' (for the model's '%s', expected %s)%s",
+                       path, hf, pname, shp_of(dst->ndim, want), where);
+    }
+    tensor *t = t_resolve(hf_ckpt_get(f, k), OP);
     if (!t) return NULL;
     if (t->ndim != dst->ndim || memcmp(t->shape, want, sizeof(int64_t) * (size_t)t->ndim)) {
         if (!strcmp(pname, "wte.weight") || !strcmp(pname, "wpe.weight")) embedding_mismatch(path, pname, t, dst);
@@ -133,10 +136,11 @@ static bool differ(const tensor *a, const tensor *b)
 
 /* Checks lm_head.weight (when the file has one and the model ties it) against
  * the staged wte. */
-static em_status check_tied_head(const em_safetensors *f, const char *path, const tensor *wte)
+static em_status check_tied_head(const hf_ckpt *f, const char *path, const tensor *wte)
 {
-    if (file_index(f, "lm_head.weight") < 0) return EM_OK;
-    tensor *h = t_resolve(em_safetensors_get(f, "lm_head.weight"), OP);
+    int k = file_index(f, "lm_head.weight");
+    if (k < 0) return EM_OK;
+    tensor *h = t_resolve(hf_ckpt_get(f, k), OP);
     if (!h) return em_last_status();
     bool bad = differ(h, wte);
     char got[64];
@@ -152,9 +156,9 @@ static em_status check_tied_head(const em_safetensors *f, const char *path, cons
 em_status em_gpt_load_hf(em_module *gpt_root, const char *path)
 {
     if (!gpt_root || !path) return em_err(EM_ERR_ARG, OP ": %s is NULL", gpt_root ? "path" : "module");
-    em_safetensors *f = em_safetensors_open(path);
+    hf_ckpt *f = hf_ckpt_open(path, OP);
     if (!f) return em_last_status();
-    int nf = em_safetensors_count(f), np = em_module_params(gpt_root, NULL, 0);
+    int nf = hf_ckpt_count(f), np = em_module_params(gpt_root, NULL, 0);
     em_named *p = malloc(sizeof *p * (size_t)(np + 1));
     tensor **staged = calloc((size_t)np + 1, sizeof *staged);
     const char **fnames = malloc(sizeof *fnames * (size_t)(nf + 1));
@@ -167,7 +171,7 @@ em_status em_gpt_load_hf(em_module *gpt_root, const char *path)
     }
     em_module_params(gpt_root, p, np);
     for (int i = 0; i < np; i++) pnames[i] = p[i].name;
-    for (int k = 0; k < nf; k++) fnames[k] = em_safetensors_name(f, k);
+    for (int k = 0; k < nf; k++) fnames[k] = hf_ckpt_name(f, k);
 
     const char *prefix = file_index(f, "transformer.wte.weight") >= 0 ? "transformer." : "";
     if (!prefix[0] && file_index(f, "wte.weight") < 0) {
@@ -216,6 +220,6 @@ done:
     free(fnames);
     free(pnames);
     free(taken);
-    em_safetensors_close(f);
+    hf_ckpt_close(f);
     return s;
 }

@@ -346,6 +346,7 @@ static em_status move_tensor(tensor *t, em_device dev)
     if (m->depth == 0) t_free(m);
     if (t->grad && !t->grad_external) t_free(t->grad);
     t->grad = NULL;
+    t->grad_set = false;
     t_repoint(t, home, 0);
     t_free(home); /* t holds the storage now */
     return em_last_status();
@@ -445,7 +446,9 @@ em_status em_module_flatten(em_module *root)
         views[i] = t_handle(gv);
         root->grad_views = views; /* owned by root from the first view on */
         root->n_grad_views = i + 1;
+        bool had = t->grad_set; /* a buffer is not a gradient (em_has_grad stays) */
         em_set_grad_buffer(v[i].t, views[i]);
+        t->grad_set = had;
         off[t->dtype] = o + align_up(k, t->dtype);
     }
     em_set_grad_enabled(prev);

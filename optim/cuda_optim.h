@@ -1,6 +1,6 @@
 /* cuda_optim.h — the CUDA kernels of optim/ and amp/ (optim/optim.cu), as the
- * C code sees them: fused optimizer updates, the sum of squares and scaling
- * of gradient clipping, and the loss scaler's unscale + inf check.
+ * C code sees them: fused optimizer updates, the norm and scaling of
+ * gradient clipping, and the loss scaler's unscale + inf check.
  *
  * Built only with CUDA (the callers guard with `#if EM_HAVE_CUDA`). The
  * conventions are tensor/cuda_impl.h's: `dev` is made current, work is
@@ -21,16 +21,19 @@ extern "C" {
 
 /* One update u (computed on the host exactly as for a CPU parameter) of n
  * parameters p (dtype pdt: f32, f64, f16 or bf16) with gradients g (dtype
- * gdt, same n) and state s1, s2 of dtype sdt (f64 for f64 parameters, else
- * f32): SGD s1 = momentum buffer (NULL without momentum); Adam/AdamW s1 = m,
- * s2 = v. f16/bf16 parameters compute in f32 and round once on store. The
- * arithmetic is the CPU's: optim/update_math.h. */
+ * gdt, same n) and state s[0..2] of dtype sdt (f64 for f64 parameters, else
+ * f32): SGD s[0] = momentum buffer (NULL without momentum); Adam/AdamW s[0]
+ * = m, s[1] = v, s[2] = vmax (amsgrad; else NULL). f16/bf16 parameters
+ * compute in f32 and round once on store. The arithmetic is the CPU's:
+ * optim/update_math.h. */
 em_status cu_optim_update(int dev, const opt_coef *u, em_dtype pdt, void *p, em_dtype gdt, const void *g,
-                          em_dtype sdt, void *s1, void *s2, int64_t n);
+                          em_dtype sdt, void *const *s, int64_t n);
 
-/* *out (a device double) = sum of x[i]^2 over n elements of float dtype dt,
- * in double, in a fixed order (the same bits every run). */
-em_status cu_sumsq(int dev, em_dtype dt, const void *x, int64_t n, double *out);
+/* *out (a device double) = the p-norm's accumulation over n elements x of
+ * float dtype dt, in double, in a fixed order (the same bits every run):
+ * p = 2 the sum of x^2, p = 1 the sum of |x|, p = inf the max of |x|,
+ * another p the sum of |x|^p (gradient clipping: grad_norm_acc). */
+em_status cu_norm_acc(int dev, em_dtype dt, const void *x, int64_t n, double p, double *out);
 
 /* x[i] *= c over n elements (f32: c rounded to f32 first, as the CPU). */
 em_status cu_scale(int dev, em_dtype dt, void *x, int64_t n, double c);

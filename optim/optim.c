@@ -103,7 +103,8 @@ static em_status chk_params(const char *fn, const em_optimizer *o, int n, em_ten
     return EM_OK;
 }
 
-static const char *const field_name[F_COUNT] = {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"};
+const char *const opt_field_name[F_COUNT] = {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                             "momentum_buffer"};
 
 /* Appends a group (params already checked). */
 static int push_group(em_optimizer *o, const char *fn, int n, em_tensor *const *params, double lr, double wd)
@@ -122,7 +123,7 @@ static int push_group(em_optimizer *o, const char *fn, int n, em_tensor *const *
         o->p = p, o->cap_p = cap;
     }
     int gi = o->ng++;
-    o->g[gi] = (ogroup){lr, wd};
+    o->g[gi] = (ogroup){.lr = lr, .wd = wd, .base_lr = lr};
     for (int k = 0; k < n; k++) {
         int i = o->np++;
         oparam *p = &o->p[i];
@@ -130,7 +131,7 @@ static int push_group(em_optimizer *o, const char *fn, int n, em_tensor *const *
         p->h = params[k];
         p->group = gi;
         for (int f = 0; f < F_COUNT; f++)
-            snprintf(p->name[f], sizeof p->name[f], "state.%d.%s", i, field_name[f]);
+            snprintf(p->name[f], sizeof p->name[f], "state.%d.%s", i, opt_field_name[f]);
     }
     return gi;
 }
@@ -208,24 +209,72 @@ int em_optim_add_group(em_optimizer *o, int n, em_tensor *const *params, double 
 
 int em_optim_num_groups(const em_optimizer *o) { return o ? o->ng : 0; }
 
-em_status em_optim_set_lr(em_optimizer *o, int group, double lr)
+/* Sets the current (base: false) or base lr of group, or of every group
+ * for -1. */
+static em_status set_lr(const char *fn, em_optimizer *o, int group, double lr, bool base)
 {
-    const char *fn = "em_optim_set_lr";
     if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
     if (group < -1 || group >= o->ng)
         return em_err(EM_ERR_ARG, "%s: group %d out of range (%d groups; -1 = all)", fn, group, o->ng);
     if (chk_nonneg(fn, "lr", lr)) return EM_ERR_ARG;
     for (int g = 0; g < o->ng; g++)
-        if (group == -1 || g == group) o->g[g].lr = lr;
+        if (group == -1 || g == group) *(base ? &o->g[g].base_lr : &o->g[g].lr) = lr;
     return EM_OK;
+}
+
+static double get_lr(const char *fn, const em_optimizer *o, int group, bool base)
+{
+    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn), NAN;
+    if (group < 0 || group >= o->ng)
+        return em_err(EM_ERR_ARG, "%s: group %d out of range (%d groups)", fn, group, o->ng), NAN;
+    return base ? o->g[group].base_lr : o->g[group].lr;
+}
+
+em_status em_optim_set_lr(em_optimizer *o, int group, double lr)
+{
+    return set_lr("em_optim_set_lr", o, group, lr, false);
 }
 
 double em_optim_get_lr(const em_optimizer *o, int group)
 {
-    if (!o) return em_err(EM_ERR_ARG, "em_optim_get_lr: optimizer is NULL"), NAN;
-    if (group < 0 || group >= o->ng)
-        return em_err(EM_ERR_ARG, "em_optim_get_lr: group %d out of range (%d groups)", group, o->ng), NAN;
-    return o->g[group].lr;
+    return get_lr("em_optim_get_lr", o, group, false);
+}
+
+em_status em_optim_set_base_lr(em_optimizer *o, int group, double lr)
+{
+    return set_lr("em_optim_set_base_lr", o, group, lr, true);
+}
+
+double em_optim_get_base_lr(const em_optimizer *o, int group)
+{
+    return get_lr("em_optim_get_base_lr", o, group, true);
+}
+
+em_status em_optim_apply_schedule(em_optimizer *o, const em_lr_schedule *s, int64_t step)
+{
+    const char *fn = "em_optim_apply_schedule";
+    if (!o) return em_err(EM_ERR_ARG, "%s: optimizer is NULL", fn);
+    double *lr = malloc(sizeof *lr * (size_t)o->ng);
+    if (!lr) return em_err(EM_ERR_OOM, "%s: out of memory", fn);
+    /* every group's value first: a failing schedule changes nothing */
+    for (int g = 0; g < o->ng; g++)
+        if (isnan(lr[g] = lr_at_base(s, o->g[g].base_lr, step))) {
+            free(lr);
+            return em_last_status();
+        }
+    for (int g = 0; g < o->ng; g++) o->g[g].lr = lr[g];
+    free(lr);
+    return EM_OK;
+}
+
+em_status em_optim_set_zero_grad_mode(em_optimizer *o, em_zero_grad_mode mode)
+{
+    if (!o) return em_err(EM_ERR_ARG, "em_optim_set_zero_grad_mode: optimizer is NULL");
+    switch (mode) {
+    case EM_ZERO_GRAD_SET_TO_NONE:
+    case EM_ZERO_GRAD_IN_PLACE: o->zero_grad_mode = mode; return EM_OK;
+    }
+    return em_err(EM_ERR_ARG, "em_optim_set_zero_grad_mode: unknown mode %d", (int)mode);
 }
 
 int64_t em_optim_step_count(const em_optimizer *o) { return o ? (int64_t) * (double *)t_ptr(o->step) : 0; }
@@ -250,7 +299,17 @@ static em_status optim_zero_grad(em_optimizer *o)
         em_status s = em_zero_grad(o->p[i].h);
         if (s) return s;
     }
+    optim_grads_zeroed(o);
     return EM_OK;
+}
+
+void optim_grads_zeroed(em_optimizer *o)
+{
+    if (o->zero_grad_mode != EM_ZERO_GRAD_SET_TO_NONE) return;
+    for (int i = 0; i < o->np; i++) {
+        tensor *t = t_resolve(o->p[i].h, "em_optim_zero_grad");
+        if (t) t->grad_set = false;
+    }
 }
 
 /* ---- update kernels ---------------------------------------------------------
@@ -263,26 +322,26 @@ static void sgd_f32(const opt_coef *u, float *restrict p, const float *restrict 
                     int64_t n)
 {
     const opt_k_f32 k = opt_k_of_f32(u);
-    const bool decay = u->wd != 0, first = u->first, nesterov = u->nesterov;
+    const bool decay = u->wd != 0, first = u->first, nesterov = u->nesterov, max = u->maximize;
     if (buf)
         for (int64_t i = 0; i < n; i++)
-            p[i] = sgd_elem_f32(&k, p[i], g[i], &buf[i], true, decay, first, nesterov);
+            p[i] = sgd_elem_f32(&k, p[i], g[i], &buf[i], true, decay, first, nesterov, max);
     else
         for (int64_t i = 0; i < n; i++)
-            p[i] = sgd_elem_f32(&k, p[i], g[i], NULL, false, decay, first, nesterov);
+            p[i] = sgd_elem_f32(&k, p[i], g[i], NULL, false, decay, first, nesterov, max);
 }
 
 static void sgd_f64(const opt_coef *u, double *restrict p, const double *restrict g, double *restrict buf,
                     int64_t n)
 {
     const opt_k_f64 k = opt_k_of_f64(u);
-    const bool decay = u->wd != 0, first = u->first, nesterov = u->nesterov;
+    const bool decay = u->wd != 0, first = u->first, nesterov = u->nesterov, max = u->maximize;
     if (buf)
         for (int64_t i = 0; i < n; i++)
-            p[i] = sgd_elem_f64(&k, p[i], g[i], &buf[i], true, decay, first, nesterov);
+            p[i] = sgd_elem_f64(&k, p[i], g[i], &buf[i], true, decay, first, nesterov, max);
     else
         for (int64_t i = 0; i < n; i++)
-            p[i] = sgd_elem_f64(&k, p[i], g[i], NULL, false, decay, first, nesterov);
+            p[i] = sgd_elem_f64(&k, p[i], g[i], NULL, false, decay, first, nesterov, max);
 }
 
 /* One Adam body per variant, each specialised with constant flags so the
@@ -291,28 +350,66 @@ static void sgd_f64(const opt_coef *u, double *restrict p, const double *restric
  * step with adam_elem_f32 element by element). */
 static inline __attribute__((always_inline)) void adam_f32_body(const opt_coef *u, float *restrict p,
                                                                 const float *restrict g, float *restrict m,
-                                                                float *restrict v, int64_t n, bool l2,
-                                                                bool decoupled)
+                                                                float *restrict v, float *restrict vmax,
+                                                                int64_t n, bool l2, bool decoupled,
+                                                                bool amsgrad, bool maximize)
 {
     const opt_k_f32 k = opt_k_of_f32(u);
-    for (int64_t i = 0; i < n; i++) p[i] = adam_elem_f32(&k, p[i], g[i], &m[i], &v[i], l2, decoupled);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = adam_elem_f32(&k, p[i], g[i], &m[i], &v[i], amsgrad ? &vmax[i] : NULL, l2, decoupled, amsgrad,
+                             maximize);
 }
 
-static void adam_f32(const opt_coef *u, float *p, const float *g, float *m, float *v, int64_t n)
+/* adam_f32_body for one weight-decay variant, amsgrad and maximize made
+ * constants too */
+static inline __attribute__((always_inline)) void adam_f32_flags(const opt_coef *u, float *p, const float *g,
+                                                                 float *m, float *v, float *vmax, int64_t n,
+                                                                 bool l2, bool decoupled)
 {
-    if (u->decoupled)
-        adam_f32_body(u, p, g, m, v, n, false, true);
-    else if (u->l2)
-        adam_f32_body(u, p, g, m, v, n, true, false);
+    if (u->amsgrad) {
+        if (u->maximize)
+            adam_f32_body(u, p, g, m, v, vmax, n, l2, decoupled, true, true);
+        else
+            adam_f32_body(u, p, g, m, v, vmax, n, l2, decoupled, true, false);
+    } else if (u->maximize)
+        adam_f32_body(u, p, g, m, v, NULL, n, l2, decoupled, false, true);
     else
-        adam_f32_body(u, p, g, m, v, n, false, false);
+        adam_f32_body(u, p, g, m, v, NULL, n, l2, decoupled, false, false);
 }
 
-static void adam_f64(const opt_coef *u, double *p, const double *g, double *m, double *v, int64_t n)
+/* AdamW's decay p *= 1 - lr wd as a pass of its own (torch's p.mul_ before
+ * its update), for amsgrad: fused into the update, p decay - ss q has two
+ * products, and gcc's vectorised amsgrad loop fuses the other one than its
+ * scalar tail and adam_elem do; apart, the update has one product, fused
+ * alike everywhere (tests/test_scalar_math.c checks the bits). */
+static void decay_f32(const opt_coef *u, float *restrict p, int64_t n)
+{
+    const float d = opt_k_of_f32(u).decay;
+    for (int64_t i = 0; i < n; i++) p[i] *= d;
+}
+
+static void adam_f32(const opt_coef *u, float *p, const float *g, float *m, float *v, float *vmax, int64_t n)
+{
+    if (u->decoupled && u->amsgrad) {
+        decay_f32(u, p, n);
+        adam_f32_flags(u, p, g, m, v, vmax, n, false, false);
+    } else if (u->decoupled)
+        adam_f32_flags(u, p, g, m, v, vmax, n, false, true);
+    else if (u->l2)
+        adam_f32_flags(u, p, g, m, v, vmax, n, true, false);
+    else
+        adam_f32_flags(u, p, g, m, v, vmax, n, false, false);
+}
+
+static void adam_f64(const opt_coef *u, double *p, const double *g, double *m, double *v, double *vmax,
+                     int64_t n)
 {
     const opt_k_f64 k = opt_k_of_f64(u);
-    const bool l2 = u->l2, decoupled = u->decoupled;
-    for (int64_t i = 0; i < n; i++) p[i] = adam_elem_f64(&k, p[i], g[i], &m[i], &v[i], l2, decoupled);
+    const bool l2 = u->l2, ams = u->amsgrad, max = u->maximize, decoupled = u->decoupled && !ams;
+    if (u->decoupled && ams) /* as adam_f32 */
+        for (int64_t i = 0; i < n; i++) p[i] *= k.decay;
+    for (int64_t i = 0; i < n; i++)
+        p[i] = adam_elem_f64(&k, p[i], g[i], &m[i], &v[i], ams ? &vmax[i] : NULL, l2, decoupled, ams, max);
 }
 
 /* Elements [lo, lo+n) of p and g (compute-dtype arrays) with state from
@@ -322,7 +419,7 @@ typedef struct upd_job {
     bool f64;
     void *p;
     const void *g;
-    void *s1, *s2; /* SGD: buf, NULL; Adam: m, v */
+    void *s[3]; /* SGD: buf (or NULL); Adam: m, v, vmax (amsgrad, else NULL) */
 } upd_job;
 
 static void *at(void *base, int64_t i, size_t es) { return base ? (char *)base + (size_t)i * es : NULL; }
@@ -331,7 +428,8 @@ static void upd_range(void *ctx, int64_t lo, int64_t hi)
 {
     const upd_job *j = ctx;
     size_t es = j->f64 ? sizeof(double) : sizeof(float);
-    void *p = at(j->p, lo, es), *s1 = at(j->s1, lo, es), *s2 = at(j->s2, lo, es);
+    void *p = at(j->p, lo, es), *s1 = at(j->s[0], lo, es), *s2 = at(j->s[1], lo, es),
+         *s3 = at(j->s[2], lo, es);
     const void *g = at((void *)j->g, lo, es);
     int64_t n = hi - lo;
     if (j->u->sgd) {
@@ -340,9 +438,9 @@ static void upd_range(void *ctx, int64_t lo, int64_t hi)
         else
             sgd_f32(j->u, p, g, s1, n);
     } else if (j->f64)
-        adam_f64(j->u, p, g, s1, s2, n);
+        adam_f64(j->u, p, g, s1, s2, s3, n);
     else
-        adam_f32(j->u, p, g, s1, s2, n);
+        adam_f32(j->u, p, g, s1, s2, s3, n);
 }
 
 void opt_gather(const tensor *t, int64_t lo, int64_t n, em_dtype dt, void *dst)
@@ -375,15 +473,17 @@ void opt_scatter(tensor *t, int64_t lo, int64_t n, em_dtype dt, const void *src)
 
 enum { CHUNK = 2048 };
 
-/* Applies u to parameter t with gradient g and state s1, s2 (contiguous, of
- * the compute dtype). Contiguous parameters of the compute dtype are updated
- * in place in parallel; others through CHUNK-element scratch buffers pb, gb
- * (8-byte elements) converted to and from it. */
-static void apply(const opt_coef *u, tensor *t, tensor *g, tensor *s1, tensor *s2, void *pb, void *gb)
+/* Applies u to parameter t with gradient g and state st[0..2] (contiguous,
+ * of the compute dtype, NULL where the update has none). Contiguous
+ * parameters of the compute dtype are updated in place in parallel; others
+ * through CHUNK-element scratch buffers pb, gb (8-byte elements) converted
+ * to and from it. */
+static void apply(const opt_coef *u, tensor *t, tensor *g, tensor *const *st, void *pb, void *gb)
 {
     em_dtype cd = opt_state_dtype(t->dtype);
     int64_t n = t_numel(t);
-    upd_job j = {u, cd == EM_F64, NULL, NULL, s1 ? t_ptr(s1) : NULL, s2 ? t_ptr(s2) : NULL};
+    upd_job j = {u, cd == EM_F64, NULL, NULL, {NULL, NULL, NULL}};
+    for (int k = 0; k < 3; k++) j.s[k] = st[k] ? t_ptr(st[k]) : NULL;
     if (t->dtype == cd && g->dtype == cd && t_is_contig(t) && t_is_contig(g)) {
         j.p = t_ptr(t);
         j.g = t_ptr(g);
@@ -395,7 +495,7 @@ static void apply(const opt_coef *u, tensor *t, tensor *g, tensor *s1, tensor *s
         int64_t k = n - lo < CHUNK ? n - lo : CHUNK;
         opt_gather(t, lo, k, cd, pb);
         opt_gather(g, lo, k, cd, gb);
-        upd_job c = {u, j.f64, pb, gb, at(j.s1, lo, es), at(j.s2, lo, es)};
+        upd_job c = {u, j.f64, pb, gb, {at(j.s[0], lo, es), at(j.s[1], lo, es), at(j.s[2], lo, es)}};
         upd_range(&c, 0, k);
         opt_scatter(t, lo, k, cd, pb);
     }
@@ -526,15 +626,16 @@ static em_status alloc_cuda_state(em_optimizer *o, const char *fn)
     int want = o->kind == OPT_SGD ? F_MOMENTUM : F_EXP_AVG;
     if (!opt_has_field(o, want)) return EM_OK;
     for (int i = 0; i < o->np;) {
-        tensor *t = t_resolve(o->p[i].h, fn);
-        if (!t_on_cuda(t) || !t->grad || o->p[i].f[want] || o->p[i].sharded) { /* a piece: opt_alloc_state */
+        tensor *t = t_resolve(o->p[i].h, fn); /* a piece (sharded): opt_alloc_state */
+        if (!t_on_cuda(t) || !t_live_grad(t) || o->p[i].f[want] || o->p[i].sharded) {
             i++;
             continue;
         }
         int j = i + 1;
         while (j < o->np) {
             tensor *u = t_resolve(o->p[j].h, fn);
-            if (!u->grad || o->p[j].f[want] || o->p[j].sharded || !follows(t_resolve(o->p[j - 1].h, fn), u))
+            if (!t_live_grad(u) || o->p[j].f[want] || o->p[j].sharded ||
+                !follows(t_resolve(o->p[j - 1].h, fn), u))
                 break;
             j++;
         }
@@ -551,7 +652,7 @@ static bool fuses(const em_optimizer *o, int j, const char *fn)
 {
     const oparam *a = &o->p[j - 1], *b = &o->p[j];
     tensor *ta = t_resolve(a->h, fn), *tb = t_resolve(b->h, fn);
-    if (!tb->grad || a->group != b->group || a->started != b->started) return false;
+    if (!t_live_grad(tb) || a->group != b->group || a->started != b->started) return false;
     if (a->sharded || b->sharded) return false; /* ZeRO's pieces: one launch each */
     if (!follows(ta, tb) || !follows(ta->grad, tb->grad)) return false;
     for (int f = 0; f < F_COUNT; f++)
@@ -560,45 +661,52 @@ static bool fuses(const em_optimizer *o, int j, const char *fn)
     return true;
 }
 
-/* One launch: u over n elements from parameter t, gradient g, state s1, s2. */
-static em_status apply_cuda(const opt_coef *u, tensor *t, tensor *g, tensor *s1, tensor *s2, int64_t n)
+/* One launch: u over n elements from parameter t, gradient g, state st[0..2]. */
+static em_status apply_cuda(const opt_coef *u, tensor *t, tensor *g, tensor *const *st, int64_t n)
 {
     tensor *gc = t_is_contig(g) ? g : t_contig(g); /* only a lone parameter's gradient can be strided */
     if (!gc) return em_last_status();
+    void *sp[3];
+    for (int k = 0; k < 3; k++) sp[k] = st[k] ? t_ptr(st[k]) : NULL;
     em_status s = cu_optim_update(t->device.index, u, t->dtype, t_ptr(t), gc->dtype, t_ptr(gc),
-                                  opt_state_dtype(t->dtype), s1 ? t_ptr(s1) : NULL, s2 ? t_ptr(s2) : NULL, n);
+                                  opt_state_dtype(t->dtype), sp, n);
     if (gc != g) t_drop(gc);
     return s;
 }
 #endif
 
 /* Parameter i's coefficients for this step (its Adam step count advanced,
- * fresh state zeroed) and its state tensors. */
-static em_status prepare(em_optimizer *o, int i, opt_coef *u, tensor **s1, tensor **s2)
+ * fresh state zeroed) and its state tensors st[0..2]: SGD's momentum buffer
+ * (or NULL), or Adam's m, v and vmax (NULL without amsgrad). */
+static em_status prepare(em_optimizer *o, int i, opt_coef *u, tensor **st)
 {
     oparam *p = &o->p[i];
     const ogroup *gr = &o->g[p->group];
-    *u = (opt_coef){.sgd = o->kind == OPT_SGD,
+    bool sgd = o->kind == OPT_SGD;
+    *u = (opt_coef){.sgd = sgd,
                     .l2 = o->kind == OPT_ADAM && gr->wd != 0,
                     .decoupled = o->kind == OPT_ADAMW,
+                    .maximize = sgd ? o->sgd.maximize : o->adam.maximize,
+                    .amsgrad = !sgd && o->adam.amsgrad,
                     .lr = gr->lr,
                     .wd = gr->wd,
                     .first = !p->started};
-    *s1 = *s2 = NULL;
-    if (o->kind == OPT_SGD) {
+    st[0] = st[1] = st[2] = NULL;
+    if (sgd) {
         u->mom = o->sgd.momentum, u->damp = o->sgd.dampening, u->nesterov = o->sgd.nesterov;
-        *s1 = p->f[F_MOMENTUM];
+        st[0] = p->f[F_MOMENTUM];
         return EM_OK;
     }
+    st[0] = p->f[F_EXP_AVG], st[1] = p->f[F_EXP_AVG_SQ], st[2] = u->amsgrad ? p->f[F_MAX_EXP_AVG_SQ] : NULL;
     double *step = t_ptr(p->f[F_STEP]);
-    tensor *m = p->f[F_EXP_AVG], *v = p->f[F_EXP_AVG_SQ];
-    if (!p->started) { /* fresh state: m = v = 0, step 0 */
+    if (!p->started) { /* fresh state: m = v = vmax = 0, step 0 */
         *step = 0;
-        if (t_on_cuda(m)) {
-            if (t_fill_zero(m) || t_fill_zero(v)) return em_last_status();
-        } else {
-            memset(t_ptr(m), 0, (size_t)t_numel(m) * t_esize(m));
-            memset(t_ptr(v), 0, (size_t)t_numel(v) * t_esize(v));
+        for (int k = 0; k < 3; k++) {
+            if (!st[k]) continue;
+            if (t_on_cuda(st[k])) {
+                if (t_fill_zero(st[k])) return em_last_status();
+            } else
+                memset(t_ptr(st[k]), 0, (size_t)t_numel(st[k]) * t_esize(st[k]));
         }
     }
     *step += 1;
@@ -606,7 +714,6 @@ static em_status prepare(em_optimizer *o, int i, opt_coef *u, tensor **s1, tenso
     u->step_size = gr->lr / (1.0 - pow(u->b1, *step));
     u->bc2_sqrt = sqrt(1.0 - pow(u->b2, *step));
     u->decay = 1.0 - gr->lr * gr->wd;
-    *s1 = m, *s2 = v;
     return EM_OK;
 }
 
@@ -631,7 +738,7 @@ static em_status optim_step(em_optimizer *o)
     for (int i = 0; i < o->np; i++)
         if (!t_resolve(o->p[i].h, fn)) return em_last_status();
     for (int i = 0; i < o->np; i++) {
-        tensor *t = t_resolve(o->p[i].h, fn), *g = t->grad;
+        tensor *t = t_resolve(o->p[i].h, fn), *g = t_live_grad(t);
         if (!g) continue;
         if (g->dtype != t->dtype || g->ndim != t->ndim ||
             memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
@@ -649,7 +756,7 @@ static em_status optim_step(em_optimizer *o)
 #endif
     for (int i = 0; i < o->np; i++) {
         tensor *t = t_resolve(o->p[i].h, fn);
-        if (t->grad && opt_alloc_state(o, i, t)) return em_last_status();
+        if (t_live_grad(t) && opt_alloc_state(o, i, t)) return em_last_status();
     }
     size_t mark = tmp_mark();
     void *pb = tmp_alloc(CHUNK * sizeof(double)), *gb = tmp_alloc(CHUNK * sizeof(double));
@@ -658,8 +765,8 @@ static em_status optim_step(em_optimizer *o)
         return em_err(EM_ERR_OOM, "%s: out of memory for scratch buffers", fn);
     }
     for (int i = 0; i < o->np;) {
-        tensor *t = t_resolve(o->p[i].h, fn), *g = t->grad;
-        if (!g) {
+        tensor *t = t_resolve(o->p[i].h, fn), *g = t_live_grad(t);
+        if (!g) { /* no gradient since the last zero_grad: skipped whole (torch's .grad None) */
             i++;
             continue;
         }
@@ -670,34 +777,34 @@ static em_status optim_step(em_optimizer *o)
             while (j < o->np && fuses(o, j, fn)) j++;
 #endif
         opt_coef u, uk;
-        tensor *s1, *s2, *a, *b;
-        em_status s = prepare(o, i, &u, &s1, &s2);
-        for (int k = i + 1; k < j && !s; k++) s = prepare(o, k, &uk, &a, &b);
+        tensor *st[3], *sk[3];
+        em_status s = prepare(o, i, &u, st);
+        for (int k = i + 1; k < j && !s; k++) s = prepare(o, k, &uk, sk);
         if (!s && o->p[i].sharded) { /* ZeRO: this rank's piece only (j == i + 1) */
             const oparam *p = &o->p[i];
             tensor tv = p->ppiece ? *p->ppiece : piece_of(t, p->lo, p->n),
                    gv = p->gpiece ? *p->gpiece : piece_of(g, p->lo, p->n);
-            if (s1 && !em_device_equal(s1->device, tv.device)) {
+            if (st[0] && !em_device_equal(st[0]->device, tv.device)) {
                 char a[16], b[16];
                 s = em_err(
                     EM_ERR_DEVICE,
                     "%s: parameter %d's piece is on %s but its state on %s (an offloaded ZeRO optimizer "
                     "stepped without its engine?)",
-                    fn, i, em_device_str(tv.device, a, sizeof a), em_device_str(s1->device, b, sizeof b));
+                    fn, i, em_device_str(tv.device, a, sizeof a), em_device_str(st[0]->device, b, sizeof b));
             } else if (p->n > 0 && t_on_cuda(&tv)) {
 #if EM_HAVE_CUDA
-                s = apply_cuda(&u, &tv, &gv, s1, s2, p->n);
+                s = apply_cuda(&u, &tv, &gv, st, p->n);
 #endif
             } else if (p->n > 0)
-                apply(&u, &tv, &gv, s1, s2, pb, gb);
+                apply(&u, &tv, &gv, st, pb, gb);
         } else if (!s && t_on_cuda(t)) {
 #if EM_HAVE_CUDA
             int64_t n = 0;
             for (int k = i; k < j; k++) n += t_numel(t_resolve(o->p[k].h, fn));
-            s = apply_cuda(&u, t, g, s1, s2, n);
+            s = apply_cuda(&u, t, g, st, n);
 #endif
         } else if (!s)
-            apply(&u, t, g, s1, s2, pb, gb);
+            apply(&u, t, g, st, pb, gb);
         if (s) {
             tmp_release(mark);
             return s;

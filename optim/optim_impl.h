@@ -9,8 +9,10 @@
 
 typedef enum opt_kind { OPT_SGD = 0, OPT_ADAM, OPT_ADAMW } opt_kind;
 
-/* Per-parameter state fields, in the order em_optim_state lists them. */
-enum { F_STEP = 0, F_EXP_AVG, F_EXP_AVG_SQ, F_MOMENTUM, F_COUNT };
+/* Per-parameter state fields, in the order em_optim_state lists them, and
+ * their names there ("state.<i>.<name>": torch's state_dict keys). */
+enum { F_STEP = 0, F_EXP_AVG, F_EXP_AVG_SQ, F_MAX_EXP_AVG_SQ, F_MOMENTUM, F_COUNT };
+extern const char *const opt_field_name[F_COUNT];
 
 typedef struct oparam {
     em_tensor *h; /* the caller's handle (not owned) */
@@ -37,6 +39,7 @@ typedef struct oparam {
 
 typedef struct ogroup {
     double lr, wd;
+    double base_lr; /* the lr the group was made with (torch's initial_lr): what schedules scale */
 } ogroup;
 
 struct em_optimizer {
@@ -48,6 +51,7 @@ struct em_optimizer {
     int ng, cap_g;
     ogroup *g;
     tensor *step; /* 0-dim f64: completed em_optim_step calls */
+    em_zero_grad_mode zero_grad_mode;
 };
 
 /* Which state fields a parameter of o has once started (F_STEP is the
@@ -55,7 +59,7 @@ struct em_optimizer {
 static inline bool opt_has_field(const em_optimizer *o, int f)
 {
     if (o->kind == OPT_SGD) return f == F_MOMENTUM && o->sgd.momentum != 0;
-    return f == F_STEP || f == F_EXP_AVG || f == F_EXP_AVG_SQ;
+    return f == F_STEP || f == F_EXP_AVG || f == F_EXP_AVG_SQ || (f == F_MAX_EXP_AVG_SQ && o->adam.amsgrad);
 }
 
 /* The dtype state of a parameter of dtype dt is kept in: f64 for f64, else f32. */
@@ -91,6 +95,11 @@ static inline int opt_state_shape(const oparam *p, const tensor *t, int64_t *sha
  * non-contiguous parameter. */
 em_status optim_set_piece(em_optimizer *o, int i, int64_t lo, int64_t n, tensor *gpiece, tensor *ppiece);
 
+/* The gradients of o's parameters were just zeroed (em_optim_zero_grad, or
+ * ZeRO's zero_grad, which zeroes them its own way): in the set-to-none mode
+ * they count as none from now on (em_has_grad false), else they stay. */
+void optim_grads_zeroed(em_optimizer *o);
+
 /* The checks em_optim_load_state makes of state (names, dtypes, shapes,
  * every field of a parameter that has one), without changing o: for a
  * caller that must know a load will succeed before it changes anything
@@ -108,6 +117,19 @@ em_status optim_load_state_taking(em_optimizer *o, int n, em_named *state);
 /* Allocates (zeroed) the missing state tensors of parameter i, whose tensor
  * is t. EM_ERR_OOM on failure (what was allocated stays, unused). */
 em_status opt_alloc_state(em_optimizer *o, int i, tensor *t);
+
+/* The lr schedule s gives at step for a parameter group whose base lr is
+ * base (em_lr_at's value with base_lr := base, and COSINE's min_lr scaled
+ * by base / s->base_lr; exactly em_lr_at's when base == s->base_lr). NAN
+ * with the error set as em_lr_at. (optim/schedule.c) */
+double lr_at_base(const em_lr_schedule *s, double base, int64_t step);
+
+/* Gradient clipping's checks of cfg (EM_ERR_ARG naming fn): *p gets its
+ * norm type (0 read as 2). And the refusal of a non-finite total under
+ * error_if_nonfinite; where: "" or " (what is not finite)". For
+ * em_clip_grad_norm_with and ZeRO's sharded clip (dist/zero.c). */
+em_status opt_clip_check(const char *fn, const em_clip_config *cfg, double *p);
+em_status opt_clip_refuse(const char *fn, double total, double p, const char *where);
 
 /* Copies src (any device, dtype and strides, dst's shape) into contiguous
  * dst (any device): through the host when the devices differ. */

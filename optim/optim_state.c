@@ -1,6 +1,7 @@
 /* optim_state.c — an optimizer's state as named tensors (em_optim_state,
- * em_optim_load_state) and gradient clipping by global L2 norm
- * (em_clip_grad_norm, torch.nn.utils.clip_grad_norm_). */
+ * em_optim_load_state) and gradient clipping by the global norm of any
+ * order (em_clip_grad_norm_with, torch.nn.utils.clip_grad_norm_). */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "optim_impl.h"
@@ -97,8 +98,7 @@ static bool parse_name(const em_optimizer *o, const char *name, int *param, int 
     long i = strtol(s, &end, 10);
     if (*end != '.' || (end - s > 1 && *s == '0')) return false;
     for (int f = 0; f < F_COUNT; f++) {
-        static const char *const names[F_COUNT] = {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"};
-        if (!strcmp(end + 1, names[f]) && opt_has_field(o, f)) {
+        if (!strcmp(end + 1, opt_field_name[f]) && opt_has_field(o, f)) {
             *param = i > o->np ? o->np : (int)i; /* o->np = out of range */
             *field = f;
             return true;
@@ -284,56 +284,69 @@ em_status optim_load_state_taking(em_optimizer *o, int n, em_named *state)
 
 enum { BLOCK = 1 << 16, CHUNK = 2048 };
 
-/* Sum of squares of a contiguous f32/f64 array in fixed blocks (so the
- * result does not depend on the thread count). */
-typedef struct sq_job {
+/* The p-norm's accumulation (update_math.h's norm_acc) of a contiguous
+ * f32/f64 array in fixed blocks (so the result does not depend on the
+ * thread count). */
+typedef struct norm_job {
     const void *x;
     bool f64;
     int64_t n;
+    double p;
     double *part; /* one per block */
-} sq_job;
+} norm_job;
 
-static void sq_range(void *ctx, int64_t lo, int64_t hi)
+static void norm_range(void *ctx, int64_t lo, int64_t hi)
 {
-    const sq_job *j = ctx;
+    const norm_job *j = ctx;
     for (int64_t b = lo; b < hi; b++) {
         int64_t s = b * BLOCK, e = s + BLOCK < j->n ? s + BLOCK : j->n;
-        /* eight independent sums (lane = i % 8), so the loop vectorises; the
-         * order is fixed, so the result does not depend on the thread count */
-        double lane[8] = {0}, acc = 0;
+        double acc = 0;
         int64_t i = s;
-        if (j->f64) {
+        if (j->p == 2) {
+            /* eight independent sums (lane = i % 8), so the loop vectorises;
+             * the order is fixed, so the result does not depend on the
+             * thread count */
+            double lane[8] = {0};
+            if (j->f64) {
+                const double *x = j->x;
+                for (; i + 8 <= e; i += 8)
+                    for (int k = 0; k < 8; k++) lane[k] += x[i + k] * x[i + k];
+                for (; i < e; i++) acc += x[i] * x[i];
+            } else {
+                const float *x = j->x;
+                for (; i + 8 <= e; i += 8)
+                    for (int k = 0; k < 8; k++) lane[k] += (double)x[i + k] * x[i + k];
+                for (; i < e; i++) acc += (double)x[i] * x[i];
+            }
+            for (int k = 0; k < 8; k++) acc += lane[k];
+        } else if (j->f64) {
             const double *x = j->x;
-            for (; i + 8 <= e; i += 8)
-                for (int k = 0; k < 8; k++) lane[k] += x[i + k] * x[i + k];
-            for (; i < e; i++) acc += x[i] * x[i];
+            for (; i < e; i++) acc = norm_acc(acc, x[i], j->p);
         } else {
             const float *x = j->x;
-            for (; i + 8 <= e; i += 8)
-                for (int k = 0; k < 8; k++) lane[k] += (double)x[i + k] * x[i + k];
-            for (; i < e; i++) acc += (double)x[i] * x[i];
+            for (; i < e; i++) acc = norm_acc(acc, x[i], j->p);
         }
-        for (int k = 0; k < 8; k++) acc += lane[k];
         j->part[b] = acc;
     }
 }
 
-/* sum g^2 in double; buf: CHUNK doubles of scratch; part: enough blocks. */
-static double sumsq(tensor *g, double *buf, double *part)
+/* The p-norm's accumulation of g in double; buf: CHUNK doubles of scratch;
+ * part: enough blocks. */
+static double grad_norm_acc(tensor *g, double p, double *buf, double *part)
 {
     int64_t n = t_numel(g);
     double acc = 0;
     if (t_is_contig(g) && (g->dtype == EM_F32 || g->dtype == EM_F64)) {
         int64_t nb = (n + BLOCK - 1) / BLOCK;
-        sq_job j = {t_ptr(g), g->dtype == EM_F64, n, part};
-        parallel_for(nb, 1, sq_range, &j);
-        for (int64_t b = 0; b < nb; b++) acc += part[b];
+        norm_job j = {t_ptr(g), g->dtype == EM_F64, n, p, part};
+        parallel_for(nb, 1, norm_range, &j);
+        for (int64_t b = 0; b < nb; b++) acc = norm_join(acc, part[b], p);
         return acc;
     }
     for (int64_t lo = 0; lo < n; lo += CHUNK) {
         int64_t k = n - lo < CHUNK ? n - lo : CHUNK;
         opt_gather(g, lo, k, EM_F64, buf);
-        for (int64_t i = 0; i < k; i++) acc += buf[i] * buf[i];
+        for (int64_t i = 0; i < k; i++) acc = norm_acc(acc, buf[i], p);
     }
     return acc;
 }
@@ -372,24 +385,60 @@ static void scale(tensor *g, double c, double *buf)
     }
 }
 
-/* The gradient clipping acts on: a leaf's accumulated gradient, or NULL. */
-static tensor *leaf_grad(tensor *t) { return t->grad_fn ? NULL : t->grad; }
+/* The gradient clipping acts on: a leaf's gradient since the last
+ * set-to-none zero_grad, or NULL. */
+static tensor *clip_grad(em_tensor *h) { return t_live_grad(t_resolve(h, "em_clip_grad_norm")); }
+
+em_status opt_clip_check(const char *fn, const em_clip_config *cfg, double *p)
+{
+    if (!cfg) return em_err(EM_ERR_ARG, "%s: cfg is NULL", fn);
+    if (!(cfg->max_norm >= 0))
+        return em_err(EM_ERR_ARG, "%s: max_norm must be >= 0, got %g", fn, cfg->max_norm);
+    *p = cfg->norm_type == 0 ? 2.0 : cfg->norm_type;
+    if (!(*p > 0))
+        return em_err(EM_ERR_ARG, "%s: norm_type must be > 0 or inf (0 means 2), got %g", fn, cfg->norm_type);
+    return EM_OK;
+}
+
+em_status opt_clip_refuse(const char *fn, double total, double p, const char *where)
+{
+    return em_err(EM_ERR_ARG,
+                  "%s: the total %g-norm of the gradients is %g%s, so they cannot be clipped; nothing was "
+                  "changed (error_if_nonfinite is set; unset it to scale them by that norm anyway)",
+                  fn, p, total, where);
+}
+
+/* The refusal of a non-finite total, naming the first of the n parameters
+ * whose accumulation acc[i] is not finite. */
+static em_status refuse_at(const char *fn, double total, double p, int n, em_tensor *const *params,
+                           const double *acc)
+{
+    char where[160] = "";
+    for (int i = 0; i < n; i++)
+        if (!isfinite(acc[i])) {
+            tensor *t = t_resolve(params[i], fn);
+            snprintf(where, sizeof where, " (parameter %d %s%s has a gradient that is not finite)", i,
+                     em_dtype_name(t->dtype), shp(t));
+            break;
+        }
+    return opt_clip_refuse(fn, total, p, where);
+}
 
 #if EM_HAVE_CUDA
-/* em_clip_grad_norm when the gradients are on a CUDA device (all on one):
- * each gradient's sum of squares into a slot of a device array (a fixed
- * block reduction), one copy of the array to the host, the total summed
+/* em_clip_grad_norm_with when the gradients are on a CUDA device (all on
+ * one): each gradient's accumulation into a slot of a device array (a fixed
+ * block reduction), one copy of the array to the host, the total joined
  * there in parameter order, then a scale kernel per gradient. */
-static double clip_cuda(int n, em_tensor *const *params, double max_norm, em_status *st)
+static double clip_cuda(int n, em_tensor *const *params, const em_clip_config *cfg, double p, em_status *st)
 {
     const char *fn = "em_clip_grad_norm";
     em_device dev = {EM_CPU, 0};
     for (int i = 0; i < n && dev.type == EM_CPU; i++) { /* the device of the first CUDA gradient */
-        tensor *g = leaf_grad(t_resolve(params[i], fn));
+        tensor *g = clip_grad(params[i]);
         if (g && t_on_cuda(g)) dev = g->device;
     }
     for (int i = 0; i < n; i++) {
-        tensor *g = leaf_grad(t_resolve(params[i], fn));
+        tensor *g = clip_grad(params[i]);
         if (!g) continue;
         if (!em_device_equal(dev, g->device)) {
             char a[16], b[16];
@@ -403,54 +452,62 @@ static double clip_cuda(int n, em_tensor *const *params, double max_norm, em_sta
             return NAN;
         }
     }
-    double *sq_dev = cu_alloc(dev.index, (size_t)n * sizeof(double)), *sq = calloc((size_t)n, sizeof(double));
-    em_status s = sq_dev && sq ? EM_OK : em_err(EM_ERR_OOM, "%s: out of memory for %d sums", fn, n);
-    if (!s) s = cu_fill(dev.index, EM_F64, sq_dev, n, 0);
+    double *acc_dev = cu_alloc(dev.index, (size_t)n * sizeof(double)),
+           *acc = calloc((size_t)n, sizeof(double));
+    em_status s = acc_dev && acc ? EM_OK : em_err(EM_ERR_OOM, "%s: out of memory for %d sums", fn, n);
+    if (!s) s = cu_fill(dev.index, EM_F64, acc_dev, n, 0);
     for (int i = 0; i < n && !s; i++) {
-        tensor *g = leaf_grad(t_resolve(params[i], fn));
-        if (g) s = cu_sumsq(dev.index, g->dtype, t_ptr(g), t_numel(g), &sq_dev[i]);
+        tensor *g = clip_grad(params[i]);
+        if (g) s = cu_norm_acc(dev.index, g->dtype, t_ptr(g), t_numel(g), p, &acc_dev[i]);
     }
-    if (!s) s = cu_memcpy(sq, em_device_cpu(), sq_dev, dev, (size_t)n * sizeof(double)); /* the one sync */
+    if (!s) s = cu_memcpy(acc, em_device_cpu(), acc_dev, dev, (size_t)n * sizeof(double)); /* the one sync */
     double total = NAN;
     if (!s) {
-        /* total = sqrt(sum_g sum g^2);  g *= min(1, max_norm / (total + 1e-6)) */
-        double acc = 0;
-        for (int i = 0; i < n; i++) acc += sq[i];
-        total = sqrt(acc);
-        double c = max_norm / (total + 1e-6);
-        if (!(c >= 1.0)) /* NaN too: torch's clamp passes it through */
+        /* total = the norm of them all;  g *= min(1, max_norm / (total + 1e-6)) */
+        double all = 0;
+        for (int i = 0; i < n; i++) all = norm_join(all, acc[i], p);
+        total = norm_root(all, p);
+        double c = cfg->max_norm / (total + 1e-6);
+        if (!isfinite(total) && cfg->error_if_nonfinite)
+            s = refuse_at(fn, total, p, n, params, acc);
+        else if (!(c >= 1.0)) /* NaN too: torch's clamp passes it through */
             for (int i = 0; i < n && !s; i++) {
-                tensor *g = leaf_grad(t_resolve(params[i], fn));
+                tensor *g = clip_grad(params[i]);
                 if (g) s = cu_scale(dev.index, g->dtype, t_ptr(g), t_numel(g), c);
             }
     }
-    if (sq_dev) cu_free(dev.index, sq_dev);
-    free(sq);
+    if (acc_dev) cu_free(dev.index, acc_dev);
+    free(acc);
     *st = s;
     return s ? NAN : total;
 }
 #endif
 
-static double clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_status *status);
+static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_config *cfg, em_status *status);
 
-double em_clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_status *status)
+double em_clip_grad_norm_with(int n, em_tensor *const *params, const em_clip_config *cfg, em_status *status)
 {
     prof_mark pm;
     prof_begin(&pm);
-    double norm = clip_grad_norm(n, params, max_norm, status);
+    double norm = clip_grad_norm(n, params, cfg, status);
     prof_end(&pm, "clip_grad_norm", PROF_OPTIMIZER);
     return norm;
 }
 
-static double clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_status *status)
+double em_clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_status *status)
+{
+    return em_clip_grad_norm_with(n, params, &(em_clip_config){.max_norm = max_norm}, status);
+}
+
+static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_config *cfg, em_status *status)
 {
     const char *fn = "em_clip_grad_norm";
     em_status s = EM_OK;
-    double total = NAN;
+    double total = NAN, p = 2;
     if (n < 0 || (n > 0 && !params))
         s = em_err(EM_ERR_ARG, "%s: bad parameter array (n=%d)", fn, n);
-    else if (!(max_norm >= 0))
-        s = em_err(EM_ERR_ARG, "%s: max_norm must be >= 0, got %g", fn, max_norm);
+    else
+        s = opt_clip_check(fn, cfg, &p);
     for (int i = 0; i < n && !s; i++)
         if (!t_resolve(params[i], fn)) s = em_last_status();
     if (s) {
@@ -459,9 +516,9 @@ static double clip_grad_norm(int n, em_tensor *const *params, double max_norm, e
     }
 #if EM_HAVE_CUDA
     for (int i = 0; i < n; i++) {
-        tensor *g = leaf_grad(t_resolve(params[i], fn));
+        tensor *g = clip_grad(params[i]);
         if (g && t_on_cuda(g)) {
-            total = clip_cuda(n, params, max_norm, &s);
+            total = clip_cuda(n, params, cfg, p, &s);
             if (status) *status = s;
             return total;
         }
@@ -469,29 +526,37 @@ static double clip_grad_norm(int n, em_tensor *const *params, double max_norm, e
 #endif
     int64_t blocks = 1;
     for (int i = 0; i < n; i++) {
-        tensor *g = leaf_grad(t_resolve(params[i], fn));
+        tensor *g = clip_grad(params[i]);
         int64_t b = g ? (t_numel(g) + BLOCK - 1) / BLOCK : 0;
         if (b > blocks) blocks = b;
     }
     size_t m = tmp_mark();
-    double *buf = tmp_alloc(CHUNK * sizeof(double)), *part = tmp_alloc((size_t)blocks * sizeof(double));
-    if (!buf || !part) {
+    double *buf = tmp_alloc(CHUNK * sizeof(double)), *part = tmp_alloc((size_t)blocks * sizeof(double)),
+           *acc = tmp_alloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    if (!buf || !part || !acc) {
         tmp_release(m);
         s = em_err(EM_ERR_OOM, "%s: out of memory for scratch", fn);
         if (status) *status = s;
         return NAN;
     }
-    /* total = sqrt(sum_g sum g^2);  g *= min(1, max_norm / (total + 1e-6)) */
-    double sq = 0;
+    /* total = the norm of them all;  g *= min(1, max_norm / (total + 1e-6)) */
+    double all = 0;
     for (int i = 0; i < n; i++) {
-        tensor *g = leaf_grad(t_resolve(params[i], fn));
-        if (g) sq += sumsq(g, buf, part);
+        tensor *g = clip_grad(params[i]);
+        acc[i] = g ? grad_norm_acc(g, p, buf, part) : 0;
+        all = norm_join(all, acc[i], p);
     }
-    total = sqrt(sq);
-    double c = max_norm / (total + 1e-6);
+    total = norm_root(all, p);
+    if (!isfinite(total) && cfg->error_if_nonfinite) {
+        s = refuse_at(fn, total, p, n, params, acc);
+        tmp_release(m);
+        if (status) *status = s;
+        return NAN;
+    }
+    double c = cfg->max_norm / (total + 1e-6);
     if (!(c >= 1.0)) /* NaN too: torch's clamp passes it through */
         for (int i = 0; i < n; i++) {
-            tensor *g = leaf_grad(t_resolve(params[i], fn));
+            tensor *g = clip_grad(params[i]);
             if (g) scale(g, c, buf);
         }
     tmp_release(m);

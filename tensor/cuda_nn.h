@@ -44,17 +44,23 @@ em_status cu_softmax_bwd(int dev, em_dtype dt, const void *y, const void *g, voi
                          int64_t n, bool log);
 
 /* ---- cross-entropy: logits x (rows, C) of dtype dt, targets tgt (rows) i32 --------
- * stats (f64, 3*rows + 1) receives per row: [0,rows) the max, [rows,2rows)
- * the log-sum-exp, [2rows,3rows) the loss (0 for an ignored row), and at
- * [3rows] the count of rows not ignored. out (0-dim, dtype dt) = sum of the
- * losses / count (NaN when every row is ignored). */
+ * w: (C) class weights of dtype wdt, or NULL; eps the label smoothing; the
+ * per-row maths is tensor/ce_math.h's. stats (f64, 4*rows + 1) receives per
+ * row: [0,rows) the max, [rows,2rows) the log-sum-exp, [2rows,3rows) the
+ * loss (0 for an ignored row), [3rows,4rows) the gradient's s, and at
+ * [4rows] the mean's denominator (the sum of w_t over the rows not
+ * ignored). out: reduction none, (rows) the losses; else 0-dim, their sum,
+ * divided by the denominator for the mean (NaN when every row is
+ * ignored); dtype dt. */
 em_status cu_cross_entropy_fwd(int dev, em_dtype dt, const void *x, const int32_t *tgt, int64_t rows,
-                               int64_t C, int64_t ignore, double *stats, void *out);
-/* dx (rows, C) = (softmax(x) - onehot(tgt)) * g / count, 0 for ignored rows;
- * g is a 0-dim device tensor of dtype gdt, stats as the forward left it. */
+                               int64_t C, int64_t ignore, em_dtype wdt, const void *w, double eps,
+                               em_reduction red, double *stats, void *out);
+/* dx (rows, C) = a (s softmax(x) - q), 0 for ignored rows (ce_math.h); g is
+ * the incoming gradient on the device, dtype gdt: 0-dim, or (rows)
+ * contiguous for reduction none; stats as the forward left them. */
 em_status cu_cross_entropy_bwd(int dev, em_dtype dt, const void *x, const int32_t *tgt, int64_t rows,
-                               int64_t C, int64_t ignore, const double *stats, em_dtype gdt, const void *g,
-                               void *dx);
+                               int64_t C, int64_t ignore, em_dtype wdt, const void *w, double eps,
+                               em_reduction red, const double *stats, em_dtype gdt, const void *g, void *dx);
 
 /* ---- layer_norm / rms_norm over rows (rows, C) -------------------------------------
  * w, b: (C) of dtype dt or NULL. stats (2*rows) of the compute dtype (f64 for

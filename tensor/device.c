@@ -83,13 +83,14 @@ static const char *const cuda_entry_points[] = {
     /* metadata, lifetime, autograd plumbing: never touch the data */
     "em_device_of", "em_is_contiguous", "em_ndim", "em_size", "em_shape", "em_strides", "em_offset", "em_numel",
     "em_dtype_of", "em_free", "em_keep", "em_data", "em_shares_storage", "em_requires_grad", "em_set_requires_grad",
-    "em_grad", "em_zero_grad", "em_backward", "em_detach", "em_register_grad_hook", "em_clear_grad_hooks",
+    "em_grad", "em_has_grad", "em_zero_grad", "em_backward", "em_detach", "em_register_grad_hook", "em_clear_grad_hooks",
     "em_is_leaf", "em_to", "em_set_grad_buffer", "em_module_to", "em_module_flatten", "em_describe",
     /* values in and out: a device tensor's values are copied off the device */
     "em_copy_into", "em_to_array", "em_item", "em_zeros_like", "em_ones_like", "em_safetensors_save", "em_module_load",
     /* layers and the GPT: composites of ops (nn/layers.c, nn/gpt.c, the
      * KV-cache sampler included: views, copies, matmul, softmax, norms) */
-    "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss", "em_gpt_forward_cached",
+    "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss", "em_gpt_loss_labels",
+    "em_gpt_forward_cached",
     /* optimizers, clipping, scaler, collectives (optim/optim.cu, dist/nccl.c;
      * collectives without NCCL fail in dist/collectives.c, naming why) */
     "em_sgd_new", "em_adam_new", "em_adamw_new", "em_optim_add_group", "em_optim_step", "em_optim_zero_grad",

@@ -139,8 +139,18 @@ static em_dtype wider(em_dtype a, em_dtype b)
     return a;
 }
 
-/* PROMOTE: the float inputs that differ are cast to the widest of them. */
-static bool promote(int nin, tensor **in)
+/* Whether op, under PROMOTE on device dev, reads float inputs of different
+ * dtypes as they are, each converted as it is read, so that no cast pass
+ * makes a wider copy first (a bf16 product's output meeting an f32 bias):
+ * binary ops on the CPU (ops_binary.c); the bits are those of casting. */
+static bool reads_mixed(op_id op, em_device dev)
+{
+    return op_table[op].kind == OPK_BINARY && dev.type == EM_CPU;
+}
+
+/* PROMOTE: the float inputs that differ are cast to the widest of them, or
+ * (mixed non-NULL) left as they are, *mixed set to that widest dtype. */
+static bool promote(int nin, tensor **in, em_dtype *mixed)
 {
     int nf = 0;
     em_dtype w = EM_F32;
@@ -155,21 +165,26 @@ static bool promote(int nin, tensor **in)
         }
     }
     if (!differ) return true;
+    if (mixed) {
+        *mixed = w;
+        return true;
+    }
     for (int i = 0; i < nin; i++)
         if (em_dtype_is_float(in[i]->dtype) && in[i]->dtype != w && !(in[i] = t_cast(in[i], w))) return false;
     return true;
 }
 
-static bool autocast_inputs(op_id op, int nin, tensor **in, bool keep_f32)
+/* keep_f32: see autocast_one; mixed: see promote */
+static bool autocast_inputs(op_id op, int nin, tensor **in, bool keep_f32, em_dtype *mixed)
 {
     if (autocast == EM_F32 || policy[op] == POL_NONE) return true;
-    if (policy[op] == POL_PROMOTE) return promote(nin, in);
+    if (policy[op] == POL_PROMOTE) return promote(nin, in, mixed);
     for (int i = 0; i < nin; i++)
         if (!(in[i] = autocast_one(op, in[i], keep_f32))) return false;
     return true;
 }
 
-bool op_autocast_inputs(op_id op, int nin, tensor **in) { return autocast_inputs(op, nin, in, false); }
+bool op_autocast_inputs(op_id op, int nin, tensor **in) { return autocast_inputs(op, nin, in, false, NULL); }
 
 /* The checks all ops of a kind share (dispatch.h, op_begin). */
 static bool kind_checks(op_call *c)
@@ -179,7 +194,7 @@ static bool kind_checks(op_call *c)
     switch (op_table[c->op].kind) {
     case OPK_BINARY:
     case OPK_COMPARE:
-        if (!chk_same_dtype(name, in[0], in[1])) return false;
+        if (c->mixed == EM_BOOL && !chk_same_dtype(name, in[0], in[1])) return false;
         return bcast_shape(name, in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape, &c->ndim, c->shape) ==
                EM_OK;
     case OPK_SOFTMAX:
@@ -240,7 +255,8 @@ static bool begin_checks(op_call *c, op_id op, int nin, tensor **in)
     /* the device first: where the product runs decides whether LOW casts */
     if (t_same_device(name, nin, in, &c->dev)) return false;
     if (autocast != EM_F32 && reads_f32_as_low(op, c->dev)) c->low = autocast;
-    if (!autocast_inputs(op, nin, in, c->low != EM_F32)) return false;
+    if (!autocast_inputs(op, nin, in, c->low != EM_F32, reads_mixed(op, c->dev) ? &c->mixed : NULL))
+        return false;
     if (c->dev.type == EM_CUDA && !(op_table[op].backends & OPB_CUDA)) {
         em_fail(EM_ERR_DEVICE,
                 "%s: no CUDA kernel for this op yet; its input is on cuda:%d (em_to(t, em_device_cpu()) "
@@ -256,7 +272,7 @@ static bool begin_checks(op_call *c, op_id op, int nin, tensor **in)
 
 bool op_begin(op_call *c, op_id op, int nin, tensor **in)
 {
-    *c = (op_call){.op = op, .nin = nin, .in = in, .dev = em_device_cpu()};
+    *c = (op_call){.op = op, .nin = nin, .in = in, .dev = em_device_cpu(), .mixed = EM_BOOL};
     prof_begin_zeroed(&c->pm); /* before autocast: a cast it makes is this op's child */
     if (begin_checks(c, op, nin, in)) return true;
     prof_abandon(&c->pm);
@@ -265,7 +281,8 @@ bool op_begin(op_call *c, op_id op, int nin, tensor **in)
 
 bool op_begin_backward(op_call *c, const node *n, int nin, tensor **in)
 {
-    *c = (op_call){.op = n->op, .nin = nin, .in = in, .dev = em_device_cpu(), .saved = n->saved};
+    *c = (op_call){
+        .op = n->op, .nin = nin, .in = in, .dev = em_device_cpu(), .saved = n->saved, .mixed = EM_BOOL};
     memcpy(c->ip, n->ip, sizeof c->ip);
     memcpy(c->dp, n->dp, sizeof c->dp);
     return fetch_inputs(nin, in) && t_same_device(op_name(n->op), nin, in, &c->dev) == EM_OK;
@@ -323,6 +340,7 @@ static node *record(const op_call *c, backward_fn bw, tensor *out)
     memcpy(n->dp, c->dp, sizeof n->dp);
     n->saved = c->saved;
     n->grad_view = c->grad_view;
+    n->grad_reads_f32 = c->grad_reads_f32;
     n->index = tape_len;
     tape[tape_len++] = n;
     out->requires_grad = true;

@@ -48,6 +48,11 @@ typedef struct op_call {
      * dtype from f32 operands as they are (dispatch.c, reads_f32_as_low):
      * that dtype, and its f32 inputs were left uncast; EM_F32 otherwise */
     em_dtype low;
+    /* a PROMOTE op under autocast whose float inputs differ in dtype, left
+     * uncast because its kernel reads each in its own (binary ops on the
+     * CPU: dispatch.c, reads_mixed): the dtype they meet in, the widest;
+     * EM_BOOL when the inputs were not left mixed */
+    em_dtype mixed;
     /* the call's parameters: the kernel reads them, op_end copies them to
      * the node for backward */
     int64_t ip[8];
@@ -55,7 +60,11 @@ typedef struct op_call {
     void *saved;            /* op-specific, in the scope arena (scope_alloc) */
     grad_view_fn grad_view; /* a view op's: its input's gradient seen as its
                              * output (tensor_impl.h); op_end copies it to the node */
-    prof_mark pm;           /* the profiler's record of this call, op_begin to op_end */
+    /* the backward reads its output's gradient in f32 as well, rounding it
+     * as it reads it (a low product that reads f32 operands): the engine
+     * then hands it an f32 gradient as it is (node.grad_reads_f32) */
+    bool grad_reads_f32;
+    prof_mark pm; /* the profiler's record of this call, op_begin to op_end */
 } op_call;
 
 /* Starts op `op` on in[0..nin) (nin >= 0; `in` is updated in place and must

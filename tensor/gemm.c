@@ -104,8 +104,11 @@ bool gemm_widen_sgemm(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n
             }
             for (int64_t i = 0; i < mc; i++) {
                 size_t off = (size_t)((m0 + i) * ldc + n0);
-                if (dt.c == EM_F32)
-                    for (int64_t j = 0; j < nc; j++) ((float *)C)[off + (size_t)j] = keep(lo, c[i * nc + j]);
+                float *cf = (float *)C + off;
+                if (dt.add)
+                    for (int64_t j = 0; j < nc; j++) cf[j] += keep(lo, c[i * nc + j]);
+                else if (dt.c == EM_F32)
+                    for (int64_t j = 0; j < nc; j++) cf[j] = keep(lo, c[i * nc + j]);
                 else
                     convert_n(lo, (uint16_t *)C + off, EM_F32, c + i * nc, nc);
             }
@@ -195,14 +198,15 @@ em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N
     bool lo_or_f32 =
         (dt.a == lo || dt.a == EM_F32) && (dt.b == lo || dt.b == EM_F32) && (dt.c == lo || dt.c == EM_F32);
     /* a caller's bug: ops_matmul.c casts for a path that wants lo operands */
-    if ((lo != EM_BF16 && lo != EM_F16) || !lo_or_f32 || (!all_lo && !gemm_low_reads_f32(lo)))
+    if ((lo != EM_BF16 && lo != EM_F16) || !lo_or_f32 || (!all_lo && !gemm_low_reads_f32(lo)) ||
+        (dt.add && dt.c != EM_F32))
         return em_err(EM_ERR_ARG,
-                      "em_gemm_low: a %s product on this path takes %s operands only (got %s, %s -> %s)",
+                      "em_gemm_low: a %s product on this path takes %s operands only (got %s, %s -> %s%s)",
                       em_dtype_name(lo), em_dtype_name(lo), em_dtype_name(dt.a), em_dtype_name(dt.b),
-                      em_dtype_name(dt.c));
+                      em_dtype_name(dt.c), dt.add ? ", added" : "");
     if (M <= 0 || N <= 0) return EM_OK;
     if (K <= 0) { /* an empty sum: +0 */
-        for (int64_t i = 0; i < M; i++)
+        for (int64_t i = 0; i < M && !dt.add; i++)
             memset((char *)C + (size_t)(i * ldc) * esize(dt.c), 0, (size_t)N * esize(dt.c));
         return EM_OK;
     }

@@ -16,7 +16,7 @@
  * With K <= KC a block of C is final after one pass and is rounded to the
  * low dtype as the micro-kernel stores it; a deeper K accumulates in an f32
  * block of C and rounds after its last KC step. A C stored in f32 holds the
- * same rounded values. */
+ * same rounded values, or has them added to it (gemm_low_dtypes.add). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -250,12 +250,22 @@ TARGET static inline __m128i round8_bf16(__m256 x)
 }
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,
- * rounded once to the low dtype: stored in it, or (s.f32) in f32 */
-TARGET static void store_low(src s, const float *t, int64_t ldt, void *C, int64_t ldc, int64_t r, int64_t w)
+ * rounded once to the low dtype: stored in it, or (s.f32) in f32, or
+ * (add, C f32) added to C */
+TARGET static void store_low(src s, bool add, const float *t, int64_t ldt, void *C, int64_t ldc, int64_t r,
+                             int64_t w)
 {
     for (int64_t i = 0; i < r; i++) {
         const float *x = t + i * ldt;
         int64_t j = 0;
+        if (add) {
+            float *d = (float *)C + i * ldc;
+            for (; j + 8 <= w; j += 8)
+                _mm256_storeu_ps(d + j,
+                                 _mm256_add_ps(_mm256_loadu_ps(d + j), keep8(s.f16, _mm256_loadu_ps(x + j))));
+            for (; j < w; j++) d[j] += keep1(s.f16, x[j]);
+            continue;
+        }
         if (s.f32) {
             float *d = (float *)C + i * ldc;
             for (; j + 8 <= w; j += 8) _mm256_storeu_ps(d + j, keep8(s.f16, _mm256_loadu_ps(x + j)));
@@ -315,7 +325,8 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
                     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                         kernel(K, ap + i0 * K, bp + j0 * K, tile, NR, false);
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
-                        store_low(sc, tile, NR, c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs, ldc, r, w);
+                        store_low(sc, dt.add, tile, NR, c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs, ldc, r,
+                                  w);
                     }
             }
             continue;
@@ -339,7 +350,7 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
                             kernel(kc, a + i0 * kc, bp + j0 * kc, acc + (m0 + i0) * ncp + j0, ncp, k0 > 0);
                 }
             }
-            store_low(sc, acc, ncp, c8 + (size_t)(M0 * ldc + n0) * cs, ldc, ms, nc);
+            store_low(sc, dt.add, acc, ncp, c8 + (size_t)(M0 * ldc + n0) * cs, ldc, ms, nc);
         }
     }
     tmp_release(mark);

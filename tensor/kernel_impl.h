@@ -99,6 +99,10 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
  * holds the rounded results). */
 typedef struct gemm_low_dtypes {
     em_dtype lo, a, b, c;
+    /* C (f32, where gemm_low_reads_f32(lo)) += the product, each result
+     * rounded to lo before it is added: a weight's gradient accumulated
+     * where it lies, the bits of adding a rounded product to it */
+    bool add;
 } gemm_low_dtypes;
 
 /* C (M,N) = op(A) @ op(B) as a product in dt.lo (above). bf16 runs on the

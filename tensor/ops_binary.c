@@ -3,7 +3,9 @@
  * CUDA device the same ops run through tensor/ops_elementwise.cu (bin_cuda,
  * affine_cuda); the backward functions only call ops that do too. The
  * per-element arithmetic is tensor/elementwise_formulas.h, which both
- * backends share.
+ * backends share. Under autocast's PROMOTE the CPU kernels also take float
+ * inputs of different dtypes as they are (op_call.mixed: a bf16 product's
+ * output and an f32 bias), widening them as they read them.
  *
  * This file is the pattern for an op family: an internal t_xxx that goes
  * through the dispatcher (op_begin, its own checks and output shape,
@@ -27,44 +29,84 @@ typedef struct bin_ctx {
     int64_t inner;                            /* fast path: contiguous run length */
 } bin_ctx;
 
-/* Same shape, both contiguous, f32: one flat loop per range, one loop per
- * op (generated from the op list) so that each vectorises. */
-static void bin_flat_f32(void *p, int64_t lo, int64_t hi)
+/* o[i] = x[i] <k> y[i] for i < n, f32: one loop per op (generated from the
+ * op list) so that each vectorises with its op a constant */
+static void run_f32(binop k, const float *x, const float *y, float *o, int64_t n)
 {
-    bin_ctx *c = p;
-    const float *x = t_ptr(c->a), *y = t_ptr(c->b);
-    float *o = t_ptr(c->out);
-    switch (c->k) {
+    switch (k) {
 #define DEF_OP(id, name, kind, arity, amp, be)
 #define DEF_BINARY(id, name, amp, be)                                                                        \
     case BIN_##id:                                                                                           \
-        for (int64_t i = lo; i < hi; i++) o[i] = ew_binary_f32v(BIN_##id, x[i], y[i]);                       \
+        for (int64_t i = 0; i < n; i++) o[i] = ew_binary_f32v(BIN_##id, x[i], y[i]);                         \
         break;
 #include "ops.def"
     }
 }
 
+/* Same shape, both contiguous, f32: one flat loop per range. */
+static void bin_flat_f32(void *p, int64_t lo, int64_t hi)
+{
+    bin_ctx *c = p;
+    const float *x = t_ptr(c->a), *y = t_ptr(c->b);
+    run_f32(c->k, x + lo, y + lo, (float *)t_ptr(c->out) + lo, hi - lo);
+}
+
 /* a contiguous (rows, inner), b contiguous (inner) repeated per row, f32:
- * the bias-add shape. Ranges are rows; one loop per op, as bin_flat_f32, so
- * the op is a constant in each and the row loop vectorises. */
+ * the bias-add shape. Ranges are rows. */
 static void bin_rows_f32(void *p, int64_t lo, int64_t hi)
 {
     bin_ctx *c = p;
     int64_t n = c->inner;
     const float *y = t_ptr(c->b), *x = (const float *)t_ptr(c->a) + lo * n;
     float *o = (float *)t_ptr(c->out) + lo * n;
-    switch (c->k) {
-#define DEF_OP(id, name, kind, arity, amp, be)
-#define DEF_BINARY(id, name, amp, be)                                                                        \
-    case BIN_##id:                                                                                           \
-        for (int64_t r = lo; r < hi; r++, x += n, o += n)                                                    \
-            for (int64_t i = 0; i < n; i++) o[i] = ew_binary_f32v(BIN_##id, x[i], y[i]);                     \
-        break;
-#include "ops.def"
+    for (int64_t r = lo; r < hi; r++, x += n, o += n) run_f32(c->k, x, y, o, n);
+}
+
+/* ---- float inputs of different dtypes, an f32 result ---------------------------
+ * Autocast's PROMOTE leaves them uncast on the CPU (dispatch.c, op_call.mixed):
+ * a bf16 product's output meets an f32 bias. Each contiguous run is widened a
+ * block at a time into f32 as it is read and the f32 loop runs over the block,
+ * so the result has the bits of casting first, without the cast's pass. */
+enum { MIX_BLOCK = 512 };
+
+/* n (<= MIX_BLOCK) values of contiguous t from element i as f32: t's own
+ * memory when it is f32, else widened into buf */
+static const float *f32_run(const tensor *t, int64_t i, int64_t n, float *buf)
+{
+    const char *p = (const char *)t_ptr(t) + i * (int64_t)t_esize(t);
+    if (t->dtype == EM_F32) return (const float *)p;
+    convert_n(EM_F32, buf, t->dtype, p, n);
+    return buf;
+}
+
+/* o[i..i+n) = a[ia..] <k> b[ib..], contiguous runs, block by block */
+static void run_mixed(binop k, const tensor *a, int64_t ia, const tensor *b, int64_t ib, float *o, int64_t n)
+{
+    float xa[MIX_BLOCK], xb[MIX_BLOCK];
+    for (int64_t j = 0; j < n; j += MIX_BLOCK) {
+        int64_t w = n - j < MIX_BLOCK ? n - j : MIX_BLOCK;
+        run_f32(k, f32_run(a, ia + j, w, xa), f32_run(b, ib + j, w, xb), o + j, w);
     }
 }
 
-/* Any strides, any dtype: element by element through double (or float). */
+/* bin_flat_f32 with inputs of any float dtypes */
+static void bin_flat_mixed(void *p, int64_t lo, int64_t hi)
+{
+    bin_ctx *c = p;
+    run_mixed(c->k, c->a, lo, c->b, lo, (float *)t_ptr(c->out) + lo, hi - lo);
+}
+
+/* bin_rows_f32 with inputs of any float dtypes */
+static void bin_rows_mixed(void *p, int64_t lo, int64_t hi)
+{
+    bin_ctx *c = p;
+    int64_t n = c->inner;
+    float *o = t_ptr(c->out);
+    for (int64_t r = lo; r < hi; r++) run_mixed(c->k, c->a, r * n, c->b, 0, o + r * n, n);
+}
+
+/* Any strides, any dtypes (the inputs' may differ: op_call.mixed): element by
+ * element through double, or float where the result is f32. */
 static void bin_strided(void *p, int64_t lo, int64_t hi)
 {
     bin_ctx *c = p;
@@ -76,7 +118,9 @@ static void bin_strided(void *p, int64_t lo, int64_t hi)
     nditer it;
     nditer_init(&it, o->ndim, o->shape, 2, (const int64_t *[]){c->sa, c->sb});
     nditer_seek(&it, lo);
-    if (dt == EM_F32) {
+    em_dtype da = c->a->dtype, db = c->b->dtype;
+    size_t ea = t_esize(c->a), eb = t_esize(c->b);
+    if (dt == EM_F32 && da == EM_F32 && db == EM_F32) {
         for (int64_t i = lo; i < hi; i++) {
             ((float *)op)[i] =
                 ew_binary_f32v(c->k, ((const float *)ap)[it.off[0]], ((const float *)bp)[it.off[1]]);
@@ -84,8 +128,17 @@ static void bin_strided(void *p, int64_t lo, int64_t hi)
         }
         return;
     }
+    if (dt == EM_F32) { /* mixed float inputs: each value is exactly an f32 */
+        for (int64_t i = lo; i < hi; i++) {
+            float x = (float)ld(da, ap + it.off[0] * (int64_t)ea),
+                  y = (float)ld(db, bp + it.off[1] * (int64_t)eb);
+            ((float *)op)[i] = ew_binary_f32v(c->k, x, y);
+            nditer_next(&it);
+        }
+        return;
+    }
     for (int64_t i = lo; i < hi; i++) {
-        double x = ld(dt, ap + it.off[0] * (int64_t)es), y = ld(dt, bp + it.off[1] * (int64_t)es);
+        double x = ld(da, ap + it.off[0] * (int64_t)ea), y = ld(db, bp + it.off[1] * (int64_t)eb);
         st(dt, op + i * (int64_t)es, ew_binary_f64(c->k, x, y));
         nditer_next(&it);
     }
@@ -113,13 +166,18 @@ static em_status muldiv_backward(node *n, tensor *g)
     tensor *a = n->in[0], *b = n->in[1];
     bool div = n->ip[0] == BIN_DIV;
     em_status s;
+    /* inputs the forward read mixed (op_call.mixed) meet g in its dtype, the
+     * one they were promoted to: the products below do not mix */
+    tensor *av = a->dtype == g->dtype || !b->requires_grad ? a : t_cast(a, g->dtype);
+    tensor *bv = b->dtype == g->dtype ? b : t_cast(b, g->dtype);
+    if (!av || !bv) return em_last_status();
     if (a->requires_grad) {
-        tensor *ga = t_sum_to(div ? t_div(g, b) : t_mul(g, b), a->ndim, a->shape);
+        tensor *ga = t_sum_to(div ? t_div(g, bv) : t_mul(g, bv), a->ndim, a->shape);
         if (!ga) return em_last_status();
         if ((s = op_grad(a, ga))) return s;
     }
     if (b->requires_grad) {
-        tensor *gb = div ? t_neg(t_div(t_mul(g, n->out), b)) : t_mul(g, a);
+        tensor *gb = div ? t_neg(t_div(t_mul(g, n->out), bv)) : t_mul(g, av);
         gb = gb ? t_sum_to(gb, b->ndim, b->shape) : NULL;
         if (!gb) return em_last_status();
         if ((s = op_grad(b, gb))) return s;
@@ -140,11 +198,13 @@ static em_status bin_cpu(const op_call *call, tensor *out)
     int64_t nb = t_numel(b);
     bool rows = nd >= 1 && t_numel(a) == n && b->ndim <= nd && nb == shape[nd - 1] && nb > 0 &&
                 (b->ndim == 0 || b->shape[b->ndim - 1] == nb);
-    if (a->dtype == EM_F32 && t_is_contig(a) && t_is_contig(b) && same) {
-        parallel_for(n, 1 << 15, bin_flat_f32, &c);
-    } else if (a->dtype == EM_F32 && t_is_contig(a) && t_is_contig(b) && rows) {
+    bool f32 = a->dtype == EM_F32 && b->dtype == EM_F32, contig = t_is_contig(a) && t_is_contig(b);
+    bool mixed = a->dtype != b->dtype && out->dtype == EM_F32; /* op_call.mixed */
+    if ((f32 || mixed) && contig && same) {
+        parallel_for(n, 1 << 15, f32 ? bin_flat_f32 : bin_flat_mixed, &c);
+    } else if ((f32 || mixed) && contig && rows) {
         c.inner = nb;
-        parallel_for(n / nb, (1 << 15) / nb + 1, bin_rows_f32, &c);
+        parallel_for(n / nb, (1 << 15) / nb + 1, f32 ? bin_rows_f32 : bin_rows_mixed, &c);
     } else {
         bcast_strides(a, nd, shape, c.sa);
         bcast_strides(b, nd, shape, c.sb);
@@ -180,7 +240,7 @@ static tensor *binary(binop k, tensor *a, tensor *b)
         return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s and %s)", name,
                        em_dtype_name(a->dtype), shp(a), shp(b));
     if (c.record && !chk_float(name, a)) return NULL;
-    tensor *out = op_out(&c, a->dtype, c.ndim, c.shape);
+    tensor *out = op_out(&c, c.mixed != EM_BOOL ? c.mixed : a->dtype, c.ndim, c.shape);
     c.ip[0] = k;
     if (!out || op_run(&c, &bin_kernels, out)) return NULL;
     return op_end(&c, out, k == BIN_ADD || k == BIN_SUB ? add_backward : muldiv_backward);

@@ -143,8 +143,8 @@ static em_status gemm(em_dtype lo, const operand *a, const char *ap, const opera
 {
     bool ta = a->trans == CblasTrans, tb = b->trans == CblasTrans;
     if (lo == EM_BF16 || lo == EM_F16)
-        return em_gemm_low((gemm_low_dtypes){lo, a->dt, b->dt, ct}, ta, tb, M, N, K, ap, a->ld, bp, b->ld, cp,
-                           N > 1 ? N : 1);
+        return em_gemm_low((gemm_low_dtypes){.lo = lo, .a = a->dt, .b = b->dt, .c = ct}, ta, tb, M, N, K, ap,
+                           a->ld, bp, b->ld, cp, N > 1 ? N : 1);
     em_gemm(lo, ta, tb, M, N, K, 1.0, ap, a->ld, bp, b->ld, 0.0, cp, N > 1 ? N : 1);
     return EM_OK;
 }
@@ -191,11 +191,14 @@ static em_status matmul_kernel(em_dtype lo, const operand *a, const operand *b, 
     return EM_OK;
 }
 
-/* acc (R,C) = beta * acc + x (R,M) @ y (M,C): one GEMM on the CPU, f32 or
- * f64, with acc row-major or the transpose of a row-major matrix (then
- * acc^T = y^T @ x^T, so the GEMM writes rows of the memory it is given).
- * x and y are laid out for BLAS as matmul's operands are (prepare). */
-static em_status gemm_into(tensor *acc, tensor *x, tensor *y, double beta)
+/* acc (R,C) = x (R,M) @ y (M,C), or (add) acc + that: one GEMM on the CPU,
+ * with acc row-major or the transpose of a row-major matrix (then acc^T =
+ * y^T @ x^T, so the GEMM writes rows of the memory it is given). x and y
+ * are laid out for BLAS as matmul's operands are (prepare). lo EM_F32: a
+ * product in acc's dtype (f32 or f64) throughout; else a product in lo
+ * (bf16/f16) into an f32 acc, where gemm_low_reads_f32(lo), reading f32
+ * operands as they are and adding each result rounded to lo. */
+static em_status gemm_into(tensor *acc, tensor *x, tensor *y, em_dtype lo, bool add)
 {
     em_dtype ct = acc->dtype;
     int64_t R = acc->shape[0], C = acc->shape[1], M = x->shape[1];
@@ -203,16 +206,32 @@ static em_status gemm_into(tensor *acc, tensor *x, tensor *y, double beta)
     tensor *l = transposed ? t_transpose(y, 0, 1) : x, *r = transposed ? t_transpose(x, 0, 1) : y;
     size_t mk = tmp_mark();
     operand ol, orr;
-    if (!l || !r || !prepare(&ol, l, ct) || !prepare(&orr, r, ct)) {
+    bool low = lo != EM_F32;
+    if (!l || !r ||
+        !prepare(&ol, l,
+                 low && l->dtype == EM_F32 ? EM_F32
+                 : low                     ? lo
+                                           : ct) ||
+        !prepare(&orr, r,
+                 low && r->dtype == EM_F32 ? EM_F32
+                 : low                     ? lo
+                                           : ct)) {
         tmp_release(mk);
         return em_last_status();
     }
     int64_t rows = transposed ? C : R, cols = transposed ? R : C;
     int64_t ldc = transposed ? acc->stride[1] : acc->stride[0];
-    em_gemm(ct, ol.trans == CblasTrans, orr.trans == CblasTrans, rows, cols, M, 1.0, ol.data, ol.ld, orr.data,
-            orr.ld, beta, t_ptr(acc), ldc > 1 ? ldc : (cols > 1 ? cols : 1));
+    ldc = ldc > 1 ? ldc : (cols > 1 ? cols : 1);
+    bool ta = ol.trans == CblasTrans, tb = orr.trans == CblasTrans;
+    em_status s = EM_OK;
+    if (low)
+        s = em_gemm_low((gemm_low_dtypes){.lo = lo, .a = ol.dt, .b = orr.dt, .c = EM_F32, .add = add}, ta, tb,
+                        rows, cols, M, ol.data, ol.ld, orr.data, orr.ld, t_ptr(acc), ldc);
+    else
+        em_gemm(ct, ta, tb, rows, cols, M, 1.0, ol.data, ol.ld, orr.data, orr.ld, add ? 1.0 : 0.0, t_ptr(acc),
+                ldc);
     tmp_release(mk);
-    return EM_OK;
+    return s;
 }
 
 static tensor *matmul(tensor *a, tensor *b, em_dtype lo, em_dtype out_dt);
@@ -265,16 +284,15 @@ static em_status matmul_backward(node *n, tensor *g)
              * dW = g^T a directly, so the gradient reaches W contiguous */
             bool b_is_wt = b->stride[0] == 1 && b->stride[1] == K && K > 1;
             bool fresh = false;
-            /* in place where the product is f32/f64 throughout (lo: not a
-             * low-precision product of the forward) */
-            tensor *acc = lo == EM_F32 && !t_on_cuda(g) && g->dtype == b->dtype &&
-                                  (b->dtype == EM_F32 || b->dtype == EM_F64)
-                              ? op_grad_acc(b, &fresh)
-                              : NULL;
+            /* in place where the product is f32/f64 throughout, or a low
+             * product (of the forward) that reads f32 into an f32 weight */
+            bool here = !t_on_cuda(g) &&
+                        (lo == EM_F32 ? g->dtype == b->dtype && (b->dtype == EM_F32 || b->dtype == EM_F64)
+                                      : b->dtype == EM_F32 && gemm_low_reads_f32(lo));
+            tensor *acc = here ? op_grad_acc(b, &fresh) : NULL;
             if (acc) {
                 /* the same GEMM as below (dW = g^T a for W^T), written into acc */
-                s = a2 && g2 ? gemm_into(acc, t_transpose(a2, 0, 1), g2, fresh ? 0.0 : 1.0)
-                             : em_last_status();
+                s = a2 && g2 ? gemm_into(acc, t_transpose(a2, 0, 1), g2, lo, !fresh) : em_last_status();
                 return s ? s : op_grad_done(b);
             }
             tensor *g2t = g2 ? t_transpose(g2, 0, 1) : NULL, *a2t = a2 ? t_transpose(a2, 0, 1) : NULL;
@@ -522,6 +540,8 @@ static tensor *matmul(tensor *a, tensor *b, em_dtype lo, em_dtype out_dt)
                            (long long)nbatch);
     }
     c.ip[0] = lo; /* the kernel's and backward's: EM_F32 = in the operands' dtype */
+    /* a low product that reads f32 operands reads an f32 gradient too */
+    c.grad_reads_f32 = c.dev.type == EM_CPU && lo != EM_F32 && gemm_low_reads_f32(lo);
     tensor *out = op_out(&c, lo == EM_F32 ? a->dtype : out_dt, nb + 2, shape);
     if (!out) return NULL;
     if (op_run(&c, &matmul_kernels, out)) {

@@ -10,6 +10,7 @@
 // reduction has a fixed shape, so results do not vary from run to run —
 // except the index-add, which uses atomics (see there).
 #include "cuda_common.cuh"
+#include "ce_math.h"
 #include "cuda_nn.h"
 #include "dropout_math.h"
 
@@ -126,19 +127,24 @@ __global__ void softmax_bwd_k(em_dtype dt, const void *y, const void *g, void *d
     }
 }
 
-/* ---- cross-entropy ---------------------------------------------------------------- */
+/* ---- cross-entropy (the per-row maths: ce_math.h) -------------------------------- */
 
-// per row: max, lse = max + log sum exp(x - max), loss = lse - x[t]
+// per row: max, lse = max + log sum exp(x - max), the loss and the gradient's s
 template <typename T>
 __global__ void ce_fwd_k(em_dtype dt, const void *x, const int32_t *tgt, int64_t rows, int64_t C,
-                         int64_t ignore, double *stats)
+                         int64_t ignore, em_dtype wdt, const void *w, double eps, em_reduction red,
+                         double *stats, void *out)
 {
     __shared__ T sh[32];
+    __shared__ double shd[32];
     ROWS_LOOP
     {
         int64_t t = tgt[r], o = r * C;
         if (t == ignore) { // the whole block takes this branch
-            if (threadIdx.x == 0) stats[r] = stats[rows + r] = stats[2 * rows + r] = 0;
+            if (threadIdx.x == 0) {
+                stats[r] = stats[rows + r] = stats[2 * rows + r] = stats[3 * rows + r] = 0;
+                if (red == EM_REDUCTION_NONE) store(dt, out, r, 0.0);
+            }
             continue;
         }
         T m = (T)-INFINITY;
@@ -151,42 +157,60 @@ __global__ void ce_fwd_k(em_dtype dt, const void *x, const int32_t *tgt, int64_t
         T s = 0;
         COLS_LOOP(C) s += ex((T)load(dt, x, o + j) - m);
         s = block_reduce<T, false>(s, sh);
+        double lse = (double)m + log((double)s), wt = w ? load(wdt, w, t) : 1, S = 0, W = (double)C;
+        if (eps > 0) { // S = sum_j w_j (lse - x_j), W = sum_j w_j
+            double sp = 0, wp = 0;
+            COLS_LOOP(C)
+            {
+                double wj = w ? load(wdt, w, j) : 1;
+                sp += wj * (lse - load(dt, x, o + j));
+                wp += wj;
+            }
+            S = block_reduce<double, false>(sp, shd);
+            if (w) W = block_reduce<double, false>(wp, shd);
+        }
         if (threadIdx.x == 0) {
-            double lse = (double)m + log((double)s);
+            double loss = ce_row_loss(eps, (double)C, wt, lse - load(dt, x, o + t), S);
             stats[r] = (double)m;
             stats[rows + r] = lse;
-            stats[2 * rows + r] = lse - load(dt, x, o + t);
+            stats[2 * rows + r] = loss;
+            stats[3 * rows + r] = ce_row_scale(eps, (double)C, wt, W);
+            if (red == EM_REDUCTION_NONE) store(dt, out, r, loss);
         }
     }
 }
 
-// one block: the mean of the row losses over the rows not ignored, summed in
-// a fixed order
-__global__ void ce_total_k(em_dtype dt, const int32_t *tgt, int64_t rows, int64_t ignore, double *stats,
-                           void *out)
+// one block: the mean's denominator (the sum of w_t over the rows not
+// ignored) and, unless the reduction is none, the loss, summed in a fixed
+// order
+__global__ void ce_total_k(em_dtype dt, const int32_t *tgt, int64_t rows, int64_t ignore, em_dtype wdt,
+                           const void *w, em_reduction red, double *stats, void *out)
 {
     __shared__ double sh[32];
-    double loss = 0, count = 0;
+    double loss = 0, den = 0;
     for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
         if (tgt[r] != ignore) {
             loss += stats[2 * rows + r];
-            count += 1;
+            den += w ? load(wdt, w, tgt[r]) : 1;
         }
     loss = block_reduce<double, false>(loss, sh);
-    count = block_reduce<double, false>(count, sh);
+    den = block_reduce<double, false>(den, sh);
     if (threadIdx.x == 0) {
-        stats[3 * rows] = count;
-        store(dt, out, 0, loss / count); // NaN when every target is ignored, as on the CPU
+        stats[4 * rows] = den;
+        // the mean: NaN when every target is ignored, as on the CPU
+        if (red != EM_REDUCTION_NONE) store(dt, out, 0, red == EM_REDUCTION_MEAN ? loss / den : loss);
     }
 }
 
-// dx = (exp(x - max) * exp(max - lse) - [j == t]) * g / count: exp(x - lse)
-// in two factors so that a large lse costs no bits in f32
+// dx = a (s exp(x - max) exp(max - lse) - q_j): exp(x - lse) in two factors
+// so that a large lse costs no bits in f32
 template <typename T>
 __global__ void ce_bwd_k(em_dtype dt, const void *x, const int32_t *tgt, int64_t rows, int64_t C,
-                         int64_t ignore, const double *stats, em_dtype gdt, const void *g, void *dx)
+                         int64_t ignore, em_dtype wdt, const void *w, double eps, em_reduction red,
+                         const double *stats, em_dtype gdt, const void *g, void *dx)
 {
-    double scale = load(gdt, g, 0) / stats[3 * rows];
+    double g0 = red == EM_REDUCTION_NONE ? 0 : load(gdt, g, 0);
+    double scale = red == EM_REDUCTION_MEAN ? g0 / stats[4 * rows] : g0;
     ROWS_LOOP
     {
         int64_t t = tgt[r], o = r * C;
@@ -194,11 +218,13 @@ __global__ void ce_bwd_k(em_dtype dt, const void *x, const int32_t *tgt, int64_t
             COLS_LOOP(C) store(dt, dx, o + j, 0.0);
             continue;
         }
-        T m = (T)stats[r], f = (T)(exp(stats[r] - stats[rows + r]) * scale);
+        double a = red == EM_REDUCTION_NONE ? load(gdt, g, r) : scale, wt = w ? load(wdt, w, t) : 1;
+        T m = (T)stats[r], f = (T)(exp(stats[r] - stats[rows + r]) * a * stats[3 * rows + r]);
         COLS_LOOP(C)
         {
             T v = ex((T)load(dt, x, o + j) - m) * f;
-            if (j == t) v -= (T)scale;
+            double q = ce_row_q(eps, (double)C, w ? load(wdt, w, j) : 1, wt, j == t);
+            if (q != 0) v -= (T)(a * q);
             store(dt, dx, o + j, (double)v);
         }
     }
@@ -432,33 +458,35 @@ extern "C" em_status cu_softmax_bwd(int dev, em_dtype dt, const void *y, const v
 }
 
 extern "C" em_status cu_cross_entropy_fwd(int dev, em_dtype dt, const void *x, const int32_t *tgt,
-                                          int64_t rows, int64_t C, int64_t ignore, double *stats, void *out)
+                                          int64_t rows, int64_t C, int64_t ignore, em_dtype wdt, const void *w,
+                                          double eps, em_reduction red, double *stats, void *out)
 {
     const char *op = "cross_entropy";
     em_status s = cu_use(dev, op);
     if (s) return s;
     if (rows > 0) {
         if (dt == EM_F64)
-            EM_LAUNCH(ce_fwd_k<double>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats);
+            EM_LAUNCH(ce_fwd_k<double>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, wdt, w, eps, red, stats, out);
         else
-            EM_LAUNCH(ce_fwd_k<float>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats);
+            EM_LAUNCH(ce_fwd_k<float>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, wdt, w, eps, red, stats, out);
         if ((s = cu_launched(op))) return s;
     }
-    EM_LAUNCH(ce_total_k, 1, ROW_THREADS, 0, stream(dev))(dt, tgt, rows, ignore, stats, out);
+    EM_LAUNCH(ce_total_k, 1, ROW_THREADS, 0, stream(dev))(dt, tgt, rows, ignore, wdt, w, red, stats, out);
     return cu_launched(op);
 }
 
 extern "C" em_status cu_cross_entropy_bwd(int dev, em_dtype dt, const void *x, const int32_t *tgt,
-                                          int64_t rows, int64_t C, int64_t ignore, const double *stats,
-                                          em_dtype gdt, const void *g, void *dx)
+                                          int64_t rows, int64_t C, int64_t ignore, em_dtype wdt, const void *w,
+                                          double eps, em_reduction red, const double *stats, em_dtype gdt,
+                                          const void *g, void *dx)
 {
     const char *op = "cross_entropy backward";
     em_status s = cu_use(dev, op);
     if (s || rows == 0) return s;
     if (dt == EM_F64)
-        EM_LAUNCH(ce_bwd_k<double>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats, gdt, g, dx);
+        EM_LAUNCH(ce_bwd_k<double>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, wdt, w, eps, red, stats, gdt, g, dx);
     else
-        EM_LAUNCH(ce_bwd_k<float>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, stats, gdt, g, dx);
+        EM_LAUNCH(ce_bwd_k<float>, row_grid(rows), row_threads(C), 0, stream(dev))(dt, x, tgt, rows, C, ignore, wdt, w, eps, red, stats, gdt, g, dx);
     return cu_launched(op);
 }
 

@@ -354,8 +354,11 @@ static em_status identity_backward(node *n, tensor *g) { return op_grad(n->in[0]
 static em_status cast_backward(node *n, tensor *g)
 {
     /* back to a wider dtype (a low-precision copy's gradient reaching its
-     * f32 master): accumulation converts exactly on the way, no copy first */
-    if (widens_exactly(g->dtype, n->in[0]->dtype)) return op_grad(n->in[0], g);
+     * f32 master): accumulation converts exactly on the way, no copy first;
+     * and to a narrower one whose producer reads a wider gradient itself (a
+     * low product's output cast up for an f32 op): handed over as it is */
+    if (widens_exactly(g->dtype, n->in[0]->dtype) || t_takes_grad_in(n->in[0], g->dtype))
+        return op_grad(n->in[0], g);
     tensor *gx = t_cast(g, n->in[0]->dtype);
     return gx ? op_grad(n->in[0], gx) : em_last_status();
 }

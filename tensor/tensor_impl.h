@@ -73,6 +73,8 @@ struct tensor {
     tensor *grad;       /* leaf: persistent; non-leaf: temporary of a walk */
     bool grad_external; /* grad set by em_set_grad_buffer: not ours to free */
     bool grad_shared;   /* non-leaf grad adopted from a backward function: copy before adding */
+    bool grad_set;      /* leaf: a gradient was produced since the last set-to-none zero_grad
+                         * (em_has_grad; grad may exist, zeroed, while this is false) */
     int pending;        /* leaf uses left in the running backward */
     hook_entry *hooks;
 };
@@ -106,7 +108,19 @@ struct node {
      * grad_view, so this use of in[0] counts even when out never gets a
      * gradient of its own */
     bool delivered;
+    /* its backward reads the output's gradient in f32 too, rounding it to
+     * the output's dtype as it reads it (op_call.grad_reads_f32): a first
+     * f32 contribution is adopted as it is, not narrowed (the narrowing
+     * pass would make the same bits the reading does) */
+    bool grad_reads_f32;
 };
+
+/* Whether t's gradient may be handed over in dt as it is: its dtype, or
+ * f32 where t's node reads that itself (node.grad_reads_f32). */
+static inline bool t_takes_grad_in(const tensor *t, em_dtype dt)
+{
+    return dt == t->dtype || (dt == EM_F32 && t->grad_fn && t->grad_fn->grad_reads_f32);
+}
 
 /* ---- handles -------------------------------------------------------------- */
 /* The tensor behind h. NULL if h is NULL (keeping an earlier error, or setting
@@ -179,6 +193,11 @@ static inline void t_drop(tensor *t)
 {
     if (t && t->depth == 0) t_free(t);
 }
+/* A leaf's gradient when one was produced since the last set-to-none
+ * zero_grad (what the optimizer steps, clipping measures and the loss
+ * scaler checks), else NULL: a parameter skipped as PyTorch skips a None
+ * .grad. */
+static inline tensor *t_live_grad(const tensor *t) { return !t->grad_fn && t->grad_set ? t->grad : NULL; }
 /* Normalises dim (negative from the end) for a tensor of ndim dims; -1 plus
  * an EM_ERR_ARG error naming op on out of range. `extra` = 1 allows dim ==
  * ndim (for unsqueeze/stack). */

@@ -130,6 +130,10 @@ th_run_result *th_vrun(const char *bin, va_list ap);
  * A non-contiguous tensor with the values of t: t is copied into the
  * transpose of a bigger buffer and a view returned (same shape as t). */
 em_tensor *th_noncontig(em_tensor *t);
+/* A fresh temp directory (its name into dir, n bytes) holding corpus.txt
+ * (its path into txt, tn bytes): a rhyme repeated 300 times, so a tiny
+ * `ember train` model's loss clearly falls within a few dozen steps. */
+void th_rhyme_corpus(char *dir, size_t n, char *txt, size_t tn);
 
 /* For tests that edit a checkpoint's files by hand (to build a save that is
  * not one save, as a bug could write it): rewrites DIR/manifest.json's size

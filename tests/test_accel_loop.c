@@ -505,7 +505,7 @@ TEST(test_prepare_twice_adds_a_second_model_optimizer_and_schedule_and_steps_bot
     em_scope_end(s);
     CHECK(((float *)em_data(p.enc->weight))[0] != enc0 && ((float *)em_data(p.head->weight))[0] != head0);
     CHECK(em_optim_step_count(p.enc_opt) == 1 && em_optim_step_count(p.head_opt) == 1);
-    CHECK_NEAR(em_optim_get_lr(p.enc_opt, 0), 0.1 / 4, 1e-12); /* the schedule drove its own optimizer */
+    CHECK_NEAR(em_optim_get_lr(p.enc_opt, 0), 0.05 / 4, 1e-12); /* the schedule scaled its optimizer's lr */
     CHECK_NEAR(em_optim_get_lr(p.head_opt, 0), 0.01, 1e-12);   /* and only it */
     CHECK(sum_sq_grads(all, 4) == 0);                          /* zero_grad zeroed both */
     em_accelerator_free(a);
@@ -520,7 +520,7 @@ TEST(test_a_schedule_prepared_alone_drives_the_last_prepared_optimizer)
     em_accelerator *a = em_accelerator_new(NULL);
     pair p;
     pair_new(&p, 2);
-    em_lr_schedule c = {.kind = EM_LR_CONSTANT, .base_lr = 0.5};
+    em_lr_schedule c = {.kind = EM_LR_WARMUP, .base_lr = 0.01, .warmup = 2};
     CHECK_ERR(em_accel_prepare(a, NULL, NULL, NULL, &c), EM_ERR_ARG, "none is prepared");
     CHECK_OK(em_accel_prepare(a, p.enc_root, p.enc_opt, NULL, NULL));
     CHECK_OK(em_accel_prepare(a, p.head_root, p.head_opt, NULL, NULL));
@@ -533,7 +533,7 @@ TEST(test_a_schedule_prepared_alone_drives_the_last_prepared_optimizer)
     CHECK_OK(em_accel_backward(a, pair_loss(&p, &b)));
     CHECK_OK(em_accel_step(a));
     em_scope_end(s);
-    CHECK_NEAR(em_optim_get_lr(p.head_opt, 0), 0.5, 0);
+    CHECK_NEAR(em_optim_get_lr(p.head_opt, 0), 0.01 / 2, 0); /* warm-up step 0 of 2 from its lr */
     CHECK_NEAR(em_optim_get_lr(p.enc_opt, 0), 0.05, 0);
     em_accelerator_free(a);
     pair_free(&p);

@@ -202,11 +202,12 @@ static void f32_operands_match_their_casts(em_dtype dt, int64_t m, int64_t K, in
     convert_n(dt, A16, EM_F32, A, m * K);
     convert_n(dt, B16, EM_F32, B, K * n);
     int64_t lda = ta ? m : K, ldb = tb ? K : n;
-    CHECK_OK(em_gemm_low((gemm_low_dtypes){dt, dt, dt, dt}, ta, tb, m, n, K, A16, lda, B16, ldb, C16, n));
-    CHECK_OK(
-        em_gemm_low((gemm_low_dtypes){dt, EM_F32, EM_F32, dt}, ta, tb, m, n, K, A, lda, B, ldb, C16b, n));
-    CHECK_OK(
-        em_gemm_low((gemm_low_dtypes){dt, EM_F32, dt, EM_F32}, ta, tb, m, n, K, A, lda, B16, ldb, C32, n));
+    CHECK_OK(em_gemm_low((gemm_low_dtypes){.lo = dt, .a = dt, .b = dt, .c = dt}, ta, tb, m, n, K, A16, lda,
+                         B16, ldb, C16, n));
+    CHECK_OK(em_gemm_low((gemm_low_dtypes){.lo = dt, .a = EM_F32, .b = EM_F32, .c = dt}, ta, tb, m, n, K, A,
+                         lda, B, ldb, C16b, n));
+    CHECK_OK(em_gemm_low((gemm_low_dtypes){.lo = dt, .a = EM_F32, .b = dt, .c = EM_F32}, ta, tb, m, n, K, A,
+                         lda, B16, ldb, C32, n));
     for (int64_t i = 0; i < m * n; i++) {
         float w = dt == EM_BF16 ? bf16_bits_to_f32(C16[i]) : f16_bits_to_f32(C16[i]);
         if (C16b[i] != C16[i] || memcmp(&C32[i], &w, 4))
@@ -242,10 +243,10 @@ TEST(test_widening_next_to_sgemm_rounds_f32_operands_as_a_cast_rounds_them)
         rand_f32_with_specials(dt, B, K * n, 2);
         convert_n(dt, A16, EM_F32, A, m * K);
         convert_n(dt, B16, EM_F32, B, K * n);
-        CHECK(gemm_widen_sgemm((gemm_low_dtypes){dt, dt, dt, dt}, false, true, m, n, K, A16, K, B16, K, C16,
-                               n));
-        CHECK(gemm_widen_sgemm((gemm_low_dtypes){dt, EM_F32, EM_F32, EM_F32}, false, true, m, n, K, A, K, B,
-                               K, C32, n));
+        CHECK(gemm_widen_sgemm((gemm_low_dtypes){.lo = dt, .a = dt, .b = dt, .c = dt}, false, true, m, n, K,
+                               A16, K, B16, K, C16, n));
+        CHECK(gemm_widen_sgemm((gemm_low_dtypes){.lo = dt, .a = EM_F32, .b = EM_F32, .c = EM_F32}, false,
+                               true, m, n, K, A, K, B, K, C32, n));
         for (int i = 0; i < m * n; i++) {
             float w = dt == EM_BF16 ? bf16_bits_to_f32(C16[i]) : f16_bits_to_f32(C16[i]);
             if (memcmp(&C32[i], &w, 4))
@@ -254,4 +255,168 @@ TEST(test_widening_next_to_sgemm_rounds_f32_operands_as_a_cast_rounds_them)
         }
         free(A), free(B), free(C32), free(A16), free(B16), free(C16);
     }
+}
+
+/* ---- the ops around a product: no cast pass on the f32 path ------------------------------
+ * A bf16 product's output meets an f32 bias (PROMOTE): the add reads the bf16
+ * values as they are (op_call.mixed), and its f32 gradient goes back to the
+ * product as it is (node.grad_reads_f32), which rounds it as it packs it; a
+ * weight's gradient is added where it lies by the GEMM itself. */
+
+/* y = x @ W^T + b for f32 leaves, under autocast dt (k == 0) or on explicit
+ * casts with autocast off (k == 1: what autocast did before); two backward
+ * passes, so the second adds into the gradients the first left */
+static void linear_bias_step(int k, em_dtype dt, em_tensor **y, em_tensor **gx, em_tensor **gw,
+                             em_tensor **gb)
+{
+    em_rng r = em_rng_new(23);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(3, 7, 300), &r), *w = em_randn(EM_F32, EM_SHAPE(45, 300), &r),
+              *b = em_randn(EM_F32, EM_SHAPE(45), &r);
+    em_set_requires_grad(x, true);
+    em_set_requires_grad(w, true);
+    em_set_requires_grad(b, true);
+    for (int pass = 0; pass < 2; pass++) {
+        em_tensor *out;
+        if (k == 0) {
+            em_dtype prev = em_autocast_set(dt);
+            out = em_add(em_matmul(x, em_transpose(w, 0, 1)), b);
+            em_autocast_set(prev);
+        } else {
+            em_tensor *p = em_matmul(em_cast(x, dt), em_transpose(em_cast(w, dt), 0, 1));
+            out = em_add(em_cast(p, EM_F32), b);
+        }
+        CHECK_NOTNULL(out);
+        CHECK(em_dtype_of(out) == EM_F32);
+        em_tensor *cot = em_randn(EM_F32, em_ndim(out), em_shape(out), &r);
+        CHECK_OK(em_backward(em_sum(em_mul(out, cot), 0, NULL, false), NULL));
+        *y = out;
+    }
+    *gx = em_grad(x);
+    *gw = em_grad(w);
+    *gb = em_grad(b);
+}
+
+/* Bytes the backward of y = x @ W^T + b (f32 leaves) leaves in the step
+ * scope, under autocast dt (EM_F32: off): the gradients of non-leaves it
+ * made. */
+static size_t linear_bias_backward_bytes(em_dtype dt)
+{
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(29);
+    em_tensor *x = em_randn(EM_F32, EM_SHAPE(64, 256), &r), *w = em_randn(EM_F32, EM_SHAPE(96, 256), &r),
+              *b = em_randn(EM_F32, EM_SHAPE(96), &r);
+    em_set_requires_grad(x, true);
+    em_set_requires_grad(w, true);
+    em_set_requires_grad(b, true);
+    em_dtype prev = em_autocast_set(dt);
+    em_tensor *out = em_add(em_matmul(x, em_transpose(w, 0, 1)), b);
+    em_autocast_set(prev);
+    em_tensor *loss = em_sum(em_mul(out, em_randn(EM_F32, EM_SHAPE(64, 96), &r)), 0, NULL, false);
+    size_t before = em_arena_in_use();
+    CHECK_OK(em_backward(loss, NULL));
+    size_t used = em_arena_in_use() - before;
+    em_scope_end(s);
+    return used;
+}
+
+TEST(test_autocast_linear_with_bias_on_the_f32_path_makes_no_cast)
+{
+    use_path("f32");
+    const em_dtype dts[2] = {EM_BF16, EM_F16};
+    for (int d = 0; d < 2; d++) {
+        em_scope s = em_scope_begin();
+        em_tensor *y, *gx, *gw, *gb;
+        em_profile_reset();
+        em_profile_start();
+        linear_bias_step(0, dts[d], &y, &gx, &gw, &gb);
+        em_profile_stop();
+        CHECK(cast_calls() == 0);
+        CHECK(em_dtype_of(gx) == EM_F32 && em_dtype_of(gw) == EM_F32 && em_dtype_of(gb) == EM_F32);
+        em_scope_end(s);
+        /* nor a copy the engine makes: no narrower copy of the output's
+         * gradient, no dW made beside W's gradient and added to it; the
+         * backward keeps what an f32 one keeps */
+        size_t low = linear_bias_backward_bytes(dts[d]), f32 = linear_bias_backward_bytes(EM_F32);
+        if (low > f32)
+            th_fail(__FILE__, __LINE__, "%s: backward kept %zu bytes, f32's %zu", em_dtype_name(dts[d]), low,
+                    f32);
+    }
+}
+
+TEST(test_autocast_linear_with_bias_on_the_f32_path_gives_the_bits_of_casting_first)
+{
+    use_path("f32");
+    const em_dtype dts[2] = {EM_BF16, EM_F16};
+    for (int d = 0; d < 2; d++) {
+        em_scope s = em_scope_begin();
+        em_tensor *y[2], *gx[2], *gw[2], *gb[2];
+        for (int k = 0; k < 2; k++) linear_bias_step(k, dts[d], &y[k], &gx[k], &gw[k], &gb[k]);
+        char name[96];
+        const char *what[4] = {"y", "x's gradient", "W's gradient (accumulated twice)", "b's gradient"};
+        em_tensor *got[4] = {y[0], gx[0], gw[0], gb[0]}, *want[4] = {y[1], gx[1], gw[1], gb[1]};
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name, "linear+bias %s: %s", em_dtype_name(dts[d]), what[i]);
+            same_bits(name, got[i], want[i]);
+        }
+        em_scope_end(s);
+    }
+}
+
+/* a <op> b for float leaves of dtypes da and db under autocast (which leaves
+ * them mixed on the CPU) against the same op on casts of both to the wider
+ * dtype with autocast off: the result and both gradients bit for bit */
+static void mixed_matches_promoting(em_tensor *(*op)(em_tensor *, em_tensor *), const char *what, em_dtype da,
+                                    int na, const int64_t *sa, em_dtype db, int nb, const int64_t *sb)
+{
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(31);
+    /* values exact in both dtypes' ranges, away from 0 (div) */
+    em_tensor *a32 = em_add_scalar(em_rand(EM_F32, na, sa, &r), 0.5),
+              *b32 = em_add_scalar(em_rand(EM_F32, nb, sb, &r), 0.5);
+    em_tensor *a = em_cast(a32, da), *b = em_cast(b32, db);
+    em_set_requires_grad(a, true);
+    em_set_requires_grad(b, true);
+    em_dtype wide = da == EM_F64 || db == EM_F64 ? EM_F64 : EM_F32;
+    em_profile_reset();
+    em_profile_start();
+    em_dtype prev = em_autocast_set(EM_BF16);
+    em_tensor *y = op(a, b);
+    em_autocast_set(prev);
+    em_profile_stop();
+    CHECK_NOTNULL(y);
+    CHECK(em_dtype_of(y) == wide);
+    if (cast_calls() != 0) th_fail(__FILE__, __LINE__, "%s: the forward cast its inputs", what);
+    em_tensor *cot = em_randn(wide, em_ndim(y), em_shape(y), &r);
+    CHECK_OK(em_backward(em_sum(em_mul(y, cot), 0, NULL, false), NULL));
+    /* copies: zero_grad clears the buffers em_grad hands out */
+    em_tensor *ga = em_copy(em_grad(a)), *gb = em_copy(em_grad(b));
+    CHECK_OK(em_zero_grad(a));
+    CHECK_OK(em_zero_grad(b));
+    em_tensor *want = op(em_cast(a, wide), em_cast(b, wide));
+    CHECK_OK(em_backward(em_sum(em_mul(want, cot), 0, NULL, false), NULL));
+    char name[96];
+    snprintf(name, sizeof name, "%s %s,%s: y", what, em_dtype_name(da), em_dtype_name(db));
+    same_bits(name, y, want);
+    snprintf(name, sizeof name, "%s %s,%s: a's gradient", what, em_dtype_name(da), em_dtype_name(db));
+    same_bits(name, ga, em_grad(a));
+    snprintf(name, sizeof name, "%s %s,%s: b's gradient", what, em_dtype_name(da), em_dtype_name(db));
+    same_bits(name, gb, em_grad(b));
+    em_scope_end(s);
+}
+
+TEST(test_binary_ops_under_autocast_read_mixed_float_inputs_with_the_bits_of_promoting)
+{
+    em_tensor *(*ops[4])(em_tensor *, em_tensor *) = {em_add, em_sub, em_mul, em_div};
+    const char *names[4] = {"add", "sub", "mul", "div"};
+    /* (low, f32) pairs, either way round, and two low dtypes meeting in f32 */
+    const em_dtype pairs[][2] = {
+        {EM_BF16, EM_F32}, {EM_F32, EM_BF16}, {EM_F16, EM_F32}, {EM_BF16, EM_F16}, {EM_BF16, EM_F64}};
+    for (int o = 0; o < 4; o++)
+        for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++) {
+            em_dtype da = pairs[p][0], db = pairs[p][1];
+            /* same shape (flat), a bias row (rows), and a broadcast column (strided) */
+            mixed_matches_promoting(ops[o], names[o], da, EM_SHAPE(5, 1031), db, EM_SHAPE(5, 1031));
+            mixed_matches_promoting(ops[o], names[o], da, EM_SHAPE(3, 9, 700), db, EM_SHAPE(700));
+            mixed_matches_promoting(ops[o], names[o], da, EM_SHAPE(6, 1), db, EM_SHAPE(6, 37));
+        }
 }

@@ -291,7 +291,8 @@ static void widen_sgemm_matches(em_dtype dt, int64_t m, int64_t K, int64_t n, bo
         }
     float (*val)(uint16_t) = dt == EM_F16 ? f16_bits_to_f32 : bf16_bits_to_f32;
     int64_t lda = ta ? m : K, ldb = tb ? K : n;
-    CHECK(gemm_widen_sgemm((gemm_low_dtypes){dt, dt, dt, dt}, ta, tb, m, n, K, A, lda, B, ldb, C, n));
+    CHECK(gemm_widen_sgemm((gemm_low_dtypes){.lo = dt, .a = dt, .b = dt, .c = dt}, ta, tb, m, n, K, A, lda, B,
+                           ldb, C, n));
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             double w = 0, s = 0;

@@ -18,16 +18,6 @@
     "train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2", "--embd", "16", "--block", "8",   \
         "--batch", "4", "--iters", "4", "--eval-every", "2", "--eval-iters", "1", "--cpu"
 
-static void make_corpus(char *dir, size_t n, char *txt, size_t tn)
-{
-    snprintf(dir, n, "/tmp/ember-ckcli-XXXXXX");
-    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
-    snprintf(txt, tn, "%s/corpus.txt", dir);
-    FILE *f = fopen(txt, "w");
-    for (int i = 0; i < 300; i++) fputs("the cat sat on the mat. the dog sat on the log.\n", f);
-    fclose(f);
-}
-
 /* `ember train` (nproc 1) or `ember launch -n 2 ember train` into out,
  * resuming from resume when not NULL, with EMBER_FAULT=fault when not NULL. */
 static th_run_result *train(int nproc, const char *txt, const char *out, const char *resume,
@@ -163,7 +153,7 @@ static int kill_everywhere(int nproc, const char *dir, const char *txt, const ch
 TEST(test_train_killed_at_any_point_of_a_save_resumes_to_the_uninterrupted_weights)
 {
     char dir[64], txt[128], ref[160], base[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(ref, sizeof ref, "%s/ref", dir);
     snprintf(base, sizeof base, "%s/base", dir);
     reference_and_base(1, txt, ref, base);
@@ -176,7 +166,7 @@ TEST(test_train_killed_at_any_point_of_a_save_resumes_to_the_uninterrupted_weigh
 TEST(test_train_killed_at_any_point_of_a_save_without_rename_exchange_resumes_to_the_same_weights)
 {
     char dir[64], txt[128], ref[160], base[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(ref, sizeof ref, "%s/ref", dir);
     snprintf(base, sizeof base, "%s/base", dir);
     reference_and_base(1, txt, ref, base);
@@ -191,7 +181,7 @@ TEST(test_train_killed_at_any_point_of_a_save_without_rename_exchange_resumes_to
 TEST(test_launch_two_ranks_killed_at_any_point_of_a_save_resume_to_the_uninterrupted_weights)
 {
     char dir[64], txt[128], ref[160], base[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(ref, sizeof ref, "%s/ref", dir);
     snprintf(base, sizeof base, "%s/base", dir);
     reference_and_base(2, txt, ref, base);
@@ -238,7 +228,7 @@ static size_t pick(int k, size_t n, uint64_t *x)
 TEST(test_sample_and_init_refuse_weights_or_config_with_a_flipped_byte_naming_the_file)
 {
     char dir[64], txt[128], out[160], model[200], config[200];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     snprintf(model, sizeof model, "%s/model.safetensors", out);
     snprintf(config, sizeof config, "%s/config", out);
@@ -293,7 +283,7 @@ TEST(test_sample_and_init_refuse_weights_or_config_with_a_flipped_byte_naming_th
 TEST(test_train_resume_refuses_a_checkpoint_with_a_flipped_byte_naming_the_file)
 {
     char dir[64], txt[128], out[160], state[200];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     snprintf(state, sizeof state, "%s/state", out);
     CHECK_EXIT(train(2, txt, out, NULL, NULL), 0);

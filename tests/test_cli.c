@@ -311,18 +311,6 @@ TEST(test_cli_demo_rejects_bad_flag_and_value)
 
 /* ---- ember train / ember sample ---------------------------------------------- */
 
-/* A small corpus in a fresh temp dir: a repeated rhyme, so a tiny model's
- * loss clearly falls within a few dozen steps. Writes the dir to `dir`. */
-static void make_corpus(char *dir, size_t n, char *txt, size_t tn)
-{
-    snprintf(dir, n, "/tmp/ember-cli-XXXXXX");
-    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
-    snprintf(txt, tn, "%s/corpus.txt", dir);
-    FILE *f = fopen(txt, "w");
-    for (int i = 0; i < 300; i++) fputs("the cat sat on the mat. the dog sat on the log.\n", f);
-    fclose(f);
-}
-
 static bool file_nonempty(const char *dir, const char *name)
 {
     char p[512];
@@ -341,7 +329,7 @@ static bool file_nonempty(const char *dir, const char *name)
 TEST(test_cli_train_writes_model_config_metrics_and_loss_falls)
 {
     char dir[64], txt[128], out[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     th_run_result *r =
         run_ember("train", "--data", txt, "--out", out, TINY_MODEL, "--iters", "80", "--eval-every", "40",
@@ -476,7 +464,7 @@ static int step_losses(const char *out, double *loss, int max)
 static int train_losses(int nproc, const char *device, const char *prec, double *loss, char *out, size_t nout)
 {
     char dir[64], txt[128];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, nout, "%s/run", dir);
     th_run_result *r;
     if (nproc == 1)
@@ -571,7 +559,7 @@ TEST(test_cli_train_rejects_a_bad_device)
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--device") && strstr(r->err, "'gpu'"));
     char dir[64], txt[128], out[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     r = run_ember("train", "--data", txt, "--out", out, TINY_MODEL, "--iters", "1", "--device", "cuda:7", NULL);
     CHECK_EXIT(r, 1);
@@ -583,7 +571,7 @@ TEST(test_cli_train_rejects_a_bad_device)
 TEST(test_cli_train_zero_offload_of_a_cpu_model_is_refused_naming_why)
 {
     char dir[64], txt[128], out[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     th_run_result *r =
         run_ember("launch", "-n", "2", "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out", out,
@@ -596,7 +584,7 @@ TEST(test_cli_train_zero_offload_of_a_cpu_model_is_refused_naming_why)
 TEST(test_cli_launch_more_ranks_than_cuda_devices_fails_naming_the_shortage)
 {
     char dir[64], txt[128], out[160], n[16];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     snprintf(n, sizeof n, "%d", em_cuda_device_count() + 1); /* one rank more than there are devices */
     th_run_result *r = run_ember("launch", "-n", n, "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out",
@@ -639,7 +627,7 @@ static void train_then_kill(const char *txt, const char *out, const char *until)
 TEST(test_cli_train_killed_keeps_every_metrics_record_it_printed)
 {
     char dir[64], txt[128], out[160], metrics[200];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
     train_then_kill(txt, out, "step 3/");
@@ -660,7 +648,7 @@ TEST(test_cli_train_killed_keeps_every_metrics_record_it_printed)
 TEST(test_cli_train_refuses_out_of_range_integers_and_models_that_cannot_fit)
 {
     char dir[64], txt[128], out[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     th_run_result *r = run_ember("train", "--data", txt, "--out", out, "--layers", "4294967297", NULL);
     CHECK_EXIT(r, 2);
@@ -684,7 +672,7 @@ TEST(test_cli_train_refuses_out_of_range_integers_and_models_that_cannot_fit)
 TEST(test_cli_train_resumed_after_a_kill_has_every_metrics_step_exactly_once)
 {
     char dir[64], txt[128], out[160], state[200], metrics[200];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     snprintf(state, sizeof state, "%s/state", out);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
@@ -817,7 +805,7 @@ static void check_metrics_within(const char *a, const char *b, double rel)
  * the end of step 7). */
 static void straight_and_saved(char *dir, size_t n, char *txt, size_t tn, char *straight, char *saved)
 {
-    make_corpus(dir, n, txt, tn);
+    th_rhyme_corpus(dir, n, txt, tn);
     snprintf(straight, 160, "%s/straight", dir);
     snprintf(saved, 160, "%s/saved", dir);
     th_run_result *r = launch_train("2", "0", NULL, txt, straight, NULL);
@@ -929,7 +917,7 @@ static int count_of(const char *text, const char *what)
 static void check_restarted_job_ends_as_the_straight_one(const char *fault, const char *resumed)
 {
     char dir[64], txt[128], straight[160], out[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(straight, sizeof straight, "%s/straight", dir);
     snprintf(out, sizeof out, "%s/restarted", dir);
     th_run_result *r = launch_train("2", "0", NULL, txt, straight, "auto");
@@ -979,7 +967,7 @@ TEST(test_cli_launch_restarts_train_resume_auto_after_a_kill_before_any_checkpoi
 TEST(test_cli_train_resume_auto_refuses_a_damaged_checkpoint)
 {
     char dir[64], txt[128], out[160], p[256];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     th_run_result *r = run_ember("train", "--data", txt, "--out", out, RESUME_RUN, NULL);
     CHECK_EXIT(r, 0);
@@ -1003,7 +991,7 @@ TEST(test_cli_train_resume_auto_refuses_a_damaged_checkpoint)
 TEST(test_cli_train_resume_auto_starts_fresh_over_an_empty_state_directory)
 {
     char dir[64], txt[128], out[160], state[200];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     snprintf(state, sizeof state, "%s/state", out);
     CHECK(mkdir(out, 0755) == 0 && mkdir(state, 0755) == 0);

@@ -151,6 +151,25 @@ TEST(test_collate_pad_pads_each_batch_to_its_longest_with_a_mask)
     em_loader_free(l);
 }
 
+/* em_pad_defaults pads labels with -100, the loss's ignore_index */
+TEST(test_collate_pad_defaults_pad_labels_with_the_ignore_index)
+{
+    em_pad_config pc = em_pad_defaults();
+    CHECK(pc.y_pad == EM_IGNORE_INDEX && pc.x_pad == 0 && !pc.pad_y && pc.multiple == 0 &&
+          pc.mask_dtype == EM_F32);
+    seqs d = {.bad_len_at = -1};
+    em_dataset ds = seq_dataset(&d);
+    pc.pad_y = true;
+    em_loader *l = pad_loader(&ds, 3, false, 0, &pc);
+    em_scope s = em_scope_begin();
+    em_batch b;
+    CHECK(em_loader_next(l, &b) == 1);
+    int64_t ids[3];
+    check_padded(&b, 0, false, ids); /* y's padding is -100 */
+    em_scope_end(s);
+    em_loader_free(l);
+}
+
 static void shuffled_epochs(int prefetch)
 {
     seqs d = {.bad_len_at = -1};

@@ -37,11 +37,13 @@ TEST(test_cuda_softmax_and_log_softmax_match_the_cpu_along_any_dim)
     for (int k = 0; k < 4; k++)
         for (int log = 0; log < 2; log++) {
             em_scope s = em_scope_begin();
-            em_tensor *x = em_mul(ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(3, 37, 5), 1), em_full(CT_FLOAT_DTYPES[k], 0, NULL, 3.0));
+            em_tensor *x = em_mul(ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(3, 37, 5), 1),
+                                  em_full(CT_FLOAT_DTYPES[k], 0, NULL, 3.0));
             sm_case last = {-1, log}, mid = {1, log};
             CPU_VS_CUDA("softmax dim -1", sm_graph, &last, 1, &x, ct_tol(CT_FLOAT_DTYPES[k]));
             CPU_VS_CUDA("softmax dim 1", sm_graph, &mid, 1, &x, ct_tol(CT_FLOAT_DTYPES[k]));
-            em_tensor *wide = ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(4, 3001), 2); /* rows longer than a block */
+            em_tensor *wide =
+                ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(4, 3001), 2); /* rows longer than a block */
             CPU_VS_CUDA("softmax of wide rows", sm_graph, &last, 1, &wide, ct_tol(CT_FLOAT_DTYPES[k]));
             em_scope_end(s);
         }
@@ -60,8 +62,48 @@ TEST(test_cuda_cross_entropy_matches_the_cpu_with_ignored_targets)
         em_tensor *in[2] = {ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(3, 7, 50), 3),
                             targets(EM_SHAPE(3, 7), 50, 4, ignore, 4)};
         CPU_VS_CUDA("cross_entropy", ce_graph, &ignore, 2, in, ct_tol(CT_FLOAT_DTYPES[k]));
-        em_tensor *big[2] = {ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(5, 5000), 5), targets(EM_SHAPE(5), 5000, 0, 0, 6)};
+        em_tensor *big[2] = {ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(5, 5000), 5),
+                             targets(EM_SHAPE(5), 5000, 0, 0, 6)};
         CPU_VS_CUDA("cross_entropy, many classes", ce_graph, &ignore, 2, big, ct_tol(CT_FLOAT_DTYPES[k]));
+        em_scope_end(s);
+    }
+}
+
+/* em_cross_entropy_loss's options on the device: the weights live on each
+ * side's device, chosen by the logits' */
+typedef struct ce_opts {
+    em_cross_entropy_config c;
+    em_tensor *w_cpu, *w_cuda;
+} ce_opts;
+
+static em_tensor *ce_opts_graph(em_tensor **in, void *ctx)
+{
+    ce_opts *o = ctx;
+    em_cross_entropy_config c = o->c;
+    if (c.weight) c.weight = em_device_of(in[0]).type == EM_CUDA ? o->w_cuda : o->w_cpu;
+    return em_cross_entropy_loss(in[0], in[1], &c);
+}
+
+TEST(test_cuda_cross_entropy_options_match_the_cpu)
+{
+    CUDA_OR_SKIP();
+    for (int k = 0; k < 4; k++) {
+        em_dtype dt = CT_FLOAT_DTYPES[k];
+        em_scope s = em_scope_begin();
+        em_tensor *w = em_add_scalar(em_abs(ct_randn(dt, EM_SHAPE(40), 11)), 0.1);
+        em_tensor *in[2] = {ct_randn(dt, EM_SHAPE(3, 40, 5), 12), targets(EM_SHAPE(3, 5), 40, 3, -100, 13)};
+        em_reduction reds[3] = {EM_REDUCTION_MEAN, EM_REDUCTION_SUM, EM_REDUCTION_NONE};
+        for (int r = 0; r < 3; r++)
+            for (int opt = 0; opt < 4; opt++) { /* weights and smoothing, each on or off */
+                ce_opts o = {em_cross_entropy_defaults(), w, ct_on_cuda(w)};
+                o.c.reduction = reds[r];
+                o.c.weight = opt & 1 ? w : NULL;
+                o.c.label_smoothing = opt & 2 ? 0.15 : 0;
+                char what[64];
+                snprintf(what, sizeof what, "cross_entropy %s, reduction %d, options %d", em_dtype_name(dt),
+                         r, opt);
+                CPU_VS_CUDA(what, ce_opts_graph, &o, 2, in, ct_tol(dt));
+            }
         em_scope_end(s);
     }
 }
@@ -89,7 +131,8 @@ TEST(test_cuda_mse_loss_matches_the_cpu)
     CUDA_OR_SKIP();
     for (int k = 0; k < 4; k++) {
         em_scope s = em_scope_begin();
-        em_tensor *in[2] = {ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(6, 33), 40), ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(6, 33), 41)};
+        em_tensor *in[2] = {ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(6, 33), 40),
+                            ct_randn(CT_FLOAT_DTYPES[k], EM_SHAPE(6, 33), 41)};
         CPU_VS_CUDA("mse_loss", mse_graph, NULL, 2, in, ct_tol(CT_FLOAT_DTYPES[k]));
         em_scope_end(s);
     }

@@ -45,16 +45,19 @@ static double max_rel(em_tensor *a, em_tensor *b)
     return m;
 }
 
-static void optimizer_matches_cpu(bool adamw)
+/* kind 0: SGD Nesterov; 1: AdamW; 2: AdamW with amsgrad and maximize */
+static void optimizer_matches_cpu(int kind)
 {
     em_rng r = em_rng_new(11);
     em_tensor *x0 = em_randn(EM_F32, EM_SHAPE(33, 17), &r), *x1 = em_randn(EM_F32, EM_SHAPE(1000), &r);
     em_tensor *pc[2] = {leaf_on(x0, em_device_cpu()), leaf_on(x1, em_device_cpu())};
     em_tensor *pd[2] = {leaf_on(x0, em_device_cuda(0)), leaf_on(x1, em_device_cuda(0))};
     em_optimizer *oc, *od;
-    if (adamw) {
-        oc = em_adamw_new(2, pc, NULL);
-        od = em_adamw_new(2, pd, NULL);
+    if (kind) {
+        em_adam_config c = em_adamw_defaults();
+        c.amsgrad = c.maximize = kind == 2;
+        oc = em_adamw_new(2, pc, &c);
+        od = em_adamw_new(2, pd, &c);
     } else {
         em_sgd_config c = em_sgd_defaults();
         c.lr = 0.1, c.momentum = 0.9, c.weight_decay = 0.01, c.nesterov = true;
@@ -65,6 +68,11 @@ static void optimizer_matches_cpu(bool adamw)
     for (int step = 0; step < 5; step++) {
         for (int k = 0; k < 2; k++) {
             em_tensor *g = em_randn(EM_F32, em_ndim(pc[k]), em_shape(pc[k]), &r);
+            if (kind == 2 && step >= 2) { /* smaller gradients: v falls, amsgrad's maximum holds */
+                em_tensor *small = em_mul_scalar(g, 0.1);
+                em_free(g);
+                g = small;
+            }
             give_grad(pc[k], g);
             give_grad(pd[k], g);
             em_free(g);
@@ -75,8 +83,9 @@ static void optimizer_matches_cpu(bool adamw)
     for (int k = 0; k < 2; k++) CHECK(max_rel(pd[k], pc[k]) < 1e-5);
     /* the state comes back to the host, and loads into a fresh optimizer */
     int n = em_optim_state(od, NULL, 0);
-    em_named st[8];
-    CHECK(n > 1 && n <= 8 && em_optim_state(od, st, n) == n);
+    em_named st[16];
+    CHECK(n > 1 && n <= 16 && em_optim_state(od, st, n) == n);
+    CHECK(n == (kind == 2 ? 9 : kind == 1 ? 7 : 3)); /* amsgrad: max_exp_avg_sq too */
     for (int k = 1; k < n; k++) CHECK(em_device_of(st[k].t).type == EM_CPU);
     CHECK_OK(em_optim_load_state(od, n, st));
     em_optim_free(oc);
@@ -92,13 +101,19 @@ static void optimizer_matches_cpu(bool adamw)
 TEST(test_cuda_adamw_steps_match_the_cpu)
 {
     CUDA_OR_SKIP();
-    optimizer_matches_cpu(true);
+    optimizer_matches_cpu(1);
+}
+
+TEST(test_cuda_adamw_amsgrad_maximize_steps_match_the_cpu)
+{
+    CUDA_OR_SKIP();
+    optimizer_matches_cpu(2);
 }
 
 TEST(test_cuda_sgd_nesterov_steps_match_the_cpu)
 {
     CUDA_OR_SKIP();
-    optimizer_matches_cpu(false);
+    optimizer_matches_cpu(0);
 }
 
 TEST(test_cuda_clip_grad_norm_matches_the_cpu)
@@ -107,14 +122,19 @@ TEST(test_cuda_clip_grad_norm_matches_the_cpu)
     em_rng r = em_rng_new(12);
     em_tensor *x = em_randn(EM_F32, EM_SHAPE(300, 70), &r), *c = em_randn(EM_F32, EM_SHAPE(300, 70), &r);
     em_tensor *pc = leaf_on(x, em_device_cpu()), *pd = leaf_on(x, em_device_cuda(0));
-    give_grad(pc, c);
-    give_grad(pd, c);
-    em_status sc, sd;
-    double nc = em_clip_grad_norm(1, &pc, 1.0, &sc), nd = em_clip_grad_norm(1, &pd, 1.0, &sd);
-    CHECK_OK(sc);
-    CHECK_OK(sd);
-    CHECK_NEAR(nd, nc, 1e-9 * nc);
-    CHECK(max_rel(em_grad(pd), em_grad(pc)) < 1e-6);
+    double norms[] = {2, 1, 3, INFINITY};
+    for (int k = 0; k < 4; k++) { /* each norm type clips the device's gradients as the CPU's */
+        give_grad(pc, c);
+        give_grad(pd, c);
+        em_status sc, sd;
+        em_clip_config cfg = {.max_norm = 1.0, .norm_type = norms[k]};
+        double nc = em_clip_grad_norm_with(1, &pc, &cfg, &sc), nd = em_clip_grad_norm_with(1, &pd, &cfg, &sd);
+        th_case("norm_type %g", norms[k]);
+        CHECK_OK(sc);
+        CHECK_OK(sd);
+        CHECK_NEAR(nd, nc, 1e-9 * nc);
+        CHECK(max_rel(em_grad(pd), em_grad(pc)) < 1e-6);
+    }
     em_free(pc);
     em_free(pd);
     em_free(x);

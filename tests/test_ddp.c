@@ -847,6 +847,8 @@ static size_t device_bytes_after_a_step(em_pg *pg, int rank, em_gpt *g, bool off
     em_cuda_empty_cache(rank);
     CHECK_OK(em_cuda_memory_stats(rank, &before));
     em_optimizer *opt = th_adamw_of(g->m, NAN);
+    /* zero_grad keeps the gradients, for the step without the engine below */
+    if (opt) CHECK_OK(em_optim_set_zero_grad_mode(opt, EM_ZERO_GRAD_IN_PLACE));
     em_zero *z = opt ? em_zero_new(pg, g->m, opt,
                                    &(em_zero_config){.stage = 1, .bucket_mb = 0.004, .offload = offload})
                      : NULL;

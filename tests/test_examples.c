@@ -364,7 +364,7 @@ static void scratch_reference_rank(int rank, int world, void *ctx)
         int64_t first = (int64_t)step * BATCH % N_DATA + rank * per_rank;
         em_tensor *h = em_relu(em_nn_linear_forward(fc1, em_narrow(x, 0, first, per_rank)));
         em_tensor *loss =
-            em_cross_entropy(em_nn_linear_forward(fc2, h), em_narrow(y, 0, first, per_rank), -1);
+            em_cross_entropy(em_nn_linear_forward(fc2, h), em_narrow(y, 0, first, per_rank), EM_IGNORE_INDEX);
         CHECK_NOTNULL(loss);
         CHECK_OK(em_accel_backward(acc, loss));
         CHECK_OK(em_accel_step(acc));

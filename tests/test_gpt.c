@@ -274,6 +274,35 @@ TEST(test_gpt_sample_is_deterministic_for_a_seed_and_in_range)
     CHECK(em_live_tensors() == 0);
 }
 
+typedef struct token_log {
+    int calls, last_done, n_new;
+    const int32_t *out;
+    int32_t seen[16];
+} token_log;
+
+static void log_token(void *ctx, int done, int n_new)
+{
+    token_log *l = ctx;
+    CHECK(done == l->last_done + 1 && n_new == l->n_new);
+    l->seen[done - 1] = l->out[3 + done - 1]; /* the token just made is in out already */
+    l->last_done = done;
+    l->calls++;
+}
+
+/* once per token, after it is written; the tokens are em_gpt_sample's */
+TEST(test_gpt_sample_progress_calls_its_hook_once_per_new_token)
+{
+    em_gpt *g = ref_model();
+    em_module_train(g->m, false);
+    int32_t prompt[3] = {1, 2, 3}, a[3 + 12], b[3 + 12];
+    em_rng r1 = em_rng_new(9), r2 = em_rng_new(9);
+    token_log l = {.n_new = 12, .out = b};
+    CHECK(em_gpt_sample(g, prompt, 3, 12, 1.0, 0, &r1, a) == 15);
+    CHECK(em_gpt_sample_progress(g, prompt, 3, 12, 1.0, 0, &r2, b, log_token, &l) == 15);
+    CHECK(l.calls == 12 && !memcmp(a, b, sizeof a) && !memcmp(l.seen, b + 3, 12 * sizeof(int32_t)));
+    em_gpt_free(g);
+}
+
 TEST(test_gpt_sample_crops_the_context_to_block_size)
 {
     em_gpt *g = ref_model();

@@ -143,15 +143,21 @@ static void wide_values(float *x, int64_t n, uint64_t seed, bool special)
  * multiply and an add into an FMA (-ffp-contract=fast, gcc's default for
  * C), and the same expression contracts the same way, scalar or vector. */
 __attribute__((optimize("no-tree-vectorize"))) static void
-adam_ref(const opt_coef *c, float *p, const float *g, float *m, float *v, int64_t n)
+adam_ref(const opt_coef *c, float *p, const float *g, float *m, float *v, float *vmax, int64_t n)
 {
     opt_k_f32 k = opt_k_of_f32(c);
-    if (c->decoupled)
-        for (int64_t i = 0; i < n; i++) p[i] = adam_elem_f32(&k, p[i], g[i], &m[i], &v[i], false, true);
+    if (c->amsgrad && c->maximize && c->decoupled)
+        for (int64_t i = 0; i < n; i++)
+            p[i] = adam_elem_f32(&k, p[i], g[i], &m[i], &v[i], &vmax[i], false, true, true, true);
+    else if (c->decoupled)
+        for (int64_t i = 0; i < n; i++)
+            p[i] = adam_elem_f32(&k, p[i], g[i], &m[i], &v[i], NULL, false, true, false, false);
     else if (c->l2)
-        for (int64_t i = 0; i < n; i++) p[i] = adam_elem_f32(&k, p[i], g[i], &m[i], &v[i], true, false);
+        for (int64_t i = 0; i < n; i++)
+            p[i] = adam_elem_f32(&k, p[i], g[i], &m[i], &v[i], NULL, true, false, false, false);
     else
-        for (int64_t i = 0; i < n; i++) p[i] = adam_elem_f32(&k, p[i], g[i], &m[i], &v[i], false, false);
+        for (int64_t i = 0; i < n; i++)
+            p[i] = adam_elem_f32(&k, p[i], g[i], &m[i], &v[i], NULL, false, false, false, false);
 }
 
 __attribute__((optimize("no-tree-vectorize"))) static void sgd_ref(const opt_coef *c, float *p,
@@ -159,7 +165,7 @@ __attribute__((optimize("no-tree-vectorize"))) static void sgd_ref(const opt_coe
 {
     opt_k_f32 k = opt_k_of_f32(c);
     for (int64_t i = 0; i < n; i++)
-        p[i] = sgd_elem_f32(&k, p[i], g[i], &buf[i], true, c->wd != 0, c->first, c->nesterov);
+        p[i] = sgd_elem_f32(&k, p[i], g[i], &buf[i], true, c->wd != 0, c->first, c->nesterov, false);
 }
 
 /* a persistent f32 leaf of NP elements with values x, and its gradient
@@ -181,25 +187,33 @@ static void check_same_bits(const char *what, int step, const float *got, const 
                     what, step, (long long)i, (double)got[i], (double)want[i]);
 }
 
-/* kind 0 Adam, 1 Adam with L2 weight decay, 2 AdamW: three steps, each
- * compared bit for bit with adam_elem_f32 */
+/* kind 0 Adam, 1 Adam with L2 weight decay, 2 AdamW, 3 AdamW with amsgrad
+ * and maximize: three steps, each compared bit for bit with adam_elem_f32 */
 static void adam_matches(int kind)
 {
     float *x = malloc(NP * sizeof *x), *g = malloc(NP * sizeof *g), *m = calloc(NP, sizeof *m),
-          *v = calloc(NP, sizeof *v), *want = malloc(NP * sizeof *want);
-    CHECK(x && g && m && v && want);
+          *v = calloc(NP, sizeof *v), *vmax = calloc(NP, sizeof *vmax), *want = malloc(NP * sizeof *want);
+    CHECK(x && g && m && v && vmax && want);
     wide_values(x, NP, 1, false);
     wide_values(g, NP, 2, true);
     memcpy(want, x, NP * sizeof *x);
     em_tensor *p = leaf_with_grad(x, g);
-    em_adam_config cfg = kind == 2 ? em_adamw_defaults() : em_adam_defaults();
+    bool adamw = kind >= 2;
+    em_adam_config cfg = adamw ? em_adamw_defaults() : em_adam_defaults();
     cfg.lr = 0.01, cfg.weight_decay = kind == 0 ? 0 : 0.05;
-    em_optimizer *o = kind == 2 ? em_adamw_new(1, &p, &cfg) : em_adam_new(1, &p, &cfg);
+    cfg.amsgrad = cfg.maximize = kind == 3;
+    em_optimizer *o = adamw ? em_adamw_new(1, &p, &cfg) : em_adam_new(1, &p, &cfg);
     CHECK_NOTNULL(o);
     for (int t = 1; t <= 3; t++) {
+        if (kind == 3) { /* v falls at step 3: the maximum is not v there */
+            for (int64_t i = 0; i < NP; i++) g[i] *= t == 3 ? 0.01f : 1.5f;
+            memcpy(em_data(em_grad(p)), g, NP * sizeof *g);
+        }
         CHECK_OK(em_optim_step(o));
         opt_coef c = {.l2 = kind == 1,
-                      .decoupled = kind == 2,
+                      .decoupled = adamw,
+                      .amsgrad = kind == 3,
+                      .maximize = kind == 3,
                       .lr = cfg.lr,
                       .wd = cfg.weight_decay,
                       .b1 = cfg.beta1,
@@ -208,18 +222,23 @@ static void adam_matches(int kind)
                       .step_size = cfg.lr / (1.0 - pow(cfg.beta1, t)),
                       .bc2_sqrt = sqrt(1.0 - pow(cfg.beta2, t)),
                       .decay = 1.0 - cfg.lr * cfg.weight_decay};
-        adam_ref(&c, want, g, m, v, NP);
-        check_same_bits(kind == 2 ? "AdamW" : kind == 1 ? "Adam (L2)" : "Adam", t, em_data(p), want);
+        adam_ref(&c, want, g, m, v, vmax, NP);
+        check_same_bits(kind == 3   ? "AdamW (amsgrad, maximize)"
+                        : kind == 2 ? "AdamW"
+                        : kind == 1 ? "Adam (L2)"
+                                    : "Adam",
+                        t, em_data(p), want);
     }
     em_optim_free(o);
     em_free(em_grad(p));
     em_free(p);
-    free(x), free(g), free(m), free(v), free(want);
+    free(x), free(g), free(m), free(v), free(vmax), free(want);
 }
 
 TEST(test_adam_step_gives_the_shared_formulas_bits) { adam_matches(0); }
 TEST(test_adam_l2_step_gives_the_shared_formulas_bits) { adam_matches(1); }
 TEST(test_adamw_step_gives_the_shared_formulas_bits) { adam_matches(2); }
+TEST(test_adamw_amsgrad_maximize_step_gives_the_shared_formulas_bits) { adam_matches(3); }
 
 /* SGD with momentum, dampening and weight decay, then Nesterov: three
  * steps each, the first filling the buffer */

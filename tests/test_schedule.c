@@ -123,7 +123,9 @@ static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
 }
 
 /* An Accelerator (world 1) with an SGD over one parameter w (no gradient:
- * the optimizer skips it, only the lr moves) and the schedule s. */
+ * the optimizer skips it, only the lr moves) made with the schedule's
+ * base_lr (so the group's lr is em_lr_at's, bit for bit), and the schedule
+ * s. */
 typedef struct run {
     em_accelerator *a;
     em_optimizer *o;
@@ -141,7 +143,7 @@ static void run_start(run *r, const em_lr_schedule *s)
     r->w = em_zeros(EM_F32, 1, (int64_t[]){2});
     CHECK_NOTNULL(r->m);
     CHECK_OK(em_module_add_param(r->m, "w", r->w));
-    r->o = em_sgd_new(1, &r->w, &(em_sgd_config){.lr = 1.0});
+    r->o = em_sgd_new(1, &r->w, &(em_sgd_config){.lr = s->base_lr});
     CHECK_NOTNULL(r->o);
     CHECK_OK(em_accel_prepare(r->a, r->m, r->o, NULL, s));
 }

@@ -209,6 +209,17 @@ static void read_back(FILE *f, char *buf, size_t cap)
     buf[n] = '\0';
 }
 
+void th_rhyme_corpus(char *dir, size_t n, char *txt, size_t tn)
+{
+    snprintf(dir, n, "/tmp/ember-corpus-XXXXXX");
+    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
+    snprintf(txt, tn, "%s/corpus.txt", dir);
+    FILE *f = fopen(txt, "w");
+    if (!f) th_fail(__FILE__, __LINE__, "cannot write %s", txt);
+    for (int i = 0; i < 300; i++) fputs("the cat sat on the mat. the dog sat on the log.\n", f);
+    fclose(f);
+}
+
 th_run_result *th_vrun(const char *bin, va_list ap)
 {
     const char *argv[40] = {bin};

@@ -1,13 +1,16 @@
 /* cmd_sample.c — `ember sample`: loads what `ember train` wrote (DIR/config
  * and DIR/model.safetensors) and prints text generated from a prompt, one
- * token at a time through the GPT's KV cache. */
+ * token at a time through the GPT's KV cache. A long generation shows a
+ * progress bar on stderr when that is a terminal (tools/progress.c). */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
 #include "ember/ember.h"
+#include "progress.h"
 #include "train_config.h"
 
 static int usage(FILE *f)
@@ -19,6 +22,22 @@ static int usage(FILE *f)
         "  DIR holds config and model.safetensors from `ember train --out DIR`\n"
         "  defaults: prompt \"\\n\", 500 tokens, temperature 0.8, top-k 200, seed 1337\n");
     return f == stderr ? 2 : 0;
+}
+
+/* Generations of at least this many tokens show the bar. */
+enum { BAR_MIN_TOKENS = 256 };
+
+typedef struct bar_ctx {
+    progress bar;
+    double t0;
+} bar_ctx;
+
+/* em_gpt_sample_progress's hook: the bar after each token */
+static void on_token(void *ctx, int done, int n_new)
+{
+    bar_ctx *b = ctx;
+    double rate = (double)done / (progress_now() - b->t0);
+    progress_draw(&b->bar, done, n_new, " tokens", NAN, rate, (double)(n_new - done) / rate);
 }
 
 static bool num(const char *flag, const char *s, double lo, double *out)
@@ -108,7 +127,11 @@ int cmd_sample(int argc, char **argv)
     }
     em_module_train(g->m, false);
     em_rng rng = em_rng_new((uint64_t)seed);
-    int n = em_gpt_sample(g, ids, (int)np, (int)tokens, temperature, (int)top_k, &rng, ids);
+    bar_ctx bc = {progress_on(stderr, 0.1), progress_now()};
+    bool bar = bc.bar.tty && tokens >= BAR_MIN_TOKENS;
+    int n = em_gpt_sample_progress(g, ids, (int)np, (int)tokens, temperature, (int)top_k, &rng, ids,
+                                   bar ? on_token : NULL, &bc);
+    progress_clear(&bc.bar);
     if (n < 0 || em_vocab_decode(&vocab, ids, (size_t)n, text)) {
         fprintf(stderr, "ember sample: %s\n", em_last_error());
         goto done;

@@ -41,6 +41,7 @@
 #include "dist/checkpoint_impl.h"
 #include "ember/ember.h"
 #include "mem_check.h"
+#include "progress.h"
 #include "tensor/fault_impl.h"
 #include "tensor/fileio_impl.h"
 #include "train_config.h"
@@ -424,36 +425,6 @@ static em_status train_step_body(run *r, double *loss, double *norm)
     return s;
 }
 
-static void fmt_eta(double secs, char *buf, size_t n)
-{
-    int t = (int)(secs + 0.5);
-    if (t >= 3600)
-        snprintf(buf, n, "%dh%02dm", t / 3600, t / 60 % 60);
-    else
-        snprintf(buf, n, "%dm%02ds", t / 60, t % 60);
-}
-
-/* One terminal line, redrawn in place: [#####.....] step/iters loss tok/s ETA */
-static void draw_bar(int64_t step, int64_t iters, double loss, double tps, double eta)
-{
-    enum { WIDTH = 24 };
-    char bar[WIDTH + 1], etas[32];
-    int fill = iters ? (int)(WIDTH * step / iters) : WIDTH;
-    for (int i = 0; i < WIDTH; i++) bar[i] = i < fill ? '#' : '.';
-    bar[WIDTH] = 0;
-    fmt_eta(eta, etas, sizeof etas);
-    printf("\r\033[K[%s] %lld/%lld  loss %.4f  %.0f tok/s  ETA %s", bar, (long long)step, (long long)iters,
-           loss, tps, etas);
-    fflush(stdout);
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* AdamW with decay on matrices (embeddings, linear weights), not on biases
  * or norms, as nanoGPT groups them. */
 static em_status make_optimizer(run *r)
@@ -773,7 +744,8 @@ int cmd_train(int argc, char **argv)
         teardown(&r);
         return 1;
     }
-    bool tty = r.main && isatty(STDOUT_FILENO);
+    progress bar = progress_on(stdout, 0); /* a terminal gets a bar (tools/progress.c), a log plain lines */
+    bool tty = r.main && bar.tty;
     int world = em_accel_world(r.acc);
     int64_t start = em_accel_step_count(r.acc);
     if (r.main && o->resume_auto && !o->resume) {
@@ -796,7 +768,7 @@ int cmd_train(int argc, char **argv)
         printf("\n");
         fflush(stdout);
     }
-    double t_start = now(), t_last = t_start, loss = NAN, norm = 0;
+    double t_start = progress_now(), t_last = t_start, loss = NAN, norm = 0;
     int64_t tokens_per_step = o->batch * em_accel_grad_accum(r.acc) * o->model.block_size;
     int64_t since = 0; /* steps timed since t_last */
     for (int64_t step = start; !s; step++) {
@@ -809,7 +781,7 @@ int cmd_train(int argc, char **argv)
             double el[2];
             if ((s = evaluate(&r, el))) break;
             if (r.main) {
-                if (tty) printf("\r\033[K");
+                progress_clear(&bar);
                 printf("eval step=%lld train_loss=%.4f val_loss=%.4f\n", (long long)step, el[0], el[1]);
                 fflush(stdout);
             }
@@ -817,7 +789,7 @@ int cmd_train(int argc, char **argv)
             if ((s = em_accel_log(r.acc, step, 2, (em_metric[]){{"train_loss", el[0]}, {"val_loss", el[1]}})))
                 break;
             if ((s = save(&r))) break;
-            t_last = now(); /* step timings leave evaluation out */
+            t_last = progress_now(); /* step timings leave evaluation out */
             since = 0;
         }
         if (step >= o->iters) break;
@@ -827,12 +799,12 @@ int cmd_train(int argc, char **argv)
         if (!r.main) continue;
         bool log_now = (step + 1) % o->log_every == 0 || step + 1 == o->iters;
         if (tty && !log_now) { /* the bar moves every step on a terminal */
-            double dt = (now() - t_last) / (double)since;
-            draw_bar(step + 1, o->iters, loss, (double)tokens_per_step / dt,
-                     (double)(o->iters - step - 1) * dt);
+            double dt = (progress_now() - t_last) / (double)since;
+            progress_draw(&bar, step + 1, o->iters, "", loss, (double)tokens_per_step / dt,
+                          (double)(o->iters - step - 1) * dt);
         }
         if (log_now) {
-            double t = now(), dt = (t - t_last) / (double)since;
+            double t = progress_now(), dt = (t - t_last) / (double)since;
             t_last = t;
             since = 0;
             double tps = (double)tokens_per_step / dt, eta = (double)(o->iters - step - 1) * dt;
@@ -845,7 +817,7 @@ int cmd_train(int argc, char **argv)
                                                 {"tokens_per_s", round(10 * tps) / 10}})))
                 break;
             if (tty)
-                draw_bar(step + 1, o->iters, loss, tps, eta);
+                progress_draw(&bar, step + 1, o->iters, "", loss, tps, eta);
             else
                 printf("step %lld/%lld loss %.4f lr %.3g %.1f ms/step %.0f tok/s\n", (long long)(step + 1),
                        (long long)o->iters, loss, lr, 1e3 * dt, tps);
@@ -858,7 +830,7 @@ int cmd_train(int argc, char **argv)
     else if (r.main) {
         printf("ember train: done in %.1f s; wrote %s/model.safetensors, %s/config, %s/metrics.jsonl, "
                "%s/%s",
-               now() - t_start, o->out, o->out, o->out, o->out,
+               progress_now() - t_start, o->out, o->out, o->out, o->out,
                o->save_total_limit ? "checkpoints" : "state");
         if (o->log_with & EM_TRACK_TENSORBOARD)
             printf(", TensorBoard event files in %s/%s (tensorboard --logdir %s)", r.logdir, r.run_name,

@@ -11,7 +11,11 @@
  *     the matmul reads an f32 operand as it is and rounds each value to the
  *     low dtype as its GEMM packs it. No low-precision copy of a weight is
  *     made, forward or backward, and the results have the same bits as
- *     casting first would give;
+ *     casting first would give. Arithmetic ops (add, sub, mul, div) read a
+ *     low-precision input beside an f32 one as they are (the result is f32,
+ *     as promoting first gives), so a product's output meets its bias
+ *     without a cast either, and the f32 gradient goes back to the product
+ *     without a narrowing pass;
  *   - where a fast bf16 product wants bf16 operands (AMX, AVX512-BF16, a
  *     GPU), f32 operands are cast first: the cast is an op on the tape, so
  *     each step makes fresh low-precision copies from the masters.

@@ -34,13 +34,24 @@ bool em_requires_grad(const em_tensor *t);
 bool em_is_leaf(const em_tensor *t);
 /* The accumulated gradient of a leaf: a persistent tensor of t's shape and
  * dtype owned by t (do not em_free it), or NULL if none has been computed yet
- * (no error is set then). */
+ * (no error is set then). A flattened model's parameters always have one (a
+ * view of the flat buffer, zeros until backward writes it): em_has_grad
+ * says whether it holds a gradient. */
 em_tensor *em_grad(const em_tensor *t);
+/* Whether leaf t has a gradient in PyTorch's sense (.grad is not None): one
+ * was produced for it (by backward, em_set_grad_buffer, or DDP's average)
+ * since the last set-to-none zero_grad (em_optim_zero_grad's default mode,
+ * ember/optim.h), which clears it. The optimizer skips a parameter without
+ * one, and clipping and the loss scaler leave it out. false for a non-leaf,
+ * a stale handle (EM_ERR_SCOPE set) or a tensor that never had one. */
+bool em_has_grad(const em_tensor *t);
 /* Makes the leaf's gradient live in `buffer` (same shape and dtype,
  * contiguous, persistent; typically a view into a flat gradient bucket). The
- * current values of buffer are kept as the gradient. t does not own buffer. */
+ * current values of buffer are kept as the gradient (em_has_grad becomes
+ * true: PyTorch's p.grad = buffer). t does not own buffer. */
 em_status em_set_grad_buffer(em_tensor *t, em_tensor *buffer);
-/* Sets the gradient of a leaf to zeros (keeps its storage). */
+/* Sets the gradient of a leaf to zeros in place (keeps its storage; a
+ * tensor with a gradient keeps it, as PyTorch's p.grad.zero_()). */
 em_status em_zero_grad(em_tensor *t);
 
 /* Backpropagates from `root`. grad_output NULL means root must have one

@@ -279,14 +279,15 @@ typedef struct em_loader_config {
 } em_loader_config;
 
 /* ---- padding collate (data/collate.c) ------------------------------------------
- * em_collate_pad with ctx = a const em_pad_config * (NULL = all defaults)
+ * em_collate_pad with ctx = a const em_pad_config * (NULL = em_pad_defaults())
  * pads variable-length examples (em_dataset.lengths) to the longest in the
  * batch: L = max over the batch of x_len (and of y_len with pad_y), rounded
  * up to a multiple of `multiple`, and makes
  *   x     (B, L, x_field.shape[1..]) x_field.dtype: example b's x_len rows,
  *         then x_pad;
- *   y     pad_y: (B, L, y_field.shape[1..]): its y_len rows, then y_pad (e.g.
- *         -100 for em_cross_entropy's ignore_index); otherwise y stacked at
+ *   y     pad_y: (B, L, y_field.shape[1..]): its y_len rows, then y_pad
+ *         (em_pad_defaults: -100, the loss's default ignore_index, so padded
+ *         labels count for nothing); otherwise y stacked at
  *         its full field shape (B, y_field...), which needs every y_len equal
  *         to y_field.shape[0] (EM_ERR_SHAPE naming the example otherwise);
  *   mask  (B, L) mask_dtype: 1 at positions t < x_len, 0 after.
@@ -296,12 +297,16 @@ typedef struct em_loader_config {
  * before gathering). */
 typedef struct em_pad_config {
     double x_pad;        /* value of x's padding (e.g. the pad token id); default 0 */
-    double y_pad;        /* value of y's padding with pad_y; default 0 */
+    double y_pad;        /* value of y's padding with pad_y; default EM_IGNORE_INDEX (-100), but 0 in a
+                          * zeroed struct: start from em_pad_defaults() */
     bool pad_y;          /* pad y along dim 0 to L too (labels aligned with x) */
     int64_t multiple;    /* round L up to a multiple of this; 0 or 1 = no rounding; >= 0 */
     em_dtype mask_dtype; /* default EM_F32 (1.0 / 0.0) */
 } em_pad_config;
 
+/* The defaults: y_pad EM_IGNORE_INDEX (-100, as transformers' label_pad_token_id),
+ * everything else 0 / false, mask_dtype EM_F32. */
+em_pad_config em_pad_defaults(void);
 em_status em_collate_pad(void *ctx, const em_dataset *ds, int64_t n, const em_example *ex, em_batch *out);
 
 /* Where a loader is: the next call of em_loader_next returns batch `batch` of

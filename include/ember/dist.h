@@ -210,7 +210,15 @@ typedef struct em_ddp_config {
     double bucket_mb; /* 0 = 25 */
     /* false: a parameter that got no gradient in a synced backward is an
      * error naming it (and saying to set this, or to use it in the loss);
-     * true: its (zero or accumulated) gradient is averaged like the rest. */
+     * true: its (zero or accumulated) gradient is averaged like the rest,
+     * and whether it has a gradient (em_has_grad, which the optimizer
+     * skips a parameter without) is agreed across ranks after the synced
+     * backward (one small all-reduce): it has one on every rank when it
+     * got one on any rank since the last set-to-none zero_grad (the
+     * average, the other ranks' zeros included), and none on any rank when
+     * no rank used it, so every rank skips the same parameters (torch DDP's
+     * rule with find_unused_parameters: a parameter no rank used keeps
+     * .grad None). */
     bool find_unused_parameters;
 } em_ddp_config;
 
@@ -304,12 +312,15 @@ em_ddp *em_zero_ddp(const em_zero *z);
  * gradient on every rank; stage 2 leaves this rank's chunks in its shard and
  * gives the full gradient buffer's memory back bucket by bucket. */
 em_status em_zero_backward(em_zero *z, em_tensor *loss, bool sync);
-/* Clips by the global 2-norm of all the gradients (em_clip_grad_norm's
- * rule and return value): stage 1 over the full gradients on each rank,
- * stage 2 from each rank's chunks, their squares summed over ranks (one
- * all-reduce, every rank gets the same total). NAN and *status set on
- * error (status may be NULL). */
+/* Clips by the global norm of all the gradients (em_clip_grad_norm_with's
+ * rule, options and return value; em_zero_clip_grad_norm: the 2-norm):
+ * stage 1 over the full gradients on each rank, stage 2 from each rank's
+ * chunks, their |g|^p summed over ranks (inf: their max |g|, a max
+ * all-reduce), then the p-th root: one all-reduce, every rank gets the same
+ * total, so under error_if_nonfinite every rank refuses together. NAN and
+ * *status set on error (status may be NULL). */
 double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status);
+double em_zero_clip_grad_norm_with(em_zero *z, const em_clip_config *cfg, em_status *status);
 /* em_optim_step on this rank's chunks, then (stages 1-2) every bucket's
  * parameters all-gathered, so every rank holds the whole updated model;
  * stage 3 gives back all but its chunks instead. Errors of the step
@@ -321,7 +332,9 @@ em_status em_zero_step(em_zero *z);
  * Stages 1-2: nothing to do. EM_ERR_ARG for NULL; the collectives' errors. */
 em_status em_zero_gather_params(em_zero *z);
 /* Zeroes the gradients (stage 2: the full buffer's pages are given back to
- * the system and read as zeros). */
+ * the system and read as zeros), in the optimizer's zero_grad mode
+ * (em_optim_set_zero_grad_mode: by default the parameters then have no
+ * gradient, em_has_grad). */
 em_status em_zero_zero_grad(em_zero *z);
 
 /* Mixed precision (the amp/ layer; bf16 and fp16 arrive with issue 5).
@@ -491,10 +504,13 @@ em_status em_accel_to_device(em_accelerator *a, em_batch *b);
  *    prepared is the training loader: em_accel_next iterates it, and its
  *    epoch's end makes a sync step. Others (evaluation) are iterated with
  *    em_loader_next; gather_for_metrics knows them all.
- *  - sched: a schedule drives one optimizer, its lr written to every group
- *    before each step: the optimizer given in the same call, or, given
- *    alone, the most recently prepared optimizer (EM_ERR_ARG if there is
- *    none, or if that optimizer has a schedule already).
+ *  - sched: a schedule drives one optimizer, applied before each step to
+ *    every group's base lr (em_optim_apply_schedule: groups at 0.1 and
+ *    0.01 keep their ratio, as under a torch LRScheduler; the schedule's
+ *    base_lr is only the reference of COSINE's min_lr): the optimizer
+ *    given in the same call, or, given alone, the most recently prepared
+ *    optimizer (EM_ERR_ARG if there is none, or if that optimizer has a
+ *    schedule already).
  * Preparing the same model, optimizer or loader twice, or more than 16 of
  * one kind, is EM_ERR_ARG. Every check comes before anything changes; a
  * failure while moving or wrapping a model (device, DDP) may leave that
@@ -561,13 +577,18 @@ int em_accel_next(em_accelerator *a, em_batch *b);
 em_status em_accel_backward(em_accelerator *a, em_tensor *loss);
 /* Global-norm clipping of the gradients of every prepared model's
  * parameters together, returning their norm before clipping (as
- * em_clip_grad_norm). Only on sync_gradients micro-steps: NAN and nothing
+ * em_clip_grad_norm_with, whose options _with takes: any p-norm, inf,
+ * error_if_nonfinite; under ZeRO em_zero_clip_grad_norm_with's global norm
+ * over the shards). Only on sync_gradients micro-steps: NAN and nothing
  * changed otherwise. Under fp16 it unscales the gradients first and returns
- * INFINITY without clipping when they overflowed. EM_ERR_ARG (NAN) without
- * a prepared model. */
+ * INFINITY without clipping when they overflowed (error_if_nonfinite does
+ * not refuse that: the step is skipped anyway). EM_ERR_ARG (NAN) without a
+ * prepared model, and the clip's own errors. */
 double em_accel_clip_grad_norm(em_accelerator *a, double max_norm, em_status *status);
-/* Every prepared optimizer's step (each with its schedule: the lr for the
- * step about to be taken), only when sync_gradients; a no-op otherwise.
+double em_accel_clip_grad_norm_with(em_accelerator *a, const em_clip_config *cfg, em_status *status);
+/* Every prepared optimizer's step (each with its schedule, applied to every
+ * group's base lr as em_optim_apply_schedule: the lr for the step about to
+ * be taken), only when sync_gradients; a no-op otherwise.
  * Under fp16: unscales (if clip did not), skips the step when the gradients
  * overflowed on any rank (the schedules do not advance) and updates the
  * scale. EM_ERR_ARG without a prepared optimizer. */

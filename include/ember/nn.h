@@ -350,8 +350,19 @@ void em_gpt_free(em_gpt *g); /* NULL is a no-op */
  * outside [0,V) is EM_ERR_INDEX) -> logits (B,T,V), in the caller's scope. */
 em_tensor *em_gpt_forward(em_gpt *g, em_tensor *idx);
 /* Mean cross-entropy of em_gpt_forward(g, idx) against targets EM_I32 (B,T)
- * (the shape of idx; -1 marks a position to ignore): a 0-dim tensor. */
+ * (the shape of idx, EM_ERR_SHAPE otherwise), already shifted: targets[b,t]
+ * is the token that follows idx[b,t] (nanoGPT's y). EM_IGNORE_INDEX (-100,
+ * PyTorch's default) marks a position to ignore; before ember took
+ * PyTorch's convention it was -1, which is now an error (EM_ERR_INDEX)
+ * saying so. A 0-dim tensor, NaN when every position is ignored. */
 em_tensor *em_gpt_loss(em_gpt *g, em_tensor *idx, em_tensor *targets);
+/* The loss of Hugging Face's GPT2LMHeadModel(input_ids=idx, labels=labels):
+ * labels EM_I32 (B,T) unshifted, usually idx itself with -100 where a
+ * position should not count (padding, a prompt); the shift happens here:
+ * logits[:, :-1] against labels[:, 1:], so labels[:, 0] is never used. Mean
+ * over the positions not ignored (EM_IGNORE_INDEX): a 0-dim tensor, NaN
+ * when there are none (T = 1 among them). Errors as em_gpt_loss. */
+em_tensor *em_gpt_loss_labels(em_gpt *g, em_tensor *idx, em_tensor *labels);
 
 /* ---- sampling with a key/value cache ----------------------------------------
  * The cache holds, per layer, the keys and values of the positions already
@@ -389,10 +400,19 @@ em_tensor *em_gpt_forward_cached(em_gpt *g, em_gpt_cache *c, em_tensor *idx);
  * Returns n_prompt + n_new, or -1 with the error set. */
 int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, double temperature, int top_k,
                   em_rng *rng, int32_t *out);
+/* em_gpt_sample calling on_token(ctx, done, n_new) (when not NULL) after
+ * each new token, done = 1..n_new, out[0..n_prompt+done) written: for a
+ * progress display or streaming. The tokens are em_gpt_sample's. */
+typedef void (*em_gpt_token_fn)(void *ctx, int done, int n_new);
+int em_gpt_sample_progress(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, double temperature,
+                           int top_k, em_rng *rng, int32_t *out, em_gpt_token_fn on_token, void *ctx);
 
 /* ---- GPT-2 checkpoints in the Hugging Face layout (nn/gpt_hf.c) ---------- */
-/* Loads a Hugging Face GPT-2 checkpoint (model.safetensors, names with or
- * without the "transformer." prefix) into gpt_root, whose parameters use
+/* Loads a Hugging Face GPT-2 checkpoint into gpt_root. path: a
+ * model.safetensors file, a sharded checkpoint's
+ * model.safetensors.index.json (its weight_map names each tensor's shard
+ * file, beside it), or a directory holding either (the index first). Names
+ * with or without the "transformer." prefix; gpt_root's parameters use
  * ember's GPT names (wte.weight, wpe.weight, h.{i}.ln_1.weight, ...,
  * h.{i}.attn.c_attn.weight (3C,C), ..., ln_f.bias). HF stores the Conv1D
  * weights attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj as (in, out); they
@@ -401,7 +421,11 @@ int em_gpt_sample(em_gpt *g, const int32_t *prompt, int n_prompt, int n_new, dou
  * Dtypes are converted. Fails with EM_ERR_ARG for a missing or unexpected
  * tensor, EM_ERR_SHAPE for a wrong shape (naming the tensor, its shape and
  * the expected one; a vocab size, block size or layer count mismatch is
- * named as such), EM_ERR_IO for an unreadable file. Nothing is modified
+ * named as such), EM_ERR_IO for an unreadable file, a missing shard or a
+ * malformed index (not JSON, no weight_map, a name listed twice), and
+ * EM_ERR_ARG naming the tensor and file when the shards disagree with the
+ * index (a tensor in no shard, in two, or unlisted) or when one shard of
+ * several is passed alone. Nothing is modified
  * unless every check passes (the file's tensors are staged first, so peak
  * memory is about twice the model). */
 em_status em_gpt_load_hf(em_module *gpt_root, const char *path);

@@ -335,10 +335,59 @@ em_tensor *em_index_select(em_tensor *t, int dim, em_tensor *idx);
  * out[... index[i,j,k] (at dim) ...] += src[i,j,k]. index EM_I32, same ndim as
  * t, index and src the same shape. */
 em_tensor *em_scatter_add(em_tensor *t, int dim, em_tensor *index, em_tensor *src);
-/* Mean cross-entropy of logits (...,C) against EM_I32 targets (...); targets
- * equal to ignore_index count for nothing. Returns a 0-dim tensor, NaN when
- * every target is ignored (as PyTorch). Fused log-softmax, stable. */
+/* Mean cross-entropy of logits (...,C) (classes on the LAST dim) against
+ * EM_I32 targets (...); targets equal to ignore_index count for nothing.
+ * Returns a 0-dim tensor, NaN when every target is ignored (as PyTorch).
+ * Fused log-softmax, stable. em_cross_entropy_loss below has PyTorch's
+ * conventions and options; this is em_cross_entropy_loss with class_dim -1
+ * and the other fields at their defaults. */
 em_tensor *em_cross_entropy(em_tensor *logits, em_tensor *targets, int ignore_index);
+
+/* The target value PyTorch and Hugging Face ignore by default (-100): the
+ * default ignore_index of em_cross_entropy_loss, em_gpt_loss, ember train and
+ * em_pad_defaults' label padding. */
+#define EM_IGNORE_INDEX (-100)
+
+/* How a loss of many elements becomes its result (torch's reduction=). */
+typedef enum em_reduction {
+    EM_REDUCTION_MEAN = 0, /* 'mean': weighted mean over the targets not ignored */
+    EM_REDUCTION_SUM,      /* 'sum' */
+    EM_REDUCTION_NONE      /* 'none': one loss per target, the targets' shape */
+} em_reduction;
+
+/* Options of em_cross_entropy_loss: torch.nn.functional.cross_entropy's
+ * keyword arguments. Start from em_cross_entropy_defaults() (a zeroed
+ * struct is NOT the defaults: its ignore_index 0 ignores class 0 and its
+ * class_dim 0 is the batch dim). */
+typedef struct em_cross_entropy_config {
+    int ignore_index;       /* targets equal to it count for nothing; default EM_IGNORE_INDEX (-100) */
+    double label_smoothing; /* in [0,1]; default 0. The target becomes (1-e) onehot + e/C uniform */
+    em_reduction reduction; /* default EM_REDUCTION_MEAN */
+    em_tensor *weight;      /* (C) float class weights (borrowed; any float dtype, on the logits'
+                             * device; no gradient flows to it, as in PyTorch), or NULL (default) */
+    int class_dim;          /* the dim of the C classes; negative counts from the end (-1: the last,
+                             * em_cross_entropy's, what a GPT's (B,T,V) logits have). Default 1:
+                             * PyTorch's (N,C,d1,...), and dim 0 of 1-D logits (C) */
+} em_cross_entropy_config;
+em_cross_entropy_config em_cross_entropy_defaults(void);
+
+/* torch.nn.functional.cross_entropy(logits, targets, weight, ignore_index,
+ * reduction, label_smoothing) for class-index targets. logits float (N,C) /
+ * (N,C,d1,...) / (C) with the classes on cfg->class_dim; targets EM_I32 of
+ * the logits' shape without that dim, each in [0,C) or ignore_index. cfg
+ * NULL: the defaults. With e = label_smoothing, w_j the class weights (1
+ * without) and lse the row's log-sum-exp, a target t's loss is
+ *   (1-e) w_t (lse - x_t) + (e/C) sum_j w_j (lse - x_j),   0 when ignored;
+ * MEAN divides their sum by the sum of w_t over the targets not ignored
+ * (their count without weights: NaN when every target is ignored), SUM
+ * returns the sum, NONE the losses (the targets' shape). Differentiable in
+ * logits (fused backward, CPU and CUDA). Errors, before anything is
+ * computed: EM_ERR_ARG for a bad reduction, label_smoothing, class_dim or a
+ * weight that requires grad; EM_ERR_SHAPE / EM_ERR_DTYPE naming the shapes
+ * for targets or a weight that do not fit; EM_ERR_INDEX naming the first
+ * target out of range and its position. A class_dim other than the last is
+ * a permuted view (the kernel reads rows with the classes last). */
+em_tensor *em_cross_entropy_loss(em_tensor *logits, em_tensor *targets, const em_cross_entropy_config *cfg);
 /* Zeroes each element with probability p and scales the rest by 1/(1-p); the
  * mask depends only on (rng seed, offset). Identity when !training or p == 0. */
 em_tensor *em_dropout(em_tensor *t, double p, bool training, em_rng *rng);
