@@ -542,7 +542,7 @@ TEST(test_cli_launch_two_ranks_train_on_cuda_at_zero_stage_3_says_what_the_devic
 {
     if (em_cuda_device_count() < 2) SKIP("needs 2 CUDA devices (GPU test)");
     char dir[64], txt[128], out[160];
-    make_corpus(dir, sizeof dir, txt, sizeof txt);
+    th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     th_run_result *r =
         run_ember("launch", "-n", "2", "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out", out,
