@@ -198,6 +198,15 @@ static em_status matmul_kernel(em_dtype lo, const operand *a, const operand *b, 
  * product in acc's dtype (f32 or f64) throughout; else a product in lo
  * (bf16/f16) into an f32 acc, where gemm_low_reads_f32(lo), reading f32
  * operands as they are and adding each result rounded to lo. */
+/* The dtype gemm_into reads operand t in: acc's (ct) in an f32/f64
+ * product; in a low product (lo bf16/f16) t's own where that is f32
+ * (rounded as it is packed), else lo. */
+static em_dtype read_as(em_dtype lo, const tensor *t, em_dtype ct)
+{
+    if (lo == EM_F32) return ct;
+    return t->dtype == EM_F32 ? EM_F32 : lo;
+}
+
 static em_status gemm_into(tensor *acc, tensor *x, tensor *y, em_dtype lo, bool add)
 {
     em_dtype ct = acc->dtype;
@@ -207,15 +216,7 @@ static em_status gemm_into(tensor *acc, tensor *x, tensor *y, em_dtype lo, bool 
     size_t mk = tmp_mark();
     operand ol, orr;
     bool low = lo != EM_F32;
-    if (!l || !r ||
-        !prepare(&ol, l,
-                 low && l->dtype == EM_F32 ? EM_F32
-                 : low                     ? lo
-                                           : ct) ||
-        !prepare(&orr, r,
-                 low && r->dtype == EM_F32 ? EM_F32
-                 : low                     ? lo
-                                           : ct)) {
+    if (!l || !r || !prepare(&ol, l, read_as(lo, l, ct)) || !prepare(&orr, r, read_as(lo, r, ct))) {
         tmp_release(mk);
         return em_last_status();
     }
