@@ -464,7 +464,13 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg);
 void em_accelerator_free(em_accelerator *a);
 int em_accel_rank(const em_accelerator *a);
 int em_accel_world(const em_accelerator *a);
+/* This process's rank among the processes of its machine, and their number,
+ * as the launcher says them (LOCAL_RANK / LOCAL_WORLD_SIZE, mpirun's
+ * OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE, Slurm's SLURM_LOCALID and tasks
+ * per node; see the top of this file); rank and world when none does. -1
+ * for NULL. */
 int em_accel_local_rank(const em_accelerator *a);
+int em_accel_local_world(const em_accelerator *a);
 bool em_accel_is_main_process(const em_accelerator *a);
 bool em_accel_is_local_main(const em_accelerator *a);
 int em_accel_grad_accum(const em_accelerator *a);
