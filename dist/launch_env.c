@@ -104,33 +104,35 @@ em_status slurm_first_host(const char *list, char *out, size_t n)
 em_status slurm_tasks_on_node(const char *spec, int node, int *out)
 {
     const char *p = spec ? spec : "";
-    int first = 0; /* the first node the current item covers */
+    long first = 0; /* the first node the current item covers */
+    int found = 0;  /* the whole list is checked, not only up to the node */
     while (*p) {
         char *end;
         errno = 0;
         long tasks = strtol(p, &end, 10), reps = 1;
-        if (errno || end == p || !isdigit((unsigned char)*p) || tasks < 1 || tasks > MAX_WORLD)
-            return em_err(EM_ERR_ARG, "slurm tasks per node '%s' is malformed (want e.g. 2(x3),1)", spec);
+        if (errno || end == p || !isdigit((unsigned char)*p) || tasks < 1 || tasks > MAX_WORLD) break;
         p = end;
         if (!strncmp(p, "(x", 2)) {
             errno = 0;
             reps = strtol(p + 2, &end, 10);
             if (errno || end == p + 2 || !isdigit((unsigned char)p[2]) || *end != ')' || reps < 1 ||
                 reps > MAX_WORLD)
-                return em_err(EM_ERR_ARG, "slurm tasks per node '%s' is malformed (want e.g. 2(x3),1)", spec);
+                break;
             p = end + 1;
         }
-        if (*p && *p != ',')
-            return em_err(EM_ERR_ARG, "slurm tasks per node '%s' is malformed (want e.g. 2(x3),1)", spec);
+        if (*p && (*p != ',' || !p[1])) break;
         if (*p) p++;
-        if (node >= first && node < first + reps) {
-            *out = (int)tasks;
+        if (node >= first && node < first + reps) found = (int)tasks;
+        first += reps;
+        if (!*p) {
+            if (!found)
+                return em_err(EM_ERR_ARG, "slurm tasks per node '%s' has %ld node%s, no node %d", spec, first,
+                              first == 1 ? "" : "s", node);
+            *out = found;
             return EM_OK;
         }
-        first += (int)reps;
     }
-    return em_err(EM_ERR_ARG, "slurm tasks per node '%s' has %d node%s, no node %d", spec, first,
-                  first == 1 ? "" : "s", node);
+    return em_err(EM_ERR_ARG, "slurm tasks per node '%s' is malformed (want e.g. 2(x3),1)", spec ? spec : "");
 }
 
 int launch_derived_port(unsigned long long job, unsigned long long step)
