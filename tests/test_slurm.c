@@ -1,6 +1,6 @@
 /* test_slurm.c — `ember train` under Slurm's own launcher, no `ember launch`:
  * a 2-task `srun` job trains with both tasks in one group of 2 and prints
- * the losses `ember launch -n 2` prints, and the sbatch example
+ * the losses and gradient norms `ember launch -n 2` does, and the sbatch example
  * (examples/slurm/train.sbatch) runs as a batch job.
  *
  * The cluster is one node (this host, 4 CPUs declared) that
@@ -38,22 +38,6 @@ static bool exists(const char *dir, const char *name)
 #define TRAIN_FLAGS                                                                                          \
     "--layers", "1", "--heads", "1", "--embd", "16", "--block", "16", "--batch", "4", "--iters", "6",        \
         "--log-every", "1", "--eval-every", "100000000", "--eval-iters", "1"
-
-/* The "step K/N loss X" fields of out, in order, one per line of the result
- * (whatever prefix a launcher puts before them). */
-static void losses_of(const char *out, char *buf, size_t n)
-{
-    size_t k = 0;
-    buf[0] = '\0';
-    for (const char *p = strstr(out, "step "); p; p = strstr(p + 1, "step ")) {
-        int step, steps;
-        char loss[32];
-        if (sscanf(p, "step %d/%d loss %31s", &step, &steps, loss) != 3) continue;
-        int w = snprintf(buf + k, n - k, "%d/%d %s\n", step, steps, loss);
-        if (w < 0 || (size_t)w >= n - k) break;
-        k += (size_t)w;
-    }
-}
 
 /* Runs scenario(corpus dir, corpus file) in a child on a running cluster,
  * starting the cluster first (skipping with the reason when it cannot) and
@@ -117,8 +101,8 @@ static void srun_matches_launch(const char *dir, const char *txt)
     th_run_result *r = th_run(EMBER_BIN, "launch", "-n", "2", EMBER_BIN, "train", "--data", txt, "--out",
                               out_launch, TRAIN_FLAGS, NULL);
     CHECK_EXIT(r, 0);
-    losses_of(r->out, want, sizeof want);
-    CHECK(strstr(want, "6/6 ") != NULL);
+    th_train_steps(out_launch, want, sizeof want);
+    CHECK(strstr(want, "\n6 ") != NULL);
     /* -l: each line says which task wrote it; --kill-on-bad-exit: a failed task ends the step */
     r = th_run("/usr/bin/timeout", "60", "srun", "-n", "2", "-l", "--kill-on-bad-exit=1", EMBER_BIN, "train",
                "--data", txt, "--out", out_srun, TRAIN_FLAGS, NULL);
@@ -128,7 +112,7 @@ static void srun_matches_launch(const char *dir, const char *txt)
     if (!strstr(r->out, "0: ember train:") || !strstr(r->out, "(2 on each of 2 processes)"))
         th_fail(__FILE__, __LINE__, "rank 0 did not train as one of 2 processes:\n%s", r->out);
     CHECK(strstr(r->out, "0: ember train: done") != NULL);
-    losses_of(r->out, got, sizeof got);
+    th_train_steps(out_srun, got, sizeof got);
     if (strcmp(got, want))
         th_fail(__FILE__, __LINE__, "srun's losses differ from ember launch's:\nsrun:\n%sember launch:\n%s",
                 got, want);
@@ -148,9 +132,21 @@ static void sbatch_example(const char *dir, const char *txt)
     setenv("DATA", txt, 1);
     setenv("OUT", out, 1);
     /* one node here: the command line overrides the script's --nodes=2 */
-    th_run_result *r =
-        th_run("/usr/bin/timeout", "60", "sbatch", "--wait", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2",
-               log, EMBER_SOURCE_DIR "/examples/slurm/train.sbatch", TRAIN_FLAGS, NULL);
+    th_run_result *r = th_run("/usr/bin/timeout", "20", "sbatch", "--parsable", "--nodes=1", "--ntasks=2",
+                              "--ntasks-per-node=2", log, EMBER_SOURCE_DIR "/examples/slurm/train.sbatch",
+                              TRAIN_FLAGS, NULL);
+    if (r->status != 0) th_fail(__FILE__, __LINE__, "sbatch exited %d: %s", r->status, r->err);
+    char job[32];
+    snprintf(job, sizeof job, "%.*s", (int)strcspn(r->out, ";\n"), r->out);
+    /* its end, looked for every 0.1 s (sbatch --wait looks every few seconds) */
+    char state[64] = "";
+    for (int i = 0; i < 600; i++, usleep(100000)) {
+        r = th_run("/bin/sh", "-c", "scontrol -o show job \"$0\" | grep -o 'JobState=[A-Z_]*'", job, NULL);
+        snprintf(state, sizeof state, "%.*s", (int)strcspn(r->out, "\n"), r->out);
+        if (state[0] && !strstr(state, "PENDING") && !strstr(state, "RUNNING") &&
+            !strstr(state, "CONFIGURING") && !strstr(state, "COMPLETING"))
+            break;
+    }
     char path[256], text[8192] = "";
     snprintf(path, sizeof path, "%s/job.out", dir);
     FILE *f = fopen(path, "r");
@@ -158,8 +154,11 @@ static void sbatch_example(const char *dir, const char *txt)
         text[fread(text, 1, sizeof text - 1, f)] = '\0';
         fclose(f);
     }
-    if (r->status != 0)
-        th_fail(__FILE__, __LINE__, "sbatch --wait exited %d: %s\njob output:\n%s", r->status, r->err, text);
+    if (strcmp(state, "JobState=COMPLETED")) {
+        th_run("/bin/sh", "-c", "scancel \"$0\"", job, NULL);
+        th_fail(__FILE__, __LINE__, "job %s ended %s\njob output:\n%s", job,
+                state[0] ? state : "(not in 60 s)", text);
+    }
     if (!strstr(text, "(2 on each of 2 processes)") || !strstr(text, "step 6/6 loss") ||
         !strstr(text, "ember train: done"))
         th_fail(__FILE__, __LINE__, "the job did not train as 2 processes to the end:\n%s", text);
