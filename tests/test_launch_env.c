@@ -51,20 +51,31 @@ static void clear_launchers(void)
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
+/* Sets each "NAME=value" of the NULL-terminated list. */
+static void env_set(const char *first, ...)
+{
+    va_list ap;
+    va_start(ap, first);
+    for (const char *kv = first; kv; kv = va_arg(ap, const char *)) {
+        char name[64];
+        size_t n = strcspn(kv, "=");
+        snprintf(name, sizeof name, "%.*s", (int)n, kv);
+        setenv(name, kv[n] ? kv + n + 1 : "", 1);
+    }
+    va_end(ap);
+}
+
 /* A 2-task Slurm step on nodes "node[01-02]" as task `rank` sees it, 1 task per node. */
 static void slurm_task(int rank)
 {
     char r[16];
     snprintf(r, sizeof r, "%d", rank);
-    setenv("SLURM_JOB_ID", "4711", 1);
-    setenv("SLURM_STEP_ID", "3", 1);
+    env_set("SLURM_JOB_ID=4711", "SLURM_STEP_ID=3", NULL);
     setenv("SLURM_PROCID", r, 1);
-    setenv("SLURM_NTASKS", "2", 1);
-    setenv("SLURM_LOCALID", "0", 1);
+    env_set("SLURM_NTASKS=2", "SLURM_LOCALID=0", NULL);
     setenv("SLURM_NODEID", r, 1);
-    setenv("SLURM_STEP_NODELIST", "node[01-02]", 1);
-    setenv("SLURM_JOB_NODELIST", "node[01-02]", 1);
-    setenv("SLURM_STEP_TASKS_PER_NODE", "1(x2)", 1);
+    env_set("SLURM_STEP_NODELIST=node[01-02]", "SLURM_JOB_NODELIST=node[01-02]",
+            "SLURM_STEP_TASKS_PER_NODE=1(x2)", NULL);
 }
 
 /* ---- Slurm's lists -------------------------------------------------------------------- */
@@ -162,12 +173,8 @@ TEST(test_launch_env_torchrun_variables_win_over_mpirun_and_slurm)
 {
     clear_launchers();
     slurm_task(1);
-    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
-    setenv("OMPI_COMM_WORLD_RANK", "3", 1);
-    setenv("WORLD_SIZE", "8", 1);
-    setenv("RANK", "5", 1);
-    setenv("LOCAL_RANK", "1", 1);
-    setenv("LOCAL_WORLD_SIZE", "4", 1);
+    env_set("OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_RANK=3", "WORLD_SIZE=8", "RANK=5", "LOCAL_RANK=1",
+            "LOCAL_WORLD_SIZE=4", NULL);
     launch_env e;
     CHECK_OK(launch_env_read("t", &e));
     CHECK(e.kind == LAUNCHER_TORCHRUN && e.rank == 5 && e.world == 8 && e.local_rank == 1 &&
@@ -178,10 +185,8 @@ TEST(test_launch_env_mpirun_variables_win_over_slurm)
 {
     clear_launchers();
     slurm_task(1);
-    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
-    setenv("OMPI_COMM_WORLD_RANK", "3", 1);
-    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
-    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+    env_set("OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_LOCAL_RANK=1",
+            "OMPI_COMM_WORLD_LOCAL_SIZE=2", NULL);
     launch_env e;
     CHECK_OK(launch_env_read("t", &e));
     CHECK(e.kind == LAUNCHER_MPIRUN && e.rank == 3 && e.world == 4 && e.local_rank == 1 &&
@@ -191,8 +196,7 @@ TEST(test_launch_env_mpirun_variables_win_over_slurm)
 TEST(test_launch_env_mpirun_takes_the_rank_from_pmix_rank_when_that_is_all_there_is)
 {
     clear_launchers();
-    setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
-    setenv("PMIX_RANK", "2", 1);
+    env_set("OMPI_COMM_WORLD_SIZE=3", "PMIX_RANK=2", NULL);
     launch_env e;
     CHECK_OK(launch_env_read("t", &e));
     CHECK(e.kind == LAUNCHER_MPIRUN && e.rank == 2 && e.world == 3);
@@ -210,12 +214,8 @@ TEST(test_launch_env_pmix_rank_without_a_world_size_is_an_error)
 TEST(test_launch_env_slurm_step_gives_rank_world_and_local_world_of_this_node)
 {
     clear_launchers();
-    setenv("SLURM_JOB_ID", "9", 1);
-    setenv("SLURM_STEP_ID", "0", 1);
-    setenv("SLURM_PROCID", "5", 1);
-    setenv("SLURM_NTASKS", "7", 1);
-    setenv("SLURM_LOCALID", "1", 1);
-    setenv("SLURM_NODEID", "2", 1);
+    env_set("SLURM_JOB_ID=9", "SLURM_STEP_ID=0", "SLURM_PROCID=5", "SLURM_NTASKS=7", "SLURM_LOCALID=1",
+            "SLURM_NODEID=2", NULL);
     setenv("SLURM_TASKS_PER_NODE", "4(x9)", 1);        /* the job's, overridden by the step's */
     setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2),3", 1); /* nodes 0, 1: 2 tasks; node 2: 3 */
     launch_env e;
@@ -227,8 +227,7 @@ TEST(test_launch_env_slurm_batch_script_without_a_step_is_a_group_of_one)
 {
     clear_launchers();
     setenv("SLURM_JOB_ID", "9", 1); /* what sbatch's script itself sees: no SLURM_STEP_ID */
-    setenv("SLURM_PROCID", "0", 1);
-    setenv("SLURM_NTASKS", "4", 1);
+    env_set("SLURM_PROCID=0", "SLURM_NTASKS=4", NULL);
     launch_env e;
     CHECK_OK(launch_env_read("t", &e));
     CHECK(e.kind == LAUNCHER_NONE && e.world == 1);
@@ -244,16 +243,14 @@ TEST(test_launch_env_malformed_slurm_values_fail_naming_variable_and_value)
     setenv("SLURM_PROCID", "2", 1); /* outside [0, SLURM_NTASKS) */
     CHECK_ERR(launch_env_read("em_pg_from_env", &e), EM_ERR_ARG,
               "SLURM_PROCID='2' is not an integer in [0, 1]");
-    setenv("SLURM_PROCID", "0", 1);
-    setenv("SLURM_STEP_TASKS_PER_NODE", "1(x", 1);
+    env_set("SLURM_PROCID=0", "SLURM_STEP_TASKS_PER_NODE=1(x", NULL);
     CHECK_ERR(launch_env_read("em_pg_from_env", &e), EM_ERR_ARG, "SLURM_STEP_TASKS_PER_NODE");
 }
 
 TEST(test_launch_env_malformed_mpirun_values_fail_naming_variable_and_value)
 {
     clear_launchers();
-    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
-    setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+    env_set("OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=1", NULL);
     setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3", 1); /* more than the world */
     launch_env e;
     CHECK_ERR(launch_env_read("t", &e), EM_ERR_ARG, "OMPI_COMM_WORLD_LOCAL_SIZE='3'");
@@ -282,9 +279,8 @@ TEST(test_store_settings_under_slurm_give_way_to_master_addr_port_and_token)
 {
     clear_launchers();
     slurm_task(1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", "23456", 1);
-    setenv("EMBER_STORE_TOKEN", "a-token-of-sixteen-or-more", 1);
+    env_set("MASTER_ADDR=127.0.0.1", "MASTER_PORT=23456", "EMBER_STORE_TOKEN=a-token-of-sixteen-or-more",
+            NULL);
     launch_env e;
     launch_store s;
     CHECK_OK(launch_env_read("t", &e));
@@ -308,10 +304,8 @@ TEST(test_store_settings_under_slurm_fail_when_the_first_host_does_not_resolve)
 TEST(test_store_settings_under_mpirun_on_one_machine_need_no_master_addr)
 {
     clear_launchers();
-    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
-    setenv("OMPI_COMM_WORLD_RANK", "0", 1);
-    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
-    setenv("OMPI_MCA_ess_base_jobid", "134348801", 1);
+    env_set("OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_LOCAL_SIZE=2",
+            "OMPI_MCA_ess_base_jobid=134348801", NULL);
     launch_env e;
     launch_store s;
     CHECK_OK(launch_env_read("t", &e));
@@ -322,10 +316,8 @@ TEST(test_store_settings_under_mpirun_on_one_machine_need_no_master_addr)
 TEST(test_store_settings_under_mpirun_across_machines_say_how_to_pass_master_addr)
 {
     clear_launchers();
-    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
-    setenv("OMPI_COMM_WORLD_RANK", "0", 1);
-    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
-    setenv("OMPI_MCA_ess_base_jobid", "1", 1);
+    env_set("OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_LOCAL_SIZE=2",
+            "OMPI_MCA_ess_base_jobid=1", NULL);
     launch_env e;
     launch_store s;
     CHECK_OK(launch_env_read("t", &e));
@@ -336,10 +328,7 @@ TEST(test_store_settings_under_mpirun_across_machines_say_how_to_pass_master_add
 TEST(test_store_settings_under_ember_launch_still_require_its_variables)
 {
     clear_launchers();
-    setenv("WORLD_SIZE", "2", 1);
-    setenv("RANK", "0", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", "29500", 1);
+    env_set("WORLD_SIZE=2", "RANK=0", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", NULL);
     launch_env e;
     launch_store s;
     CHECK_OK(launch_env_read("t", &e));
@@ -374,8 +363,7 @@ static void slurm_pair(void (*body)(int rank))
             slurm_task(r);
             setenv("SLURM_NODEID", "0", 1);
             setenv("SLURM_LOCALID", r ? "1" : "0", 1);
-            setenv("SLURM_STEP_TASKS_PER_NODE", "2", 1);
-            setenv("SLURM_STEP_NODELIST", "localhost", 1);
+            env_set("SLURM_STEP_TASKS_PER_NODE=2", "SLURM_STEP_NODELIST=localhost", NULL);
             setenv("MASTER_PORT", port, 1);
             setenv("EMBER_TIMEOUT", "20", 1);
             alarm(30);
