@@ -145,10 +145,7 @@ int launch_derived_port(unsigned long long job, unsigned long long step)
 static em_status read_torchrun(const char *fn, launch_env *e)
 {
     em_status s = env_int(fn, "WORLD_SIZE", 1, MAX_WORLD, true, &e->world);
-    if (!s && e->world > 1)
-        s = env_int(fn, "RANK", 0, e->world - 1, true, &e->rank);
-    else if (!s)
-        s = env_int(fn, "RANK", 0, 0, false, &e->rank);
+    if (!s && e->world > 1) s = env_int(fn, "RANK", 0, e->world - 1, true, &e->rank); /* alone: rank 0 */
     return s;
 }
 
@@ -341,8 +338,9 @@ static em_status host_store(const char *fn, const launch_store *s)
     pthread_mutex_lock(&hosted_mu);
     em_status st = EM_OK;
     if (!hosted) {
+        /* a loopback address (127.0.1.1 is Debian's for the host's own name) only there */
         bool loop = s->ip[0] && !strncmp(s->ip, "127.", 4);
-        hosted = em_store_server_start(loop ? "127.0.0.1" : "0.0.0.0", s->port, s->token);
+        hosted = em_store_server_start(loop ? s->ip : "0.0.0.0", s->port, s->token);
         if (!hosted) {
             char why[512];
             snprintf(why, sizeof why, "%s", em_last_error());

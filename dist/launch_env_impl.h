@@ -78,7 +78,7 @@ em_status launch_store_settings(const char *fn, const launch_env *e, launch_stor
 
 /* Connects to the store s describes, presenting its token (timeout_s as
  * em_store_connect's). When s->host, first starts the server in this
- * process (on 0.0.0.0, or 127.0.0.1 when addr is loopback) unless an
+ * process (on 0.0.0.0, or on s->ip when that is loopback) unless an
  * earlier call did: the server lives until the process exits, so it
  * outlives every group made from the environment. A port already in use is
  * EM_ERR_IO naming the port and where it came from. NULL + error. */

@@ -348,9 +348,9 @@ static int free_port(void)
 }
 
 /* Runs body(rank) as both tasks of a 2-task Slurm step on this machine
- * (MASTER_PORT = a free port, no MASTER_ADDR: the first host is localhost);
- * fails when a task fails. */
-static void slurm_pair(void (*body)(int rank))
+ * (MASTER_PORT = a free port; the first host is localhost unless
+ * master_addr is given as MASTER_ADDR); fails when a task fails. */
+static void slurm_pair(void (*body)(int rank), const char *master_addr)
 {
     clear_launchers();
     char port[16];
@@ -365,6 +365,7 @@ static void slurm_pair(void (*body)(int rank))
             setenv("SLURM_LOCALID", r ? "1" : "0", 1);
             env_set("SLURM_STEP_TASKS_PER_NODE=2", "SLURM_STEP_NODELIST=localhost", NULL);
             setenv("MASTER_PORT", port, 1);
+            if (master_addr) setenv("MASTER_ADDR", master_addr, 1);
             setenv("EMBER_TIMEOUT", "20", 1);
             alarm(30);
             body(r);
@@ -397,7 +398,14 @@ static void two_groups_sum(int rank)
     }
 }
 
-TEST(test_slurm_env_tasks_form_groups_with_rank_0_hosting_the_store) { slurm_pair(two_groups_sum); }
+TEST(test_slurm_env_tasks_form_groups_with_rank_0_hosting_the_store) { slurm_pair(two_groups_sum, NULL); }
+
+/* Debian maps the host's own name to 127.0.1.1: the store rank 0 hosts
+ * listens where the others look for it. */
+TEST(test_slurm_env_store_on_a_loopback_address_other_than_127_0_0_1_is_reached)
+{
+    slurm_pair(two_groups_sum, "127.0.1.1");
+}
 
 static void accel_local_rank(int rank)
 {
@@ -408,7 +416,7 @@ static void accel_local_rank(int rank)
     em_accelerator_free(a);
 }
 
-TEST(test_slurm_env_accelerator_takes_local_rank_and_world_from_slurm) { slurm_pair(accel_local_rank); }
+TEST(test_slurm_env_accelerator_takes_local_rank_and_world_from_slurm) { slurm_pair(accel_local_rank, NULL); }
 
 TEST(test_rank_0_hosting_the_store_on_a_port_in_use_names_the_port_and_master_port)
 {
