@@ -177,6 +177,9 @@ static em_status read_slurm(const char *fn, launch_env *e)
             snprintf(why, sizeof why, "%s", em_last_error());
             return em_err(EM_ERR_ARG, "%s: %s (SLURM_NODEID=%d): %s", fn, per_node[i], node, why);
         }
+        if (e->local_rank >= e->local_world)
+            return em_err(EM_ERR_ARG, "%s: SLURM_LOCALID=%d is not below the %d tasks %s='%s' gives node %d",
+                          fn, e->local_rank, e->local_world, per_node[i], v, node);
         return EM_OK;
     }
     e->local_world = e->world; /* no per-node count: assume one machine */

@@ -245,6 +245,8 @@ TEST(test_launch_env_malformed_slurm_values_fail_naming_variable_and_value)
               "SLURM_PROCID='2' is not an integer in [0, 1]");
     env_set("SLURM_PROCID=0", "SLURM_STEP_TASKS_PER_NODE=1(x", NULL);
     CHECK_ERR(launch_env_read("em_pg_from_env", &e), EM_ERR_ARG, "SLURM_STEP_TASKS_PER_NODE");
+    env_set("SLURM_STEP_TASKS_PER_NODE=1(x2)", "SLURM_LOCALID=1", NULL); /* local rank 1 of 1 */
+    CHECK_ERR(launch_env_read("em_pg_from_env", &e), EM_ERR_ARG, "SLURM_LOCALID=1 is not below the 1 tasks");
 }
 
 TEST(test_launch_env_malformed_mpirun_values_fail_naming_variable_and_value)
