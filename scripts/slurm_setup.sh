@@ -30,6 +30,7 @@ conf=$dir/slurm.conf
 
 unavailable() {
     mkdir -p "$dir"
+    stop # whatever did start (munged before a failing slurmctld) does not stay
     rm -f "$dir/ready"
     echo "$*" >"$dir/unavailable"
     echo "slurm_setup: Slurm tests will skip: $*" >&2
@@ -148,7 +149,6 @@ start() {
     done
     local why
     why=$(SLURM_CONF=$conf timeout 5 sinfo -h -N -o '%t %E' 2>&1 | head -n 1)
-    stop
     unavailable "the node did not become idle within 20 s (sinfo: ${why:-nothing}; logs in $dir)"
 }
 
