@@ -37,12 +37,13 @@ unavailable() {
     exit 0
 }
 
-# kill_pidfile FILE: stops the daemon whose pid FILE holds (when it still runs)
+# kill_pidfile FILE: stops the daemon whose pid FILE holds, when that pid is
+# still the daemon FILE is named after (not another process that got its pid)
 kill_pidfile() {
     local f=$1 pid
     [ -f "$f" ] || return 0
     pid=$(cat "$f" 2>/dev/null)
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$(basename "$f" .pid)" ]; then
         kill "$pid" 2>/dev/null
         for _ in $(seq 50); do
             kill -0 "$pid" 2>/dev/null || break
