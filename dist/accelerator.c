@@ -31,6 +31,7 @@
 #include "dist/accel_impl.h"
 #include "dist/ddp_impl.h"
 #include "dist/dist_impl.h"
+#include "dist/launch_env_impl.h"
 #include "dist/zero_impl.h"
 #include "ember/dist.h"
 #include "ember/profile.h"
@@ -40,20 +41,6 @@
 #include "tensor/tensor_impl.h"
 
 /* ---- configuration ------------------------------------------------------------ */
-
-/* LOCAL_RANK / LOCAL_WORLD_SIZE: an integer >= lo, when set. */
-static em_status env_int(const char *var, int lo, int *out)
-{
-    const char *v = getenv(var);
-    if (!v || !*v) return EM_OK;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || x < lo || x > 1 << 30)
-        return em_err(EM_ERR_ARG, "em_accelerator_new: %s='%s' is not an integer >= %d", var, v, lo);
-    *out = (int)x;
-    return EM_OK;
-}
 
 /* The environment's settings are the config file's keys under other names. */
 static const struct {
@@ -143,12 +130,14 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
     }
     a->rank = em_pg_rank(a->pg);
     a->world = em_pg_world(a->pg);
-    a->local_rank = a->rank;
-    a->local_world = a->world;
-    if (env_int("LOCAL_RANK", 0, &a->local_rank) || env_int("LOCAL_WORLD_SIZE", 1, &a->local_world)) {
+    /* the local rank and world, as the launcher says them (the group took its ranks) */
+    launch_env e;
+    if (launch_env_read("em_accelerator_new", &e)) {
         em_accelerator_free(a);
         return NULL;
     }
+    a->local_rank = e.local_rank;
+    a->local_world = e.local_world;
     if (resolve_device(a, cfg->device) || accel_trackers_setup(a, cfg)) {
         em_accelerator_free(a);
         return NULL;
@@ -191,6 +180,7 @@ void em_accelerator_free(em_accelerator *a)
 int em_accel_rank(const em_accelerator *a) { return a ? a->rank : -1; }
 int em_accel_world(const em_accelerator *a) { return a ? a->world : -1; }
 int em_accel_local_rank(const em_accelerator *a) { return a ? a->local_rank : -1; }
+int em_accel_local_world(const em_accelerator *a) { return a ? a->local_world : -1; }
 bool em_accel_is_main_process(const em_accelerator *a) { return a && a->rank == 0; }
 bool em_accel_is_local_main(const em_accelerator *a) { return a && a->local_rank == 0; }
 int em_accel_grad_accum(const em_accelerator *a) { return a ? a->grad_accum : -1; }

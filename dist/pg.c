@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "dist/dist_impl.h"
+#include "dist/launch_env_impl.h"
 #include "dist/pg_impl.h"
 #include "ember_config.h"
 #include "tensor/error_impl.h"
@@ -381,13 +382,12 @@ static void tune(int fd)
 }
 
 /* The address peers reach this rank at: EMBER_ADVERTISE_ADDR, else loopback
- * when MASTER_ADDR is loopback or unset, else MASTER_ADDR's interface is
- * unknown here, so this host's name must resolve: we use the address the
- * kernel picks to reach MASTER_ADDR. */
-static void advertise_addr(char *buf, size_t n)
+ * when the store's address m (MASTER_ADDR, or what em_pg_from_env resolved
+ * the store's host to) is loopback, unset or not numeric, else the address
+ * the kernel picks to reach m. */
+static void advertise_addr(const char *m, char *buf, size_t n)
 {
     const char *adv = getenv("EMBER_ADVERTISE_ADDR");
-    const char *m = getenv("MASTER_ADDR");
     if (adv && *adv) {
         snprintf(buf, n, "%s", adv);
         return;
@@ -664,7 +664,7 @@ static em_status join(em_pg *pg, em_transport tr)
     int port, lfd = listen_any(&port);
     if (lfd < 0) return em_err(EM_ERR_DIST, "em_pg_new: rank %d cannot listen: %s", pg->rank, strerror(errno));
     char host[128], id[160];
-    advertise_addr(host, sizeof host);
+    advertise_addr(pg->master, host, sizeof host);
     host_id(id, sizeof id);
     snprintf(key, sizeof key, "%s/addr/%d", pg->name, pg->rank);
     snprintf(val, sizeof val, "%s %d %s %d", host, port, id, pg->world);
@@ -780,7 +780,7 @@ static em_status next_generation(em_store *st, const char *name, int world, long
 
 /* em_pg_new, plus the prefix of the keys where a launcher notes a worker's
  * exit ("r0/exited/"; "" = none). */
-static em_pg *pg_new(const em_pg_config *cfg, const char *exited)
+static em_pg *pg_new(const em_pg_config *cfg, const char *exited, const char *master)
 {
     if (!cfg) return em_fail(EM_ERR_ARG, "em_pg_new: config is NULL");
     if (cfg->name && strlen(cfg->name) > 100)
@@ -800,6 +800,7 @@ static em_pg *pg_new(const em_pg_config *cfg, const char *exited)
     pg->timeout = cfg->timeout_s > 0 ? cfg->timeout_s : EM_DIST_DEFAULT_TIMEOUT;
     snprintf(pg->name, sizeof pg->name, "%s", cfg->name ? cfg->name : "pg");
     snprintf(pg->exited, sizeof pg->exited, "%s", exited);
+    snprintf(pg->master, sizeof pg->master, "%s", master ? master : "");
     pg->store = cfg->store;
     pg->fd = malloc(sizeof *pg->fd * (size_t)pg->world);
     pg->peer = calloc((size_t)pg->world, sizeof *pg->peer);
@@ -838,7 +839,7 @@ static em_pg *pg_new(const em_pg_config *cfg, const char *exited)
     return pg;
 }
 
-em_pg *em_pg_new(const em_pg_config *cfg) { return pg_new(cfg, ""); }
+em_pg *em_pg_new(const em_pg_config *cfg) { return pg_new(cfg, "", getenv("MASTER_ADDR")); }
 
 void em_pg_free(em_pg *pg)
 {
@@ -872,32 +873,17 @@ em_store *em_pg_store(const em_pg *pg) { return pg ? pg->store : NULL; }
 
 /* ---- from the environment -------------------------------------------------------- */
 
-static em_status env_int(const char *var, long lo, long hi, bool required, long *out)
-{
-    const char *v = getenv(var);
-    if (!v || !*v) {
-        if (required) return em_err(EM_ERR_ARG, "em_pg_from_env: %s is not set", var);
-        return EM_OK;
-    }
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || x < lo || x > hi)
-        return em_err(EM_ERR_ARG, "em_pg_from_env: %s='%s' is not an integer in [%ld, %ld]", var, v, lo, hi);
-    *out = x;
-    return EM_OK;
-}
-
 em_pg *em_pg_from_env(void) { return em_pg_from_env_with(NULL); }
 
 em_pg *em_pg_from_env_with(const em_pg_env_config *cfg)
 {
-    long world = 1, rank = 0, port = 0, restart = 0;
+    static const char fn[] = "em_pg_from_env";
     double timeout = 0;
     if (cfg && (cfg->timeout_s < 0 || cfg->timeout_s != cfg->timeout_s || isinf(cfg->timeout_s)))
         return em_fail(EM_ERR_ARG, "em_pg_from_env_with: timeout_s %g must be >= 0 and finite",
                        cfg->timeout_s);
-    if (env_int("WORLD_SIZE", 1, 1 << 20, false, &world)) return NULL;
+    launch_env e;
+    if (launch_env_read(fn, &e)) return NULL;
     const char *t = getenv("EMBER_TIMEOUT");
     if (cfg && cfg->timeout_s > 0) {
         timeout = cfg->timeout_s; /* the caller's wins over the environment */
@@ -914,26 +900,24 @@ em_pg *em_pg_from_env_with(const em_pg_env_config *cfg)
         else if (strcmp(trs, "auto"))
             return em_fail(EM_ERR_ARG, "em_pg_from_env: EMBER_TRANSPORT='%s' must be tcp, shm or auto", trs);
     }
-    if (world == 1) return em_pg_new(&(em_pg_config){.rank = 0, .world = 1, .timeout_s = timeout, .transport = tr});
-    if (env_int("RANK", 0, world - 1, true, &rank) || env_int("MASTER_PORT", 1, 65535, true, &port) ||
-        env_int("EMBER_RESTART_COUNT", 0, 1 << 20, false, &restart))
-        return NULL;
-    const char *addr = getenv("MASTER_ADDR"), *token = getenv("EMBER_STORE_TOKEN");
-    if (!addr || !*addr) return em_fail(EM_ERR_ARG, "em_pg_from_env: MASTER_ADDR is not set");
-    if (!token || !*token)
-        return em_fail(EM_ERR_ARG, "em_pg_from_env: EMBER_STORE_TOKEN is not set (start the job with ember launch)");
-    em_store *st = em_store_connect(addr, (int)port, token, timeout);
+    if (e.world == 1)
+        return em_pg_new(&(em_pg_config){.rank = 0, .world = 1, .timeout_s = timeout, .transport = tr});
+    /* the ranks meet in the store: the launcher's, or one rank 0 hosts */
+    launch_store ls;
+    if (launch_store_settings(fn, &e, &ls)) return NULL;
+    em_store *st = launch_store_connect(fn, &ls, timeout);
     if (!st) return NULL;
-    char name[64], exited[64];
-    snprintf(name, sizeof name, "r%ld/pg", restart);
-    snprintf(exited, sizeof exited, "r%ld/exited/", restart);
-    em_pg *pg = pg_new(&(em_pg_config){.rank = (int)rank,
-                                       .world = (int)world,
+    char name[64], exited[64] = "";
+    snprintf(name, sizeof name, "r%ld/pg", e.restart);
+    if (e.kind == LAUNCHER_TORCHRUN) /* only ember launch notes a worker's exit there */
+        snprintf(exited, sizeof exited, "r%ld/exited/", e.restart);
+    em_pg *pg = pg_new(&(em_pg_config){.rank = e.rank,
+                                       .world = e.world,
                                        .store = st,
                                        .name = name,
                                        .timeout_s = timeout,
                                        .transport = tr},
-                       exited);
+                       exited, ls.ip[0] ? ls.ip : ls.addr);
     if (!pg) {
         char msg[512];
         em_status s = em_last_status();

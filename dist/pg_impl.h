@@ -134,6 +134,7 @@ struct em_pg {
     double timeout;
     char name[128];     /* the group's key prefix in the store: the config's name + "/" + generation */
     char exited[64];    /* where a launcher notes a worker's exit: key prefix + rank ("" = none) */
+    char master[256];   /* the store's host (numeric when known): advertise the interface reaching it */
     em_store *store;    /* borrowed, or owned when own_store */
     bool own_store;
     int *fd;            /* fd[r]: the socket to rank r (-1 for self) */

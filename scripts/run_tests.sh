@@ -28,6 +28,13 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN
 passed=0 failed=0 skipped=0 status=0
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
+# The single-node Slurm cluster tests/test_slurm.c runs jobs on: started once
+# for both suites when they run those tests (as root; where it cannot start,
+# they skip saying why) and stopped at the end.
+if [ $# -eq 0 ] || printf '%s\n' "$@" | grep -q slurm; then
+    bash scripts/slurm_setup.sh start
+    trap 'rm -rf "$logs"; bash scripts/slurm_setup.sh stop' EXIT
+fi
 
 # configure_and_build <label> <dir> [meson options...]
 configure_and_build() {

@@ -134,6 +134,11 @@ em_tensor *th_noncontig(em_tensor *t);
  * (its path into txt, tn bytes): a rhyme repeated 300 times, so a tiny
  * `ember train` model's loss clearly falls within a few dozen steps. */
 void th_rhyme_corpus(char *dir, size_t n, char *txt, size_t tn);
+/* The training steps an `ember train` run wrote in RUN/metrics.jsonl, one
+ * line per step ("STEP LOSS GRAD_NORM", the numbers as written), into buf
+ * (n bytes): two runs trained alike have equal texts. "" when the file
+ * cannot be read. */
+void th_train_steps(const char *run, char *buf, size_t n);
 
 /* For tests that edit a checkpoint's files by hand (to build a save that is
  * not one save, as a bug could write it): rewrites DIR/manifest.json's size

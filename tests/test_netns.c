@@ -3,7 +3,9 @@
  * /30, one node of `ember train` in each. One run trains to the end; in the
  * other the link goes down mid-run and both nodes must fail within the
  * collective timeout, each naming the peer it lost, leaving no process in
- * either namespace.
+ * either namespace. Then the same two machines run a job started by
+ * OpenMPI's `mpirun --hostfile` (one slot each, no `ember launch`), whose
+ * losses must equal `ember launch -n 2`'s.
  *
  * Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2's `ip`; where
  * a namespace cannot be made the tests skip and say why. Each test makes its
@@ -327,3 +329,92 @@ TEST(test_netns_link_cut_mid_run_fails_both_nodes_naming_the_peer_within_the_tim
 {
     with_pair(cut_mid_run);
 }
+
+/* ---- mpirun with a hostfile ---------------------------------------------------------
+ * mpirun runs in node 0's namespace; the hostfile names the two addresses,
+ * one slot each. OpenMPI starts its daemon on the other "machine" through an
+ * rsh agent: instead of ssh, a script that enters the namespace the address
+ * belongs to. Each namespace also gets its own UTS namespace and hostname
+ * (ember-node0/1): both share this host's name otherwise, and OpenMPI would
+ * take them for one node. Its own traffic (oob, and the btl of an MPI
+ * transport) is held to the veth subnet. The ranks find their rank and world
+ * in OMPI_COMM_WORLD_*, and the store at MASTER_ADDR (node 0; rank 0 hosts
+ * it) given with -x: more than one machine needs it unless the transport is
+ * MPI. */
+
+#define NETNS_SUBNET "10.213.13.0/30"
+
+/* Writes dir/agent.sh and dir/hosts. */
+static void write_mpirun_files(const netns_pair *p)
+{
+    FILE *f = fopen(at(p, "agent.sh"), "w");
+    if (!f) th_fail(__FILE__, __LINE__, "cannot write the rsh agent");
+    fprintf(f,
+            "#!/bin/sh\n"
+            "# mpirun's rsh agent: HOST COMMAND... runs COMMAND in HOST's namespace, as ssh would on HOST\n"
+            "host=$1; shift\n"
+            "case $host in\n" NETNS_ADDR0 ") ns=%s name=ember-node0 ;;\n" NETNS_ADDR1
+            ") ns=%s name=ember-node1 ;;\n"
+            "*) echo \"agent: unknown host $host\" >&2; exit 1 ;;\n"
+            "esac\n"
+            "exec ip netns exec \"$ns\" unshare --uts sh -c \"hostname $name && exec $*\"\n",
+            p->ns[0], p->ns[1]);
+    fclose(f);
+    chmod(at(p, "agent.sh"), 0755);
+    f = fopen(at(p, "hosts"), "w");
+    if (!f) th_fail(__FILE__, __LINE__, "cannot write the hostfile");
+    fprintf(f, NETNS_ADDR0 " slots=1\n" NETNS_ADDR1 " slots=1\n");
+    fclose(f);
+}
+
+#define TINY_TRAIN                                                                                           \
+    "train --layers 1 --heads 1 --embd 16 --block 16 --batch 4 --iters 6 --log-every 1 --eval-every "        \
+    "100000000 "                                                                                             \
+    "--eval-iters 1"
+
+/* A 2-machine `mpirun --hostfile` job of ember train with EMBER_TRANSPORT
+ * = transport; its losses and gradient norms (metrics.jsonl: stdout is a
+ * terminal under mpirun, so it shows a bar) equal a local `ember launch -n 2`'s. */
+static void mpirun_job(netns_pair *p, const char *transport)
+{
+    if (!sh(NULL, 0, "command -v mpirun >/dev/null && command -v unshare >/dev/null"))
+        th_skip("needs OpenMPI's mpirun and util-linux's unshare");
+    write_mpirun_files(p);
+    char cmd[2048], want[2048], got[2048];
+    snprintf(cmd, sizeof cmd, EMBER_BIN " launch -n 2 " EMBER_BIN " " TINY_TRAIN " --data %s --out %s",
+             at(p, "corpus.txt"), at(p, "launch"));
+    th_run_result *r = th_run("/bin/sh", "-c", cmd, NULL);
+    CHECK_EXIT(r, 0);
+    th_train_steps(at(p, "launch"), want, sizeof want);
+    CHECK(strstr(want, "\n6 ") != NULL);
+    snprintf(
+        cmd, sizeof cmd,
+        "exec ip netns exec %s unshare --uts sh -c 'hostname ember-node0 && exec timeout 40 mpirun "
+        "--allow-run-as-root --hostfile %s -n 2 --mca plm_rsh_agent %s --mca oob_tcp_if_include " NETNS_SUBNET
+        " --mca btl tcp,self --mca btl_tcp_if_include " NETNS_SUBNET
+        " -x EMBER_TRANSPORT=%s -x MASTER_ADDR=" NETNS_ADDR0
+        " -x MASTER_PORT=29501 -x EMBER_NUM_THREADS=1 " EMBER_BIN " " TINY_TRAIN " --data %s --out %s'",
+        p->ns[0], at(p, "hosts"), at(p, "agent.sh"), transport, at(p, "corpus.txt"), at(p, "mpirun"));
+    r = th_run("/bin/sh", "-c", cmd, NULL);
+    char both[2 * sizeof r->out];
+    snprintf(both, sizeof both, "%s%s", r->out, r->err);
+    if (r->status != 0 && strstr(both, "EMBER_TRANSPORT='mpi' must be"))
+        th_skip("this ember has no MPI transport (EMBER_TRANSPORT=mpi is refused)");
+    if (r->status != 0)
+        th_fail(__FILE__, __LINE__, "mpirun exited %d\nstdout: %s\nstderr: %s", r->status, tail_of(r->out, 6),
+                tail_of(r->err, 6));
+    if (!strstr(r->out, "(2 on each of 2 processes)") || !strstr(r->out, "ember train: done"))
+        th_fail(__FILE__, __LINE__, "rank 0 did not train as one of 2 processes to the end:\n%s", r->out);
+    th_train_steps(at(p, "mpirun"), got, sizeof got);
+    if (strcmp(got, want))
+        th_fail(__FILE__, __LINE__,
+                "mpirun's losses differ from ember launch's:\nmpirun:\n%sember launch:\n%s", got, want);
+}
+
+static void mpirun_tcp(netns_pair *p) { mpirun_job(p, "tcp"); }
+static void mpirun_mpi(netns_pair *p) { mpirun_job(p, "mpi"); }
+
+TEST(test_netns_mpirun_hostfile_two_machines_over_tcp_match_ember_launch_losses) { with_pair(mpirun_tcp); }
+
+/* The same job on ember's MPI transport; skips while ember is built without one. */
+TEST(test_netns_mpirun_hostfile_two_machines_over_mpi_match_ember_launch_losses) { with_pair(mpirun_mpi); }

@@ -220,6 +220,28 @@ void th_rhyme_corpus(char *dir, size_t n, char *txt, size_t tn)
     fclose(f);
 }
 
+void th_train_steps(const char *run, char *buf, size_t n)
+{
+    char path[512], line[1024];
+    size_t k = 0;
+    buf[0] = '\0';
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    while (fgets(line, sizeof line, f)) {
+        long step;
+        char loss[40], norm[40];
+        const char *l = strstr(line, "\"loss\": "), *g = strstr(line, "\"grad_norm\": ");
+        if (sscanf(line, "{\"step\": %ld", &step) != 1 || !l || !g || sscanf(l + 8, "%39[^,}]", loss) != 1 ||
+            sscanf(g + 13, "%39[^,}]", norm) != 1)
+            continue;
+        int w = snprintf(buf + k, n - k, "%ld %s %s\n", step, loss, norm);
+        if (w < 0 || (size_t)w >= n - k) break;
+        k += (size_t)w;
+    }
+    fclose(f);
+}
+
 th_run_result *th_vrun(const char *bin, va_list ap)
 {
     const char *argv[40] = {bin};

@@ -507,7 +507,7 @@ static double device_part(const run *r, const em_mem_estimate *e)
 }
 
 /* Refuses, before the model is allocated, a run whose estimate per rank
- * (times the processes of this machine, LOCAL_WORLD_SIZE) exceeds what this
+ * (times the processes of this machine, em_accel_local_world) exceeds what this
  * process may use (mem_available: MemAvailable or a lower cgroup limit), or
  * whose device part exceeds a CUDA device's memory; the message names the
  * estimate, the memory and the biggest category. --no-memory-check skips it. */
@@ -517,8 +517,8 @@ static em_status check_fits(run *r)
     em_status s = estimate(r, &e);
     if (s || r->o.no_memory_check) return s;
     em_mem_category big = em_mem_biggest(&e);
-    const char *lw = getenv("LOCAL_WORLD_SIZE");
-    int local = lw && atoi(lw) > 0 ? atoi(lw) : 1;
+    int local = em_accel_local_world(r->acc); /* the launcher's count of processes on this machine */
+    if (local < 1) local = 1;
     double need = (double)e.total * local, have;
     char where[1200], b0[32], b1[32], b2[32];
     em_device dev = em_accel_device(r->acc);

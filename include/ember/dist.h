@@ -2,12 +2,28 @@
  * collectives (CPU backend), DDP, and the Accelerator that ties prepare /
  * backward / accumulate / step / save together.
  *
- * The same program runs alone or under `ember launch -n N`: the launcher sets
- * RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
- * (torchrun's names) plus EMBER_STORE_TOKEN (the job's secret) and
- * EMBER_RESTART_COUNT, and hosts the store at MASTER_ADDR:MASTER_PORT. With
- * no WORLD_SIZE in the environment a program is a group of one and needs no
- * store.
+ * The same program runs alone or under a launcher, whose environment says
+ * its rank, the world size, its local rank and local world, and where the
+ * store is (the first launcher whose variables are set wins):
+ *   `ember launch -n N` (or torchrun): RANK, LOCAL_RANK, WORLD_SIZE,
+ *     LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's names) plus
+ *     EMBER_STORE_TOKEN (the job's secret) and EMBER_RESTART_COUNT; the
+ *     launcher hosts the store at MASTER_ADDR:MASTER_PORT.
+ *   OpenMPI's mpirun: OMPI_COMM_WORLD_RANK (else PMIX_RANK), _SIZE,
+ *     _LOCAL_RANK, _LOCAL_SIZE. Rank 0 hosts the store in-process at
+ *     MASTER_ADDR:MASTER_PORT; on one machine they default to 127.0.0.1 and
+ *     a port derived from the job id, across machines MASTER_ADDR is needed
+ *     (`mpirun -x MASTER_ADDR=... -x MASTER_PORT=...`).
+ *   A Slurm job step (srun; SLURM_STEP_ID set): SLURM_PROCID, SLURM_NTASKS,
+ *     SLURM_LOCALID, the local world from SLURM_STEP_TASKS_PER_NODE (else
+ *     SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE) at SLURM_NODEID. Rank 0
+ *     hosts the store in-process at MASTER_ADDR, else the first host of
+ *     SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST), port MASTER_PORT, else
+ *     20000 + (SLURM_JOB_ID * 100 + SLURM_STEP_ID) mod 10000.
+ * Under mpirun and Slurm without EMBER_STORE_TOKEN the token is made from
+ * the job (and step) id: not a secret. The store rank 0 hosts lives until
+ * its process exits (it outlives every group made from the environment).
+ * With none of these a program is a group of one and needs no store.
  *
  * Failure is never a hang: every blocking call has a timeout, a dead peer is
  * noticed (its sockets close), and every collective first checks that all
@@ -117,11 +133,13 @@ typedef struct em_pg_config {
  * joins as one of a different number of ranks. */
 em_pg *em_pg_new(const em_pg_config *cfg);
 /* The group the environment describes (see the top of this file), owning
- * its store connection: a group of one when WORLD_SIZE is unset. EMBER_
+ * its store connection: a group of one when no launcher says otherwise. EMBER_
  * TRANSPORT=tcp|shm|auto and EMBER_TIMEOUT (seconds) are honoured. NULL +
- * error when the variables are malformed (naming the variable) or joining
- * fails. Call it again for another group (after freeing the first, or with
- * both alive: every rank in the same order). A launcher that watches the
+ * error when the variables are malformed (EM_ERR_ARG naming the variable
+ * and its value), a launcher's required one is missing, rank 0 cannot host
+ * the store (EM_ERR_IO naming the port), or joining fails. Call it again
+ * for another group (after freeing the first, or with both alive: every
+ * rank in the same order). A launcher that watches the
  * workers sets "r<EMBER_RESTART_COUNT>/exited/<RANK>" in the store (any
  * text: "exited with status 0") when one ends; a rank waiting to join with
  * it then fails at once naming it (`ember launch` does this). */
@@ -464,7 +482,13 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg);
 void em_accelerator_free(em_accelerator *a);
 int em_accel_rank(const em_accelerator *a);
 int em_accel_world(const em_accelerator *a);
+/* This process's rank among the processes of its machine, and their number,
+ * as the launcher says them (LOCAL_RANK / LOCAL_WORLD_SIZE, mpirun's
+ * OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE, Slurm's SLURM_LOCALID and tasks
+ * per node; see the top of this file); rank and world when none does. -1
+ * for NULL. */
 int em_accel_local_rank(const em_accelerator *a);
+int em_accel_local_world(const em_accelerator *a);
 bool em_accel_is_main_process(const em_accelerator *a);
 bool em_accel_is_local_main(const em_accelerator *a);
 int em_accel_grad_accum(const em_accelerator *a);
