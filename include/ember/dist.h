@@ -89,7 +89,8 @@ typedef enum em_reduce_op { EM_RED_SUM = 0, EM_RED_AVG, EM_RED_MAX, EM_RED_MIN }
 typedef enum em_transport {
     EM_TRANSPORT_AUTO = 0, /* shared memory between ranks on one host, TCP otherwise */
     EM_TRANSPORT_TCP,      /* TCP only (what a multi-machine job uses) */
-    EM_TRANSPORT_SHM       /* shared memory only: every rank must be on this host */
+    EM_TRANSPORT_SHM,      /* shared memory only: every rank must be on this host */
+    EM_TRANSPORT_MPI       /* MPI (when ember is built with it): rank and world are MPI_COMM_WORLD's */
 } em_transport;
 
 typedef struct em_pg em_pg;
