@@ -11,8 +11,10 @@
  *                ranks all-reduce
  *   recv-vs-collective  rank 1 receives from rank 0, which all-reduces
  *   skip         every rank but 0 skips a barrier (EMBER_TIMEOUT short)
- *   bf16         prints the bits of a bf16 all_reduce of fixed data (the test
- *                compares them with the TCP path's)
+ *   bf16         prints the bits of a bf16 all_reduce (avg) of fixed data (the
+ *                test compares them with the TCP path's: also runs under
+ *                ember launch)
+ *   bad-config   em_pg_new with the MPI transport and a world MPI disagrees with
  * Prints "rank R ok" and exits 0 when the scenario went as it should (a
  * failing scenario: each rank prints the error it got, "rank R error: ...");
  * else prints why and exits 1. Not a test itself. */
@@ -193,7 +195,8 @@ int main(int argc, char **argv)
     }
     rank = em_pg_rank(pg);
     world = em_pg_world(pg);
-    if (em_pg_transport(pg) != EM_TRANSPORT_MPI)
+    /* bf16 also runs under ember launch, over TCP, for the bits to compare */
+    if (em_pg_transport(pg) != EM_TRANSPORT_MPI && strcmp(what, "bf16"))
         FAIL("the transport is %d, not MPI", (int)em_pg_transport(pg));
     if (!strcmp(what, "collectives")) {
         collectives(pg);
@@ -205,6 +208,12 @@ int main(int argc, char **argv)
         printf("bits");
         for (int i = 0; i < n; i++) printf(" %04x", ((uint16_t *)em_data(t))[i]);
         printf("\n");
+    } else if (!strcmp(what, "bad-config")) {
+        /* an MPI group is MPI_COMM_WORLD: a config that says otherwise is refused */
+        em_pg *bad =
+            em_pg_new(&(em_pg_config){.rank = rank, .world = world + 1, .transport = EM_TRANSPORT_MPI});
+        if (bad || em_last_status() != EM_ERR_ARG) FAIL("em_pg_new with world %d was not refused", world + 1);
+        printf("rank %d error %s: %s\n", rank, em_status_name(em_last_status()), em_last_error());
     } else {
         failing(pg, what);
     }
