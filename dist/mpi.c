@@ -343,122 +343,108 @@ static MPI_Op mpi_op(em_dtype dt, int op)
     return MPI_SUM; /* SUM, and AVG before its division */
 }
 
-/* Waits for the collective a call began (e: what starting it returned). */
-static em_status finish_one(em_pg *pg, call *c, int e, MPI_Request *rq, double deadline)
-{
-    if (e != MPI_SUCCESS) return mpi_failed(pg, c, "starting the collective", e);
-    return wait_requests(pg, c, 1, rq, NULL, "for the data of", deadline, NULL);
-}
-
 static bool overlaps(const void *a, size_t an, const void *b, size_t bn)
 {
     const char *x = a, *y = b;
     return x < y + bn && y < x + an;
 }
 
-/* Frees p, unless the collective that uses it is still open after a
- * failure (MPI may still write there: then it stays allocated). */
-static void release(void *p, bool failed, MPI_Request rq)
+/* Bytes of scratch a collective's data needs: f16/bf16 reduce in f32
+ * copies; a reduce_scatter whose out lies inside its in (a shard of its own
+ * bucket) receives into a copy. Taken before the check, so that once every
+ * rank's call is checked nothing local can fail. */
+static size_t scratch_bytes(const em_pg *pg, const call *c)
 {
-    if (!failed || rq == MPI_REQUEST_NULL) free(p);
+    em_dtype dt = (em_dtype)c->h.dtype;
+    bool half = dt == EM_F16 || dt == EM_BF16;
+    int64_t n = c->h.count, m = n / pg->world;
+    size_t es = em_dtype_size(dt);
+    if (c->h.kind == CALL_ALL_REDUCE) return half ? (size_t)n * 4 : 0;
+    if (c->h.kind != CALL_REDUCE_SCATTER) return 0;
+    if (half) return (size_t)(n + m) * 4;
+    return overlaps(c->in, (size_t)n * es, c->out, (size_t)m * es) ? (size_t)m * es : 0;
 }
 
-static em_status all_reduce(em_pg *pg, call *c, double deadline)
+static em_status mpi_done(em_pg *pg, call *c, const char *what, int e)
+{
+    return e == MPI_SUCCESS ? EM_OK : mpi_failed(pg, c, what, e);
+}
+
+static em_status all_reduce(em_pg *pg, call *c, void *scratch)
 {
     em_dtype dt = (em_dtype)c->h.dtype;
     int64_t n = c->h.count;
-    bool half = dt == EM_F16 || dt == EM_BF16;
-    void *buf = half ? malloc((size_t)n * 4 + 1) : c->in;
-    if (!buf) return call_fail(c, EM_ERR_OOM, "all_reduce: out of memory for %lld elements", (long long)n);
-    if (half) red_widen(dt, c->in, buf, n);
-    MPI_Request rq = MPI_REQUEST_NULL;
+    void *buf = scratch ? scratch : c->in; /* f16/bf16: an f32 copy */
+    if (scratch) red_widen(dt, c->in, buf, n);
     lk();
-    int e = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, wide_type(dt), mpi_op(dt, c->h.op), pg->mpi->comm, &rq);
+    int e = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, wide_type(dt), mpi_op(dt, c->h.op), pg->mpi->comm);
     ulk();
-    em_status s = finish_one(pg, c, e, &rq, deadline);
-    if (!s) red_finish_avg(dt, c->h.op, buf, n, pg->world);
-    if (half) {
-        if (!s) red_narrow(dt, buf, c->in, n);
-        release(buf, s, rq);
-    }
-    return s;
+    if (e != MPI_SUCCESS) return mpi_failed(pg, c, "MPI_Allreduce", e);
+    red_finish_avg(dt, c->h.op, buf, n, pg->world);
+    if (scratch) red_narrow(dt, buf, c->in, n);
+    return EM_OK;
 }
 
-static em_status reduce_scatter(em_pg *pg, call *c, double deadline)
+static em_status reduce_scatter(em_pg *pg, call *c, void *scratch)
 {
     em_dtype dt = (em_dtype)c->h.dtype;
     int64_t total = c->h.count, m = total / pg->world;
-    size_t es = em_dtype_size(dt), ws = dt == EM_F64 ? 8 : 4;
     bool half = dt == EM_F16 || dt == EM_BF16;
-    /* out may lie inside in (a shard of its own bucket): then a copy receives */
-    bool alias = overlaps(c->in, (size_t)total * es, c->out, (size_t)m * es);
-    void *in = half ? malloc((size_t)total * 4 + 1) : c->in;
-    void *out = half || alias ? malloc((size_t)m * ws + 1) : c->out;
-    if (!in || !out) {
-        if (in != c->in) free(in);
-        if (out != c->out) free(out);
-        return call_fail(c, EM_ERR_OOM, "reduce_scatter: out of memory for %lld elements", (long long)total);
-    }
+    void *in = half ? scratch : c->in;
+    void *out = half ? (char *)scratch + (size_t)total * 4 : scratch ? scratch : c->out;
     if (half) red_widen(dt, c->in, in, total);
-    MPI_Request rq = MPI_REQUEST_NULL;
     lk();
-    int e =
-        MPI_Ireduce_scatter_block(in, out, (int)m, wide_type(dt), mpi_op(dt, c->h.op), pg->mpi->comm, &rq);
+    int e = MPI_Reduce_scatter_block(in, out, (int)m, wide_type(dt), mpi_op(dt, c->h.op), pg->mpi->comm);
     ulk();
-    em_status s = finish_one(pg, c, e, &rq, deadline);
-    if (!s) red_finish_avg(dt, c->h.op, out, m, pg->world);
-    if (!s && out != c->out) {
-        if (half)
-            red_narrow(dt, out, c->out, m);
-        else
-            memcpy(c->out, out, (size_t)m * es);
-    }
-    if (in != c->in) release(in, s, rq);
-    if (out != c->out) release(out, s, rq);
-    return s;
+    if (e != MPI_SUCCESS) return mpi_failed(pg, c, "MPI_Reduce_scatter_block", e);
+    red_finish_avg(dt, c->h.op, out, m, pg->world);
+    if (half)
+        red_narrow(dt, out, c->out, m);
+    else if (out != c->out)
+        memcpy(c->out, out, (size_t)m * em_dtype_size(dt));
+    return EM_OK;
 }
 
-static em_status data(em_pg *pg, call *c, double deadline)
+/* A checked collective's data, with MPI's blocking collectives: every rank
+ * made this very call (the check said so) and nothing local can fail now,
+ * so only a dead rank could keep one from completing, and mpirun ends the
+ * job then. (Measured on 2 ranks: MPI_Iallreduce polled with MPI_Test took
+ * 7.5 ms for 1 MiB, MPI_Allreduce 0.44 ms, as fast as MPI alone.) */
+static em_status data(em_pg *pg, call *c, void *scratch)
 {
     size_t bytes = (size_t)c->h.count * em_dtype_size((em_dtype)c->h.dtype);
-    /* MPI counts are ints; every rank has the same count here, so all refuse together */
-    if (bytes > INT32_MAX)
-        return call_fail(c, EM_ERR_UNSUPPORTED,
-                         "%s: the MPI transport moves at most 2^31-1 bytes per rank in one call",
-                         "collective");
-    MPI_Request rq = MPI_REQUEST_NULL;
-    int e = MPI_SUCCESS;
     char *out = c->out;
     MPI_Comm comm = pg->mpi->comm;
+    int e = MPI_SUCCESS;
     switch ((call_kind)c->h.kind) {
-    case CALL_ALL_REDUCE: return all_reduce(pg, c, deadline);
-    case CALL_REDUCE_SCATTER: return reduce_scatter(pg, c, deadline);
+    case CALL_ALL_REDUCE: return all_reduce(pg, c, scratch);
+    case CALL_REDUCE_SCATTER: return reduce_scatter(pg, c, scratch);
     case CALL_BROADCAST:
         lk();
-        e = MPI_Ibcast(c->in, (int)bytes, MPI_BYTE, c->h.root, comm, &rq);
+        e = MPI_Bcast(c->in, (int)bytes, MPI_BYTE, c->h.root, comm);
         ulk();
-        break;
+        return mpi_done(pg, c, "MPI_Bcast", e);
     case CALL_ALL_GATHER: /* in may already be out's own chunk (ZeRO gathers in place) */
         memmove(out + (size_t)pg->rank * bytes, c->in, bytes);
         lk();
-        e = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_BYTE, out, (int)bytes, MPI_BYTE, comm, &rq);
+        e = MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, out, (int)bytes, MPI_BYTE, comm);
         ulk();
-        break;
+        return mpi_done(pg, c, "MPI_Allgather", e);
     case CALL_GATHER:
         lk();
         if (pg->rank == c->h.root) {
             memmove(out + (size_t)pg->rank * bytes, c->in, bytes);
-            e = MPI_Igather(MPI_IN_PLACE, 0, MPI_BYTE, out, (int)bytes, MPI_BYTE, c->h.root, comm, &rq);
+            e = MPI_Gather(MPI_IN_PLACE, 0, MPI_BYTE, out, (int)bytes, MPI_BYTE, c->h.root, comm);
         } else {
-            e = MPI_Igather(c->in, (int)bytes, MPI_BYTE, NULL, 0, MPI_BYTE, c->h.root, comm, &rq);
+            e = MPI_Gather(c->in, (int)bytes, MPI_BYTE, NULL, 0, MPI_BYTE, c->h.root, comm);
         }
         ulk();
-        break;
+        return mpi_done(pg, c, "MPI_Gather", e);
     case CALL_BARRIER: /* the check was the rendezvous */
     case CALL_SEND:    /* not a collective */
     case CALL_RECV: return EM_OK;
     }
-    return finish_one(pg, c, e, &rq, deadline);
+    return EM_OK;
 }
 
 /* ---- send and recv ------------------------------------------------------------------------------- */
@@ -562,9 +548,18 @@ em_status mpi_run(em_pg *pg, call *c, double deadline)
     if (noted(pg, c)) return c->status;
     if (c->h.kind == CALL_SEND) return p2p_send(pg, c, deadline);
     if (c->h.kind == CALL_RECV) return p2p_recv(pg, c, deadline);
+    /* MPI counts are ints; the check below makes every rank refuse together */
+    size_t bytes = (size_t)c->h.count * em_dtype_size((em_dtype)c->h.dtype), need = 0;
+    void *scratch = NULL;
+    if (!c->h.cuda && (bytes > INT32_MAX || (need = scratch_bytes(pg, c)) > INT32_MAX))
+        return call_fail(c, EM_ERR_UNSUPPORTED,
+                         "the MPI transport moves at most 2^31-1 bytes per rank in one call");
+    if (!c->h.cuda && need && !(scratch = malloc(need)))
+        return call_fail(c, EM_ERR_OOM, "out of memory for %zu bytes of the MPI transport's scratch", need);
     em_status s = check(pg, c, deadline);
-    if (s || c->h.cuda) return s; /* CUDA tensors: checked here, NCCL moves them */
-    return data(pg, c, deadline);
+    if (!s && !c->h.cuda) s = data(pg, c, scratch); /* CUDA tensors: checked here, NCCL moves them */
+    free(scratch);
+    return s;
 }
 
 void mpi_abort(em_pg *pg, const call *c)
