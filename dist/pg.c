@@ -944,7 +944,8 @@ static em_pg *from_mpi(double timeout, long env_world)
     em_pg *pg = NULL;
     if (getenv("WORLD_SIZE") && env_world != world)
         em_set_error(EM_ERR_ARG,
-                     "em_pg_from_env: WORLD_SIZE=%ld, but MPI_COMM_WORLD has %d ranks (transport mpi)",
+                     "em_pg_from_env: WORLD_SIZE=%ld, but MPI_COMM_WORLD has %d ranks (transport mpi: start "
+                     "the job with mpirun or srun --mpi, or set EMBER_TRANSPORT=tcp)",
                      env_world, world);
     else
         pg = em_pg_new(&(em_pg_config){.rank = rank,

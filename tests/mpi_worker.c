@@ -3,7 +3,8 @@
  * transport is chosen by itself under mpirun, rank 0 hosts the store) and
  * runs one scenario, named by its argument:
  *   collectives  every collective on every dtype and op that matters,
- *                send/recv, asynchronous work; each result checked against
+ *                send/recv, asynchronous work, a second group alive beside the
+ *                first; each result checked against
  *                the value every rank can compute alone (integer-valued data,
  *                so sums are exact in any order)
  *   mismatch     rank 0 all-reduces 4 elements, the others 5
@@ -153,6 +154,19 @@ static void collectives(em_pg *pg)
         em_free(a[k]);
     }
     em_free(s1), em_free(s2), em_free(r1), em_free(r2);
+    /* a second group alive beside the first (its own communicator and store):
+     * calls on both, interleaved, one of them asynchronous */
+    em_pg *pg2 = em_pg_from_env();
+    if (!pg2) FAIL("a second group");
+    em_tensor *x = filled(EM_F32, 500, rank), *y = filled(EM_F64, 300, rank);
+    em_work *wx;
+    OK(em_all_reduce(pg, x, EM_RED_SUM, &wx));
+    OK(em_all_reduce(pg2, y, EM_RED_MAX, NULL));
+    OK(em_work_wait(wx));
+    if (at(x, 499) != reduce_want(EM_RED_SUM, 499) || at(y, 299) != reduce_want(EM_RED_MAX, 299))
+        FAIL("two groups at once");
+    em_free(x), em_free(y);
+    em_pg_free(pg2);
 }
 
 /* A scenario that must fail on every rank: prints the error it got. */
