@@ -841,15 +841,17 @@ static em_pg *pg_new(const em_pg_config *cfg, const char *exited)
     pthread_cond_init(&pg->cv, NULL);
     bool mpi = cfg->transport == EM_TRANSPORT_MPI;
     em_status s = EM_OK;
+    long long gen = 0;
+    /* the store names the group's generation (NCCL's keys live under it);
+     * under MPI before the communicator is made, which every rank must have
+     * begun for any to finish: no rank is done with the store before all are */
+    if (pg->world > 1 && pg->store) s = next_generation(pg->store, pg->name, pg->world, &gen);
+    if (!s && pg->world > 1 && pg->store)
+        snprintf(pg->name + strlen(pg->name), sizeof pg->name - strlen(pg->name), "/%lld", gen);
 #if EM_HAVE_MPI
-    if (mpi) s = mpi_join(pg); /* MPI's communicator, also for a group of one (it reports MPI) */
+    if (!s && mpi) s = mpi_join(pg); /* MPI's communicator, also for a group of one (it reports MPI) */
 #endif
     if (pg->world > 1 || s) {
-        long long gen = 0;
-        /* the store names the group's generation (NCCL's keys live under it) */
-        if (!s && pg->store) s = next_generation(pg->store, pg->name, pg->world, &gen);
-        if (!s && pg->store)
-            snprintf(pg->name + strlen(pg->name), sizeof pg->name - strlen(pg->name), "/%lld", gen);
         if (!s && !mpi) s = join(pg, cfg->transport);
         if (!s && pthread_create(&pg->thread, NULL, comm_thread, pg) != 0)
             s = em_err(EM_ERR_DIST, "em_pg_new: cannot start the communication thread");

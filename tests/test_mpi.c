@@ -18,19 +18,22 @@
 #define EMBER_BIN EMBER_BUILD_DIR "/ember"
 #define WORKER EMBER_BUILD_DIR "/tests/mpi_worker"
 
-#ifdef EMBER_MPIRUN
+#ifndef EMBER_MPIRUN
+#define EMBER_MPIRUN "" /* need_mpi() skips */
+#define NO_MPIRUN 1
+#endif
+
 /* mpirun for n ranks: more ranks than cores, as root (CI), and no single-copy
  * shared memory (containers often forbid the ptrace it needs) */
 #define MPIRUN(n, ...)                                                                                       \
     th_run(EMBER_MPIRUN, "--oversubscribe", "--bind-to", "none", "--mca", "btl_vader_single_copy_mechanism", \
            "none", "-n", n, __VA_ARGS__, NULL)
-#endif
 
 static void need_mpi(void)
 {
 #if !EM_HAVE_MPI
     SKIP("ember was built without MPI (install openmpi-bin and libopenmpi-dev, then reconfigure)");
-#elif !defined(EMBER_MPIRUN)
+#elif defined(NO_MPIRUN)
     SKIP("mpirun was not found when ember was configured");
 #else
     if (access(EMBER_MPIRUN, X_OK)) SKIP("mpirun (" EMBER_MPIRUN ") is not there any more");
@@ -53,7 +56,6 @@ static int lines_with(const char *out, const char *s)
     return n;
 }
 
-#ifdef EMBER_MPIRUN
 static void every_collective(const char *n)
 {
     need_mpi();
@@ -63,81 +65,48 @@ static void every_collective(const char *n)
         th_fail(__FILE__, __LINE__, "not every rank said ok: %s", r->out);
 }
 
-/* A scenario every rank must fail: each prints "rank R error STATUS: msg". */
-static th_run_result *failing(const char *scenario)
+/* Runs a scenario every rank must fail (each prints "rank R error STATUS:
+ * msg") and checks that both ranks' errors contain `want`. */
+static th_run_result *fails_on_both(const char *file, int line, const char *scenario, const char *want)
 {
     need_mpi();
     th_run_result *r = MPIRUN("2", WORKER, scenario);
     CHECK_EXIT(r, 0);
+    if (lines_with(r->out, want) != 2) th_fail(file, line, "want on both ranks: %s\ngot: %s", want, r->out);
     return r;
 }
-#endif
+#define FAILS_ON_BOTH(scenario, want) fails_on_both(__FILE__, __LINE__, (scenario), (want))
 
-TEST(test_mpi_two_ranks_run_every_collective_and_send_recv)
-{
-#ifdef EMBER_MPIRUN
-    every_collective("2");
-#else
-    need_mpi();
-#endif
-}
+TEST(test_mpi_two_ranks_run_every_collective_and_send_recv) { every_collective("2"); }
 
-TEST(test_mpi_four_ranks_run_every_collective_and_send_recv)
-{
-#ifdef EMBER_MPIRUN
-    every_collective("4");
-#else
-    need_mpi();
-#endif
-}
+TEST(test_mpi_four_ranks_run_every_collective_and_send_recv) { every_collective("4"); }
 
 TEST(test_mpi_count_mismatch_fails_every_rank_naming_both_calls)
 {
-#ifdef EMBER_MPIRUN
-    th_run_result *r = failing("mismatch");
-    const char *want =
-        "distributed: call mismatch at call #0: rank 0 called all_reduce(f32, 4 elements, sum), rank 1 "
-        "called all_reduce(f32, 5 elements, sum)";
-    if (lines_with(r->out, want) != 2)
-        th_fail(__FILE__, __LINE__, "want on both ranks: %s\ngot: %s", want, r->out);
-#else
-    need_mpi();
-#endif
+    FAILS_ON_BOTH("mismatch",
+                  "distributed: call mismatch at call #0: rank 0 called all_reduce(f32, 4 elements, "
+                  "sum), rank 1 called all_reduce(f32, 5 elements, sum)");
 }
 
 TEST(test_mpi_unreceived_send_fails_the_next_collective_naming_the_send)
 {
-#ifdef EMBER_MPIRUN
-    th_run_result *r = failing("unreceived");
-    const char *want =
-        "rank 0 called send(f32, 4 elements, to rank 1), rank 1 called all_reduce(f32, 4 elements, "
-        "sum) without receiving it";
-    if (lines_with(r->out, want) != 2)
-        th_fail(__FILE__, __LINE__, "want on both ranks: %s\ngot: %s", want, r->out);
-#else
-    need_mpi();
-#endif
+    FAILS_ON_BOTH("unreceived",
+                  "rank 0 called send(f32, 4 elements, to rank 1), rank 1 called all_reduce(f32, 4 "
+                  "elements, sum) without receiving it");
 }
 
 TEST(test_mpi_recv_facing_a_collective_fails_both_ranks_naming_both_calls)
 {
-#ifdef EMBER_MPIRUN
-    th_run_result *r = failing("recv-vs-collective");
-    const char *want =
-        "rank 0 called all_reduce(f32, 4 elements, sum), rank 1 called recv(f32, 5 elements, from rank 0)";
-    if (lines_with(r->out, want) != 2)
-        th_fail(__FILE__, __LINE__, "want on both ranks: %s\ngot: %s", want, r->out);
+    th_run_result *r =
+        FAILS_ON_BOTH("recv-vs-collective", "rank 0 called all_reduce(f32, 4 elements, sum), rank 1 "
+                                            "called recv(f32, 5 elements, from rank 0)");
     if (!strstr(r->out,
                 "rank 0 error distributed: all_reduce(f32, 4 elements, sum): the group broke on rank 1"))
         th_fail(__FILE__, __LINE__, "rank 0 does not name rank 1 as the origin: %s", r->out);
-#else
-    need_mpi();
-#endif
 }
 
 TEST(test_mpi_rank_that_skips_a_call_gives_a_timeout_not_a_hang)
 {
-#ifdef EMBER_MPIRUN
     need_mpi();
     setenv("EMBER_TIMEOUT", "2", 1);
     struct timespec a, b;
@@ -150,26 +119,20 @@ TEST(test_mpi_rank_that_skips_a_call_gives_a_timeout_not_a_hang)
     if (!strstr(r->out, want)) th_fail(__FILE__, __LINE__, "want: %s\ngot: %s", want, r->out);
     double s = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
     if (s > 30) th_fail(__FILE__, __LINE__, "the run took %.1f s for a 2 s timeout", s);
-#else
-    need_mpi();
-#endif
 }
 
 TEST(test_mpi_group_config_that_disagrees_with_mpi_is_refused_naming_both)
 {
-#ifdef EMBER_MPIRUN
-    th_run_result *r = failing("bad-config");
+    need_mpi();
+    th_run_result *r = MPIRUN("2", WORKER, "bad-config");
+    CHECK_EXIT(r, 0);
     const char *want = "error bad argument: em_pg_new: transport mpi: the config says rank 0 of 3, but "
                        "MPI_COMM_WORLD says rank 0 of 2";
     if (!strstr(r->out, want)) th_fail(__FILE__, __LINE__, "want: %s\ngot: %s", want, r->out);
-#else
-    need_mpi();
-#endif
 }
 
 TEST(test_mpi_bf16_all_reduce_gives_the_tcp_paths_bits)
 {
-#ifdef EMBER_MPIRUN
     need_mpi();
     th_run_result *r = MPIRUN("3", WORKER, "bf16");
     CHECK_EXIT(r, 0);
@@ -183,12 +146,8 @@ TEST(test_mpi_bf16_all_reduce_gives_the_tcp_paths_bits)
     CHECK_EXIT(r, 0);
     if (lines_with(r->out, mpi_bits) != 3)
         th_fail(__FILE__, __LINE__, "mpi gave '%s'; tcp gave: %s", mpi_bits, r->out);
-#else
-    need_mpi();
-#endif
 }
 
-#ifdef EMBER_MPIRUN
 /* The per-step losses of metrics.jsonl (every line with "loss": ...), as text. */
 static void losses(const char *out, char *buf, size_t n)
 {
@@ -229,25 +188,10 @@ static void train_like_launch(const char *zero)
     /* bitwise: with two ranks each element's sum is one addition either way */
     if (strcmp(a, b)) th_fail(__FILE__, __LINE__, "losses under mpirun %s\nunder ember launch %s", a, b);
 }
-#endif
 
-TEST(test_mpi_ddp_train_losses_equal_ember_launchs)
-{
-#ifdef EMBER_MPIRUN
-    train_like_launch("0");
-#else
-    need_mpi();
-#endif
-}
+TEST(test_mpi_ddp_train_losses_equal_ember_launchs) { train_like_launch("0"); }
 
-TEST(test_mpi_zero_stage_2_train_losses_equal_ember_launchs)
-{
-#ifdef EMBER_MPIRUN
-    train_like_launch("2");
-#else
-    need_mpi();
-#endif
-}
+TEST(test_mpi_zero_stage_2_train_losses_equal_ember_launchs) { train_like_launch("2"); }
 
 TEST(test_mpi_env_says_the_transport_is_built)
 {
