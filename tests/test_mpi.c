@@ -5,8 +5,10 @@
  * built without MPI or mpirun is missing.
  *
  * Under the ASan build the workers are ASan binaries, and OpenMPI's
- * initialisation leaks by design: the children run with detect_leaks=0 (the
- * test process itself keeps the options it started with). */
+ * initialisation leaks by design, much of it from components it loads and
+ * unloads again (no module name left for a suppression to match): the
+ * children run with detect_leaks=0 (address and UB checks stay on; the test
+ * process itself keeps the options it started with). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
