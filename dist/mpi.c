@@ -10,7 +10,7 @@
  * own (MPI_Comm_idup), whose errors come back as return codes.
  *
  * Every call is point-to-point messages on that communicator plus, for a
- * collective's data, one nonblocking MPI collective. Tags:
+ * collective's data, one MPI collective once the call is checked. Tags:
  *   CHECK  a collective's call_header, from every rank to every other: each
  *          rank holds all the headers, and calls_compare gives every rank the
  *          same verdict (and the TCP path's message) without a second round;
@@ -18,7 +18,8 @@
  *          disagree (p2p_compose names the unreceived send);
  *   SEND   a send's header, then DATA its bytes (a copy: the send is eager);
  *   ABORT  a broken rank's note: the origin rank and its message.
- * Every wait polls its requests with MPI_Test until the group's deadline,
+ * Every wait for a peer's call polls its requests with MPI_Test until the
+ * group's deadline,
  * and probes for an ABORT on the way, so a rank that never makes its call
  * is EM_ERR_TIMEOUT naming the call and the ranks missing, and a rank whose
  * call failed makes its peers fail at once naming it. A recv that finds its
@@ -365,27 +366,77 @@ static size_t scratch_bytes(const em_pg *pg, const call *c)
     return overlaps(c->in, (size_t)n * es, c->out, (size_t)m * es) ? (size_t)m * es : 0;
 }
 
-static em_status mpi_done(em_pg *pg, call *c, const char *what, int e)
+/* One MPI collective: what it moves (sbuf MPI_IN_PLACE where it allows). */
+typedef struct coll {
+    call_kind kind;
+    const void *sbuf;
+    void *rbuf;
+    int scount, rcount; /* rcount: all_gather / gather's per rank */
+    MPI_Datatype type;
+    MPI_Op op;
+    int root;
+} coll;
+
+/* Starts k: blocking when rq is NULL, else nonblocking into *rq. */
+static int coll_start(const coll *k, MPI_Comm comm, MPI_Request *rq)
 {
-    return e == MPI_SUCCESS ? EM_OK : mpi_failed(pg, c, what, e);
+    void *sb = (void *)k->sbuf;
+    switch (k->kind) {
+    case CALL_ALL_REDUCE:
+        return rq ? MPI_Iallreduce(sb, k->rbuf, k->rcount, k->type, k->op, comm, rq)
+                  : MPI_Allreduce(sb, k->rbuf, k->rcount, k->type, k->op, comm);
+    case CALL_REDUCE_SCATTER:
+        return rq ? MPI_Ireduce_scatter_block(sb, k->rbuf, k->rcount, k->type, k->op, comm, rq)
+                  : MPI_Reduce_scatter_block(sb, k->rbuf, k->rcount, k->type, k->op, comm);
+    case CALL_BROADCAST:
+        return rq ? MPI_Ibcast(k->rbuf, k->rcount, k->type, k->root, comm, rq)
+                  : MPI_Bcast(k->rbuf, k->rcount, k->type, k->root, comm);
+    case CALL_ALL_GATHER:
+        return rq ? MPI_Iallgather(sb, k->scount, k->type, k->rbuf, k->rcount, k->type, comm, rq)
+                  : MPI_Allgather(sb, k->scount, k->type, k->rbuf, k->rcount, k->type, comm);
+    case CALL_GATHER:
+        return rq ? MPI_Igather(sb, k->scount, k->type, k->rbuf, k->rcount, k->type, k->root, comm, rq)
+                  : MPI_Gather(sb, k->scount, k->type, k->rbuf, k->rcount, k->type, k->root, comm);
+    case CALL_BARRIER:
+    case CALL_SEND:
+    case CALL_RECV: break;
+    }
+    return MPI_SUCCESS;
 }
 
-static em_status all_reduce(em_pg *pg, call *c, void *scratch)
+/* Runs k for checked call c. Every rank made this very call (the check said
+ * so) and nothing local can fail now, so MPI's blocking collective runs it:
+ * only a dead rank could keep it from completing, and mpirun ends the job
+ * then. (Measured on 2 ranks: MPI_Iallreduce polled with MPI_Test took 7.5
+ * ms for 1 MiB, MPI_Allreduce 0.44 ms, as fast as MPI alone.) Under
+ * MPI_THREAD_SERIALIZED, whose lock may not be held across a wait (two
+ * groups' blocking calls could each wait for the other), the nonblocking
+ * one instead, polled to the deadline. */
+static em_status coll_run(em_pg *pg, call *c, const coll *k, double deadline)
+{
+    MPI_Request rq = MPI_REQUEST_NULL;
+    lk();
+    int e = coll_start(k, pg->mpi->comm, serialized ? &rq : NULL);
+    ulk();
+    if (e != MPI_SUCCESS) return mpi_failed(pg, c, "the collective", e);
+    return serialized ? wait_requests(pg, c, 1, &rq, NULL, "for the data of", deadline, NULL) : EM_OK;
+}
+
+static em_status all_reduce(em_pg *pg, call *c, void *scratch, double deadline)
 {
     em_dtype dt = (em_dtype)c->h.dtype;
     int64_t n = c->h.count;
     void *buf = scratch ? scratch : c->in; /* f16/bf16: an f32 copy */
     if (scratch) red_widen(dt, c->in, buf, n);
-    lk();
-    int e = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, wide_type(dt), mpi_op(dt, c->h.op), pg->mpi->comm);
-    ulk();
-    if (e != MPI_SUCCESS) return mpi_failed(pg, c, "MPI_Allreduce", e);
+    coll k = {CALL_ALL_REDUCE, MPI_IN_PLACE, buf, 0, (int)n, wide_type(dt), mpi_op(dt, c->h.op), 0};
+    em_status s = coll_run(pg, c, &k, deadline);
+    if (s) return s;
     red_finish_avg(dt, c->h.op, buf, n, pg->world);
     if (scratch) red_narrow(dt, buf, c->in, n);
     return EM_OK;
 }
 
-static em_status reduce_scatter(em_pg *pg, call *c, void *scratch)
+static em_status reduce_scatter(em_pg *pg, call *c, void *scratch, double deadline)
 {
     em_dtype dt = (em_dtype)c->h.dtype;
     int64_t total = c->h.count, m = total / pg->world;
@@ -393,10 +444,9 @@ static em_status reduce_scatter(em_pg *pg, call *c, void *scratch)
     void *in = half ? scratch : c->in;
     void *out = half ? (char *)scratch + (size_t)total * 4 : scratch ? scratch : c->out;
     if (half) red_widen(dt, c->in, in, total);
-    lk();
-    int e = MPI_Reduce_scatter_block(in, out, (int)m, wide_type(dt), mpi_op(dt, c->h.op), pg->mpi->comm);
-    ulk();
-    if (e != MPI_SUCCESS) return mpi_failed(pg, c, "MPI_Reduce_scatter_block", e);
+    coll k = {CALL_REDUCE_SCATTER, in, out, 0, (int)m, wide_type(dt), mpi_op(dt, c->h.op), 0};
+    em_status s = coll_run(pg, c, &k, deadline);
+    if (s) return s;
     red_finish_avg(dt, c->h.op, out, m, pg->world);
     if (half)
         red_narrow(dt, out, c->out, m);
@@ -405,41 +455,26 @@ static em_status reduce_scatter(em_pg *pg, call *c, void *scratch)
     return EM_OK;
 }
 
-/* A checked collective's data, with MPI's blocking collectives: every rank
- * made this very call (the check said so) and nothing local can fail now,
- * so only a dead rank could keep one from completing, and mpirun ends the
- * job then. (Measured on 2 ranks: MPI_Iallreduce polled with MPI_Test took
- * 7.5 ms for 1 MiB, MPI_Allreduce 0.44 ms, as fast as MPI alone.) */
-static em_status data(em_pg *pg, call *c, void *scratch)
+/* A checked collective's data. */
+static em_status data(em_pg *pg, call *c, void *scratch, double deadline)
 {
-    size_t bytes = (size_t)c->h.count * em_dtype_size((em_dtype)c->h.dtype);
+    int bytes = (int)((size_t)c->h.count * em_dtype_size((em_dtype)c->h.dtype)); /* <= INT32_MAX: mpi_run */
     char *out = c->out;
-    MPI_Comm comm = pg->mpi->comm;
-    int e = MPI_SUCCESS;
+    bool root = pg->rank == c->h.root;
+    coll k = {.kind = (call_kind)c->h.kind, .type = MPI_BYTE, .root = c->h.root};
     switch ((call_kind)c->h.kind) {
-    case CALL_ALL_REDUCE: return all_reduce(pg, c, scratch);
-    case CALL_REDUCE_SCATTER: return reduce_scatter(pg, c, scratch);
-    case CALL_BROADCAST:
-        lk();
-        e = MPI_Bcast(c->in, (int)bytes, MPI_BYTE, c->h.root, comm);
-        ulk();
-        return mpi_done(pg, c, "MPI_Bcast", e);
+    case CALL_ALL_REDUCE: return all_reduce(pg, c, scratch, deadline);
+    case CALL_REDUCE_SCATTER: return reduce_scatter(pg, c, scratch, deadline);
+    case CALL_BROADCAST: k.rbuf = c->in, k.rcount = bytes; return coll_run(pg, c, &k, deadline);
     case CALL_ALL_GATHER: /* in may already be out's own chunk (ZeRO gathers in place) */
-        memmove(out + (size_t)pg->rank * bytes, c->in, bytes);
-        lk();
-        e = MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, out, (int)bytes, MPI_BYTE, comm);
-        ulk();
-        return mpi_done(pg, c, "MPI_Allgather", e);
     case CALL_GATHER:
-        lk();
-        if (pg->rank == c->h.root) {
-            memmove(out + (size_t)pg->rank * bytes, c->in, bytes);
-            e = MPI_Gather(MPI_IN_PLACE, 0, MPI_BYTE, out, (int)bytes, MPI_BYTE, c->h.root, comm);
+        if (c->h.kind == CALL_ALL_GATHER || root) {
+            memmove(out + (size_t)pg->rank * (size_t)bytes, c->in, (size_t)bytes);
+            k.sbuf = MPI_IN_PLACE, k.rbuf = out, k.rcount = bytes;
         } else {
-            e = MPI_Gather(c->in, (int)bytes, MPI_BYTE, NULL, 0, MPI_BYTE, c->h.root, comm);
+            k.sbuf = c->in, k.scount = bytes;
         }
-        ulk();
-        return mpi_done(pg, c, "MPI_Gather", e);
+        return coll_run(pg, c, &k, deadline);
     case CALL_BARRIER: /* the check was the rendezvous */
     case CALL_SEND:    /* not a collective */
     case CALL_RECV: return EM_OK;
@@ -557,7 +592,8 @@ em_status mpi_run(em_pg *pg, call *c, double deadline)
     if (!c->h.cuda && need && !(scratch = malloc(need)))
         return call_fail(c, EM_ERR_OOM, "out of memory for %zu bytes of the MPI transport's scratch", need);
     em_status s = check(pg, c, deadline);
-    if (!s && !c->h.cuda) s = data(pg, c, scratch); /* CUDA tensors: checked here, NCCL moves them */
+    if (!s && !c->h.cuda)
+        s = data(pg, c, scratch, deadline); /* CUDA tensors: checked here, NCCL moves them */
     free(scratch);
     return s;
 }

@@ -16,10 +16,13 @@
  *                test compares them with the TCP path's: also runs under
  *                ember launch)
  *   bad-config   em_pg_new with the MPI transport and a world MPI disagrees with
+ * With "serialized" after the scenario the worker initialises MPI itself
+ * at MPI_THREAD_SERIALIZED first (ember then locks around its MPI calls).
  * Prints "rank R ok" and exits 0 when the scenario went as it should (a
  * failing scenario: each rank prints the error it got, "rank R error: ...");
  * else prints why and exits 1. Not a test itself. */
 #include <math.h>
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +205,17 @@ static int failing(em_pg *pg, const char *what)
 int main(int argc, char **argv)
 {
     const char *what = argc > 1 ? argv[1] : "collectives";
+    /* "serialized" after the scenario: the program initialises MPI itself, at
+     * MPI_THREAD_SERIALIZED, and ember keeps that (and finalizes nothing) */
+    bool own = argc > 2 && !strcmp(argv[2], "serialized");
+    if (own) {
+        int level = 0;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &level);
+        if (level != MPI_THREAD_SERIALIZED) {
+            fprintf(stderr, "mpi_worker: MPI gave thread level %d\n", level);
+            return 1;
+        }
+    }
     em_pg *pg = em_pg_from_env();
     if (!pg) {
         fprintf(stderr, "mpi_worker: %s\n", em_last_error());
@@ -232,6 +246,7 @@ int main(int argc, char **argv)
         failing(pg, what);
     }
     em_pg_free(pg);
+    if (own) MPI_Finalize();
     printf("rank %d ok\n", rank);
     return 0;
 }

@@ -58,10 +58,12 @@ static int lines_with(const char *out, const char *s)
     return n;
 }
 
-static void every_collective(const char *n)
+/* mpi_worker's collectives on n ranks; mode "serialized": the worker
+ * initialises MPI itself at MPI_THREAD_SERIALIZED ("" = ember does) */
+static void every_collective(const char *n, const char *mode)
 {
     need_mpi();
-    th_run_result *r = MPIRUN(n, WORKER, "collectives");
+    th_run_result *r = MPIRUN(n, WORKER, "collectives", mode);
     CHECK_EXIT(r, 0);
     if (lines_with(r->out, " ok\n") != atoi(n))
         th_fail(__FILE__, __LINE__, "not every rank said ok: %s", r->out);
@@ -79,9 +81,14 @@ static th_run_result *fails_on_both(const char *file, int line, const char *scen
 }
 #define FAILS_ON_BOTH(scenario, want) fails_on_both(__FILE__, __LINE__, (scenario), (want))
 
-TEST(test_mpi_two_ranks_run_every_collective_and_send_recv) { every_collective("2"); }
+TEST(test_mpi_two_ranks_run_every_collective_and_send_recv) { every_collective("2", ""); }
 
-TEST(test_mpi_four_ranks_run_every_collective_and_send_recv) { every_collective("4"); }
+TEST(test_mpi_four_ranks_run_every_collective_and_send_recv) { every_collective("4", ""); }
+
+TEST(test_mpi_program_that_initialised_mpi_serialized_keeps_it_and_runs_every_collective)
+{
+    every_collective("2", "serialized");
+}
 
 TEST(test_mpi_count_mismatch_fails_every_rank_naming_both_calls)
 {
