@@ -17,15 +17,16 @@
  *   COUNTS the ranks' point-to-point rows, when the headers' send/recv totals
  *          disagree (p2p_compose names the unreceived send);
  *   SEND   a send's header, then DATA its bytes (a copy: the send is eager);
+ *   RECV   a recv's header, to its source (which message it waits for);
  *   ABORT  a broken rank's note: the origin rank and its message.
  * Every wait for a peer's call polls its requests with MPI_Test until the
  * group's deadline,
  * and probes for an ABORT on the way, so a rank that never makes its call
  * is EM_ERR_TIMEOUT naming the call and the ranks missing, and a rank whose
  * call failed makes its peers fail at once naming it. A recv that finds its
- * source's collective header instead of a send fails as a mismatch naming
- * both calls (and tells the others). A recv facing a recv waits for its
- * timeout (no message shows it, unlike TCP's recv frames).
+ * source's collective header instead of a send, or its source's recv
+ * announcement for a message this rank has not sent, fails as a mismatch
+ * naming both calls (and tells the others), as on TCP.
  *
  * Reductions: f32/f64/i32 in place with MPI's own ops (MAX/MIN of floats
  * with an op of ours that propagates NaN, as the TCP path does); f16/bf16
@@ -48,7 +49,7 @@
 #include "dist/pg_impl.h"
 #include "tensor/error_impl.h"
 
-enum { TAG_CHECK = 1, TAG_COUNTS, TAG_SEND, TAG_DATA, TAG_ABORT };
+enum { TAG_CHECK = 1, TAG_COUNTS, TAG_SEND, TAG_DATA, TAG_RECV, TAG_ABORT };
 
 #define SPIN_S 50e-6 /* seconds a wait spins on MPI_Test, then yields between tests */
 #define YIELD_S 1.0  /* then sleeps SLEEP_NS between tests (a peer that long away is not near) */
@@ -74,6 +75,7 @@ typedef struct mpi_group {
     call_header *hs; /* world headers of the collective being checked */
     MPI_Request *rq; /* 2 * world requests of the check */
     int *peer;       /* 2 * world: the rank each request of the check waits for (-1: a send of ours) */
+    call_header *wanted; /* wanted[r]: rank r's latest recv announced to us (seq: the message it waits for) */
     bool aborted;    /* this rank sent its note */
     abort_note note;
     MPI_Request note_rq[SHM_MAX_WORLD];
@@ -524,18 +526,45 @@ static em_status p2p_send(em_pg *pg, call *c, double deadline)
     return wait_requests(pg, c, 1, &p->rq[0], &dst, "for the recv of", deadline, NULL);
 }
 
-/* While a recv waits: the source's collective header with no send of its
- * before it means the source called a collective instead (a mismatch). */
+/* Takes the recv announcements that came (TAG_RECV: the peer waits for our
+ * message number h.seq to it): the latest per peer is kept. */
+static void take_announcements(em_pg *pg)
+{
+    mpi_group *g = pg->mpi;
+    for (;;) {
+        int flag = 0;
+        MPI_Status st;
+        call_header h;
+        lk();
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_RECV, g->comm, &flag, &st);
+        if (flag) MPI_Recv(&h, (int)sizeof h, MPI_BYTE, st.MPI_SOURCE, TAG_RECV, g->comm, MPI_STATUS_IGNORE);
+        ulk();
+        if (!flag) return;
+        if (h.seq > g->wanted[st.MPI_SOURCE].seq) g->wanted[st.MPI_SOURCE] = h;
+    }
+}
+
+/* While a recv waits and its source's send is not there: the source's
+ * collective header means it called a collective instead; its recv
+ * announcement for a message we have not sent means it waits in a recv from
+ * us as we wait in ours. Either is a mismatch naming both calls. */
 static bool watch_recv(em_pg *pg, call *c)
 {
     int src = c->h.root, flag = 0;
     call_header h;
     lk();
     MPI_Iprobe(src, TAG_SEND, pg->mpi->comm, &flag, MPI_STATUS_IGNORE);
-    if (flag) { /* its send is there: the recv takes it */
-        ulk();
-        return false;
+    ulk();
+    if (flag) return false; /* its send is there: the recv takes it */
+    take_announcements(pg);
+    const call_header *w = &pg->mpi->wanted[src];
+    if (w->seq > pg->peer[src].sent) {
+        call_header theirs = *w;
+        theirs.seq = c->h.seq; /* as a call, not a message number */
+        call_mismatch(c, pg->rank, &c->h, src, &theirs);
+        return true;
     }
+    lk();
     MPI_Iprobe(src, TAG_CHECK, pg->mpi->comm, &flag, MPI_STATUS_IGNORE);
     if (flag) MPI_Recv(&h, (int)sizeof h, MPI_BYTE, src, TAG_CHECK, pg->mpi->comm, MPI_STATUS_IGNORE);
     ulk();
@@ -549,9 +578,18 @@ static em_status p2p_recv(em_pg *pg, call *c, double deadline)
     int src = c->h.root;
     call_header h;
     MPI_Request rq = MPI_REQUEST_NULL;
+    /* announced to the source (eager, like a send), so a recv of its facing this one shows */
+    pending_send *a = calloc(1, sizeof *a);
+    if (!a) return call_fail(c, EM_ERR_OOM, "recv: out of memory");
+    a->h = c->h;
+    a->h.seq = pg->peer[src].recvd + 1; /* the message it waits for */
+    a->rq[1] = MPI_REQUEST_NULL;
     lk();
+    MPI_Isend(&a->h, (int)sizeof a->h, MPI_BYTE, src, TAG_RECV, pg->mpi->comm, &a->rq[0]);
     MPI_Irecv(&h, (int)sizeof h, MPI_BYTE, src, TAG_SEND, pg->mpi->comm, &rq);
     ulk();
+    a->next = pg->mpi->sends;
+    pg->mpi->sends = a;
     em_status s = wait_requests(pg, c, 1, &rq, &src, "for a send from", deadline, watch_recv);
     if (s) {
         cancel_recvs(1, &rq);
@@ -580,6 +618,7 @@ static em_status p2p_recv(em_pg *pg, call *c, double deadline)
 em_status mpi_run(em_pg *pg, call *c, double deadline)
 {
     reap_sends(pg);
+    take_announcements(pg); /* none pile up in MPI's queue */
     if (noted(pg, c)) return c->status;
     if (c->h.kind == CALL_SEND) return p2p_send(pg, c, deadline);
     if (c->h.kind == CALL_RECV) return p2p_recv(pg, c, deadline);
@@ -621,6 +660,7 @@ static void group_free(mpi_group *g)
     free(g->hs);
     free(g->rq);
     free(g->peer);
+    free(g->wanted);
     free(g);
 }
 
@@ -645,8 +685,9 @@ em_status mpi_join(em_pg *pg)
         g->hs = malloc(sizeof *g->hs * (size_t)world);
         g->rq = malloc(sizeof *g->rq * 2 * (size_t)world);
         g->peer = malloc(sizeof *g->peer * 2 * (size_t)world);
+        g->wanted = calloc((size_t)world, sizeof *g->wanted);
     }
-    if (!g || !g->hs || !g->rq || !g->peer) {
+    if (!g || !g->hs || !g->rq || !g->peer || !g->wanted) {
         group_free(g);
         return em_err(EM_ERR_OOM, "em_pg_new: out of memory");
     }

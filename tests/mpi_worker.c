@@ -11,6 +11,7 @@
  *   unreceived   rank 0 sends to rank 1, which does not receive, then all
  *                ranks all-reduce
  *   recv-vs-collective  rank 1 receives from rank 0, which all-reduces
+ *   recv-vs-recv rank 0 and rank 1 each receive from the other
  *   skip         every rank but 0 skips a barrier (EMBER_TIMEOUT short)
  *   bf16         prints the bits of a bf16 all_reduce (avg) of fixed data (the
  *                test compares them with the TCP path's: also runs under
@@ -189,6 +190,8 @@ static int failing(em_pg *pg, const char *what)
             s = em_recv(pg, t, 0, NULL);
         else
             s = em_all_reduce(pg, t, EM_RED_SUM, NULL);
+    } else if (!strcmp(what, "recv-vs-recv")) {
+        s = em_recv(pg, t, 1 - rank, NULL);
     } else if (!strcmp(what, "skip")) {
         if (rank == 0)
             s = em_barrier(pg, NULL);

@@ -114,6 +114,21 @@ TEST(test_mpi_recv_facing_a_collective_fails_both_ranks_naming_both_calls)
         th_fail(__FILE__, __LINE__, "rank 0 does not name rank 1 as the origin: %s", r->out);
 }
 
+TEST(test_mpi_recv_facing_a_recv_fails_both_ranks_at_once)
+{
+    setenv("EMBER_TIMEOUT", "60", 1); /* the mismatch must come long before */
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    /* one rank finds it, or both do; the other may learn it from the note */
+    FAILS_ON_BOTH("recv-vs-recv",
+                  "call mismatch: rank 0 called recv(f32, 4 elements, from rank 1), rank 1 called "
+                  "recv(f32, 5 elements, from rank 0)");
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    unsetenv("EMBER_TIMEOUT");
+    if (b.tv_sec - a.tv_sec > 30)
+        th_fail(__FILE__, __LINE__, "it took %lld s", (long long)(b.tv_sec - a.tv_sec));
+}
+
 TEST(test_mpi_rank_that_skips_a_call_gives_a_timeout_not_a_hang)
 {
     need_mpi();

@@ -169,8 +169,7 @@ double em_pg_timeout(const em_pg *pg);
  * deadline), and a failed call sends its note to every rank. Once every
  * rank's call is checked, MPI's blocking collective moves the data (as fast
  * as MPI itself): a rank that dies then ends the job through mpirun (as
- * OpenMPI's mpirun does for any rank that dies). A recv facing a recv waits
- * for its timeout (over TCP it fails at once). CUDA tensors: checked through
+ * OpenMPI's mpirun does for any rank that dies). CUDA tensors: checked through
  * MPI, moved by NCCL, which needs the group's store. */
 em_transport em_pg_transport(const em_pg *pg);
 /* The store the group uses (NULL for a group of one); borrowed. */
