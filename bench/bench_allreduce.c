@@ -1,7 +1,9 @@
 /* bench_allreduce.c — all_reduce latency and bandwidth between local ranks
  * for 64 KiB, 1, 16 and 100 MiB of f32, over the shared-memory and the TCP
  * data paths, side by side in the same run with OpenMPI's MPI_Allreduce
- * (bench/bench_allreduce_mpi.c under mpirun, when meson found MPI) and
+ * (bench/bench_allreduce_mpi.c under mpirun, when meson found MPI, which
+ * in the same job also times ember's all_reduce over the MPI transport and
+ * the every-call check's cost: em_barrier beside MPI_Barrier) and
  * torch.distributed's gloo backend (bench/allreduce_gloo.py, when the
  * Python in EMBER_BENCH_PYTHON, default /usr/bin/python3, has torch); then
  * the memory bandwidth bound at the largest size, measured here.
@@ -103,8 +105,10 @@ fail:
     return 1;
 }
 
-/* Runs cmd, which prints "<bytes> <ms>" lines, into ms[]; 0 when every size came. */
-static int reference(const char *cmd, double *ms)
+/* Runs cmd, which prints "<bytes> <ms> [<ms2>]" lines, into ms[] (and
+ * ms2[] when given: bench_allreduce_mpi's ember over MPI, and its line
+ * "barrier <ms> <ms2>" into barrier[2]); 0 when every size came. */
+static int reference2(const char *cmd, double *ms, double *ms2, double *barrier)
 {
     FILE *p = popen(cmd, "r");
     if (!p) return 1;
@@ -112,13 +116,20 @@ static int reference(const char *cmd, double *ms)
     char line[256];
     while (fgets(line, sizeof line, p)) {
         size_t bytes;
-        double m;
-        if (sscanf(line, "%zu %lf", &bytes, &m) != 2) continue;
+        double m, m2 = 0;
+        if (barrier && sscanf(line, "barrier %lf %lf", &barrier[0], &barrier[1]) == 2) continue;
+        int k = sscanf(line, "%zu %lf %lf", &bytes, &m, &m2);
+        if (k < 2 || (ms2 && k < 3)) continue;
         for (int s = 0; s < NSIZES; s++)
-            if (sizes[s] == bytes) ms[s] = m, got++;
+            if (sizes[s] == bytes) {
+                ms[s] = m, got++;
+                if (ms2) ms2[s] = m2;
+            }
     }
     return pclose(p) != 0 || got != NSIZES;
 }
+
+static int reference(const char *cmd, double *ms) { return reference2(cmd, ms, NULL, NULL); }
 
 static int gloo(int world, const job *j, double *ms)
 {
@@ -131,9 +142,10 @@ static int gloo(int world, const job *j, double *ms)
     return reference(cmd, ms);
 }
 
-/* OpenMPI's medians, when meson found MPI and mpirun is there. `how` says
- * what ran (or why nothing did). */
-static int mpi(int world, const job *j, double *ms, char *how, size_t n)
+/* OpenMPI's medians, when meson found MPI and mpirun is there, and in the
+ * same job ember's over its MPI transport (ems) and both barriers (bar[0]
+ * MPI's, bar[1] ember's check). `how` says what ran (or why nothing did). */
+static int mpi(int world, const job *j, double *ms, double *ems, double *bar, char *how, size_t n)
 {
 #if defined(EMBER_BENCH_MPI) && defined(EMBER_MPIRUN)
     if (access(EMBER_MPIRUN, X_OK) || access(EMBER_BENCH_MPI, X_OK)) {
@@ -151,10 +163,13 @@ static int mpi(int world, const job *j, double *ms, char *how, size_t n)
     snprintf(cmd, sizeof cmd, "%s%s -n %d %s %zu:%d %zu:%d %zu:%d %zu:%d", EMBER_MPIRUN, flags, world,
              EMBER_BENCH_MPI, sizes[0], j->reps[0], sizes[1], j->reps[1], sizes[2], j->reps[2], sizes[3],
              j->reps[3]);
-    snprintf(how, n, "mpirun%s -n %d bench_allreduce_mpi (MPI_Allreduce, MPI_IN_PLACE)", flags, world);
-    return reference(cmd, ms);
+    snprintf(how, n,
+             "mpirun%s -n %d bench_allreduce_mpi (MPI_Allreduce, MPI_IN_PLACE; then ember's all_reduce over "
+             "its MPI transport)",
+             flags, world);
+    return reference2(cmd, ms, ems, bar);
 #else
-    (void)world, (void)j, (void)ms;
+    (void)world, (void)j, (void)ms, (void)ems, (void)bar;
     snprintf(how, n,
              "not built: meson found no MPI (apt-get install openmpi-bin libopenmpi-dev, then reconfigure)");
     return 1;
@@ -314,7 +329,7 @@ int main(int argc, char **argv)
         double ms[NSIZES], bound[NSIZES];
     } *out = mmap(NULL, sizeof *out, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (out == MAP_FAILED) return 1;
-    double shm[NSIZES], tcp[NSIZES], ref[NSIZES], mref[NSIZES], bound[NSIZES];
+    double shm[NSIZES], tcp[NSIZES], ref[NSIZES], mref[NSIZES], eref[NSIZES], bound[NSIZES], bar[2] = {0, 0};
     j.ms = out->ms;
     j.bound = out->bound;
     if (bench_ranks(world, EM_TRANSPORT_SHM, "bench/shm", measure, &j)) return 1;
@@ -331,7 +346,7 @@ int main(int argc, char **argv)
     if (bench_ranks(world, EM_TRANSPORT_TCP, "bench/tcp", measure, &j)) return 1;
     memcpy(tcp, out->ms, sizeof tcp);
     char how[512];
-    bool have_mpi = mpi(world, &j, mref, how, sizeof how) == 0;
+    bool have_mpi = mpi(world, &j, mref, eref, bar, how, sizeof how) == 0;
     bool have_gloo = gloo(world, &j, ref) == 0;
     char model[256];
     cpu_model(model, sizeof model);
@@ -360,6 +375,21 @@ int main(int argc, char **argv)
     printf("(mpi/shm and gloo/shm: the reference's time over ember's; 1.00x or more: ember is at least as "
            "fast)\n");
     if (!have_gloo) printf("(gloo: no torch in EMBER_BENCH_PYTHON or /usr/bin/python3)\n");
+    if (have_mpi) {
+        printf(
+            "\nember over its MPI transport (EMBER_TRANSPORT=mpi), in the same mpirun job as MPI_Allreduce "
+            "above,\nalternating with it on the same buffer; every call first checks all ranks' calls:\n");
+        printf("%7s | %9s | %12s %7s | %13s\n", "size", "mpi ms", "ember-mpi ms", "GB/s", "mpi/ember-mpi");
+        for (int s = 0; s < NSIZES; s++) {
+            char sz[24];
+            size_name(sizes[s], sz, sizeof sz);
+            printf("%7s | %9.3f | %12.3f %7.2f | %12.2fx\n", sz, mref[s], eref[s], gbps(sizes[s], eref[s]),
+                   mref[s] / eref[s]);
+        }
+        printf("the check alone: em_barrier %.3f ms beside MPI_Barrier %.3f ms (ember-mpi's all_reduce costs "
+               "about this much over MPI's)\n",
+               bar[1], bar[0]);
+    }
     if (can_pin) {
         printf("\nshm with rank r bound to CPU r, as mpirun binds MPI's ranks above (--bind-to core):\n");
         printf("%7s | %9s %7s | %9s\n", "size", "shm ms", "GB/s", "mpi/shm");

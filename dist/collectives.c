@@ -34,7 +34,7 @@
 static size_t wide_size(em_dtype dt) { return dt == EM_F64 ? 8 : 4; }
 
 /* n elements of dt at src -> wide buffer */
-static void widen(em_dtype dt, const void *src, void *dst, int64_t n)
+void red_widen(em_dtype dt, const void *src, void *dst, int64_t n)
 {
     switch (dt) {
     case EM_F16:
@@ -48,7 +48,7 @@ static void widen(em_dtype dt, const void *src, void *dst, int64_t n)
     }
 }
 
-static void narrow_to(em_dtype dt, const void *src, void *dst, int64_t n)
+void red_narrow(em_dtype dt, const void *src, void *dst, int64_t n)
 {
     switch (dt) {
     case EM_F16:
@@ -64,7 +64,7 @@ static void narrow_to(em_dtype dt, const void *src, void *dst, int64_t n)
 
 /* acc[i] = acc[i] op x[i], in the wide type of dt. MAX/MIN propagate NaN,
  * as torch does. The sum loops are plain so the compiler vectorises them. */
-static void combine(em_dtype dt, int op, void *acc, const void *x, int64_t n)
+void red_combine(em_dtype dt, int op, void *acc, const void *x, int64_t n)
 {
     bool sum = op == EM_RED_SUM || op == EM_RED_AVG, max = op == EM_RED_MAX;
     if (dt == EM_F64) {
@@ -93,7 +93,7 @@ static void combine(em_dtype dt, int op, void *acc, const void *x, int64_t n)
     }
 }
 
-static void finish_avg(em_dtype dt, int op, void *acc, int64_t n, int world)
+void red_finish_avg(em_dtype dt, int op, void *acc, int64_t n, int world)
 {
     if (op != EM_RED_AVG) return;
     if (dt == EM_F64)
@@ -112,17 +112,17 @@ void reduce_sources(em_dtype dt, int op, int world, void *dst, const void *const
     _Alignas(64) char acc[BLOCK * 8], x[BLOCK * 4];
     for (int64_t i = 0; i < n; i += BLOCK) {
         int64_t m = n - i < BLOCK ? n - i : BLOCK;
-        widen(dt, (const char *)src[0] + i * (int64_t)es, acc, m);
+        red_widen(dt, (const char *)src[0] + i * (int64_t)es, acc, m);
         for (int k = 1; k < nsrc; k++) {
             const void *xs = (const char *)src[k] + i * (int64_t)es;
             if (half) {
-                widen(dt, xs, x, m);
+                red_widen(dt, xs, x, m);
                 xs = x;
             }
-            combine(dt, op, acc, xs, m);
+            red_combine(dt, op, acc, xs, m);
         }
-        finish_avg(dt, op, acc, m, world);
-        narrow_to(dt, acc, (char *)dst + i * (int64_t)es, m);
+        red_finish_avg(dt, op, acc, m, world);
+        red_narrow(dt, acc, (char *)dst + i * (int64_t)es, m);
     }
 }
 
@@ -150,7 +150,7 @@ static em_status ring_reduce_scatter(em_pg *pg, call *c, em_dtype dt, int op, ch
         chunk(n, w, rc, &rs, &rl);
         em_status s = peer_exchange(pg, c, right, buf + ss * es, (size_t)sl * es, left, tmp, (size_t)rl * es, deadline);
         if (s) return s;
-        combine(dt, op, buf + rs * es, tmp, rl);
+        red_combine(dt, op, buf + rs * es, tmp, rl);
     }
     return EM_OK;
 }
@@ -189,15 +189,15 @@ static em_status all_reduce(em_pg *pg, call *c, double deadline)
         free(tmp);
         return call_fail(c, EM_ERR_OOM, "all_reduce: out of memory for %lld elements", (long long)n);
     }
-    if (!in_place) widen(dt, c->in, buf, n);
+    if (!in_place) red_widen(dt, c->in, buf, n);
     em_status s = EM_OK;
     if (small) {
         if (pg->rank == 0) {
             for (int r = 1; r < pg->world && !s; r++) {
                 s = peer_recv(pg, c, r, tmp, (size_t)n * es, deadline);
-                if (!s) combine(dt, c->h.op, buf, tmp, n);
+                if (!s) red_combine(dt, c->h.op, buf, tmp, n);
             }
-            finish_avg(dt, c->h.op, buf, n, pg->world);
+            red_finish_avg(dt, c->h.op, buf, n, pg->world);
             for (int r = 1; r < pg->world && !s; r++) s = peer_send(pg, c, r, buf, (size_t)n * es, deadline);
         } else {
             s = peer_send(pg, c, 0, buf, (size_t)n * es, deadline);
@@ -208,12 +208,12 @@ static em_status all_reduce(em_pg *pg, call *c, double deadline)
         if (!s) { /* rank r owns chunk (r+1)%w: finish it before sharing */
             int64_t st, len;
             chunk(n, pg->world, (pg->rank + 1) % pg->world, &st, &len);
-            finish_avg(dt, c->h.op, buf + st * (int64_t)es, len, pg->world);
+            red_finish_avg(dt, c->h.op, buf + st * (int64_t)es, len, pg->world);
             s = ring_all_gather(pg, c, buf, n, es, 1, deadline);
         }
     }
     if (!in_place) {
-        if (!s) narrow_to(dt, buf, c->in, n);
+        if (!s) red_narrow(dt, buf, c->in, n);
         free(buf);
     }
     free(tmp);
@@ -233,7 +233,7 @@ static em_status reduce_scatter(em_pg *pg, call *c, double deadline)
         free(tmp);
         return call_fail(c, EM_ERR_OOM, "reduce_scatter: out of memory");
     }
-    widen(dt, c->in, buf, total);
+    red_widen(dt, c->in, buf, total);
     /* ring on chunks of exactly m, shifted by one from all_reduce's so that
      * rank r ends holding the full reduction of chunk r */
     em_status s = EM_OK;
@@ -242,12 +242,12 @@ static em_status reduce_scatter(em_pg *pg, call *c, double deadline)
         int sc = (pg->rank - step - 1 + 2 * w) % w, rc = (pg->rank - step - 2 + 2 * w) % w;
         s = peer_exchange(pg, c, right, buf + (size_t)sc * (size_t)m * es, (size_t)m * es, left, tmp, (size_t)m * es,
                           deadline);
-        if (!s) combine(dt, c->h.op, buf + (size_t)rc * (size_t)m * es, tmp, m);
+        if (!s) red_combine(dt, c->h.op, buf + (size_t)rc * (size_t)m * es, tmp, m);
     }
     if (!s) {
         char *mine = buf + (size_t)pg->rank * (size_t)m * es;
-        finish_avg(dt, c->h.op, mine, m, w);
-        narrow_to(dt, mine, c->out, m);
+        red_finish_avg(dt, c->h.op, mine, m, w);
+        red_narrow(dt, mine, c->out, m);
     }
     free(buf);
     free(tmp);

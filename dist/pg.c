@@ -37,6 +37,13 @@
 
 #define PG_MAGIC 0x656d6267u /* "embg" */
 
+#if !EM_HAVE_MPI
+static const char no_mpi[] =
+    "this ember was built without MPI (install OpenMPI: apt-get install openmpi-bin libopenmpi-dev, "
+    "then meson setup --reconfigure)";
+bool mpi_launched(void) { return false; }
+#endif
+
 double pg_now(void)
 {
     struct timespec ts;
@@ -214,6 +221,20 @@ static void execute_call(em_pg *pg, call *c)
     }
     double deadline = pg_now() + pg->timeout;
     em_status s;
+#if EM_HAVE_MPI
+    if (pg->mpi && pg->world > 1) {
+        if (c->h.kind != CALL_SEND && c->h.kind != CALL_RECV) {
+            c->h.sent = pg->p2p_sent;
+            c->h.recvd = pg->p2p_recvd;
+        }
+        if (mpi_run(pg, c, deadline)) {
+            pg->broken = true;
+            snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", c->msg);
+            mpi_abort(pg, c);
+        }
+        return;
+    }
+#endif
     if (c->h.kind == CALL_SEND || c->h.kind == CALL_RECV) {
         s = pg->world == 1 ? run_call(pg, c, deadline) : p2p_run(pg, c, deadline);
     } else {
@@ -787,12 +808,16 @@ static em_pg *pg_new(const em_pg_config *cfg, const char *exited, const char *ma
         return em_fail(EM_ERR_ARG, "em_pg_new: name of %zu characters is longer than 100", strlen(cfg->name));
     if (cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world)
         return em_fail(EM_ERR_ARG, "em_pg_new: rank %d is outside [0, world %d)", cfg->rank, cfg->world);
-    if (cfg->world > 1 && !cfg->store)
+    if (cfg->world > 1 && !cfg->store && cfg->transport != EM_TRANSPORT_MPI)
         return em_fail(EM_ERR_ARG, "em_pg_new: a group of %d ranks needs a store", cfg->world);
     if (cfg->timeout_s < 0 || cfg->timeout_s != cfg->timeout_s)
         return em_fail(EM_ERR_ARG, "em_pg_new: timeout_s %g must be >= 0", cfg->timeout_s);
-    if (cfg->transport < EM_TRANSPORT_AUTO || cfg->transport > EM_TRANSPORT_SHM)
-        return em_fail(EM_ERR_ARG, "em_pg_new: transport %d is not AUTO, TCP or SHM", (int)cfg->transport);
+    if (cfg->transport < EM_TRANSPORT_AUTO || cfg->transport > EM_TRANSPORT_MPI)
+        return em_fail(EM_ERR_ARG, "em_pg_new: transport %d is not AUTO, TCP, SHM or MPI",
+                       (int)cfg->transport);
+#if !EM_HAVE_MPI
+    if (cfg->transport == EM_TRANSPORT_MPI) return em_fail(EM_ERR_UNSUPPORTED, "em_pg_new: %s", no_mpi);
+#endif
     em_pg *pg = calloc(1, sizeof *pg);
     if (!pg) return em_fail(EM_ERR_OOM, "em_pg_new: out of memory");
     pg->rank = cfg->rank;
@@ -815,11 +840,20 @@ static em_pg *pg_new(const em_pg_config *cfg, const char *exited, const char *ma
     for (int r = 0; r < pg->world; r++) pg->fd[r] = -1;
     pthread_mutex_init(&pg->mu, NULL);
     pthread_cond_init(&pg->cv, NULL);
-    if (pg->world > 1) {
-        long long gen = 0;
-        em_status s = next_generation(pg->store, pg->name, pg->world, &gen);
-        if (!s) snprintf(pg->name + strlen(pg->name), sizeof pg->name - strlen(pg->name), "/%lld", gen);
-        if (!s) s = join(pg, cfg->transport);
+    bool mpi = cfg->transport == EM_TRANSPORT_MPI;
+    em_status s = EM_OK;
+    long long gen = 0;
+    /* the store names the group's generation (NCCL's keys live under it);
+     * under MPI before the communicator is made, which every rank must have
+     * begun for any to finish: no rank is done with the store before all are */
+    if (pg->world > 1 && pg->store) s = next_generation(pg->store, pg->name, pg->world, &gen);
+    if (!s && pg->world > 1 && pg->store)
+        snprintf(pg->name + strlen(pg->name), sizeof pg->name - strlen(pg->name), "/%lld", gen);
+#if EM_HAVE_MPI
+    if (!s && mpi) s = mpi_join(pg); /* MPI's communicator, also for a group of one (it reports MPI) */
+#endif
+    if (pg->world > 1 || s) {
+        if (!s && !mpi) s = join(pg, cfg->transport);
         if (!s && pthread_create(&pg->thread, NULL, comm_thread, pg) != 0)
             s = em_err(EM_ERR_DIST, "em_pg_new: cannot start the communication thread");
         if (s) {
@@ -827,6 +861,9 @@ static em_pg *pg_new(const em_pg_config *cfg, const char *exited, const char *ma
             snprintf(msg, sizeof msg, "%s", em_last_error());
             close_all(pg);
             shm_unmap(pg);
+#if EM_HAVE_MPI
+            mpi_leave(pg);
+#endif
             free(pg->fd);
             free(pg->peer);
             free(pg);
@@ -856,7 +893,11 @@ void em_pg_free(em_pg *pg)
 #if EM_HAVE_NCCL
     nccl_pg_free(pg);
 #endif
+#if EM_HAVE_MPI
+    mpi_leave(pg);
+#endif
     if (pg->own_store) em_store_close(pg->store);
+    em_store_server_stop(pg->own_server);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cv);
     wire_free(pg);
@@ -868,10 +909,56 @@ void em_pg_free(em_pg *pg)
 int em_pg_rank(const em_pg *pg) { return pg ? pg->rank : -1; }
 int em_pg_world(const em_pg *pg) { return pg ? pg->world : -1; }
 double em_pg_timeout(const em_pg *pg) { return pg ? pg->timeout : 0; }
-em_transport em_pg_transport(const em_pg *pg) { return pg && pg->shm ? EM_TRANSPORT_SHM : EM_TRANSPORT_TCP; }
+em_transport em_pg_transport(const em_pg *pg)
+{
+    if (pg && pg->mpi) return EM_TRANSPORT_MPI;
+    return pg && pg->shm ? EM_TRANSPORT_SHM : EM_TRANSPORT_TCP;
+}
 em_store *em_pg_store(const em_pg *pg) { return pg ? pg->store : NULL; }
 
 /* ---- from the environment -------------------------------------------------------- */
+
+/* em_pg_from_env with the MPI transport: rank and world are MPI_COMM_WORLD's
+ * (a launcher's world size that disagrees is an error), and the store is one
+ * rank 0 hosts, its address passed with MPI (dist/mpi.c): no launcher
+ * variables needed. */
+static em_pg *from_mpi(double timeout, const launch_env *e)
+{
+#if EM_HAVE_MPI
+    int rank = 0, world = 1;
+    em_store *st = NULL;
+    em_store_server *srv = NULL;
+    if (mpi_rendezvous(timeout, &rank, &world, &st, &srv)) return NULL;
+    em_pg *pg = NULL;
+    if (e->kind != LAUNCHER_NONE && e->world != world)
+        em_set_error(EM_ERR_ARG,
+                     "em_pg_from_env: %s's environment says %d ranks, but MPI_COMM_WORLD has %d "
+                     "(transport mpi: start the job with mpirun or srun --mpi, or set EMBER_TRANSPORT=tcp)",
+                     launcher_name(e->kind), e->world, world);
+    else
+        pg = em_pg_new(&(em_pg_config){.rank = rank,
+                                       .world = world,
+                                       .store = st,
+                                       .name = "mpi/pg",
+                                       .timeout_s = timeout,
+                                       .transport = EM_TRANSPORT_MPI});
+    if (!pg) {
+        char msg[512];
+        em_status s = em_last_status();
+        snprintf(msg, sizeof msg, "%s", em_last_error());
+        em_store_close(st);
+        em_store_server_stop(srv);
+        em_set_error(s, "%s", msg);
+        return NULL;
+    }
+    pg->own_store = true;
+    pg->own_server = srv;
+    return pg;
+#else
+    (void)timeout, (void)e;
+    return em_fail(EM_ERR_UNSUPPORTED, "em_pg_from_env: EMBER_TRANSPORT=mpi: %s", no_mpi);
+#endif
+}
 
 em_pg *em_pg_from_env(void) { return em_pg_from_env_with(NULL); }
 
@@ -897,9 +984,15 @@ em_pg *em_pg_from_env_with(const em_pg_env_config *cfg)
     if (trs && *trs) {
         if (!strcmp(trs, "tcp")) tr = EM_TRANSPORT_TCP;
         else if (!strcmp(trs, "shm")) tr = EM_TRANSPORT_SHM;
+        else if (!strcmp(trs, "mpi"))
+            tr = EM_TRANSPORT_MPI;
         else if (strcmp(trs, "auto"))
-            return em_fail(EM_ERR_ARG, "em_pg_from_env: EMBER_TRANSPORT='%s' must be tcp, shm or auto", trs);
+            return em_fail(EM_ERR_ARG, "em_pg_from_env: EMBER_TRANSPORT='%s' must be tcp, shm, mpi or auto",
+                           trs);
     }
+    /* MPI: asked for, or AUTO in a process an MPI launcher started */
+    if (tr == EM_TRANSPORT_MPI || (tr == EM_TRANSPORT_AUTO && EM_HAVE_MPI && mpi_launched()))
+        return from_mpi(timeout, &e);
     if (e.world == 1)
         return em_pg_new(&(em_pg_config){.rank = 0, .world = 1, .timeout_s = timeout, .transport = tr});
     /* the ranks meet in the store: the launcher's, or one rank 0 hosts */

@@ -24,7 +24,11 @@
  * When every rank is on one machine the group also maps a shared-memory
  * segment (dist/shm.c): collectives then check and move data through it,
  * and the sockets carry send/recv, a failed rank's note, and tell a rank
- * that a peer died. */
+ * that a peer died.
+ *
+ * A group of the MPI transport (dist/mpi.c) has no sockets: the same calls,
+ * headers, verdicts and notes travel as MPI messages on a communicator of
+ * its own, and MPI's nonblocking collectives move the data. */
 #ifndef EMBER_DIST_PG_IMPL_H
 #define EMBER_DIST_PG_IMPL_H
 
@@ -153,6 +157,8 @@ struct em_pg {
     pthread_cond_t cv;
     call *head, *tail;
     struct nccl_comms *nccl; /* NCCL communicators, one per device used (dist/nccl.c) */
+    struct mpi_group *mpi;   /* the MPI transport's state (dist/mpi.c); NULL for TCP / shm */
+    em_store_server *own_server; /* a store this group's rank 0 hosts (em_pg_from_env under MPI) */
 };
 
 struct em_work {
@@ -214,6 +220,9 @@ void p2p_row(const em_pg *pg, p2p_count *row);
 /* The message for counts that disagree: which sends were not received and
  * what their receivers called instead. rows[a][b]: rank a about rank b. */
 void p2p_compose(const call_header *hs, const p2p_count *const *rows, int world, char *msg, size_t n);
+/* Fails c with a mismatch of rank a's call ha and rank b's hb (the message
+ * names both, the lower rank first). */
+em_status call_mismatch(call *c, int a, const call_header *ha, int b, const call_header *hb);
 /* Fails c because the group broke on rank `origin` (its message `text`),
  * and remembers both for this rank's own note. */
 em_status call_broke(em_pg *pg, call *c, int origin, const char *text);
@@ -230,6 +239,16 @@ em_status run_call(em_pg *pg, call *c, double deadline);
  * the wide type of dt and rounded once; AVG divides by `world`. dst may be
  * one of the sources. */
 void reduce_sources(em_dtype dt, int op, int world, void *dst, const void *const *src, int nsrc, int64_t n);
+/* The pieces of it, for transports that reduce elsewhere (dist/mpi.c). The
+ * wide type of dt is f32 for f32/f16/bf16, else dt itself (f64, i32).
+ * red_widen: n elements of dt at src -> the wide type at dst; red_narrow
+ * back, rounding once; red_combine: acc[i] = acc[i] op x[i] in the wide
+ * type (MAX/MIN propagate NaN; i32 sums wrap); red_finish_avg: AVG divides
+ * by world (i32 truncating), other ops leave acc alone. */
+void red_widen(em_dtype dt, const void *src, void *dst, int64_t n);
+void red_narrow(em_dtype dt, const void *src, void *dst, int64_t n);
+void red_combine(em_dtype dt, int op, void *acc, const void *x, int64_t n);
+void red_finish_avg(em_dtype dt, int op, void *acc, int64_t n, int world);
 
 /* ---- dist/nccl.c (built when NCCL is found) ------------------------------------------
  * Collectives on CUDA tensors. c's in/out are device pointers on cuda:dev.
@@ -246,6 +265,28 @@ em_status nccl_work_wait(em_work *w);
 bool nccl_work_done(const em_work *w);
 /* Destroys pg's communicators (em_pg_free). */
 void nccl_pg_free(em_pg *pg);
+
+/* ---- dist/mpi.c (built when MPI is found: EM_HAVE_MPI) ---------------------------------
+ * MPI is initialised on first use (MPI_Init_thread, unless the program did)
+ * and finalized at exit when ember initialised it. */
+/* Was this process started by an MPI launcher (OMPI_COMM_WORLD_SIZE,
+ * PMIX_RANK or PMI_RANK set)? Needs no MPI library. */
+bool mpi_launched(void);
+/* Makes pg (rank, world, timeout set) an MPI group: checks them against
+ * MPI_COMM_WORLD (EM_ERR_ARG naming both) and duplicates its communicator
+ * (EM_ERR_TIMEOUT when the other ranks do not make the group in time). */
+em_status mpi_join(em_pg *pg);
+/* Runs call c on an MPI group: a collective's check then its data, or a send / recv. */
+em_status mpi_run(em_pg *pg, call *c, double deadline);
+/* After c failed: a note to every peer, which its waits find. */
+void mpi_abort(em_pg *pg, const call *c);
+/* em_pg_free's part: the communicator and the group's buffers. */
+void mpi_leave(em_pg *pg);
+/* em_pg_from_env's under an MPI launcher: MPI_COMM_WORLD's rank and world;
+ * rank 0 starts a store server (ephemeral port, random token; *server,
+ * owned by the caller) and broadcasts where it is; every rank connects
+ * (*store, owned by the caller). */
+em_status mpi_rendezvous(double timeout, int *rank, int *world, em_store **store, em_store_server **server);
 
 /* ---- dist/shm.c ------------------------------------------------------------------ */
 #define SHM_MAX_WORLD 64

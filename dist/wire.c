@@ -143,7 +143,7 @@ static bool needs(const waiter *w, int r)
 }
 
 /* Rank a's call against rank b's: the message names both, the lower rank first. */
-static em_status mismatch(call *c, int a, const call_header *ha, int b, const call_header *hb)
+em_status call_mismatch(call *c, int a, const call_header *ha, int b, const call_header *hb)
 {
     if (a > b) {
         int t = a;
@@ -287,7 +287,7 @@ static em_status send_counts(em_pg *pg, call *c, double deadline)
 static int collective_meets(em_pg *pg, call *c, const waiter *w, int r, const frame *f)
 {
     if (f->h.seq == c->h.seq) {
-        mismatch(c, pg->rank, &c->h, r, &f->h);
+        call_mismatch(c, pg->rank, &c->h, r, &f->h);
         return F_FAIL;
     }
     if (f->h.seq > c->h.seq && w->kind != W_DATA) return F_HELD;
@@ -328,7 +328,7 @@ static int on_frame(em_pg *pg, call *c, waiter *w, int r, double deadline)
             p->acked = f.seq;
             p->in_got = 0;
             if (f.seq == p->sent && !p2p_agree(&p->last_send, &f.h)) {
-                mismatch(c, pg->rank, &p->last_send, r, &f.h);
+                call_mismatch(c, pg->rank, &p->last_send, r, &f.h);
                 return F_FAIL;
             }
             if (w->kind == W_ACK && w->peer == r && f.seq == p->sent) w->done = true;
@@ -338,7 +338,7 @@ static int on_frame(em_pg *pg, call *c, waiter *w, int r, double deadline)
         /* r waits in recv for a message we have not sent */
         if (collective(w->kind)) return collective_meets(pg, c, w, r, &f);
         if (w->kind == W_SEND && w->peer == r) { /* and we wait in recv for r */
-            mismatch(c, pg->rank, &c->h, r, &f.h);
+            call_mismatch(c, pg->rank, &c->h, r, &f.h);
             return F_FAIL;
         }
         return F_HELD;
@@ -351,7 +351,7 @@ static int on_frame(em_pg *pg, call *c, waiter *w, int r, double deadline)
         }
         if (w->kind == W_SENDING && w->peer == r && !p->st_on) return start_stash(pg, c, r);
         if (w->kind == W_ACK && w->peer == r) { /* both send, neither receives: NCCL would hang */
-            mismatch(c, pg->rank, &c->h, r, &f.h);
+            call_mismatch(c, pg->rank, &c->h, r, &f.h);
             return F_FAIL;
         }
         return F_HELD;
@@ -366,7 +366,7 @@ static int on_frame(em_pg *pg, call *c, waiter *w, int r, double deadline)
             return F_TAKEN;
         }
         if (!collective(w->kind) && w->peer == r) { /* r went on to a collective */
-            mismatch(c, pg->rank, &c->h, r, &f.h);
+            call_mismatch(c, pg->rank, &c->h, r, &f.h);
             return F_FAIL;
         }
         if (!collective(w->kind)) return F_HELD;
@@ -801,7 +801,7 @@ static em_status p2p_recv(em_pg *pg, call *c, double deadline)
     }
     if (!p2p_agree(&sf.h, &c->h) || sf.h.seq != c->h.seq) {
         if (p->st_on) drop_stash(p);
-        return mismatch(c, q, &sf.h, pg->rank, &c->h);
+        return call_mismatch(c, q, &sf.h, pg->rank, &c->h);
     }
     if (p->st_on) {
         if (sf.len) memcpy(c->in, p->st_data, sf.len);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # setup.sh — makes sure this Debian/Ubuntu machine has what ember's build
 # needs: meson, ninja, pkg-config, gcc, g++ (the CUDA emulator's build of the
-# .cu kernels), OpenBLAS, zlib and libyaml headers.
+# .cu kernels), OpenBLAS, zlib and libyaml headers; and, optional, OpenMPI
+# (openmpi-bin, libopenmpi-dev: the MPI transport and its mpirun tests).
 # Missing packages are installed when run as root; otherwise the exact
 # `sudo apt-get install` line is printed and the script exits 1.
 # A package counts as present when its tool/pkg-config module is found (so a
@@ -24,6 +25,8 @@ present() {
         zlib1g-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists zlib && return 0 ;;
         libyaml-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists yaml-0.1 && return 0 ;;
         wamerican) [ -s /usr/share/dict/american-english ] && return 0 ;;
+        openmpi-bin) command -v mpirun >/dev/null 2>&1 && return 0 ;;
+        libopenmpi-dev) command -v pkg-config >/dev/null 2>&1 && pkg-config --exists ompi-c && return 0 ;;
     esac
     command -v dpkg >/dev/null 2>&1 && dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed'
 }
@@ -50,6 +53,24 @@ if ((${#missing[@]})); then
         echo "Install them with:" >&2
         echo "sudo apt-get install -y ${missing[*]}"
         exit 1
+    fi
+fi
+
+# Optional: OpenMPI, for the MPI transport (EMBER_TRANSPORT=mpi) and its
+# tests under mpirun. Installed when root; otherwise the line is printed and
+# ember builds without it.
+mpi_missing=()
+for pkg in openmpi-bin libopenmpi-dev; do
+    present "$pkg" || mpi_missing+=("$pkg")
+done
+if ((${#mpi_missing[@]})); then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing ${mpi_missing[*]} (the MPI transport)"
+        export DEBIAN_FRONTEND=noninteractive
+        { apt-get install -y "${mpi_missing[@]}" || { apt-get update && apt-get install -y "${mpi_missing[@]}"; }; } ||
+            echo "setup: could not install ${mpi_missing[*]}; ember builds without the MPI transport" >&2
+    else
+        echo "setup: optional: for the MPI transport, sudo apt-get install -y ${mpi_missing[*]}" >&2
     fi
 fi
 

@@ -67,6 +67,7 @@ em_build_info em_build(void)
         .sanitizers = EM_SANITIZED,
         .cuda = EM_HAVE_CUDA,
         .nccl = EM_HAVE_NCCL,
+        .mpi = EM_HAVE_MPI,
         .blas = EM_BLAS_NAME,
     };
 }

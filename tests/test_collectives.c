@@ -335,7 +335,7 @@ TEST(test_collectives_reject_bad_arguments)
     CHECK_ERR(em_pg_new(&(em_pg_config){.rank = 2, .world = 2}), EM_ERR_ARG, "rank 2 is outside");
     CHECK_ERR(em_pg_new(&(em_pg_config){.rank = 0, .world = 2}), EM_ERR_ARG, "needs a store");
     CHECK_ERR(em_pg_new(&(em_pg_config){.rank = 0, .world = 1, .transport = (em_transport)7}), EM_ERR_ARG,
-              "transport 7 is not AUTO, TCP or SHM");
+              "transport 7 is not AUTO, TCP, SHM or MPI");
     em_pg_free(pg);
 }
 

@@ -155,6 +155,12 @@ static void print_text(const env_info *e)
                e->cuda_devices > 0 ? "" : " (no CUDA device to use it)");
     else
         printf("NCCL           not built\n");
+    if (e->build.mpi)
+        printf("MPI            transport built in (EMBER_TRANSPORT=mpi; chosen by itself under mpirun/srun "
+               "--mpi)\n");
+    else
+        printf("MPI            transport not built (install openmpi-bin and libopenmpi-dev, then "
+               "reconfigure)\n");
 }
 
 /* s as a JSON string literal */
@@ -218,7 +224,8 @@ static void print_json(const env_info *e)
                e->dev[i].minor, e->dev[i].multiprocessors, e->dev[i].total_memory);
     }
     printf("]}");
-    printf(", \"nccl\": {\"built\": %s, \"version\": %d}}\n", tf(e->build.nccl), e->nccl_version);
+    printf(", \"nccl\": {\"built\": %s, \"version\": %d}, \"mpi\": {\"built\": %s}}\n", tf(e->build.nccl),
+           e->nccl_version, tf(e->build.mpi));
 }
 
 int cmd_env(int argc, char **argv)

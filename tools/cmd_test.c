@@ -161,8 +161,10 @@ static int worker(void)
         return 1;
     }
     static const em_dtype dts[] = {EM_F32, EM_F64, EM_F16, EM_BF16, EM_I32};
+    em_transport tr = em_pg_transport(pg);
     if (em_pg_rank(pg) == 0)
-        printf("data path: %s\n", em_pg_transport(pg) == EM_TRANSPORT_SHM
+        printf("data path: %s\n", tr == EM_TRANSPORT_MPI ? "MPI (started by an MPI launcher)"
+                                  : tr == EM_TRANSPORT_SHM
                                       ? "shared memory (every rank on this machine)"
                                       : "TCP (set EMBER_TRANSPORT=shm to require shared memory)");
     for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {

@@ -25,6 +25,13 @@
  * its process exits (it outlives every group made from the environment).
  * With none of these a program is a group of one and needs no store.
  *
+ * Under an MPI launcher (`mpirun -n N`, `srun --mpi`: OMPI_COMM_WORLD_SIZE,
+ * PMIX_RANK or PMI_RANK in the environment) em_pg_from_env uses the MPI
+ * transport when ember is built with MPI: rank and world are
+ * MPI_COMM_WORLD's, and rank 0 hosts the store itself (its address and a
+ * random token go to the others with MPI), so none of the variables above
+ * is needed.
+ *
  * Failure is never a hang: every blocking call has a timeout, a dead peer is
  * noticed (its sockets close), and every collective first checks that all
  * ranks called the same operation with the same dtype, count and root; a
@@ -105,14 +112,16 @@ typedef enum em_reduce_op { EM_RED_SUM = 0, EM_RED_AVG, EM_RED_MAX, EM_RED_MIN }
 typedef enum em_transport {
     EM_TRANSPORT_AUTO = 0, /* shared memory between ranks on one host, TCP otherwise */
     EM_TRANSPORT_TCP,      /* TCP only (what a multi-machine job uses) */
-    EM_TRANSPORT_SHM       /* shared memory only: every rank must be on this host */
+    EM_TRANSPORT_SHM,      /* shared memory only: every rank must be on this host */
+    EM_TRANSPORT_MPI       /* MPI (when ember is built with it): rank and world are MPI_COMM_WORLD's */
 } em_transport;
 
 typedef struct em_pg em_pg;
 
 typedef struct em_pg_config {
-    int rank, world;   /* 0 <= rank < world */
-    em_store *store;   /* borrowed; NULL only when world == 1 */
+    int rank, world; /* 0 <= rank < world; MPI: MPI_COMM_WORLD's (EM_ERR_ARG naming both otherwise) */
+    em_store
+        *store; /* borrowed; NULL only when world == 1 or the transport is MPI (then NCCL cannot be used) */
     /* Key prefix in the store; NULL = "pg". The store counts the groups
      * joined under a name, so one name serves any number of groups, one
      * after another or alive at once, as long as every rank makes them in
@@ -123,7 +132,13 @@ typedef struct em_pg_config {
 } em_pg_config;
 
 /* Joins a group: publishes this rank's address in the store, connects to
- * every other rank, maps the shared segment for local ranks. Blocks until all
+ * every other rank, maps the shared segment for local ranks. With
+ * EM_TRANSPORT_MPI instead: initialises MPI unless the program did
+ * (MPI_Init_thread asking MPI_THREAD_MULTIPLE; a program's own
+ * initialisation needs MPI_THREAD_SERIALIZED at least; what ember
+ * initialised it finalizes at exit) and duplicates MPI_COMM_WORLD for the
+ * group (every rank makes its groups in the same order); EM_ERR_UNSUPPORTED
+ * saying how to get MPI when ember was built without it. Blocks until all
  * `world` ranks joined or the timeout. NULL + EM_ERR_ARG / EM_ERR_DIST /
  * EM_ERR_TIMEOUT with a message naming the rank(s) missing. A join that
  * cannot complete fails as soon as the store knows it, not at the timeout:
@@ -133,13 +148,16 @@ typedef struct em_pg_config {
  * joins as one of a different number of ranks. */
 em_pg *em_pg_new(const em_pg_config *cfg);
 /* The group the environment describes (see the top of this file), owning
- * its store connection: a group of one when no launcher says otherwise. EMBER_
- * TRANSPORT=tcp|shm|auto and EMBER_TIMEOUT (seconds) are honoured. NULL +
- * error when the variables are malformed (EM_ERR_ARG naming the variable
- * and its value), a launcher's required one is missing, rank 0 cannot host
- * the store (EM_ERR_IO naming the port), or joining fails. Call it again
- * for another group (after freeing the first, or with both alive: every
- * rank in the same order). A launcher that watches the
+ * its store connection: a group of one when no launcher says otherwise.
+ * EMBER_TRANSPORT=tcp|shm|mpi|auto and EMBER_TIMEOUT (seconds) are
+ * honoured; auto means mpi under an MPI launcher when ember is built with
+ * MPI (see the top of this file: rank and world are then MPI's, and a
+ * launcher's world size that disagrees is EM_ERR_ARG). NULL + error when the
+ * variables are malformed (EM_ERR_ARG naming the variable and its value), a
+ * launcher's required one is missing, rank 0 cannot host the store
+ * (EM_ERR_IO naming the port), or joining fails. Call it again for another
+ * group (after freeing the first, or with both alive: every rank in the same
+ * order). A launcher that watches the
  * workers sets "r<EMBER_RESTART_COUNT>/exited/<RANK>" in the store (any
  * text: "exited with status 0") when one ends; a rank waiting to join with
  * it then fails at once naming it (`ember launch` does this). */
@@ -158,10 +176,19 @@ int em_pg_rank(const em_pg *pg);
 int em_pg_world(const em_pg *pg);
 /* The seconds every blocking call of the group may wait (0 for NULL). */
 double em_pg_timeout(const em_pg *pg);
-/* The data path the group's collectives use: EM_TRANSPORT_SHM when every rank
- * is on this machine and mapped the shared segment (AUTO or SHM asked for),
- * else EM_TRANSPORT_TCP (also for a group of one, and for send/recv, which
- * always go over TCP). */
+/* The data path the group's collectives use: EM_TRANSPORT_MPI for a group
+ * made with it (all its calls go through MPI); EM_TRANSPORT_SHM when every
+ * rank is on this machine and mapped the shared segment (AUTO or SHM asked
+ * for), else EM_TRANSPORT_TCP (also for a group of one, and for send/recv,
+ * which always go over TCP outside MPI).
+ *
+ * Failure under MPI: the same checks and messages as TCP (every call's
+ * headers go to every rank as MPI messages; the waits poll to the
+ * deadline), and a failed call sends its note to every rank. Once every
+ * rank's call is checked, MPI's blocking collective moves the data (as fast
+ * as MPI itself): a rank that dies then ends the job through mpirun (as
+ * OpenMPI's mpirun does for any rank that dies). CUDA tensors: checked through
+ * MPI, moved by NCCL, which needs the group's store. */
 em_transport em_pg_transport(const em_pg *pg);
 /* The store the group uses (NULL for a group of one); borrowed. */
 em_store *em_pg_store(const em_pg *pg);

@@ -33,6 +33,7 @@ typedef struct em_build_info {
     bool sanitizers;       /* built with ASan/UBSan */
     bool cuda;             /* CUDA kernels compiled in */
     bool nccl;             /* NCCL collectives compiled in */
+    bool mpi;              /* the MPI transport (EM_TRANSPORT_MPI) compiled in */
     const char *blas;      /* BLAS library name */
 } em_build_info;
 em_build_info em_build(void);
