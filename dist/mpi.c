@@ -78,7 +78,7 @@ typedef struct mpi_group {
     call_header *wanted; /* wanted[r]: rank r's latest recv announced to us (seq: the message it waits for) */
     bool aborted;    /* this rank sent its note */
     abort_note note;
-    MPI_Request note_rq[SHM_MAX_WORLD];
+    MPI_Request *note_rq; /* world: the note's sends */
 } mpi_group;
 
 /* ---- MPI itself: initialisation, the lock, errors --------------------------------------------- */
@@ -661,6 +661,7 @@ static void group_free(mpi_group *g)
     free(g->rq);
     free(g->peer);
     free(g->wanted);
+    free(g->note_rq);
     free(g);
 }
 
@@ -677,17 +678,15 @@ em_status mpi_join(em_pg *pg)
             "em_pg_new: transport mpi: the config says rank %d of %d, but MPI_COMM_WORLD says rank %d of %d "
             "(an MPI group is MPI_COMM_WORLD)",
             pg->rank, pg->world, rank, world);
-    if (world > SHM_MAX_WORLD)
-        return em_err(EM_ERR_UNSUPPORTED, "em_pg_new: transport mpi: %d ranks; at most %d", world,
-                      SHM_MAX_WORLD);
     mpi_group *g = calloc(1, sizeof *g);
     if (g) {
         g->hs = malloc(sizeof *g->hs * (size_t)world);
         g->rq = malloc(sizeof *g->rq * 2 * (size_t)world);
         g->peer = malloc(sizeof *g->peer * 2 * (size_t)world);
         g->wanted = calloc((size_t)world, sizeof *g->wanted);
+        g->note_rq = malloc(sizeof *g->note_rq * (size_t)world);
     }
-    if (!g || !g->hs || !g->rq || !g->peer || !g->wanted) {
+    if (!g || !g->hs || !g->rq || !g->peer || !g->wanted || !g->note_rq) {
         group_free(g);
         return em_err(EM_ERR_OOM, "em_pg_new: out of memory");
     }
