@@ -8,13 +8,19 @@
  * and starts as root; scripts/run_tests.sh starts it before the suites and
  * stops it after. A test run on its own starts it too and then stops it
  * (when it was not running before). Where it cannot start (not root, no
- * package, a daemon that fails) the tests skip with the script's reason. */
+ * package, a daemon that fails) the tests skip with the script's reason.
+ *
+ * `srun --mpi=pmix` starts MPI programs itself (Slurm's PMIx plugin, no
+ * mpirun): ember then picks its MPI transport by itself (PMIX_RANK in the
+ * environment); those tests skip where ember has no MPI transport or this
+ * Slurm has no pmix plugin. */
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ember_config.h"
 #include "harness.h"
 
 #define EMBER_BIN EMBER_BUILD_DIR "/ember"
@@ -167,3 +173,65 @@ static void sbatch_example(const char *dir, const char *txt)
 }
 
 TEST(test_slurm_sbatch_example_trains_two_tasks_to_the_end) { with_cluster(sbatch_example); }
+
+/* ---- srun --mpi=pmix: the MPI transport without mpirun ---------------------------------- */
+
+/* Skips unless ember has the MPI transport and srun the pmix plugin; under
+ * ASan the tasks run without LeakSanitizer (OpenMPI leaks by design, see
+ * tests/test_mpi.c). */
+static void need_srun_pmix(void)
+{
+#if !EM_HAVE_MPI
+    th_skip("ember was built without MPI (install openmpi-bin and libopenmpi-dev, then reconfigure)");
+#endif
+    th_run_result *r = th_run("/bin/sh", "-c", "srun --mpi=list 2>&1", NULL);
+    if (!strstr(r->out, "pmix")) th_skip("this Slurm's srun has no pmix plugin (srun --mpi=list)");
+    setenv("ASAN_OPTIONS", "detect_leaks=0:halt_on_error=1", 1);
+    setenv("LSAN_OPTIONS", "detect_leaks=0", 1);
+}
+
+/* Two tasks of mpi_worker: every collective, dtype and op over the MPI
+ * transport, which the worker checks it is (em_pg_transport). */
+static void srun_pmix_collectives(const char *dir, const char *txt)
+{
+    (void)dir, (void)txt;
+    need_srun_pmix();
+    th_run_result *r =
+        th_run("/usr/bin/timeout", "60", "srun", "--mpi=pmix", "-n", "2", "-l", "--kill-on-bad-exit=1",
+               EMBER_BUILD_DIR "/tests/mpi_worker", "collectives", NULL);
+    if (r->status != 0 || !strstr(r->out, "rank 0 ok") || !strstr(r->out, "rank 1 ok"))
+        th_fail(__FILE__, __LINE__, "srun --mpi=pmix exited %d\nstdout: %s\nstderr: %s", r->status, r->out,
+                r->err);
+}
+
+TEST(test_slurm_srun_mpi_pmix_runs_every_collective_over_the_mpi_transport)
+{
+    with_cluster(srun_pmix_collectives);
+}
+
+/* ember train in two tasks started by srun --mpi=pmix: the MPI transport,
+ * chosen by itself, trains to ember launch -n 2's losses. */
+static void srun_pmix_train(const char *dir, const char *txt)
+{
+    need_srun_pmix();
+    char out_launch[192], out_srun[192], want[4096], got[4096];
+    snprintf(out_launch, sizeof out_launch, "%s/launch", dir);
+    snprintf(out_srun, sizeof out_srun, "%s/srun-pmix", dir);
+    th_run_result *r = th_run(EMBER_BIN, "launch", "-n", "2", EMBER_BIN, "train", "--data", txt, "--out",
+                              out_launch, TRAIN_FLAGS, NULL);
+    CHECK_EXIT(r, 0);
+    th_train_steps(out_launch, want, sizeof want);
+    r = th_run("/usr/bin/timeout", "60", "srun", "--mpi=pmix", "-n", "2", "-l", "--kill-on-bad-exit=1",
+               EMBER_BIN, "train", "--data", txt, "--out", out_srun, TRAIN_FLAGS, NULL);
+    if (r->status != 0 || !strstr(r->out, "(2 on each of 2 processes)") ||
+        !strstr(r->out, "0: ember train: done"))
+        th_fail(__FILE__, __LINE__, "srun --mpi=pmix exited %d\nstdout: %s\nstderr: %s", r->status, r->out,
+                r->err);
+    th_train_steps(out_srun, got, sizeof got);
+    if (strcmp(got, want))
+        th_fail(__FILE__, __LINE__,
+                "srun --mpi=pmix's losses differ from ember launch's:\nsrun:\n%sember launch:\n%s", got,
+                want);
+}
+
+TEST(test_slurm_srun_mpi_pmix_ember_train_matches_ember_launch_losses) { with_cluster(srun_pmix_train); }
