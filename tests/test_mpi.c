@@ -225,3 +225,19 @@ TEST(test_mpi_env_says_the_transport_is_built)
         EM_HAVE_MPI ? "MPI            transport built in" : "MPI            transport not built";
     if (!strstr(r->out, want)) th_fail(__FILE__, __LINE__, "want '%s' in: %s", want, r->out);
 }
+
+/* `ember test` started by mpirun is one of the job's processes (it used to
+ * start an `ember launch -n 2` of its own in each): the self-check runs on
+ * the MPI job's group. */
+TEST(test_mpi_ember_test_under_mpirun_checks_the_mpi_group)
+{
+    need_mpi();
+    th_run_result *r = MPIRUN("2", EMBER_BIN, "test");
+    if (r->status != 0 || !strstr(r->out, "data path: MPI") ||
+        !strstr(r->out, "passed: 2 processes, 0 checks failed") || strstr(r->out, "ember launch"))
+        th_fail(__FILE__, __LINE__, "mpirun -n 2 ember test exited %d\nstdout: %s\nstderr: %s", r->status,
+                r->out, r->err);
+    r = MPIRUN("2", EMBER_BIN, "test", "-n", "3");
+    CHECK_EXIT(r, 2);
+    CHECK(strstr(r->err, "started by mpirun") != NULL);
+}

@@ -2,8 +2,10 @@
  * distributed setup (like `accelerate test`): `ember launch -n 2` runs this
  * same binary as two workers, which check every collective on every dtype
  * and then train a small GPT with DDP for a few steps, and rank 0 prints
- * what passed. `ember test --suite [substring...]` runs the unit-test suite
- * of this build instead. */
+ * what passed. Started by a launcher (mpirun, srun, ember launch: whatever
+ * dist/launch_env.c recognises), it is one of the workers itself, so
+ * `mpirun -n 4 ember test` checks that job's group. `ember test --suite
+ * [substring...]` runs the unit-test suite of this build instead. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "dist/launch_env_impl.h"
 #include "ember/ember.h"
 
 /* The directory this binary lives in (build/ or an install's bin/). */
@@ -185,6 +188,8 @@ int cmd_test(int argc, char **argv)
 {
     if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: ember test [-n N]              2-process (or N) self-check of collectives and DDP\n"
+               "                                          (started by mpirun, srun or ember launch: one of\n"
+               "                                          that job's processes, checking its group)\n"
                "       ember test --suite [substring...]  the unit tests of this build (names containing a\n"
                "                                          substring; all when none), ending with\n"
                "                                          \"N passed, N failed, N skipped\"\n");
@@ -192,6 +197,20 @@ int cmd_test(int argc, char **argv)
     }
     if (argc >= 2 && !strcmp(argv[1], "--suite")) return run_suite(argc - 1, argv + 1);
     if (argc == 2 && !strcmp(argv[1], "--worker")) return worker();
+    launch_env e;
+    if (launch_env_read("ember test", &e)) {
+        fprintf(stderr, "%s\n", em_last_error());
+        return 2;
+    }
+    if (e.kind != LAUNCHER_NONE) { /* a launcher started this process: it is a worker */
+        if (argc > 1) {
+            fprintf(stderr,
+                    "ember test: started by %s, which says how many processes: '%s' is not taken here\n",
+                    launcher_name(e.kind), argv[1]);
+            return 2;
+        }
+        return worker();
+    }
     const char *n = "2";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-n") && i + 1 < argc) {
