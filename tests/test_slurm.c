@@ -99,7 +99,9 @@ static void with_cluster(void (*scenario)(const char *dir, const char *txt))
     th_fail(__FILE__, __LINE__, "the scenario died of signal %d", WTERMSIG(st));
 }
 
-static void srun_matches_launch(const char *dir, const char *txt)
+/* A 2-task srun of ember train (mpi: under --mpi=pmix) trains to ember
+ * launch -n 2's losses and gradient norms. */
+static void srun_train_like_launch(const char *dir, const char *txt, const char *mpi)
 {
     char out_launch[192], out_srun[192], want[4096], got[4096];
     snprintf(out_launch, sizeof out_launch, "%s/launch", dir);
@@ -110,18 +112,24 @@ static void srun_matches_launch(const char *dir, const char *txt)
     th_train_steps(out_launch, want, sizeof want);
     CHECK(strstr(want, "\n6 ") != NULL);
     /* -l: each line says which task wrote it; --kill-on-bad-exit: a failed task ends the step */
-    r = th_run("/usr/bin/timeout", "60", "srun", "-n", "2", "-l", "--kill-on-bad-exit=1", EMBER_BIN, "train",
-               "--data", txt, "--out", out_srun, TRAIN_FLAGS, NULL);
+    r = th_run("/usr/bin/timeout", "60", "srun", mpi, "-n", "2", "-l", "--kill-on-bad-exit=1", EMBER_BIN,
+               "train", "--data", txt, "--out", out_srun, TRAIN_FLAGS, NULL);
     if (r->status != 0)
-        th_fail(__FILE__, __LINE__, "srun exited %d\nstdout: %s\nstderr: %s", r->status, r->out, r->err);
+        th_fail(__FILE__, __LINE__, "srun %s exited %d\nstdout: %s\nstderr: %s", mpi, r->status, r->out,
+                r->err);
     /* both tasks joined one group of 2: rank 0 says so, and every step is rank 0's */
     if (!strstr(r->out, "0: ember train:") || !strstr(r->out, "(2 on each of 2 processes)"))
         th_fail(__FILE__, __LINE__, "rank 0 did not train as one of 2 processes:\n%s", r->out);
     CHECK(strstr(r->out, "0: ember train: done") != NULL);
     th_train_steps(out_srun, got, sizeof got);
     if (strcmp(got, want))
-        th_fail(__FILE__, __LINE__, "srun's losses differ from ember launch's:\nsrun:\n%sember launch:\n%s",
-                got, want);
+        th_fail(__FILE__, __LINE__,
+                "srun %s's losses differ from ember launch's:\nsrun:\n%sember launch:\n%s", mpi, got, want);
+}
+
+static void srun_matches_launch(const char *dir, const char *txt)
+{
+    srun_train_like_launch(dir, txt, "--mpi=none");
 }
 
 TEST(test_slurm_srun_two_tasks_of_ember_train_match_ember_launch_losses)
@@ -214,24 +222,7 @@ TEST(test_slurm_srun_mpi_pmix_runs_every_collective_over_the_mpi_transport)
 static void srun_pmix_train(const char *dir, const char *txt)
 {
     need_srun_pmix();
-    char out_launch[192], out_srun[192], want[4096], got[4096];
-    snprintf(out_launch, sizeof out_launch, "%s/launch", dir);
-    snprintf(out_srun, sizeof out_srun, "%s/srun-pmix", dir);
-    th_run_result *r = th_run(EMBER_BIN, "launch", "-n", "2", EMBER_BIN, "train", "--data", txt, "--out",
-                              out_launch, TRAIN_FLAGS, NULL);
-    CHECK_EXIT(r, 0);
-    th_train_steps(out_launch, want, sizeof want);
-    r = th_run("/usr/bin/timeout", "60", "srun", "--mpi=pmix", "-n", "2", "-l", "--kill-on-bad-exit=1",
-               EMBER_BIN, "train", "--data", txt, "--out", out_srun, TRAIN_FLAGS, NULL);
-    if (r->status != 0 || !strstr(r->out, "(2 on each of 2 processes)") ||
-        !strstr(r->out, "0: ember train: done"))
-        th_fail(__FILE__, __LINE__, "srun --mpi=pmix exited %d\nstdout: %s\nstderr: %s", r->status, r->out,
-                r->err);
-    th_train_steps(out_srun, got, sizeof got);
-    if (strcmp(got, want))
-        th_fail(__FILE__, __LINE__,
-                "srun --mpi=pmix's losses differ from ember launch's:\nsrun:\n%sember launch:\n%s", got,
-                want);
+    srun_train_like_launch(dir, txt, "--mpi=pmix");
 }
 
 TEST(test_slurm_srun_mpi_pmix_ember_train_matches_ember_launch_losses) { with_cluster(srun_pmix_train); }
