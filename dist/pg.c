@@ -195,6 +195,9 @@ static void break_group(em_pg *pg, const call *c)
     snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", c->msg);
     wire_abort(pg, c); /* the reason, to every peer that can read it */
     if (pg->shm) shm_abort(pg, c);
+#if EM_HAVE_MPI
+    if (pg->mpi) mpi_abort(pg, c); /* over MPI the note goes as a message (no sockets) */
+#endif
     for (int r = 0; r < pg->world; r++) /* peers blocked on us notice at once */
         if (pg->fd[r] >= 0) shutdown(pg->fd[r], SHUT_RDWR);
 }
@@ -227,11 +230,7 @@ static void execute_call(em_pg *pg, call *c)
             c->h.sent = pg->p2p_sent;
             c->h.recvd = pg->p2p_recvd;
         }
-        if (mpi_run(pg, c, deadline)) {
-            pg->broken = true;
-            snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", c->msg);
-            mpi_abort(pg, c);
-        }
+        if (mpi_run(pg, c, deadline)) break_group(pg, c);
         return;
     }
 #endif
