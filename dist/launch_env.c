@@ -188,7 +188,9 @@ static em_status read_slurm(const char *fn, launch_env *e)
 
 em_status launch_env_read(const char *fn, launch_env *e)
 {
-    *e = (launch_env){.kind = LAUNCHER_NONE, .world = 1};
+    *e = (launch_env){.kind = LAUNCHER_NONE,
+                      .world = 1,
+                      .mpi = env("OMPI_COMM_WORLD_SIZE") || env("PMIX_RANK") || env("PMI_RANK")};
     em_status s = EM_OK;
     if (env("WORLD_SIZE"))
         e->kind = LAUNCHER_TORCHRUN;

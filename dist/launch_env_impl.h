@@ -41,6 +41,8 @@ typedef struct launch_env {
     int rank, world;             /* 0 <= rank < world */
     int local_rank, local_world; /* on this machine; default rank and world */
     long restart;                /* EMBER_RESTART_COUNT (0 when unset) */
+    bool mpi; /* an MPI launcher started the process (OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_RANK
+               * set: mpirun, srun --mpi): em_pg_from_env's AUTO picks the MPI transport */
 } launch_env;
 
 /* "ember launch/torchrun", "mpirun", "slurm" or "none". */

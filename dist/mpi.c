@@ -168,12 +168,6 @@ static em_status mpi_failed(em_pg *pg, call *c, const char *what, int code)
     return call_fail(c, EM_ERR_DIST, "%s: rank %d: %s failed: %s", d, pg->rank, what, t);
 }
 
-bool mpi_launched(void)
-{
-    const char *a = getenv("OMPI_COMM_WORLD_SIZE"), *b = getenv("PMIX_RANK"), *c = getenv("PMI_RANK");
-    return (a && *a) || (b && *b) || (c && *c);
-}
-
 /* ---- waiting ------------------------------------------------------------------------------ */
 
 /* A peer's note, if one came: c fails naming its origin and text. */

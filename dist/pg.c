@@ -41,7 +41,6 @@
 static const char no_mpi[] =
     "this ember was built without MPI (install OpenMPI: apt-get install openmpi-bin libopenmpi-dev, "
     "then meson setup --reconfigure)";
-bool mpi_launched(void) { return false; }
 #endif
 
 double pg_now(void)
@@ -990,7 +989,7 @@ em_pg *em_pg_from_env_with(const em_pg_env_config *cfg)
                            trs);
     }
     /* MPI: asked for, or AUTO in a process an MPI launcher started */
-    if (tr == EM_TRANSPORT_MPI || (tr == EM_TRANSPORT_AUTO && EM_HAVE_MPI && mpi_launched()))
+    if (tr == EM_TRANSPORT_MPI || (tr == EM_TRANSPORT_AUTO && EM_HAVE_MPI && e.mpi))
         return from_mpi(timeout, &e);
     if (e.world == 1)
         return em_pg_new(&(em_pg_config){.rank = 0, .world = 1, .timeout_s = timeout, .transport = tr});

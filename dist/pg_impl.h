@@ -269,9 +269,6 @@ void nccl_pg_free(em_pg *pg);
 /* ---- dist/mpi.c (built when MPI is found: EM_HAVE_MPI) ---------------------------------
  * MPI is initialised on first use (MPI_Init_thread, unless the program did)
  * and finalized at exit when ember initialised it. */
-/* Was this process started by an MPI launcher (OMPI_COMM_WORLD_SIZE,
- * PMIX_RANK or PMI_RANK set)? Needs no MPI library. */
-bool mpi_launched(void);
 /* Makes pg (rank, world, timeout set) an MPI group: checks them against
  * MPI_COMM_WORLD (EM_ERR_ARG naming both) and duplicates its communicator
  * (EM_ERR_TIMEOUT when the other ranks do not make the group in time). */
