@@ -35,6 +35,7 @@ static void clear_launchers(void)
         "OMPI_MCA_ess_base_jobid",
         "PMIX_RANK",
         "PMIX_NAMESPACE",
+        "PMI_RANK",
         "SLURM_STEP_ID",
         "SLURM_PROCID",
         "SLURM_NTASKS",
@@ -435,4 +436,31 @@ TEST(test_rank_0_hosting_the_store_on_a_port_in_use_names_the_port_and_master_po
     snprintf(want, sizeof want, "rank 0 cannot host the store on port %s (MASTER_PORT", port);
     CHECK_ERR(em_pg_from_env(), EM_ERR_IO, want);
     em_store_server_stop(busy);
+}
+
+/* launch_env.mpi (em_pg_from_env's AUTO then picks the MPI transport): set by
+ * OpenMPI's mpirun, by PMIx (srun --mpi=pmix) and by PMI (MPICH's hydra),
+ * not by ember launch or a plain srun step. */
+TEST(test_launch_env_says_an_mpi_launcher_started_the_process)
+{
+    launch_env e;
+    clear_launchers();
+    env_set("WORLD_SIZE=2", "RANK=1", NULL);
+    CHECK_OK(launch_env_read("t", &e));
+    CHECK(!e.mpi);
+    clear_launchers();
+    slurm_task(1);
+    CHECK_OK(launch_env_read("t", &e));
+    CHECK(e.kind == LAUNCHER_SLURM && !e.mpi);
+    env_set("PMIX_RANK=1", NULL); /* srun --mpi=pmix */
+    CHECK_OK(launch_env_read("t", &e));
+    CHECK(e.kind == LAUNCHER_SLURM && e.mpi);
+    clear_launchers();
+    env_set("OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=0", NULL);
+    CHECK_OK(launch_env_read("t", &e));
+    CHECK(e.kind == LAUNCHER_MPIRUN && e.mpi);
+    clear_launchers();
+    env_set("PMI_RANK=0", NULL); /* MPICH: rank and world come from MPI itself */
+    CHECK_OK(launch_env_read("t", &e));
+    CHECK(e.kind == LAUNCHER_NONE && e.mpi);
 }
