@@ -26,8 +26,10 @@
  *
  * After ember's row, "GEMM bound" is the time of the step's matrix products
  * alone in raw cblas_sgemm (gemm_bound_ms): no step, in any framework using
- * that BLAS, is faster, so best PyTorch / bound is the largest speed-up the
- * machine allows.
+ * that BLAS, is faster, so best PyTorch / bound is the largest speed-up
+ * that BLAS allows. "FMA peak" is the same flops at the CPU's measured
+ * multiply-add peak on ember's threads (bench_peak.h): the hardware's own
+ * ceiling, which a GEMM faster than the BLAS's could approach.
  *
  * usage: bench_train [tiny|124m|all] [steps] [modes]   (default all; 20 steps tiny, 5 for 124m;
  *          modes, e.g. "eager,fused": only those PyTorch modes of eager, fused, compile)
@@ -45,6 +47,7 @@
 
 #include <cblas.h>
 
+#include "bench_peak.h"
 #include "bench_python.h"
 #include "bench_util.h"
 #include "ember/ember.h"
@@ -447,6 +450,13 @@ static int torch_table(const char *which, int steps_arg, const char *modes)
         double gflop, bound = gemm_bound_ms(c, &gflop);
         printf("%-6s %-21s %3d %10.1f %10.0f   (the step's %.2f GFLOP of products alone in raw cblas_sgemm)\n",
                c->name, "GEMM bound", em_num_threads(), bound, tokens / (bound / 1e3), gflop);
+        double peak = fma_peak_gflops(em_num_threads()), peak_ms = peak > 0 ? gflop / peak * 1e3 : NAN;
+        printf(
+            "%-6s %-21s %3d %10.1f %10.0f   (the same GFLOP at this CPU's multiply-add peak, measured: %.0f "
+            "GFLOP/s)\n",
+            c->name, "FMA peak", em_num_threads(), peak_ms, tokens / (peak_ms / 1e3), peak);
+        printf("%-6s ember's step runs at %.0f GFLOP/s, %.0f%% of the peak; raw sgemm at %.0f%%\n", c->name,
+               gflop / ms * 1e3, 100 * peak_ms / ms, 100 * peak_ms / bound);
         fflush(stdout);
         if (!have_torch) continue;
         torch_run runs[6], *best = NULL;
@@ -478,8 +488,10 @@ static int torch_table(const char *which, int steps_arg, const char *modes)
             }
         }
         if (best)
-            printf("%-6s the GEMM bound is %.2fx the best PyTorch; ember reaches %.0f%% of the bound\n", c->name,
-                   best->ms / bound, 100 * bound / ms);
+            printf("%-6s the GEMM bound is %.2fx the best PyTorch, the FMA peak %.2fx; ember reaches %.0f%% "
+                   "of the GEMM "
+                   "bound\n",
+                   c->name, best->ms / bound, best->ms / peak_ms, 100 * bound / ms);
         if (best)
             printf(
                 "%-6s speed-up %.2fx (ember %.1f ms, best PyTorch %.1f ms: %s, %d thr); peak MB ember %.0f / "

@@ -1,6 +1,7 @@
 /* gemm.c — every matrix multiply in ember goes through em_gemm: one BLAS
- * GEMM, split into row or column blocks that ember's pool runs in parallel,
- * with OpenBLAS itself kept single-threaded.
+ * GEMM (or, for f32 on the avx2 path, ember's own kernel: gemm_f32_avx2 in
+ * tensor/gemm_widen.c), split into row or column blocks that ember's pool
+ * runs in parallel, with OpenBLAS itself kept single-threaded.
  *
  * Why: with OpenBLAS's own threads, its idle workers spin in sched_yield
  * after each call and take the second core from the pool's next kernel; in a
@@ -24,6 +25,7 @@ __attribute__((constructor)) static void blas_single_threaded(void)
 typedef struct gemm_job {
     em_dtype dt; /* f32 or f64 (em_gemm) */
     bool low;    /* em_gemm_low: a product in ldt.lo */
+    bool avx2;   /* an f32 product on ember's own kernel (gemm_f32_avx2), else BLAS */
     gemm_low_dtypes ldt;
     bf16_path path; /* dt bf16 and low: the process's bf16 path */
     bool ta, tb, split_rows;
@@ -147,6 +149,10 @@ static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n
         if (!ok) __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         return;
     }
+    /* (scratch memory that runs out leaves the part to the BLAS) */
+    if (j->avx2 && gemm_f32_avx2(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)a, j->lda,
+                                 (const float *)b, j->ldb, j->beta != 0.0, (float *)c, j->ldc))
+        return;
     CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
     if (j->dt == EM_F32)
         cblas_sgemm(CblasRowMajor, ta, tb, m, n, (int)j->K, (float)j->alpha, (const float *)a, (int)j->lda,
@@ -255,5 +261,12 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
     }
     gemm_job j = {.dt = dt, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
                   .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
+    /* f32 on ember's kernel where the path says so (a bad setting: the
+     * BLAS; the matmul op reports it), for C = alpha AB or C + alpha AB and
+     * products of at least 16 rows and columns (smaller ones waste most of
+     * its 6x16 register block) */
+    f32_path p = F32_PATH_SGEMM;
+    if (dt == EM_F32 && gemm_f32_path(&p)) em_clear_error();
+    j.avx2 = p == F32_PATH_AVX2 && (beta == 0.0 || beta == 1.0) && M >= 16 && N >= 16;
     gemm_run(&j);
 }

@@ -1,6 +1,15 @@
 /* gemm_path.c — which product path each dtype's CPU matmuls take, chosen once
- * per process from the CPU's features and EMBER_BF16_PATH; em_matmul_path
- * tells users (ember env, the benchmarks).
+ * per process from the CPU's features and EMBER_F32_PATH / EMBER_BF16_PATH;
+ * em_matmul_path tells users (ember env, the benchmarks).
+ *
+ * f32 has two paths:
+ *   avx2   ember's own GEMM (tensor/gemm_widen.c: 6x16 AVX2+FMA micro-
+ *          kernel, the blocking the bf16 path widens in, nothing rounded),
+ *          the default on CPUs with AVX2+FMA and no AVX-512F, where it
+ *          measured 1.0-1.2x OpenBLAS's sgemm at the GPT's shapes (Zen 3,
+ *          bench_ops);
+ *   sgemm  the BLAS, everywhere else: with AVX-512 OpenBLAS has wider
+ *          kernels, and this one was never measured against them.
  *
  * bf16 has three paths, fastest first:
  *   amx         AMX tile products (tensor/gemm_bf16.c), where the CPU has AMX
@@ -35,6 +44,17 @@ static const char *const path_names[] = {
 
 /* 0: not chosen yet; else 1 + the path */
 static int resolved;
+
+/* The path first chosen in this process (*slot holds 1 + it), p if none was. */
+static int first_choice(int *slot, int p)
+{
+    int r = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (r == 0) {
+        __atomic_compare_exchange_n(slot, &r, 1 + p, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        r = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    }
+    return r - 1;
+}
 
 /* The path the environment asks for on this CPU, or an error naming why not. */
 static em_status resolve(bf16_path *out)
@@ -78,12 +98,7 @@ em_status gemm_bf16_path(bf16_path *out)
     bf16_path p = BF16_PATH_F32;
     em_status s = resolve(&p);
     if (s) return s;
-    int r = __atomic_load_n(&resolved, __ATOMIC_ACQUIRE);
-    if (r == 0) {
-        __atomic_compare_exchange_n(&resolved, &r, 1 + (int)p, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-        r = __atomic_load_n(&resolved, __ATOMIC_ACQUIRE);
-    }
-    *out = (bf16_path)(r - 1);
+    *out = (bf16_path)first_choice(&resolved, (int)p);
     return EM_OK;
 }
 
@@ -91,11 +106,53 @@ void gemm_bf16_path_reset(void) { __atomic_store_n(&resolved, 0, __ATOMIC_RELEAS
 
 const char *gemm_bf16_path_name(bf16_path p) { return path_names[p]; }
 
+/* ---- f32 -------------------------------------------------------------------------------- */
+
+static const char *const f32_names[] = {[F32_PATH_SGEMM] = "sgemm", [F32_PATH_AVX2] = "avx2"};
+static int f32_resolved; /* 0: not chosen yet; else 1 + the path */
+
+static em_status f32_resolve(f32_path *out)
+{
+    const char *v = getenv("EMBER_F32_PATH");
+    bool avx2 = gemm_widen_usable();
+    if (!v || !v[0] || !strcmp(v, "auto")) {
+        /* measured faster than OpenBLAS's sgemm on Zen 3 at every GPT
+         * shape; with AVX-512 the BLAS has wider kernels than this one */
+        *out = avx2 && !em_cpu_detect().avx512f ? F32_PATH_AVX2 : F32_PATH_SGEMM;
+        return EM_OK;
+    }
+    if (!strcmp(v, "sgemm")) {
+        *out = F32_PATH_SGEMM;
+        return EM_OK;
+    }
+    if (!strcmp(v, "avx2")) {
+        if (!avx2)
+            return em_err(EM_ERR_UNSUPPORTED,
+                          "EMBER_F32_PATH=avx2: this CPU (or build) has no AVX2+FMA+F16C; use auto or sgemm");
+        *out = F32_PATH_AVX2;
+        return EM_OK;
+    }
+    return em_err(EM_ERR_ARG, "EMBER_F32_PATH='%s' is not one of auto, sgemm, avx2", v);
+}
+
+em_status gemm_f32_path(f32_path *out)
+{
+    /* checked at every product, chosen once, as for bf16 */
+    f32_path p = F32_PATH_SGEMM;
+    em_status s = f32_resolve(&p);
+    if (s) return s;
+    *out = (f32_path)first_choice(&f32_resolved, (int)p);
+    return EM_OK;
+}
+
+void gemm_f32_path_reset(void) { __atomic_store_n(&f32_resolved, 0, __ATOMIC_RELEASE); }
+
 const char *em_matmul_path(em_dtype dt)
 {
     bf16_path p;
+    f32_path fp;
     switch (dt) {
-    case EM_F32: return "sgemm";
+    case EM_F32: return gemm_f32_path(&fp) ? NULL : f32_names[fp];
     case EM_F64: return "dgemm";
     case EM_F16: return "f32";
     case EM_BF16: return gemm_bf16_path(&p) ? NULL : path_names[p];

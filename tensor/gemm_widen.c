@@ -53,10 +53,12 @@ enum { MR = 6, NR = 16, MC = 144, KC = 256, NC = 3072, NCD = 256, MSUM = 1024 };
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 
 /* How an operand is read: its low-precision values widened (bf16 or f16),
- * or f32 values rounded to the low dtype and widened back (f32). */
+ * or f32 values rounded to the low dtype and widened back (f32), or (exact:
+ * an f32 product, gemm_f32_avx2) f32 values as they are. */
 typedef struct src {
-    bool f16; /* the product's dtype is f16 (else bf16) */
-    bool f32; /* the operand is stored in f32 */
+    bool f16;   /* the product's dtype is f16 (else bf16) */
+    bool f32;   /* the operand is stored in f32 */
+    bool exact; /* an f32 product: nothing is rounded */
 } src;
 
 /* 8 floats rounded to bf16 as bf16_round does (nearest even; a NaN stays a
@@ -83,7 +85,10 @@ TARGET static inline __m256 keep8(bool f16, __m256 x)
 /* the 8 values from element i of p as 8 floats */
 TARGET static inline __m256 load8(src s, const void *p, int64_t i)
 {
-    if (s.f32) return keep8(s.f16, _mm256_loadu_ps((const float *)p + i));
+    if (s.f32) {
+        __m256 x = _mm256_loadu_ps((const float *)p + i);
+        return s.exact ? x : keep8(s.f16, x);
+    }
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
     if (s.f16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -98,7 +103,7 @@ static inline float keep1(bool f16, float x)
 /* element i of p as a float */
 static inline float load1(src s, const void *p, int64_t i)
 {
-    if (s.f32) return keep1(s.f16, ((const float *)p)[i]);
+    if (s.f32) return s.exact ? ((const float *)p)[i] : keep1(s.f16, ((const float *)p)[i]);
     uint16_t h = ((const uint16_t *)p)[i];
     return s.f16 ? f16_bits_to_f32(h) : bf16_bits_to_f32(h);
 }
@@ -251,13 +256,24 @@ TARGET static inline __m128i round8_bf16(__m256 x)
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,
  * rounded once to the low dtype: stored in it, or (s.f32) in f32, or
- * (add, C f32) added to C */
-TARGET static void store_low(src s, bool add, const float *t, int64_t ldt, void *C, int64_t ldc, int64_t r,
-                             int64_t w)
+ * (add, C f32) added to C; an exact (f32) product stores alpha * t, or adds
+ * it, unrounded */
+TARGET static void store_low(src s, bool add, float alpha, const float *t, int64_t ldt, void *C, int64_t ldc,
+                             int64_t r, int64_t w)
 {
+    __m256 al = _mm256_set1_ps(alpha);
     for (int64_t i = 0; i < r; i++) {
         const float *x = t + i * ldt;
         int64_t j = 0;
+        if (s.exact) {
+            float *d = (float *)C + i * ldc;
+            for (; j + 8 <= w; j += 8) {
+                __m256 v = _mm256_mul_ps(al, _mm256_loadu_ps(x + j));
+                _mm256_storeu_ps(d + j, add ? _mm256_add_ps(_mm256_loadu_ps(d + j), v) : v);
+            }
+            for (; j < w; j++) d[j] = add ? d[j] + alpha * x[j] : alpha * x[j];
+            continue;
+        }
         if (add) {
             float *d = (float *)C + i * ldc;
             for (; j + 8 <= w; j += 8)
@@ -282,11 +298,12 @@ TARGET static void store_low(src s, bool add, const float *t, int64_t ldt, void 
     }
 }
 
-bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
-                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
+/* C (m,n) = op(A) @ op(B), each operand read as its src says, stored as
+ * sc and store_low say (add: added to C; alpha: an exact product's scale) */
+static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool tb, int64_t m, int64_t n,
+                    int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
 {
-    bool f16 = dt.lo == EM_F16, deep = K > KC;
-    src sa = {f16, dt.a == EM_F32}, sb = {f16, dt.b == EM_F32}, sc = {f16, dt.c == EM_F32};
+    bool deep = K > KC;
     size_t cs = sc.f32 ? 4 : 2;
     char *c8 = C;
     /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD) */
@@ -325,8 +342,8 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
                     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                         kernel(K, ap + i0 * K, bp + j0 * K, tile, NR, false);
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
-                        store_low(sc, dt.add, tile, NR, c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs, ldc, r,
-                                  w);
+                        store_low(sc, add, alpha, tile, NR, c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs,
+                                  ldc, r, w);
                     }
             }
             continue;
@@ -350,11 +367,27 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
                             kernel(kc, a + i0 * kc, bp + j0 * kc, acc + (m0 + i0) * ncp + j0, ncp, k0 > 0);
                 }
             }
-            store_low(sc, dt.add, acc, ncp, c8 + (size_t)(M0 * ldc + n0) * cs, ldc, ms, nc);
+            store_low(sc, add, alpha, acc, ncp, c8 + (size_t)(M0 * ldc + n0) * cs, ldc, ms, nc);
         }
     }
     tmp_release(mark);
     return true;
+}
+
+bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
+                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
+{
+    bool f16 = dt.lo == EM_F16;
+    src sa = {f16, dt.a == EM_F32, false}, sb = {f16, dt.b == EM_F32, false},
+        sc = {f16, dt.c == EM_F32, false};
+    return blocked(sa, sb, sc, dt.add, 1.0f, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
+}
+
+bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
+                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc)
+{
+    src s = {false, true, true};
+    return blocked(s, s, s, add, alpha, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
 }
 
 #else
@@ -364,6 +397,14 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
 {
     (void)dt, (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C,
         (void)ldc;
+    return false;
+}
+
+bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
+                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc)
+{
+    (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
+        (void)add, (void)C, (void)ldc;
     return false;
 }
 

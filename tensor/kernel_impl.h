@@ -130,6 +130,22 @@ bool gemm_low_reads_f32(em_dtype lo);
 bool gemm_widen_usable(void);
 bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
                 int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
+/* One thread's f32 product on the same blocking and micro-kernel (the
+ * "avx2" f32 path, gemm_f32_path): C (m,n) = alpha op(A) @ op(B), or (add)
+ * C + that, nothing rounded; false (nothing written) when
+ * !gemm_widen_usable() or scratch runs out. */
+bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
+                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc);
+/* The path f32 products take in this process (tensor/gemm_path.c):
+ * EMBER_F32_PATH (auto, sgemm, avx2) on this CPU, read once. auto is avx2
+ * (ember's own AVX2+FMA kernel, gemm_f32_avx2) where the CPU has AVX2+FMA
+ * and no AVX-512F, else sgemm (the BLAS's, which has AVX-512 kernels).
+ * EM_ERR_ARG for an unknown value, EM_ERR_UNSUPPORTED for avx2 on a CPU
+ * without AVX2+FMA (read at every call, like EMBER_BF16_PATH). */
+typedef enum f32_path { F32_PATH_SGEMM, F32_PATH_AVX2 } f32_path;
+em_status gemm_f32_path(f32_path *out);
+/* Forgets the f32 path read (tests that set EMBER_F32_PATH). */
+void gemm_f32_path_reset(void);
 /* The same product on any CPU (tensor/gemm.c): blocks of the operands
  * widened next to sgemm calls on them; false when scratch runs out. */
 bool gemm_widen_sgemm(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,

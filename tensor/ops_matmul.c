@@ -137,7 +137,8 @@ static void batch_strides(const operand *op, int nb, const int64_t *bs, int64_t 
 
 /* c (M,N) row-major of dtype ct, ldc = N  <-  op(a) (M,K) @ op(b) (K,N) as
  * a product in lo: bf16/f16 by em_gemm_low (operands and c in lo, or f32
- * where it reads them), else f32/f64 (all in lo) by em_gemm */
+ * where it reads them), else f32/f64 (all in lo) by em_gemm; EM_ERR_ARG or
+ * EM_ERR_UNSUPPORTED for an EMBER_BF16_PATH/EMBER_F32_PATH it cannot take */
 static em_status gemm(em_dtype lo, const operand *a, const char *ap, const operand *b, const char *bp,
                       em_dtype ct, char *cp, int64_t M, int64_t N, int64_t K)
 {
@@ -145,6 +146,9 @@ static em_status gemm(em_dtype lo, const operand *a, const char *ap, const opera
     if (lo == EM_BF16 || lo == EM_F16)
         return em_gemm_low((gemm_low_dtypes){.lo = lo, .a = a->dt, .b = b->dt, .c = ct}, ta, tb, M, N, K, ap,
                            a->ld, bp, b->ld, cp, N > 1 ? N : 1);
+    f32_path p; /* a bad EMBER_F32_PATH is reported here (em_gemm cannot) */
+    em_status s = lo == EM_F32 ? gemm_f32_path(&p) : EM_OK;
+    if (s) return s;
     em_gemm(lo, ta, tb, M, N, K, 1.0, ap, a->ld, bp, b->ld, 0.0, cp, N > 1 ? N : 1);
     return EM_OK;
 }

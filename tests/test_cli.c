@@ -51,17 +51,36 @@ TEST(test_cli_env_prints_avx2_blas_and_cuda_lines)
 TEST(test_cli_env_says_the_matmul_path_of_each_dtype)
 {
     unsetenv("EMBER_BF16_PATH");
+    unsetenv("EMBER_F32_PATH");
     th_run_result *r = run_ember("env", NULL);
     CHECK_EXIT(r, 0);
-    char want[64];
+    char want[128];
     snprintf(want, sizeof want, "matmul bf16    %s: ", em_matmul_path(EM_BF16));
     CHECK(has_line(r->out, want));
-    CHECK(has_line(r->out, "matmul f32     sgemm: "));
+    /* f32: ember's kernel on AVX2 CPUs without AVX-512, else the BLAS */
+    em_cpu_features f = em_cpu_detect();
+    const char *f32 = f.avx2 && f.fma && f.f16c && !f.avx512f ? "avx2" : "sgemm";
+    snprintf(want, sizeof want, "matmul f32     %s: ", f32);
+    CHECK(has_line(r->out, want));
     CHECK(has_line(r->out, "matmul f16     f32: "));
     r = run_ember("env", "--json", NULL);
-    snprintf(want, sizeof want, "\"matmul_paths\": {\"f32\": \"sgemm\", \"bf16\": \"%s\", \"f16\": \"f32\"}",
-             em_matmul_path(EM_BF16));
+    snprintf(want, sizeof want, "\"matmul_paths\": {\"f32\": \"%s\", \"bf16\": \"%s\", \"f16\": \"f32\"}",
+             f32, em_matmul_path(EM_BF16));
     CHECK(strstr(r->out, want) != NULL);
+}
+
+TEST(test_cli_env_follows_and_names_a_bad_f32_path_setting)
+{
+    setenv("EMBER_F32_PATH", "sgemm", 1);
+    th_run_result *r = run_ember("env", NULL);
+    CHECK(has_line(r->out, "matmul f32     sgemm: BLAS sgemm"));
+    setenv("EMBER_F32_PATH", "diagonal", 1);
+    r = run_ember("env", NULL);
+    CHECK_EXIT(r, 0);
+    CHECK(has_line(r->out, "matmul f32     none: EMBER_F32_PATH='diagonal' is not one of auto, sgemm, avx2"));
+    r = run_ember("env", "--json", NULL);
+    CHECK(strstr(r->out, "\"f32\": null, \"f32_error\": \"EMBER_F32_PATH='diagonal'") != NULL);
+    unsetenv("EMBER_F32_PATH");
 }
 
 TEST(test_cli_env_follows_and_names_a_bad_bf16_path_setting)

@@ -15,8 +15,8 @@ static const char env_usage[] =
     "usage: ember env [--json]\n"
     "Prints ember's version and build options, the CPU model and its vector features,\n"
     "logical cores and ember's thread count, the BLAS library, the product path\n"
-    "matmuls of each dtype take on the CPU (bf16: amx, avx512bf16 or f32; EMBER_BF16_PATH\n"
-    "forces one), and CUDA/NCCL status.\n"
+    "matmuls of each dtype take on the CPU (f32: avx2 or sgemm, EMBER_F32_PATH forces one;\n"
+    "bf16: amx, avx512bf16 or f32, EMBER_BF16_PATH forces one), and CUDA/NCCL status.\n"
     "  --json   the same as one JSON object\n";
 
 typedef struct env_info {
@@ -30,8 +30,9 @@ typedef struct env_info {
     int threads;
     const char *blas_config;
     int blas_threads;
-    const char *path_f32, *path_f16, *path_bf16; /* em_matmul_path; path_bf16 NULL: bf16_error says why */
-    char bf16_error[512];
+    /* em_matmul_path; path_f32 or path_bf16 NULL: f32_error or bf16_error says why */
+    const char *path_f32, *path_f16, *path_bf16;
+    char f32_error[512], bf16_error[512];
     int cuda_devices;
     int cuda_driver, cuda_runtime, nccl_version; /* 0 where absent */
     em_cuda_device_info dev[8];                  /* the first min(cuda_devices, 8) */
@@ -86,6 +87,7 @@ static void gather(env_info *e)
     e->blas_config = em_blas_config();
     e->blas_threads = em_blas_threads();
     e->path_f32 = em_matmul_path(EM_F32);
+    snprintf(e->f32_error, sizeof e->f32_error, "%s", e->path_f32 ? "" : em_last_error());
     e->path_f16 = em_matmul_path(EM_F16);
     e->path_bf16 = em_matmul_path(EM_BF16);
     snprintf(e->bf16_error, sizeof e->bf16_error, "%s", e->path_bf16 ? "" : em_last_error());
@@ -102,6 +104,8 @@ static const char *yes_no(bool b) { return b ? "yes" : "no"; }
 static const char *path_says(const char *path, const char *dtype)
 {
     if (!strcmp(path, "sgemm")) return "BLAS sgemm, split over ember's pool";
+    if (!strcmp(path, "avx2"))
+        return "ember's 6x16 AVX2+FMA kernel, split over ember's pool (EMBER_F32_PATH=sgemm: the BLAS)";
     if (!strcmp(path, "amx")) return "AMX tiles, f32 accumulation; autocast casts f32 operands to bf16 first";
     if (!strcmp(path, "avx512bf16"))
         return "AVX512-BF16 (VDPBF16PS), f32 accumulation; autocast casts f32 operands to bf16 first";
@@ -133,7 +137,10 @@ static void print_text(const env_info *e)
         printf("BLAS threads   %d per call (ember splits each GEMM over its own pool instead)\n", e->blas_threads);
     else
         printf("BLAS threads   unknown\n");
-    printf("matmul f32     %s: %s\n", e->path_f32, path_says(e->path_f32, "f32"));
+    if (e->path_f32)
+        printf("matmul f32     %s: %s\n", e->path_f32, path_says(e->path_f32, "f32"));
+    else
+        printf("matmul f32     none: %s\n", e->f32_error);
     if (e->path_bf16)
         printf("matmul bf16    %s: %s\n", e->path_bf16, path_says(e->path_bf16, "bf16"));
     else
@@ -206,7 +213,10 @@ static void print_json(const env_info *e)
     json_str(e->blas_config);
     printf(", \"threads\": %d}", e->blas_threads);
     printf(", \"matmul_paths\": {\"f32\": ");
-    json_str(e->path_f32);
+    if (e->path_f32)
+        json_str(e->path_f32);
+    else
+        printf("null, \"f32_error\": "), json_str(e->f32_error);
     printf(", \"bf16\": ");
     if (e->path_bf16)
         json_str(e->path_bf16);

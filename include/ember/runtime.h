@@ -39,17 +39,19 @@ typedef struct em_build_info {
 em_build_info em_build(void);
 
 /* The product path CPU matmuls of dtype dt take in this process, as a
- * short name: f32 "sgemm" (BLAS, split over ember's pool), f64 and the
+ * short name: f32 "avx2" (ember's own AVX2+FMA kernel: the default on CPUs
+ * with AVX2+FMA and no AVX-512F) or "sgemm" (the BLAS; EMBER_F32_PATH=auto,
+ * sgemm or avx2 chooses), each split over ember's pool; f64 and the
  * integers "dgemm"; bf16 "amx" (AMX tiles), "avx512bf16" (VDPBF16PS) or
  * "f32" (operands kept in bf16, widened to f32 block by block inside the
  * GEMM; under autocast f32 operands are read as they are and rounded to
  * bf16 there, with no bf16 copy: ember/amp.h); f16 "f32" likewise. bf16 takes the
  * fastest path the CPU has unless EMBER_BF16_PATH (auto, f32, avx512bf16,
  * amx) names one; every path accumulates in f32 and rounds each result
- * once. A static string; NULL with EM_ERR_ARG when EMBER_BF16_PATH (or
- * EMBER_NO_AMX) is not a valid value, EM_ERR_UNSUPPORTED when it names a
- * path this CPU cannot run (a bf16 matmul then fails the same way), and
- * EM_ERR_DTYPE for bool. */
+ * once. A static string; NULL with EM_ERR_ARG when EMBER_F32_PATH or
+ * EMBER_BF16_PATH (or EMBER_NO_AMX) is not a valid value,
+ * EM_ERR_UNSUPPORTED when it names a path this CPU cannot run (a matmul of
+ * that dtype then fails the same way), and EM_ERR_DTYPE for bool. */
 const char *em_matmul_path(em_dtype dt);
 
 /* BLAS's own description (openblas_get_config) and its thread count. */

@@ -1,0 +1,155 @@
+/* test_f32_path.c — the f32 product paths (tensor/gemm_path.c): sgemm (the
+ * BLAS) and avx2 (ember's own AVX2+FMA kernel, tensor/gemm_widen.c's
+ * blocking with nothing rounded). The kernel is compared with f64 on the
+ * same inputs at odd shapes, every layout and past each of its blocks,
+ * within f32 accumulation's rounding; the setting is checked like
+ * EMBER_BF16_PATH's. */
+#include <stdlib.h>
+
+#include "harness.h"
+#include "tensor/kernel_impl.h"
+
+static void use_f32_path(const char *p)
+{
+    if (p)
+        setenv("EMBER_F32_PATH", p, 1);
+    else
+        unsetenv("EMBER_F32_PATH");
+    gemm_f32_path_reset();
+}
+
+static bool have_avx2(void) { return gemm_widen_usable(); }
+
+static float *rand_f32(int64_t n, uint64_t seed)
+{
+    float *p = malloc((size_t)n * sizeof *p);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int64_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        p[i] = (float)((double)(x >> 11) * 0x1p-53 * 2 - 1);
+    }
+    return p;
+}
+
+/* C = alpha op(A) @ op(B) (+ C0 when add) by gemm_f32_avx2 against f64:
+ * within f32 accumulation's rounding, (K + 3) ulps of the absolute sum */
+static void avx2_matches(int64_t m, int64_t K, int64_t n, bool ta, bool tb, float alpha, bool add)
+{
+    int64_t lda = ta ? m + 3 : K + 1, ldb = tb ? K + 2 : n + 5, ldc = n + 7; /* padded rows */
+    float *A = rand_f32((ta ? K : m) * lda, (uint64_t)(m * 31 + K)),
+          *B = rand_f32((tb ? n : K) * ldb, (uint64_t)(n + 7 * K));
+    float *C = rand_f32(m * ldc, 99), *C0 = malloc((size_t)(m * ldc) * sizeof *C0);
+    memcpy(C0, C, (size_t)(m * ldc) * sizeof *C);
+    CHECK(gemm_f32_avx2(ta, tb, m, n, K, alpha, A, lda, B, ldb, add, C, ldc));
+    int bad = 0;
+    for (int64_t i = 0; i < m && bad < 3; i++)
+        for (int64_t j = 0; j < ldc; j++) {
+            if (j >= n) { /* past the row's n columns: untouched */
+                if (C[i * ldc + j] != C0[i * ldc + j]) bad++, th_fail(__FILE__, __LINE__, "padding changed");
+                continue;
+            }
+            double w = 0, s = 0;
+            for (int64_t p = 0; p < K; p++) {
+                double x = ta ? A[p * lda + i] : A[i * lda + p], y = tb ? B[j * ldb + p] : B[p * ldb + j];
+                w += x * y;
+                s += fabs(x * y);
+            }
+            w = alpha * w + (add ? C0[i * ldc + j] : 0);
+            s = fabs(alpha) * s + (add ? fabs(C0[i * ldc + j]) : 0);
+            double g = C[i * ldc + j];
+            if (fabs(g - w) > (double)(K + 3) * 0x1p-24 * s + 1e-30) {
+                bad++;
+                th_fail(__FILE__, __LINE__,
+                        "(%lld,%lld)%s @ (%lld,%lld)%s alpha %g%s: [%lld,%lld] = %.9g, want %.9g",
+                        (long long)m, (long long)K, ta ? "^T" : "", (long long)K, (long long)n,
+                        tb ? "^T" : "", alpha, add ? " added" : "", (long long)i, (long long)j, g, w);
+            }
+        }
+    free(A), free(B), free(C), free(C0);
+}
+
+static const int64_t odd[] = {1, 7, 17, 50};
+
+TEST(test_f32_avx2_kernel_matches_f64_at_odd_shapes_in_every_layout)
+{
+    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < 4; k++) avx2_matches(odd[i], odd[j], odd[k], k & 1, j & 1, 1.0f, false);
+}
+
+TEST(test_f32_avx2_kernel_scales_by_alpha_and_adds_to_c)
+{
+    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
+    avx2_matches(17, 33, 50, false, true, 0.125f, false); /* attention's q @ k^T * scale */
+    avx2_matches(17, 33, 50, true, false, 1.0f, true);    /* a gradient added where it lies */
+    avx2_matches(50, 300, 17, true, false, -2.0f, true);  /* both, past one block of depth */
+}
+
+TEST(test_f32_avx2_kernel_matches_f64_past_each_block)
+{
+    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
+    avx2_matches(150, 40, 33, false, false, 1.0f, false);  /* past a block of 144 rows */
+    avx2_matches(9, 520, 40, false, true, 1.0f, false);    /* three blocks of depth (256) */
+    avx2_matches(20, 300, 300, true, false, 1.0f, true);   /* deep, past 256 columns */
+    avx2_matches(1030, 260, 20, true, false, 1.0f, false); /* deep, past 1024 rows summed together */
+    avx2_matches(3, 16, 3100, false, false, 1.0f, false);  /* past 3072 columns */
+}
+
+/* em_matmul of f32 (M,K) @ (K,N) on the path now set */
+static em_tensor *product(int64_t M, int64_t K, int64_t N, bool tb)
+{
+    em_rng r = em_rng_new((uint64_t)(M + 3 * K + 5 * N));
+    em_tensor *a = em_randn(EM_F32, 2, (int64_t[]){M, K}, &r);
+    em_tensor *b = em_randn(EM_F32, 2, tb ? (int64_t[]){N, K} : (int64_t[]){K, N}, &r);
+    return em_matmul(a, tb ? em_transpose(b, 0, 1) : b);
+}
+
+TEST(test_f32_paths_agree_and_avx2_is_the_default_on_avx2_cpus_without_avx512)
+{
+    em_scope s = em_scope_begin();
+    use_f32_path(NULL);
+    em_cpu_features f = em_cpu_detect();
+    const char *want = have_avx2() && !f.avx512f ? "avx2" : "sgemm";
+    CHECK(!strcmp(em_matmul_path(EM_F32), want));
+    use_f32_path("sgemm");
+    CHECK(!strcmp(em_matmul_path(EM_F32), "sgemm"));
+    em_tensor *blas = product(300, 70, 90, true);
+    if (have_avx2()) {
+        use_f32_path("avx2");
+        CHECK(!strcmp(em_matmul_path(EM_F32), "avx2"));
+        em_tensor *own = product(300, 70, 90, true);
+        CHECK_NOTNULL(own);
+        CHECK(th_max_abs_diff(own, blas) < 1e-4); /* K = 70 terms of |x| ~ 1: f32 rounding */
+    }
+    use_f32_path(NULL);
+    em_scope_end(s);
+}
+
+TEST(test_f32_path_setting_names_a_bad_value_and_matmul_reports_it)
+{
+    em_scope s = em_scope_begin();
+    use_f32_path("diagonal");
+    CHECK_ERR(em_matmul_path(EM_F32), EM_ERR_ARG,
+              "EMBER_F32_PATH='diagonal' is not one of auto, sgemm, avx2");
+    CHECK_ERR(product(20, 20, 20, false), EM_ERR_ARG, "EMBER_F32_PATH='diagonal'");
+    use_f32_path(NULL);
+    CHECK_NOTNULL(product(20, 20, 20, false));
+    em_scope_end(s);
+}
+
+TEST(test_f32_avx2_products_do_not_depend_on_the_thread_count)
+{
+    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
+    em_scope s = em_scope_begin();
+    use_f32_path("avx2");
+    int threads = em_num_threads();
+    CHECK_OK(em_set_num_threads(1));
+    em_tensor *one = product(768, 128, 384, true);
+    CHECK_OK(em_set_num_threads(2));
+    em_tensor *two = product(768, 128, 384, true);
+    CHECK_OK(em_set_num_threads(threads));
+    CHECK(one && two && !memcmp(em_data(one), em_data(two), 768 * 384 * sizeof(float)));
+    use_f32_path(NULL);
+    em_scope_end(s);
+}
