@@ -140,8 +140,8 @@ static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n
         if (lo == EM_BF16 && j->path == BF16_PATH_AMX)
             ok = gemm_bf16_amx(j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c, true, j->ldc);
         else if (lo == EM_BF16 && j->path == BF16_PATH_AVX512BF16)
-            ok = gemm_dpbf16(dp_kernel_avx512, j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c, true,
-                             j->ldc);
+            ok = gemm_dpbf16(gemm_dpbf16_kernel(), j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c,
+                             true, j->ldc);
         else if (gemm_widen_usable())
             ok = gemm_widen(j->ldt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
         else

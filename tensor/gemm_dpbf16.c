@@ -5,17 +5,22 @@
  * VDPBF16PS multiplies 16 pairs of bf16 by 16 pairs and adds each lane's
  * two products to an f32 accumulator: one instruction, 32 multiply-adds.
  * The GEMM is blocked like a BLAS one:
- *   - C is computed in blocks of WMC rows x NC columns, in an f32 scratch
+ *   - C is computed in blocks of MC rows x NC columns, in an f32 scratch
  *     block, then copied to C (f32) or rounded once to bf16;
  *   - K is walked in blocks of KC; for each, op(B)'s block is packed
  *     pair-interleaved (gemm_bf16_pack_pairs, the layout AMX uses too: 16
  *     columns x one k-pair = one 64-byte row) and op(A)'s rows in panels of
  *     DP_MR rows, pair by pair (a pair is broadcast to all lanes);
  *   - the micro-kernel keeps DP_MR x 32 outputs in 16 zmm accumulators.
- * The micro-kernel exists twice: the AVX512-BF16 one, and a scalar model
- * of it (the instruction's arithmetic as Intel's SDM defines it) that runs
- * on any CPU, so the blocking and packing are tested everywhere and the
- * instruction itself where a CPU has it (tests/test_bf16_path.c). */
+ * The micro-kernel's source is gemm_dpbf16_kernel.h, compiled here with
+ * the real intrinsics (dp_kernel_avx512) and in gemm_dpbf16_emu.c against
+ * ember's emulation of them (dp_kernel_emulated, on any CPU); beside them
+ * sits a scalar model of the kernel (the instruction's arithmetic as
+ * Intel's SDM defines it). On every CPU the tests run the blocking and
+ * packing on the model, hold the emulated kernel to the model's bits, and
+ * run the whole avx512bf16 path on it; what only a CPU with the
+ * instruction shows is VDPBF16PS's own rounding and speed
+ * (tests/test_bf16_path.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,29 +87,11 @@ const dp_kernel dp_kernel_model = model;
 /* ---- the AVX512-BF16 kernel ------------------------------------------------------------- */
 
 #if EM_DP_BUILD
-__attribute__((target("avx512f,avx512bf16"))) static void avx512(const uint32_t *ap, const uint32_t *bp,
-                                                                 int64_t gstride, int64_t pairs, float *acc,
-                                                                 int64_t ldacc, bool accumulate)
-{
-    __m512 c0[DP_MR], c1[DP_MR];
-    for (int i = 0; i < DP_MR; i++) {
-        c0[i] = accumulate ? _mm512_loadu_ps(acc + i * ldacc) : _mm512_setzero_ps();
-        c1[i] = accumulate ? _mm512_loadu_ps(acc + i * ldacc + 16) : _mm512_setzero_ps();
-    }
-    for (int64_t p = 0; p < pairs; p++) {
-        __m512bh b0 = (__m512bh)_mm512_loadu_si512(bp + p * 16);
-        __m512bh b1 = (__m512bh)_mm512_loadu_si512(bp + gstride + p * 16);
-        for (int i = 0; i < DP_MR; i++) {
-            __m512bh a = (__m512bh)_mm512_set1_epi32((int)ap[p * DP_MR + i]);
-            c0[i] = _mm512_dpbf16_ps(c0[i], a, b0);
-            c1[i] = _mm512_dpbf16_ps(c1[i], a, b1);
-        }
-    }
-    for (int i = 0; i < DP_MR; i++) {
-        _mm512_storeu_ps(acc + i * ldacc, c0[i]);
-        _mm512_storeu_ps(acc + i * ldacc + 16, c1[i]);
-    }
-}
+/* its source is gemm_dpbf16_kernel.h, which gemm_dpbf16_emu.c also compiles
+ * against ember's emulation of these intrinsics (dp_kernel_emulated) */
+#define DP_KERNEL __attribute__((target("avx512f,avx512bf16"))) static void avx512
+#include "gemm_dpbf16_kernel.h"
+#undef DP_KERNEL
 const dp_kernel dp_kernel_avx512 = avx512;
 #else
 const dp_kernel dp_kernel_avx512 = NULL;

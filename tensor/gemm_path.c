@@ -23,7 +23,11 @@
  * All three accumulate in f32 and round each result to bf16 once.
  * EMBER_BF16_PATH=auto|f32|avx512bf16|amx forces one (for tests and
  * comparisons); a path this CPU cannot run is an error, never a crash.
- * EMBER_NO_AMX=1 (older) keeps auto off AMX.
+ * EMBER_NO_AMX=1 (older) keeps auto off AMX. The tests alone can run the
+ * avx512bf16 path on a CPU without the instruction, on the kernel's own
+ * source compiled against ember's emulation of its intrinsics
+ * (gemm_dpbf16_use_kernel_for_test, tensor/gemm_dpbf16_emu.c); no setting
+ * reaches that.
  *
  * Where the product is computed in f32 anyway (bf16 on the f32 path, f16
  * always), it also reads f32 operands as they are, rounding each to the low
@@ -56,6 +60,22 @@ static int first_choice(int *slot, int p)
     return r - 1;
 }
 
+/* tests: the kernel the avx512bf16 path runs on a CPU without VDPBF16PS
+ * (gemm_dpbf16_use_kernel_for_test); NULL in every program but the tests */
+static dp_kernel test_kernel;
+
+void gemm_dpbf16_use_kernel_for_test(dp_kernel k)
+{
+    __atomic_store_n(&test_kernel, k, __ATOMIC_RELEASE);
+    gemm_bf16_path_reset();
+}
+
+dp_kernel gemm_dpbf16_kernel(void)
+{
+    dp_kernel k = __atomic_load_n(&test_kernel, __ATOMIC_ACQUIRE);
+    return k ? k : dp_kernel_avx512;
+}
+
 /* The path the environment asks for on this CPU, or an error naming why not. */
 static em_status resolve(bf16_path *out)
 {
@@ -63,7 +83,9 @@ static em_status resolve(bf16_path *out)
     em_status s = setting_env_bool("EMBER_NO_AMX", &no_amx);
     if (s) return s;
     const char *v = getenv("EMBER_BF16_PATH");
-    bool amx = gemm_bf16_amx_usable(), dp = gemm_dpbf16_usable();
+    bool amx = gemm_bf16_amx_usable();
+    /* a test's kernel stands in for VDPBF16PS (gemm_dpbf16_use_kernel_for_test) */
+    bool dp = gemm_dpbf16_usable() || __atomic_load_n(&test_kernel, __ATOMIC_ACQUIRE) != NULL;
     if (!v || !v[0] || !strcmp(v, "auto")) {
         *out = amx && !no_amx ? BF16_PATH_AMX : dp ? BF16_PATH_AVX512BF16 : BF16_PATH_F32;
         return EM_OK;

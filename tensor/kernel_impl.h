@@ -193,14 +193,34 @@ bool gemm_dpbf16_usable(void);
 enum { DP_MR = 8 };
 typedef void (*dp_kernel)(const uint32_t *ap, const uint32_t *bp, int64_t gstride, int64_t pairs, float *acc,
                           int64_t ldacc, bool accumulate);
-/* The AVX512-BF16 kernel (never call it where !gemm_dpbf16_usable()) and
- * a scalar model of it that runs anywhere and computes the same bits:
- * lane j of VDPBF16PS adds a[2j+1]*b[2j+1] then a[2j]*b[2j] to the f32
- * accumulator, each add rounded to nearest even, bf16 subnormal inputs
- * read as zero and subnormal results flushed to zero (Intel SDM). */
-extern const dp_kernel dp_kernel_avx512, dp_kernel_model;
+/* Three kernels of that contract:
+ *   dp_kernel_avx512: the AVX512-BF16 kernel (tensor/gemm_dpbf16_kernel.h
+ *     compiled with the real intrinsics; NULL where the build cannot make
+ *     it; never call it where !gemm_dpbf16_usable());
+ *   dp_kernel_model: a scalar model of it that runs anywhere and computes
+ *     the same bits: lane j of VDPBF16PS adds a[2j+1]*b[2j+1] then
+ *     a[2j]*b[2j] to the f32 accumulator, each add rounded to nearest even,
+ *     bf16 subnormal inputs read as zero and subnormal results flushed to
+ *     zero (Intel SDM);
+ *   dp_kernel_emulated: dp_kernel_avx512's own source compiled against
+ *     ember's emulation of its intrinsics (tensor/gemm_dpbf16_emu.c), which
+ *     runs anywhere; its VDPBF16PS computes each lane with the model's
+ *     arithmetic, so it gives the model's bits exactly when the kernel
+ *     moves its data right (what it verifies: tensor/avx512bf16_emu.h). */
+extern const dp_kernel dp_kernel_avx512, dp_kernel_model, dp_kernel_emulated;
 /* One VDPBF16PS lane: acc + a1*b1 + a0*b0 as above (the model's step). */
 float dpbf16_lane(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint16_t b1);
+/* The kernel the avx512bf16 path runs (tensor/gemm_path.c):
+ * dp_kernel_avx512, or the one gemm_dpbf16_use_kernel_for_test set. */
+dp_kernel gemm_dpbf16_kernel(void);
+/* Tests only: the avx512bf16 path becomes available on this CPU, running
+ * kernel k (dp_kernel_emulated, dp_kernel_model) in place of VDPBF16PS, as
+ * if the CPU had the instruction (auto then picks it where there is no
+ * AMX); NULL undoes it. Forgets the path read (gemm_bf16_path_reset). No
+ * setting reaches it, and it is internal (not exported): for users,
+ * EMBER_BF16_PATH=avx512bf16 on a CPU without the instruction stays
+ * EM_ERR_UNSUPPORTED. */
+void gemm_dpbf16_use_kernel_for_test(dp_kernel k);
 /* One thread's C (m,n) = op(A) @ op(B) on bf16 operands with kernel k, C
  * f32 or (c_bf16) bf16 rounded once; false (nothing written) when memory
  * runs out. */

@@ -66,10 +66,23 @@ TEST(test_autocast_matmul_on_the_f32_path_casts_no_f32_operand)
 TEST(test_autocast_casts_f32_operands_where_the_cpu_has_a_bf16_product)
 {
     em_cpu_features f = em_cpu_detect();
-    if (!f.avx512bf16) SKIP("no AVX512-BF16 on this CPU");
+    if (!f.avx512bf16)
+        SKIP("no AVX512-BF16 on this CPU; the path ran on the emulated kernel instead "
+             "(test_autocast_casts_f32_operands_on_the_emulated_avx512bf16_path)");
     use_path("avx512bf16");
     CHECK(!gemm_low_reads_f32(EM_BF16));
     CHECK(casts_of_a_linear(EM_BF16, em_device_cpu()) == 2); /* x and W */
+}
+
+/* the same on any CPU: the avx512bf16 path with the VDPBF16PS kernel's own
+ * source on ember's emulation of its intrinsics (tensor/gemm_dpbf16_emu.c) */
+TEST(test_autocast_casts_f32_operands_on_the_emulated_avx512bf16_path)
+{
+    gemm_dpbf16_use_kernel_for_test(dp_kernel_emulated);
+    use_path("avx512bf16");
+    CHECK(!gemm_low_reads_f32(EM_BF16));
+    CHECK(casts_of_a_linear(EM_BF16, em_device_cpu()) == 2); /* x and W */
+    gemm_dpbf16_use_kernel_for_test(NULL);
 }
 
 TEST(test_autocast_casts_a_cuda_matmuls_f32_operands)

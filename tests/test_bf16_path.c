@@ -2,11 +2,16 @@
  * one (EMBER_BF16_PATH, refusing what the CPU lacks), the f32 path that
  * widens bf16/f16 operands inside the GEMM, and the AVX512-BF16 GEMM: its
  * blocking and packing through the scalar model of VDPBF16PS on every CPU,
- * its kernel where the CPU has the instruction. Each result is compared
- * with f64 on the same (rounded) inputs, within the rounding the path
- * documents: the output's (half a bf16/f16 ulp) plus f32 accumulation's. */
+ * its kernel where the CPU has the instruction, and on every CPU the
+ * kernel's own source on ember's emulation of its intrinsics
+ * (tensor/gemm_dpbf16_emu.c): bit for bit the model's, with planted bugs
+ * caught, and the whole avx512bf16 path (em_matmul, a bf16 training step)
+ * running on it. Each result is compared with f64 on the same (rounded)
+ * inputs, within the rounding the path documents: the output's (half a
+ * bf16/f16 ulp) plus f32 accumulation's. */
 #include <stdlib.h>
 
+#include "dpbf16_planted.h"
 #include "harness.h"
 #include "tensor/dtype_math.h"
 #include "tensor/kernel_impl.h"
@@ -239,7 +244,8 @@ TEST(test_dpbf16_gemm_on_the_model_kernel_matches_f64_at_odd_shapes)
 TEST(test_dpbf16_kernel_matches_its_model_where_the_cpu_has_it)
 {
     if (!gemm_dpbf16_usable())
-        SKIP("this CPU has no AVX512-BF16: the VDPBF16PS kernel is compiled but cannot run here");
+        SKIP("this CPU has no AVX512-BF16: the VDPBF16PS kernel cannot run here; its source ran on the "
+             "emulation instead (test_dpbf16_kernel_source_on_the_emulation_gives_the_models_bits)");
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
             for (int k = 0; k < 4; k++)
@@ -263,16 +269,221 @@ TEST(test_dpbf16_kernel_matches_its_model_where_the_cpu_has_it)
     free(bp);
 }
 
-TEST(test_bf16_avx512bf16_path_matmul_matches_f64_where_the_cpu_has_it)
+/* em_matmul on the avx512bf16 path (whichever kernel it runs) at odd
+ * shapes, every layout, and past the blocks (split over the pool) */
+static void avx512bf16_path_matches_f64(void)
 {
-    if (!gemm_dpbf16_usable())
-        SKIP("this CPU has no AVX512-BF16: the VDPBF16PS path is compiled but cannot run here");
     use_path("avx512bf16");
+    CHECK(!strcmp(em_matmul_path(EM_BF16), "avx512bf16"));
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
             for (int t = 0; t < 4; t++)
                 matmul_matches(EM_BF16, odd[i], odd[j], odd[(i + j) % 4], t & 1, t & 2);
     matmul_matches(EM_BF16, 261, 777, 1031, false, true);
+}
+
+TEST(test_bf16_avx512bf16_path_matmul_matches_f64_where_the_cpu_has_it)
+{
+    if (!gemm_dpbf16_usable())
+        SKIP("this CPU has no AVX512-BF16: the VDPBF16PS path cannot run here; it ran on the emulated "
+             "kernel instead (test_bf16_avx512bf16_path_on_the_emulated_kernel_matches_f64)");
+    avx512bf16_path_matches_f64();
+}
+
+/* ---- the kernel's own source on ember's emulation of its intrinsics ----------------------
+ * dp_kernel_emulated is dp_kernel_avx512's source compiled against
+ * tensor/avx512bf16_emu.h, whose VDPBF16PS computes each lane with the
+ * model's arithmetic: so it must give the model's bits exactly, and where
+ * it does the kernel moves its data right. The instruction's own rounding
+ * is the hardware test's (above). */
+
+/* Whether kernel k, called alone, gives the model's bits for 300 pairs
+ * into an accumulator of row stride 40 (B's groups 48 uint32 further apart
+ * than packed), summed onto it (nonzero) and not (NaN, which must not be
+ * read); the first difference into why (n bytes) */
+static bool kernel_gives_the_models_bits(dp_kernel k, char *why, size_t n)
+{
+    enum { PAIRS = 300, GSTRIDE = PAIRS * 16 + 48, LDACC = 40 };
+    uint32_t *ap = malloc(PAIRS * DP_MR * 4), *bp = malloc((GSTRIDE + PAIRS * 16) * 4);
+    float init[DP_MR * LDACC], got[DP_MR * LDACC], want[DP_MR * LDACC];
+    rand_bf16((uint16_t *)ap, 2 * PAIRS * DP_MR, 1, false);
+    rand_bf16((uint16_t *)bp, 2 * (GSTRIDE + PAIRS * 16), 2, false);
+    bool same = true;
+    for (int accumulate = 0; accumulate < 2 && same; accumulate++) {
+        for (int i = 0; i < DP_MR * LDACC; i++) init[i] = accumulate ? (float)(i % 7) - 3.25f : NAN;
+        memcpy(got, init, sizeof init);
+        memcpy(want, init, sizeof init);
+        k(ap, bp, GSTRIDE, PAIRS, got, LDACC, accumulate);
+        dp_kernel_model(ap, bp, GSTRIDE, PAIRS, want, LDACC, accumulate);
+        for (int i = 0; i < DP_MR * LDACC && same; i++)
+            if (memcmp(&got[i], &want[i], 4)) {
+                snprintf(why, n, "%d pairs%s: acc[%d][%d] = %.9g, the model's %.9g", PAIRS,
+                         accumulate ? " onto acc" : "", i / LDACC, i % LDACC, got[i], want[i]);
+                same = false;
+            }
+    }
+    free(ap);
+    free(bp);
+    return same;
+}
+
+/* Whether gemm_dpbf16 gives the same bits on kernel k as on the model for
+ * op(A) (m,K) @ op(B) (K,n), C f32; the first difference into why */
+static bool gemm_gives_the_models_bits(dp_kernel k, int64_t m, int64_t K, int64_t n, bool ta, bool tb,
+                                       bool ints, char *why, size_t wn)
+{
+    uint16_t *A = malloc((size_t)(m * K) * 2), *B = malloc((size_t)(K * n) * 2);
+    float *got = malloc((size_t)(m * n) * 4), *want = malloc((size_t)(m * n) * 4);
+    rand_bf16(A, m * K, (uint64_t)(m + 3 * K), ints);
+    rand_bf16(B, K * n, (uint64_t)(n + 5 * K), ints);
+    int64_t lda = ta ? m : K, ldb = tb ? K : n;
+    CHECK(gemm_dpbf16(k, ta, tb, m, n, K, A, lda, B, ldb, got, false, n));
+    CHECK(gemm_dpbf16(dp_kernel_model, ta, tb, m, n, K, A, lda, B, ldb, want, false, n));
+    bool same = true;
+    for (int64_t i = 0; i < m * n && same; i++)
+        if (memcmp(&got[i], &want[i], 4)) {
+            snprintf(why, wn, "(%lld,%lld)%s @ (%lld,%lld)%s: [%lld,%lld] = %.9g, the model's %.9g",
+                     (long long)m, (long long)K, ta ? "^T" : "", (long long)K, (long long)n, tb ? "^T" : "",
+                     (long long)(i / n), (long long)(i % n), got[i], want[i]);
+            same = false;
+        }
+    free(A);
+    free(B);
+    free(got);
+    free(want);
+    return same;
+}
+
+/* ... past a block of depth (the second block sums onto the first), then
+ * at the shapes and layouts the hardware test uses: exact sums past a
+ * block of depth, rows and columns, and every odd shape */
+static bool gemms_give_the_models_bits(dp_kernel k, char *why, size_t n)
+{
+    if (!gemm_gives_the_models_bits(k, 9, 1031, 33, true, false, false, why, n)) return false;
+    if (!gemm_gives_the_models_bits(k, 263, 1030, 259, false, true, true, why, n)) return false;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 4; l++)
+                if (!gemm_gives_the_models_bits(k, odd[i], odd[j], odd[l], l & 1, j & 1, false, why, n))
+                    return false;
+    return true;
+}
+
+TEST(test_dpbf16_kernel_source_on_the_emulation_gives_the_models_bits)
+{
+    char why[256];
+    if (!kernel_gives_the_models_bits(dp_kernel_emulated, why, sizeof why))
+        th_fail(__FILE__, __LINE__, "the kernel alone: %s", why);
+    if (!gemms_give_the_models_bits(dp_kernel_emulated, why, sizeof why))
+        th_fail(__FILE__, __LINE__, "the GEMM: %s", why);
+}
+
+/* the same comparisons catch a kernel that moves its data wrong: its
+ * source compiled on the emulation with a bug planted
+ * (tests/dpbf16_planted.c) fails both, alone and under the GEMM */
+TEST(test_dpbf16_comparison_with_the_model_catches_planted_kernel_bugs)
+{
+    char why[256];
+    for (int b = 0; b < DP_PLANTED; b++) {
+        th_case("%s", dp_planted_kernels[b].bug);
+        CHECK(!kernel_gives_the_models_bits(dp_planted_kernels[b].kernel, why, sizeof why));
+        CHECK(!gemms_give_the_models_bits(dp_planted_kernels[b].kernel, why, sizeof why));
+    }
+}
+
+/* the emulated kernel, counting its calls (any thread) */
+static int64_t emulated_calls;
+static void counted_emulated(const uint32_t *ap, const uint32_t *bp, int64_t gstride, int64_t pairs,
+                             float *acc, int64_t ldacc, bool accumulate)
+{
+    __atomic_add_fetch(&emulated_calls, 1, __ATOMIC_RELAXED);
+    dp_kernel_emulated(ap, bp, gstride, pairs, acc, ldacc, accumulate);
+}
+
+/* the whole avx512bf16 path as a user reaches it (EMBER_BF16_PATH,
+ * em_matmul, the path's blocking and its split over 4 threads), with the
+ * emulated kernel standing in for VDPBF16PS */
+TEST(test_bf16_avx512bf16_path_on_the_emulated_kernel_matches_f64)
+{
+    CHECK_OK(em_set_num_threads(4));
+    gemm_dpbf16_use_kernel_for_test(counted_emulated);
+    avx512bf16_path_matches_f64();
+    CHECK(emulated_calls > 0);
+    gemm_dpbf16_use_kernel_for_test(NULL);
+}
+
+TEST(test_bf16_path_refuses_avx512bf16_again_once_the_test_kernel_is_undone)
+{
+    if (gemm_dpbf16_usable()) SKIP("this CPU has AVX512-BF16: nothing to refuse");
+    gemm_dpbf16_use_kernel_for_test(dp_kernel_emulated);
+    use_path("avx512bf16");
+    CHECK(!strcmp(em_matmul_path(EM_BF16), "avx512bf16"));
+    gemm_dpbf16_use_kernel_for_test(NULL);
+    CHECK_ERR(em_matmul_path(EM_BF16), EM_ERR_UNSUPPORTED, "EMBER_BF16_PATH=avx512bf16: this CPU");
+}
+
+/* One step of a tiny GPT under bf16 autocast (forward, backward) with its
+ * bf16 products on `path`, kernel k standing in for VDPBF16PS when not
+ * NULL: the loss, and every parameter's gradient (flat) into grads, n of
+ * them. 18 x 32 tokens: a weight's gradient sums over 576 of them, past
+ * the GEMM's depth block (512), and the products split over the pool. */
+enum { STEP_GRADS_MAX = 1 << 16, STEP_B = 18, STEP_T = 32 };
+static float gpt_step(const char *path, dp_kernel k, float *grads, int64_t *n)
+{
+    gemm_dpbf16_use_kernel_for_test(k);
+    use_path(path);
+    em_gpt_config c = {.vocab_size = 64, .block_size = STEP_T, .n_layer = 1, .n_head = 2, .n_embd = 32};
+    em_gpt *g = em_gpt_new(&c, 7);
+    CHECK_NOTNULL(g);
+    CHECK_OK(em_module_flatten(g->m));
+    em_scope s = em_scope_begin();
+    int32_t tok[STEP_B * STEP_T], tgt[STEP_B * STEP_T];
+    for (int i = 0; i < STEP_B * STEP_T; i++) tok[i] = (i * 13 + 5) % 64, tgt[i] = (i * 7 + 3) % 64;
+    em_dtype prev = em_autocast_set(EM_BF16);
+    em_tensor *loss = em_gpt_loss(g, em_from_data(EM_I32, EM_SHAPE(STEP_B, STEP_T), tok),
+                                  em_from_data(EM_I32, EM_SHAPE(STEP_B, STEP_T), tgt));
+    em_autocast_set(prev);
+    CHECK_NOTNULL(loss);
+    CHECK_OK(em_backward(loss, NULL));
+    float l = (float)em_item(loss);
+    em_tensor *flat = em_module_flat_grads(g->m, EM_F32);
+    *n = em_numel(flat);
+    CHECK(*n <= STEP_GRADS_MAX);
+    memcpy(grads, em_data(flat), (size_t)*n * 4);
+    em_scope_end(s);
+    em_gpt_free(g);
+    gemm_dpbf16_use_kernel_for_test(NULL);
+    return l;
+}
+
+/* a training step on the avx512bf16 path with the emulated kernel: the
+ * model kernel's bits exactly, and the f32 path's numbers (the same bf16
+ * operands and results, summed in another order) within bf16 rounding */
+TEST(test_bf16_autocast_gpt_step_on_the_emulated_avx512bf16_path_matches_the_model_and_f32_path)
+{
+    float *emu = malloc(STEP_GRADS_MAX * 4), *mod = malloc(STEP_GRADS_MAX * 4),
+          *f32 = malloc(STEP_GRADS_MAX * 4);
+    int64_t n, n2, n3;
+    CHECK_OK(em_set_num_threads(4));
+    float l_emu = gpt_step("avx512bf16", counted_emulated, emu, &n);
+    CHECK(emulated_calls > 0);
+    float l_mod = gpt_step("avx512bf16", dp_kernel_model, mod, &n2);
+    float l_f32 = gpt_step("f32", NULL, f32, &n3);
+    CHECK(n == n2 && n == n3);
+    CHECK(!memcmp(&l_emu, &l_mod, 4));
+    CHECK(!memcmp(emu, mod, (size_t)n * 4));
+    double gmax = 0, dmax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        gmax = fmax(gmax, fabs(f32[i]));
+        dmax = fmax(dmax, fabs((double)emu[i] - f32[i]));
+    }
+    fprintf(stderr, "loss %.9g (f32 path %.9g); largest gradient %.3g, largest difference %.3g\n", l_emu,
+            l_f32, gmax, dmax);
+    CHECK(fabs(l_emu - l_f32) <= 0x1p-8 * fabs(l_f32));
+    CHECK(dmax <= 0x1p-7 * gmax); /* about a bf16 ulp of the largest */
+    free(emu);
+    free(mod);
+    free(f32);
 }
 
 /* the f32 path of CPUs without AVX2+FMA (widening next to sgemm), called
