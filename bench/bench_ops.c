@@ -1,6 +1,7 @@
 /* bench_ops.c — CPU throughput of ember's core ops against the hardware's
  * reference points, in one run:
- *   (a) em_matmul vs raw cblas_sgemm on GPT-2 GEMM shapes, GFLOP/s;
+ *   (a) em_matmul vs raw cblas_sgemm on GPT-2 124M's and the tiny GPT's Linear
+ *       shapes, GFLOP/s;
  *   (b) elementwise ops and layer_norm vs memcpy of the same bytes, GB/s;
  *   (c) whether OpenBLAS's threads and ember's pool get in each other's way:
  *       em_matmul and em_add alone and alternating, per thread setting;
@@ -52,12 +53,17 @@ enum { MAX_REPS = 128 };
 
 static void bench_matmul(int reps)
 {
-    static const int64_t rows[3] = {256, 512, 1024};
-    static const int64_t kn[3][2] = {{768, 768}, {768, 3072}, {3072, 768}};
-    printf("\n(a) matmul f32, (M,K) @ (K,N), median of 3 rounds x %d, GFLOP/s; ember (pool-split GEMM, "
-           "OpenBLAS\n"
-           "    1 thread per part) vs raw cblas_sgemm with OpenBLAS's own %d threads\n",
-           reps, em_num_threads());
+    /* (M, K, N): GPT-2 124M's Linear shapes at 256-1024 rows, then the tiny
+     * GPT's (B*T = 768 rows: qkv, proj, fc, fc proj, head) */
+    static const int64_t shapes[][3] = {
+        {256, 768, 768},   {512, 768, 768},  {1024, 768, 768}, {256, 768, 3072},  {512, 768, 3072},
+        {1024, 768, 3072}, {256, 3072, 768}, {512, 3072, 768}, {1024, 3072, 768}, {768, 128, 384},
+        {768, 128, 128},   {768, 128, 512},  {768, 512, 128},  {768, 128, 65}};
+    const char *path = em_matmul_path(EM_F32);
+    printf("\n(a) matmul f32, (M,K) @ (K,N), median of 3 rounds x %d, GFLOP/s; ember (f32 path %s, split\n"
+           "    over ember's pool%s) vs raw cblas_sgemm with OpenBLAS's own %d threads\n",
+           reps, path ? path : "none", path && !strcmp(path, "sgemm") ? ", OpenBLAS 1 thread per part" : "",
+           em_num_threads());
     printf("%6s %6s %6s  %10s %10s %8s\n", "M", "K", "N", "ember", "sgemm", "ratio");
     em_rng rng = em_rng_new(1);
     /* half a second of GEMMs first: a new pool worker can share the caller's
@@ -71,53 +77,51 @@ static void bench_matmul(int reps)
     }
     em_free(wa);
     em_free(wb);
-    for (int s = 0; s < 3; s++)
-        for (int r = 0; r < 3; r++) {
-            int64_t M = rows[r], K = kn[s][0], N = kn[s][1];
-            em_tensor *a = em_randn(EM_F32, EM_SHAPE(M, K), &rng),
-                      *b = em_randn(EM_F32, EM_SHAPE(K, N), &rng);
-            float *c = malloc(sizeof(float) * (size_t)(M * N));
-            if (!a || !b || !c) die("matmul setup");
-            const float *ap = em_data(a), *bp = em_data(b);
-            /* Rounds of blocks, ember's then the reference's, each with a warm-up;
-             * the median runs over every round. Interleaving call by call would
-             * time ember while the reference's OpenBLAS workers still spin, and a
-             * single block can land in a stretch where the VM runs both threads
-             * on one core (seen here with plain pthreads and OpenBLAS too). */
-            enum { ROUNDS = 3 };
-            double te[MAX_REPS * ROUNDS], tr[MAX_REPS * ROUNDS];
-            int ne = 0, nr = 0;
-            for (int round = 0; round < ROUNDS; round++) {
-                blas_threads(1);    /* ember's setting: its pool splits the GEMM */
-                usleep(100 * 1000); /* let the reference's OpenBLAS workers go idle */
-                for (int i = -1; i < reps; i++) {
-                    em_scope sc = em_scope_begin();
-                    double t0 = now();
-                    if (!em_matmul(a, b)) die("em_matmul");
-                    double t1 = now();
-                    em_scope_end(sc);
-                    if (i >= 0) te[ne++] = t1 - t0;
-                }
-                /* the reference: OpenBLAS with its own threads, as many as ember's pool */
-                blas_threads(em_num_threads());
-                for (int i = -1; i < reps; i++) {
-                    double t2 = now();
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, ap,
-                                (int)K, bp, (int)N, 0.0f, c, (int)N);
-                    double t3 = now();
-                    if (i >= 0) tr[nr++] = t3 - t2;
-                }
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        int64_t M = shapes[sh][0], K = shapes[sh][1], N = shapes[sh][2];
+        em_tensor *a = em_randn(EM_F32, EM_SHAPE(M, K), &rng), *b = em_randn(EM_F32, EM_SHAPE(K, N), &rng);
+        float *c = malloc(sizeof(float) * (size_t)(M * N));
+        if (!a || !b || !c) die("matmul setup");
+        const float *ap = em_data(a), *bp = em_data(b);
+        /* Rounds of blocks, ember's then the reference's, each with a warm-up;
+         * the median runs over every round. Interleaving call by call would
+         * time ember while the reference's OpenBLAS workers still spin, and a
+         * single block can land in a stretch where the VM runs both threads
+         * on one core (seen here with plain pthreads and OpenBLAS too). */
+        enum { ROUNDS = 3 };
+        double te[MAX_REPS * ROUNDS], tr[MAX_REPS * ROUNDS];
+        int ne = 0, nr = 0;
+        for (int round = 0; round < ROUNDS; round++) {
+            blas_threads(1);    /* ember's setting: its pool splits the GEMM */
+            usleep(100 * 1000); /* let the reference's OpenBLAS workers go idle */
+            for (int i = -1; i < reps; i++) {
+                em_scope sc = em_scope_begin();
+                double t0 = now();
+                if (!em_matmul(a, b)) die("em_matmul");
+                double t1 = now();
+                em_scope_end(sc);
+                if (i >= 0) te[ne++] = t1 - t0;
             }
-            blas_threads(1);
-            double flop = 2.0 * (double)M * (double)K * (double)N;
-            double ge = flop / median(te, ne) * 1e-9, gr = flop / median(tr, nr) * 1e-9;
-            printf("%6lld %6lld %6lld  %10.1f %10.1f %8.3f\n", (long long)M, (long long)K, (long long)N, ge,
-                   gr, ge / gr);
-            fflush(stdout);
-            free(c);
-            em_free(a);
-            em_free(b);
+            /* the reference: OpenBLAS with its own threads, as many as ember's pool */
+            blas_threads(em_num_threads());
+            for (int i = -1; i < reps; i++) {
+                double t2 = now();
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, 1.0f, ap,
+                            (int)K, bp, (int)N, 0.0f, c, (int)N);
+                double t3 = now();
+                if (i >= 0) tr[nr++] = t3 - t2;
+            }
         }
+        blas_threads(1);
+        double flop = 2.0 * (double)M * (double)K * (double)N;
+        double ge = flop / median(te, ne) * 1e-9, gr = flop / median(tr, nr) * 1e-9;
+        printf("%6lld %6lld %6lld  %10.1f %10.1f %8.3f\n", (long long)M, (long long)K, (long long)N, ge, gr,
+               ge / gr);
+        fflush(stdout);
+        free(c);
+        em_free(a);
+        em_free(b);
+    }
 }
 
 /* ---- (b) memory-bound ops ------------------------------------------------------ */
