@@ -133,14 +133,24 @@ const char *gemm_bf16_path_name(bf16_path p) { return path_names[p]; }
 static const char *const f32_names[] = {[F32_PATH_SGEMM] = "sgemm", [F32_PATH_AVX2] = "avx2"};
 static int f32_resolved; /* 0: not chosen yet; else 1 + the path */
 
+/* auto's choice: avx2 where the CPU has AVX2+FMA+F16C and no AVX-512F (the
+ * CPU asked once: cpuid is slow in a VM, and this runs at every product) */
+static f32_path f32_auto(void)
+{
+    static int known; /* 0 unknown, else 1 + the path */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (!k) {
+        k = 1 + (gemm_widen_usable() && !em_cpu_detect().avx512f ? F32_PATH_AVX2 : F32_PATH_SGEMM);
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return (f32_path)(k - 1);
+}
+
 static em_status f32_resolve(f32_path *out)
 {
     const char *v = getenv("EMBER_F32_PATH");
-    bool avx2 = gemm_widen_usable();
     if (!v || !v[0] || !strcmp(v, "auto")) {
-        /* measured faster than OpenBLAS's sgemm on Zen 3 at every GPT
-         * shape; with AVX-512 the BLAS has wider kernels than this one */
-        *out = avx2 && !em_cpu_detect().avx512f ? F32_PATH_AVX2 : F32_PATH_SGEMM;
+        *out = f32_auto();
         return EM_OK;
     }
     if (!strcmp(v, "sgemm")) {
@@ -148,7 +158,7 @@ static em_status f32_resolve(f32_path *out)
         return EM_OK;
     }
     if (!strcmp(v, "avx2")) {
-        if (!avx2)
+        if (!gemm_widen_usable())
             return em_err(EM_ERR_UNSUPPORTED,
                           "EMBER_F32_PATH=avx2: this CPU (or build) has no AVX2+FMA+F16C; use auto or sgemm");
         *out = F32_PATH_AVX2;
