@@ -1,0 +1,79 @@
+/* bench_f32_paths.c — the two f32 product paths side by side (issue 16):
+ * em_gemm on the sgemm path (OpenBLAS, one thread per part of ember's pool
+ * split) and on the avx2 path (ember's own kernel, tensor/gemm_widen.c),
+ * alternating call by call in one process on the same operands, so a noisy
+ * machine slows both alike. Shapes: every product of the tiny GPT's step
+ * (each Linear's forward x @ W^T, dX = g @ W and dW = g^T @ x; one
+ * attention head's q @ k^T and P @ v), and GPT-2 124M's at B*T = 256.
+ * Prints the median of each and sgemm / avx2 (above 1: avx2 faster).
+ * Uses ember's internals (gemm_f32_path_reset), like the tests.
+ * usage: bench_f32_paths [reps]   (default 41, 7..201) */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "bench_util.h"
+#include "ember/ember.h"
+#include "tensor/kernel_impl.h"
+
+static void use(const char *path)
+{
+    setenv("EMBER_F32_PATH", path, 1);
+    gemm_f32_path_reset();
+}
+
+int main(int argc, char **argv)
+{
+    int reps = argc > 1 ? atoi(argv[1]) : 41;
+    if (reps < 7 || reps > 201) {
+        fprintf(stderr, "bench_f32_paths: reps must be 7..201, got '%s'\n", argv[1]);
+        return 2;
+    }
+    if (!gemm_widen_usable()) {
+        printf("bench_f32_paths: this CPU has no AVX2+FMA+F16C: only the sgemm path exists here\n");
+        return 0;
+    }
+    em_cpu_features f = em_cpu_detect();
+    printf("bench_f32_paths: %d threads, AVX-512F %s (auto picks %s); median of %d calls each, alternating\n",
+           em_num_threads(), f.avx512f ? "yes" : "no", f.avx512f ? "sgemm" : "avx2", reps);
+    /* M, N, K, ta, tb as em_gemm takes them */
+    static const int shapes[][5] = {
+        {768, 384, 128, 0, 1},  {768, 128, 384, 0, 0},  {384, 128, 768, 1, 0},  /* qkv */
+        {768, 128, 128, 0, 1},  {768, 128, 128, 0, 0},  {128, 128, 768, 1, 0},  /* proj */
+        {768, 512, 128, 0, 1},  {768, 128, 512, 0, 0},  {512, 128, 768, 1, 0},  /* fc */
+        {768, 128, 512, 0, 1},  {768, 512, 128, 0, 0},  {128, 512, 768, 1, 0},  /* fc proj */
+        {768, 65, 128, 0, 1},   {768, 128, 65, 0, 0},   {65, 128, 768, 1, 0},   /* head */
+        {64, 64, 32, 0, 1},     {64, 32, 64, 0, 0},                             /* one head's attention */
+        {256, 2304, 768, 0, 1}, {256, 768, 2304, 0, 0}, {2304, 768, 256, 1, 0}, /* 124M qkv */
+        {256, 3072, 768, 0, 1}, {256, 768, 3072, 0, 0}, {3072, 768, 256, 1, 0}, /* 124M fc */
+    };
+    printf("%5s %5s %5s %3s %3s %10s %10s %10s\n", "M", "N", "K", "ta", "tb", "sgemm ms", "avx2 ms",
+           "sgemm/avx2");
+    double lo = 1e9, hi = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        bool ta = shapes[s][3], tb = shapes[s][4];
+        int lda = ta ? M : K, ldb = tb ? K : N;
+        float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)K * N),
+              *C = malloc(sizeof(float) * (size_t)M * N);
+        if (!A || !B || !C) return 1;
+        for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+        for (size_t i = 0; i < (size_t)K * N; i++) B[i] = (float)((i * 104729) % 1000) / 1000.0f - 0.5f;
+        double t[2][201];
+        for (int r = -2; r < reps; r++)
+            for (int p = 0; p < 2; p++) {
+                use(p ? "avx2" : "sgemm");
+                double t0 = now();
+                em_gemm(EM_F32, ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C, N);
+                if (r >= 0) t[p][r] = now() - t0;
+            }
+        double ms0 = 1e3 * median(t[0], reps), ms1 = 1e3 * median(t[1], reps);
+        printf("%5d %5d %5d %3d %3d %10.3f %10.3f %10.3f\n", M, N, K, ta, tb, ms0, ms1, ms0 / ms1);
+        lo = ms0 / ms1 < lo ? ms0 / ms1 : lo;
+        hi = ms0 / ms1 > hi ? ms0 / ms1 : hi;
+        free(A), free(B), free(C);
+    }
+    printf("sgemm / avx2 over these shapes: %.2f-%.2fx\n", lo, hi);
+    unsetenv("EMBER_F32_PATH");
+    gemm_f32_path_reset();
+    return 0;
+}
