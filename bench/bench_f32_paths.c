@@ -4,7 +4,8 @@
  * alternating call by call in one process on the same operands, so a noisy
  * machine slows both alike. Shapes: every product of the tiny GPT's step
  * (each Linear's forward x @ W^T, dX = g @ W and dW = g^T @ x; one
- * attention head's q @ k^T and P @ v), and GPT-2 124M's at B*T = 256.
+ * attention head's q @ k^T and P @ v), and GPT-2 124M's qkv, fc and head
+ * (tied to the embedding) at B*T = 256.
  * Prints the median of each and sgemm / avx2 (above 1: avx2 faster).
  * Uses ember's internals (gemm_f32_path_reset), like the tests.
  * usage: bench_f32_paths [reps]   (default 41, 7..201) */
@@ -45,6 +46,7 @@ int main(int argc, char **argv)
         {64, 64, 32, 0, 1},     {64, 32, 64, 0, 0},                             /* one head's attention */
         {256, 2304, 768, 0, 1}, {256, 768, 2304, 0, 0}, {2304, 768, 256, 1, 0}, /* 124M qkv */
         {256, 3072, 768, 0, 1}, {256, 768, 3072, 0, 0}, {3072, 768, 256, 1, 0}, /* 124M fc */
+        {256, 50257, 768, 0, 1}, {256, 768, 50257, 0, 0}, {50257, 768, 256, 1, 0}, /* 124M head */
     };
     printf("%5s %5s %5s %3s %3s %10s %10s %10s\n", "M", "N", "K", "ta", "tb", "sgemm ms", "avx2 ms",
            "sgemm/avx2");

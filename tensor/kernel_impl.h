@@ -89,8 +89,9 @@ void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx);
  * C (M,N) = alpha op(A) @ op(B) + beta C, row-major, f32 or f64; op(X) is X
  * or its transpose (ta/tb); lda/ldb/ldc are the row strides of A, B, C as
  * stored. Split over ember's pool; each part is f32 on the avx2 path
- * (gemm_f32_path: beta 0 or 1, at least 16 rows and columns) ember's own
- * kernel, else the BLAS, single-threaded inside. */
+ * (gemm_f32_path: beta 0 or 1, at least 16 rows and columns, K <= 1024
+ * unless an operand is transposed) ember's own kernel, else the BLAS,
+ * single-threaded inside. */
 void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
 /* The dtypes of a low-precision product: lo (bf16 or f16) is the product's
