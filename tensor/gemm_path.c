@@ -6,8 +6,9 @@
  *   avx2   ember's own GEMM (tensor/gemm_widen.c: 6x16 AVX2+FMA micro-
  *          kernel, the blocking the bf16 path widens in, nothing rounded),
  *          the default on CPUs with AVX2+FMA and no AVX-512F, where it
- *          measured 1.0-1.2x OpenBLAS's sgemm at the GPT's shapes (Zen 3,
- *          bench_ops);
+ *          measured 0.95-1.2x OpenBLAS's sgemm at the GPT's products
+ *          (Zen 3, bench/bench_f32_paths; em_gemm leaves the few where it
+ *          was slower to the BLAS);
  *   sgemm  the BLAS, everywhere else: with AVX-512 OpenBLAS has wider
  *          kernels, and this one was never measured against them.
  *
