@@ -38,16 +38,8 @@ static void bf16_to_f32_n(float *restrict d, const uint16_t *restrict s, int64_t
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-static bool have_f16c(void)
-{
-    static int known; /* 0 unknown, 1 yes, -1 no */
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (!k) { /* runtime.c's cpuid (clang 14 has no __builtin_cpu_supports("f16c")) */
-        k = em_cpu_detect().f16c ? 1 : -1;
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return k > 0;
-}
+/* runtime.c's cpuid, read once (clang 14 has no __builtin_cpu_supports("f16c")) */
+static bool have_f16c(void) { return em_cpu_detect().f16c; }
 
 __attribute__((target("avx,f16c"))) static void f32_to_f16_hw(uint16_t *d, const float *s, int64_t n)
 {

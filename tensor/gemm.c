@@ -259,29 +259,15 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
         }
         return;
     }
-    gemm_job j = {.dt = dt,
-                  .ta = ta,
-                  .tb = tb,
-                  .M = M,
-                  .N = N,
-                  .K = K,
-                  .lda = lda,
-                  .ldb = ldb,
-                  .ldc = ldc,
-                  .alpha = alpha,
-                  .beta = beta,
-                  .A = A,
-                  .B = B,
-                  .C = C};
+    gemm_job j = {.dt = dt, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
+                  .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
     /* f32 on ember's kernel where the path says so (a bad setting: the
      * BLAS; the matmul op reports it), for C = alpha AB or C + alpha AB and
      * products of at least 16 rows and columns (smaller ones waste most of
      * its 6x16 register block). A K past 1024 with neither operand
      * transposed (GPT-2 124M's dX = g @ W of fc, qkv and the head) stays on
      * the BLAS: there the kernel measured 0.94-1.0x sgemm (bench_f32_paths) */
-    f32_path p = F32_PATH_SGEMM;
-    if (dt == EM_F32 && gemm_f32_path(&p)) em_clear_error();
-    j.avx2 =
-        p == F32_PATH_AVX2 && (beta == 0.0 || beta == 1.0) && M >= 16 && N >= 16 && (K <= 1024 || ta || tb);
+    j.avx2 = dt == EM_F32 && (beta == 0.0 || beta == 1.0) && M >= 16 && N >= 16 && (K <= 1024 || ta || tb) &&
+             gemm_f32_path_chosen() == F32_PATH_AVX2;
     gemm_run(&j);
 }

@@ -39,16 +39,7 @@
 
 enum { KC = 512, NC = 256, MC = 256 }; /* k, columns and rows per block */
 
-bool gemm_dpbf16_usable(void)
-{
-    static int known; /* 0 unknown, 1 yes, -1 no (cpuid is slow in a VM: asked once) */
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (!k) {
-        k = EM_DP_BUILD && em_cpu_detect().avx512bf16 ? 1 : -1;
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return k > 0;
-}
+bool gemm_dpbf16_usable(void) { return EM_DP_BUILD && em_cpu_detect().avx512bf16; }
 
 /* ---- the scalar model ----------------------------------------------------------------- */
 

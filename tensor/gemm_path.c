@@ -134,24 +134,11 @@ const char *gemm_bf16_path_name(bf16_path p) { return path_names[p]; }
 static const char *const f32_names[] = {[F32_PATH_SGEMM] = "sgemm", [F32_PATH_AVX2] = "avx2"};
 static int f32_resolved; /* 0: not chosen yet; else 1 + the path */
 
-/* auto's choice: avx2 where the CPU has AVX2+FMA+F16C and no AVX-512F (the
- * CPU asked once: cpuid is slow in a VM, and this runs at every product) */
-static f32_path f32_auto(void)
-{
-    static int known; /* 0 unknown, else 1 + the path */
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (!k) {
-        k = 1 + (gemm_widen_usable() && !em_cpu_detect().avx512f ? F32_PATH_AVX2 : F32_PATH_SGEMM);
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return (f32_path)(k - 1);
-}
-
 static em_status f32_resolve(f32_path *out)
 {
     const char *v = getenv("EMBER_F32_PATH");
-    if (!v || !v[0] || !strcmp(v, "auto")) {
-        *out = f32_auto();
+    if (!v || !v[0] || !strcmp(v, "auto")) { /* avx2 on AVX2+FMA+F16C CPUs without AVX-512F */
+        *out = gemm_widen_usable() && !em_cpu_detect().avx512f ? F32_PATH_AVX2 : F32_PATH_SGEMM;
         return EM_OK;
     }
     if (!strcmp(v, "sgemm")) {
@@ -176,6 +163,16 @@ em_status gemm_f32_path(f32_path *out)
     if (s) return s;
     *out = (f32_path)first_choice(&f32_resolved, (int)p);
     return EM_OK;
+}
+
+f32_path gemm_f32_path_chosen(void)
+{
+    int r = __atomic_load_n(&f32_resolved, __ATOMIC_ACQUIRE);
+    if (r) return (f32_path)(r - 1);
+    f32_path p;
+    if (!gemm_f32_path(&p)) return p;
+    em_clear_error(); /* a bad setting: the BLAS here; the matmul op reports it */
+    return F32_PATH_SGEMM;
 }
 
 void gemm_f32_path_reset(void) { __atomic_store_n(&f32_resolved, 0, __ATOMIC_RELEASE); }

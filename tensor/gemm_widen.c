@@ -34,14 +34,8 @@
 
 bool gemm_widen_usable(void)
 {
-    static int known; /* 0 unknown, 1 yes, -1 no */
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (!k) {
-        em_cpu_features f = em_cpu_detect();
-        k = EM_WIDEN_BUILD && f.avx2 && f.fma && f.f16c ? 1 : -1;
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return k > 0;
+    em_cpu_features f = em_cpu_detect();
+    return EM_WIDEN_BUILD && f.avx2 && f.fma && f.f16c;
 }
 
 #if EM_WIDEN_BUILD

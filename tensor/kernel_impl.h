@@ -147,6 +147,11 @@ bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alph
  * without AVX2+FMA (read at every call, like EMBER_BF16_PATH). */
 typedef enum f32_path { F32_PATH_SGEMM, F32_PATH_AVX2 } f32_path;
 em_status gemm_f32_path(f32_path *out);
+/* The path already chosen, without reading the environment again (em_gemm
+ * asks at every product, attention's per-head ones included); the first
+ * call chooses it, and a bad setting gives sgemm (the matmul op, which
+ * calls gemm_f32_path, reports it). */
+f32_path gemm_f32_path_chosen(void);
 /* Forgets the f32 path read (tests that set EMBER_F32_PATH). */
 void gemm_f32_path_reset(void);
 /* The same product on any CPU (tensor/gemm.c): blocks of the operands

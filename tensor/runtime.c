@@ -33,7 +33,8 @@ static uint64_t xcr0(void)
 }
 #endif
 
-em_cpu_features em_cpu_detect(void)
+/* The CPU's features, read with cpuid (a trap to the hypervisor in a VM). */
+static em_cpu_features detect(void)
 {
     em_cpu_features f = {0};
 #if EM_X86
@@ -57,6 +58,26 @@ em_cpu_features em_cpu_detect(void)
     }
 #endif
     return f;
+}
+
+em_cpu_features em_cpu_detect(void)
+{
+    /* asked once: the kernels' dispatch calls this at every product. The
+     * answer is kept as bits in one int (bit 0: known), so threads that
+     * race on the first call store the same value without a data race. */
+    static int bits;
+    int b = __atomic_load_n(&bits, __ATOMIC_RELAXED);
+    if (!b) {
+        em_cpu_features f = detect();
+        b = 1 | f.avx << 1 | f.avx2 << 2 | f.fma << 3 | f.avx512f << 4 | f.avx512bf16 << 5 | f.f16c << 6;
+        __atomic_store_n(&bits, b, __ATOMIC_RELAXED);
+    }
+    return (em_cpu_features){.avx = b >> 1 & 1,
+                             .avx2 = b >> 2 & 1,
+                             .fma = b >> 3 & 1,
+                             .avx512f = b >> 4 & 1,
+                             .avx512bf16 = b >> 5 & 1,
+                             .f16c = b >> 6 & 1};
 }
 
 em_build_info em_build(void)

@@ -25,6 +25,8 @@ const char *em_version(void); /* "0.1.0" */
 typedef struct em_cpu_features {
     bool avx, avx2, fma, avx512f, avx512bf16, f16c;
 } em_cpu_features;
+/* The vector features this CPU has and the OS enables; read once per
+ * process (cpuid is slow in a VM), then returned from memory. */
 em_cpu_features em_cpu_detect(void);
 
 typedef struct em_build_info {
