@@ -1,5 +1,6 @@
-/* cuda_matmul.h — the CUDA entry points of matmul (cuBLAS) and of the fused
- * causal attention (tensor/ops_matmul.cu), called from tensor/ops_matmul.c
+/* cuda_matmul.h — the CUDA entry points of matmul (cuBLAS, in
+ * tensor/cuda_blas.c) and of the fused causal attention
+ * (tensor/ops_matmul.cu), called from tensor/ops_matmul.c, tensor/ops_conv.c
  * and tensor/ops_attention.c. Built only with CUDA.
  *
  * The conventions of cuda_impl.h hold: `dev` is made current, the work is

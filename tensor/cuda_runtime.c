@@ -1,5 +1,6 @@
 /* cuda_runtime.c — devices, streams, the caching allocator, copies and
- * cuBLAS handles (built only with CUDA; see cuda_impl.h for the contract).
+ * cuBLAS handles (built only with CUDA; see cuda_impl.h for the contract;
+ * cuBLAS itself is opened on a device's first product: cublas_api.h).
  *
  * The caching allocator: every block ever taken from cudaMalloc stays with
  * ember until em_cuda_empty_cache (or an out-of-memory retry). A freed block
@@ -17,11 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
-#include "ember_config.h"
+#include "cublas_api.h"
 #include "ember/runtime.h"
+#include "ember_config.h"
 #include "tensor_impl.h"
 
 #if EM_HAVE_NCCL
@@ -96,14 +97,16 @@ void *cu_blas(int dev)
 {
     device_state *d = state(dev, "cublas");
     if (!d) return NULL;
+    const cublas_api *blas = cublas_get(); /* the library is opened here, on a device's first product */
+    if (!blas) return NULL;
     if (!d->blas) {
-        if (cublasCreate(&d->blas) != CUBLAS_STATUS_SUCCESS)
+        if (blas->create(&d->blas) != CUBLAS_STATUS_SUCCESS)
             return em_fail(EM_ERR_DEVICE, "cublas: cublasCreate failed on cuda:%d", dev);
-        cublasSetStream(d->blas, d->stream);
+        blas->set_stream(d->blas, d->stream);
         d->blas_tf32 = !tf32_on; /* force the first set below */
     }
     if (d->blas_tf32 != tf32_on) {
-        cublasSetMathMode(d->blas, tf32_on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
+        blas->set_math_mode(d->blas, tf32_on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
         d->blas_tf32 = tf32_on;
     }
     return d->blas;

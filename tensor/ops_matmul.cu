@@ -1,5 +1,6 @@
-// ops_matmul.cu — CUDA kernels of the product ops: matmul through cuBLAS,
-// and the fused causal attention as flash-attention style kernels (the
+// ops_matmul.cu — CUDA kernels of the product ops: the fused causal
+// attention as flash-attention style kernels (matmul itself is one cuBLAS
+// call, in tensor/cuda_blas.c, host code in C) (the
 // (T,T) score matrix is never stored). Contract: tensor/cuda_matmul.h;
 // conventions: tensor/cuda_impl.h.
 //
@@ -26,7 +27,6 @@
 //   owned by one warp, so the result is deterministic.
 // Scores are always computed as sum_d (scale q_i[d]) k_j[d] in the same
 // order, so backward recomputes exactly the forward's s.
-#include <cublas_v2.h>
 #include <limits.h>
 #include <math.h>
 
@@ -37,66 +37,6 @@
 extern "C" em_status em_err(em_status s, const char *fmt, ...);
 
 using namespace em_cu;
-
-// ---- matmul -------------------------------------------------------------------------------
-
-namespace
-{
-
-bool gemm_types(em_dtype dt, bool tf32, cudaDataType_t *type, cublasComputeType_t *compute)
-{
-    switch (dt) {
-    case EM_F32:
-        *type = CUDA_R_32F;
-        *compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-        return true;
-    case EM_F64:
-        *type = CUDA_R_64F;
-        *compute = CUBLAS_COMPUTE_64F;
-        return true;
-    case EM_F16:
-        *type = CUDA_R_16F;
-        *compute = CUBLAS_COMPUTE_32F;
-        return true;
-    case EM_BF16:
-        *type = CUDA_R_16BF;
-        *compute = CUBLAS_COMPUTE_32F;
-        return true;
-    default: return false;
-    }
-}
-
-} // namespace
-
-// cuBLAS is column-major: a row-major (R,C) matrix with row stride ld is, to
-// cuBLAS, its (C,R) transpose with leading dim ld. So C = op(A) op(B) in
-// row-major is C^T = op(B)^T op(A)^T in column-major: B goes first, A
-// second, M and N swap, and each operand keeps its own transpose flag.
-extern "C" em_status cu_matmul(int dev, const cu_gemm *g)
-{
-    em_status s = cu_use(dev, "matmul");
-    if (s) return s;
-    cudaDataType_t type;
-    cublasComputeType_t compute;
-    if (!gemm_types(g->dt, g->tf32, &type, &compute))
-        return em_err(EM_ERR_DTYPE, "matmul: no CUDA product for %s", em_dtype_name(g->dt));
-    cublasHandle_t h = (cublasHandle_t)cu_blas(dev);
-    if (!h) return EM_ERR_DEVICE; /* cu_blas set the message */
-    const float one_f = 1.0f, zero_f = 0.0f;
-    const double one_d = 1.0, zero_d = 0.0;
-    bool f64 = g->dt == EM_F64;
-    cublasStatus_t st = cublasGemmStridedBatchedEx(
-        h, g->tb ? CUBLAS_OP_T : CUBLAS_OP_N, g->ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)g->N, (int)g->M,
-        (int)g->K, f64 ? (const void *)&one_d : (const void *)&one_f, g->b, type, (int)g->ldb,
-        (long long)g->stride_b, g->a, type, (int)g->lda, (long long)g->stride_a,
-        f64 ? (const void *)&zero_d : (const void *)&zero_f, g->c, type, (int)g->ldc, (long long)g->stride_c,
-        (int)g->batch, compute, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return em_err(EM_ERR_DEVICE, "matmul: cuBLAS error %d (%s) on (%lld,%lld)@(%lld,%lld) x %lld, %s",
-                      (int)st, cublasGetStatusString(st), (long long)g->M, (long long)g->K, (long long)g->K,
-                      (long long)g->N, (long long)g->batch, em_dtype_name(g->dt));
-    return cu_launched("matmul");
-}
 
 // ---- attention ------------------------------------------------------------------------------
 
