@@ -298,6 +298,8 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool
                     int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
 {
     bool deep = K > KC;
+    /* an exact product with alpha 1: the kernel's own sums are C's values */
+    bool direct = sc.exact && alpha == 1.0f;
     size_t cs = sc.f32 ? 4 : 2;
     char *c8 = C;
     /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD) */
@@ -334,10 +336,14 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool
                 pack_a(sa, ta, A, lda, m, m0, mc, 0, K, ap);
                 for (int64_t j0 = 0; j0 < nc; j0 += NR)
                     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
-                        kernel(K, ap + i0 * K, bp + j0 * K, tile, NR, false);
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
-                        store_low(sc, add, alpha, tile, NR, c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs,
-                                  ldc, r, w);
+                        char *cij = c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs;
+                        if (direct && r == MR && w == NR) { /* a whole block straight into (or onto) C */
+                            kernel(K, ap + i0 * K, bp + j0 * K, (float *)cij, ldc, add);
+                            continue;
+                        }
+                        kernel(K, ap + i0 * K, bp + j0 * K, tile, NR, false);
+                        store_low(sc, add, alpha, tile, NR, cij, ldc, r, w);
                     }
             }
             continue;
