@@ -64,9 +64,8 @@ TARGET static inline __m256i round8_bf16_hi(__m256 x)
     __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
                                  _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
     __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
-    __m256i nan =
-        _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-    return _mm256_blendv_epi8(r, q, nan);
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q); /* all ones where x is a NaN */
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(q), nan));
 }
 
 /* 8 floats as the low dtype holds them (rounded once, widened back) */
@@ -205,8 +204,10 @@ TARGET static void pack_a(src sa, bool ta, const void *A, int64_t lda, int64_t m
     }
 }
 
-/* c (MR x NR f32, row stride ldc) = (acc ? c : 0) + a-panel @ b-panel over kc */
-TARGET static void kernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool acc)
+/* r = a-panel @ b-panel over kc: the MR x NR block in 12 ymm registers
+ * (r[2i], r[2i+1]: row i's two halves) */
+TARGET static inline __attribute__((always_inline)) void sums(int64_t kc, const float *a, const float *b,
+                                                              __m256 r[2 * MR])
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
            c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -233,11 +234,19 @@ TARGET static void kernel(int64_t kc, const float *a, const float *b, float *c, 
         c50 = _mm256_fmadd_ps(x, b0, c50);
         c51 = _mm256_fmadd_ps(x, b1, c51);
     }
-    __m256 r[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    r[0] = c00, r[1] = c01, r[2] = c10, r[3] = c11, r[4] = c20, r[5] = c21;
+    r[6] = c30, r[7] = c31, r[8] = c40, r[9] = c41, r[10] = c50, r[11] = c51;
+}
+
+/* c (MR x NR f32, row stride ldc) = (acc ? c : 0) + a-panel @ b-panel over kc */
+TARGET static void kernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool acc)
+{
+    __m256 r[2 * MR];
+    sums(kc, a, b, r);
     for (int i = 0; i < MR; i++)
         for (int h = 0; h < 2; h++) {
             float *p = c + i * ldc + 8 * h;
-            _mm256_storeu_ps(p, acc ? _mm256_add_ps(_mm256_loadu_ps(p), r[i][h]) : r[i][h]);
+            _mm256_storeu_ps(p, acc ? _mm256_add_ps(_mm256_loadu_ps(p), r[2 * i + h]) : r[2 * i + h]);
         }
 }
 
@@ -246,6 +255,16 @@ TARGET static inline __m128i round8_bf16(__m256 x)
 {
     __m256i v = _mm256_srli_epi32(round8_bf16_hi(x), 16);
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08));
+}
+
+/* c (MR x NR bf16, row stride ldc) = a-panel @ b-panel over kc, each sum
+ * rounded to bf16 as it leaves the registers */
+TARGET static void kernel_bf16(int64_t kc, const float *a, const float *b, uint16_t *c, int64_t ldc)
+{
+    __m256 r[2 * MR];
+    sums(kc, a, b, r);
+    for (int i = 0; i < MR; i++)
+        for (int h = 0; h < 2; h++) _mm_storeu_si128((__m128i *)(c + i * ldc + 8 * h), round8_bf16(r[2 * i + h]));
 }
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,
@@ -300,6 +319,8 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool
     bool deep = K > KC;
     /* an exact product with alpha 1: the kernel's own sums are C's values */
     bool direct = sc.exact && alpha == 1.0f;
+    /* a bf16 C: rounded as it leaves the kernel's registers */
+    bool bf16_out = !sc.f32 && !sc.f16;
     size_t cs = sc.f32 ? 4 : 2;
     char *c8 = C;
     /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD) */
@@ -338,8 +359,11 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool
                     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                         char *cij = c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs;
-                        if (direct && r == MR && w == NR) { /* a whole block straight into (or onto) C */
-                            kernel(K, ap + i0 * K, bp + j0 * K, (float *)cij, ldc, add);
+                        if (r == MR && w == NR && (direct || bf16_out)) { /* a whole block straight into C */
+                            if (direct)
+                                kernel(K, ap + i0 * K, bp + j0 * K, (float *)cij, ldc, add);
+                            else
+                                kernel_bf16(K, ap + i0 * K, bp + j0 * K, (uint16_t *)cij, ldc);
                             continue;
                         }
                         kernel(K, ap + i0 * K, bp + j0 * K, tile, NR, false);
