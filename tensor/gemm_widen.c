@@ -101,6 +101,18 @@ static inline float load1(src s, const void *p, int64_t i)
     return s.f16 ? f16_bits_to_f32(h) : bf16_bits_to_f32(h);
 }
 
+/* asks for the cache line of element i of p ahead of its load. The packing
+ * loops that walk down the rows of a row-major operand (op(B) = B (K,N),
+ * op(A) = A^T with A (K,m): one line per row, a row apart) ask PF rows
+ * ahead: measured 1.04-1.23x on the dW products (g^T @ x) and 1.0-1.05x
+ * on dX (g @ W) with fresh operands (the tiny GPT's and 124M's shapes);
+ * rows read along themselves (the transposing packs) gained nothing. */
+enum { PF = 8 };
+static inline void prefetch1(src s, const void *p, int64_t i)
+{
+    __builtin_prefetch((const char *)p + i * (s.f32 ? 4 : 2), 0, 3);
+}
+
 /* 8x8 transpose of r[0..8) in place */
 TARGET static inline void transpose8(__m256 r[8])
 {
@@ -133,6 +145,7 @@ TARGET static void pack_b(src sb, bool tb, const void *B, int64_t ldb, int64_t k
         if (!tb) { /* B (K,N): 16 consecutive values of row k */
             for (int64_t k = 0; k < kc; k++) {
                 int64_t s = (k0 + k) * ldb + n0 + j0;
+                if (k + PF < kc) prefetch1(sb, B, s + PF * ldb);
                 if (w == NR) {
                     _mm256_storeu_ps(d + k * NR, load8(sb, B, s));
                     _mm256_storeu_ps(d + k * NR + 8, load8(sb, B, s + 8));
@@ -170,6 +183,7 @@ TARGET static void pack_a(src sa, bool ta, const void *A, int64_t lda, int64_t m
             bool wide = h == MR && m0 + i0 + 8 <= m; /* 8 loads stay inside the row */
             for (int64_t k = 0; k < kc; k++) {
                 int64_t s = (k0 + k) * lda + m0 + i0;
+                if (k + PF < kc) prefetch1(sa, A, s + PF * lda);
                 if (wide) { /* 8 values stored: the next k's store overwrites the last 2 (dst has slack) */
                     _mm256_storeu_ps(d + k * MR, load8(sa, A, s));
                 } else {
