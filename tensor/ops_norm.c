@@ -3,8 +3,10 @@
  * Forward: one pass per row gathers the statistics (shifted sums, in
  * double), a second writes y. mean and rstd per row are saved in the node
  * (scope arena) for the backward, which computes dx, dweight and dbias in one
- * fused kernel (rows split across threads, each with its own dweight/dbias
- * partial sums, added up at the end). f16/bf16 are computed in f32.
+ * fused kernel (rows split into at most NORM_PARTS ranges set by the shape,
+ * each with its own dweight/dbias partial sums in double, added up in order
+ * at the end, so the bits do not depend on the thread count). f32 rows go
+ * eight elements at a time. f16/bf16 are computed in f32.
  *
  * Both go through the dispatcher (tensor/dispatch.h) with the inputs that are
  * present, x first, then weight and bias when given: the call's (and the
