@@ -2,7 +2,8 @@
  * reference points, in one run:
  *   (a) em_matmul vs raw cblas_sgemm on GPT-2 124M's and the tiny GPT's Linear
  *       shapes, GFLOP/s;
- *   (b) elementwise ops and layer_norm vs memcpy of the same bytes, GB/s;
+ *   (b) elementwise ops and layer_norm, and the backward of gelu_tanh and
+ *       layer_norm, vs memcpy of the same bytes, GB/s;
  *   (c) whether OpenBLAS's threads and ember's pool get in each other's way:
  *       em_matmul and em_add alone and alternating, per thread setting;
  *   (d) the fixed cost of one op call (handles, the dispatcher's autocast,
@@ -159,18 +160,33 @@ static void par_memcpy(char *dst, const char *src, size_t n, int nt)
     for (int i = 1; i < started; i++) pthread_join(th[i], NULL);
 }
 
-typedef enum { EW_ADD, EW_MUL_SCALAR, EW_GELU_TANH, EW_LAYER_NORM } ew_op;
+typedef enum {
+    EW_ADD,
+    EW_MUL_SCALAR,
+    EW_GELU_TANH,
+    EW_LAYER_NORM,
+    EW_GELU_TANH_BWD,
+    EW_LAYER_NORM_BWD
+} ew_op;
+
+enum { N_EW = 6 };
 
 static em_tensor *run_ew(ew_op op, em_tensor *x, em_tensor *y, em_tensor *w, em_tensor *bias)
 {
     switch (op) {
     case EW_ADD: return em_add(x, y);
     case EW_MUL_SCALAR: return em_mul_scalar(x, 1.5);
-    case EW_GELU_TANH: return em_gelu_tanh(x);
-    default: return em_layer_norm(x, w, bias, 1e-5);
+    case EW_GELU_TANH:
+    case EW_GELU_TANH_BWD: return em_gelu_tanh(x);
+    case EW_LAYER_NORM:
+    case EW_LAYER_NORM_BWD: return em_layer_norm(x, w, bias, 1e-5);
     }
+    return NULL;
 }
 
+/* The backward rows time em_backward(out, g) alone, the forward run
+ * untimed before it; x is a leaf, so the time includes delivering its
+ * gradient (added into its zeroed buffer). */
 static void bench_elementwise(int reps)
 {
     const int64_t R = 8192, C = 768; /* (B*T, C) of GPT-2 small, 24 MiB in f32 */
@@ -188,16 +204,23 @@ static void bench_elementwise(int reps)
     if (!x || !y || !w || !bias || !src || !dst) die("elementwise setup");
     memset(src, 1, nbytes);
     memset(dst, 2, nbytes);
-    static const char *names[4] = {"add", "mul_scalar", "gelu_tanh", "layer_norm"};
-    /* tensors read per op besides the one written */
-    static const double reads[4] = {2, 1, 1, 1};
-    for (int op = 0; op < 4; op++) {
+    static const char *names[N_EW] = {"add",        "mul_scalar",    "gelu_tanh",
+                                      "layer_norm", "gelu_tanh bwd", "layer_norm bwd"};
+    /* tensors read per op besides the one written (backward: x, out and g;
+     * x and g) */
+    static const double reads[N_EW] = {2, 1, 1, 1, 3, 2};
+    for (int op = 0; op < N_EW; op++) {
+        bool bwd = op == EW_GELU_TANH_BWD || op == EW_LAYER_NORM_BWD;
+        if (em_set_requires_grad(x, bwd)) die("requires_grad");
         double to[MAX_REPS], tm[MAX_REPS], tp[MAX_REPS];
         for (int i = -2; i < reps; i++) {
             em_scope sc = em_scope_begin();
+            em_tensor *out = bwd ? run_ew((ew_op)op, x, y, w, bias) : NULL;
+            if (bwd && !out) die(names[op]);
             double t0 = now();
-            if (!run_ew((ew_op)op, x, y, w, bias)) die(names[op]);
+            if (bwd ? em_backward(out, y) != EM_OK : !run_ew((ew_op)op, x, y, w, bias)) die(names[op]);
             double t1 = now();
+            if (bwd && em_zero_grad(x)) die("zero_grad");
             em_scope_end(sc);
             double t2 = now();
             memcpy(dst, src, nbytes);
@@ -216,6 +239,7 @@ static void bench_elementwise(int reps)
         printf("%-14s %10.2f %10.2f %10.2f %8.3f\n", names[op], go, gm, gp, go / gp);
         fflush(stdout);
     }
+    if (em_set_requires_grad(x, false)) die("requires_grad");
     free(src);
     free(dst);
     em_free(x);

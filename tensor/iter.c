@@ -178,7 +178,8 @@ static void convert_range(void *ctx, int64_t lo, int64_t hi)
 {
     const bulk_ctx *c = ctx;
     size_t sd = em_dtype_size(c->to), ss = em_dtype_size(c->from);
-    convert_n(c->to, (char *)c->dst + lo * (int64_t)sd, c->from, (const char *)c->src + lo * (int64_t)ss, hi - lo);
+    convert_n(c->to, (char *)c->dst + lo * (int64_t)sd, c->from, (const char *)c->src + lo * (int64_t)ss,
+              hi - lo);
 }
 
 void convert_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n)
@@ -312,26 +313,81 @@ tensor *t_zeros(em_dtype dt, int ndim, const int64_t *shape)
 
 tensor *t_zeros_like(const tensor *t) { return t_zeros_on(t->device, t->dtype, t->ndim, t->shape); }
 
+typedef struct add_ctx {
+    tensor *dst;
+    const tensor *src;
+} add_ctx;
+
+/* dst += src over rows [lo, hi), a row being the last dim; a row whose
+ * elements are adjacent in both is a plain loop, which vectorises */
+static void add_rows(void *p, int64_t lo, int64_t hi)
+{
+    const add_ctx *c = p;
+    tensor *dst = c->dst;
+    const tensor *src = c->src;
+    int nd = dst->ndim;
+    int64_t inner = nd ? dst->shape[nd - 1] : 1;
+    int64_t sd = nd ? dst->stride[nd - 1] : 0, ss = nd ? src->stride[nd - 1] : 0;
+    nditer it;
+    nditer_init(&it, nd ? nd - 1 : 0, dst->shape, 2, (const int64_t *[]){dst->stride, src->stride});
+    nditer_seek(&it, lo);
+    for (int64_t r = lo; r < hi; r++) {
+        if (dst->dtype == EM_F32) {
+            float *restrict d = (float *)t_ptr(dst) + it.off[0];
+            const float *restrict s = (const float *)t_ptr(src) + it.off[1];
+            if (sd == 1 && ss == 1)
+                for (int64_t j = 0; j < inner; j++) d[j] += s[j];
+            else
+                for (int64_t j = 0; j < inner; j++) d[j * sd] += s[j * ss];
+        } else {
+            double *restrict d = (double *)t_ptr(dst) + it.off[0];
+            const double *restrict s = (const double *)t_ptr(src) + it.off[1];
+            if (sd == 1 && ss == 1)
+                for (int64_t j = 0; j < inner; j++) d[j] += s[j];
+            else
+                for (int64_t j = 0; j < inner; j++) d[j * sd] += s[j * ss];
+        }
+        nditer_next(&it);
+    }
+}
+
 void add_strided(tensor *dst, const tensor *src)
 {
     int nd = dst->ndim;
     int64_t inner = nd ? dst->shape[nd - 1] : 1, n = t_numel(dst);
     if (n == 0) return;
-    int64_t sd = nd ? dst->stride[nd - 1] : 0, ss = nd ? src->stride[nd - 1] : 0;
+    add_ctx c = {dst, src};
+    parallel_for(n / inner, (1 << 14) / inner + 1, add_rows, &c);
+}
+
+/* dst = 0 over rows [lo, hi), a row being the last dim */
+static void zero_rows(void *p, int64_t lo, int64_t hi)
+{
+    tensor *dst = ((const add_ctx *)p)->dst;
+    int nd = dst->ndim;
+    int64_t inner = nd ? dst->shape[nd - 1] : 1, sd = nd ? dst->stride[nd - 1] : 0;
+    size_t es = t_esize(dst);
+    char *base = t_ptr(dst);
     nditer it;
-    nditer_init(&it, nd ? nd - 1 : 0, dst->shape, 2, (const int64_t *[]){dst->stride, src->stride});
-    for (int64_t r = 0; r < n / inner; r++) {
-        if (dst->dtype == EM_F32) {
-            float *d = (float *)t_ptr(dst) + it.off[0];
-            const float *s = (const float *)t_ptr(src) + it.off[1];
-            for (int64_t j = 0; j < inner; j++) d[j * sd] += s[j * ss];
-        } else {
-            double *d = (double *)t_ptr(dst) + it.off[0];
-            const double *s = (const double *)t_ptr(src) + it.off[1];
-            for (int64_t j = 0; j < inner; j++) d[j * sd] += s[j * ss];
-        }
+    nditer_init(&it, nd ? nd - 1 : 0, dst->shape, 1, (const int64_t *[]){dst->stride});
+    nditer_seek(&it, lo);
+    for (int64_t r = lo; r < hi; r++) {
+        char *d = base + it.off[0] * (int64_t)es;
+        if (sd == 1)
+            memset(d, 0, (size_t)inner * es);
+        else
+            for (int64_t j = 0; j < inner; j++) memset(d + j * sd * (int64_t)es, 0, es);
         nditer_next(&it);
     }
+}
+
+void zero_strided(tensor *dst)
+{
+    int nd = dst->ndim;
+    int64_t inner = nd ? dst->shape[nd - 1] : 1, n = t_numel(dst);
+    if (n == 0) return;
+    add_ctx c = {dst, NULL};
+    parallel_for(n / inner, (1 << 16) / inner + 1, zero_rows, &c);
 }
 
 em_status t_fill_zero(tensor *t)

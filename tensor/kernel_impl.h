@@ -28,8 +28,11 @@ void fill_n(em_dtype dt, void *dst, double v, int64_t n);
  * is queued and a launch error is left as the thread's last error. */
 void copy_strided(tensor *dst, const tensor *src);
 /* dst += src elementwise, each sum rounded once: same shape, both f32 or
- * both f64, any strides (dst's elements distinct), on the CPU. */
+ * both f64, any strides (dst's elements distinct, not overlapping src), on
+ * the CPU; rows (the last dim) split over the pool. */
 void add_strided(tensor *dst, const tensor *src);
+/* dst = 0 elementwise, any strides and dtype, on the CPU. */
+void zero_strided(tensor *dst);
 #if EM_HAVE_CUDA
 /* w over t's shape with the strides of ops[0..nops) */
 void cu_walk_of(cu_walk *w, const tensor *t, int nops, const tensor *const *ops);

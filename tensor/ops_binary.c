@@ -52,7 +52,8 @@ static void bin_flat_f32(void *p, int64_t lo, int64_t hi)
 }
 
 /* a contiguous (rows, inner), b contiguous (inner) repeated per row, f32:
- * the bias-add shape. Ranges are rows. */
+ * the bias-add shape, or any block of b's trailing dims (is_trailing_block).
+ * Ranges are rows. */
 static void bin_rows_f32(void *p, int64_t lo, int64_t hi)
 {
     bin_ctx *c = p;
@@ -185,6 +186,24 @@ static em_status muldiv_backward(node *n, tensor *g)
     return EM_OK;
 }
 
+/* Whether b, broadcast to shape (nd dims), is one block repeated: its dims
+ * are shape's last ones, and any before those are 1 (a bias (C) or (1,C)
+ * under (R,C); a position table (T,C) under (B,T,C)). Contiguous, b's
+ * elements are then the block in order. */
+static bool is_trailing_block(const tensor *b, int nd, const int64_t *shape)
+{
+    if (b->ndim > nd) return false;
+    int k = nd; /* b matches shape on dims [k, nd) */
+    for (int i = b->ndim - 1; i >= 0; i--) {
+        int o = nd - b->ndim + i;
+        if (k == o + 1 && b->shape[i] == shape[o])
+            k = o;
+        else if (b->shape[i] != 1)
+            return false;
+    }
+    return true;
+}
+
 /* out (contiguous, of the broadcast shape) = a <k> b; the binop in ip[0] */
 static em_status bin_cpu(const op_call *call, tensor *out)
 {
@@ -196,8 +215,8 @@ static em_status bin_cpu(const op_call *call, tensor *out)
     bool same = a->ndim == nd && b->ndim == nd && !memcmp(a->shape, shape, sizeof(int64_t) * (size_t)nd) &&
                 !memcmp(b->shape, shape, sizeof(int64_t) * (size_t)nd);
     int64_t nb = t_numel(b);
-    bool rows = nd >= 1 && t_numel(a) == n && b->ndim <= nd && nb == shape[nd - 1] && nb > 0 &&
-                (b->ndim == 0 || b->shape[b->ndim - 1] == nb);
+    bool rows = nd >= 1 && t_numel(a) == n && nb > 0 && (nb == shape[nd - 1] || nb >= 16) &&
+                is_trailing_block(b, nd, shape);
     bool f32 = a->dtype == EM_F32 && b->dtype == EM_F32, contig = t_is_contig(a) && t_is_contig(b);
     bool mixed = a->dtype != b->dtype && out->dtype == EM_F32; /* op_call.mixed */
     if ((f32 || mixed) && contig && same) {

@@ -3,8 +3,10 @@
  * Forward: one pass per row gathers the statistics (shifted sums, in
  * double), a second writes y. mean and rstd per row are saved in the node
  * (scope arena) for the backward, which computes dx, dweight and dbias in one
- * fused kernel (rows split across threads, each with its own dweight/dbias
- * partial sums, added up at the end). f16/bf16 are computed in f32.
+ * fused kernel (rows split into at most NORM_PARTS ranges set by the shape,
+ * each with its own dweight/dbias partial sums in double, added up in order
+ * at the end, so the bits do not depend on the thread count). f32 rows go
+ * eight elements at a time. f16/bf16 are computed in f32.
  *
  * Both go through the dispatcher (tensor/dispatch.h) with the inputs that are
  * present, x first, then weight and bias when given: the call's (and the
@@ -13,6 +15,9 @@
 #include "dispatch.h"
 #include "kernel_impl.h"
 #include "rows_impl.h"
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 #if EM_HAVE_CUDA
 #include "cuda_nn.h"
 #endif
@@ -43,21 +48,41 @@ typedef struct norm_ctx {
     const float *ones, *zeros; /* f32: (C) stand-ins for a missing weight / bias */
 } norm_ctx;
 
-enum { LANES = 8 };
+enum { LANES = 8, NORM_PARTS = 16 };
 
 /* The 8 double lanes of the row sums as two vectors of 4 (gcc/clang vector
  * extensions: AVX2 registers with -march=native, pairs of SSE2 ones
  * otherwise). Lane l sums the elements j = l mod 8, as a plain array of 8
  * would; the vectors only let the compiler do the 8 at once (it does not
- * vectorise a float-to-double widening reduction written per lane). */
+ * vectorise a float-to-double widening reduction written per lane). The
+ * widening itself is one instruction with AVX (gcc splits the generic
+ * conversion into pairs); it is exact either way. */
 typedef float v4f __attribute__((vector_size(16)));
+typedef float v8f __attribute__((vector_size(32)));
 typedef double v4d __attribute__((vector_size(32)));
 
-static inline v4d widen4(const float *p)
+static inline v8f load8(const float *p)
 {
-    v4f f;
-    memcpy(&f, p, sizeof f);
-    return __builtin_convertvector(f, v4d);
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+/* *lo, *hi = lanes 0..3 and 4..7 of v, as doubles */
+static inline void widen8(v8f v, v4d *lo, v4d *hi)
+{
+#ifdef __AVX__
+    *lo = (v4d)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)v));
+    *hi = (v4d)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)v, 1));
+#else
+    v4f a, b;
+    memcpy(&a, &v, sizeof a);
+    memcpy(&b, (const float *)&v + 4, sizeof b);
+    *lo = __builtin_convertvector(a, v4d);
+    *hi = __builtin_convertvector(b, v4d);
+#endif
 }
 
 /* t += lanes 0..3 of a, then 4..7 of b, in lane order */
@@ -75,7 +100,10 @@ static void stats_f32(const float *x, int64_t C, double k, double *s1, double *s
     double t1 = 0, t2 = 0;
     int64_t j = 0;
     for (; j + LANES <= C; j += LANES) {
-        v4d d0 = widen4(x + j) - kk, d1 = widen4(x + j + 4) - kk;
+        v4d d0, d1;
+        widen8(load8(x + j), &d0, &d1);
+        d0 -= kk;
+        d1 -= kk;
         a0 += d0;
         a1 += d1;
         q0 += d0 * d0;
@@ -99,43 +127,66 @@ static const float *const_row(int64_t C, float v)
     return p;
 }
 
-/* One f32 row of the backward (see norm_bwd); adds into dw/db when given. */
+/* d[0..4) += a, d[4..8) += b (double vectors at an unaligned address) */
+static inline void add8d(double *d, v4d a, v4d b)
+{
+    v4d d0, d1;
+    memcpy(&d0, d, sizeof d0);
+    memcpy(&d1, d + 4, sizeof d1);
+    d0 += a;
+    d1 += b;
+    memcpy(d, &d0, sizeof d0);
+    memcpy(d + 4, &d1, sizeof d1);
+}
+
+/* One f32 row of the backward (see norm_bwd); adds into dw/db when given.
+ * Eight elements at a time in explicit vectors: xh and g*w in float, their
+ * sums and dw/db in double lanes (lane l holds j = l mod 8, added up in
+ * lane order at the end), dx in float. Each element's arithmetic is the
+ * same expression as the scalar tail's, so the vector and tail elements
+ * round alike. */
 static void bwd_row_f32(const norm_ctx *c, int64_t r, double *dw, double *db)
 {
     int64_t C = c->C;
     const float *x = (const float *)c->x + r * C, *g = (const float *)c->g + r * C;
     const float *w = c->w ? c->w : c->ones;
     float mf = (float)c->mean[r], rf = (float)c->rstd[r];
+    v8f mv = {mf, mf, mf, mf, mf, mf, mf, mf}, rv = {rf, rf, rf, rf, rf, rf, rf, rf};
     v4d a0 = {0}, a1 = {0}, q0 = {0}, q1 = {0};
     double sg = 0, sgx = 0;
     int64_t j = 0;
     for (; j + LANES <= C; j += LANES) {
-        float xh[LANES], gw[LANES]; /* in float, as the tail below */
-        for (int l = 0; l < LANES; l++) {
-            xh[l] = (x[j + l] - mf) * rf;
-            gw[l] = g[j + l] * w[j + l];
-        }
-        v4d g0 = widen4(gw), g1 = widen4(gw + 4);
+        v8f gv = load8(g + j), xh = (load8(x + j) - mv) * rv, gw = gv * load8(w + j);
+        v4d h0, h1, g0, g1, r0, r1;
+        widen8(xh, &h0, &h1);
+        widen8(gw, &g0, &g1);
+        widen8(gv, &r0, &r1);
         a0 += g0;
         a1 += g1;
-        q0 += g0 * widen4(xh);
-        q1 += g1 * widen4(xh + 4);
+        q0 += g0 * h0;
+        q1 += g1 * h1;
+        if (dw) add8d(dw + j, r0 * h0, r1 * h1);
+        if (db) add8d(db + j, r0, r1);
     }
+    int64_t tail = j;
     for (; j < C; j++) {
         float xh = (x[j] - mf) * rf, gw = g[j] * w[j];
         sg += gw;
         sgx += (double)gw * xh;
+        if (dw) dw[j] += (double)g[j] * xh;
+        if (db) db[j] += g[j];
     }
     sg = add_lanes(sg, a0, a1);
     sgx = add_lanes(sgx, q0, q1);
-    if (dw)
-        for (j = 0; j < C; j++) dw[j] += (double)g[j] * ((x[j] - mf) * rf);
-    if (db)
-        for (j = 0; j < C; j++) db[j] += g[j];
     if (!c->dx) return;
     float af = c->rms ? 0 : (float)(sg / (double)C), bf = (float)(sgx / (double)C);
+    v8f av = {af, af, af, af, af, af, af, af}, bv = {bf, bf, bf, bf, bf, bf, bf, bf};
     float *dx = (float *)c->dx + r * C;
-    for (j = 0; j < C; j++) {
+    for (j = 0; j < tail; j += LANES) {
+        v8f xh = (load8(x + j) - mv) * rv;
+        store8(dx + j, rv * (load8(g + j) * load8(w + j) - av - xh * bv));
+    }
+    for (; j < C; j++) {
         float xh = (x[j] - mf) * rf;
         dx[j] = rf * (g[j] * w[j] - af - xh * bf);
     }
@@ -318,8 +369,12 @@ static em_status norm_grad_cpu(const op_call *call, tensor *dx)
                   .C = C,
                   .mean = (double *)saved,
                   .rstd = (double *)saved + rows};
+    /* Row ranges of at least ~16K elements, at most NORM_PARTS of them: a
+     * count set by the shape alone, never by the threads, so dw and db (the
+     * ranges' partial sums added in order) have the same bits at any
+     * thread count. */
     int64_t per = (1 << 14) / (C + 1) + 1;
-    c.nparts = rows / per < em_num_threads() ? rows / per : em_num_threads();
+    c.nparts = rows / per < NORM_PARTS ? rows / per : NORM_PARTS;
     if (c.nparts < 1) c.nparts = 1;
     size_t m = tmp_mark(), part_bytes = sizeof(double) * (size_t)(c.nparts * C + 1);
     bool ok = (c.x = rows_in(x, last)) && (c.g = rows_in(g, last)) && (!w || (c.w = rows_in(w, 0))) &&
@@ -343,8 +398,7 @@ static em_status norm_backward(node *n, tensor *g)
     params_of(n->in, n->nin, n->ip, &w, &b);
     tensor *in[3] = {x, g, w};
     op_call c;
-    if (!op_begin_backward(&c, n, w ? 3 : 2, in))
-        return em_last_status();
+    if (!op_begin_backward(&c, n, w ? 3 : 2, in)) return em_last_status();
     norm_grads o = {.stats = n->saved};
     tensor *dx = NULL;
     if ((x->requires_grad && !(dx = op_out(&c, x->dtype, x->ndim, x->shape))) ||

@@ -183,10 +183,28 @@ tensor *t_transpose(tensor *t, int d0, int d1)
 
 /* ---- narrow / slice -------------------------------------------------------------- */
 
+/* Zeroes gx (CPU) outside elements [start, start + len) of dim d: the
+ * parts a narrow's gradient does not write. */
+static em_status zero_outside(tensor *gx, int d, int64_t start, int64_t len)
+{
+    int64_t shape[EM_MAX_DIMS], ends[2][2] = {{0, start}, {start + len, gx->shape[d]}};
+    memcpy(shape, gx->shape, sizeof shape);
+    for (int k = 0; k < 2; k++) {
+        shape[d] = ends[k][1] - ends[k][0];
+        if (!shape[d]) continue;
+        tensor *v = t_view_of(gx, gx->ndim, shape, gx->stride, gx->offset + ends[k][0] * gx->stride[d]);
+        if (!v) return em_last_status();
+        zero_strided(v);
+        t_drop(v);
+    }
+    return EM_OK;
+}
+
 /* gx = zeros(x); gx[slice] = g. On the CPU (f32, f64) the slice is added
  * into x's gradient where it lies (op_grad_acc): the q, k and v narrowed
  * from one (B,T,3C) tensor fill one gradient, not three of (B,T,3C) and a
- * sum. */
+ * sum. The first to arrive writes its slice and zeroes only the rest (a
+ * narrow; a slice with a step zeroes the whole first); the others add. */
 static em_status slice_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
@@ -194,12 +212,18 @@ static em_status slice_backward(node *n, tensor *g)
     tensor *acc = !t_on_cuda(g) && g->dtype == x->dtype && (x->dtype == EM_F32 || x->dtype == EM_F64)
                       ? op_grad_acc(x, &fresh)
                       : NULL;
+    int d = (int)n->ip[0];
+    int64_t start = n->ip[1], step = n->ip[2];
     /* acc is contiguous or a permutation of a contiguous tensor: its bytes
      * are one block, which t_fill_zero clears */
     tensor *gx = acc ? acc : t_new_on(g->device, g->dtype, x->ndim, x->shape);
-    if (!gx || ((!acc || fresh) && t_fill_zero(gx))) return em_last_status();
-    int d = (int)n->ip[0];
-    int64_t start = n->ip[1], step = n->ip[2];
+    if (!gx) return em_last_status();
+    em_status z = EM_OK;
+    if (acc && fresh && step == 1)
+        z = zero_outside(gx, d, start, g->shape[d]);
+    else if (!acc || fresh)
+        z = t_fill_zero(gx);
+    if (z) return z;
     int64_t stride[EM_MAX_DIMS];
     memcpy(stride, gx->stride, sizeof stride);
     stride[d] *= step;

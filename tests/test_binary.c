@@ -10,6 +10,28 @@ TEST(test_add_broadcasts_row_over_matrix)
     em_scope_end(s);
 }
 
+/* A (T,C) table under (B,T,C) (the GPT's positions), with and without a
+ * leading 1, and widths that leave a tail after the 8-wide loop: each
+ * element is a[b,t,c] <op> table[t,c], as the f64 strided path computes it. */
+TEST(test_binary_ops_broadcast_a_trailing_block_over_leading_dims)
+{
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(50);
+    const int64_t widths[] = {3, 13, 40};
+    for (int k = 0; k < 3; k++) {
+        int64_t C = widths[k];
+        em_tensor *a = em_randn(EM_F32, EM_SHAPE(4, 5, C), &r), *t = em_randn(EM_F32, EM_SHAPE(5, C), &r);
+        em_tensor *t1 = em_reshape(t, EM_SHAPE(1, 5, C));
+        em_tensor *a64 = em_cast(a, EM_F64), *t64 = em_cast(t, EM_F64);
+        CHECK(th_max_abs_diff(em_add(a, t), em_add(a64, t64)) < 1e-6);
+        CHECK(th_max_abs_diff(em_sub(t1, a), em_sub(t64, a64)) < 1e-6);
+        CHECK(th_max_abs_diff(em_mul(a, t1), em_mul(a64, t64)) < 1e-5);
+        CHECK(th_max_abs_diff(em_div(a, t1), em_div(a64, t64)) <
+              1e-3 * th_max_abs_diff(em_div(a64, t64), em_zeros(EM_F64, EM_SHAPE(1))));
+    }
+    em_scope_end(s);
+}
+
 static em_tensor *f_add(em_tensor **x, void *ctx)
 {
     (void)ctx;

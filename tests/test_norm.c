@@ -209,3 +209,60 @@ TEST(test_norms_reject_bad_weight_and_bias)
               "layer_norm: eps must be finite and >= 0, got -1");
     em_scope_end(s);
 }
+
+/* Widths that are not a multiple of 8 take the kernels' scalar tails beside
+ * their 8-wide loops; a strided x is gathered into rows first. */
+TEST(test_layer_norm_f32_gradient_matches_f64_at_odd_widths)
+{
+    const int64_t widths[] = {1, 7, 13, 77};
+    for (int k = 0; k < 4; k++) {
+        em_rng r = em_rng_new(30 + (uint64_t)k);
+        int64_t C = widths[k];
+        em_tensor *in[3] = {em_randn(EM_F64, EM_SHAPE(9, C), &r), em_randn(EM_F64, EM_SHAPE(C), &r),
+                            em_randn(EM_F64, EM_SHAPE(C), &r)};
+        GRAD_F32_MATCHES_F64(f_ln_wb, NULL, 3, in, 1e-4);
+        GRAD_F32_MATCHES_F64(f_rms_w, NULL, 2, in, 1e-4);
+        em_tensor *nc = th_noncontig(in[0]);
+        em_tensor *nin[3] = {nc, in[1], in[2]};
+        GRAD_F32_MATCHES_F64(f_ln_wb, NULL, 3, nin, 1e-4);
+        em_free(nc);
+        for (int i = 0; i < 3; i++) em_free(in[i]);
+    }
+}
+
+/* dx, dweight and dbias of (rows, C) into the n buffers of out (f32), with n threads */
+static void ln_grads_at(int threads, em_tensor *x0, em_tensor *w0, em_tensor *b0, em_tensor *g, float *out[3])
+{
+    CHECK_OK(em_set_num_threads(threads));
+    em_scope s = em_scope_begin();
+    em_tensor *x = em_detach(x0), *w = em_detach(w0), *b = em_detach(b0);
+    em_tensor *leaves[3] = {x, w, b};
+    for (int i = 0; i < 3; i++) CHECK_OK(em_set_requires_grad(leaves[i], true));
+    CHECK_OK(em_backward(em_layer_norm(x, w, b, 1e-5), g));
+    for (int i = 0; i < 3; i++)
+        memcpy(out[i], em_data(em_grad(leaves[i])), sizeof(float) * (size_t)em_numel(leaves[i]));
+    for (int i = 0; i < 3; i++) CHECK_OK(em_set_requires_grad(leaves[i], false));
+    em_scope_end(s);
+}
+
+/* The weight and bias gradients sum per-row terms over row ranges; the
+ * ranges are set by the shape, so the bits do not depend on the threads
+ * (DDP and ZeRO compare ranks bitwise). */
+TEST(test_layer_norm_gradients_have_the_same_bits_at_one_and_two_threads)
+{
+    int prev = em_num_threads();
+    enum { R = 2000, C = 37 };
+    em_rng r = em_rng_new(40);
+    em_scope s = em_scope_begin();
+    em_tensor *x = em_add_scalar(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(R, C), &r), 3.0), 1.0);
+    em_tensor *w = em_randn(EM_F32, EM_SHAPE(C), &r), *b = em_randn(EM_F32, EM_SHAPE(C), &r);
+    em_tensor *g = em_randn(EM_F32, EM_SHAPE(R, C), &r);
+    static float one[3][R * C], two[3][R * C];
+    ln_grads_at(1, x, w, b, g, (float *[]){one[0], one[1], one[2]});
+    ln_grads_at(2, x, w, b, g, (float *[]){two[0], two[1], two[2]});
+    CHECK(!memcmp(one[0], two[0], sizeof(float) * R * C));
+    CHECK(!memcmp(one[1], two[1], sizeof(float) * C));
+    CHECK(!memcmp(one[2], two[2], sizeof(float) * C));
+    em_scope_end(s);
+    CHECK_OK(em_set_num_threads(prev));
+}

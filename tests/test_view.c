@@ -610,8 +610,8 @@ TEST(test_cast_rejects_invalid_dtype)
 static em_tensor *weighted_parts(em_tensor *x)
 {
     em_tensor *q = em_narrow(x, 1, 0, 2), *k = em_narrow(x, 1, 2, 2), *v = em_slice(x, 1, 1, 6, 2);
-    em_tensor *l = em_add(em_sum(em_mul_scalar(q, 1.0), 0, NULL, false),
-                          em_sum(em_mul_scalar(k, 10.0), 0, NULL, false));
+    em_tensor *l =
+        em_add(em_sum(em_mul_scalar(q, 1.0), 0, NULL, false), em_sum(em_mul_scalar(k, 10.0), 0, NULL, false));
     return em_add(l, em_sum(em_mul_scalar(v, 100.0), 0, NULL, false));
 }
 
@@ -634,6 +634,30 @@ TEST(test_gradients_of_several_narrows_and_slices_of_one_tensor_add_up)
         for (int64_t i = 0; i < 3; i++)
             for (int64_t j = 0; j < 6; j++)
                 CHECK_NEAR(em_get(em_grad(leaf), (int64_t[]){i, j}), scale * (row[j] + plus), 0);
+        em_scope_end(s);
+        em_free(leaf);
+    }
+}
+
+/* A non-leaf's gradient accumulator is fresh scope memory, here left full
+ * of 7s by an earlier scope: the first narrow to arrive zeroes what it does
+ * not cover (rows or columns on either side, widths with odd tails). */
+TEST(test_narrow_gradient_is_zero_outside_the_narrowed_range)
+{
+    for (int dim = 0; dim < 2; dim++) {
+        em_scope dirty = em_scope_begin();
+        for (int i = 0; i < 4; i++) em_full(EM_F32, EM_SHAPE(64, 64), 7.0);
+        em_scope_end(dirty);
+        em_scope s = em_scope_begin();
+        em_tensor *leaf = em_zeros(EM_F32, EM_SHAPE(9, 11));
+        CHECK_OK(em_set_requires_grad(leaf, true));
+        em_tensor *x = em_mul_scalar(leaf, 2.0);
+        CHECK_OK(em_backward(em_sum(em_narrow(x, dim, 3, 4), 0, NULL, false), NULL));
+        for (int64_t i = 0; i < 9; i++)
+            for (int64_t j = 0; j < 11; j++) {
+                int64_t at = dim == 0 ? i : j;
+                CHECK_NEAR(em_get(em_grad(leaf), (int64_t[]){i, j}), at >= 3 && at < 7 ? 2.0 : 0.0, 0);
+            }
         em_scope_end(s);
         em_free(leaf);
     }
