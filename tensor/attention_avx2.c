@@ -24,8 +24,6 @@
  * depend on how heads or row blocks are split over threads. Operands whose
  * rows D is not a multiple of 8 are copied with rows padded to round8(D)
  * (the tiles read whole vectors); P keeps the portable path's (T,T) layout. */
-#include <limits.h>
-
 #include "kernel_impl.h"
 #include "vmath_impl.h"
 
@@ -218,17 +216,35 @@ TARGET static void dsoftmax_row(const float *p, int64_t n, int64_t Tp, float sca
     memset(d + n, 0, sizeof(float) * (size_t)(Tp - n));
 }
 
-/* dst (D,Tp) = src (T,D)^T, rows ld apart, columns [T,Tp) zero: 8 rows
- * of src at a time gathered into each row of dst */
+/* dst[c ldd + 0:8) = src[0:8 rows, c] for c < 8: an 8x8 block transposed.
+ * Rows r and r+4 share a register (their first or last four columns in its
+ * two halves), so a 4x4 transpose in each half gives whole columns. */
+TARGET static void transpose8x8(const float *src, int64_t ld, float *dst, int64_t ldd)
+{
+    for (int h = 0; h < 8; h += 4) { /* columns h..h+3 */
+        __m256 t[4];
+        for (int r = 0; r < 4; r++)
+            t[r] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(src + r * ld + h)),
+                                        _mm_loadu_ps(src + (r + 4) * ld + h), 1);
+        __m256 u0 = _mm256_unpacklo_ps(t[0], t[1]), u1 = _mm256_unpackhi_ps(t[0], t[1]);
+        __m256 u2 = _mm256_unpacklo_ps(t[2], t[3]), u3 = _mm256_unpackhi_ps(t[2], t[3]);
+        _mm256_storeu_ps(dst + (h + 0) * ldd, _mm256_shuffle_ps(u0, u2, 0x44));
+        _mm256_storeu_ps(dst + (h + 1) * ldd, _mm256_shuffle_ps(u0, u2, 0xee));
+        _mm256_storeu_ps(dst + (h + 2) * ldd, _mm256_shuffle_ps(u1, u3, 0x44));
+        _mm256_storeu_ps(dst + (h + 3) * ldd, _mm256_shuffle_ps(u1, u3, 0xee));
+    }
+}
+
+/* dst (D,Tp) = src (T,D)^T, rows ld apart, columns [T,Tp) zero: 8x8
+ * blocks, the edges one by one */
 TARGET static void pack_transposed(const float *src, int64_t ld, int64_t T, int64_t D, int64_t Tp, float *dst)
 {
-    int64_t t8 = ld <= INT32_MAX / 8 ? T / 8 * 8 : 0; /* the gather's offsets are 32-bit */
-    __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)ld));
+    int64_t T8 = T / 8 * 8, D8 = D / 8 * 8;
+    for (int64_t t = 0; t < T8; t += 8)
+        for (int64_t d = 0; d < D8; d += 8) transpose8x8(src + t * ld + d, ld, dst + d * Tp + t, Tp);
     for (int64_t d = 0; d < D; d++) {
         float *row = dst + d * Tp;
-        for (int64_t t = 0; t < t8; t += 8)
-            _mm256_storeu_ps(row + t, _mm256_i32gather_ps(src + t * ld + d, idx, 4));
-        for (int64_t t = t8; t < T; t++) row[t] = src[t * ld + d];
+        for (int64_t t = d < D8 ? T8 : 0; t < T; t++) row[t] = src[t * ld + d];
         for (int64_t t = T; t < Tp; t++) row[t] = 0.0f;
     }
 }
