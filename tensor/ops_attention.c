@@ -3,14 +3,26 @@
  *
  * Forward, per head (b,h):  S = q k^T * scale (T,T), P = softmax(S) row-wise
  * over j <= i (0 above the diagonal), O = P v. P (B,H,T,T) is kept in the
- * step scope for backward. The products are GEMMs (sgemm/dgemm) per head;
- * query rows go in blocks of ROW_BLOCK so the keys after a block's last row
- * (all masked) are never multiplied. The heads are split over ember's pool
- * (parallel_for over B*H): each thread runs whole heads, its GEMMs and row
- * passes inline, so a step of small heads (the tiny GPT: 48 heads of 64x32)
- * pays one pool hand-off per call instead of one per GEMM and per row pass.
- * With a single head the head's GEMMs and row passes are split over the
- * pool instead. f32 and f64 are computed as they are; f16/bf16 through f32.
+ * step scope for backward (recomputing it there would cost the forward's
+ * S and exp again; at the GPT shapes P is under 1 MB a layer). The heads are split
+ * over ember's pool (parallel_for over B*H): each thread runs whole heads,
+ * so a step of small heads (the tiny GPT: 48 heads of 64x32) pays one pool
+ * hand-off per call. f32 and f64 are computed as they are; f16/bf16
+ * through f32.
+ *
+ * Two ways to run a head:
+ * - fused (f32, 1 <= T <= 256, 1 <= D <= 128, an AVX2+FMA CPU:
+ *   attention_fused_usable): tensor/attention_avx2.c, every product a loop
+ *   of register tiles over the causal triangle, no GEMM call. A single head
+ *   (B*H == 1) is split over the pool by blocks of query rows (backward:
+ *   then by blocks of key rows); each element is computed the same way
+ *   however the blocks fall, so the bits do not depend on the thread count.
+ * - portable (f64, longer T, wider D, other CPUs): per-head GEMMs
+ *   (sgemm/dgemm) and row passes; query rows go in blocks of ROW_BLOCK so
+ *   the keys after a block's last row (all masked) are never multiplied.
+ *   With a single head the head's GEMMs and row passes are split over the
+ *   pool instead.
+ * tests/test_attention_fused.c holds the two to each other and to f64.
  *
  * On a CUDA device the op is one fused kernel (tensor/ops_matmul.cu,
  * flash-attention style): P is never stored; the forward saves the

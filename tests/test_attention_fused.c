@@ -175,3 +175,41 @@ TEST(test_attention_fused_single_head_equals_the_same_head_in_a_batch)
     for (int i = 0; i < 4; i++) CHECK(th_max_abs_diff(single[i], em_narrow(batch[i], 1, 1, 1)) == 0);
     em_scope_end(s);
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include "tensor/vmath_impl.h"
+
+__attribute__((target("avx2,fma"))) static void exp8(const float *x, float *y)
+{
+    _mm256_storeu_ps(y, vexpf8_avx2(_mm256_loadu_ps(x)));
+}
+
+/* The softmax rows' exp: vexpf's bounds against expf (tests/test_unary.c)
+ * hold for it, over [-100, 100] and the special values. */
+TEST(test_vexpf8_is_within_2_ulp_of_expf_and_keeps_vexpf_limits)
+{
+    if (!fused_here()) SKIP("this CPU has no AVX2+FMA: vexpf8_avx2 cannot run here");
+    enum { N = 200000 };
+    for (int i = 0; i < N; i += 8) {
+        float x[8], y[8];
+        for (int l = 0; l < 8; l++) x[l] = -100.0f + 200.0f * (float)(i + l) / N;
+        exp8(x, y);
+        for (int l = 0; l < 8; l++) {
+            float e = expf(x[l]);
+            int ex;
+            frexpf(e, &ex);
+            double ulp = ldexp(1.0, ex - 24);
+            /* as for vexpf: 0 only where expf is under 1.7e-38, inf only where it is
+             * within 0.3% of FLT_MAX, else within 2 ulp */
+            bool ok = y[l] == 0     ? e < 1.7e-38f
+                      : isinf(y[l]) ? e > 3.39e38f
+                                    : fabs((double)y[l] - e) <= 2 * ulp;
+            if (!ok) th_fail(__FILE__, __LINE__, "vexpf8(%.9g) = %.9g, expf %.9g", x[l], y[l], e);
+        }
+    }
+    float x[8] = {NAN, -INFINITY, INFINITY, -87.5f, 89.0f, 0.0f, -0.0f, 1.0f}, y[8];
+    exp8(x, y);
+    CHECK(isnan(y[0]) && y[1] == 0 && isinf(y[2]) && y[3] == 0 && isinf(y[4]) && y[5] == 1 && y[6] == 1);
+    CHECK_NEAR(y[7], expf(1.0f), 2 * 0x1p-23);
+}
+#endif
