@@ -4,11 +4,11 @@
  * Forward, per head (b,h):  S = q k^T * scale (T,T), P = softmax(S) row-wise
  * over j <= i (0 above the diagonal), O = P v. P (B,H,T,T) is kept in the
  * step scope for backward (recomputing it there would cost the forward's
- * S and exp again; at the GPT shapes P is under 1 MB a layer). The heads are split
- * over ember's pool (parallel_for over B*H): each thread runs whole heads,
- * so a step of small heads (the tiny GPT: 48 heads of 64x32) pays one pool
- * hand-off per call. f32 and f64 are computed as they are; f16/bf16
- * through f32.
+ * S and exp again; at the GPT shapes P is under 1 MB a layer). The heads
+ * are split over ember's pool (parallel_for over B*H): each thread runs
+ * whole heads, so a step of small heads (the tiny GPT: 48 heads of 64x32)
+ * pays one pool hand-off per call. f32 and f64 are computed as they are;
+ * f16/bf16 through f32.
  *
  * Two ways to run a head:
  * - fused (f32, 1 <= T <= 256, 1 <= D <= 128, an AVX2+FMA CPU:
@@ -278,7 +278,10 @@ static bool fused_single_head(heads_ctx *c, bool backward)
     size_t mk = tmp_mark();
     split_head s = {.h = fused_head(c, 0), .failed = &c->failed};
     s.scratch = tmp_alloc(sizeof(float) * attention_fused_scratch(c->T, c->D));
-    if (!s.scratch) return false;
+    if (!s.scratch) {
+        tmp_release(mk);
+        return false;
+    }
     attention_fused_prepare(&s.h, backward, s.scratch);
     int64_t nb = row_blocks(c->T);
     if (!backward) {
