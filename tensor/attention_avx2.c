@@ -192,7 +192,7 @@ TARGET static void softmax_row(const float *s, int64_t n, int64_t T, float *p)
     __m256 inv = _mm256_set1_ps(1.0f / hsum(sum));
     for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(p + j, _mm256_mul_ps(_mm256_loadu_ps(p + j), inv));
     if (j < n) _mm256_maskstore_ps(p + j, lanes(n - j), _mm256_mul_ps(load_part(p + j, n - j, 0.0f), inv));
-    memset(p + n, 0, sizeof(float) * (size_t)(T - n));
+    for (j = n; j < T; j++) p[j] = 0.0f; /* inline: a memset call per row was 1.5% of the op */
 }
 
 /* d[0:n) = p (d - sum(d p)) * scale over j < n = i+1, then 0 to Tp: row i
@@ -213,7 +213,7 @@ TARGET static void dsoftmax_row(const float *p, int64_t n, int64_t Tp, float sca
         _mm256_maskstore_ps(d + j, lanes(n - j),
                             _mm256_mul_ps(_mm256_mul_ps(load_part(p + j, n - j, 0.0f), x), sc));
     }
-    memset(d + n, 0, sizeof(float) * (size_t)(Tp - n));
+    for (j = n; j < Tp; j++) d[j] = 0.0f;
 }
 
 /* dst[c ldd + 0:8) = src[0:8 rows, c] for c < 8: an 8x8 block transposed.
