@@ -162,6 +162,40 @@ void gemm_f32_path_reset(void);
 bool gemm_widen_sgemm(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
                       int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
 
+/* ---- causal attention's fused f32 head (tensor/attention_avx2.c) ---------------
+ * One head of tensor/ops_attention.c's op on AVX2+FMA CPUs: q, k, v, go
+ * (T,D) with rows lq.. apart and unit stride along D; P (T,T); o, gq, gk,
+ * gv (T,D) contiguous; scratch attention_fused_scratch(T,D) floats per head
+ * (its packed operands; a head's scratch is shared by all row blocks of
+ * that head). Row blocks are of ATTN_ROWS rows; [b0,b1) is a range of
+ * them. Forward: attention_fused_prepare(h, false, scratch), then
+ * forward_rows over all blocks (each range with its own (ATTN_ROWS,
+ * round16(T)) strip) writes P and o. Backward: prepare(h, true, scratch),
+ * then backward_rows over all blocks (dS into the scratch, gq), then
+ * backward_keys over all blocks (gk, gv). Each result element is computed
+ * the same way however the blocks are split. */
+enum { ATTN_FUSED_MAX_T = 256, ATTN_FUSED_MAX_D = 128, ATTN_ROWS = 6 };
+typedef struct attn_head_f32 {
+    int64_t T, D;
+    float scale;
+    const float *q, *k, *v, *go;
+    int64_t lq, lk, lv, lg;
+    float *P, *o, *gq, *gk, *gv;
+} attn_head_f32;
+/* Whether the fused head runs here: f32 on an AVX2+FMA CPU, 1 <= T <=
+ * ATTN_FUSED_MAX_T, 1 <= D <= ATTN_FUSED_MAX_D, not turned off. */
+bool attention_fused_usable(int64_t T, int64_t D);
+/* Tests: true runs the portable path (per-head GEMMs) everywhere. */
+void attention_fused_disable(bool off);
+size_t attention_fused_scratch(int64_t T, int64_t D);
+/* Packs the head's operands into scratch; points h's k/q/v/go at the
+ * packed copies where it made them. */
+void attention_fused_prepare(attn_head_f32 *h, bool backward, float *scratch);
+void attention_fused_forward_rows(const attn_head_f32 *h, int64_t b0, int64_t b1, float *scratch,
+                                  float *strip);
+void attention_fused_backward_rows(const attn_head_f32 *h, int64_t b0, int64_t b1, float *scratch);
+void attention_fused_backward_keys(const attn_head_f32 *h, int64_t b0, int64_t b1, float *scratch);
+
 /* ---- bf16 product paths (tensor/gemm_path.c) ------------------------------------ */
 typedef enum bf16_path { BF16_PATH_F32, BF16_PATH_AVX512BF16, BF16_PATH_AMX } bf16_path;
 /* The path bf16 products take in this process: EMBER_BF16_PATH (auto, f32,

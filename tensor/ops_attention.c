@@ -3,14 +3,26 @@
  *
  * Forward, per head (b,h):  S = q k^T * scale (T,T), P = softmax(S) row-wise
  * over j <= i (0 above the diagonal), O = P v. P (B,H,T,T) is kept in the
- * step scope for backward. The products are GEMMs (sgemm/dgemm) per head;
- * query rows go in blocks of ROW_BLOCK so the keys after a block's last row
- * (all masked) are never multiplied. The heads are split over ember's pool
- * (parallel_for over B*H): each thread runs whole heads, its GEMMs and row
- * passes inline, so a step of small heads (the tiny GPT: 48 heads of 64x32)
- * pays one pool hand-off per call instead of one per GEMM and per row pass.
- * With a single head the head's GEMMs and row passes are split over the
- * pool instead. f32 and f64 are computed as they are; f16/bf16 through f32.
+ * step scope for backward (recomputing it there would cost the forward's
+ * S and exp again; at the GPT shapes P is under 1 MB a layer). The heads
+ * are split over ember's pool (parallel_for over B*H): each thread runs
+ * whole heads, so a step of small heads (the tiny GPT: 48 heads of 64x32)
+ * pays one pool hand-off per call. f32 and f64 are computed as they are;
+ * f16/bf16 through f32.
+ *
+ * Two ways to run a head:
+ * - fused (f32, 1 <= T <= 256, 1 <= D <= 128, an AVX2+FMA CPU:
+ *   attention_fused_usable): tensor/attention_avx2.c, every product a loop
+ *   of register tiles over the causal triangle, no GEMM call. A single head
+ *   (B*H == 1) is split over the pool by blocks of query rows (backward:
+ *   then by blocks of key rows); each element is computed the same way
+ *   however the blocks fall, so the bits do not depend on the thread count.
+ * - portable (f64, longer T, wider D, other CPUs): per-head GEMMs
+ *   (sgemm/dgemm) and row passes; query rows go in blocks of ROW_BLOCK so
+ *   the keys after a block's last row (all masked) are never multiplied.
+ *   With a single head the head's GEMMs and row passes are split over the
+ *   pool instead.
+ * tests/test_attention_fused.c holds the two to each other and to f64.
  *
  * On a CUDA device the op is one fused kernel (tensor/ops_matmul.cu,
  * flash-attention style): P is never stored; the forward saves the
@@ -140,7 +152,8 @@ typedef struct heads_ctx {
     head_operand q, k, v, go; /* go: the output's gradient */
     const void *P;            /* (B*H,T,T) */
     char *o, *gq, *gk, *gv;   /* (B*H,T,D) contiguous */
-    int failed;               /* backward: a range had no memory for its scratch (set atomically) */
+    bool fused;               /* f32 heads on the fused kernel (attention_fused_usable) */
+    int failed;               /* a range had no memory for its scratch (set atomically) */
 } heads_ctx;
 
 /* Head h, forward. Per block of query rows [i0,i1): S = q[i0:i1] k[0:i1]^T
@@ -197,23 +210,148 @@ static void head_backward(const heads_ctx *c, int64_t h, void *ds)
     }
 }
 
+/* ---- the fused f32 head (tensor/attention_avx2.c) --------------------------------- */
+
+static attn_head_f32 fused_head(const heads_ctx *c, int64_t h)
+{
+    int64_t off = h * c->T * c->D;
+    const float *go = c->go.p ? head_at(&c->go, h, sizeof(float)) : NULL;
+    return (attn_head_f32){.T = c->T,
+                           .D = c->D,
+                           .scale = (float)c->scale,
+                           .q = head_at(&c->q, h, sizeof(float)),
+                           .k = head_at(&c->k, h, sizeof(float)),
+                           .v = head_at(&c->v, h, sizeof(float)),
+                           .go = go,
+                           .lq = c->q.ld,
+                           .lk = c->k.ld,
+                           .lv = c->v.ld,
+                           .lg = c->go.ld,
+                           .P = (float *)c->P + h * c->T * c->T,
+                           .o = c->o ? (float *)c->o + off : NULL,
+                           .gq = c->gq ? (float *)c->gq + off : NULL,
+                           .gk = c->gk ? (float *)c->gk + off : NULL,
+                           .gv = c->gv ? (float *)c->gv + off : NULL};
+}
+
+static int64_t row_blocks(int64_t T) { return (T + ATTN_ROWS - 1) / ATTN_ROWS; }
+
+/* The (ATTN_ROWS, round16(T)) strip of a forward range */
+static size_t strip_bytes(int64_t T) { return sizeof(float) * (size_t)(ATTN_ROWS * ((T + 15) / 16 * 16)); }
+
+/* One head split by blocks of rows over the pool: its packed operands are
+ * made once (split_head.scratch) and shared. */
+typedef struct split_head {
+    attn_head_f32 h;
+    float *scratch;
+    int *failed;
+} split_head;
+
+static void split_forward(void *ctx, int64_t lo, int64_t hi)
+{
+    split_head *s = ctx;
+    size_t mk = tmp_mark();
+    float *strip = tmp_alloc(strip_bytes(s->h.T));
+    if (strip)
+        attention_fused_forward_rows(&s->h, lo, hi, s->scratch, strip);
+    else
+        __atomic_store_n(s->failed, 1, __ATOMIC_RELAXED);
+    tmp_release(mk);
+}
+
+static void split_backward_rows(void *ctx, int64_t lo, int64_t hi)
+{
+    split_head *s = ctx;
+    attention_fused_backward_rows(&s->h, lo, hi, s->scratch);
+}
+
+static void split_backward_keys(void *ctx, int64_t lo, int64_t hi)
+{
+    split_head *s = ctx;
+    attention_fused_backward_keys(&s->h, lo, hi, s->scratch);
+}
+
+/* The single head (BH == 1) of a fused call, its row blocks over the pool;
+ * false when scratch runs out. */
+static bool fused_single_head(heads_ctx *c, bool backward)
+{
+    size_t mk = tmp_mark();
+    split_head s = {.h = fused_head(c, 0), .failed = &c->failed};
+    s.scratch = tmp_alloc(sizeof(float) * attention_fused_scratch(c->T, c->D));
+    if (!s.scratch) {
+        tmp_release(mk);
+        return false;
+    }
+    attention_fused_prepare(&s.h, backward, s.scratch);
+    int64_t nb = row_blocks(c->T);
+    if (!backward) {
+        parallel_for(nb, 4, split_forward, &s);
+    } else {
+        parallel_for(nb, 4, split_backward_rows, &s);
+        parallel_for(nb, 4, split_backward_keys, &s);
+    }
+    tmp_release(mk);
+    return !c->failed;
+}
+
+/* ---- the heads over the pool ----------------------------------------------------- */
+
 /* Heads [lo,hi), each run whole by the thread that claims it. */
 static void heads_forward(void *ctx, int64_t lo, int64_t hi)
 {
-    for (int64_t h = lo; h < hi; h++) head_forward(ctx, h);
+    heads_ctx *c = ctx;
+    if (!c->fused) {
+        for (int64_t h = lo; h < hi; h++) head_forward(c, h);
+        return;
+    }
+    size_t mk = tmp_mark();
+    float *scratch = tmp_alloc(sizeof(float) * attention_fused_scratch(c->T, c->D) + strip_bytes(c->T));
+    if (!scratch) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float *strip = scratch + attention_fused_scratch(c->T, c->D);
+    for (int64_t h = lo; h < hi; h++) {
+        attn_head_f32 a = fused_head(c, h);
+        attention_fused_prepare(&a, false, scratch);
+        attention_fused_forward_rows(&a, 0, row_blocks(c->T), scratch, strip);
+    }
+    tmp_release(mk);
 }
 
 static void heads_backward(void *ctx, int64_t lo, int64_t hi)
 {
     heads_ctx *c = ctx;
     size_t mk = tmp_mark(); /* the temp arena is the running thread's */
-    void *ds = tmp_alloc((size_t)(c->T * c->T) * em_dtype_size(c->ct) + 1); /* this range's (T,T) scratch */
+    /* this range's scratch: the fused head's, else a (T,T) matrix */
+    size_t n = c->fused ? sizeof(float) * attention_fused_scratch(c->T, c->D)
+                        : (size_t)(c->T * c->T) * em_dtype_size(c->ct) + 1;
+    void *ds = tmp_alloc(n);
     if (!ds) {
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    for (int64_t h = lo; h < hi; h++) head_backward(c, h, ds);
+    for (int64_t h = lo; h < hi; h++) {
+        if (!c->fused) {
+            head_backward(c, h, ds);
+            continue;
+        }
+        attn_head_f32 a = fused_head(c, h);
+        attention_fused_prepare(&a, true, ds);
+        attention_fused_backward_rows(&a, 0, row_blocks(c->T), ds);
+        attention_fused_backward_keys(&a, 0, row_blocks(c->T), ds);
+    }
     tmp_release(mk);
+}
+
+/* The call's heads over the pool: whole heads per thread, or a single
+ * head's row blocks (fused only; the portable path splits its GEMMs).
+ * false (c->failed) when scratch ran out. */
+static bool run_heads(heads_ctx *c, int64_t BH, bool backward)
+{
+    if (c->fused && BH == 1) return fused_single_head(c, backward);
+    parallel_for(BH, 1, backward ? heads_backward : heads_forward, c);
+    return !c->failed;
 }
 
 /* ---- plumbing ------------------------------------------------------------------ */
@@ -249,8 +387,8 @@ static em_status attention_grad_cpu(const op_call *c, tensor *dq)
     hc.gq = gp[0];
     hc.gk = gp[1];
     hc.gv = gp[2];
-    if (D > 0) parallel_for(BH, 1, heads_backward, &hc); /* D == 0: the gradients are empty */
-    if (hc.failed) {
+    hc.fused = ct == EM_F32 && attention_fused_usable(T, D);
+    if (D > 0 && !run_heads(&hc, BH, true)) { /* D == 0: the gradients are empty */
         tmp_release(mk);
         return em_err(EM_ERR_OOM, "attention backward: no memory for a (%lld,%lld) scratch matrix",
                       (long long)T, (long long)T);
@@ -345,7 +483,12 @@ static em_status attention_cpu(const op_call *c, tensor *out)
         return em_last_status();
     }
     hc.o = o;
-    if (D > 0) parallel_for(BH, 1, heads_forward, &hc);
+    hc.fused = ct == EM_F32 && attention_fused_usable(T, D);
+    if (D > 0 && !run_heads(&hc, BH, false)) {
+        tmp_release(mk);
+        return em_err(EM_ERR_OOM, "attention: no memory for a head's scratch (T=%lld, D=%lld)", (long long)T,
+                      (long long)D);
+    }
     if (dt != ct) convert_n(dt, t_ptr(out), ct, o, t_numel(out));
     tmp_release(mk);
     return EM_OK;

@@ -64,4 +64,34 @@ static inline float verff(float x)
     return copysignf(1.0f - poly * vexpf(-a * a), x);
 }
 
+/* vexpf on 8 lanes with AVX2+FMA, for kernels that check the CPU first
+ * (em_cpu_detect) and carry the same target attribute: the same steps, so
+ * the same bounds (within 2 ulp of expf; 0 below -87, inf above 88.72, NaN
+ * kept). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+#include <immintrin.h>
+
+__attribute__((target("avx2,fma"))) static inline __m256 vexpf8_avx2(__m256 x)
+{
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.72f));
+    __m256 big = _mm256_set1_ps(12582912.0f);
+    __m256 k = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504f), big), big);
+    __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(2.12194440e-4f),
+                               _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), xc));
+    __m256 p = _mm256_set1_ps(1.9841270e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3888889e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3333338e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1666668e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666667e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(126)), 23);
+    __m256 v = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), _mm256_set1_ps(2.0f));
+    v = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ), v);
+    v = _mm256_blendv_ps(v, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(88.72f), _CMP_GT_OQ));
+    return _mm256_blendv_ps(v, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+#endif
+
 #endif
