@@ -101,12 +101,14 @@ static inline float load1(src s, const void *p, int64_t i)
     return s.f16 ? f16_bits_to_f32(h) : bf16_bits_to_f32(h);
 }
 
-/* asks for the cache line of element i of p ahead of its load. The packing
- * loops that walk down the rows of a row-major operand (op(B) = B (K,N),
- * op(A) = A^T with A (K,m): one line per row, a row apart) ask PF rows
- * ahead: measured 1.04-1.23x on the dW products (g^T @ x) and 1.0-1.05x
- * on dX (g @ W) with fresh operands (the tiny GPT's and 124M's shapes);
- * rows read along themselves (the transposing packs) gained nothing. */
+/* asks for the cache line of element i of p ahead of its load. B's
+ * packing when it walks down the rows of B (K,N) (one line per row, a row
+ * apart: dX = g @ W) asks PF rows ahead. Measured side by side: dX 1.0-1.05x
+ * with operands fresh from memory, and no loss with them in cache. The same
+ * in A^T's packing (dW = g^T @ x) gained 1.04-1.23x with fresh operands but
+ * lost 8-10% with operands in cache (the tiny GPT's dW products went from
+ * 0.98-1.16x sgemm to 0.86-0.99x), and a whole step could not tell the two
+ * apart, so it is not done; nor in the transposing packs (no gain). */
 enum { PF = 8 };
 static inline void prefetch1(src s, const void *p, int64_t i)
 {
@@ -183,7 +185,6 @@ TARGET static void pack_a(src sa, bool ta, const void *A, int64_t lda, int64_t m
             bool wide = h == MR && m0 + i0 + 8 <= m; /* 8 loads stay inside the row */
             for (int64_t k = 0; k < kc; k++) {
                 int64_t s = (k0 + k) * lda + m0 + i0;
-                if (k + PF < kc) prefetch1(sa, A, s + PF * lda);
                 if (wide) { /* 8 values stored: the next k's store overwrites the last 2 (dst has slack) */
                     _mm256_storeu_ps(d + k * MR, load8(sa, A, s));
                 } else {
