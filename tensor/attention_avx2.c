@@ -31,7 +31,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define EM_ATTN_BUILD 1
-#include <immintrin.h>
+#include "avx2_impl.h"
 #else
 #define EM_ATTN_BUILD 0
 #endif
@@ -216,23 +216,13 @@ TARGET static void dsoftmax_row(const float *p, int64_t n, int64_t Tp, float sca
     for (j = n; j < Tp; j++) d[j] = 0.0f;
 }
 
-/* dst[c ldd + 0:8) = src[0:8 rows, c] for c < 8: an 8x8 block transposed.
- * Rows r and r+4 share a register (their first or last four columns in its
- * two halves), so a 4x4 transpose in each half gives whole columns. */
+/* dst[c ldd + 0:8) = src[0:8 rows, c] for c < 8: an 8x8 block transposed */
 TARGET static void transpose8x8(const float *src, int64_t ld, float *dst, int64_t ldd)
 {
-    for (int h = 0; h < 8; h += 4) { /* columns h..h+3 */
-        __m256 t[4];
-        for (int r = 0; r < 4; r++)
-            t[r] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(src + r * ld + h)),
-                                        _mm_loadu_ps(src + (r + 4) * ld + h), 1);
-        __m256 u0 = _mm256_unpacklo_ps(t[0], t[1]), u1 = _mm256_unpackhi_ps(t[0], t[1]);
-        __m256 u2 = _mm256_unpacklo_ps(t[2], t[3]), u3 = _mm256_unpackhi_ps(t[2], t[3]);
-        _mm256_storeu_ps(dst + (h + 0) * ldd, _mm256_shuffle_ps(u0, u2, 0x44));
-        _mm256_storeu_ps(dst + (h + 1) * ldd, _mm256_shuffle_ps(u0, u2, 0xee));
-        _mm256_storeu_ps(dst + (h + 2) * ldd, _mm256_shuffle_ps(u1, u3, 0x44));
-        _mm256_storeu_ps(dst + (h + 3) * ldd, _mm256_shuffle_ps(u1, u3, 0xee));
-    }
+    __m256 r[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * ld);
+    transpose8(r);
+    for (int c = 0; c < 8; c++) _mm256_storeu_ps(dst + c * ldd, r[c]);
 }
 
 /* dst (D,Tp) = src (T,D)^T, rows ld apart, columns [T,Tp) zero: 8x8
