@@ -5,6 +5,7 @@
  * kernels' .cu files never call cuBLAS). */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -22,12 +23,22 @@ static em_status load_status;
 static char load_error[1200];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
+/* err (n bytes) = the message, cut short if it does not fit */
+static void say(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *err, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
 /* *slot = symbol `sym` of library h; false (and why, in err) when absent */
 static bool resolve(void *h, const char *name, const char *sym, void **slot, char *err, size_t n)
 {
     *slot = dlsym(h, sym);
     if (*slot) return true;
-    if (snprintf(err, n, "%s has no symbol %s", name, sym) >= (int)n) err[n - 1] = 0; /* cut short */
+    say(err, n, "%s has no symbol %s", name, sym);
     return false;
 }
 
@@ -37,7 +48,7 @@ static bool load_from(const char *name, cublas_api *out, char *err, size_t n)
     void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *why = dlerror();
-        if (snprintf(err, n, "%s", why ? why : name) >= (int)n) err[n - 1] = 0;
+        say(err, n, "%s", why ? why : name);
         return false;
     }
     cublas_api t;
@@ -70,19 +81,15 @@ static void load_once(void)
 static void load_once(void)
 {
     const char *soname = "libcublas.so." STR(CUBLAS_VER_MAJOR);
-    char first[512], second[512], path[512];
-    if (load_from(soname, &api, first, sizeof first)) {
-        __atomic_store_n(&loaded, true, __ATOMIC_RELEASE);
-        return;
-    }
-    if (snprintf(path, sizeof path, "%s/%s", EM_CUDA_LIBDIR, soname) >= (int)sizeof path) path[0] = 0;
-    if (load_from(path, &api, second, sizeof second)) {
-        __atomic_store_n(&loaded, true, __ATOMIC_RELEASE);
-        return;
-    }
-    if (snprintf(load_error, sizeof load_error, "cuBLAS could not be loaded: %s; %s", first, second) >=
-        (int)sizeof load_error)
-        load_error[sizeof load_error - 1] = 0;
+    char path[512], why[2][512];
+    say(path, sizeof path, "%s/%s", EM_CUDA_LIBDIR, soname);
+    const char *names[2] = {soname, path};
+    for (int i = 0; i < 2; i++)
+        if (load_from(names[i], &api, why[i], sizeof why[i])) {
+            __atomic_store_n(&loaded, true, __ATOMIC_RELEASE);
+            return;
+        }
+    say(load_error, sizeof load_error, "cuBLAS could not be loaded: %s; %s", why[0], why[1]);
     load_status = EM_ERR_DEVICE;
 }
 #endif
