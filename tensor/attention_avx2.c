@@ -80,38 +80,20 @@ TARGET static inline void put(float *d, __m256 x, __m256 alpha, int64_t nc)
 }
 
 /* C (mr,nc) = alpha * sum_{k<K} a[r ars + k aks] b[k ldb + 0:nc), nv =
- * ceil(nc/8) vectors of b read per k. mr and nv are constants where it is
- * inlined; the 12 accumulators are named variables, which gcc keeps in
- * registers (an array of them it spilled at every k). */
+ * ceil(nc/8) vectors of b read per k (fma_block); mr and nv are constants
+ * where it is inlined. */
 TARGET static inline __attribute__((always_inline)) void tile(int mr, int nv, int64_t K, const float *a,
                                                               int64_t ars, int64_t aks, const float *b,
                                                               int64_t ldb, float alpha, float *c, int64_t ldc,
                                                               int64_t nc)
 {
-    __m256 z = _mm256_setzero_ps();
-    __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z,
-           c51 = z;
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < K; k++) {
-        const float *ak = a + k * aks;
-        __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = nv > 1 ? _mm256_loadu_ps(b + k * ldb + 8) : z, x;
-#define ROW(r)                                                                                               \
-    if (mr > r) {                                                                                            \
-        x = _mm256_broadcast_ss(ak + r * ars);                                                               \
-        c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0);                                                           \
-        if (nv > 1) c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);                                               \
-    }
-        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
-#undef ROW
-    }
+    __m256 r[12];
+    fma_block(mr, nv, K, a, ars, aks, b, ldb, r);
     __m256 al = _mm256_set1_ps(alpha);
-#define PUT(r)                                                                                               \
-    if (mr > r) {                                                                                            \
-        put(c + r * ldc, c##r##0, al, nc);                                                                   \
-        if (nv > 1) put(c + r * ldc + 8, c##r##1, al, nc - 8);                                               \
+    for (int i = 0; i < mr; i++) {
+        put(c + i * ldc, r[2 * i], al, nc);
+        if (nv > 1) put(c + i * ldc + 8, r[2 * i + 1], al, nc - 8);
     }
-    PUT(0) PUT(1) PUT(2) PUT(3) PUT(4) PUT(5)
-#undef PUT
 }
 
 typedef void (*tile_fn)(int64_t K, const float *a, int64_t ars, int64_t aks, const float *b, int64_t ldb,

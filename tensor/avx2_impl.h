@@ -1,12 +1,14 @@
 /* avx2_impl.h — AVX2 pieces shared by ember's x86 kernels (the GEMM's
  * packing in tensor/gemm_widen.c, the fused attention head in
- * tensor/attention_avx2.c). Include only where x86 intrinsics build
+ * tensor/attention_avx2.c): the 6x16 multiply-add block both run their
+ * products on, and an 8x8 transpose. Include only where x86 intrinsics build
  * (both files guard it); each function carries its own target attribute,
  * so it inlines into callers compiled for AVX2 or more. */
 #ifndef EMBER_AVX2_IMPL_H
 #define EMBER_AVX2_IMPL_H
 
 #include <immintrin.h>
+#include <stdint.h>
 
 /* 8x8 transpose of r[0..8) in place: r[i] lane j becomes r[j] lane i */
 __attribute__((target("avx2"))) static inline void transpose8(__m256 r[8])
@@ -27,6 +29,38 @@ __attribute__((target("avx2"))) static inline void transpose8(__m256 r[8])
     r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
     r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
     r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* The register block of a 6x16 GEMM micro-kernel: for r < mr (<= 6),
+ *   acc[2r] = sum_{k<K} a[r ars + k aks] * b[k ldb + 0:8)
+ *   acc[2r+1] = the same for b[k ldb + 8:16) (nv = 2; nv = 1: not touched)
+ * each a broadcast times b's vectors, multiply-adds in k order. a is read
+ * through two strides, so a packed panel (ars 1, aks 6) and a matrix read
+ * where it lies (rows or columns) are the same call. Meant to be inlined
+ * with mr and nv constant: the 12 sums are named variables, which gcc keeps
+ * in registers (an array of them it spilled at every k). */
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void
+fma_block(int mr, int nv, int64_t K, const float *a, int64_t ars, int64_t aks, const float *b, int64_t ldb,
+          __m256 acc[12])
+{
+    __m256 z = _mm256_setzero_ps();
+    __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z,
+           c51 = z;
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < K; k++) {
+        const float *ak = a + k * aks;
+        __m256 b0 = _mm256_loadu_ps(b + k * ldb), b1 = nv > 1 ? _mm256_loadu_ps(b + k * ldb + 8) : z, x;
+#define EM_FMA_ROW(r)                                                                                        \
+    if (mr > r) {                                                                                            \
+        x = _mm256_broadcast_ss(ak + r * ars);                                                               \
+        c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0);                                                           \
+        if (nv > 1) c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);                                               \
+    }
+        EM_FMA_ROW(0) EM_FMA_ROW(1) EM_FMA_ROW(2) EM_FMA_ROW(3) EM_FMA_ROW(4) EM_FMA_ROW(5)
+#undef EM_FMA_ROW
+    }
+    acc[0] = c00, acc[1] = c01, acc[2] = c10, acc[3] = c11, acc[4] = c20, acc[5] = c21;
+    acc[6] = c30, acc[7] = c31, acc[8] = c40, acc[9] = c41, acc[10] = c50, acc[11] = c51;
 }
 
 #endif

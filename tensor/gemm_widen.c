@@ -203,33 +203,7 @@ TARGET static void pack_a(src sa, bool ta, const void *A, int64_t lda, int64_t m
 TARGET static inline __attribute__((always_inline)) void sums(int64_t kc, const float *a, const float *b,
                                                               __m256 r[2 * MR])
 {
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
-           c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; k++) {
-        __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
-        const float *ak = a + k * MR;
-        __m256 x = _mm256_broadcast_ss(ak + 0);
-        c00 = _mm256_fmadd_ps(x, b0, c00);
-        c01 = _mm256_fmadd_ps(x, b1, c01);
-        x = _mm256_broadcast_ss(ak + 1);
-        c10 = _mm256_fmadd_ps(x, b0, c10);
-        c11 = _mm256_fmadd_ps(x, b1, c11);
-        x = _mm256_broadcast_ss(ak + 2);
-        c20 = _mm256_fmadd_ps(x, b0, c20);
-        c21 = _mm256_fmadd_ps(x, b1, c21);
-        x = _mm256_broadcast_ss(ak + 3);
-        c30 = _mm256_fmadd_ps(x, b0, c30);
-        c31 = _mm256_fmadd_ps(x, b1, c31);
-        x = _mm256_broadcast_ss(ak + 4);
-        c40 = _mm256_fmadd_ps(x, b0, c40);
-        c41 = _mm256_fmadd_ps(x, b1, c41);
-        x = _mm256_broadcast_ss(ak + 5);
-        c50 = _mm256_fmadd_ps(x, b0, c50);
-        c51 = _mm256_fmadd_ps(x, b1, c51);
-    }
-    r[0] = c00, r[1] = c01, r[2] = c10, r[3] = c11, r[4] = c20, r[5] = c21;
-    r[6] = c30, r[7] = c31, r[8] = c40, r[9] = c41, r[10] = c50, r[11] = c51;
+    fma_block(MR, 2, kc, a, 1, MR, b, NR, r);
 }
 
 /* c (MR x NR f32, row stride ldc) = (acc ? c : 0) + a-panel @ b-panel over kc */
