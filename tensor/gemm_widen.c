@@ -15,8 +15,10 @@
  *   the micro-kernel keeps a 6x16 block of C in 12 ymm registers.
  * With K <= KC a block of C is final after one pass and is rounded to the
  * low dtype as the micro-kernel stores it; a deeper K accumulates in an f32
- * block of C and rounds after its last KC step. A C stored in f32 holds the
- * same rounded values, or has them added to it (gemm_low_dtypes.add). */
+ * block of C, and its last KC step adds its sums to that block's and
+ * rounds them on their way out of the registers. A C stored in f32 holds
+ * the same rounded values, or has them added to it (gemm_low_dtypes.add).
+ * Only the blocks at C's edges go through a 6x16 scratch tile. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,18 +208,6 @@ TARGET static inline __attribute__((always_inline)) void sums(int64_t kc, const 
     fma_block(MR, 2, kc, a, 1, MR, b, NR, r);
 }
 
-/* c (MR x NR f32, row stride ldc) = (acc ? c : 0) + a-panel @ b-panel over kc */
-TARGET static void kernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool acc)
-{
-    __m256 r[2 * MR];
-    sums(kc, a, b, r);
-    for (int i = 0; i < MR; i++)
-        for (int h = 0; h < 2; h++) {
-            float *p = c + i * ldc + 8 * h;
-            _mm256_storeu_ps(p, acc ? _mm256_add_ps(_mm256_loadu_ps(p), r[2 * i + h]) : r[2 * i + h]);
-        }
-}
-
 /* 8 floats rounded to 8 bf16 (round8_bf16_hi's rule) */
 TARGET static inline __m128i round8_bf16(__m256 x)
 {
@@ -225,14 +215,53 @@ TARGET static inline __m128i round8_bf16(__m256 x)
     return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08));
 }
 
-/* c (MR x NR bf16, row stride ldc) = a-panel @ b-panel over kc, each sum
- * rounded to bf16 as it leaves the registers */
-TARGET static void kernel_bf16(int64_t kc, const float *a, const float *b, uint16_t *c, int64_t ldc)
+/* How the micro-kernel's sums leave its registers for C: as they are
+ * (PUT_F32), added to an f32 C (PUT_ADD), rounded to the low dtype and kept
+ * in f32 (PUT_KEEP) or so added (PUT_KEEP_ADD), or rounded into a bf16 or
+ * f16 C (PUT_LOW). Each is store_low's rule for that C, applied in
+ * registers. */
+typedef enum put_mode { PUT_F32, PUT_ADD, PUT_KEEP, PUT_KEEP_ADD, PUT_LOW } put_mode;
+
+/* the mode of a product's C (sc, add), or -1 where store_low alone writes
+ * it (an exact product scaled by alpha != 1) */
+static int put_mode_of(src sc, bool add, float alpha)
+{
+    if (sc.exact) return alpha != 1.0f ? -1 : add ? PUT_ADD : PUT_F32;
+    if (!sc.f32) return PUT_LOW;
+    return add ? PUT_KEEP_ADD : PUT_KEEP;
+}
+
+/* 8 sums v into C at p as pm says (f16: the low dtype is f16, else bf16) */
+TARGET static inline void put8(put_mode pm, bool f16, __m256 v, char *p)
+{
+    float *f = (float *)p;
+    switch (pm) {
+    case PUT_F32: _mm256_storeu_ps(f, v); break;
+    case PUT_ADD: _mm256_storeu_ps(f, _mm256_add_ps(_mm256_loadu_ps(f), v)); break;
+    case PUT_KEEP: _mm256_storeu_ps(f, keep8(f16, v)); break;
+    case PUT_KEEP_ADD: _mm256_storeu_ps(f, _mm256_add_ps(_mm256_loadu_ps(f), keep8(f16, v))); break;
+    case PUT_LOW:
+        _mm_storeu_si128((__m128i *)p, f16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : round8_bf16(v));
+        break;
+    }
+}
+
+/* C's MR x NR block at c (row stride ldc elements) gets (init ? init's
+ * block : 0) + a-panel @ b-panel over kc, put as pm says. init (row stride
+ * ldi, f32) holds the sums of the earlier KC steps; this step's sums are
+ * added to it after their own k loop, as every step's are. */
+TARGET static void kernel(put_mode pm, bool f16, int64_t kc, const float *a, const float *b,
+                          const float *init, int64_t ldi, void *c, int64_t ldc)
 {
     __m256 r[2 * MR];
     sums(kc, a, b, r);
+    size_t es = pm == PUT_LOW ? 2 : 4;
     for (int i = 0; i < MR; i++)
-        for (int h = 0; h < 2; h++) _mm_storeu_si128((__m128i *)(c + i * ldc + 8 * h), round8_bf16(r[2 * i + h]));
+        for (int h = 0; h < 2; h++) {
+            __m256 v = r[2 * i + h];
+            if (init) v = _mm256_add_ps(_mm256_loadu_ps(init + i * ldi + 8 * h), v);
+            put8(pm, f16, v, (char *)c + (size_t)(i * ldc + 8 * h) * es);
+        }
 }
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,
@@ -285,10 +314,9 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool
                     int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
 {
     bool deep = K > KC;
-    /* an exact product with alpha 1: the kernel's own sums are C's values */
-    bool direct = sc.exact && alpha == 1.0f;
-    /* a bf16 C: rounded as it leaves the kernel's registers */
-    bool bf16_out = !sc.f32 && !sc.f16;
+    /* how a whole 6x16 block of C leaves the kernel's registers (-1: through
+     * store_low); a block at C's edge goes through store_low too */
+    int pm = put_mode_of(sc, add, alpha);
     size_t cs = sc.f32 ? 4 : 2;
     char *c8 = C;
     /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD) */
@@ -327,21 +355,19 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool
                     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                         char *cij = c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs;
-                        if (r == MR && w == NR && (direct || bf16_out)) { /* a whole block straight into C */
-                            if (direct)
-                                kernel(K, ap + i0 * K, bp + j0 * K, (float *)cij, ldc, add);
-                            else
-                                kernel_bf16(K, ap + i0 * K, bp + j0 * K, (uint16_t *)cij, ldc);
+                        if (r == MR && w == NR && pm >= 0) { /* a whole block straight into C */
+                            kernel(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, cij, ldc);
                             continue;
                         }
-                        kernel(K, ap + i0 * K, bp + j0 * K, tile, NR, false);
+                        kernel(PUT_F32, false, K, ap + i0 * K, bp + j0 * K, NULL, 0, tile, NR);
                         store_low(sc, add, alpha, tile, NR, cij, ldc, r, w);
                     }
             }
             continue;
         }
         /* up to MSUM rows share each packed block of B (packed once per
-         * KC step), their sums in acc; more rows take turns */
+         * KC step), their sums in acc; more rows take turns. The last KC
+         * step puts each block's sums, added to acc's, into C. */
         for (int64_t M0 = 0; M0 < m; M0 += msum) {
             int64_t ms = m - M0 < msum ? m - M0 : msum;
             for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
@@ -355,11 +381,22 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool
                     else
                         pack_a(sa, ta, A, lda, m, M0 + m0, mc, k0, kc, ap);
                     for (int64_t j0 = 0; j0 < nc; j0 += NR)
-                        for (int64_t i0 = 0; i0 < mc; i0 += MR)
-                            kernel(kc, a + i0 * kc, bp + j0 * kc, acc + (m0 + i0) * ncp + j0, ncp, k0 > 0);
+                        for (int64_t i0 = 0; i0 < mc; i0 += MR) {
+                            float *sum = acc + (m0 + i0) * ncp + j0, *prev = k0 > 0 ? sum : NULL;
+                            const float *ai = a + i0 * kc, *bj = bp + j0 * kc;
+                            int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
+                            char *cij = c8 + (size_t)((M0 + m0 + i0) * ldc + n0 + j0) * cs;
+                            if (k0 + kc < K) {
+                                kernel(PUT_F32, false, kc, ai, bj, prev, ncp, sum, ncp);
+                            } else if (r == MR && w == NR && pm >= 0) {
+                                kernel(pm, sc.f16, kc, ai, bj, prev, ncp, cij, ldc);
+                            } else {
+                                kernel(PUT_F32, false, kc, ai, bj, prev, ncp, sum, ncp);
+                                store_low(sc, add, alpha, sum, ncp, cij, ldc, r, w);
+                            }
+                        }
                 }
             }
-            store_low(sc, add, alpha, acc, ncp, c8 + (size_t)(M0 * ldc + n0) * cs, ldc, ms, nc);
         }
     }
     tmp_release(mark);
