@@ -246,6 +246,21 @@ TARGET static inline void put8(put_mode pm, bool f16, __m256 v, char *p)
     }
 }
 
+/* the 6x16 sums r into C's block at c (row stride ldc elements), each
+ * added to init's (row stride ldi) first when init is given, put as pm
+ * says; inlined with pm and f16 constant, so r stays in registers */
+TARGET static inline __attribute__((always_inline)) void
+put_block(put_mode pm, bool f16, const __m256 r[2 * MR], const float *init, int64_t ldi, void *c, int64_t ldc)
+{
+    size_t es = pm == PUT_LOW ? 2 : 4;
+    for (int i = 0; i < MR; i++)
+        for (int h = 0; h < 2; h++) {
+            __m256 v = r[2 * i + h];
+            if (init) v = _mm256_add_ps(_mm256_loadu_ps(init + i * ldi + 8 * h), v);
+            put8(pm, f16, v, (char *)c + (size_t)(i * ldc + 8 * h) * es);
+        }
+}
+
 /* C's MR x NR block at c (row stride ldc elements) gets (init ? init's
  * block : 0) + a-panel @ b-panel over kc, put as pm says. init (row stride
  * ldi, f32) holds the sums of the earlier KC steps; this step's sums are
@@ -254,14 +269,29 @@ TARGET static void kernel(put_mode pm, bool f16, int64_t kc, const float *a, con
                           const float *init, int64_t ldi, void *c, int64_t ldc)
 {
     __m256 r[2 * MR];
-    sums(kc, a, b, r);
-    size_t es = pm == PUT_LOW ? 2 : 4;
-    for (int i = 0; i < MR; i++)
-        for (int h = 0; h < 2; h++) {
-            __m256 v = r[2 * i + h];
-            if (init) v = _mm256_add_ps(_mm256_loadu_ps(init + i * ldi + 8 * h), v);
-            put8(pm, f16, v, (char *)c + (size_t)(i * ldc + 8 * h) * es);
-        }
+    fma_block(MR, 2, kc, a, 1, MR, b, NR, r);
+    switch (pm) { /* one copy of the stores per mode */
+    case PUT_F32: put_block(PUT_F32, false, r, init, ldi, c, ldc); break;
+    case PUT_ADD: put_block(PUT_ADD, false, r, init, ldi, c, ldc); break;
+    case PUT_KEEP:
+        if (f16)
+            put_block(PUT_KEEP, true, r, init, ldi, c, ldc);
+        else
+            put_block(PUT_KEEP, false, r, init, ldi, c, ldc);
+        break;
+    case PUT_KEEP_ADD:
+        if (f16)
+            put_block(PUT_KEEP_ADD, true, r, init, ldi, c, ldc);
+        else
+            put_block(PUT_KEEP_ADD, false, r, init, ldi, c, ldc);
+        break;
+    case PUT_LOW:
+        if (f16)
+            put_block(PUT_LOW, true, r, init, ldi, c, ldc);
+        else
+            put_block(PUT_LOW, false, r, init, ldi, c, ldc);
+        break;
+    }
 }
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,
