@@ -7,7 +7,12 @@
  *
  * The reference is PyTorch 2 (issue 16): bench/train_step_torch.py runs the
  * same step eager, eager with AdamW(fused=True), and under torch.compile,
- * each with 1 and with 2 threads; the speed-up is against the best of them.
+ * each with 1 and with 2 threads. It runs in rounds (3 by default), each
+ * ember's step and then every PyTorch run; a round's speed-up is its
+ * fastest PyTorch run over its ember run, and the figure printed is the
+ * median of the rounds', with their range: on a VM whose speed drifts by
+ * 15% over minutes, ember measured once against the best of six runs
+ * spread over those minutes moved more with the drift than with the code.
  * A mode the installed PyTorch lacks, or a compile that fails, is printed
  * with the reason and the others go on. Which python runs it:
  * EMBER_BENCH_PYTHON, else bench/.venv (bash bench/setup_torch.sh), else
@@ -31,8 +36,9 @@
  * multiply-add peak on ember's threads (bench_peak.h): the hardware's own
  * ceiling, which a GEMM faster than the BLAS's could approach.
  *
- * usage: bench_train [tiny|124m|all] [steps] [modes]   (default all; 20 steps tiny, 5 for 124m;
- *          modes, e.g. "eager,fused": only those PyTorch modes of eager, fused, compile)
+ * usage: bench_train [tiny|124m|all] [steps] [modes] [rounds]   (default all; 20 steps tiny, 5 for
+ *          124m; modes, e.g. "eager,fused": only those PyTorch modes of eager, fused, compile, or
+ *          "all"; rounds: 3 by default, each ember then every PyTorch run, see torch_table)
  *        bench_train amp [tiny|124m|all] [steps] [dtypes]   (dtypes, e.g. "bf16" or "f32,bf16": run only
  *          those; a ratio whose side was not run prints nan) */
 #include <math.h>
@@ -404,8 +410,30 @@ static const char *mode_unavailable(const bench_python *py, const char *mode)
     return NULL;
 }
 
-/* ember's step beside every PyTorch mode with 1 and 2 threads, per configuration */
-static int torch_table(const char *which, int steps_arg, const char *modes)
+/* What one round measured: ember's step and every PyTorch run. */
+typedef struct torch_round {
+    double ms, mb, loss; /* ember's */
+    torch_run runs[6];
+    int nruns;
+} torch_round;
+
+/* The lowest and highest of v[0..n) in *lo, *hi. */
+static void span(const double *v, int n, double *lo, double *hi)
+{
+    *lo = *hi = v[0];
+    for (int i = 1; i < n; i++) {
+        *lo = v[i] < *lo ? v[i] : *lo;
+        *hi = v[i] > *hi ? v[i] : *hi;
+    }
+}
+
+/* ember's step beside every PyTorch mode with 1 and 2 threads, per
+ * configuration, in `rounds` rounds: each round runs ember, then every
+ * PyTorch run, so a machine whose speed drifts over minutes (a VM) slows
+ * both sides of a round alike. A round's speed-up is its fastest PyTorch
+ * run over its ember run; the figure is the median of the rounds' (their
+ * range beside it). */
+static int torch_table(const char *which, int steps_arg, const char *modes, int rounds)
 {
     static const char *const all_modes[] = {"eager", "fused", "compile"};
     char script[1024];
@@ -415,7 +443,8 @@ static int torch_table(const char *which, int steps_arg, const char *modes)
     printf(
         "bench_train: one training step = forward + backward + clip to norm 1.0 + AdamW, the same in ember\n"
         "and PyTorch; median over steps after 2 warm-up steps; each run in its own child process,\n"
-        "peak MB = that child's ru_maxrss (wait4)\n");
+        "peak MB = that child's ru_maxrss (wait4); %d round%s, each ember then every PyTorch run\n",
+        rounds, rounds == 1 ? "" : "s");
     print_machine();
     printf("ember: %d threads; product path (em_matmul_path): f32 %s\n", em_num_threads(),
            em_matmul_path(EM_F32));
@@ -430,76 +459,124 @@ static int torch_table(const char *which, int steps_arg, const char *modes)
         printf("reference: none (%s%s)\n  get PyTorch 2 with `bash bench/setup_torch.sh` (its --help)\n",
                strcmp(py.how, "EMBER_BENCH_PYTHON") ? "tried " : "EMBER_BENCH_PYTHON=", py.why);
     }
-    printf("%s\n", have_torch ? "speed-up = best PyTorch ms / ember ms (above 1: ember is faster)\n" : "");
-    printf("%-6s %-21s %3s %10s %10s %9s %7s %12s\n", "config", "run", "thr", "ms/step", "tokens/s",
-           "peak MB", "loss", "first step s");
+    printf("%s\n", have_torch
+                       ? "speed-up = fastest PyTorch run / ember, per round (above 1: ember is faster)\n"
+                       : "");
     int rc = 0;
+    torch_round *rd = calloc((size_t)rounds, sizeof *rd);
+    if (!rd) return 1;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const bench_cfg *c = &configs[i];
         if (strcmp(which, "all") && strcmp(which, c->name)) continue;
         int steps = steps_arg > 0 ? steps_arg : c->steps;
         double tokens = (double)(c->batch * c->model.block_size);
-        double ms, mb, loss;
-        if (ember_child(c, steps, &ms, &mb, &loss)) {
-            fprintf(stderr, "bench_train: ember %s failed\n", c->name);
-            rc = 1;
-            continue;
-        }
-        printf("%-6s %-21s %3d %10.1f %10.0f %9.0f %7.3f\n", c->name, "ember", em_num_threads(), ms,
-               tokens / (ms / 1e3), mb, loss);
-        double gflop, bound = gemm_bound_ms(c, &gflop);
-        printf("%-6s %-21s %3d %10.1f %10.0f   (the step's %.2f GFLOP of products alone in raw cblas_sgemm)\n",
-               c->name, "GEMM bound", em_num_threads(), bound, tokens / (bound / 1e3), gflop);
-        double peak = fma_peak_gflops(em_num_threads()), peak_ms = peak > 0 ? gflop / peak * 1e3 : NAN;
-        printf(
-            "%-6s %-21s %3d %10.1f %10.0f   (the same GFLOP at this CPU's multiply-add peak, measured: %.0f "
-            "GFLOP/s)\n",
-            c->name, "FMA peak", em_num_threads(), peak_ms, tokens / (peak_ms / 1e3), peak);
-        printf("%-6s ember's step runs at %.0f GFLOP/s, %.0f%% of the peak; raw sgemm at %.0f%%\n", c->name,
-               gflop / ms * 1e3, 100 * peak_ms / ms, 100 * peak_ms / bound);
-        fflush(stdout);
-        if (!have_torch) continue;
-        torch_run runs[6], *best = NULL;
-        int nruns = 0;
-        double mb_lo = 0, mb_hi = 0;
-        for (int m = 0; m < 3; m++) {
-            if (modes && !list_has(modes, all_modes[m])) continue;
-            for (int th = 1; th <= 2; th++) {
-                torch_run *r = &runs[nruns++];
-                *r = (torch_run){.mode = all_modes[m], .threads = th, .ms = -1};
-                const char *why = mode_unavailable(&py, r->mode);
-                if (why)
-                    snprintf(r->err, sizeof r->err, "not in this PyTorch: %s",
-                             why + (strncmp(why, "no: ", 4) ? 0 : 4));
-                else
-                    torch_child(&py, c->name, steps, r);
-                if (r->ms < 0) {
-                    printf("%-6s %-21s %3d   %s: %s\n", c->name, mode_label(&py, r->mode), th,
-                           why ? "not run" : "failed", r->err);
+        double bound = 0, gflop = 0, peak_ms = NAN;
+        int done = 0; /* rounds whose ember run and at least one PyTorch run finished (or no PyTorch) */
+        double su[64], ems[64];
+        printf("%-6s %3s %-21s %3s %10s %10s %9s %7s %12s\n", "config", "rnd", "run", "thr", "ms/step",
+               "tokens/s", "peak MB", "loss", "first step s");
+        for (int k = 0; k < rounds; k++) {
+            torch_round *r = &rd[k];
+            *r = (torch_round){0};
+            if (ember_child(c, steps, &r->ms, &r->mb, &r->loss)) {
+                fprintf(stderr, "bench_train: ember %s failed\n", c->name);
+                rc = 1;
+                break;
+            }
+            printf("%-6s %3d %-21s %3d %10.1f %10.0f %9.0f %7.3f\n", c->name, k + 1, "ember",
+                   em_num_threads(), r->ms, tokens / (r->ms / 1e3), r->mb, r->loss);
+            if (k == 0) {
+                bound = gemm_bound_ms(c, &gflop);
+                printf("%-6s %3s %-21s %3d %10.1f %10.0f   (the step's %.2f GFLOP of products alone in raw "
+                       "cblas_sgemm)\n",
+                       c->name, "", "GEMM bound", em_num_threads(), bound, tokens / (bound / 1e3), gflop);
+                double peak = fma_peak_gflops(em_num_threads());
+                peak_ms = peak > 0 ? gflop / peak * 1e3 : NAN;
+                printf("%-6s %3s %-21s %3d %10.1f %10.0f   (the same GFLOP at this CPU's multiply-add peak, "
+                       "measured: %.0f GFLOP/s)\n",
+                       c->name, "", "FMA peak", em_num_threads(), peak_ms, tokens / (peak_ms / 1e3), peak);
+            }
+            fflush(stdout);
+            const torch_run *best = NULL;
+            for (int m = 0; m < 3 && have_torch; m++) {
+                if (modes && !list_has(modes, all_modes[m])) continue;
+                for (int th = 1; th <= 2; th++) {
+                    torch_run *t = &r->runs[r->nruns++];
+                    *t = (torch_run){.mode = all_modes[m], .threads = th, .ms = -1};
+                    const char *why = mode_unavailable(&py, t->mode);
+                    if (why)
+                        snprintf(t->err, sizeof t->err, "not in this PyTorch: %s",
+                                 why + (strncmp(why, "no: ", 4) ? 0 : 4));
+                    else
+                        torch_child(&py, c->name, steps, t);
+                    if (t->ms < 0) {
+                        if (k == 0 || !why)
+                            printf("%-6s %3d %-21s %3d   %s: %s\n", c->name, k + 1, mode_label(&py, t->mode),
+                                   th, why ? "not run" : "failed", t->err);
+                        fflush(stdout);
+                        continue;
+                    }
+                    printf("%-6s %3d %-21s %3d %10.1f %10.0f %9.0f %7.3f %12.1f\n", c->name, k + 1,
+                           mode_label(&py, t->mode), th, t->ms, tokens / (t->ms / 1e3), t->rss_mb, t->loss,
+                           t->first_s);
                     fflush(stdout);
-                    continue;
+                    if (!best || t->ms < best->ms) best = t;
                 }
-                printf("%-6s %-21s %3d %10.1f %10.0f %9.0f %7.3f %12.1f\n", c->name, mode_label(&py, r->mode),
-                       th, r->ms, tokens / (r->ms / 1e3), r->rss_mb, r->loss, r->first_s);
-                fflush(stdout);
-                if (!best || r->ms < best->ms) best = r;
-                mb_lo = mb_lo && mb_lo < r->rss_mb ? mb_lo : r->rss_mb;
-                mb_hi = mb_hi > r->rss_mb ? mb_hi : r->rss_mb;
+            }
+            if (have_torch && !best) continue; /* no PyTorch run finished: no ratio this round */
+            ems[done] = r->ms;
+            su[done++] = best ? best->ms / r->ms : NAN;
+            if (best)
+                printf("%-6s %3d round speed-up %.2fx (ember %.1f ms, fastest PyTorch %.1f ms: %s, %d thr)\n",
+                       c->name, k + 1, best->ms / r->ms, r->ms, best->ms, mode_label(&py, best->mode),
+                       best->threads);
+        }
+        if (!done) continue;
+        double e_lo, e_hi, e_med = median(ems, done);
+        span(ems, done, &e_lo, &e_hi);
+        printf(
+            "%-6s ember %.1f ms (median of %d rounds, %.1f-%.1f); the step runs at %.0f GFLOP/s, %.0f%% of "
+            "the FMA peak; raw sgemm at %.0f%%; ember reaches %.0f%% of the GEMM bound\n",
+            c->name, e_med, done, e_lo, e_hi, gflop / e_med * 1e3, 100 * peak_ms / e_med,
+            100 * peak_ms / bound, 100 * bound / e_med);
+        if (!have_torch) continue;
+        /* every PyTorch run's median over the rounds, and the fastest of those */
+        int nruns = rd[0].nruns, bi = -1;
+        double bmed = 0, mb_lo = 0, mb_hi = 0, bmb = 0, import_mb = 0;
+        for (int t = 0; t < nruns; t++) {
+            double v[64], mb[64];
+            int n = 0;
+            for (int k = 0; k < rounds; k++)
+                if (t < rd[k].nruns && rd[k].runs[t].ms > 0) {
+                    mb[n] = rd[k].runs[t].rss_mb;
+                    import_mb = rd[k].runs[t].import_mb;
+                    v[n++] = rd[k].runs[t].ms;
+                }
+            if (!n) continue;
+            double med = median(v, n), lo, hi;
+            span(mb, n, &lo, &hi);
+            mb_lo = mb_lo && mb_lo < lo ? mb_lo : lo;
+            mb_hi = mb_hi > hi ? mb_hi : hi;
+            if (bi < 0 || med < bmed) {
+                bi = t;
+                bmed = med;
+                bmb = median(mb, n);
             }
         }
-        if (best)
-            printf("%-6s the GEMM bound is %.2fx the best PyTorch, the FMA peak %.2fx; ember reaches %.0f%% "
-                   "of the GEMM "
-                   "bound\n",
-                   c->name, best->ms / bound, best->ms / peak_ms, 100 * bound / ms);
-        if (best)
-            printf(
-                "%-6s speed-up %.2fx (ember %.1f ms, best PyTorch %.1f ms: %s, %d thr); peak MB ember %.0f / "
-                "PyTorch %.0f = %.2f (PyTorch runs %.0f-%.0f; `import torch` alone %.0f)\n",
-                c->name, best->ms / ms, ms, best->ms, mode_label(&py, best->mode), best->threads, mb,
-                best->rss_mb, mb / best->rss_mb, mb_lo, mb_hi, best->import_mb);
+        if (bi < 0) continue;
+        double s_lo, s_hi, s_med = median(su, done);
+        span(su, done, &s_lo, &s_hi);
+        printf("%-6s the GEMM bound is %.2fx the best PyTorch (%s, %d thr: median %.1f ms), the FMA peak "
+               "%.2fx\n",
+               c->name, bmed / bound, mode_label(&py, rd[0].runs[bi].mode), rd[0].runs[bi].threads, bmed,
+               bmed / peak_ms);
+        printf(
+            "%-6s speed-up %.2fx (median of %d rounds' fastest PyTorch / ember; rounds %.2f-%.2fx); peak MB "
+            "ember %.0f / PyTorch %.0f = %.2f (PyTorch runs %.0f-%.0f; `import torch` alone %.0f)\n",
+            c->name, s_med, done, s_lo, s_hi, rd[0].mb, bmb, rd[0].mb / bmb, mb_lo, mb_hi, import_mb);
         fflush(stdout);
     }
+    free(rd);
     return rc;
 }
 
@@ -507,5 +584,11 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "amp"))
         return amp_table(argc > 2 ? argv[2] : "all", argc > 3 ? atoi(argv[3]) : 0, argc > 4 ? argv[4] : NULL);
-    return torch_table(argc > 1 ? argv[1] : "all", argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? argv[3] : NULL);
+    int rounds = argc > 4 ? atoi(argv[4]) : 3;
+    if (rounds < 1 || rounds > 64) {
+        fprintf(stderr, "bench_train: rounds must be 1 to 64, got '%s'\n", argv[4]);
+        return 2;
+    }
+    return torch_table(argc > 1 ? argv[1] : "all", argc > 2 ? atoi(argv[2]) : 0,
+                       argc > 3 && strcmp(argv[3], "all") ? argv[3] : NULL, rounds);
 }
