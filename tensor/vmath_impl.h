@@ -28,7 +28,8 @@ static inline float vexpf_half(float xc)
         r * (1.0f + r * (0.5f + r * (1.6666667e-1f +
                                      r * (4.1666668e-2f +
                                           r * (8.3333338e-3f + r * (1.3888889e-3f + r * 1.9841270e-4f))))));
-    int32_t bits = ((int32_t)k + 126) << 23; /* 2^(k-1) */
+    /* 2^(k-1); shifted unsigned, as a NaN's k converts to INT_MIN (on x86) */
+    uint32_t bits = (uint32_t)((int32_t)k + 126) << 23;
     float half_scale;
     memcpy(&half_scale, &bits, sizeof half_scale);
     return p * half_scale;
