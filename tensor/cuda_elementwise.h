@@ -21,7 +21,7 @@ extern "C" {
 /* The op codes are the sub-enums of the op list (tensor/ops.h): binop,
  * cmpop, unop, redop; each function names its op by the list's name in
  * errors. The per-element maths is tensor/elementwise_formulas.h, the CPU
- * kernels' own (the _f32 / _f64 flavours: exact expf/tanhf/erff where the
+ * kernels' own (the _f32 / _f64 flavours: exact expf/tanhf/erfcf where the
  * CPU uses its vectorisable approximations). */
 
 /* out = a <op> b over w (operands: 0 out, 1 a, 2 b; broadcasting by stride

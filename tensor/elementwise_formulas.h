@@ -3,8 +3,10 @@
  *
  * Not a header to include directly: elementwise_math.h includes it once per
  * flavour, with EW_T the number type, EW_FN(name) the flavoured function
- * name, and EW_EXP, EW_TANH, EW_ERF, EW_SIGMOID, EW_POW, EW_LOG, EW_SQRT,
- * EW_ABS, EW_MUL_ADD the primitives (see there). Constants are written as
+ * name, and EW_EXP, EW_TANH, EW_NORMAL, EW_SIGMOID, EW_POW, EW_LOG, EW_SQRT,
+ * EW_ABS, EW_MUL_ADD the primitives (see there; EW_NORMAL(x, &pdf) returns
+ * the normal distribution function Phi(x) and puts its density phi(x) in
+ * pdf, from one exponential where the flavour can). Constants are written as
  * EW_C(v), v converted to EW_T, so one text is the same arithmetic as the
  * double and the float formulas written out by hand.
  *
@@ -29,7 +31,10 @@ static EM_HD inline EW_T EW_FN(ew_unary)(unop k, EW_T x, EW_T p)
     case UN_TANH: return EW_TANH(x);
     case UN_SIGMOID: return EW_SIGMOID(x);
     case UN_RELU: return x > 0 ? x : EW_C(0);
-    case UN_GELU: return EW_C(0.5) * x * (EW_C(1) + EW_ERF(x * EW_C(EW_INV_SQRT2))); /* x Phi(x) */
+    case UN_GELU: { /* x Phi(x); x held at -40 below, where Phi is 0 (in f32 and f64), so gelu(-inf) = -0 */
+        EW_T pdf;
+        return (x < EW_C(-40) ? EW_C(-40) : x) * EW_NORMAL(x, &pdf);
+    }
     case UN_GELU_TANH: /* x (1 + tanh u)/2 with u = k(x + c x^3), written as x sigma(2u) = x / (1 + e^-2u):
                         * one exp and one division, no tanh (e^-2u = inf gives x/inf = 0, as tanh = -1 does) */
         return x / (EW_C(1) + EW_EXP(EW_C(-2) * EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x)));
@@ -53,9 +58,10 @@ static EM_HD inline EW_T EW_FN(ew_unary_grad)(unop k, EW_T x, EW_T y, EW_T g, EW
     case UN_TANH: return g * (EW_C(1) - y * y);                               /* 1 - tanh^2 */
     case UN_SIGMOID: return g * y * (EW_C(1) - y);                            /* s (1 - s) */
     case UN_RELU: return x > 0 ? g : EW_C(0);                                 /* 0 at 0 */
-    case UN_GELU:                                                             /* Phi(x) + x phi(x) */
-        return g * (EW_C(0.5) * (EW_C(1) + EW_ERF(x * EW_C(EW_INV_SQRT2))) +
-                    x * EW_C(EW_INV_SQRT_2PI) * EW_EXP(EW_C(-0.5) * x * x));
+    case UN_GELU: { /* Phi(x) + x phi(x); x phi(x) is 0 where phi is, so the infinities give 0 and 1 */
+        EW_T pdf, cdf = EW_NORMAL(x, &pdf);
+        return g * (cdf + (pdf == EW_C(0) ? EW_C(0) : x * pdf));
+    }
     case UN_GELU_TANH: { /* u = k(x + c x^3), s = sigma(2u) = (1 + tanh u)/2: s + 2 x s (1 - s) u' */
         EW_T s = EW_C(1) / (EW_C(1) + EW_EXP(EW_C(-2) * EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x)));
         return g * (s + EW_C(2) * x * s * (EW_C(1) - s) * EW_C(EW_GELU_K) *
@@ -91,7 +97,7 @@ static EM_HD inline EW_T EW_FN(ew_affine)(EW_T x, EW_T m, EW_T s) { return EW_MU
 #undef EW_FN
 #undef EW_EXP
 #undef EW_TANH
-#undef EW_ERF
+#undef EW_NORMAL
 #undef EW_SIGMOID
 #undef EW_POW
 #undef EW_LOG

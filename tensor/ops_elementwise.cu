@@ -3,7 +3,7 @@
 // tensor/cuda_elementwise.h for the contract, tensor/cuda_impl.h for the
 // conventions). The op codes are the op list's (tensor/ops.h). The
 // per-element maths is the CPU kernels' own, tensor/elementwise_formulas.h,
-// in its exact flavours (_f32 with expf/tanhf/erff, _f64) where the CPU's
+// in its exact flavours (_f32 with expf/tanhf/erfcf, _f64) where the CPU's
 // floats use vectorisable approximations that tests/test_unary.c holds to
 // them; the same precision per dtype and the same rounding on store as the
 // CPU kernels in ops_binary.c, ops_unary.c, ops_compare.c and ops_reduce.c.

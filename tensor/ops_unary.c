@@ -8,7 +8,7 @@
  * (whichever the derivative is cheaper from). The per-element maths is not
  * here: it is tensor/elementwise_formulas.h, shared with the CUDA kernels
  * (tensor/ops_elementwise.cu); the CPU computes floats in its _f32v flavour
- * (vectorisable exp/tanh/erf, see tensor/elementwise_math.h). */
+ * (vectorisable exp, tanh and normal distribution, see tensor/elementwise_math.h). */
 #include "dispatch.h"
 #include "elementwise_math.h"
 #include "kernel_impl.h"
