@@ -241,7 +241,8 @@ em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out)
         /* the shared-memory segment of a group on one host (dist/shm.c) */
         [EM_MEM_COMM] =
             c->world > 1 ? (double)shm_bytes(c->world < SHM_MAX_WORLD ? c->world : SHM_MAX_WORLD) : 0,
-        [EM_MEM_RUNTIME] = runtime_bytes(c->threads ? c->threads : em_num_threads(), c->base_bytes, c->data_bytes)};
+        [EM_MEM_RUNTIME] =
+            runtime_bytes(c->threads ? c->threads : em_num_threads(), c->base_bytes, c->data_bytes)};
     out->n_params = (int64_t)P;
     double total = 0;
     for (int i = 0; i < EM_MEM_NCATEGORIES; i++) {

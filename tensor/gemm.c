@@ -1,7 +1,10 @@
 /* gemm.c — every matrix multiply in ember goes through em_gemm: one BLAS
  * GEMM (or, for f32 on the avx2 path, ember's own kernel: gemm_f32_avx2 in
  * tensor/gemm_widen.c), split into row or column blocks that ember's pool
- * runs in parallel, with OpenBLAS itself kept single-threaded.
+ * runs in parallel, with OpenBLAS itself kept single-threaded. A bias
+ * (em_gemm_bias, gemm_low_dtypes.bias: linear's) is added to each part's
+ * block as soon as its product is done: by ember's kernel as it stores the
+ * block, else right after the part's BLAS call, while the block is in cache.
  *
  * Why: with OpenBLAS's own threads, its idle workers spin in sched_yield
  * after each call and take the second core from the pool's next kernel; in a
@@ -184,9 +187,9 @@ static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n
         return;
     }
     /* (scratch memory that runs out leaves the part to the BLAS) */
-    if (j->avx2 && gemm_f32_avx2(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)a, j->lda,
-                                 (const float *)b, j->ldb, j->beta != 0.0, (float *)c, j->ldc,
-                                 (const float *)bias))
+    if (j->avx2 &&
+        gemm_f32_avx2(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)a, j->lda, (const float *)b,
+                      j->ldb, j->beta != 0.0, (float *)c, j->ldc, (const float *)bias))
         return;
     CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
     if (j->dt == EM_F32)
@@ -282,8 +285,9 @@ em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N
 }
 
 /* em_gemm, and (beta 0) em_gemm_bias */
-static void gemm_f(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
-                   int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc, const void *bias)
+static void gemm_f(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                   const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc,
+                   const void *bias)
 {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* C = beta C */
@@ -299,8 +303,21 @@ static void gemm_f(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
         if (bias) gemm_add_bias(dt, bias, C, ldc, M, N);
         return;
     }
-    gemm_job j = {.dt = dt, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
-                  .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C, .bias = bias};
+    gemm_job j = {.dt = dt,
+                  .ta = ta,
+                  .tb = tb,
+                  .M = M,
+                  .N = N,
+                  .K = K,
+                  .lda = lda,
+                  .ldb = ldb,
+                  .ldc = ldc,
+                  .alpha = alpha,
+                  .beta = beta,
+                  .A = A,
+                  .B = B,
+                  .C = C,
+                  .bias = bias};
     /* f32 on ember's kernel where the path says so (a bad setting: the
      * BLAS; the matmul op reports it), for C = alpha AB or C + alpha AB and
      * products of at least 16 rows and columns (smaller ones waste most of

@@ -18,7 +18,9 @@
  * block of C, and its last KC step adds its sums to that block's and
  * rounds them on their way out of the registers. A C stored in f32 holds
  * the same rounded values, or has them added to it (gemm_low_dtypes.add).
- * Only the blocks at C's edges go through a 6x16 scratch tile. */
+ * A bias (a Linear's) is added to an f32 C's final values in registers as
+ * they are stored. Only the blocks at C's edges go through a 6x16 scratch
+ * tile. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -253,9 +255,10 @@ TARGET static inline void put8(put_mode pm, bool f16, __m256 v, const __m256 *bi
  * says, bias[0..2) (the block's 16 columns) added last when given; inlined
  * with pm, f16 and whether bias is given constant, so r stays in
  * registers */
-TARGET static inline __attribute__((always_inline)) void put_block(put_mode pm, bool f16, const __m256 r[2 * MR],
-                                                                   const float *init, int64_t ldi,
-                                                                   const __m256 *bias, void *c, int64_t ldc)
+TARGET static inline __attribute__((always_inline)) void put_block(put_mode pm, bool f16,
+                                                                   const __m256 r[2 * MR], const float *init,
+                                                                   int64_t ldi, const __m256 *bias, void *c,
+                                                                   int64_t ldc)
 {
     size_t es = pm == PUT_LOW ? 2 : 4;
     for (int i = 0; i < MR; i++)
@@ -266,28 +269,23 @@ TARGET static inline __attribute__((always_inline)) void put_block(put_mode pm, 
         }
 }
 
-/* put_block in mode pm (PUT_F32 or PUT_KEEP), with bias's 16 values when
- * bias is given: a copy of the stores with and one without */
-#define PUT_BIASED(pm, f16)                                                                                      do {                                                                                                             if (bias) {                                                                                                      __m256 bv[2] = {_mm256_loadu_ps(bias), _mm256_loadu_ps(bias + 8)};                                           put_block(pm, f16, r, init, ldi, bv, c, ldc);                                                            } else {                                                                                                         put_block(pm, f16, r, init, ldi, NULL, c, ldc);                                                          }                                                                                                        } while (0)
-
 /* C's MR x NR block at c (row stride ldc elements) gets (init ? init's
- * block : 0) + a-panel @ b-panel over kc, put as pm says, then bias (NR
- * values, or NULL; PUT_F32 and PUT_KEEP only) added to each row. init (row
- * stride ldi, f32) holds the sums of the earlier KC steps; this step's sums
- * are added to it after their own k loop, as every step's are. */
+ * block : 0) + a-panel @ b-panel over kc, put as pm says. init (row stride
+ * ldi, f32) holds the sums of the earlier KC steps; this step's sums are
+ * added to it after their own k loop, as every step's are. */
 TARGET static void kernel(put_mode pm, bool f16, int64_t kc, const float *a, const float *b,
-                          const float *init, int64_t ldi, const float *bias, void *c, int64_t ldc)
+                          const float *init, int64_t ldi, void *c, int64_t ldc)
 {
     __m256 r[2 * MR];
     fma_block(MR, 2, kc, a, 1, MR, b, NR, r);
     switch (pm) { /* one copy of the stores per mode */
-    case PUT_F32: PUT_BIASED(PUT_F32, false); break;
+    case PUT_F32: put_block(PUT_F32, false, r, init, ldi, NULL, c, ldc); break;
     case PUT_ADD: put_block(PUT_ADD, false, r, init, ldi, NULL, c, ldc); break;
     case PUT_KEEP:
         if (f16)
-            PUT_BIASED(PUT_KEEP, true);
+            put_block(PUT_KEEP, true, r, init, ldi, NULL, c, ldc);
         else
-            PUT_BIASED(PUT_KEEP, false);
+            put_block(PUT_KEEP, false, r, init, ldi, NULL, c, ldc);
         break;
     case PUT_KEEP_ADD:
         if (f16)
@@ -303,7 +301,23 @@ TARGET static void kernel(put_mode pm, bool f16, int64_t kc, const float *a, con
         break;
     }
 }
-#undef PUT_BIASED
+
+/* kernel with bias (NR values) added to each row as the block is put: pm
+ * PUT_F32 or PUT_KEEP (a Linear's output, in f32 or rounded under
+ * autocast). Its own function, so kernel's stores stay as they were. */
+TARGET static void kernel_bias(put_mode pm, bool f16, int64_t kc, const float *a, const float *b,
+                               const float *init, int64_t ldi, const float *bias, void *c, int64_t ldc)
+{
+    __m256 r[2 * MR];
+    fma_block(MR, 2, kc, a, 1, MR, b, NR, r);
+    __m256 bv[2] = {_mm256_loadu_ps(bias), _mm256_loadu_ps(bias + 8)};
+    if (pm == PUT_F32)
+        put_block(PUT_F32, false, r, init, ldi, bv, c, ldc);
+    else if (f16)
+        put_block(PUT_KEEP, true, r, init, ldi, bv, c, ldc);
+    else
+        put_block(PUT_KEEP, false, r, init, ldi, bv, c, ldc);
+}
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,
  * rounded once to the low dtype: stored in it, or (s.f32) in f32, or
@@ -409,10 +423,13 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                         char *cij = c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs;
                         const float *bj = bias ? bias + n0 + j0 : NULL;
                         if (r == MR && w == NR && pm >= 0) { /* a whole block straight into C */
-                            kernel(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, bj, cij, ldc);
+                            if (bj)
+                                kernel_bias(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, bj, cij, ldc);
+                            else
+                                kernel(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, cij, ldc);
                             continue;
                         }
-                        kernel(PUT_F32, false, K, ap + i0 * K, bp + j0 * K, NULL, 0, NULL, tile, NR);
+                        kernel(PUT_F32, false, K, ap + i0 * K, bp + j0 * K, NULL, 0, tile, NR);
                         store_low(sc, add, alpha, bj, tile, NR, cij, ldc, r, w);
                     }
             }
@@ -441,11 +458,13 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                             char *cij = c8 + (size_t)((M0 + m0 + i0) * ldc + n0 + j0) * cs;
                             const float *biasj = bias ? bias + n0 + j0 : NULL;
                             if (k0 + kc < K) {
-                                kernel(PUT_F32, false, kc, ai, bj, prev, ncp, NULL, sum, ncp);
+                                kernel(PUT_F32, false, kc, ai, bj, prev, ncp, sum, ncp);
+                            } else if (r == MR && w == NR && pm >= 0 && biasj) {
+                                kernel_bias(pm, sc.f16, kc, ai, bj, prev, ncp, biasj, cij, ldc);
                             } else if (r == MR && w == NR && pm >= 0) {
-                                kernel(pm, sc.f16, kc, ai, bj, prev, ncp, biasj, cij, ldc);
+                                kernel(pm, sc.f16, kc, ai, bj, prev, ncp, cij, ldc);
                             } else {
-                                kernel(PUT_F32, false, kc, ai, bj, prev, ncp, NULL, sum, ncp);
+                                kernel(PUT_F32, false, kc, ai, bj, prev, ncp, sum, ncp);
                                 store_low(sc, add, alpha, biasj, sum, ncp, cij, ldc, r, w);
                             }
                         }
@@ -467,7 +486,8 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
 }
 
 bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
-                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc, const float *bias)
+                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
+                   const float *bias)
 {
     src s = {false, true, true};
     return blocked(s, s, s, add, alpha, bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
@@ -484,7 +504,8 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
 }
 
 bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
-                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc, const float *bias)
+                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
+                   const float *bias)
 {
     (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
         (void)add, (void)C, (void)ldc, (void)bias;

@@ -159,7 +159,8 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
  * added to each row as the kernel stores it; false (nothing written) when
  * !gemm_widen_usable() or scratch runs out. */
 bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
-                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc, const float *bias);
+                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
+                   const float *bias);
 /* The path f32 products take in this process (tensor/gemm_path.c):
  * EMBER_F32_PATH (auto, sgemm, avx2) on this CPU, read once. auto is avx2
  * (ember's own AVX2+FMA kernel, gemm_f32_avx2) where the CPU has AVX2+FMA

@@ -1,5 +1,7 @@
 /* ops_matmul.c — batched matrix product a (...,M,K) @ b (...,K,N) -> (...,M,N)
- * on BLAS: shape/dtype checks, forward, backward.
+ * on BLAS: shape/dtype checks, forward, backward; and linear, x (...,in) @
+ * W^T + b (out) -> (...,out), the same product with the bias added to each
+ * block of the result as the GEMM stores it (section at the end).
  *
  * f32 goes to cblas_sgemm and f64 to cblas_dgemm; bf16 and f16 stay in their
  * dtype and go to em_gemm_low (f32 accumulation, each result rounded once):
@@ -555,7 +557,10 @@ static em_status product_cuda(tensor *a, tensor *b, tensor *out)
     return s;
 }
 
-static em_status matmul_cuda(const op_call *call, tensor *out) { return product_cuda(call->in[0], call->in[1], out); }
+static em_status matmul_cuda(const op_call *call, tensor *out)
+{
+    return product_cuda(call->in[0], call->in[1], out);
+}
 
 /* linear on a CUDA device: the product as matmul's (in ip[1], the dtype of
  * x and w), into out or, where out is wider (an f32 bias under autocast),
@@ -714,8 +719,8 @@ static tensor *linear(tensor *x, tensor *w, tensor *b)
         return em_fail(EM_ERR_SHAPE, "linear: x's last dim must be w's in (w is (out,in)): x is %s, w is %s",
                        shp(x), shp(w));
     if (b && (b->ndim != 1 || b->shape[0] != nout))
-        return em_fail(EM_ERR_SHAPE, "linear: b must be (out) = (%lld) for w %s: b is %s", (long long)nout, shp(w),
-                       shp(b));
+        return em_fail(EM_ERR_SHAPE, "linear: b must be (out) = (%lld) for w %s: b is %s", (long long)nout,
+                       shp(w), shp(b));
     if (!em_dtype_is_float(x->dtype) || !em_dtype_is_float(w->dtype) || (b && !em_dtype_is_float(b->dtype)))
         return em_fail(EM_ERR_DTYPE, "linear: takes float tensors: x is %s%s, w is %s%s%s%s",
                        em_dtype_name(x->dtype), shp(x), em_dtype_name(w->dtype), shp(w), b ? ", b is " : "",

@@ -43,7 +43,8 @@ typedef struct lcase {
 /* got and want hold the same bits */
 static bool same_bits(em_tensor *got, em_tensor *want)
 {
-    if (!got || !want || em_dtype_of(got) != em_dtype_of(want) || em_numel(got) != em_numel(want)) return false;
+    if (!got || !want || em_dtype_of(got) != em_dtype_of(want) || em_numel(got) != em_numel(want))
+        return false;
     size_t n = (size_t)em_numel(got) * em_dtype_size(em_dtype_of(got));
     return !memcmp(em_data(em_contiguous(got)), em_data(em_contiguous(want)), n);
 }
@@ -111,7 +112,8 @@ static void all_shapes_match(const char *path, em_dtype dt, em_dtype ac)
         char what[160];
         snprintf(what, sizeof what, "%s, %s%s%s, x (%lld,%lld) w (%lld,%lld)%s", path, em_dtype_name(dt),
                  ac != EM_F32 ? " under autocast " : "", ac != EM_F32 ? em_dtype_name(ac) : "",
-                 (long long)c.rows, (long long)c.in, (long long)c.out, (long long)c.in, c.no_bias ? " no bias" : "");
+                 (long long)c.rows, (long long)c.in, (long long)c.out, (long long)c.in,
+                 c.no_bias ? " no bias" : "");
         matches_composition(what, c);
     }
 }
@@ -137,10 +139,7 @@ TEST(test_linear_f32_is_bitwise_add_of_matmul_on_sgemm)
     use_f32_path(NULL);
 }
 
-TEST(test_linear_f64_is_bitwise_add_of_matmul)
-{
-    all_shapes_match("dgemm", EM_F64, EM_F32);
-}
+TEST(test_linear_f64_is_bitwise_add_of_matmul) { all_shapes_match("dgemm", EM_F64, EM_F32); }
 
 TEST(test_linear_under_bf16_autocast_is_bitwise_add_of_matmul)
 {
@@ -299,8 +298,8 @@ TEST(test_linear_on_cuda_under_autocast_matches_the_cpu)
     em_tensor *in[3] = {ct_randn(EM_F32, EM_SHAPE(2, 5, 40), 4), ct_randn(EM_F32, EM_SHAPE(24, 40), 5),
                         ct_randn(EM_F32, EM_SHAPE(24), 6)};
     CPU_VS_CUDA("linear under bf16 autocast", linear_autocast_graph, NULL, 3, in, ct_tol(EM_BF16));
-    em_tensor *y = linear_autocast_graph((em_tensor *[]){ct_on_cuda(in[0]), ct_on_cuda(in[1]), ct_on_cuda(in[2])},
-                                         NULL);
+    em_tensor *y =
+        linear_autocast_graph((em_tensor *[]){ct_on_cuda(in[0]), ct_on_cuda(in[1]), ct_on_cuda(in[2])}, NULL);
     CHECK(y && em_dtype_of(y) == EM_F32);
     em_scope_end(s);
 }
