@@ -111,11 +111,13 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
  *
  * forward, one block (nn/layers.c block_forward):
  *   ln_1                       out 4C, mean and rstd as f64 (16)
- *   c_attn (3C)                product a*3C; under autocast + bias the
- *                              product is cast up (4*3C) for the bias add
- *                              (4*3C), except where the product reads f32
- *                              (rf: the add reads it as it is). Every
- *                              Linear is like this.
+ *   c_attn (3C)                one linear op (tensor/ops_matmul.c): its
+ *                              output a*3C, or with a bias 4*3C (f32: the
+ *                              bias is added to the rounded product as it
+ *                              is stored); on a CUDA device under autocast
+ *                              the product a*3C as well (the bias is added
+ *                              by a second kernel). Every Linear is like
+ *                              this.
  *   attention                  out 4C, P (B,H,T,T): 4*H*T per row
  *   heads back to (B,T,C)      a contiguous copy 4C
  *   c_proj (C), + x            Linear, 4C
@@ -144,11 +146,11 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
  * rf: the low product reads f32 operands (on the CPU: f16 always, bf16 on
  * its f32 path; em_matmul_path says "f32"), so autocast makes no cast
  * around it (tensor/dispatch.c). */
-static double step_scope_bytes(const em_gpt_config *m, double B, double T, double a, bool rf)
+static double step_scope_bytes(const em_gpt_config *m, double B, double T, double a, bool rf, bool cuda)
 {
     double C = (double)m->n_embd, V = (double)m->vocab_size, H = (double)m->n_head, L = (double)m->n_layer;
     bool amp = a < 4, bias = m->bias, drop = m->dropout > 0, casts = amp && !rf;
-    double lin = bias ? (casts ? a + 8 : amp ? a + 4 : 8) : a; /* bytes per output element of a Linear */
+    double lin = bias ? (amp && cuda ? a + 4 : 4) : a; /* bytes per output element of a Linear */
     double lin_out = 3 * C + C + 4 * C + C;    /* the block's Linear outputs per row */
     double fwd = 2 * (4 * C + 16) + lin * lin_out + (4 * C + 4 * H * T) + 4 * C + 2 * 4 * C + 4 * 4 * C;
     double bwd = 2 * 4 * 4 * C + 4 * C + 2 * 2 * 4 * C + 4 * C + 3 * 3 * 4 * C + 4 * C;
@@ -235,11 +237,12 @@ em_status em_estimate_memory(const em_mem_config *c, em_mem_estimate *out)
         [EM_MEM_PARAMS] = split[0],
         [EM_MEM_GRADS] = split[1],
         [EM_MEM_OPTIMIZER] = split[2],
-        [EM_MEM_ACTIVATIONS] = step_scope_bytes(&c->model, (double)c->batch, T, a, rf),
+        [EM_MEM_ACTIVATIONS] = step_scope_bytes(&c->model, (double)c->batch, T, a, rf, c->cuda),
         /* the shared-memory segment of a group on one host (dist/shm.c) */
         [EM_MEM_COMM] =
             c->world > 1 ? (double)shm_bytes(c->world < SHM_MAX_WORLD ? c->world : SHM_MAX_WORLD) : 0,
-        [EM_MEM_RUNTIME] = runtime_bytes(c->threads ? c->threads : em_num_threads(), c->base_bytes, c->data_bytes)};
+        [EM_MEM_RUNTIME] =
+            runtime_bytes(c->threads ? c->threads : em_num_threads(), c->base_bytes, c->data_bytes)};
     out->n_params = (int64_t)P;
     double total = 0;
     for (int i = 0; i < EM_MEM_NCATEGORIES; i++) {

@@ -131,7 +131,8 @@ em_nn_linear *em_nn_linear_new(em_module *parent, const char *name, int64_t in, 
     return l;
 }
 
-/* y = x @ W^T + b: (...,in) @ (in,out) -> (...,out) */
+/* y = x @ W^T + b: (...,in) @ (in,out) -> (...,out), one linear op (the
+ * bias added as the product is stored: tensor/ops_matmul.c) */
 static em_tensor *linear_forward(em_nn_linear *l, em_tensor *xh)
 {
     if (!l) return em_fail(EM_ERR_ARG, "em_nn_linear_forward: layer is NULL");
@@ -139,22 +140,7 @@ static em_tensor *linear_forward(em_nn_linear *l, em_tensor *xh)
     if (!x) return NULL;
     tensor *w = t_resolve(l->weight, "linear"), *b = l->bias ? t_resolve(l->bias, "linear") : NULL;
     if (!w || (l->bias && !b)) return NULL;
-    tensor *x2 = x->ndim == 1 ? t_unsqueeze(x, 0) : x; /* (in) -> (1,in) */
-    tensor *wt = t_transpose(w, 0, 1);
-    tensor *y = x2 && wt ? t_matmul(x2, wt) : NULL;
-    t_drop(wt);
-    if (x2 != x) {
-        t_drop(x2);
-        tensor *y1 = y ? t_squeeze(y, 0) : NULL;
-        t_drop(y);
-        y = y1;
-    }
-    if (y && b) {
-        tensor *yb = t_add(y, b);
-        t_drop(y);
-        y = yb;
-    }
-    return t_handle(y);
+    return t_handle(t_linear(x, w, b));
 }
 
 em_tensor *em_nn_linear_forward(em_nn_linear *l, em_tensor *xh)

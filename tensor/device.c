@@ -89,7 +89,7 @@ static const char *const cuda_entry_points[] = {
     "em_copy_into", "em_to_array", "em_item", "em_zeros_like", "em_ones_like", "em_safetensors_save", "em_module_load",
     /* layers and the GPT: composites of ops (nn/layers.c, nn/gpt.c, the
      * KV-cache sampler included: views, copies, matmul, softmax, norms) */
-    "linear", "drop", "gpt", "em_gpt_forward", "em_gpt_loss", "em_gpt_loss_labels",
+    "drop", "gpt", "em_gpt_forward", "em_gpt_loss", "em_gpt_loss_labels",
     "em_gpt_forward_cached",
     /* optimizers, clipping, scaler, collectives (optim/optim.cu, dist/nccl.c;
      * collectives without NCCL fail in dist/collectives.c, naming why) */

@@ -174,11 +174,15 @@ static bool promote(int nin, tensor **in, em_dtype *mixed)
     return true;
 }
 
-/* keep_f32: see autocast_one; mixed: see promote */
+/* keep_f32: see autocast_one; mixed: see promote. LOW casts the operands
+ * of a product, a MATMUL-kind op's first two inputs: a third (linear's
+ * bias) is added to the rounded product in its own dtype, as an add after
+ * a matmul would add it (PROMOTE), so it is left as it is. */
 static bool autocast_inputs(op_id op, int nin, tensor **in, bool keep_f32, em_dtype *mixed)
 {
     if (autocast == EM_F32 || policy[op] == POL_NONE) return true;
     if (policy[op] == POL_PROMOTE) return promote(nin, in, mixed);
+    if (policy[op] == POL_LOW && op_table[op].kind == OPK_MATMUL && nin > 2) nin = 2;
     for (int i = 0; i < nin; i++)
         if (!(in[i] = autocast_one(op, in[i], keep_f32))) return false;
     return true;

@@ -1,7 +1,10 @@
 /* gemm.c — every matrix multiply in ember goes through em_gemm: one BLAS
  * GEMM (or, for f32 on the avx2 path, ember's own kernel: gemm_f32_avx2 in
  * tensor/gemm_widen.c), split into row or column blocks that ember's pool
- * runs in parallel, with OpenBLAS itself kept single-threaded.
+ * runs in parallel, with OpenBLAS itself kept single-threaded. A bias
+ * (em_gemm_bias, gemm_low_dtypes.bias: linear's) is added to each part's
+ * block as soon as its product is done: by ember's kernel as it stores the
+ * block, else right after the part's BLAS call, while the block is in cache.
  *
  * Why: with OpenBLAS's own threads, its idle workers spin in sched_yield
  * after each call and take the second core from the pool's next kernel; in a
@@ -33,6 +36,7 @@ typedef struct gemm_job {
     double alpha, beta;
     const char *A, *B;
     char *C;
+    const char *bias; /* N values added to every row of C (gemm_add_bias), or NULL */
     int64_t parts;
     int failed; /* a part ran out of scratch memory (set atomically) */
 } gemm_job;
@@ -123,6 +127,26 @@ bool gemm_widen_sgemm(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n
 /* the bytes of one element of a matrix stored in dtype dt */
 static size_t esize(em_dtype dt) { return em_dtype_size(dt); }
 
+void gemm_add_bias(em_dtype ct, const void *bias, void *C, int64_t ldc, int64_t m, int64_t n)
+{
+    size_t es = esize(ct);
+    for (int64_t i = 0; i < m; i++) {
+        char *row = (char *)C + (size_t)(i * ldc) * es;
+        if (ct == EM_F32) {
+            float *r = (float *)row;
+            const float *b = bias;
+            for (int64_t j = 0; j < n; j++) r[j] += b[j];
+        } else if (ct == EM_F64) {
+            double *r = (double *)row;
+            const double *b = bias;
+            for (int64_t j = 0; j < n; j++) r[j] += b[j];
+        } else {
+            const float *b = bias;
+            for (int64_t j = 0; j < n; j++) st(ct, row + (size_t)j * es, ld(ct, row + (size_t)j * es) + b[j]);
+        }
+    }
+}
+
 static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
     size_t ea = esize(j->low ? j->ldt.a : j->dt), eb = esize(j->low ? j->ldt.b : j->dt),
@@ -133,25 +157,39 @@ static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n
     const char *b = j->B + (size_t)(j->tb ? n0 * j->ldb : n0) * eb;
     char *c = j->C + (size_t)(m0 * j->ldc + n0) * ec;
     int m = (int)(m1 - m0), n = (int)(n1 - n0);
+    /* the bias of columns n0..n1: added to this part's block below as soon
+     * as its product is done, unless the kernel adds it as it stores */
+    const char *bias = j->bias ? j->bias + (size_t)n0 * (j->low ? 4 : esize(j->dt)) : NULL;
     if (j->low) { /* a product in ldt.lo: f32 accumulation, each result rounded once */
         bool ok;
         const uint16_t *a16 = (const uint16_t *)a, *b16 = (const uint16_t *)b;
         em_dtype lo = j->ldt.lo;
+        gemm_low_dtypes ldt = j->ldt;
+        ldt.bias = NULL;
         if (lo == EM_BF16 && j->path == BF16_PATH_AMX)
             ok = gemm_bf16_amx(j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c, true, j->ldc);
         else if (lo == EM_BF16 && j->path == BF16_PATH_AVX512BF16)
             ok = gemm_dpbf16(gemm_dpbf16_kernel(), j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c,
                              true, j->ldc);
-        else if (gemm_widen_usable())
-            ok = gemm_widen(j->ldt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
-        else
-            ok = gemm_widen_sgemm(j->ldt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
-        if (!ok) __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        else if (gemm_widen_usable()) {
+            if (ldt.c == EM_F32) { /* the kernel adds it to an f32 C as it stores */
+                ldt.bias = (const float *)bias;
+                bias = NULL;
+            }
+            ok = gemm_widen(ldt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
+        } else {
+            ok = gemm_widen_sgemm(ldt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
+        }
+        if (!ok)
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        else if (bias)
+            gemm_add_bias(j->ldt.c, bias, c, j->ldc, m, n);
         return;
     }
     /* (scratch memory that runs out leaves the part to the BLAS) */
-    if (j->avx2 && gemm_f32_avx2(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)a, j->lda,
-                                 (const float *)b, j->ldb, j->beta != 0.0, (float *)c, j->ldc))
+    if (j->avx2 &&
+        gemm_f32_avx2(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)a, j->lda, (const float *)b,
+                      j->ldb, j->beta != 0.0, (float *)c, j->ldc, (const float *)bias))
         return;
     CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
     if (j->dt == EM_F32)
@@ -160,6 +198,7 @@ static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n
     else
         cblas_dgemm(CblasRowMajor, ta, tb, m, n, (int)j->K, j->alpha, (const double *)a, (int)j->lda,
                     (const double *)b, (int)j->ldb, j->beta, (double *)c, (int)j->ldc);
+    if (bias) gemm_add_bias(j->dt, bias, c, j->ldc, m, n);
 }
 
 static void gemm_part(void *p, int64_t lo, int64_t hi)
@@ -205,15 +244,16 @@ em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N
         (dt.a == lo || dt.a == EM_F32) && (dt.b == lo || dt.b == EM_F32) && (dt.c == lo || dt.c == EM_F32);
     /* a caller's bug: ops_matmul.c casts for a path that wants lo operands */
     if ((lo != EM_BF16 && lo != EM_F16) || !lo_or_f32 || (!all_lo && !gemm_low_reads_f32(lo)) ||
-        (dt.add && dt.c != EM_F32))
+        (dt.add && (dt.c != EM_F32 || dt.bias)))
         return em_err(EM_ERR_ARG,
                       "em_gemm_low: a %s product on this path takes %s operands only (got %s, %s -> %s%s)",
                       em_dtype_name(lo), em_dtype_name(lo), em_dtype_name(dt.a), em_dtype_name(dt.b),
-                      em_dtype_name(dt.c), dt.add ? ", added" : "");
+                      em_dtype_name(dt.c), dt.add ? (dt.bias ? ", added, with a bias" : ", added") : "");
     if (M <= 0 || N <= 0) return EM_OK;
     if (K <= 0) { /* an empty sum: +0 */
         for (int64_t i = 0; i < M && !dt.add; i++)
             memset((char *)C + (size_t)(i * ldc) * esize(dt.c), 0, (size_t)N * esize(dt.c));
+        if (dt.bias) gemm_add_bias(dt.c, dt.bias, C, ldc, M, N);
         return EM_OK;
     }
     gemm_job j = {.low = true,
@@ -230,7 +270,8 @@ em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N
                   .beta = 0,
                   .A = A,
                   .B = B,
-                  .C = C};
+                  .C = C,
+                  .bias = (const char *)dt.bias};
     if (lo == EM_BF16) {
         em_status s = gemm_bf16_path(&j.path);
         if (s) return s;
@@ -243,8 +284,10 @@ em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N
     return EM_OK;
 }
 
-void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
-             int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
+/* em_gemm, and (beta 0) em_gemm_bias */
+static void gemm_f(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                   const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc,
+                   const void *bias)
 {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) { /* C = beta C */
@@ -257,10 +300,24 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
                 for (int64_t k = 0; k < N; k++)
                     st(dt, row + (size_t)k * es, beta * ld(dt, row + (size_t)k * es));
         }
+        if (bias) gemm_add_bias(dt, bias, C, ldc, M, N);
         return;
     }
-    gemm_job j = {.dt = dt, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
-                  .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C};
+    gemm_job j = {.dt = dt,
+                  .ta = ta,
+                  .tb = tb,
+                  .M = M,
+                  .N = N,
+                  .K = K,
+                  .lda = lda,
+                  .ldb = ldb,
+                  .ldc = ldc,
+                  .alpha = alpha,
+                  .beta = beta,
+                  .A = A,
+                  .B = B,
+                  .C = C,
+                  .bias = bias};
     /* f32 on ember's kernel where the path says so (a bad setting: the
      * BLAS; the matmul op reports it), for C = alpha AB or C + alpha AB and
      * products of at least 16 rows and columns (smaller ones waste most of
@@ -270,4 +327,16 @@ void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, dou
     j.avx2 = dt == EM_F32 && (beta == 0.0 || beta == 1.0) && M >= 16 && N >= 16 && (K <= 1024 || ta || tb) &&
              gemm_f32_path_chosen() == F32_PATH_AVX2;
     gemm_run(&j);
+}
+
+void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+             int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
+{
+    gemm_f(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
+}
+
+void em_gemm_bias(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                  int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc, const void *bias)
+{
+    gemm_f(dt, ta, tb, M, N, K, alpha, A, lda, B, ldb, 0.0, C, ldc, bias);
 }

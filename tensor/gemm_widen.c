@@ -18,7 +18,9 @@
  * block of C, and its last KC step adds its sums to that block's and
  * rounds them on their way out of the registers. A C stored in f32 holds
  * the same rounded values, or has them added to it (gemm_low_dtypes.add).
- * Only the blocks at C's edges go through a 6x16 scratch tile. */
+ * A bias (a Linear's) is added to an f32 C's final values in registers as
+ * they are stored. Only the blocks at C's edges go through a 6x16 scratch
+ * tile. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -231,14 +233,16 @@ static int put_mode_of(src sc, bool add, float alpha)
     return add ? PUT_KEEP_ADD : PUT_KEEP;
 }
 
-/* 8 sums v into C at p as pm says (f16: the low dtype is f16, else bf16) */
-TARGET static inline void put8(put_mode pm, bool f16, __m256 v, char *p)
+/* 8 sums v into C at p as pm says (f16: the low dtype is f16, else bf16),
+ * with the 8 values of *bias added last where given (PUT_F32, PUT_KEEP:
+ * a Linear's bias, added to the value C would hold without it) */
+TARGET static inline void put8(put_mode pm, bool f16, __m256 v, const __m256 *bias, char *p)
 {
     float *f = (float *)p;
     switch (pm) {
-    case PUT_F32: _mm256_storeu_ps(f, v); break;
+    case PUT_F32: _mm256_storeu_ps(f, bias ? _mm256_add_ps(v, *bias) : v); break;
     case PUT_ADD: _mm256_storeu_ps(f, _mm256_add_ps(_mm256_loadu_ps(f), v)); break;
-    case PUT_KEEP: _mm256_storeu_ps(f, keep8(f16, v)); break;
+    case PUT_KEEP: _mm256_storeu_ps(f, bias ? _mm256_add_ps(keep8(f16, v), *bias) : keep8(f16, v)); break;
     case PUT_KEEP_ADD: _mm256_storeu_ps(f, _mm256_add_ps(_mm256_loadu_ps(f), keep8(f16, v))); break;
     case PUT_LOW:
         _mm_storeu_si128((__m128i *)p, f16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : round8_bf16(v));
@@ -248,16 +252,20 @@ TARGET static inline void put8(put_mode pm, bool f16, __m256 v, char *p)
 
 /* the 6x16 sums r into C's block at c (row stride ldc elements), each
  * added to init's (row stride ldi) first when init is given, put as pm
- * says; inlined with pm and f16 constant, so r stays in registers */
-TARGET static inline __attribute__((always_inline)) void
-put_block(put_mode pm, bool f16, const __m256 r[2 * MR], const float *init, int64_t ldi, void *c, int64_t ldc)
+ * says, bias[0..2) (the block's 16 columns) added last when given; inlined
+ * with pm, f16 and whether bias is given constant, so r stays in
+ * registers */
+TARGET static inline __attribute__((always_inline)) void put_block(put_mode pm, bool f16,
+                                                                   const __m256 r[2 * MR], const float *init,
+                                                                   int64_t ldi, const __m256 *bias, void *c,
+                                                                   int64_t ldc)
 {
     size_t es = pm == PUT_LOW ? 2 : 4;
     for (int i = 0; i < MR; i++)
         for (int h = 0; h < 2; h++) {
             __m256 v = r[2 * i + h];
             if (init) v = _mm256_add_ps(_mm256_loadu_ps(init + i * ldi + 8 * h), v);
-            put8(pm, f16, v, (char *)c + (size_t)(i * ldc + 8 * h) * es);
+            put8(pm, f16, v, bias ? bias + h : NULL, (char *)c + (size_t)(i * ldc + 8 * h) * es);
         }
 }
 
@@ -271,35 +279,53 @@ TARGET static void kernel(put_mode pm, bool f16, int64_t kc, const float *a, con
     __m256 r[2 * MR];
     fma_block(MR, 2, kc, a, 1, MR, b, NR, r);
     switch (pm) { /* one copy of the stores per mode */
-    case PUT_F32: put_block(PUT_F32, false, r, init, ldi, c, ldc); break;
-    case PUT_ADD: put_block(PUT_ADD, false, r, init, ldi, c, ldc); break;
+    case PUT_F32: put_block(PUT_F32, false, r, init, ldi, NULL, c, ldc); break;
+    case PUT_ADD: put_block(PUT_ADD, false, r, init, ldi, NULL, c, ldc); break;
     case PUT_KEEP:
         if (f16)
-            put_block(PUT_KEEP, true, r, init, ldi, c, ldc);
+            put_block(PUT_KEEP, true, r, init, ldi, NULL, c, ldc);
         else
-            put_block(PUT_KEEP, false, r, init, ldi, c, ldc);
+            put_block(PUT_KEEP, false, r, init, ldi, NULL, c, ldc);
         break;
     case PUT_KEEP_ADD:
         if (f16)
-            put_block(PUT_KEEP_ADD, true, r, init, ldi, c, ldc);
+            put_block(PUT_KEEP_ADD, true, r, init, ldi, NULL, c, ldc);
         else
-            put_block(PUT_KEEP_ADD, false, r, init, ldi, c, ldc);
+            put_block(PUT_KEEP_ADD, false, r, init, ldi, NULL, c, ldc);
         break;
     case PUT_LOW:
         if (f16)
-            put_block(PUT_LOW, true, r, init, ldi, c, ldc);
+            put_block(PUT_LOW, true, r, init, ldi, NULL, c, ldc);
         else
-            put_block(PUT_LOW, false, r, init, ldi, c, ldc);
+            put_block(PUT_LOW, false, r, init, ldi, NULL, c, ldc);
         break;
     }
+}
+
+/* kernel with bias (NR values) added to each row as the block is put: pm
+ * PUT_F32 or PUT_KEEP (a Linear's output, in f32 or rounded under
+ * autocast). Its own function, so kernel's stores stay as they were. */
+TARGET static void kernel_bias(put_mode pm, bool f16, int64_t kc, const float *a, const float *b,
+                               const float *init, int64_t ldi, const float *bias, void *c, int64_t ldc)
+{
+    __m256 r[2 * MR];
+    fma_block(MR, 2, kc, a, 1, MR, b, NR, r);
+    __m256 bv[2] = {_mm256_loadu_ps(bias), _mm256_loadu_ps(bias + 8)};
+    if (pm == PUT_F32)
+        put_block(PUT_F32, false, r, init, ldi, bv, c, ldc);
+    else if (f16)
+        put_block(PUT_KEEP, true, r, init, ldi, bv, c, ldc);
+    else
+        put_block(PUT_KEEP, false, r, init, ldi, bv, c, ldc);
 }
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,
  * rounded once to the low dtype: stored in it, or (s.f32) in f32, or
  * (add, C f32) added to C; an exact (f32) product stores alpha * t, or adds
- * it, unrounded */
-TARGET static void store_low(src s, bool add, float alpha, const float *t, int64_t ldt, void *C, int64_t ldc,
-                             int64_t r, int64_t w)
+ * it, unrounded. bias (w values, or NULL; an f32 C without add) is added
+ * to each row's stored values last. */
+TARGET static void store_low(src s, bool add, float alpha, const float *bias, const float *t, int64_t ldt,
+                             void *C, int64_t ldc, int64_t r, int64_t w)
 {
     __m256 al = _mm256_set1_ps(alpha);
     for (int64_t i = 0; i < r; i++) {
@@ -309,9 +335,14 @@ TARGET static void store_low(src s, bool add, float alpha, const float *t, int64
             float *d = (float *)C + i * ldc;
             for (; j + 8 <= w; j += 8) {
                 __m256 v = _mm256_mul_ps(al, _mm256_loadu_ps(x + j));
+                if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j));
                 _mm256_storeu_ps(d + j, add ? _mm256_add_ps(_mm256_loadu_ps(d + j), v) : v);
             }
-            for (; j < w; j++) d[j] = add ? d[j] + alpha * x[j] : alpha * x[j];
+            for (; j < w; j++) {
+                float v = alpha * x[j];
+                if (bias) v += bias[j];
+                d[j] = add ? d[j] + v : v;
+            }
             continue;
         }
         if (add) {
@@ -324,8 +355,11 @@ TARGET static void store_low(src s, bool add, float alpha, const float *t, int64
         }
         if (s.f32) {
             float *d = (float *)C + i * ldc;
-            for (; j + 8 <= w; j += 8) _mm256_storeu_ps(d + j, keep8(s.f16, _mm256_loadu_ps(x + j)));
-            for (; j < w; j++) d[j] = keep1(s.f16, x[j]);
+            for (; j + 8 <= w; j += 8) {
+                __m256 v = keep8(s.f16, _mm256_loadu_ps(x + j));
+                _mm256_storeu_ps(d + j, bias ? _mm256_add_ps(v, _mm256_loadu_ps(bias + j)) : v);
+            }
+            for (; j < w; j++) d[j] = bias ? keep1(s.f16, x[j]) + bias[j] : keep1(s.f16, x[j]);
             continue;
         }
         uint16_t *d = (uint16_t *)C + i * ldc;
@@ -339,9 +373,11 @@ TARGET static void store_low(src s, bool add, float alpha, const float *t, int64
 }
 
 /* C (m,n) = op(A) @ op(B), each operand read as its src says, stored as
- * sc and store_low say (add: added to C; alpha: an exact product's scale) */
-static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool tb, int64_t m, int64_t n,
-                    int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
+ * sc and store_low say (add: added to C; alpha: an exact product's scale),
+ * bias (n values or NULL; an f32 C without add) added to each row last */
+static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *bias, bool ta, bool tb,
+                    int64_t m, int64_t n, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
+                    void *C, int64_t ldc)
 {
     bool deep = K > KC;
     /* how a whole 6x16 block of C leaves the kernel's registers (-1: through
@@ -385,12 +421,16 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool
                     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                         char *cij = c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs;
+                        const float *bj = bias ? bias + n0 + j0 : NULL;
                         if (r == MR && w == NR && pm >= 0) { /* a whole block straight into C */
-                            kernel(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, cij, ldc);
+                            if (bj)
+                                kernel_bias(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, bj, cij, ldc);
+                            else
+                                kernel(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, cij, ldc);
                             continue;
                         }
                         kernel(PUT_F32, false, K, ap + i0 * K, bp + j0 * K, NULL, 0, tile, NR);
-                        store_low(sc, add, alpha, tile, NR, cij, ldc, r, w);
+                        store_low(sc, add, alpha, bj, tile, NR, cij, ldc, r, w);
                     }
             }
             continue;
@@ -416,13 +456,16 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, bool ta, bool
                             const float *ai = a + i0 * kc, *bj = bp + j0 * kc;
                             int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                             char *cij = c8 + (size_t)((M0 + m0 + i0) * ldc + n0 + j0) * cs;
+                            const float *biasj = bias ? bias + n0 + j0 : NULL;
                             if (k0 + kc < K) {
                                 kernel(PUT_F32, false, kc, ai, bj, prev, ncp, sum, ncp);
+                            } else if (r == MR && w == NR && pm >= 0 && biasj) {
+                                kernel_bias(pm, sc.f16, kc, ai, bj, prev, ncp, biasj, cij, ldc);
                             } else if (r == MR && w == NR && pm >= 0) {
                                 kernel(pm, sc.f16, kc, ai, bj, prev, ncp, cij, ldc);
                             } else {
                                 kernel(PUT_F32, false, kc, ai, bj, prev, ncp, sum, ncp);
-                                store_low(sc, add, alpha, sum, ncp, cij, ldc, r, w);
+                                store_low(sc, add, alpha, biasj, sum, ncp, cij, ldc, r, w);
                             }
                         }
                 }
@@ -439,14 +482,15 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
     bool f16 = dt.lo == EM_F16;
     src sa = {f16, dt.a == EM_F32, false}, sb = {f16, dt.b == EM_F32, false},
         sc = {f16, dt.c == EM_F32, false};
-    return blocked(sa, sb, sc, dt.add, 1.0f, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
+    return blocked(sa, sb, sc, dt.add, 1.0f, dt.bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
 }
 
 bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
-                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc)
+                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
+                   const float *bias)
 {
     src s = {false, true, true};
-    return blocked(s, s, s, add, alpha, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
+    return blocked(s, s, s, add, alpha, bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
 }
 
 #else
@@ -460,10 +504,11 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
 }
 
 bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
-                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc)
+                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
+                   const float *bias)
 {
     (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
-        (void)add, (void)C, (void)ldc;
+        (void)add, (void)C, (void)ldc, (void)bias;
     return false;
 }
 

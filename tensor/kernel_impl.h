@@ -97,6 +97,19 @@ void parallel_for(int64_t n, int64_t grain, range_fn fn, void *ctx);
  * single-threaded inside. */
 void em_gemm(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
              int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+/* em_gemm with beta 0 and a bias: C = alpha op(A) @ op(B), then bias (N
+ * values of dt, NULL: none) added to every row of C as gemm_add_bias says,
+ * each part's block as soon as its product is done (in the avx2 kernel's
+ * registers as it stores them; after the BLAS call, while the block is in
+ * cache): a Linear's y = x W^T + b with the bits of the product followed
+ * by the add. */
+void em_gemm_bias(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void *A,
+                  int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc, const void *bias);
+/* C (m,n) (row stride ldc, dtype ct) gets bias (n values: f64 for an f64
+ * C, else f32) added to every row, with the bits of ember's add: f32 and
+ * f64 in their dtype; a bf16/f16 C widened, added in double and rounded
+ * back as st() rounds (ops_binary.c's add on two such tensors). */
+void gemm_add_bias(em_dtype ct, const void *bias, void *C, int64_t ldc, int64_t m, int64_t n);
 /* The dtypes of a low-precision product: lo (bf16 or f16) is the product's
  * (its operands rounded to lo, f32 accumulation, each result rounded once
  * to lo); a, b and c say how A, B and C are stored: in lo, or in f32 where
@@ -109,6 +122,9 @@ typedef struct gemm_low_dtypes {
      * rounded to lo before it is added: a weight's gradient accumulated
      * where it lies, the bits of adding a rounded product to it */
     bool add;
+    /* NULL, or N f32 values added to every row of C once it holds the
+     * rounded product (gemm_add_bias's rule; not with add) */
+    const float *bias;
 } gemm_low_dtypes;
 
 /* C (M,N) = op(A) @ op(B) as a product in dt.lo (above). bf16 runs on the
@@ -131,17 +147,20 @@ bool gemm_low_reads_f32(em_dtype lo);
 /* The f32 path on AVX2+FMA+F16C CPUs (tensor/gemm_widen.c): whether this
  * CPU has them, and one thread's C (m,n) = op(A) @ op(B) as a product in
  * dt.lo, its operands widened to f32 (or, stored in f32, rounded to dt.lo)
- * in the GEMM's packing, accumulated in f32 and rounded once; false
- * (nothing written) when !gemm_widen_usable() or scratch runs out. */
+ * in the GEMM's packing, accumulated in f32 and rounded once, dt.bias
+ * added as the kernel stores them (an f32 C only); false (nothing written)
+ * when !gemm_widen_usable() or scratch runs out. */
 bool gemm_widen_usable(void);
 bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
                 int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
 /* One thread's f32 product on the same blocking and micro-kernel (the
  * "avx2" f32 path, gemm_f32_path): C (m,n) = alpha op(A) @ op(B), or (add)
- * C + that, nothing rounded; false (nothing written) when
+ * C + that, nothing rounded, then bias (n values, or NULL; not with add)
+ * added to each row as the kernel stores it; false (nothing written) when
  * !gemm_widen_usable() or scratch runs out. */
 bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
-                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc);
+                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
+                   const float *bias);
 /* The path f32 products take in this process (tensor/gemm_path.c):
  * EMBER_F32_PATH (auto, sgemm, avx2) on this CPU, read once. auto is avx2
  * (ember's own AVX2+FMA kernel, gemm_f32_avx2) where the CPU has AVX2+FMA
@@ -158,7 +177,8 @@ f32_path gemm_f32_path_chosen(void);
 /* Forgets the f32 path read (tests that set EMBER_F32_PATH). */
 void gemm_f32_path_reset(void);
 /* The same product on any CPU (tensor/gemm.c): blocks of the operands
- * widened next to sgemm calls on them; false when scratch runs out. */
+ * widened next to sgemm calls on them (dt.bias is em_gemm_low's to add);
+ * false when scratch runs out. */
 bool gemm_widen_sgemm(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
                       int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
 

@@ -1,5 +1,7 @@
 /* ops_matmul.c — batched matrix product a (...,M,K) @ b (...,K,N) -> (...,M,N)
- * on BLAS: shape/dtype checks, forward, backward.
+ * on BLAS: shape/dtype checks, forward, backward; and linear, x (...,in) @
+ * W^T + b (out) -> (...,out), the same product with the bias added to each
+ * block of the result as the GEMM stores it (section at the end).
  *
  * f32 goes to cblas_sgemm and f64 to cblas_dgemm; bf16 and f16 stay in their
  * dtype and go to em_gemm_low (f32 accumulation, each result rounded once):
@@ -30,6 +32,7 @@
 #include "ember/runtime.h"
 #include "kernel_impl.h"
 #if EM_HAVE_CUDA
+#include "cuda_elementwise.h"
 #include "cuda_matmul.h"
 #endif
 
@@ -137,19 +140,21 @@ static void batch_strides(const operand *op, int nb, const int64_t *bs, int64_t 
 
 /* c (M,N) row-major of dtype ct, ldc = N  <-  op(a) (M,K) @ op(b) (K,N) as
  * a product in lo: bf16/f16 by em_gemm_low (operands and c in lo, or f32
- * where it reads them), else f32/f64 (all in lo) by em_gemm; EM_ERR_ARG or
+ * where it reads them), else f32/f64 (all in lo) by em_gemm; then bias (N
+ * values: f64 for an f64 c, else f32; or NULL) added to every row as the
+ * GEMM finishes each block (gemm_add_bias's rule); EM_ERR_ARG or
  * EM_ERR_UNSUPPORTED for an EMBER_BF16_PATH/EMBER_F32_PATH it cannot take */
 static em_status gemm(em_dtype lo, const operand *a, const char *ap, const operand *b, const char *bp,
-                      em_dtype ct, char *cp, int64_t M, int64_t N, int64_t K)
+                      em_dtype ct, char *cp, int64_t M, int64_t N, int64_t K, const void *bias)
 {
     bool ta = a->trans == CblasTrans, tb = b->trans == CblasTrans;
     if (lo == EM_BF16 || lo == EM_F16)
-        return em_gemm_low((gemm_low_dtypes){.lo = lo, .a = a->dt, .b = b->dt, .c = ct}, ta, tb, M, N, K, ap,
-                           a->ld, bp, b->ld, cp, N > 1 ? N : 1);
+        return em_gemm_low((gemm_low_dtypes){.lo = lo, .a = a->dt, .b = b->dt, .c = ct, .bias = bias}, ta, tb,
+                           M, N, K, ap, a->ld, bp, b->ld, cp, N > 1 ? N : 1);
     f32_path p; /* a bad EMBER_F32_PATH is reported here (em_gemm cannot) */
     em_status s = lo == EM_F32 ? gemm_f32_path(&p) : EM_OK;
     if (s) return s;
-    em_gemm(lo, ta, tb, M, N, K, 1.0, ap, a->ld, bp, b->ld, 0.0, cp, N > 1 ? N : 1);
+    em_gemm_bias(lo, ta, tb, M, N, K, 1.0, ap, a->ld, bp, b->ld, cp, N > 1 ? N : 1, bias);
     return EM_OK;
 }
 
@@ -168,9 +173,10 @@ static bool folds_into_one_gemm(const operand *a, const int64_t *sa, const int64
     return true;
 }
 
-/* Runs the products in lo into c (contiguous, out's shape, dtype ct). */
+/* Runs the products in lo into c (contiguous, out's shape, dtype ct), bias
+ * (gemm's) added to every row. */
 static em_status matmul_kernel(em_dtype lo, const operand *a, const operand *b, em_dtype ct, char *c, int nb,
-                               const int64_t *bs, int64_t M, int64_t N, int64_t K)
+                               const int64_t *bs, int64_t M, int64_t N, int64_t K, const void *bias)
 {
     size_t ea = em_dtype_size(a->dt), eb = em_dtype_size(b->dt), ec = em_dtype_size(ct);
     int64_t nbatch = shape_numel(nb, bs);
@@ -180,15 +186,16 @@ static em_status matmul_kernel(em_dtype lo, const operand *a, const operand *b, 
     if (M == 0 || N == 0 || nbatch == 0) return EM_OK;
     if (K == 0) {
         memset(c, 0, (size_t)(nbatch * M * N) * ec);
+        if (bias) gemm_add_bias(ct, bias, c, N, nbatch * M, N);
         return EM_OK;
     }
     if (nbatch == 1 || (folds_into_one_gemm(a, sa, sb, nb, bs, M) && nbatch * M <= INT_MAX))
-        return gemm(lo, a, a->data, b, b->data, ct, c, nbatch * M, N, K);
+        return gemm(lo, a, a->data, b, b->data, ct, c, nbatch * M, N, K, bias);
     nditer it;
     nditer_init(&it, nb, bs, 2, (const int64_t *[]){sa, sb});
     for (int64_t i = 0; i < nbatch; i++) {
         em_status s = gemm(lo, a, a->data + it.off[0] * (int64_t)ea, b, b->data + it.off[1] * (int64_t)eb, ct,
-                           c + (size_t)(i * M * N) * ec, M, N, K);
+                           c + (size_t)(i * M * N) * ec, M, N, K, bias);
         if (s) return s;
         nditer_next(&it);
     }
@@ -263,14 +270,16 @@ static tensor *grad_product(tensor *x, tensor *y, em_dtype lo, const tensor *t, 
 }
 
 /* dA = g @ B^T, dB = A^T @ g, each summed over the batch dims it broadcast
- * along. When b is a plain (K,N) matrix, dB is one GEMM over all rows; on
- * the CPU in f32/f64 that GEMM adds into b's gradient where it lies
- * (op_grad_acc: a Linear's dW into W's buffer, with beta 1 once it holds
- * something), so a weight's gradient is never made a second time. */
-static em_status matmul_backward(node *n, tensor *g)
+ * along, for a product a @ b in lo (matmul's ip[0]). When b is a plain
+ * (K,N) matrix, dB is one GEMM over all rows; on the CPU in f32/f64 that
+ * GEMM adds into b's gradient where it lies (op_grad_acc: a Linear's dW
+ * into W's buffer, with beta 1 once it holds something), so a weight's
+ * gradient is never made a second time. w: NULL, or (linear) the weight
+ * whose transpose b is, a view made for this call: b's gradient goes to w,
+ * computed as for a matmul's b = W^T (the same GEMMs, so the same bits). */
+static em_status product_grads(tensor *a, tensor *b, tensor *w, em_dtype lo, tensor *g)
 {
-    tensor *a = n->in[0], *b = n->in[1];
-    em_dtype lo = (em_dtype)n->ip[0];
+    tensor *bw = w ? w : b; /* the tensor b's gradient goes to */
     em_status s;
     if (a->requires_grad) {
         bool sum = summed(a, g);
@@ -280,30 +289,32 @@ static em_status matmul_backward(node *n, tensor *g)
         if (!ga) return em_last_status();
         if ((s = op_grad(a, ga))) return s;
     }
-    if (b->requires_grad) {
+    if (bw->requires_grad) {
         tensor *gb;
         if (b->ndim == 2 && a->ndim >= 2) {
             int64_t K = a->shape[a->ndim - 1], N = g->shape[g->ndim - 1];
             tensor *a2 = t_reshape(a, 2, (int64_t[]){-1, K}), *g2 = t_reshape(g, 2, (int64_t[]){-1, N});
             /* b = W^T for a contiguous W (N,K) (a Linear layer): compute
              * dW = g^T a directly, so the gradient reaches W contiguous */
-            bool b_is_wt = b->stride[0] == 1 && b->stride[1] == K && K > 1;
+            bool b_is_wt = w || (b->stride[0] == 1 && b->stride[1] == K && K > 1);
             bool fresh = false;
             /* in place where the product is f32/f64 throughout, or a low
              * product (of the forward) that reads f32 into an f32 weight */
             bool here = !t_on_cuda(g) &&
                         (lo == EM_F32 ? g->dtype == b->dtype && (b->dtype == EM_F32 || b->dtype == EM_F64)
                                       : b->dtype == EM_F32 && gemm_low_reads_f32(lo));
-            tensor *acc = here ? op_grad_acc(b, &fresh) : NULL;
+            tensor *acc = here ? op_grad_acc(bw, &fresh) : NULL;
             if (acc) {
-                /* the same GEMM as below (dW = g^T a for W^T), written into acc */
-                s = a2 && g2 ? gemm_into(acc, t_transpose(a2, 0, 1), g2, lo, !fresh) : em_last_status();
-                return s ? s : op_grad_done(b);
+                /* the same GEMM as below (dW = g^T a for W^T), written into
+                 * acc: W's accumulator seen as b's, as a W^T view's is */
+                tensor *ab = w ? t_transpose(acc, 0, 1) : acc;
+                s = ab && a2 && g2 ? gemm_into(ab, t_transpose(a2, 0, 1), g2, lo, !fresh) : em_last_status();
+                return s ? s : op_grad_done(bw);
             }
             tensor *g2t = g2 ? t_transpose(g2, 0, 1) : NULL, *a2t = a2 ? t_transpose(a2, 0, 1) : NULL;
             if (b_is_wt) {
                 tensor *gw = g2t && a2 ? grad_product(g2t, a2, lo, b, false) : NULL;
-                gb = gw ? t_transpose(gw, 0, 1) : NULL;
+                gb = w || !gw ? gw : t_transpose(gw, 0, 1);
             } else {
                 gb = a2t && g2 ? grad_product(a2t, g2, lo, b, false) : NULL;
             }
@@ -314,26 +325,32 @@ static em_status matmul_backward(node *n, tensor *g)
             gb = gb ? t_sum_to(gb, b->ndim, b->shape) : NULL;
         }
         if (!gb) return em_last_status();
-        if ((s = op_grad(b, gb))) return s;
+        if ((s = op_grad(bw, gb))) return s;
     }
     return EM_OK;
 }
 
-/* The CPU product of c->in[0] (...,M,K) and c->in[1] (...,K,N) (checked)
- * into out (contiguous, (...,M,N)). A product in ip[0] (bf16/f16, the
- * operands and out each in it or f32) reads f32 operands as they are and
- * writes an f32 out directly where the bf16 path reads f32
- * (gemm_low_reads_f32), else through copies in ip[0]. */
-static em_status matmul_cpu(const op_call *call, tensor *out)
+static em_status matmul_backward(node *n, tensor *g)
 {
-    tensor *a = call->in[0], *b = call->in[1];
+    return product_grads(n->in[0], n->in[1], NULL, (em_dtype)n->ip[0], g);
+}
+
+/* The CPU product of a (...,M,K) and b (...,K,N) (checked) into out
+ * (contiguous, (...,M,N)), then bias (N values: f64 for an f64 out, else
+ * f32; or NULL) added to every row (gemm_add_bias's rule, on the value the
+ * product stored in out). A product in lo (bf16/f16, the operands and out
+ * each in it or f32; EM_F32: in the operands' dtype) reads f32 operands as
+ * they are and writes an f32 out directly where the bf16 path reads f32
+ * (gemm_low_reads_f32), else through copies in lo (the bias then added
+ * after the copy into out). */
+static em_status product_cpu(tensor *a, tensor *b, em_dtype lo, tensor *out, const void *bias)
+{
     int nb = out->ndim - 2;
     int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
     em_dtype dt = a->dtype, od = out->dtype;
-    /* the product's dtype: ip[0] when set; else floats stay in theirs
+    /* the product's dtype: lo when set; else floats stay in theirs
      * (bf16/f16 accumulate in f32 and round each result once:
      * em_gemm_low), integers go through f64 */
-    em_dtype lo = (em_dtype)call->ip[0];
     if (lo == EM_F32) lo = em_dtype_is_float(dt) ? dt : EM_F64;
     bf16_path path;
     if (lo == EM_BF16 && gemm_bf16_path(&path)) return em_last_status();
@@ -347,9 +364,59 @@ static em_status matmul_cpu(const op_call *call, tensor *out)
         tmp_release(mk);
         return em_last_status();
     }
-    em_status s = matmul_kernel(lo, &oa, &ob, ct, c, nb, out->shape, M, N, K);
-    if (!s && od != ct) convert_par(od, t_ptr(out), ct, c, t_numel(out));
+    em_status s = matmul_kernel(lo, &oa, &ob, ct, c, nb, out->shape, M, N, K, od == ct ? bias : NULL);
+    if (!s && od != ct) {
+        convert_par(od, t_ptr(out), ct, c, t_numel(out));
+        if (bias && N > 0) gemm_add_bias(od, bias, t_ptr(out), N, t_numel(out) / N, N);
+    }
     tmp_release(mk);
+    return s;
+}
+
+/* The product of call->in[0] and in[1] (checked) in ip[0] into out. */
+static em_status matmul_cpu(const op_call *call, tensor *out)
+{
+    return product_cpu(call->in[0], call->in[1], (em_dtype)call->ip[0], out, NULL);
+}
+
+/* w (out,in) seen as W^T (in,out): a header over its memory, made for a
+ * kernel (no node; t_drop it) */
+static tensor *w_transposed(tensor *w)
+{
+    return t_view_of(w, 2, (int64_t[]){w->shape[1], w->shape[0]}, (int64_t[]){w->stride[1], w->stride[0]},
+                     w->offset);
+}
+
+/* linear on the CPU: out = x @ W^T as matmul's product in ip[0], with b
+ * (in[2] when given) added to each block of out as the GEMM stores it:
+ * the f32 avx2 and widening kernels add it in registers, the BLAS paths
+ * to each part's block right after its GEMM (tensor/gemm.c). b is read
+ * as out's dtype adds it (f64 for f64, else f32: a bf16/f16 bias widened
+ * into scratch first, as every non-contiguous one is copied). */
+static em_status linear_cpu(const op_call *call, tensor *out)
+{
+    tensor *x = call->in[0], *b = call->nin > 2 ? call->in[2] : NULL;
+    tensor *wt = w_transposed(call->in[1]);
+    if (!wt) return em_last_status();
+    size_t mk = tmp_mark();
+    const void *bias = NULL;
+    if (b) {
+        em_dtype bt = out->dtype == EM_F64 ? EM_F64 : EM_F32;
+        bias = t_ptr(b);
+        if (b->dtype != bt || (b->shape[0] > 1 && b->stride[0] != 1)) {
+            void *buf = tmp_alloc((size_t)b->shape[0] * em_dtype_size(bt) + 1);
+            tensor h;
+            storage st;
+            if (buf) {
+                scratch_header(&h, &st, bt, 1, b->shape, buf);
+                copy_strided(&h, b);
+            }
+            bias = buf;
+        }
+    }
+    em_status s = b && !bias ? em_last_status() : product_cpu(x, wt, (em_dtype)call->ip[0], out, bias);
+    tmp_release(mk);
+    t_drop(wt);
     return s;
 }
 
@@ -445,10 +512,9 @@ static em_status cu_operand_of(cu_operand *op, tensor *t, int nb, const int64_t 
     return EM_OK;
 }
 
-/* The product on the inputs' CUDA device (checked) into out. */
-static em_status matmul_cuda(const op_call *call, tensor *out)
+/* The product of a and b on their CUDA device (checked) into out. */
+static em_status product_cuda(tensor *a, tensor *b, tensor *out)
 {
-    tensor *a = call->in[0], *b = call->in[1];
     int nb = out->ndim - 2;
     const int64_t *shape = out->shape;
     int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
@@ -490,9 +556,48 @@ static em_status matmul_cuda(const op_call *call, tensor *out)
     t_drop(cb);
     return s;
 }
+
+static em_status matmul_cuda(const op_call *call, tensor *out)
+{
+    return product_cuda(call->in[0], call->in[1], out);
+}
+
+/* linear on a CUDA device: the product as matmul's (in ip[1], the dtype of
+ * x and w), into out or, where out is wider (an f32 bias under autocast),
+ * into a copy of the product's dtype widened into out; then b added by the
+ * elementwise add's kernel. That is a second pass over out, which the CPU
+ * avoids; a cuBLASLt bias epilogue would remove it here too (not yet). */
+static em_status linear_cuda(const op_call *call, tensor *out)
+{
+    tensor *x = call->in[0], *b = call->nin > 2 ? call->in[2] : NULL;
+    em_dtype pd = (em_dtype)call->ip[1], od = out->dtype;
+    int dev = out->device.index, nd = out->ndim;
+    tensor *wt = w_transposed(call->in[1]);
+    tensor *y = wt && pd != od ? t_new_on(out->device, pd, nd, out->shape) : out;
+    tensor *bc = b && b->dtype != od ? t_new_on(out->device, od, 1, b->shape) : b;
+    em_status s = wt && y && (!b || bc) ? product_cuda(x, wt, y) : em_last_status();
+    cu_walk w = {.ndim = nd};
+    memcpy(w.shape, out->shape, sizeof(int64_t) * (size_t)nd);
+    t_contig_strides(nd, out->shape, w.stride[0]);
+    memcpy(w.stride[1], w.stride[0], sizeof(int64_t) * (size_t)nd);
+    if (!s && y != out) s = cu_copy(dev, &w, od, t_ptr(out), pd, t_ptr(y));
+    if (!s && bc != b) {
+        cu_walk wb = {.ndim = 1, .shape = {b->shape[0]}, .stride = {{1}, {b->stride[0]}}};
+        s = cu_copy(dev, &wb, od, t_ptr(bc), b->dtype, t_ptr(b));
+    }
+    if (!s && b) { /* out += b along its last dim */
+        w.stride[2][nd - 1] = bc->stride[0];
+        s = cu_binary(dev, BIN_ADD, &w, od, t_ptr(out), t_ptr(out), t_ptr(bc));
+    }
+    if (y != out) t_drop(y); /* in stream order, after the kernels that read them */
+    if (bc != b) t_drop(bc);
+    t_drop(wt);
+    return s;
+}
 #endif
 
 static const op_kernels matmul_kernels = OP_KERNELS(matmul_cpu, matmul_cuda);
+static const op_kernels linear_kernels = OP_KERNELS(linear_cpu, linear_cuda);
 
 /* a @ b. lo EM_F32: a product in the operands' common dtype, unless
  * op_begin's autocast makes it one in its dtype (c.low: matmul reads the
@@ -562,4 +667,119 @@ em_tensor *em_matmul(em_tensor *a, em_tensor *b)
 {
     tensor *x = t_resolve(a, "matmul"), *y = x ? t_resolve(b, "matmul") : NULL;
     return y ? t_handle(t_matmul(x, y)) : NULL;
+}
+
+/* ---- linear: y = x @ W^T + b ------------------------------------------------------
+ * One op for a Linear layer: the product as matmul makes it (x @ W^T, W^T
+ * the transposed view of W) and the bias added to it as the GEMM stores it
+ * (linear_cpu). The bits are those of add(matmul(x, W^T), b): under
+ * autocast the product is rounded to the low dtype and the bias (left in
+ * its dtype by autocast: dispatch.c) is added in the wider of the two, the
+ * dtype add's PROMOTE would give. */
+
+/* The dtype a product in pd meets a bias in bd in: add's PROMOTE (f64 >
+ * f32 > bf16, f16; bf16 against f16 meets at f32). */
+static em_dtype promoted(em_dtype pd, em_dtype bd)
+{
+    if (pd == bd) return pd;
+    return pd == EM_F64 || bd == EM_F64 ? EM_F64 : EM_F32;
+}
+
+/* db = g summed over all rows; dx, dW as matmul's backward makes them for
+ * x @ W^T (product_grads), from g in the product's dtype (ip[1]) as the
+ * autograd engine would have handed it to the product: as it is where the
+ * product reads an f32 gradient (node.grad_reads_f32), else rounded. */
+static em_status linear_backward(node *n, tensor *g)
+{
+    tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
+    em_dtype lo = (em_dtype)n->ip[0], pd = (em_dtype)n->ip[1];
+    em_status s;
+    if (b && b->requires_grad) {
+        tensor *gb = t_sum_to(g, 1, b->shape);
+        if (!gb) return em_last_status();
+        if ((s = op_grad(b, gb))) return s;
+    }
+    if (!x->requires_grad && !w->requires_grad) return EM_OK;
+    tensor *gp = g->dtype == pd || (g->dtype == EM_F32 && n->grad_reads_f32) ? g : t_cast(g, pd);
+    tensor *wt = gp ? t_transpose(w, 0, 1) : NULL;
+    return wt ? product_grads(x, wt, w, lo, gp) : em_last_status();
+}
+
+/* x (...,M,in) @ W^T + b, x at least 2-D (t_linear takes a vector) */
+static tensor *linear(tensor *x, tensor *w, tensor *b)
+{
+    tensor *in[3] = {x, w, b};
+    op_call c;
+    if (!op_begin(&c, OP_LINEAR, b ? 3 : 2, in)) return NULL;
+    x = in[0], w = in[1], b = b ? in[2] : NULL;
+    if (w->ndim != 2)
+        return em_fail(EM_ERR_SHAPE, "linear: w must be 2-D (out,in): w is %s, x is %s", shp(w), shp(x));
+    int64_t nout = w->shape[0], nin = w->shape[1], M = x->shape[x->ndim - 2];
+    if (x->shape[x->ndim - 1] != nin)
+        return em_fail(EM_ERR_SHAPE, "linear: x's last dim must be w's in (w is (out,in)): x is %s, w is %s",
+                       shp(x), shp(w));
+    if (b && (b->ndim != 1 || b->shape[0] != nout))
+        return em_fail(EM_ERR_SHAPE, "linear: b must be (out) = (%lld) for w %s: b is %s", (long long)nout,
+                       shp(w), shp(b));
+    if (!em_dtype_is_float(x->dtype) || !em_dtype_is_float(w->dtype) || (b && !em_dtype_is_float(b->dtype)))
+        return em_fail(EM_ERR_DTYPE, "linear: takes float tensors: x is %s%s, w is %s%s%s%s",
+                       em_dtype_name(x->dtype), shp(x), em_dtype_name(w->dtype), shp(w), b ? ", b is " : "",
+                       b ? em_dtype_name(b->dtype) : "");
+    em_dtype lo = c.low; /* a product in the autocast dtype from f32 operands (dispatch.c), or EM_F32 */
+    if (lo == EM_F32 && !chk_same_dtype("linear", x, w)) return NULL;
+    if (lo != EM_F32 && ((x->dtype != lo && x->dtype != EM_F32) || (w->dtype != lo && w->dtype != EM_F32)))
+        return em_fail(EM_ERR_DTYPE, "linear: a %s product takes %s or f32 operands: x is %s%s, w is %s%s",
+                       em_dtype_name(lo), em_dtype_name(lo), em_dtype_name(x->dtype), shp(x),
+                       em_dtype_name(w->dtype), shp(w));
+    em_dtype pd = lo == EM_F32 ? x->dtype : lo; /* the product's dtype */
+    /* without autocast b is in the product's dtype, as add wants its inputs */
+    if (b && b->dtype != pd && op_autocast() == EM_F32)
+        return em_fail(EM_ERR_DTYPE, "linear: b is %s%s but x and w are %s", em_dtype_name(b->dtype), shp(b),
+                       em_dtype_name(pd));
+    if (M > INT_MAX || nout > INT_MAX || nin > INT_MAX)
+        return em_fail(EM_ERR_UNSUPPORTED, "linear: dims beyond BLAS's int range: x is %s, w is %s", shp(x),
+                       shp(w));
+    int nd = x->ndim;
+    int64_t shape[EM_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof(int64_t) * (size_t)nd);
+    shape[nd - 1] = nout;
+    if (c.dev.type == EM_CUDA) {
+        if (pd != EM_F32 && pd != EM_F64 && pd != EM_F16 && pd != EM_BF16)
+            return em_fail(EM_ERR_DTYPE, "linear: no CUDA product for %s (f32, f64, f16, bf16): x is %s",
+                           em_dtype_name(pd), shp(x));
+        if (shape_numel(nd - 2, shape) > INT_MAX)
+            return em_fail(EM_ERR_UNSUPPORTED, "linear: %lld batch elements are beyond cuBLAS's int range",
+                           (long long)shape_numel(nd - 2, shape));
+    }
+    c.ip[0] = lo; /* as matmul's: EM_F32 = in the operands' dtype */
+    c.ip[1] = pd;
+    c.grad_reads_f32 = c.dev.type == EM_CPU && lo != EM_F32 && gemm_low_reads_f32(lo);
+    tensor *out = op_out(&c, b ? promoted(pd, b->dtype) : pd, nd, shape);
+    if (!out) return NULL;
+    if (op_run(&c, &linear_kernels, out)) {
+        t_drop(out);
+        return NULL;
+    }
+    return op_end(&c, out, linear_backward);
+}
+
+tensor *t_linear(tensor *x, tensor *w, tensor *b)
+{
+    if (!x || x->ndim >= 2) return linear(x, w, b);
+    if (x->ndim == 0)
+        return em_fail(EM_ERR_SHAPE, "linear: x must be at least 1-D (...,in): x is %s", shp(x));
+    tensor *x2 = t_unsqueeze(x, 0); /* (in) -> (1,in) */
+    tensor *y2 = x2 ? linear(x2, w, b) : NULL;
+    tensor *y = y2 ? t_squeeze(y2, 0) : NULL;
+    t_drop(x2);
+    t_drop(y2);
+    return y;
+}
+
+em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *b)
+{
+    tensor *xt = t_resolve(x, "linear"), *wt = xt ? t_resolve(w, "linear") : NULL;
+    tensor *bt = wt && b ? t_resolve(b, "linear") : NULL;
+    if (!wt || (b && !bt)) return NULL;
+    return t_handle(t_linear(xt, wt, bt));
 }

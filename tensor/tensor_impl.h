@@ -228,6 +228,7 @@ tensor *t_expand(tensor *t, int ndim, const int64_t *shape);
 tensor *t_transpose(tensor *t, int d0, int d1);
 tensor *t_permute(tensor *t, const int *dims);
 tensor *t_matmul(tensor *a, tensor *b);
+tensor *t_linear(tensor *x, tensor *w, tensor *b); /* b may be NULL */
 tensor *t_cast(tensor *t, em_dtype dt);
 tensor *t_narrow(tensor *t, int dim, int64_t start, int64_t len);
 tensor *t_unsqueeze(tensor *t, int dim);

@@ -87,6 +87,7 @@ UN(max, em_max(in[0], 1, (int[]){1}, false))
 UN(min, em_min(in[0], 1, (int[]){0}, true))
 UN(argmax, em_argmax(in[0], 1, false))
 UN(matmul, em_matmul(in[0], in[1]))
+UN(linear, em_linear(in[0], in[1], in[2]))
 UN(attention, em_attention_causal(in[0], in[1], in[2], 0.35))
 UN(softmax, em_softmax(in[0], -1))
 UN(log_softmax, em_log_softmax(in[0], -1))
@@ -170,6 +171,7 @@ static const op_case cases[] = {
     {"argmax", run_argmax, 1, {W(2, 9, 7)}, true, true},
     /* products */
     {"matmul", run_matmul, 2, {N(3, 2, 5, 7), NT(2, 7, 3)}},
+    {"linear", run_linear, 3, {N(3, 2, 5, 7), NT(2, 3, 7), N(1, 3)}},
     {"attention", run_attention, 3, {N(4, 2, 2, 9, 8), N(4, 2, 2, 9, 8), N(4, 2, 2, 9, 8)}},
     /* neural-network ops */
     {"softmax", run_softmax, 1, {N(2, 4, 37)}},

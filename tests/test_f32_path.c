@@ -40,7 +40,7 @@ static void avx2_matches(int64_t m, int64_t K, int64_t n, bool ta, bool tb, floa
           *B = rand_f32((tb ? n : K) * ldb, (uint64_t)(n + 7 * K));
     float *C = rand_f32(m * ldc, 99), *C0 = malloc((size_t)(m * ldc) * sizeof *C0);
     memcpy(C0, C, (size_t)(m * ldc) * sizeof *C);
-    CHECK(gemm_f32_avx2(ta, tb, m, n, K, alpha, A, lda, B, ldb, add, C, ldc));
+    CHECK(gemm_f32_avx2(ta, tb, m, n, K, alpha, A, lda, B, ldb, add, C, ldc, NULL));
     int bad = 0;
     for (int64_t i = 0; i < m && bad < 3; i++)
         for (int64_t j = 0; j < ldc; j++) {

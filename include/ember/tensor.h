@@ -320,6 +320,18 @@ em_tensor *em_argmax(em_tensor *t, int dim, bool keepdim);
  * a (...,M,K) @ b (...,K,N) -> (...,M,N); both at least 2-D; batch dims
  * broadcast. f32 -> sgemm, f64 -> dgemm, f16/bf16 computed in f32. */
 em_tensor *em_matmul(em_tensor *a, em_tensor *b);
+/* A linear layer's y = x @ w^T + b (torch.nn.functional.linear): x (...,in),
+ * w (out,in), b (out) or NULL, y (...,out), a new tensor owned like every
+ * op's result (the current scope's, persistent when none is open); x, w
+ * and b stay the caller's, w read where it lies, never copied transposed.
+ * The bias is added as the product is stored, with the bits of
+ * em_add(em_matmul(x, em_transpose(w, 0, 1)), b): under autocast the
+ * product is rounded to the low dtype and an f32 bias added to it in f32,
+ * so y is then f32 (bf16 without a bias). Differentiable in x, w and b. NULL + EM_ERR_SHAPE naming the shapes when x is 0-D, w is not
+ * 2-D, x's last dim is not w's in, or b is not (out); EM_ERR_DTYPE for
+ * non-float tensors or (autocast off) dtypes that differ; EM_ERR_DEVICE
+ * when they are on different devices. */
+em_tensor *em_linear(em_tensor *x, em_tensor *w, em_tensor *b);
 
 /* ---- neural-network ops ---------------------------------------------------- */
 em_tensor *em_softmax(em_tensor *t, int dim);
