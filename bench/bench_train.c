@@ -7,12 +7,14 @@
  *
  * The reference is PyTorch 2 (issue 16): bench/train_step_torch.py runs the
  * same step eager, eager with AdamW(fused=True), and under torch.compile,
- * each with 1 and with 2 threads. It runs in rounds (3 by default), each
- * ember's step and then every PyTorch run; a round's speed-up is its
- * fastest PyTorch run over its ember run, and the figure printed is the
- * median of the rounds', with their range: on a VM whose speed drifts by
- * 15% over minutes, ember measured once against the best of six runs
- * spread over those minutes moved more with the drift than with the code.
+ * each with 1 and with 2 threads. It runs in rounds (3 by default); in a
+ * round every PyTorch run comes right after an ember run of its own; a
+ * round's speed-up is its fastest PyTorch run over the median of its ember
+ * runs, and the figure printed is the median of the rounds', with their
+ * range. On a VM whose speed drifts by 15% within a minute, ember
+ * measured once against the best of six runs spread over that minute
+ * moved more with the drift than with the code (rounds of one ember run
+ * and six PyTorch runs gave 1.29x, 1.44x and 1.58x within three minutes).
  * A mode the installed PyTorch lacks, or a compile that fails, is printed
  * with the reason and the others go on. Which python runs it:
  * EMBER_BENCH_PYTHON, else bench/.venv (bash bench/setup_torch.sh), else
@@ -126,8 +128,10 @@ static int trainer_step(trainer *t, double *sec)
 {
     const bench_cfg *c = t->c;
     em_scope s = em_scope_begin();
-    em_tensor *x = em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &t->rng);
-    em_tensor *y = em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &t->rng);
+    em_tensor *x =
+        em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &t->rng);
+    em_tensor *y =
+        em_randint(0, c->model.vocab_size, EM_I32, EM_SHAPE(c->batch, c->model.block_size), &t->rng);
     double t0 = now();
     em_dtype prev = em_autocast_set(t->precision);
     em_tensor *l = em_gpt_loss(t->g, x, y);
@@ -175,8 +179,8 @@ static double sgemm_s(bool ta, bool tb, int M, int N, int K)
     double t[5];
     for (int i = -1; i < 5 && a && b && c; i++) {
         double t0 = now();
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
-                    a, ta ? M : K, b, tb ? K : N, 0.0f, c, N);
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K,
+                    1.0f, a, ta ? M : K, b, tb ? K : N, 0.0f, c, N);
         if (i >= 0) t[i] = now() - t0;
     }
     double r = a && b && c ? median(t, 5) : 0;
@@ -207,14 +211,15 @@ static double gemm_bound_ms(const bench_cfg *c, double *gflop)
         double one = 0;
         for (int th = 1; th <= em_num_threads(); th += em_num_threads() > 1 ? em_num_threads() - 1 : 1) {
             if (openblas_set_num_threads) openblas_set_num_threads(th);
-            double t = sgemm_s(false, true, M, N, K) + sgemm_s(false, false, M, K, N) + sgemm_s(true, false, N, K, M);
+            double t = sgemm_s(false, true, M, N, K) + sgemm_s(false, false, M, K, N) +
+                       sgemm_s(true, false, N, K, M);
             one = one && one < t ? one : t;
         }
         s += one * shapes[i][2];
         flop += 3 * 2.0 * M * K * N * shapes[i][2];
     }
     double T = (double)c->model.block_size, attn = 6 * 2.0 * (double)c->batch * (double)c->model.n_layer *
-                                                     (double)c->model.n_embd * T * (T + 1) / 2;
+                                                   (double)c->model.n_embd * T * (T + 1) / 2;
     s += attn * (s / flop);
     if (openblas_set_num_threads) openblas_set_num_threads(1);
     *gflop = (flop + attn) * 1e-9;
@@ -252,6 +257,7 @@ typedef struct torch_run {
     int threads;
     double ms, rss_mb, loss, first_s;
     double import_mb; /* peak RSS right after `import torch` */
+    double ember_ms;  /* bench_train: ember's step in the run right before this one */
     char err[400];
 } torch_run;
 
@@ -428,11 +434,13 @@ static void span(const double *v, int n, double *lo, double *hi)
 }
 
 /* ember's step beside every PyTorch mode with 1 and 2 threads, per
- * configuration, in `rounds` rounds: each round runs ember, then every
- * PyTorch run, so a machine whose speed drifts over minutes (a VM) slows
- * both sides of a round alike. A round's speed-up is its fastest PyTorch
- * run over its ember run; the figure is the median of the rounds' (their
- * range beside it). */
+ * configuration, in `rounds` rounds: in each, every PyTorch run right after
+ * an ember run (the round's first ember run serves the first PyTorch run),
+ * so both sides are sampled over the same minute of a machine whose speed
+ * drifts (a VM). A round's speed-up is its fastest PyTorch run over the
+ * median of its ember runs (the median: one ember run in twenty here took
+ * 1.45x the others, right after a torch.compile run); the figure is the
+ * median of the rounds' (their range beside it). */
 static int torch_table(const char *which, int steps_arg, const char *modes, int rounds)
 {
     static const char *const all_modes[] = {"eager", "fused", "compile"};
@@ -459,9 +467,10 @@ static int torch_table(const char *which, int steps_arg, const char *modes, int 
         printf("reference: none (%s%s)\n  get PyTorch 2 with `bash bench/setup_torch.sh` (its --help)\n",
                strcmp(py.how, "EMBER_BENCH_PYTHON") ? "tried " : "EMBER_BENCH_PYTHON=", py.why);
     }
-    printf("%s\n", have_torch
-                       ? "speed-up = fastest PyTorch run / ember, per round (above 1: ember is faster)\n"
-                       : "");
+    printf("%s\n",
+           have_torch
+               ? "speed-up = fastest PyTorch run / ember's median, per round (above 1: ember is faster)\n"
+               : "");
     int rc = 0;
     torch_round *rd = calloc((size_t)rounds, sizeof *rd);
     if (!rd) return 1;
@@ -497,7 +506,9 @@ static int torch_table(const char *which, int steps_arg, const char *modes, int 
                        c->name, "", "FMA peak", em_num_threads(), peak_ms, tokens / (peak_ms / 1e3), peak);
             }
             fflush(stdout);
-            const torch_run *best = NULL;
+            const torch_run *best = NULL; /* the run fastest against the ember run beside it */
+            double pair_ms[6], pair_first = r->ms;
+            int npair = 0;
             for (int m = 0; m < 3 && have_torch; m++) {
                 if (modes && !list_has(modes, all_modes[m])) continue;
                 for (int th = 1; th <= 2; th++) {
@@ -507,8 +518,15 @@ static int torch_table(const char *which, int steps_arg, const char *modes, int 
                     if (why)
                         snprintf(t->err, sizeof t->err, "not in this PyTorch: %s",
                                  why + (strncmp(why, "no: ", 4) ? 0 : 4));
-                    else
+                    else if (npair > 0 && ember_child(c, steps, &pair_first, &(double){0}, &(double){0})) {
+                        /* a fresh ember run right before each PyTorch run but the first (the round's) */
+                        fprintf(stderr, "bench_train: ember %s failed\n", c->name);
+                        rc = 1;
+                        break;
+                    } else {
+                        t->ember_ms = pair_first;
                         torch_child(&py, c->name, steps, t);
+                    }
                     if (t->ms < 0) {
                         if (k == 0 || !why)
                             printf("%-6s %3d %-21s %3d   %s: %s\n", c->name, k + 1, mode_label(&py, t->mode),
@@ -516,20 +534,26 @@ static int torch_table(const char *which, int steps_arg, const char *modes, int 
                         fflush(stdout);
                         continue;
                     }
-                    printf("%-6s %3d %-21s %3d %10.1f %10.0f %9.0f %7.3f %12.1f\n", c->name, k + 1,
-                           mode_label(&py, t->mode), th, t->ms, tokens / (t->ms / 1e3), t->rss_mb, t->loss,
-                           t->first_s);
+                    printf(
+                        "%-6s %3d %-21s %3d %10.1f %10.0f %9.0f %7.3f %12.1f   ember beside it %.1f: %.2fx\n",
+                        c->name, k + 1, mode_label(&py, t->mode), th, t->ms, tokens / (t->ms / 1e3),
+                        t->rss_mb, t->loss, t->first_s, t->ember_ms, t->ms / t->ember_ms);
                     fflush(stdout);
+                    pair_ms[npair++] = t->ember_ms;
                     if (!best || t->ms < best->ms) best = t;
                 }
             }
+            if (rc) break;
             if (have_torch && !best) continue; /* no PyTorch run finished: no ratio this round */
-            ems[done] = r->ms;
-            su[done++] = best ? best->ms / r->ms : NAN;
+            ems[done] = npair ? median(pair_ms, npair) : r->ms;
+            su[done] = best ? best->ms / ems[done] : NAN;
             if (best)
-                printf("%-6s %3d round speed-up %.2fx (ember %.1f ms, fastest PyTorch %.1f ms: %s, %d thr)\n",
-                       c->name, k + 1, best->ms / r->ms, r->ms, best->ms, mode_label(&py, best->mode),
-                       best->threads);
+                printf(
+                    "%-6s %3d round speed-up %.2fx (fastest PyTorch run: %s, %d thr, %.1f ms; ember's median "
+                    "over the round's %d runs %.1f ms)\n",
+                    c->name, k + 1, su[done], mode_label(&py, best->mode), best->threads, best->ms, npair,
+                    ems[done]);
+            done++;
         }
         if (!done) continue;
         double e_lo, e_hi, e_med = median(ems, done);
