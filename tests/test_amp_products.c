@@ -11,14 +11,9 @@
 
 #include "cuda_test.h"
 #include "harness.h"
+#include "path_test.h"
 #include "tensor/dtype_math.h"
 #include "tensor/kernel_impl.h"
-
-static void use_path(const char *p)
-{
-    setenv("EMBER_BF16_PATH", p, 1);
-    gemm_bf16_path_reset();
-}
 
 /* calls of the cast op the profiler recorded */
 static int64_t cast_calls(void)
@@ -58,7 +53,7 @@ static int64_t casts_of_a_linear(em_dtype dt, em_device dev)
 
 TEST(test_autocast_matmul_on_the_f32_path_casts_no_f32_operand)
 {
-    use_path("f32");
+    use_bf16_path("f32");
     CHECK(casts_of_a_linear(EM_BF16, em_device_cpu()) == 0);
     CHECK(casts_of_a_linear(EM_F16, em_device_cpu()) == 0);
 }
@@ -69,7 +64,7 @@ TEST(test_autocast_casts_f32_operands_where_the_cpu_has_a_bf16_product)
     if (!f.avx512bf16)
         SKIP("no AVX512-BF16 on this CPU; the path ran on the emulated kernel instead "
              "(test_autocast_casts_f32_operands_on_the_emulated_avx512bf16_path)");
-    use_path("avx512bf16");
+    use_bf16_path("avx512bf16");
     CHECK(!gemm_low_reads_f32(EM_BF16));
     CHECK(casts_of_a_linear(EM_BF16, em_device_cpu()) == 2); /* x and W */
 }
@@ -79,7 +74,7 @@ TEST(test_autocast_casts_f32_operands_where_the_cpu_has_a_bf16_product)
 TEST(test_autocast_casts_f32_operands_on_the_emulated_avx512bf16_path)
 {
     gemm_dpbf16_use_kernel_for_test(dp_kernel_emulated);
-    use_path("avx512bf16");
+    use_bf16_path("avx512bf16");
     CHECK(!gemm_low_reads_f32(EM_BF16));
     CHECK(casts_of_a_linear(EM_BF16, em_device_cpu()) == 2); /* x and W */
     gemm_dpbf16_use_kernel_for_test(NULL);
@@ -88,17 +83,17 @@ TEST(test_autocast_casts_f32_operands_on_the_emulated_avx512bf16_path)
 TEST(test_autocast_casts_a_cuda_matmuls_f32_operands)
 {
     CUDA_OR_SKIP();
-    use_path("f32");
+    use_bf16_path("f32");
     CHECK(casts_of_a_linear(EM_BF16, em_device_cuda(0)) == 2); /* x and W */
 }
 
 TEST(test_products_read_f32_operands_only_where_they_are_computed_in_f32)
 {
     CHECK(gemm_low_reads_f32(EM_F16));
-    use_path("f32");
+    use_bf16_path("f32");
     CHECK(gemm_low_reads_f32(EM_BF16));
     CHECK(!gemm_low_reads_f32(EM_F32) && !gemm_low_reads_f32(EM_F64));
-    use_path("sideways"); /* a bad setting: cast as before, and the matmul reports it */
+    use_bf16_path("sideways"); /* a bad setting: cast as before, and the matmul reports it */
     CHECK(!gemm_low_reads_f32(EM_BF16));
     CHECK(em_last_status() == EM_OK);
     em_scope s = em_scope_begin();
@@ -170,7 +165,7 @@ static void matches_casting_first(const char *what, em_dtype dt, product_fn f, i
 
 TEST(test_autocast_matmul_on_the_f32_path_gives_the_bits_of_casting_first)
 {
-    use_path("f32");
+    use_bf16_path("f32");
     const em_dtype dts[2] = {EM_BF16, EM_F16};
     for (int d = 0; d < 2; d++) {
         em_dtype dt = dts[d];
@@ -235,7 +230,7 @@ static void f32_operands_match_their_casts(em_dtype dt, int64_t m, int64_t K, in
 
 TEST(test_gemm_rounds_f32_operands_as_a_cast_rounds_them)
 {
-    use_path("f32");
+    use_bf16_path("f32");
     static const int64_t odd[] = {1, 7, 33, 300};
     for (int d = 0; d < 2; d++)
         for (int i = 0; i < 4; i++)
@@ -334,7 +329,7 @@ static size_t linear_bias_backward_bytes(em_dtype dt)
 
 TEST(test_autocast_linear_with_bias_on_the_f32_path_makes_no_cast)
 {
-    use_path("f32");
+    use_bf16_path("f32");
     const em_dtype dts[2] = {EM_BF16, EM_F16};
     for (int d = 0; d < 2; d++) {
         em_scope s = em_scope_begin();
@@ -358,7 +353,7 @@ TEST(test_autocast_linear_with_bias_on_the_f32_path_makes_no_cast)
 
 TEST(test_autocast_linear_with_bias_on_the_f32_path_gives_the_bits_of_casting_first)
 {
-    use_path("f32");
+    use_bf16_path("f32");
     const em_dtype dts[2] = {EM_BF16, EM_F16};
     for (int d = 0; d < 2; d++) {
         em_scope s = em_scope_begin();

@@ -13,17 +13,9 @@
 
 #include "dpbf16_planted.h"
 #include "harness.h"
+#include "path_test.h"
 #include "tensor/dtype_math.h"
 #include "tensor/kernel_impl.h"
-
-static void use_path(const char *p)
-{
-    if (p)
-        setenv("EMBER_BF16_PATH", p, 1);
-    else
-        unsetenv("EMBER_BF16_PATH");
-    gemm_bf16_path_reset();
-}
 
 /* |got - want| within half an ulp of dt at |want|, doubled, plus f32
  * accumulation over K terms whose absolute products sum to s */
@@ -69,7 +61,7 @@ static void rand_bf16(uint16_t *x, int64_t n, uint64_t seed, bool small_ints);
 
 TEST(test_bf16_f32_path_matches_f64_at_odd_shapes_and_layouts)
 {
-    use_path("f32");
+    use_bf16_path("f32");
     CHECK(!strcmp(em_matmul_path(EM_BF16), "f32"));
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
@@ -119,7 +111,7 @@ TEST(test_bf16_products_round_each_result_once_like_a_cast)
 
 TEST(test_bf16_f32_path_crosses_its_block_edges)
 {
-    use_path("f32");
+    use_bf16_path("f32");
     matmul_matches(EM_BF16, 261, 777, 1031, false, true);
     matmul_matches(EM_BF16, 261, 1031, 777, false, false);
     matmul_matches(EM_BF16, 1031, 261, 777, true, false);
@@ -130,28 +122,28 @@ TEST(test_bf16_path_env_forces_a_path_and_refuses_what_the_cpu_lacks)
 {
     em_scope s = em_scope_begin();
     em_tensor *a = em_ones(EM_BF16, EM_SHAPE(3, 3));
-    use_path("f32");
+    use_bf16_path("f32");
     CHECK(!strcmp(em_matmul_path(EM_BF16), "f32"));
-    use_path("sideways");
+    use_bf16_path("sideways");
     CHECK_ERR(em_matmul_path(EM_BF16), EM_ERR_ARG, "EMBER_BF16_PATH='sideways' is not one of");
     CHECK_ERR(em_matmul(a, a), EM_ERR_ARG, "EMBER_BF16_PATH='sideways'");
-    use_path("avx512bf16");
+    use_bf16_path("avx512bf16");
     if (em_cpu_detect().avx512bf16) {
         CHECK(!strcmp(em_matmul_path(EM_BF16), "avx512bf16"));
     } else {
         CHECK_ERR(em_matmul_path(EM_BF16), EM_ERR_UNSUPPORTED, "EMBER_BF16_PATH=avx512bf16: this CPU");
         CHECK_ERR(em_matmul(a, a), EM_ERR_UNSUPPORTED, "no AVX512-BF16");
     }
-    use_path("amx");
+    use_bf16_path("amx");
     if (gemm_bf16_amx_usable())
         CHECK(!strcmp(em_matmul_path(EM_BF16), "amx"));
     else
         CHECK_ERR(em_matmul(a, a), EM_ERR_UNSUPPORTED, "EMBER_BF16_PATH=amx: AMX is not usable here");
     /* by default: the fastest this CPU has */
-    use_path(NULL);
+    use_bf16_path(NULL);
     const char *want = gemm_bf16_amx_usable() ? "amx" : em_cpu_detect().avx512bf16 ? "avx512bf16" : "f32";
     CHECK(!strcmp(em_matmul_path(EM_BF16), want));
-    use_path("auto");
+    use_bf16_path("auto");
     CHECK(!strcmp(em_matmul_path(EM_BF16), want));
     CHECK(!strcmp(em_matmul_path(EM_F16), "f32")); /* f32's own paths: tests/test_f32_path.c */
     CHECK_ERR(em_matmul_path(EM_BOOL), EM_ERR_DTYPE, "em_matmul_path");
@@ -273,7 +265,7 @@ TEST(test_dpbf16_kernel_matches_its_model_where_the_cpu_has_it)
  * shapes, every layout, and past the blocks (split over the pool) */
 static void avx512bf16_path_matches_f64(void)
 {
-    use_path("avx512bf16");
+    use_bf16_path("avx512bf16");
     CHECK(!strcmp(em_matmul_path(EM_BF16), "avx512bf16"));
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++)
@@ -416,7 +408,7 @@ TEST(test_bf16_path_refuses_avx512bf16_again_once_the_test_kernel_is_undone)
 {
     if (gemm_dpbf16_usable()) SKIP("this CPU has AVX512-BF16: nothing to refuse");
     gemm_dpbf16_use_kernel_for_test(dp_kernel_emulated);
-    use_path("avx512bf16");
+    use_bf16_path("avx512bf16");
     CHECK(!strcmp(em_matmul_path(EM_BF16), "avx512bf16"));
     gemm_dpbf16_use_kernel_for_test(NULL);
     CHECK_ERR(em_matmul_path(EM_BF16), EM_ERR_UNSUPPORTED, "EMBER_BF16_PATH=avx512bf16: this CPU");
@@ -431,7 +423,7 @@ enum { STEP_GRADS_MAX = 1 << 16, STEP_B = 18, STEP_T = 32 };
 static float gpt_step(const char *path, dp_kernel k, float *grads, int64_t *n)
 {
     gemm_dpbf16_use_kernel_for_test(k);
-    use_path(path);
+    use_bf16_path(path);
     em_gpt_config c = {.vocab_size = 64, .block_size = STEP_T, .n_layer = 1, .n_head = 2, .n_embd = 32};
     em_gpt *g = em_gpt_new(&c, 7);
     CHECK_NOTNULL(g);

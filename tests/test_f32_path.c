@@ -7,16 +7,8 @@
 #include <stdlib.h>
 
 #include "harness.h"
+#include "path_test.h"
 #include "tensor/kernel_impl.h"
-
-static void use_f32_path(const char *p)
-{
-    if (p)
-        setenv("EMBER_F32_PATH", p, 1);
-    else
-        unsetenv("EMBER_F32_PATH");
-    gemm_f32_path_reset();
-}
 
 static bool have_avx2(void) { return gemm_widen_usable(); }
 

@@ -11,25 +11,8 @@
 
 #include "cuda_test.h"
 #include "harness.h"
+#include "path_test.h"
 #include "tensor/kernel_impl.h"
-
-static void use_f32_path(const char *p)
-{
-    if (p)
-        setenv("EMBER_F32_PATH", p, 1);
-    else
-        unsetenv("EMBER_F32_PATH");
-    gemm_f32_path_reset();
-}
-
-static void use_bf16_path(const char *p)
-{
-    if (p)
-        setenv("EMBER_BF16_PATH", p, 1);
-    else
-        unsetenv("EMBER_BF16_PATH");
-    gemm_bf16_path_reset();
-}
 
 /* one case: x (rows, in) or (2, rows/2, in) when three_d; w (out, in); b
  * (out) unless no_bias; all in dt (leaves); the products under autocast ac
