@@ -277,7 +277,7 @@ TARGET static void kernel(put_mode pm, bool f16, int64_t kc, const float *a, con
                           const float *init, int64_t ldi, void *c, int64_t ldc)
 {
     __m256 r[2 * MR];
-    fma_block(MR, 2, kc, a, 1, MR, b, NR, r);
+    sums(kc, a, b, r);
     switch (pm) { /* one copy of the stores per mode */
     case PUT_F32: put_block(PUT_F32, false, r, init, ldi, NULL, c, ldc); break;
     case PUT_ADD: put_block(PUT_ADD, false, r, init, ldi, NULL, c, ldc); break;
@@ -309,7 +309,7 @@ TARGET static void kernel_bias(put_mode pm, bool f16, int64_t kc, const float *a
                                const float *init, int64_t ldi, const float *bias, void *c, int64_t ldc)
 {
     __m256 r[2 * MR];
-    fma_block(MR, 2, kc, a, 1, MR, b, NR, r);
+    sums(kc, a, b, r);
     __m256 bv[2] = {_mm256_loadu_ps(bias), _mm256_loadu_ps(bias + 8)};
     if (pm == PUT_F32)
         put_block(PUT_F32, false, r, init, ldi, bv, c, ldc);
