@@ -70,17 +70,21 @@ static qkv_run run_case(const qkv_case *k, bool op)
     return (qkv_run){y, em_grad(x), em_grad(w), em_grad(b)};
 }
 
-/* The op and the composition give the same bits, output and gradients */
+/* the op's run a and the composition's c: the same bits, output and gradients */
+static void check_same_run(qkv_run a, qkv_run c)
+{
+    CHECK(same_bits(a.y, c.y));
+    CHECK(same_bits(a.dx, c.dx));
+    CHECK(same_bits(a.dw, c.dw));
+    CHECK(same_bits(a.db, c.db));
+}
+
 static void same_as_composition(qkv_case k)
 {
     th_case("B=%lld T=%lld C=%lld H=%lld %s autocast %s", (long long)k.B, (long long)k.T, (long long)k.C,
             (long long)k.H, em_dtype_name(k.dt), em_dtype_name(k.amp));
     em_scope s = em_scope_begin();
-    qkv_run a = run_case(&k, true), c = run_case(&k, false);
-    CHECK(same_bits(a.y, c.y));
-    CHECK(same_bits(a.dx, c.dx));
-    CHECK(same_bits(a.dw, c.dw));
-    CHECK(same_bits(a.db, c.db));
+    check_same_run(run_case(&k, true), run_case(&k, false));
     em_scope_end(s);
     th_case(NULL);
 }
@@ -160,11 +164,7 @@ TEST(test_attention_qkv_gradient_adds_to_other_uses_of_qkv)
     for (int first = 0; first < 2; first++) {
         th_case("the other use recorded %s", first ? "first" : "last");
         em_scope s = em_scope_begin();
-        qkv_run a = used_twice(true, first), c = used_twice(false, first);
-        CHECK(same_bits(a.y, c.y));
-        CHECK(same_bits(a.dx, c.dx));
-        CHECK(same_bits(a.dw, c.dw));
-        CHECK(same_bits(a.db, c.db));
+        check_same_run(used_twice(true, first), used_twice(false, first));
         em_scope_end(s);
     }
     th_case(NULL);
