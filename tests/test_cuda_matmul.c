@@ -288,7 +288,7 @@ TEST(test_cuda_attention_qkv_matches_the_cpu_in_every_dtype)
     CUDA_OR_SKIP();
     em_scope s = em_scope_begin();
     for (int d = 0; d < 4; d++)
-        compare_attn_n("qkv (2,37,120) 3 heads", attn_qkv3, 1, EM_SHAPE(2, 37, 120), dtypes[d],
+        compare_attn_n("qkv (2,37,360) 3 heads", attn_qkv3, 1, EM_SHAPE(2, 37, 360), dtypes[d],
                        60 + (uint64_t)d);
     compare_attn_n("qkv (2,50,42) 2 heads, scale 0.3", attn_qkv2_scaled, 1, EM_SHAPE(2, 50, 42), EM_F32, 64);
     em_scope_end(s);
