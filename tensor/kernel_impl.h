@@ -189,9 +189,11 @@ bool gemm_widen_sgemm(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n
  * in the compute dtype (attention_compute_dtype) with unit stride along D,
  * else through contiguous temp copies (a result rounded once to its
  * dtype). P (B,H,T,T), compute dtype: the forward writes it (NULL: temp
- * memory for the call), the backward reads it. Every element of each
- * result is written once. op names the op in errors: EM_ERR_OOM when
- * temp memory runs out. */
+ * memory for the call), the backward reads it. A result's elements are
+ * set by their head alone, whatever was there before (no zeroing pass
+ * over the result; the portable path clears its own dk, dv rows before
+ * it adds the row blocks' products). op names the op in errors:
+ * EM_ERR_OOM when temp memory runs out. */
 static inline em_dtype attention_compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
 em_status attention_heads_forward(const char *op, double scale, void *P, tensor *q, tensor *k, tensor *v,
                                   tensor *o);

@@ -8,9 +8,9 @@
  *   The same heads on (B,H,T,D) views of qkv and y (heads D apart, rows
  *   3C or C apart), so neither the split into q, k, v, nor the merge of
  *   the heads, nor the gradient's assembly into d(qkv) makes a copy or a
- *   node: the heads write dq, dk, dv where they lie in d(qkv), every
- *   element once, into qkv's gradient accumulator itself when it holds
- *   nothing yet. The bits are those of narrow/reshape/transpose +
+ *   node: the heads write dq, dk, dv where they lie in d(qkv), each
+ *   element by its head alone (no zeroing pass), into qkv's gradient
+ *   accumulator itself when it holds nothing yet. The bits are those of narrow/reshape/transpose +
  *   attention + transpose/reshape.
  *
  * On the CPU the heads run in tensor/attention_heads.c (P (B,H,T,T) saved
