@@ -118,8 +118,9 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
  *                              the product a*3C as well (the bias is added
  *                              by a second kernel). Every Linear is like
  *                              this.
- *   attention                  out 4C, P (B,H,T,T): 4*H*T per row
- *   heads back to (B,T,C)      a contiguous copy 4C
+ *   attention                  one op on qkv as it lies (tensor/ops_attention.c,
+ *                              attention_qkv): out (B,T,C) 4C, P (B,H,T,T):
+ *                              4*H*T per row
  *   c_proj (C), + x            Linear, 4C
  *   ln_2                       4C + 16
  *   c_fc (4C), gelu, c_proj (C) Linear, 4*4C, Linear; + x 4C
@@ -129,8 +130,8 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
  *   mlp c_proj, gelu           dX 4*4C, 4*4C; c_fc dX 4C
  *   ln_2                       dX 4C + the copy of x1's second gradient 4C
  *   attn c_proj                dX 4C
- *   attention                  dq, dk, dv 3*4C; each made contiguous 3*4C;
- *                              gathered into d(qkv) 4*3C
+ *   attention                  d(qkv) 4*3C, the heads' dq, dk, dv written
+ *                              where they lie in it
  *   c_attn, ln_1               dX 4C; dX 4C + the copy 4C
  *   dropout (p > 0)            dX 4C each
  *   under autocast, unless the product reads f32 (rf): each Linear's
@@ -142,7 +143,7 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
  * under autocast), cross-entropy's saved log-sum-exp and targets (12);
  * backward: dlogits 4V (+ a*V cast down, not with rf), dX 4C (+ 4VC for
  * the tied weight under autocast, not with rf). Each op also costs a tape
- * node and headers (about 380 bytes; 46 ops a block).
+ * node and headers (about 380 bytes; 35 ops a block).
  * rf: the low product reads f32 operands (on the CPU: f16 always, bf16 on
  * its f32 path; em_matmul_path says "f32"), so autocast makes no cast
  * around it (tensor/dispatch.c). */
@@ -152,12 +153,12 @@ static double step_scope_bytes(const em_gpt_config *m, double B, double T, doubl
     bool amp = a < 4, bias = m->bias, drop = m->dropout > 0, casts = amp && !rf;
     double lin = bias ? (amp && cuda ? a + 4 : 4) : a; /* bytes per output element of a Linear */
     double lin_out = 3 * C + C + 4 * C + C;    /* the block's Linear outputs per row */
-    double fwd = 2 * (4 * C + 16) + lin * lin_out + (4 * C + 4 * H * T) + 4 * C + 2 * 4 * C + 4 * 4 * C;
-    double bwd = 2 * 4 * 4 * C + 4 * C + 2 * 2 * 4 * C + 4 * C + 3 * 3 * 4 * C + 4 * C;
+    double fwd = 2 * (4 * C + 16) + lin * lin_out + (4 * C + 4 * H * T) + 2 * 4 * C + 4 * 4 * C;
+    double bwd = 2 * 4 * 4 * C + 4 * C + 2 * 2 * 4 * C + 4 * C + 4 * 3 * C + 4 * C;
     if (drop) fwd += 2 * 5 * C, bwd += 2 * 4 * C; /* the block's two dropouts */
     if (casts) bwd += a * lin_out;
     double per_block_rows = fwd + bwd;
-    double block_fixed = (casts ? 4 * 12 * C * C : 0) + 46 * 380.0;
+    double block_fixed = (casts ? 4 * 12 * C * C : 0) + 35 * 380.0;
     double head_rows = 4 * C + 4 * C + (drop ? 5 * C + 4 * C : 0) + (4 * C + 16) + 4 * V + (amp ? a * V : 0) +
                        12 + 4 * V + (casts ? a * V : 0) + 4 * C + 4 * C;
     double head_fixed = 4 * T * C + (casts ? 4 * V * C : 0) + 12 * 380.0;

@@ -428,36 +428,22 @@ em_nn_attention *em_nn_attention_new(em_module *parent, const char *name, int64_
     return a->resid_dropout ? a : abandon(parent, m);
 }
 
-/* qkv = c_attn(x) (B,T,3C) -> q, k, v (B,H,T,D); y = softmax(q k^T / sqrt(D)) v
- * (causal) (B,H,T,D) -> (B,T,C); out = dropout(c_proj(y)) */
+/* qkv = c_attn(x) (B,T,3C); y = softmax(q k^T / sqrt(D)) v (causal) per
+ * head, read from qkv and merged into (B,T,C) by one op with no copy
+ * (em_attention_causal_qkv); out = dropout(c_proj(y)) */
 static em_tensor *attention_forward(em_nn_attention *a, em_tensor *xh)
 {
     if (!a) return em_fail(EM_ERR_ARG, "em_nn_attention_forward: layer is NULL");
     tensor *x = t_resolve(xh, "attention");
     if (!x) return NULL;
-    int64_t C = a->n_embd, H = a->n_head, D = C / H;
+    int64_t C = a->n_embd;
     if (x->ndim != 3 || x->shape[2] != C)
         return em_fail(EM_ERR_SHAPE, "x is %s, expected (B,T,%lld)", shp(x), (long long)C);
-    int64_t B = x->shape[0], T = x->shape[1];
-    tensor *qkv = t_resolve(em_nn_linear_forward(a->c_attn, xh), "attention");
-    tensor *p[3] = {NULL, NULL, NULL};
-    for (int i = 0; i < 3 && qkv; i++) {
-        tensor *part = t_narrow(qkv, 2, i * C, C);                             /* (B,T,C) */
-        tensor *r = part ? t_reshape(part, 4, (int64_t[]){B, T, H, D}) : NULL; /* (B,T,H,D) */
-        p[i] = r ? t_transpose(r, 1, 2) : NULL;                                /* (B,H,T,D) */
-        t_drop(part);
-        t_drop(r);
-    }
-    em_tensor *y =
-        p[0] && p[1] && p[2] ? em_attention_causal(t_handle(p[0]), t_handle(p[1]), t_handle(p[2]), 0) : NULL;
-    for (int i = 0; i < 3; i++) t_drop(p[i]);
-    t_drop(qkv);
-    tensor *yt = y ? t_transpose(t_resolve(y, "attention"), 1, 2) : NULL; /* (B,T,H,D) */
-    tensor *ym = yt ? t_reshape(yt, 3, (int64_t[]){B, T, C}) : NULL;
+    em_tensor *qkv = em_nn_linear_forward(a->c_attn, xh);
+    em_tensor *y = qkv ? em_attention_causal_qkv(qkv, a->n_head, 0) : NULL; /* (B,T,C) */
+    drop(qkv);
+    em_tensor *o = y ? em_nn_linear_forward(a->c_proj, y) : NULL;
     drop(y);
-    t_drop(yt);
-    em_tensor *o = ym ? em_nn_linear_forward(a->c_proj, t_handle(ym)) : NULL;
-    t_drop(ym);
     em_tensor *out = o ? em_nn_dropout_forward(a->resid_dropout, o) : NULL;
     if (out != o) drop(o);
     return out;

@@ -23,7 +23,10 @@
  * element of every result is one k loop in a fixed order: the bits do not
  * depend on how heads or row blocks are split over threads. Operands whose
  * rows D is not a multiple of 8 are copied with rows padded to round8(D)
- * (the tiles read whole vectors); P keeps the portable path's (T,T) layout. */
+ * (the tiles read whole vectors); P keeps the portable path's (T,T) layout.
+ * Results go where the caller's row strides put them (o, gq, gk, gv rows of
+ * a (B,T,C) or (B,T,3C) tensor for the fused-QKV op), each row's D columns
+ * only: a tile's last vector is stored through a lane mask. */
 #include "kernel_impl.h"
 #include "vmath_impl.h"
 
@@ -279,7 +282,7 @@ TARGET void attention_fused_forward_rows(const attn_head_f32 *h, int64_t b0, int
         int64_t i1 = i0 + mr;
         row_tiles(mr, i1, D, h->q + i0 * h->lq, h->lq, 1, p.kv_t, p.Tp, h->scale, strip, p.Tp);
         for (int r = 0; r < mr; r++) softmax_row(strip + r * p.Tp, i0 + r + 1, T, h->P + (i0 + r) * T);
-        row_tiles(mr, D, i1, h->P + i0 * T, T, 1, h->v, h->lv, 1.0f, h->o + i0 * D, D);
+        row_tiles(mr, D, i1, h->P + i0 * T, T, 1, h->v, h->lv, 1.0f, h->o + i0 * h->lo, h->lo);
     }
 }
 
@@ -294,7 +297,7 @@ TARGET void attention_fused_backward_rows(const attn_head_f32 *h, int64_t b0, in
         row_tiles(mr, i1, D, h->go + i0 * h->lg, h->lg, 1, p.kv_t, p.Tp, 1.0f, ds, p.Tp);
         for (int r = 0; r < mr; r++)
             dsoftmax_row(h->P + (i0 + r) * T, i0 + r + 1, p.Tp, h->scale, ds + r * p.Tp);
-        row_tiles(mr, D, i1, ds, p.Tp, 1, h->k, h->lk, 1.0f, h->gq + i0 * D, D);
+        row_tiles(mr, D, i1, ds, p.Tp, 1, h->k, h->lk, 1.0f, h->gq + i0 * h->lgq, h->lgq);
     }
 }
 
@@ -304,10 +307,10 @@ TARGET void attention_fused_backward_keys(const attn_head_f32 *h, int64_t b0, in
     int64_t T = h->T, D = h->D;
     for (int64_t j0 = b0 * MR; j0 < b1 * MR && j0 < T; j0 += MR) {
         int mr = (int)(T - j0 < MR ? T - j0 : MR);
-        row_tiles(mr, D, T - j0, h->P + j0 * T + j0, 1, T, h->go + j0 * h->lg, h->lg, 1.0f, h->gv + j0 * D,
-                  D);
+        row_tiles(mr, D, T - j0, h->P + j0 * T + j0, 1, T, h->go + j0 * h->lg, h->lg, 1.0f,
+                  h->gv + j0 * h->lgv, h->lgv);
         row_tiles(mr, D, T - j0, p.ds + j0 * p.Tp + j0, 1, p.Tp, h->q + j0 * h->lq, h->lq, 1.0f,
-                  h->gk + j0 * D, D);
+                  h->gk + j0 * h->lgk, h->lgk);
     }
 }
 

@@ -182,10 +182,30 @@ void gemm_f32_path_reset(void);
 bool gemm_widen_sgemm(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
                       int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
 
+/* ---- causal attention's heads on the CPU (tensor/attention_heads.c) -----------
+ * The CPU kernels of tensor/ops_attention.c's ops. q, k, v, g (the
+ * output's gradient) and the results o, d[0..3) = dq, dk, dv are (B,H,T,D)
+ * tensors of any strides; they are read and written where they lie when
+ * in the compute dtype (attention_compute_dtype) with unit stride along D,
+ * else through contiguous temp copies (a result rounded once to its
+ * dtype). P (B,H,T,T), compute dtype: the forward writes it (NULL: temp
+ * memory for the call), the backward reads it. A result's elements are
+ * set by their head alone, whatever was there before (no zeroing pass
+ * over the result; the portable path clears its own dk, dv rows before
+ * it adds the row blocks' products). op names the op in errors:
+ * EM_ERR_OOM when temp memory runs out. */
+static inline em_dtype attention_compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
+em_status attention_heads_forward(const char *op, double scale, void *P, tensor *q, tensor *k, tensor *v,
+                                  tensor *o);
+em_status attention_heads_backward(const char *op, double scale, const void *P, tensor *q, tensor *k,
+                                   tensor *v, tensor *g, tensor *const d[3]);
+
 /* ---- causal attention's fused f32 head (tensor/attention_avx2.c) ---------------
- * One head of tensor/ops_attention.c's op on AVX2+FMA CPUs: q, k, v, go
+ * One head of tensor/ops_attention.c's ops on AVX2+FMA CPUs: q, k, v, go
  * (T,D) with rows lq.. apart and unit stride along D; P (T,T); o, gq, gk,
- * gv (T,D) contiguous; scratch attention_fused_scratch(T,D) floats per head
+ * gv (T,D) with rows lo, lgq, lgk, lgv apart and unit stride along D (only
+ * their D columns are written: a neighbouring head's channels may lie
+ * between their rows); scratch attention_fused_scratch(T,D) floats per head
  * (its packed operands; a head's scratch is shared by all row blocks of
  * that head). Row blocks are of ATTN_ROWS rows; [b0,b1) is a range of
  * them. Forward: attention_fused_prepare(h, false, scratch), then
@@ -201,6 +221,7 @@ typedef struct attn_head_f32 {
     const float *q, *k, *v, *go;
     int64_t lq, lk, lv, lg;
     float *P, *o, *gq, *gk, *gv;
+    int64_t lo, lgq, lgk, lgv;
 } attn_head_f32;
 /* Whether the fused head runs here: f32 on an AVX2+FMA CPU, 1 <= T <=
  * ATTN_FUSED_MAX_T, 1 <= D <= ATTN_FUSED_MAX_D, not turned off. */

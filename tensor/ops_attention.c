@@ -1,409 +1,39 @@
-/* ops_attention.c — causal scaled-dot-product attention as one op:
- * q, k, v (B,H,T,D) -> (B,H,T,D), position i attending to positions j <= i.
+/* ops_attention.c — causal scaled-dot-product attention as one op, in two
+ * forms:
+ * - "attention": q, k, v (B,H,T,D) -> (B,H,T,D), position i attending to
+ *   positions j <= i;
+ * - "attention_qkv": the fused QKV projection's output qkv (B,T,3C) as it
+ *   is -> y (B,T,C) with the heads merged (GPT-2's split: q, k, v the
+ *   three thirds of the channels, head h channels h*D..(h+1)*D of each).
+ *   The same heads on (B,H,T,D) views of qkv and y (heads D apart, rows
+ *   3C or C apart), so neither the split into q, k, v, nor the merge of
+ *   the heads, nor the gradient's assembly into d(qkv) makes a copy or a
+ *   node: the heads write dq, dk, dv where they lie in d(qkv), each
+ *   element by its head alone (no zeroing pass), into qkv's gradient
+ *   accumulator itself when it holds nothing yet. The bits are those of narrow/reshape/transpose +
+ *   attention + transpose/reshape.
  *
- * Forward, per head (b,h):  S = q k^T * scale (T,T), P = softmax(S) row-wise
- * over j <= i (0 above the diagonal), O = P v. P (B,H,T,T) is kept in the
- * step scope for backward (recomputing it there would cost the forward's
- * S and exp again; at the GPT shapes P is under 1 MB a layer). The heads
- * are split over ember's pool (parallel_for over B*H): each thread runs
- * whole heads, so a step of small heads (the tiny GPT: 48 heads of 64x32)
- * pays one pool hand-off per call. f32 and f64 are computed as they are;
- * f16/bf16 through f32.
- *
- * Two ways to run a head:
- * - fused (f32, 1 <= T <= 256, 1 <= D <= 128, an AVX2+FMA CPU:
- *   attention_fused_usable): tensor/attention_avx2.c, every product a loop
- *   of register tiles over the causal triangle, no GEMM call. A single head
- *   (B*H == 1) is split over the pool by blocks of query rows (backward:
- *   then by blocks of key rows); each element is computed the same way
- *   however the blocks fall, so the bits do not depend on the thread count.
- * - portable (f64, longer T, wider D, other CPUs): per-head GEMMs
- *   (sgemm/dgemm) and row passes; query rows go in blocks of ROW_BLOCK so
- *   the keys after a block's last row (all masked) are never multiplied.
- *   With a single head the head's GEMMs and row passes are split over the
- *   pool instead.
- * tests/test_attention_fused.c holds the two to each other and to f64.
- *
- * On a CUDA device the op is one fused kernel (tensor/ops_matmul.cu,
- * flash-attention style): P is never stored; the forward saves the
- * log-sum-exp of each row (B,H,T) instead, and the backward recomputes P
- * from it (see attention_cuda below). The op goes through the dispatcher
- * (tensor/dispatch.h); the node it records is "attention". */
-#include <cblas.h>
+ * On the CPU the heads run in tensor/attention_heads.c (P (B,H,T,T) saved
+ * in the step scope for backward). On a CUDA device each op is one fused
+ * kernel (tensor/ops_matmul.cu, flash-attention style) on contiguous
+ * (B,H,T,D) operands (attention_qkv's views are copied to that layout and
+ * back): P is never stored; the forward saves the log-sum-exp of each row
+ * (B,H,T) instead, and the backward recomputes P from it. The ops go
+ * through the dispatcher (tensor/dispatch.h); the nodes they record are
+ * "attention" and "attention_qkv". */
 #include <limits.h>
 
 #include "dispatch.h"
 #include "kernel_impl.h"
-#include "vmath_impl.h"
 #if EM_HAVE_CUDA
 #include "cuda_matmul.h"
 #endif
 
-enum { ROW_BLOCK = 256 }; /* query rows per GEMM block: keys past the block's last row are skipped */
-
-static const char *at(const void *p, int64_t off, size_t es) { return (const char *)p + off * (int64_t)es; }
-
-/* The row pass of one head: rows [lo,hi) of the (T,T) matrices. */
-typedef struct rows_ctx {
-    int64_t T;
-    bool f64;
-    double scale;
-    void *p;  /* forward: S in, P out; backward: P */
-    void *ds; /* backward: dP in, dS * scale out */
-} rows_ctx;
-
-/* p_ij = exp(s_ij - max_j s_ij) / sum, over j <= i; 0 for j > i */
-static void softmax_rows(void *ctx, int64_t lo, int64_t hi)
-{
-    rows_ctx *c = ctx;
-    int64_t T = c->T;
-    for (int64_t i = lo; i < hi; i++) {
-        if (!c->f64) {
-            float *s = (float *)c->p + i * T, m = s[0], sum = 0.0f;
-            for (int64_t j = 1; j <= i; j++) m = s[j] > m ? s[j] : m;
-            for (int64_t j = 0; j <= i; j++) s[j] = vexpf(s[j] - m);
-            for (int64_t j = 0; j <= i; j++) sum += s[j];
-            float inv = 1.0f / sum;
-            for (int64_t j = 0; j <= i; j++) s[j] *= inv;
-            for (int64_t j = i + 1; j < T; j++) s[j] = 0.0f;
-        } else {
-            double *s = (double *)c->p + i * T, m = s[0], sum = 0.0;
-            for (int64_t j = 1; j <= i; j++) m = s[j] > m ? s[j] : m;
-            for (int64_t j = 0; j <= i; j++) sum += (s[j] = exp(s[j] - m));
-            double inv = 1.0 / sum;
-            for (int64_t j = 0; j <= i; j++) s[j] *= inv;
-            for (int64_t j = i + 1; j < T; j++) s[j] = 0.0;
-        }
-    }
-}
-
-/* ds_ij = p_ij (dp_ij - sum_j dp_ij p_ij) * scale over j <= i; 0 for j > i */
-static void dsoftmax_rows_f32(void *ctx, int64_t lo, int64_t hi)
-{
-    rows_ctx *c = ctx;
-    int64_t T = c->T;
-    float scale = (float)c->scale;
-    for (int64_t i = lo; i < hi; i++) {
-        const float *p = (const float *)c->p + i * T;
-        float *d = (float *)c->ds + i * T, r = 0.0f;
-        for (int64_t j = 0; j <= i; j++) r += d[j] * p[j];
-        for (int64_t j = 0; j <= i; j++) d[j] = p[j] * (d[j] - r) * scale;
-        for (int64_t j = i + 1; j < T; j++) d[j] = 0.0f;
-    }
-}
-
-static void dsoftmax_rows_f64(void *ctx, int64_t lo, int64_t hi)
-{
-    rows_ctx *c = ctx;
-    int64_t T = c->T;
-    for (int64_t i = lo; i < hi; i++) {
-        const double *p = (const double *)c->p + i * T;
-        double *d = (double *)c->ds + i * T, r = 0.0;
-        for (int64_t j = 0; j <= i; j++) r += d[j] * p[j];
-        for (int64_t j = 0; j <= i; j++) d[j] = p[j] * (d[j] - r) * c->scale;
-        for (int64_t j = i + 1; j < T; j++) d[j] = 0.0;
-    }
-}
-
-/* ---- the heads ------------------------------------------------------------------ */
-
-static em_dtype compute_dtype(em_dtype dt) { return dt == EM_F64 ? EM_F64 : EM_F32; }
-
-/* A (B,H,T,D) operand as the per-head GEMMs read it: head (b,h) starts at
- * p + (b sb + h sh) elements, its rows ld apart. */
-typedef struct head_operand {
-    const char *p;
-    int64_t H, sb, sh, ld;
-} head_operand;
-
-static const void *head_at(const head_operand *a, int64_t bh, size_t es)
-{
-    return at(a->p, (bh / a->H) * a->sb + (bh % a->H) * a->sh, es);
-}
-
-/* t as a head operand: t's own memory when it is in the compute dtype with
- * unit stride along D (the q, k, v of a fused QKV projection are such
- * strided views: no copy), else a contiguous copy in temp scratch. false on
- * OOM. */
-static bool as_heads(tensor *t, em_dtype ct, head_operand *a)
-{
-    int64_t H = t->shape[1] > 0 ? t->shape[1] : 1, T = t->shape[2], D = t->shape[3];
-    if (t->dtype == ct && t->stride[3] == 1 && t->stride[2] >= D && t->stride[2] > 0) {
-        *a =
-            (head_operand){.p = t_ptr(t), .H = H, .sb = t->stride[0], .sh = t->stride[1], .ld = t->stride[2]};
-        return true;
-    }
-    void *buf = tmp_alloc((size_t)t_numel(t) * em_dtype_size(ct) + 1);
-    if (!buf) return false;
-    storage s = {.data = buf, .nbytes = (size_t)t_numel(t) * em_dtype_size(ct)};
-    tensor h = {.dtype = ct, .ndim = t->ndim, .st = &s};
-    memcpy(h.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-    t_contig_strides(t->ndim, t->shape, h.stride);
-    copy_strided(&h, t);
-    *a = (head_operand){.p = buf, .H = H, .sb = H * T * D, .sh = T * D, .ld = D > 0 ? D : 1};
-    return true;
-}
-
-/* One call's heads: operands, outputs, and what every head shares. */
-typedef struct heads_ctx {
-    em_dtype ct;
-    int64_t T, D;
-    double scale;
-    head_operand q, k, v, go; /* go: the output's gradient */
-    const void *P;            /* (B*H,T,T) */
-    char *o, *gq, *gk, *gv;   /* (B*H,T,D) contiguous */
-    bool fused;               /* f32 heads on the fused kernel (attention_fused_usable) */
-    int failed;               /* a range had no memory for its scratch (set atomically) */
-} heads_ctx;
-
-/* Head h, forward. Per block of query rows [i0,i1): S = q[i0:i1] k[0:i1]^T
- * * scale; then P = masked softmax(S) by rows; then o[i0:i1] = P[i0:i1,
- * 0:i1] v[0:i1]. */
-static void head_forward(const heads_ctx *c, int64_t h)
-{
-    em_dtype ct = c->ct;
-    int64_t T = c->T, D = c->D, lq = c->q.ld, lk = c->k.ld, lv = c->v.ld;
-    size_t es = em_dtype_size(ct);
-    const void *q = head_at(&c->q, h, es), *k = head_at(&c->k, h, es), *v = head_at(&c->v, h, es);
-    void *o = c->o + h * T * D * (int64_t)es, *P = (void *)at(c->P, h * T * T, es);
-    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
-        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
-        em_gemm(ct, false, true, i1 - i0, i1, D, c->scale, at(q, i0 * lq, es), lq, k, lk, 0.0,
-                (void *)at(P, i0 * T, es), T);
-    }
-    rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .p = P};
-    parallel_for(T, 32, softmax_rows, &rc);
-    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
-        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T;
-        em_gemm(ct, false, false, i1 - i0, D, i1, 1.0, at(P, i0 * T, es), T, v, lv, 0.0,
-                (void *)at(o, i0 * D, es), D);
-    }
-}
-
-/* Head h, backward, blocks of query rows as in forward:
- * dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dP * P));
- * dQ = dS K * scale;  dK = dS^T Q * scale.  ds: (T,T) scratch. */
-static void head_backward(const heads_ctx *c, int64_t h, void *ds)
-{
-    em_dtype ct = c->ct;
-    int64_t T = c->T, D = c->D, lq = c->q.ld, lk = c->k.ld, lv = c->v.ld, lg = c->go.ld;
-    size_t es = em_dtype_size(ct);
-    const void *q = head_at(&c->q, h, es), *k = head_at(&c->k, h, es), *v = head_at(&c->v, h, es);
-    const void *go = head_at(&c->go, h, es), *P = at(c->P, h * T * T, es);
-    int64_t off = h * T * D * (int64_t)es;
-    void *gq = c->gq + off, *gk = c->gk + off, *gv = c->gv + off;
-    memset(gk, 0, (size_t)(T * D) * es);
-    memset(gv, 0, (size_t)(T * D) * es);
-    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
-        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
-        em_gemm(ct, true, false, i1, D, m, 1.0, at(P, i0 * T, es), T, at(go, i0 * lg, es), lg, 1.0, gv, D);
-        em_gemm(ct, false, true, m, i1, D, 1.0, at(go, i0 * lg, es), lg, v, lv, 0.0,
-                (void *)at(ds, i0 * T, es), T);
-    }
-    rows_ctx rc = {.T = T, .f64 = ct == EM_F64, .scale = c->scale, .p = (void *)P, .ds = ds};
-    parallel_for(T, 32, ct == EM_F32 ? dsoftmax_rows_f32 : dsoftmax_rows_f64, &rc);
-    for (int64_t i0 = 0; i0 < T; i0 += ROW_BLOCK) {
-        int64_t i1 = i0 + ROW_BLOCK < T ? i0 + ROW_BLOCK : T, m = i1 - i0;
-        em_gemm(ct, false, false, m, D, i1, 1.0, at(ds, i0 * T, es), T, k, lk, 0.0,
-                (void *)at(gq, i0 * D, es), D);
-        em_gemm(ct, true, false, i1, D, m, 1.0, at(ds, i0 * T, es), T, at(q, i0 * lq, es), lq, 1.0, gk, D);
-    }
-}
-
-/* ---- the fused f32 head (tensor/attention_avx2.c) --------------------------------- */
-
-static attn_head_f32 fused_head(const heads_ctx *c, int64_t h)
-{
-    int64_t off = h * c->T * c->D;
-    const float *go = c->go.p ? head_at(&c->go, h, sizeof(float)) : NULL;
-    return (attn_head_f32){.T = c->T,
-                           .D = c->D,
-                           .scale = (float)c->scale,
-                           .q = head_at(&c->q, h, sizeof(float)),
-                           .k = head_at(&c->k, h, sizeof(float)),
-                           .v = head_at(&c->v, h, sizeof(float)),
-                           .go = go,
-                           .lq = c->q.ld,
-                           .lk = c->k.ld,
-                           .lv = c->v.ld,
-                           .lg = c->go.ld,
-                           .P = (float *)c->P + h * c->T * c->T,
-                           .o = c->o ? (float *)c->o + off : NULL,
-                           .gq = c->gq ? (float *)c->gq + off : NULL,
-                           .gk = c->gk ? (float *)c->gk + off : NULL,
-                           .gv = c->gv ? (float *)c->gv + off : NULL};
-}
-
-static int64_t row_blocks(int64_t T) { return (T + ATTN_ROWS - 1) / ATTN_ROWS; }
-
-/* The (ATTN_ROWS, round16(T)) strip of a forward range */
-static size_t strip_bytes(int64_t T) { return sizeof(float) * (size_t)(ATTN_ROWS * ((T + 15) / 16 * 16)); }
-
-/* One head split by blocks of rows over the pool: its packed operands are
- * made once (split_head.scratch) and shared. */
-typedef struct split_head {
-    attn_head_f32 h;
-    float *scratch;
-    int *failed;
-} split_head;
-
-static void split_forward(void *ctx, int64_t lo, int64_t hi)
-{
-    split_head *s = ctx;
-    size_t mk = tmp_mark();
-    float *strip = tmp_alloc(strip_bytes(s->h.T));
-    if (strip)
-        attention_fused_forward_rows(&s->h, lo, hi, s->scratch, strip);
-    else
-        __atomic_store_n(s->failed, 1, __ATOMIC_RELAXED);
-    tmp_release(mk);
-}
-
-static void split_backward_rows(void *ctx, int64_t lo, int64_t hi)
-{
-    split_head *s = ctx;
-    attention_fused_backward_rows(&s->h, lo, hi, s->scratch);
-}
-
-static void split_backward_keys(void *ctx, int64_t lo, int64_t hi)
-{
-    split_head *s = ctx;
-    attention_fused_backward_keys(&s->h, lo, hi, s->scratch);
-}
-
-/* The single head (BH == 1) of a fused call, its row blocks over the pool;
- * false when scratch runs out. */
-static bool fused_single_head(heads_ctx *c, bool backward)
-{
-    size_t mk = tmp_mark();
-    split_head s = {.h = fused_head(c, 0), .failed = &c->failed};
-    s.scratch = tmp_alloc(sizeof(float) * attention_fused_scratch(c->T, c->D));
-    if (!s.scratch) {
-        tmp_release(mk);
-        return false;
-    }
-    attention_fused_prepare(&s.h, backward, s.scratch);
-    int64_t nb = row_blocks(c->T);
-    if (!backward) {
-        parallel_for(nb, 4, split_forward, &s);
-    } else {
-        parallel_for(nb, 4, split_backward_rows, &s);
-        parallel_for(nb, 4, split_backward_keys, &s);
-    }
-    tmp_release(mk);
-    return !c->failed;
-}
-
-/* ---- the heads over the pool ----------------------------------------------------- */
-
-/* Heads [lo,hi), each run whole by the thread that claims it. */
-static void heads_forward(void *ctx, int64_t lo, int64_t hi)
-{
-    heads_ctx *c = ctx;
-    if (!c->fused) {
-        for (int64_t h = lo; h < hi; h++) head_forward(c, h);
-        return;
-    }
-    size_t mk = tmp_mark();
-    float *scratch = tmp_alloc(sizeof(float) * attention_fused_scratch(c->T, c->D) + strip_bytes(c->T));
-    if (!scratch) {
-        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    float *strip = scratch + attention_fused_scratch(c->T, c->D);
-    for (int64_t h = lo; h < hi; h++) {
-        attn_head_f32 a = fused_head(c, h);
-        attention_fused_prepare(&a, false, scratch);
-        attention_fused_forward_rows(&a, 0, row_blocks(c->T), scratch, strip);
-    }
-    tmp_release(mk);
-}
-
-static void heads_backward(void *ctx, int64_t lo, int64_t hi)
-{
-    heads_ctx *c = ctx;
-    size_t mk = tmp_mark(); /* the temp arena is the running thread's */
-    /* this range's scratch: the fused head's, else a (T,T) matrix */
-    size_t n = c->fused ? sizeof(float) * attention_fused_scratch(c->T, c->D)
-                        : (size_t)(c->T * c->T) * em_dtype_size(c->ct) + 1;
-    void *ds = tmp_alloc(n);
-    if (!ds) {
-        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    for (int64_t h = lo; h < hi; h++) {
-        if (!c->fused) {
-            head_backward(c, h, ds);
-            continue;
-        }
-        attn_head_f32 a = fused_head(c, h);
-        attention_fused_prepare(&a, true, ds);
-        attention_fused_backward_rows(&a, 0, row_blocks(c->T), ds);
-        attention_fused_backward_keys(&a, 0, row_blocks(c->T), ds);
-    }
-    tmp_release(mk);
-}
-
-/* The call's heads over the pool: whole heads per thread, or a single
- * head's row blocks (fused only; the portable path splits its GEMMs).
- * false (c->failed) when scratch ran out. */
-static bool run_heads(heads_ctx *c, int64_t BH, bool backward)
-{
-    if (c->fused && BH == 1) return fused_single_head(c, backward);
-    parallel_for(BH, 1, backward ? heads_backward : heads_forward, c);
-    return !c->failed;
-}
-
-/* ---- plumbing ------------------------------------------------------------------ */
-
-/* The backward's call: in = {q, k, v, out, g} (out the forward's output,
- * g its gradient), the scale in dp[0]; out is dq and c.saved points to this:
- * what the forward saved (the node's saved) and dk, dv. The gradients have
- * q's shape and dtype. */
-typedef struct attn_grads {
-    void *saved;
-    tensor *dk, *dv;
-} attn_grads;
-
-/* On the CPU: per head from P (B,H,T,T, compute dtype), in the compute dtype */
-static em_status attention_grad_cpu(const op_call *c, tensor *dq)
-{
-    const attn_grads *o = c->saved;
-    tensor *q = c->in[0], *g = c->in[4], *grads[3] = {dq, o->dk, o->dv};
-    em_dtype dt = q->dtype, ct = compute_dtype(dt);
-    int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3], n = t_numel(q);
-    size_t es = em_dtype_size(ct);
-    size_t mk = tmp_mark();
-    heads_ctx hc = {.ct = ct, .T = T, .D = D, .scale = c->dp[0], .P = o->saved};
-    char *gp[3];
-    bool ok = as_heads(q, ct, &hc.q) && as_heads(c->in[1], ct, &hc.k) && as_heads(c->in[2], ct, &hc.v) &&
-              as_heads(g, ct, &hc.go);
-    for (int i = 0; i < 3 && ok; i++) /* in the compute dtype: the outputs, else temp memory */
-        ok = (gp[i] = dt == ct ? t_ptr(grads[i]) : tmp_alloc((size_t)n * es + 1)) != NULL;
-    if (!ok) {
-        tmp_release(mk);
-        return em_last_status();
-    }
-    hc.gq = gp[0];
-    hc.gk = gp[1];
-    hc.gv = gp[2];
-    hc.fused = ct == EM_F32 && attention_fused_usable(T, D);
-    if (D > 0 && !run_heads(&hc, BH, true)) { /* D == 0: the gradients are empty */
-        tmp_release(mk);
-        return em_err(EM_ERR_OOM, "attention backward: no memory for a (%lld,%lld) scratch matrix",
-                      (long long)T, (long long)T);
-    }
-    if (dt != ct)
-        for (int i = 0; i < 3; i++) convert_par(dt, t_ptr(grads[i]), ct, gp[i], n);
-    tmp_release(mk);
-    return EM_OK;
-}
-
 #if EM_HAVE_CUDA
-/* ---- CUDA ---------------------------------------------------------------------------
- * The node saves the (B,H,T) log-sum-exp tensor (n->saved, a scope tensor
- * on the device, f32; f64 for f64 inputs); the backward reads q, k, v from
- * n->in and the output from n->out. */
+/* On a CUDA device the kernels (tensor/ops_matmul.cu) take contiguous
+ * (B,H,T,D) operands and results; the forward saves the (B,H,T)
+ * log-sum-exp of each row (a scope tensor on the device, f32; f64 for f64
+ * inputs), from which the backward recomputes P. */
 
 /* Contiguous copies of the tensors that are not (the rest as they are). */
 static bool contig_all(int n, tensor *const *in, tensor **out)
@@ -420,79 +50,103 @@ static void drop_copies(int n, tensor *const *in, tensor *const *out)
         if (out[i] && out[i] != in[i]) t_drop(out[i]);
 }
 
-/* On the device: one fused kernel, recomputing P from the log-sum-exp (a
- * device tensor); g in q's dtype */
-static em_status attention_grad_cuda(const op_call *c, tensor *dq)
+/* out[i]: res[i] itself when contiguous, else a new contiguous tensor of
+ * its shape for a kernel to write; copy_back copies those into res. */
+static bool contig_results(int n, tensor *const *res, tensor **out)
 {
-    const attn_grads *o = c->saved;
-    tensor *q = c->in[0], *g = c->in[4];
-    em_dtype dt = q->dtype;
-    if (!o->saved) /* the forward failed after recording */
-        return em_err(EM_ERR_AUTOGRAD, "attention backward: the forward of %s did not complete", shp(q));
-    tensor *gc = g->dtype == dt ? g : t_cast(g, dt);
-    if (!gc) return em_last_status();
-    tensor *in[5] = {c->in[0], c->in[1], c->in[2], c->in[3], gc}, *cc[5] = {0};
-    em_status s = contig_all(5, in, cc) ? EM_OK : em_last_status();
+    for (int i = 0; i < n; i++)
+        if (!(out[i] = t_is_contig(res[i]) ? res[i] : t_new_like(res[i]))) return false;
+    return true;
+}
+
+static void copy_back(int n, tensor *const *res, tensor *const *out)
+{
+    for (int i = 0; i < n; i++)
+        if (out[i] != res[i]) copy_strided(res[i], out[i]);
+}
+
+/* The forward on the device: o from q, k, v (B,H,T,D), the resolved scale
+ * in dp[0]; the log-sum-exp into c->saved. */
+static em_status forward_cuda(const op_call *c, tensor *q, tensor *k, tensor *v, tensor *o)
+{
+    tensor *in[3] = {q, k, v}, *cc[3] = {NULL, NULL, NULL}, *oc = NULL;
+    em_status s = contig_all(3, in, cc) && contig_results(1, &o, &oc) ? EM_OK : em_last_status();
     if (!s)
-        s = cu_attention_backward(q->device.index, dt, q->shape[0] * q->shape[1], q->shape[2], q->shape[3],
-                                  c->dp[0], t_ptr(cc[0]), t_ptr(cc[1]), t_ptr(cc[2]), t_ptr(cc[3]),
-                                  t_ptr(cc[4]), t_ptr((tensor *)o->saved), t_ptr(dq), t_ptr(o->dk),
-                                  t_ptr(o->dv));
-    drop_copies(5, in, cc);
-    if (gc != g) t_drop(gc);
+        s = cu_attention_forward(q->device.index, q->dtype, q->shape[0] * q->shape[1], q->shape[2],
+                                 q->shape[3], c->dp[0], t_ptr(cc[0]), t_ptr(cc[1]), t_ptr(cc[2]), t_ptr(oc),
+                                 t_ptr((tensor *)c->saved));
+    if (!s) copy_back(1, &o, &oc);
+    drop_copies(3, in, cc);
+    drop_copies(1, &o, &oc);
     return s;
 }
 
-/* The forward on the inputs' CUDA device (checked as attention_causal
- * checks them; the resolved scale in dp[0]); the (B,H,T) log-sum-exp goes
- * to the tensor in c->saved. */
-static em_status attention_cuda(const op_call *c, tensor *out)
+/* The backward on the device: d[0..3) = dq, dk, dv (B,H,T,D) from q, k, v,
+ * the forward's output o and its gradient g (B,H,T,D, g in q's dtype) and
+ * the log-sum-exp lse: one fused kernel recomputing P. */
+static em_status backward_cuda(const op_call *c, tensor *q, tensor *k, tensor *v, tensor *o, tensor *g,
+                               tensor *const d[3], const tensor *lse)
 {
-    tensor *q = c->in[0];
-    tensor *in[3] = {c->in[0], c->in[1], c->in[2]}, *cc[3] = {0};
-    em_status s = contig_all(3, in, cc) ? EM_OK : em_last_status();
+    if (!lse) /* the forward failed after recording */
+        return em_err(EM_ERR_AUTOGRAD, "%s backward: the forward of %s did not complete", op_name(c->op),
+                      shp(q));
+    tensor *in[5] = {q, k, v, o, g}, *cc[5] = {NULL}, *dc[3] = {NULL};
+    em_status s = contig_all(5, in, cc) && contig_results(3, d, dc) ? EM_OK : em_last_status();
     if (!s)
-        s = cu_attention_forward(q->device.index, q->dtype, q->shape[0] * q->shape[1], q->shape[2],
-                                 q->shape[3], c->dp[0], t_ptr(cc[0]), t_ptr(cc[1]), t_ptr(cc[2]), t_ptr(out),
-                                 t_ptr((tensor *)c->saved));
-    drop_copies(3, in, cc);
+        s = cu_attention_backward(q->device.index, q->dtype, q->shape[0] * q->shape[1], q->shape[2],
+                                  q->shape[3], c->dp[0], t_ptr(cc[0]), t_ptr(cc[1]), t_ptr(cc[2]),
+                                  t_ptr(cc[3]), t_ptr(cc[4]), t_ptr(lse), t_ptr(dc[0]), t_ptr(dc[1]),
+                                  t_ptr(dc[2]));
+    if (!s) copy_back(3, d, dc);
+    drop_copies(5, in, cc);
+    drop_copies(3, d, dc);
     return s;
 }
 #endif
 
-static bool same_shape(const tensor *a, const tensor *b)
+/* ---- attention: q, k, v (B,H,T,D) -------------------------------------------------- */
+
+/* The backward's call: in = {q, k, v, out, g} (out the forward's output,
+ * g its gradient), the scale in dp[0]; out is dq and c.saved points to this:
+ * what the forward saved (the node's saved) and dk, dv. The gradients have
+ * q's shape and dtype. */
+typedef struct attn_grads {
+    void *saved;
+    tensor *dk, *dv;
+} attn_grads;
+
+/* On the CPU: per head from P (B,H,T,T, compute dtype), in the compute dtype */
+static em_status attention_grad_cpu(const op_call *c, tensor *dq)
 {
-    return a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim);
+    const attn_grads *o = c->saved;
+    tensor *d[3] = {dq, o->dk, o->dv};
+    return attention_heads_backward("attention", c->dp[0], o->saved, c->in[0], c->in[1], c->in[2], c->in[4],
+                                    d);
 }
 
-/* The forward on the CPU: the resolved scale in dp[0]; P (B,H,T,T) in
- * c->saved, scope memory allocated by the caller, when recording. */
 static em_status attention_cpu(const op_call *c, tensor *out)
 {
-    tensor *q = c->in[0], *k = c->in[1], *v = c->in[2];
-    em_dtype dt = q->dtype, ct = compute_dtype(dt);
-    size_t es = em_dtype_size(ct);
-    int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3];
-    size_t mk = tmp_mark();
-    /* P lives as long as the tape when it is saved, else only for this call */
-    void *P = c->saved ? c->saved : tmp_alloc((size_t)(BH * T * T) * es + 1);
-    heads_ctx hc = {.ct = ct, .T = T, .D = D, .scale = c->dp[0], .P = P};
-    char *o = dt == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * es + 1);
-    if (!P || !o || !as_heads(q, ct, &hc.q) || !as_heads(k, ct, &hc.k) || !as_heads(v, ct, &hc.v)) {
-        tmp_release(mk);
-        return em_last_status();
-    }
-    hc.o = o;
-    hc.fused = ct == EM_F32 && attention_fused_usable(T, D);
-    if (D > 0 && !run_heads(&hc, BH, false)) {
-        tmp_release(mk);
-        return em_err(EM_ERR_OOM, "attention: no memory for a head's scratch (T=%lld, D=%lld)", (long long)T,
-                      (long long)D);
-    }
-    if (dt != ct) convert_n(dt, t_ptr(out), ct, o, t_numel(out));
-    tmp_release(mk);
-    return EM_OK;
+    return attention_heads_forward("attention", c->dp[0], c->saved, c->in[0], c->in[1], c->in[2], out);
 }
+
+#if EM_HAVE_CUDA
+/* On the device, g cast to q's dtype first */
+static em_status attention_grad_cuda(const op_call *c, tensor *dq)
+{
+    const attn_grads *o = c->saved;
+    tensor *q = c->in[0], *g = c->in[4], *d[3] = {dq, o->dk, o->dv};
+    tensor *gc = g->dtype == q->dtype ? g : t_cast(g, q->dtype);
+    if (!gc) return em_last_status();
+    em_status s = backward_cuda(c, q, c->in[1], c->in[2], c->in[3], gc, d, o->saved);
+    if (gc != g) t_drop(gc);
+    return s;
+}
+
+static em_status attention_cuda(const op_call *c, tensor *out)
+{
+    return forward_cuda(c, c->in[0], c->in[1], c->in[2], out);
+}
+#endif
 
 static const op_kernels attention_kernels = OP_KERNELS(attention_cpu, attention_cuda);
 
@@ -520,6 +174,78 @@ static em_status attention_backward(node *n, tensor *g)
     return s;
 }
 
+/* The checks both ops make once the shapes are known (x, called what: the
+ * input shown in messages): a finite scale, resolved into *scale (<= 0:
+ * 1/sqrt(D)); a scope to record in; T and D within what the kernels take.
+ * false + error. */
+static bool check_call(const op_call *c, const char *what, const tensor *x, int64_t T, int64_t D,
+                       double *scale)
+{
+    const char *name = op_name(c->op);
+    if (isnan(*scale) || isinf(*scale)) {
+        em_fail(EM_ERR_ARG, "%s: scale must be finite, got %g (<= 0 means 1/sqrt(D))", name, *scale);
+        return false;
+    }
+    if (c->record && em_scope_depth() == 0) {
+        em_fail(EM_ERR_SCOPE,
+                "%s: recording a gradient needs an open step scope (em_scope_begin), "
+                "or run it under em_set_grad_enabled(false)",
+                name);
+        return false;
+    }
+    if (T > INT_MAX || D > INT_MAX) {
+        em_fail(EM_ERR_UNSUPPORTED, "%s: T or D beyond BLAS's int range: %s is %s", name, what, shp(x));
+        return false;
+    }
+#if EM_HAVE_CUDA
+    if (c->dev.type == EM_CUDA && D > CU_ATTENTION_MAX_D) {
+        em_fail(EM_ERR_UNSUPPORTED, "%s: head dim D = %lld is beyond the CUDA kernel's %d: %s is %s", name,
+                (long long)D, (int)CU_ATTENTION_MAX_D, what, shp(x));
+        return false;
+    }
+#endif
+    if (*scale <= 0) *scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
+    return true;
+}
+
+/* The end both ops share, out made: what backward reads (on the CPU, P
+ * (B,H,T,T) in the scope arena when recording, else made by the kernel in
+ * temp memory; on CUDA the (B,H,T) log-sum-exp of each row, a scope tensor
+ * of f32, f64 for f64 inputs, that the kernel always writes), the kernel,
+ * the node with backward bw. bht: B, H, T. */
+static tensor *run_and_record(op_call *c, const op_kernels *k, tensor *out, const int64_t bht[3],
+                              backward_fn bw)
+{
+    em_dtype dt = c->in[0]->dtype;
+    bool cuda = c->dev.type == EM_CUDA;
+    if (cuda)
+        c->saved = t_new_on(c->dev, dt == EM_F64 ? EM_F64 : EM_F32, 3, bht);
+    else if (c->record)
+        c->saved = scope_alloc(
+            (size_t)(bht[0] * bht[1] * bht[2] * bht[2]) * em_dtype_size(attention_compute_dtype(dt)) + 1);
+    if ((cuda || c->record) && !c->saved) {
+        t_drop(out);
+        return NULL;
+    }
+    if (op_run(c, k, out)) {
+        if (cuda) t_drop(c->saved);
+        t_drop(out);
+        return NULL;
+    }
+    if (cuda && !c->record) {
+        t_drop(c->saved);
+        c->saved = NULL;
+    }
+    tensor *r = op_end(c, out, bw);
+    if (!r && cuda) t_drop(c->saved); /* the lse, when recording failed */
+    return r;
+}
+
+static bool same_shape(const tensor *a, const tensor *b)
+{
+    return a->ndim == b->ndim && !memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim);
+}
+
 static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
 {
     tensor *in[3] = {q, k, v};
@@ -533,49 +259,11 @@ static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
         return em_fail(EM_ERR_SHAPE, "attention: q, k, v must have the same shape: q is %s, k is %s, v is %s",
                        shp(q), shp(k), shp(v));
     if (!chk_same_dtype("attention", q, k) || !chk_same_dtype("attention", q, v)) return NULL;
-    if (isnan(scale) || isinf(scale))
-        return em_fail(EM_ERR_ARG, "attention: scale must be finite, got %g (<= 0 means 1/sqrt(D))", scale);
-    if (c.record && em_scope_depth() == 0)
-        return em_fail(EM_ERR_SCOPE,
-                       "attention: recording a gradient needs an open step scope (em_scope_begin), "
-                       "or run it under em_set_grad_enabled(false)");
-    int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], D = q->shape[3];
-    if (T > INT_MAX || D > INT_MAX)
-        return em_fail(EM_ERR_UNSUPPORTED, "attention: T or D beyond BLAS's int range: q is %s", shp(q));
-    if (scale <= 0) scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
-#if EM_HAVE_CUDA
-    if (c.dev.type == EM_CUDA && D > CU_ATTENTION_MAX_D)
-        return em_fail(EM_ERR_UNSUPPORTED,
-                       "attention: head dim D = %lld is beyond the CUDA kernel's %d: q is %s", (long long)D,
-                       (int)CU_ATTENTION_MAX_D, shp(q));
-#endif
+    if (!check_call(&c, "q", q, q->shape[2], q->shape[3], &scale)) return NULL;
     tensor *out = op_out(&c, q->dtype, 4, q->shape);
     if (!out) return NULL;
     c.dp[0] = scale;
-    /* what backward reads: on the CPU, P (B,H,T,T) in the scope arena (made
-     * by the kernel in temp memory when not recording); on CUDA, the
-     * log-sum-exp of each row, a (B,H,T) scope tensor (f64 for f64 inputs,
-     * else f32) the kernel always writes */
-    if (c.dev.type == EM_CUDA)
-        c.saved = t_new_on(c.dev, q->dtype == EM_F64 ? EM_F64 : EM_F32, 3, q->shape);
-    else if (c.record)
-        c.saved = scope_alloc((size_t)(BH * T * T) * em_dtype_size(compute_dtype(q->dtype)) + 1);
-    if ((c.dev.type == EM_CUDA || c.record) && !c.saved) {
-        t_drop(out);
-        return NULL;
-    }
-    if (op_run(&c, &attention_kernels, out)) {
-        if (c.dev.type == EM_CUDA) t_drop(c.saved);
-        t_drop(out);
-        return NULL;
-    }
-    if (c.dev.type == EM_CUDA && !c.record) {
-        t_drop(c.saved);
-        c.saved = NULL;
-    }
-    tensor *r = op_end(&c, out, attention_backward);
-    if (!r && c.dev.type == EM_CUDA) t_drop(c.saved); /* the lse, when recording failed */
-    return r;
+    return run_and_record(&c, &attention_kernels, out, q->shape, attention_backward);
 }
 
 em_tensor *em_attention_causal(em_tensor *q, em_tensor *k, em_tensor *v, double scale)
@@ -583,4 +271,134 @@ em_tensor *em_attention_causal(em_tensor *q, em_tensor *k, em_tensor *v, double 
     tensor *x = t_resolve(q, "attention"), *y = x ? t_resolve(k, "attention") : NULL;
     tensor *z = y ? t_resolve(v, "attention") : NULL;
     return z ? t_handle(attention_causal(x, y, z, scale)) : NULL;
+}
+
+/* ---- attention_qkv: qkv (B,T,3C) -> y (B,T,C) --------------------------------------- */
+
+/* Channels [c0, c0 + H D) of x (B,T,W) as (B,H,T,D), head h at channels
+ * c0 + h D: a header on the stack over x's storage, never handed out. */
+static tensor heads_view(const tensor *x, int64_t c0, int64_t H, int64_t D)
+{
+    tensor v = {.dtype = x->dtype, .device = x->device, .ndim = 4, .st = x->st};
+    int64_t shape[4] = {x->shape[0], H, x->shape[1], D};
+    int64_t stride[4] = {x->stride[0], D * x->stride[2], x->stride[1], x->stride[2]};
+    memcpy(v.shape, shape, sizeof shape);
+    memcpy(v.stride, stride, sizeof stride);
+    v.offset = x->offset + c0 * x->stride[2];
+    return v;
+}
+
+/* q, k, v of qkv (B,T,3C) in H heads: channels [0,C), [C,2C), [2C,3C) */
+static void split_qkv(const tensor *qkv, int64_t H, tensor out[3])
+{
+    int64_t C = qkv->shape[2] / 3;
+    for (int i = 0; i < 3; i++) out[i] = heads_view(qkv, i * C, H, C / H);
+}
+
+/* y (B,T,C) from qkv: the heads in n_head = ip[0] views */
+static em_status attention_qkv_cpu(const op_call *c, tensor *y)
+{
+    int64_t H = c->ip[0];
+    tensor p[3], o = heads_view(y, 0, H, y->shape[2] / H);
+    split_qkv(c->in[0], H, p);
+    return attention_heads_forward("attention_qkv", c->dp[0], c->saved, &p[0], &p[1], &p[2], &o);
+}
+
+/* The backward's call: in = {qkv, y, g} (y the forward's output, g its
+ * gradient), out d(qkv) (B,T,3C), written whole; c.saved the forward's */
+static em_status attention_qkv_grad_cpu(const op_call *c, tensor *dqkv)
+{
+    int64_t H = c->ip[0];
+    tensor p[3], dp[3], g = heads_view(c->in[2], 0, H, c->in[2]->shape[2] / H);
+    split_qkv(c->in[0], H, p);
+    split_qkv(dqkv, H, dp);
+    return attention_heads_backward("attention_qkv", c->dp[0], c->saved, &p[0], &p[1], &p[2], &g,
+                                    (tensor *[]){&dp[0], &dp[1], &dp[2]});
+}
+
+#if EM_HAVE_CUDA
+static em_status attention_qkv_cuda(const op_call *c, tensor *y)
+{
+    int64_t H = c->ip[0];
+    tensor p[3], o = heads_view(y, 0, H, y->shape[2] / H);
+    split_qkv(c->in[0], H, p);
+    return forward_cuda(c, &p[0], &p[1], &p[2], &o);
+}
+
+static em_status attention_qkv_grad_cuda(const op_call *c, tensor *dqkv)
+{
+    int64_t H = c->ip[0];
+    tensor *qkv = c->in[0], *g = c->in[2];
+    tensor *gc = g->dtype == qkv->dtype ? g : t_cast(g, qkv->dtype);
+    if (!gc) return em_last_status();
+    int64_t D = gc->shape[2] / H;
+    tensor p[3], dp[3], o = heads_view(c->in[1], 0, H, D), gh = heads_view(gc, 0, H, D);
+    split_qkv(qkv, H, p);
+    split_qkv(dqkv, H, dp);
+    em_status s =
+        backward_cuda(c, &p[0], &p[1], &p[2], &o, &gh, (tensor *[]){&dp[0], &dp[1], &dp[2]}, c->saved);
+    if (gc != g) t_drop(gc);
+    return s;
+}
+#endif
+
+static const op_kernels attention_qkv_kernels = OP_KERNELS(attention_qkv_cpu, attention_qkv_cuda);
+
+static const op_kernels attention_qkv_grad_kernels =
+    OP_KERNELS(attention_qkv_grad_cpu, attention_qkv_grad_cuda);
+
+/* d(qkv) (B,T,3C): the heads' dq, dk, dv where q, k, v lie. On the CPU in
+ * f32/f64 written straight into qkv's gradient accumulator when it holds
+ * nothing yet (qkv is a Linear's output: its first and only gradient),
+ * else made and added to it (one rounding per element, as op_grad would);
+ * otherwise (CUDA, f16/bf16) made and handed to op_grad. */
+static em_status attention_qkv_backward(node *n, tensor *g)
+{
+    tensor *qkv = n->in[0], *in[3] = {qkv, n->out, g};
+    op_call c;
+    if (!op_begin_backward(&c, n, 3, in)) return em_last_status();
+    bool fresh = false;
+    tensor *acc = c.dev.type == EM_CPU && (qkv->dtype == EM_F32 || qkv->dtype == EM_F64)
+                      ? op_grad_acc(qkv, &fresh)
+                      : NULL;
+    tensor *d = acc && fresh ? acc : op_out(&c, qkv->dtype, 3, qkv->shape);
+    em_status s = d ? op_run(&c, &attention_qkv_grad_kernels, d) : em_last_status();
+    if (!acc) {
+        if (s) t_drop(d);
+        return s ? s : op_grad(qkv, d); /* which may keep d */
+    }
+    if (d != acc) {
+        if (!s) add_strided(acc, d);
+        t_drop(d);
+    }
+    return s ? s : op_grad_done(qkv);
+}
+
+static tensor *attention_qkv(tensor *qkv, int64_t n_head, double scale)
+{
+    op_call c;
+    if (!op_begin(&c, OP_ATTENTION_QKV, 1, &qkv)) return NULL;
+    if (qkv->ndim != 3 || qkv->shape[2] % 3)
+        return em_fail(EM_ERR_SHAPE,
+                       "attention_qkv: qkv must be (B,T,3C), its last dim a multiple of 3: qkv is %s",
+                       shp(qkv));
+    int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+    if (n_head < 1)
+        return em_fail(EM_ERR_ARG, "attention_qkv: n_head = %lld must be >= 1 (qkv is %s)", (long long)n_head,
+                       shp(qkv));
+    if (C % n_head)
+        return em_fail(EM_ERR_SHAPE, "attention_qkv: C = %lld (qkv is %s) is not a multiple of n_head = %lld",
+                       (long long)C, shp(qkv), (long long)n_head);
+    if (!check_call(&c, "qkv", qkv, T, C / n_head, &scale)) return NULL;
+    tensor *y = op_out(&c, qkv->dtype, 3, (int64_t[]){B, T, C});
+    if (!y) return NULL;
+    c.ip[0] = n_head;
+    c.dp[0] = scale;
+    return run_and_record(&c, &attention_qkv_kernels, y, (int64_t[]){B, n_head, T}, attention_qkv_backward);
+}
+
+em_tensor *em_attention_causal_qkv(em_tensor *qkv, int64_t n_head, double scale)
+{
+    tensor *x = t_resolve(qkv, "attention_qkv");
+    return x ? t_handle(attention_qkv(x, n_head, scale)) : NULL;
 }

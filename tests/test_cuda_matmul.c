@@ -1,5 +1,6 @@
-/* test_cuda_matmul.c — matmul and the fused causal attention on CUDA against
- * the CPU (skip without a device).
+/* test_cuda_matmul.c — matmul and the fused causal attention (on q, k, v,
+ * and read from one qkv tensor) on CUDA against the CPU (skip without a
+ * device).
  *
  * Every comparison starts from the same random inputs rounded to the dtype
  * under test: the reference runs on the CPU in f64 from those rounded
@@ -199,6 +200,9 @@ TEST(test_cuda_matmul_rejects_operands_on_different_devices)
 
 static em_tensor *attn(em_tensor **in) { return em_attention_causal(in[0], in[1], in[2], 0.0); }
 static em_tensor *attn_scaled(em_tensor **in) { return em_attention_causal(in[0], in[1], in[2], 0.3); }
+/* q, k, v read from one (B,T,3C) tensor, 3 heads, y (B,T,C) */
+static em_tensor *attn_qkv3(em_tensor **in) { return em_attention_causal_qkv(in[0], 3, 0.0); }
+static em_tensor *attn_qkv2_scaled(em_tensor **in) { return em_attention_causal_qkv(in[0], 2, 0.3); }
 /* q, k, v given as (B,T,H,D), attended as (B,H,T,D) views */
 static em_tensor *attn_bthd(em_tensor **in)
 {
@@ -206,16 +210,23 @@ static em_tensor *attn_bthd(em_tensor **in)
     return em_attention_causal(em_permute(in[0], p), em_permute(in[1], p), em_permute(in[2], p), 0.0);
 }
 
-static void compare_attn(const char *what, graph_fn f, int ndim, const int64_t *shape, em_dtype dt,
-                         uint64_t seed)
+/* f on n inputs of one shape */
+static void compare_attn_n(const char *what, graph_fn f, int n, int ndim, const int64_t *shape, em_dtype dt,
+                           uint64_t seed)
 {
     em_rng r = em_rng_new(seed);
     em_tensor *x[3];
-    for (int i = 0; i < 3; i++) x[i] = em_randn(EM_F32, ndim, shape, &r);
+    for (int i = 0; i < n; i++) x[i] = em_randn(EM_F32, ndim, shape, &r);
     double gtol = dt == EM_F64 ? 1e-12 : dt == EM_F32 ? 5e-5 : dt == EM_F16 ? 5e-3 : 3e-2;
     char name[96];
     snprintf(name, sizeof name, "%s %s", what, em_dtype_name(dt));
-    compare(name, f, 3, x, dt, tol_of(dt), gtol, seed + 100);
+    compare(name, f, n, x, dt, tol_of(dt), gtol, seed + 100);
+}
+
+static void compare_attn(const char *what, graph_fn f, int ndim, const int64_t *shape, em_dtype dt,
+                         uint64_t seed)
+{
+    compare_attn_n(what, f, 3, ndim, shape, dt, seed);
 }
 
 TEST(test_cuda_attention_matches_the_cpu_in_every_dtype)
@@ -268,5 +279,27 @@ TEST(test_cuda_attention_rejects_inputs_on_different_devices)
     em_tensor *q = em_zeros(EM_F32, EM_SHAPE(1, 1, 4, 8));
     em_tensor *k = em_to(q, em_device_cuda(0));
     CHECK_ERR(em_attention_causal(q, k, q, 0.0), EM_ERR_DEVICE, "attention");
+    em_scope_end(s);
+}
+
+/* the views of qkv and y copied to the kernels' (B,H,T,D) and back */
+TEST(test_cuda_attention_qkv_matches_the_cpu_in_every_dtype)
+{
+    CUDA_OR_SKIP();
+    em_scope s = em_scope_begin();
+    for (int d = 0; d < 4; d++)
+        compare_attn_n("qkv (2,37,360) 3 heads", attn_qkv3, 1, EM_SHAPE(2, 37, 360), dtypes[d],
+                       60 + (uint64_t)d);
+    compare_attn_n("qkv (2,50,42) 2 heads, scale 0.3", attn_qkv2_scaled, 1, EM_SHAPE(2, 50, 42), EM_F32, 64);
+    em_scope_end(s);
+}
+
+TEST(test_cuda_attention_qkv_rejects_a_head_dim_beyond_128)
+{
+    CUDA_OR_SKIP();
+    em_scope s = em_scope_begin();
+    em_tensor *qkv = em_to(em_zeros(EM_F32, EM_SHAPE(1, 4, 3 * 129)), em_device_cuda(0));
+    CHECK_ERR(em_attention_causal_qkv(qkv, 1, 0.0), EM_ERR_UNSUPPORTED,
+              "attention_qkv: head dim D = 129 is beyond the CUDA kernel's 128: qkv is (1,4,387)");
     em_scope_end(s);
 }

@@ -89,6 +89,7 @@ UN(argmax, em_argmax(in[0], 1, false))
 UN(matmul, em_matmul(in[0], in[1]))
 UN(linear, em_linear(in[0], in[1], in[2]))
 UN(attention, em_attention_causal(in[0], in[1], in[2], 0.35))
+UN(attention_qkv, em_attention_causal_qkv(in[0], 2, 0.35))
 UN(softmax, em_softmax(in[0], -1))
 UN(log_softmax, em_log_softmax(in[0], -1))
 UN(cross_entropy, em_cross_entropy(in[0], in[1], -100))
@@ -173,6 +174,7 @@ static const op_case cases[] = {
     {"matmul", run_matmul, 2, {N(3, 2, 5, 7), NT(2, 7, 3)}},
     {"linear", run_linear, 3, {N(3, 2, 5, 7), NT(2, 3, 7), N(1, 3)}},
     {"attention", run_attention, 3, {N(4, 2, 2, 9, 8), N(4, 2, 2, 9, 8), N(4, 2, 2, 9, 8)}},
+    {"attention_qkv", run_attention_qkv, 1, {N(3, 2, 9, 48)}},
     /* neural-network ops */
     {"softmax", run_softmax, 1, {N(2, 4, 37)}},
     {"log_softmax", run_log_softmax, 1, {N(2, 4, 37)}},

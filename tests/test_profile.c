@@ -389,10 +389,10 @@ static void check_two_step_trace(const trace *t)
     CHECK(count(t, "linear", "op") == STEPS * 8);  /* 2 layers x (qkv, proj, fc, fc2), every step */
     CHECK(count(t, "matmul", "op") >= STEPS);      /* the lm head, every step */
     CHECK(count(t, "layer_norm", "op") >= STEPS * 5);
-    CHECK(count(t, "attention", "op") == STEPS * 2);
+    CHECK(count(t, "attention_qkv", "op") == STEPS * 2);
     CHECK(count(t, "linear_backward", "backward") == STEPS * 8);
     CHECK(count(t, "matmul_backward", "backward") >= STEPS);
-    CHECK(count(t, "attention_backward", "backward") == STEPS * 2);
+    CHECK(count(t, "attention_qkv_backward", "backward") == STEPS * 2);
     CHECK(count(t, "adamw.step", "optimizer") == STEPS);
     CHECK(count(t, "zero_grad", "optimizer") == STEPS);
     CHECK(count(t, "window_sampler", "loader") == STEPS);

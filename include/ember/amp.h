@@ -52,8 +52,8 @@ extern "C" {
  *            path rounded to it inside the product: above); the result is
  *            in that dtype.
  *   F32      softmax, log_softmax, layer_norm, rms_norm, cross_entropy,
- *            mse_loss, attention: f16/bf16 inputs are cast to f32; the
- *            result is f32.
+ *            mse_loss, attention, attention_qkv: f16/bf16 inputs are cast
+ *            to f32; the result is f32.
  *   PROMOTE  add, sub, mul, div, where: when the two float operands'
  *            dtypes differ, the narrower is cast to the wider (bf16 with
  *            f16 goes to f32).

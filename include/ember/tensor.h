@@ -406,6 +406,23 @@ em_tensor *em_dropout(em_tensor *t, double p, bool training, em_rng *rng);
 /* Causal scaled-dot-product attention, one op: q, k, v (B,H,T,D) -> (B,H,T,D).
  * scale <= 0 means 1/sqrt(D). */
 em_tensor *em_attention_causal(em_tensor *q, em_tensor *k, em_tensor *v, double scale);
+/* em_attention_causal on the output of a fused QKV projection, split and
+ * merged as GPT-2 does, with no copy: qkv (B,T,3C) holds q in channels
+ * [0,C), k in [C,2C), v in [2C,3C); head h (of n_head, D = C/n_head) takes
+ * channels h*D..(h+1)*D of each. Returns y (B,T,C), contiguous, in qkv's
+ * dtype (f32 under autocast, whose policy for "attention_qkv" is F32 as
+ * for "attention"): y[b,t,h*D+d] = head h's output at position t. Equal,
+ * bit for bit, to narrowing q, k, v out of qkv, reshaping each to
+ * (B,T,H,D) and transposing to (B,H,T,D), em_attention_causal, then
+ * transposing back and reshaping to (B,T,C); so are the gradients. The
+ * result is a new tensor of the current scope (persistent with none open,
+ * the caller's to free); qkv is borrowed. scale <= 0 means 1/sqrt(D).
+ * Errors (NULL): EM_ERR_SHAPE when qkv is not 3-D, its last dim not a
+ * multiple of 3 or C not a multiple of n_head; EM_ERR_ARG for n_head < 1
+ * or a scale that is NaN or infinite; EM_ERR_DTYPE for a non-float qkv;
+ * EM_ERR_UNSUPPORTED for T or D beyond int range, or D > 128 on CUDA;
+ * EM_ERR_SCOPE when recording a gradient with no scope open. */
+em_tensor *em_attention_causal_qkv(em_tensor *qkv, int64_t n_head, double scale);
 /* x (N,C,H,W), w (O,C,KH,KW), bias (O) or NULL -> (N,O,OH,OW). */
 em_tensor *em_conv2d(em_tensor *x, em_tensor *w, em_tensor *bias, int stride, int padding);
 /* x (N,C,H,W) -> (N,C,OH,OW). avg_pool2d counts padding zeros (PyTorch's
