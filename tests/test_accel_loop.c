@@ -35,10 +35,8 @@ static void alone(void)
 
 static char *new_base(void)
 {
-    static char base[64];
-    snprintf(base, sizeof base, "/tmp/ember-accloop-XXXXXX");
-    CHECK(mkdtemp(base) != NULL);
-    return base;
+    static char base[PATH_MAX];
+    return th_tmpdir(base, sizeof base, "ember-accloop");
 }
 
 /* ---- datasets ------------------------------------------------------------------ */
@@ -135,7 +133,7 @@ typedef struct job {
     order order;
     int epochs, accum, batch;
     int64_t n;
-    char params[256]; /* rank 0 writes the final parameters here */
+    char params[PATH_MAX]; /* rank 0 writes the final parameters here */
     int64_t steps;    /* rank 0 writes em_accel_step_count here (through the file too) */
 } job;
 
@@ -344,7 +342,7 @@ TEST(test_module_rngs_lists_the_dropout_generators_by_dotted_name)
 typedef struct gpt_job {
     int steps, save_at;
     bool resume;
-    char dir[200], params[256];
+    char dir[PATH_MAX], params[PATH_MAX];
 } gpt_job;
 
 enum { GV = 12, GT = 8, GB = 4 };
@@ -562,7 +560,7 @@ TEST(test_prepare_refuses_an_optimizer_with_a_parameter_of_no_prepared_model)
  * x batch 6, 4 steps through both models, then 2 through the encoder alone
  * (the head takes no part: its DDP is left alone, no error). */
 typedef struct pair_job {
-    char out[256];
+    char out[PATH_MAX];
 } pair_job;
 
 static void pair_ddp_job(int rank, int world, void *ctx)
@@ -659,7 +657,7 @@ static void multi_free(multi_run *r)
 
 TEST(test_save_state_keeps_every_model_optimizer_and_loader_and_load_restores_them)
 {
-    char *base = new_base(), dir[128];
+    char *base = new_base(), dir[PATH_MAX];
     snprintf(dir, sizeof dir, "%s/state", base);
     multi_run *r = multi_new(2);
     em_scope s = em_scope_begin();

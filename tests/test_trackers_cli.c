@@ -16,10 +16,8 @@
 
 static char *tmpdir(void)
 {
-    static char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/ember-plot-XXXXXX");
-    CHECK(mkdtemp(dir) != NULL);
-    return dir;
+    static char dir[PATH_MAX];
+    return th_tmpdir(dir, sizeof dir, "ember-plot");
 }
 
 static void write_text(const char *path, const char *text) { th_write_file(path, text, strlen(text)); }
@@ -100,7 +98,7 @@ static const char metrics[] = "{\"step\": 0, \"train_loss\": 4.2, \"val_loss\": 
 TEST(test_cli_plot_draws_a_path_per_series_with_a_point_per_record)
 {
     char *dir = tmpdir();
-    char in[128], out[128];
+    char in[PATH_MAX], out[PATH_MAX];
     snprintf(in, sizeof in, "%s/metrics.jsonl", dir);
     snprintf(out, sizeof out, "%s/loss.svg", dir);
     write_text(in, metrics);
@@ -133,7 +131,7 @@ TEST(test_cli_plot_draws_a_path_per_series_with_a_point_per_record)
 TEST(test_cli_plot_uses_a_log_scale_when_the_loss_spans_more_than_a_decade)
 {
     char *dir = tmpdir();
-    char in[128];
+    char in[PATH_MAX];
     snprintf(in, sizeof in, "%s/m.jsonl", dir);
     write_text(in,
                "{\"step\": 0, \"loss\": 9.0}\n{\"step\": 1, \"loss\": 0.5}\n{\"step\": 2, \"loss\": 0.2}\n");
@@ -151,7 +149,7 @@ TEST(test_cli_plot_uses_a_log_scale_when_the_loss_spans_more_than_a_decade)
 TEST(test_cli_plot_breaks_the_line_at_a_null_value)
 {
     char *dir = tmpdir();
-    char in[128];
+    char in[PATH_MAX];
     snprintf(in, sizeof in, "%s/m.jsonl", dir);
     write_text(in, "{\"step\": 1, \"loss\": 3}\n{\"step\": 2, \"loss\": 2.5}\n{\"step\": 3, \"loss\": null}\n"
                    "{\"step\": 4, \"loss\": 2}\n{\"step\": 5, \"loss\": 1.9}\n");
@@ -169,7 +167,7 @@ TEST(test_cli_plot_breaks_the_line_at_a_null_value)
 TEST(test_cli_plot_tags_chooses_the_upper_panels_series)
 {
     char *dir = tmpdir();
-    char in[128];
+    char in[PATH_MAX];
     snprintf(in, sizeof in, "%s/m.jsonl", dir);
     write_text(in, metrics);
     CHECK_EXIT(run_ember("plot", in, "--tags", "grad_norm,ms_per_step", NULL), 0);
@@ -196,7 +194,7 @@ TEST(test_cli_plot_fails_cleanly_on_a_missing_file)
 TEST(test_cli_plot_fails_on_a_file_without_numbers_to_draw)
 {
     char *dir = tmpdir();
-    char in[128];
+    char in[PATH_MAX];
     snprintf(in, sizeof in, "%s/m.jsonl", dir);
     write_text(in, "{\"step\": 1, \"note\": \"hello\"}\n{\"step\": 2, \"accuracy\": 0.5}\n");
     th_run_result *r = run_ember("plot", in, NULL);
@@ -212,7 +210,7 @@ TEST(test_cli_plot_fails_on_a_file_without_numbers_to_draw)
 TEST(test_cli_plot_names_the_line_that_is_not_a_record)
 {
     char *dir = tmpdir();
-    char in[128];
+    char in[PATH_MAX];
     snprintf(in, sizeof in, "%s/m.jsonl", dir);
     const char *bad[] = {
         "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": }\n",    /* no value */
@@ -267,7 +265,7 @@ static void make_corpus(const char *dir, char *txt, size_t n)
 
 static int event_files(const char *dir)
 {
-    char cmd[512];
+    char cmd[PATH_MAX];
     snprintf(cmd, sizeof cmd, "ls %s 2>/dev/null | grep -c '^events.out.tfevents\\.'", dir);
     FILE *p = popen(cmd, "r");
     int n = 0;
@@ -281,7 +279,7 @@ static int event_files(const char *dir)
 TEST(test_cli_train_log_with_tensorboard_writes_event_files_under_logging_dir)
 {
     char *dir = tmpdir();
-    char txt[128], out[128], logs[128];
+    char txt[PATH_MAX], out[PATH_MAX], logs[PATH_MAX];
     make_corpus(dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/myrun", dir);
     snprintf(logs, sizeof logs, "%s/logs", dir);
@@ -309,7 +307,7 @@ TEST(test_cli_train_log_with_tensorboard_writes_event_files_under_logging_dir)
 TEST(test_cli_train_default_writes_no_event_files)
 {
     char *dir = tmpdir();
-    char txt[128], out[128];
+    char txt[PATH_MAX], out[PATH_MAX];
     make_corpus(dir, txt, sizeof txt);
     snprintf(out, sizeof out, "%s/run", dir);
     unsetenv("EMBER_LOG_WITH");
