@@ -104,14 +104,16 @@ TEST(test_remove_tree_removes_read_only_directories_and_never_follows_links)
 
 /* ---- the runner ------------------------------------------------------------------------ */
 
-/* The entries of dir (not . and ..); the name of the last one into last (n bytes). */
-static int entries(const char *dir, char *last, size_t n)
+/* The entries of dir (not . and ..) whose names start with prefix; the
+ * name of the last one into last (n bytes) when last is not NULL. */
+static int entries(const char *dir, const char *prefix, char *last, size_t n)
 {
     DIR *d = opendir(dir);
     if (!d) th_fail(__FILE__, __LINE__, "cannot open %s", dir);
     int k = 0;
     for (struct dirent *e; (e = readdir(d));)
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+            !strncmp(e->d_name, prefix, strlen(prefix))) {
             k++;
             if (last) th_pathf(last, n, "%s", e->d_name);
         }
@@ -119,19 +121,26 @@ static int entries(const char *dir, char *last, size_t n)
     return k;
 }
 
+/* Nothing in dir at all. */
+static bool empty(const char *dir) { return entries(dir, "", NULL, 0) == 0; }
+
 /* A fresh empty directory (into tmp, PATH_MAX bytes) as the runner's TMPDIR,
- * and the environment of a plain run (no planted outcome, no keeping). */
+ * and the environment of a plain run (no keeping, forked tests). */
 static void fresh_tmpdir(char *tmp)
 {
     th_tmpdir(tmp, PATH_MAX, "ember-runner");
     setenv("TMPDIR", tmp, 1);
-    unsetenv("EMBER_TEST_TMP_PLANT");
     unsetenv("EMBER_TEST_KEEP_TMP");
     unsetenv("EMBER_TEST_NOFORK");
 }
 
-static th_run_result *run_inner(void)
+/* The runner on the three inner tests; plant: NULL, "fail" or "hang". */
+static th_run_result *run_inner(const char *plant)
 {
+    if (plant)
+        setenv("EMBER_TEST_TMP_PLANT", plant, 1);
+    else
+        unsetenv("EMBER_TEST_TMP_PLANT");
     return th_run(TESTS_BIN, "test_tmpdir_", "test_tmpfile_", "test_programs_a_test_starts", NULL);
 }
 
@@ -139,18 +148,17 @@ TEST(test_runner_leaves_its_tmpdir_empty_after_a_run)
 {
     char tmp[PATH_MAX];
     fresh_tmpdir(tmp);
-    th_run_result *r = run_inner();
+    th_run_result *r = run_inner(NULL);
     CHECK_EXIT(r, 0);
     CHECK(strstr(r->out, "3 passed, 0 failed, 0 skipped\n"));
-    CHECK(entries(tmp, NULL, 0) == 0);
+    CHECK(empty(tmp));
 }
 
 TEST(test_runner_removes_a_failed_tests_files_after_saying_where_they_were)
 {
     char tmp[PATH_MAX];
     fresh_tmpdir(tmp);
-    setenv("EMBER_TEST_TMP_PLANT", "fail", 1);
-    th_run_result *r = run_inner();
+    th_run_result *r = run_inner("fail");
     CHECK_EXIT(r, 1);
     CHECK(strstr(r->out, "planted failure"));
     char want[PATH_MAX + 64];
@@ -158,7 +166,7 @@ TEST(test_runner_removes_a_failed_tests_files_after_saying_where_they_were)
     if (!strstr(r->out, want) || !strstr(r->out, "/" PLANTED " (removed when the run ends)\n"))
         th_fail(__FILE__, __LINE__, "the failure does not say where its files were:\n%s", r->out);
     CHECK(strstr(r->out, "(EMBER_TEST_KEEP_TMP=1 keeps them)\n2 passed, 1 failed, 0 skipped\n"));
-    CHECK(entries(tmp, NULL, 0) == 0);
+    CHECK(empty(tmp));
 }
 
 /* The check the other runner tests make can see what a run leaves: with
@@ -167,29 +175,19 @@ TEST(test_runner_keeps_the_run_directory_with_keep_tmp)
 {
     char tmp[PATH_MAX], root[NAME_MAX + 1], dir[PATH_MAX];
     fresh_tmpdir(tmp);
-    setenv("EMBER_TEST_TMP_PLANT", "fail", 1);
     setenv("EMBER_TEST_KEEP_TMP", "1", 1);
-    th_run_result *r = run_inner();
+    th_run_result *r = run_inner("fail");
     CHECK_EXIT(r, 1);
-    CHECK(entries(tmp, root, sizeof root) == 1 && !strncmp(root, "ember-tests-", 12));
+    CHECK(entries(tmp, "", root, sizeof root) == 1 && !strncmp(root, "ember-tests-", 12));
     th_pathf(dir, sizeof dir, "%s/%s", tmp, root);
     char want[PATH_MAX + 64];
     snprintf(want, sizeof want, "temporary files kept in %s\n2 passed, 1 failed, 0 skipped\n", dir);
     if (!strstr(r->out, want))
         th_fail(__FILE__, __LINE__, "the summary does not say what was kept:\n%s", r->out);
-    CHECK(entries(dir, NULL, 0) == 3); /* the three tests' directories, the passed ones too */
+    CHECK(entries(dir, "test_", NULL, 0) == 3); /* the three tests' directories, the passed ones too */
     char mine[PATH_MAX];
     th_pathf(mine, sizeof mine, "%s/" PLANTED, dir);
-    DIR *d = opendir(mine);
-    CHECK(d != NULL);
-    int made = 0, other = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        if (!strncmp(e->d_name, "ember-x-", 8))
-            made++;
-        else if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            other++;
-    closedir(d);
-    CHECK(made == 2 && other == 0);
+    CHECK(entries(mine, "", NULL, 0) == 2 && entries(mine, "ember-x-", NULL, 0) == 2);
 }
 
 TEST(test_runner_run_in_process_removes_its_directory_when_a_test_fails)
@@ -197,14 +195,13 @@ TEST(test_runner_run_in_process_removes_its_directory_when_a_test_fails)
     char tmp[PATH_MAX];
     fresh_tmpdir(tmp);
     setenv("EMBER_TEST_NOFORK", "1", 1);
-    th_run_result *r = run_inner();
+    th_run_result *r = run_inner(NULL);
     CHECK_EXIT(r, 0);
-    CHECK(entries(tmp, NULL, 0) == 0);
-    setenv("EMBER_TEST_TMP_PLANT", "fail", 1);
-    r = run_inner();
+    CHECK(empty(tmp));
+    r = run_inner("fail");
     CHECK_EXIT(r, 1);
     CHECK(strstr(r->err, "planted failure") && strstr(r->err, "its files: "));
-    CHECK(entries(tmp, NULL, 0) == 0);
+    CHECK(empty(tmp));
 }
 
 /* SIGTERM while a test runs (as `timeout` sends): the runner kills the test,
@@ -213,7 +210,7 @@ TEST(test_runner_stopped_by_sigterm_removes_its_directory)
 {
     char tmp[PATH_MAX], out[PATH_MAX];
     fresh_tmpdir(tmp);
-    setenv("EMBER_TEST_TMP_PLANT", "hang", 1);
+    setenv("EMBER_TEST_TMP_PLANT", "hang", 1); /* the planted test alone, as `ready` needs it */
     int fd = th_tmpfile(out, sizeof out, "ember-runner-out");
     fflush(stdout);
     pid_t pid = fork();
@@ -229,14 +226,13 @@ TEST(test_runner_stopped_by_sigterm_removes_its_directory)
     bool ready = false;
     for (int i = 0; i < 2000 && !ready; i++) {
         char root[NAME_MAX + 1], p[PATH_MAX];
-        if (entries(tmp, root, sizeof root) == 1) {
+        if (entries(tmp, "", root, sizeof root) == 1) {
             th_pathf(p, sizeof p, "%s/%s/" PLANTED "/ready", tmp, root);
             ready = access(p, F_OK) == 0;
         }
         if (!ready) usleep(10000);
     }
-    if (!ready) kill(pid, SIGKILL);
-    CHECK(kill(pid, SIGTERM) == 0 || !ready);
+    kill(pid, ready ? SIGTERM : SIGKILL);
     int st = 0;
     CHECK(waitpid(pid, &st, 0) == pid);
     size_t n;
@@ -247,5 +243,5 @@ TEST(test_runner_stopped_by_sigterm_removes_its_directory)
     CHECK(strstr(said, "STOP " PLANTED ": the runner got signal 15"));
     CHECK(!strstr(said, "passed, "));
     free(said);
-    CHECK(entries(tmp, NULL, 0) == 0);
+    CHECK(empty(tmp));
 }
