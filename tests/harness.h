@@ -19,9 +19,11 @@
  * The runner's environment variables (tests/main.c):
  *   EMBER_TEST_NOFORK=1     run the tests in the runner's own process (for a
  *                           debugger); the first failure or skip ends the run
+ *                           (ROOT is removed all the same)
  *   EMBER_TEST_TIMEOUT=S    each test's time limit in seconds (default 120)
  *   EMBER_TEST_KEEP_TMP=1   keep ROOT and every test's files when the run
- *                           ends (by default they are removed, whatever the
+ *                           ends; the line before the summary says where
+ *                           (by default they are removed, whatever the
  *                           results; a failed test's line says where its
  *                           files were)
  * and the ones it sets for each test (inherited by whatever the test starts):
@@ -178,10 +180,12 @@ void th_no_user_config(void);
  * directory. Each helper fails the test (naming the path) when the name does
  * not fit in n bytes or the directory or file cannot be made.
  *
- * th_tmp: the test's directory (the environment's string; do not free).
+ * th_tmp: the test's directory (the environment's string; do not free);
+ *   fails the test outside the runner (EMBER_TEST_TMP unset).
  * th_tmpdir: makes a fresh directory TEST_DIR/<prefix>-XXXXXX and writes its
- *   path into dir (n bytes; PATH_MAX leaves room for what goes inside, as a
- *   test's directory can be deep: TMPDIR, the test's name); returns dir. Keep prefix the old "ember-what"
+ *   path into dir (n bytes); returns dir. Give buffers PATH_MAX bytes: a
+ *   test's directory is deep (TMPDIR, ROOT, the test's name) and paths are
+ *   built inside it. Name prefix after what the test makes ("ember-ddp"),
  *   so a kept directory reads like the test that made it.
  * th_tmpfile: makes a fresh empty file TEST_DIR/<prefix>-XXXXXX (mkstemp),
  *   its path into path (n bytes); returns its descriptor, open for reading
