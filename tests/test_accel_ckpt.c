@@ -284,7 +284,7 @@ static void two_rank_rotation(int rank, int world, void *ctx)
     }
     CHECK_OK(em_accel_wait_for_everyone(a));
     char root[PATH_MAX];
-    snprintf(root, sizeof root, "%s/checkpoints", base);
+    th_pathf(root, sizeof root, "%s/checkpoints", base);
     CHECK_LISTING(root, "checkpoint_1 checkpoint_2");
     CHECK_LISTING(th_path(root, "checkpoint_2"), "manifest.json model.safetensors rank_0.json rank_1.json");
     mark(m, -1);
@@ -593,7 +593,7 @@ static void two_rank_save_model(int rank, int world, void *ctx)
     const char *base = ctx;
     char dir[PATH_MAX];
     /* only the main process uses dir: rank 1's must stay unwritten */
-    snprintf(dir, sizeof dir, "%s/%s", base, rank == 0 ? "model" : "rank1");
+    th_pathf(dir, sizeof dir, "%s/%s", base, rank == 0 ? "model" : "rank1");
     em_module *m = make_model(10 + (uint64_t)rank), *rank0 = make_model(10);
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);

@@ -204,7 +204,7 @@ static void check_orders_agree(int world, job base, int64_t steps)
     for (int k = 0; k < 4; k++) {
         job j = base;
         j.order = orders[k];
-        snprintf(j.params, sizeof j.params, "%s/params-%d", dir, k);
+        th_pathf(j.params, sizeof j.params, "%s/params-%d", dir, k);
         TH_RANKS_ENV(world, order_job, &j);
         size_t n = 0;
         float *got = (float *)th_slurp(j.params, &n);
@@ -407,14 +407,14 @@ TEST(test_resume_continues_dropout_masks_without_registering_generators)
 {
     char *base = new_base();
     gpt_job straight = {.steps = 8};
-    snprintf(straight.params, sizeof straight.params, "%s/straight", base);
+    th_pathf(straight.params, sizeof straight.params, "%s/straight", base);
     TH_RANKS_ENV(1, gpt_dropout_job, &straight);
     gpt_job first = {.steps = 8, .save_at = 4};
-    snprintf(first.dir, sizeof first.dir, "%s/state", base);
+    th_pathf(first.dir, sizeof first.dir, "%s/state", base);
     TH_RANKS_ENV(1, gpt_dropout_job, &first);
     gpt_job second = {.steps = 8, .resume = true};
-    snprintf(second.dir, sizeof second.dir, "%s/state", base);
-    snprintf(second.params, sizeof second.params, "%s/resumed", base);
+    th_pathf(second.dir, sizeof second.dir, "%s/state", base);
+    th_pathf(second.params, sizeof second.params, "%s/resumed", base);
     TH_RANKS_ENV(1, gpt_dropout_job, &second);
     size_t na = 0, nb = 0;
     char *pa = th_slurp(straight.params, &na), *pb = th_slurp(second.params, &nb);
@@ -605,8 +605,8 @@ TEST(test_a_loss_through_two_prepared_models_under_ddp_matches_one_process)
 {
     char *base = new_base();
     pair_job one, two;
-    snprintf(one.out, sizeof one.out, "%s/one", base);
-    snprintf(two.out, sizeof two.out, "%s/two", base);
+    th_pathf(one.out, sizeof one.out, "%s/one", base);
+    th_pathf(two.out, sizeof two.out, "%s/two", base);
     TH_RANKS_ENV(1, pair_ddp_job, &one);
     TH_RANKS_ENV(2, pair_ddp_job, &two);
     size_t n1 = 0, n2 = 0;
@@ -658,7 +658,7 @@ static void multi_free(multi_run *r)
 TEST(test_save_state_keeps_every_model_optimizer_and_loader_and_load_restores_them)
 {
     char *base = new_base(), dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s/state", base);
+    th_pathf(dir, sizeof dir, "%s/state", base);
     multi_run *r = multi_new(2);
     em_scope s = em_scope_begin();
     em_batch b;

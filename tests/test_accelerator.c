@@ -218,7 +218,7 @@ static void rank_file_missing(int rank, int world, void *ctx)
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/rank_1.json", dir);
+    th_pathf(path, sizeof path, "%s/rank_1.json", dir);
     CHECK_OK(em_accel_save_state(a, dir));
     CHECK_OK(em_accel_wait_for_everyone(a));
     if (rank == 0) CHECK(unlink(path) == 0);

@@ -121,7 +121,7 @@ static int kill_everywhere(int nproc, const char *dir, const char *txt, const ch
     if (no_exchange) setenv("EMBER_NO_RENAME_EXCHANGE", "1", 1);
     for (int n = 1; n < 100; n++) {
         char w[PATH_MAX], fault[64], state[PATH_MAX], point[160];
-        snprintf(w, sizeof w, "%s/w%d", dir, ++runs);
+        th_pathf(w, sizeof w, "%s/w%d", dir, ++runs);
         th_pathf(state, sizeof state, "%s/state", w);
         snprintf(fault, sizeof fault, fault_fmt, n);
         th_run_result *r = th_run("/bin/cp", "-a", base, w, NULL);

@@ -757,8 +757,8 @@ static th_run_result *launch_train(const char *n, const char *restarts, const ch
 static double weights_diff(const char *dir_a, const char *dir_b)
 {
     char pa[PATH_MAX], pb[PATH_MAX];
-    snprintf(pa, sizeof pa, "%s/model.safetensors", dir_a);
-    snprintf(pb, sizeof pb, "%s/model.safetensors", dir_b);
+    th_pathf(pa, sizeof pa, "%s/model.safetensors", dir_a);
+    th_pathf(pb, sizeof pb, "%s/model.safetensors", dir_b);
     em_safetensors *a = em_safetensors_open(pa), *b = em_safetensors_open(pb);
     CHECK_NOTNULL(a);
     CHECK_NOTNULL(b);
@@ -783,7 +783,7 @@ static double weights_diff(const char *dir_a, const char *dir_b)
 static void metrics_values(const char *dir, char *buf, size_t n)
 {
     char p[PATH_MAX], line[512];
-    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    th_pathf(p, sizeof p, "%s/metrics.jsonl", dir);
     FILE *f = fopen(p, "r");
     CHECK(f != NULL);
     size_t len = 0;
@@ -824,8 +824,8 @@ static void check_metrics_within(const char *a, const char *b, double rel)
 static void straight_and_saved(char *dir, size_t n, char *txt, size_t tn, char *straight, char *saved)
 {
     th_rhyme_corpus(dir, n, txt, tn);
-    snprintf(straight, PATH_MAX, "%s/straight", dir);
-    snprintf(saved, PATH_MAX, "%s/saved", dir);
+    th_pathf(straight, PATH_MAX, "%s/straight", dir);
+    th_pathf(saved, PATH_MAX, "%s/saved", dir);
     th_run_result *r = launch_train("2", "0", NULL, txt, straight, NULL);
     CHECK_EXIT(r, 0);
     r = launch_train("2", "0", "train.step:7", txt, saved, NULL);

@@ -444,7 +444,7 @@ TEST(test_tinyshakespeare_has_nanogpt_vocabulary_and_split)
 {
     char path[512];
     const char *dir = getenv("EMBER_DATA_DIR");
-    snprintf(path, sizeof path, "%s/tinyshakespeare.txt", dir ? dir : EMBER_BUILD_DIR "/../../shared/data");
+    th_pathf(path, sizeof path, "%s/tinyshakespeare.txt", dir ? dir : EMBER_BUILD_DIR "/../../shared/data");
     if (access(path, R_OK) != 0) SKIP("tinyshakespeare.txt not in ../shared/data (set EMBER_DATA_DIR)");
     em_text *t = em_text_open(path, EM_TEXT_CHARS);
     CHECK_NOTNULL(t);

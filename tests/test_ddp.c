@@ -669,7 +669,7 @@ static void check_merge_refused(const char *dir, const char *out, const char *wa
     struct stat st;
     CHECK(stat(out, &st) != 0 || S_ISDIR(st.st_mode));
     char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    th_pathf(tmp, sizeof tmp, "%s.tmp", out);
     CHECK(access(tmp, F_OK) != 0);
 }
 

@@ -157,7 +157,7 @@ static void write_idx(const char *dir, const char *name, uint32_t magic, int ndi
                       const uint8_t *data, size_t n)
 {
     char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    th_pathf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
     if (!f) th_fail(__FILE__, __LINE__, "cannot write %s", path);
     uint32_t words[4] = {magic, dims[0], ndim > 1 ? dims[1] : 0, ndim > 2 ? dims[2] : 0};

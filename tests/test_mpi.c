@@ -176,7 +176,7 @@ TEST(test_mpi_bf16_all_reduce_gives_the_tcp_paths_bits)
 static void losses(const char *out, char *buf, size_t n)
 {
     char path[PATH_MAX], line[1024];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    th_pathf(path, sizeof path, "%s/metrics.jsonl", out);
     FILE *f = fopen(path, "r");
     if (!f) th_fail(__FILE__, __LINE__, "no %s", path);
     buf[0] = '\0';

@@ -122,8 +122,8 @@ static void train_job(int rank, int world, void *ctx)
 /* A fresh directory for one test: dir/state, dir/<tag>.params. */
 static void job_dirs(job *j, const char *base, const char *tag)
 {
-    snprintf(j->dir, sizeof j->dir, "%s/state", base);
-    snprintf(j->params, sizeof j->params, "%s/%s.params", base, tag);
+    th_pathf(j->dir, sizeof j->dir, "%s/state", base);
+    th_pathf(j->params, sizeof j->params, "%s/%s.params", base, tag);
 }
 
 static char *new_base(void)
@@ -386,7 +386,7 @@ static void generators(int rank, int world, void *ctx)
 TEST(test_load_state_on_another_world_gives_rank_r_the_generators_of_saved_rank_r_mod_w)
 {
     gen_job g = {.save = true};
-    snprintf(g.dir, sizeof g.dir, "%s/state", new_base());
+    th_pathf(g.dir, sizeof g.dir, "%s/state", new_base());
     TH_RANKS_ENV(2, generators, &g);
     g.save = false;
     TH_RANKS_ENV(4, generators, &g);
@@ -437,7 +437,7 @@ static void sampler_state(int rank, int world, void *ctx)
 TEST(test_load_state_on_another_world_keeps_the_global_window_sampler_and_refuses_another_batch)
 {
     sampler_job sj = {.batch = 8, .save = true};
-    snprintf(sj.dir, sizeof sj.dir, "%s/state", new_base());
+    th_pathf(sj.dir, sizeof sj.dir, "%s/state", new_base());
     TH_RANKS_ENV(2, sampler_state, &sj);
     sj.save = false;
     TH_RANKS_ENV(4, sampler_state, &sj);

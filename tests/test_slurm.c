@@ -36,7 +36,7 @@ static const char *slurm_dir(void)
 static bool exists(const char *dir, const char *name)
 {
     char p[512];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
+    th_pathf(p, sizeof p, "%s/%s", dir, name);
     return access(p, F_OK) == 0;
 }
 
@@ -56,7 +56,7 @@ static void with_cluster(void (*scenario)(const char *dir, const char *txt))
     if (r->status != 0) th_fail(__FILE__, __LINE__, "%s start exited %d: %s", SETUP, r->status, r->err);
     if (!exists(d, "ready")) {
         char why[600] = "scripts/slurm_setup.sh gave no reason", p[512];
-        snprintf(p, sizeof p, "%s/unavailable", d);
+        th_pathf(p, sizeof p, "%s/unavailable", d);
         FILE *f = fopen(p, "r");
         if (f) {
             if (!fgets(why, sizeof why, f)) snprintf(why, sizeof why, "%s is empty", p);
@@ -68,7 +68,7 @@ static void with_cluster(void (*scenario)(const char *dir, const char *txt))
         th_skip(msg);
     }
     char conf[512];
-    snprintf(conf, sizeof conf, "%s/slurm.conf", d);
+    th_pathf(conf, sizeof conf, "%s/slurm.conf", d);
     setenv("SLURM_CONF", conf, 1);
     setenv("EMBER_NUM_THREADS", "1", 1);
     const char *clear[] = {"WORLD_SIZE",          "RANK",
@@ -103,8 +103,8 @@ static void with_cluster(void (*scenario)(const char *dir, const char *txt))
 static void srun_train_like_launch(const char *dir, const char *txt, const char *mpi)
 {
     char out_launch[PATH_MAX], out_srun[PATH_MAX], want[4096], got[4096];
-    snprintf(out_launch, sizeof out_launch, "%s/launch", dir);
-    snprintf(out_srun, sizeof out_srun, "%s/srun", dir);
+    th_pathf(out_launch, sizeof out_launch, "%s/launch", dir);
+    th_pathf(out_srun, sizeof out_srun, "%s/srun", dir);
     th_run_result *r = th_run(EMBER_BIN, "launch", "-n", "2", EMBER_BIN, "train", "--data", txt, "--out",
                               out_launch, TRAIN_FLAGS, NULL);
     CHECK_EXIT(r, 0);
@@ -139,7 +139,7 @@ TEST(test_slurm_srun_two_tasks_of_ember_train_match_ember_launch_losses)
 static void sbatch_example(const char *dir, const char *txt)
 {
     char out[PATH_MAX], log[PATH_MAX];
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     snprintf(log, sizeof log, "--output=%s/job.out", dir);
     setenv("EMBER", EMBER_BIN, 1);
     setenv("DATA", txt, 1);
@@ -161,7 +161,7 @@ static void sbatch_example(const char *dir, const char *txt)
             break;
     }
     char path[PATH_MAX], text[8192] = "";
-    snprintf(path, sizeof path, "%s/job.out", dir);
+    th_pathf(path, sizeof path, "%s/job.out", dir);
     FILE *f = fopen(path, "r");
     if (f) {
         text[fread(text, 1, sizeof text - 1, f)] = '\0';

@@ -225,7 +225,7 @@ static const char *event_file(const char *dir)
     int found = 0;
     for (struct dirent *e; (e = readdir(d));)
         if (!strncmp(e->d_name, "events.out.tfevents.", 20)) {
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            th_pathf(path, sizeof path, "%s/%s", dir, e->d_name);
             found++;
         }
     closedir(d);
