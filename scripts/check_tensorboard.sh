@@ -40,7 +40,7 @@ if ! "$venv/bin/python" -c 'import tensorboard' 2>/dev/null; then
 fi
 echo "check_tensorboard: $("$venv/bin/python" -c 'import tensorboard; print("tensorboard", tensorboard.__version__)')"
 
-work=$(mktemp -d /tmp/ember-tb-XXXXXX)
+work=$(mktemp -d -t ember-tb-XXXXXX) # under $TMPDIR, else /tmp
 trap 'rm -rf "$work"' EXIT
 for i in $(seq 300); do echo "the cat sat on the mat. the dog sat on the log."; done >"$work/corpus.txt"
 flags=(--data "$work/corpus.txt" --layers 1 --heads 2 --embd 16 --block 8 --batch 4

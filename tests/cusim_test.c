@@ -21,12 +21,10 @@ void emulator(const char *schedule)
     setenv("EMBER_CUSIM_NCCL_TIMEOUT", "20", 1);
 }
 
-static char capture_path[64];
+static char capture_path[PATH_MAX];
 void capture_stderr(void)
 {
-    snprintf(capture_path, sizeof capture_path, "/tmp/ember-cusim-err-XXXXXX");
-    int fd = mkstemp(capture_path);
-    CHECK(fd >= 0);
+    int fd = th_tmpfile(capture_path, sizeof capture_path, "ember-cusim-err");
     unlink(capture_path);
     CHECK(dup2(fd, STDERR_FILENO) == STDERR_FILENO);
     close(fd);
@@ -65,9 +63,8 @@ void check_launch_failed(const char *file, int line, cudaError_t at_sync)
  * status and stderr (err, cap bytes). */
 int run_child(void (*fn)(void *), void *ctx, char *err, size_t cap)
 {
-    char path[] = "/tmp/ember-cusim-child-XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
+    char path[PATH_MAX];
+    int fd = th_tmpfile(path, sizeof path, "ember-cusim-child");
     unlink(path);
     fflush(stdout);
     fflush(stderr);

@@ -11,10 +11,30 @@
  *       em_scope_end(s);
  *   }
  * A failed CHECK ends the test at once with file:line and the values.
+ *
+ * Temporary files: the runner makes one directory per run (ROOT, below) and
+ * gives each test its own; tests make theirs with th_tmpdir / th_tmpfile,
+ * never under a path of their own choosing, so a run leaves nothing behind.
+ *
+ * The runner's environment variables (tests/main.c):
+ *   EMBER_TEST_NOFORK=1     run the tests in the runner's own process (for a
+ *                           debugger); the first failure or skip ends the run
+ *                           (ROOT is removed all the same)
+ *   EMBER_TEST_TIMEOUT=S    each test's time limit in seconds (default 120)
+ *   EMBER_TEST_KEEP_TMP=1   keep ROOT and every test's files when the run
+ *                           ends; the line before the summary says where
+ *                           (by default they are removed, whatever the
+ *                           results; a failed test's line says where its
+ *                           files were)
+ * and the ones it sets for each test (inherited by whatever the test starts):
+ *   EMBER_TEST_TMP, TMPDIR  the test's directory, ROOT/<test name>, where ROOT
+ *                           is $TMPDIR/ember-tests-XXXXXX (/tmp without
+ *                           TMPDIR) of the runner's environment
  */
 #ifndef EMBER_TEST_HARNESS_H
 #define EMBER_TEST_HARNESS_H
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -151,14 +171,45 @@ void th_reseal_checkpoint(const char *dir);
  * XDG_CONFIG_HOME at a directory that does not exist. */
 void th_no_user_config(void);
 
+/* ---- temporary files ----------------------------------------------------------
+ * Everything lives in the running test's directory (EMBER_TEST_TMP, also its
+ * TMPDIR, so `ember`, sh, python and mpirun started by the test put their
+ * temporaries there too). The runner removes it when the test passes or
+ * skips, and the whole run's directory when the run ends (or is stopped by
+ * SIGINT, SIGTERM or SIGHUP); a runner killed outright leaves that one
+ * directory. Each helper fails the test (naming the path) when the name does
+ * not fit in n bytes or the directory or file cannot be made.
+ *
+ * th_tmp: the test's directory (the environment's string; do not free);
+ *   fails the test outside the runner (EMBER_TEST_TMP unset).
+ * th_tmpdir: makes a fresh directory TEST_DIR/<prefix>-XXXXXX and writes its
+ *   path into dir (n bytes); returns dir. Give buffers PATH_MAX bytes: a
+ *   test's directory is deep (TMPDIR, ROOT, the test's name) and paths are
+ *   built inside it. Name prefix after what the test makes ("ember-ddp"),
+ *   so a kept directory reads like the test that made it.
+ * th_tmpfile: makes a fresh empty file TEST_DIR/<prefix>-XXXXXX (mkstemp),
+ *   its path into path (n bytes); returns its descriptor, open for reading
+ *   and writing (the caller closes it).
+ * th_remove_tree: removes path and everything under it (read-only
+ *   directories too; symbolic links are removed, never followed); 0, or -1
+ *   when something could not be removed. */
+const char *th_tmp(void);
+char *th_tmpdir(char *dir, size_t n, const char *prefix);
+int th_tmpfile(char *path, size_t n, const char *prefix);
+int th_remove_tree(const char *path);
+
 /* Small files for tests. th_read_file: the whole file (malloc'd, NUL after
  * *n bytes; the caller frees), NULL when it cannot be read; th_slurp: the
  * same, failing the test instead of returning NULL. th_write_file writes
- * n bytes (replacing the file) or fails the test. th_path: "dir/name" in one
- * of 4 rotating static buffers (valid until the 4th call after). */
+ * n bytes (replacing the file) or fails the test. th_pathf: snprintf into
+ * buf (n bytes) that fails the test when the text does not fit (a path cut
+ * short names another file); returns buf. th_path: "dir/name" in one of 4
+ * rotating static buffers of PATH_MAX bytes (valid until the 4th call
+ * after). */
 char *th_read_file(const char *path, size_t *n);
 char *th_slurp(const char *path, size_t *n);
 void th_write_file(const char *path, const void *p, size_t n);
+char *th_pathf(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 const char *th_path(const char *dir, const char *name);
 
 #endif

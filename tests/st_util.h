@@ -3,7 +3,6 @@
 #ifndef EMBER_TEST_ST_UTIL_H
 #define EMBER_TEST_ST_UTIL_H
 
-#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +10,7 @@
 
 #include "harness.h"
 
-static char st_dir[256];
+static char st_dir[PATH_MAX];
 
 /* A persistent tensor of dtype dt with the given values (no leftovers). */
 static inline em_tensor *st_tensor(em_dtype dt, int ndim, const int64_t *shape, const double *vals)
@@ -24,29 +23,17 @@ static inline em_tensor *st_tensor(em_dtype dt, int ndim, const int64_t *shape, 
 }
 
 /* A fresh directory for this test (each test runs in its own process). */
-static inline void st_tmpdir(void)
-{
-    snprintf(st_dir, sizeof st_dir, "/tmp/ember-st-XXXXXX");
-    if (!mkdtemp(st_dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
-}
+static inline void st_tmpdir(void) { th_tmpdir(st_dir, sizeof st_dir, "ember-st"); }
 
 /* dir/name, in one of 8 rotating buffers. */
 static inline const char *st_path(const char *name)
 {
-    static char bufs[8][512];
+    static char bufs[8][PATH_MAX];
     static int next;
     char *b = bufs[next++ % 8];
-    snprintf(b, sizeof bufs[0], "%s/%s", st_dir, name);
+    th_pathf(b, sizeof bufs[0], "%s/%s", st_dir, name);
     return b;
 }
-
-static inline int st_rm(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static inline void st_cleanup(void) { nftw(st_dir, st_rm, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* Little-endian packing of the low n bytes of v. */
 static inline void st_le(unsigned char *p, uint64_t v, int n)

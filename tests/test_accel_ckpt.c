@@ -23,11 +23,7 @@ static void clean_env(void)
     unsetenv("EMBER_NO_RENAME_EXCHANGE");
 }
 
-static void make_base(char *base, size_t n)
-{
-    snprintf(base, n, "/tmp/ember-acc-ckpt-XXXXXX");
-    CHECK(mkdtemp(base) != NULL);
-}
+static void make_base(char *base, size_t n) { th_tmpdir(base, n, "ember-acc-ckpt"); }
 
 /* ---- a small model: several tensors of different sizes and dtypes ----------- */
 
@@ -105,9 +101,9 @@ static void listing(const char *dir, char *out, size_t n)
 TEST(test_total_limit_keeps_the_newest_checkpoints_and_numbering_continues_in_a_new_accelerator)
 {
     clean_env();
-    char base[64], root[128];
+    char base[PATH_MAX], root[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(root, sizeof root, "%s/checkpoints", base);
+    th_pathf(root, sizeof root, "%s/checkpoints", base);
     em_module *m = make_model(1);
     em_accelerator *a = project_acc(base, 2, m);
     for (int k = 0; k < 5; k++) {
@@ -134,11 +130,11 @@ TEST(test_total_limit_keeps_the_newest_checkpoints_and_numbering_continues_in_a_
 TEST(test_rotation_leaves_entries_that_are_not_named_checkpoint_n_alone)
 {
     clean_env();
-    char base[64], root[128], path[256];
+    char base[PATH_MAX], root[PATH_MAX], path[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(root, sizeof root, "%s/checkpoints", base);
+    th_pathf(root, sizeof root, "%s/checkpoints", base);
     CHECK(mkdir(root, 0777) == 0);
-    snprintf(path, sizeof path, "%s/notes", root);
+    th_pathf(path, sizeof path, "%s/notes", root);
     CHECK(mkdir(path, 0777) == 0);
     th_write_file(th_path(root, "checkpoint_01"), "x", 1); /* not a name automatic naming writes */
     th_write_file(th_path(root, "checkpoint_2.txt"), "x", 1);
@@ -153,13 +149,13 @@ TEST(test_rotation_leaves_entries_that_are_not_named_checkpoint_n_alone)
 TEST(test_total_limit_refuses_to_remove_a_directory_holding_a_foreign_file_and_saves_nothing)
 {
     clean_env();
-    char base[64], root[128], old[192];
+    char base[PATH_MAX], root[PATH_MAX], old[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(root, sizeof root, "%s/checkpoints", base);
+    th_pathf(root, sizeof root, "%s/checkpoints", base);
     em_module *m = make_model(1);
     em_accelerator *a = project_acc(base, 1, m);
     CHECK_OK(em_accel_save_state(a, NULL));
-    snprintf(old, sizeof old, "%s/checkpoint_0", root);
+    th_pathf(old, sizeof old, "%s/checkpoint_0", root);
     th_write_file(th_path(old, "notes.txt"), "mine", 4);
     CHECK_ERR(em_accel_save_state(a, NULL), EM_ERR_IO, "notes.txt");
     CHECK(strstr(em_last_error(), "checkpoint_0") && strstr(em_last_error(), "nothing was saved"));
@@ -172,9 +168,9 @@ TEST(test_total_limit_refuses_to_remove_a_directory_holding_a_foreign_file_and_s
 TEST(test_total_limit_refuses_to_remove_a_file_named_like_a_checkpoint)
 {
     clean_env();
-    char base[64], root[128];
+    char base[PATH_MAX], root[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(root, sizeof root, "%s/checkpoints", base);
+    th_pathf(root, sizeof root, "%s/checkpoints", base);
     CHECK(mkdir(root, 0777) == 0);
     th_write_file(th_path(root, "checkpoint_0"), "x", 1);
     em_module *m = make_model(1);
@@ -188,19 +184,19 @@ TEST(test_total_limit_refuses_to_remove_a_file_named_like_a_checkpoint)
 TEST(test_load_state_null_takes_the_newest_checkpoint_with_a_manifest)
 {
     clean_env();
-    char base[64], root[128], path[256], got[512];
+    char base[PATH_MAX], root[PATH_MAX], path[PATH_MAX], got[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(root, sizeof root, "%s/checkpoints", base);
+    th_pathf(root, sizeof root, "%s/checkpoints", base);
     em_module *m = make_model(1);
     em_accelerator *a = project_acc(base, 0, m);
     for (int k = 0; k < 2; k++) {
         mark(m, (float)k + 10);
         CHECK_OK(em_accel_save_state(a, NULL));
     }
-    snprintf(path, sizeof path, "%s/checkpoint_7", root); /* no manifest: not complete */
+    th_pathf(path, sizeof path, "%s/checkpoint_7", root); /* no manifest: not complete */
     CHECK(mkdir(path, 0777) == 0);
     CHECK(em_accel_latest_checkpoint(a, got, sizeof got) == 1);
-    snprintf(path, sizeof path, "%s/checkpoint_1", root);
+    th_pathf(path, sizeof path, "%s/checkpoint_1", root);
     CHECK(!strcmp(got, path));
     mark(m, 0);
     CHECK_OK(em_accel_load_state(a, NULL));
@@ -215,9 +211,9 @@ TEST(test_load_state_null_takes_the_newest_checkpoint_with_a_manifest)
 TEST(test_load_state_null_without_a_checkpoint_names_the_directory)
 {
     clean_env();
-    char base[64], root[128], got[256] = "x";
+    char base[PATH_MAX], root[PATH_MAX], got[PATH_MAX] = "x";
     make_base(base, sizeof base);
-    snprintf(root, sizeof root, "%s/checkpoints", base);
+    th_pathf(root, sizeof root, "%s/checkpoints", base);
     em_module *m = make_model(1);
     em_accelerator *a = project_acc(base, 0, m);
     CHECK(em_accel_latest_checkpoint(a, got, sizeof got) == 0 && got[0] == '\0');
@@ -259,9 +255,9 @@ TEST(test_accelerator_new_refuses_automatic_naming_without_a_project_dir)
 TEST(test_project_settings_come_from_the_environment)
 {
     clean_env();
-    char base[64], root[128];
+    char base[PATH_MAX], root[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(root, sizeof root, "%s/checkpoints", base);
+    th_pathf(root, sizeof root, "%s/checkpoints", base);
     setenv("EMBER_PROJECT_DIR", base, 1);
     setenv("EMBER_AUTOMATIC_CHECKPOINT_NAMING", "true", 1);
     setenv("EMBER_SAVE_TOTAL_LIMIT", "1", 1);
@@ -287,8 +283,8 @@ static void two_rank_rotation(int rank, int world, void *ctx)
         CHECK_OK(em_accel_save_state(a, NULL));
     }
     CHECK_OK(em_accel_wait_for_everyone(a));
-    char root[128];
-    snprintf(root, sizeof root, "%s/checkpoints", base);
+    char root[PATH_MAX];
+    th_pathf(root, sizeof root, "%s/checkpoints", base);
     CHECK_LISTING(root, "checkpoint_1 checkpoint_2");
     CHECK_LISTING(th_path(root, "checkpoint_2"), "manifest.json model.safetensors rank_0.json rank_1.json");
     mark(m, -1);
@@ -302,7 +298,7 @@ static void two_rank_rotation(int rank, int world, void *ctx)
 TEST(test_automatic_naming_on_two_ranks_saves_rotates_and_loads_one_sequence)
 {
     clean_env();
-    char base[64];
+    char base[PATH_MAX];
     make_base(base, sizeof base);
     TH_RANKS_ENV(2, two_rank_rotation, base);
 }
@@ -413,9 +409,9 @@ enum { NMODEL = 6 };
 TEST(test_save_model_shards_follow_the_safetensors_rules_and_the_hugging_face_index)
 {
     clean_env();
-    char base[64], dir[128];
+    char base[PATH_MAX], dir[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/model", base);
+    th_pathf(dir, sizeof dir, "%s/model", base);
     em_module *m = make_model(3);
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
@@ -476,9 +472,9 @@ TEST(test_save_model_shards_follow_the_safetensors_rules_and_the_hugging_face_in
 TEST(test_save_model_without_max_shard_size_writes_one_model_safetensors_that_loads_back)
 {
     clean_env();
-    char base[64], dir[128];
+    char base[PATH_MAX], dir[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/model", base);
+    th_pathf(dir, sizeof dir, "%s/model", base);
     em_module *m = make_model(3), *back = make_model(4);
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
@@ -506,9 +502,9 @@ TEST(test_save_model_without_max_shard_size_writes_one_model_safetensors_that_lo
 TEST(test_save_model_gives_every_tensor_over_max_shard_size_a_file_of_its_own)
 {
     clean_env();
-    char base[64], dir[128];
+    char base[PATH_MAX], dir[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/model", base);
+    th_pathf(dir, sizeof dir, "%s/model", base);
     em_module *m = make_model(3);
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
@@ -528,9 +524,9 @@ TEST(test_save_model_gives_every_tensor_over_max_shard_size_a_file_of_its_own)
 TEST(test_save_model_writes_bf16_when_asked_and_leaves_integer_buffers_alone)
 {
     clean_env();
-    char base[64], dir[128];
+    char base[PATH_MAX], dir[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/model", base);
+    th_pathf(dir, sizeof dir, "%s/model", base);
     em_module *m = make_model(3);
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
@@ -557,9 +553,9 @@ TEST(test_save_model_writes_bf16_when_asked_and_leaves_integer_buffers_alone)
 TEST(test_save_model_under_bf16_mixed_precision_writes_the_f32_master_weights)
 {
     clean_env();
-    char base[64], dir[128];
+    char base[PATH_MAX], dir[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/model", base);
+    th_pathf(dir, sizeof dir, "%s/model", base);
     em_module *m = make_model(3);
     em_accelerator *a = em_accelerator_new(&(em_accel_config){.mixed_precision = EM_PREC_BF16});
     CHECK_NOTNULL(a);
@@ -578,7 +574,7 @@ TEST(test_save_model_under_bf16_mixed_precision_writes_the_f32_master_weights)
 TEST(test_save_model_refuses_a_directory_holding_other_files)
 {
     clean_env();
-    char base[64];
+    char base[PATH_MAX];
     make_base(base, sizeof base);
     th_write_file(th_path(base, "config.json"), "{}", 2);
     em_module *m = make_model(3);
@@ -595,9 +591,9 @@ static void two_rank_save_model(int rank, int world, void *ctx)
 {
     (void)world;
     const char *base = ctx;
-    char dir[128];
+    char dir[PATH_MAX];
     /* only the main process uses dir: rank 1's must stay unwritten */
-    snprintf(dir, sizeof dir, "%s/%s", base, rank == 0 ? "model" : "rank1");
+    th_pathf(dir, sizeof dir, "%s/%s", base, rank == 0 ? "model" : "rank1");
     em_module *m = make_model(10 + (uint64_t)rank), *rank0 = make_model(10);
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
@@ -629,7 +625,7 @@ static void two_rank_save_model(int rank, int world, void *ctx)
 TEST(test_save_model_on_two_ranks_writes_the_main_process_model_once)
 {
     clean_env();
-    char base[64];
+    char base[PATH_MAX];
     make_base(base, sizeof base);
     TH_RANKS_ENV(2, two_rank_save_model, base);
 }
@@ -639,15 +635,15 @@ TEST(test_save_model_on_two_ranks_writes_the_main_process_model_once)
 TEST(test_train_save_total_limit_keeps_the_newest_checkpoints_and_resume_auto_takes_the_newest)
 {
     clean_env();
-    char base[64], txt[128], out[128], root[160];
+    char base[PATH_MAX], txt[PATH_MAX], out[PATH_MAX], root[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(txt, sizeof txt, "%s/corpus.txt", base);
+    th_pathf(txt, sizeof txt, "%s/corpus.txt", base);
     FILE *f = fopen(txt, "w");
     CHECK(f != NULL);
     for (int i = 0; i < 200; i++) fputs("the cat sat on the mat. the dog sat on the log.\n", f);
     fclose(f);
-    snprintf(out, sizeof out, "%s/run", base);
-    snprintf(root, sizeof root, "%s/checkpoints", out);
+    th_pathf(out, sizeof out, "%s/run", base);
+    th_pathf(root, sizeof root, "%s/checkpoints", out);
 #define TRAIN(iters)                                                                                         \
     th_run(EMBER_BUILD_DIR "/ember", "train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2",  \
            "--embd", "16", "--block", "8", "--batch", "4", "--iters", iters, "--eval-every", "2",            \
@@ -659,8 +655,8 @@ TEST(test_train_save_total_limit_keeps_the_newest_checkpoints_and_resume_auto_ta
     CHECK_LISTING(out, "checkpoints config metrics.jsonl model.safetensors");
     r = TRAIN("8");
     CHECK_EXIT(r, 0);
-    char want[256];
-    snprintf(want, sizeof want, "resuming at step 6 from %s/checkpoint_3", root);
+    char want[PATH_MAX];
+    th_pathf(want, sizeof want, "resuming at step 6 from %s/checkpoint_3", root);
     if (!strstr(r->out, want)) th_fail(__FILE__, __LINE__, "output lacks \"%s\":\n%s", want, r->out);
     CHECK_LISTING(root, "checkpoint_3 checkpoint_4");
 #undef TRAIN

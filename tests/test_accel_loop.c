@@ -35,10 +35,8 @@ static void alone(void)
 
 static char *new_base(void)
 {
-    static char base[64];
-    snprintf(base, sizeof base, "/tmp/ember-accloop-XXXXXX");
-    CHECK(mkdtemp(base) != NULL);
-    return base;
+    static char base[PATH_MAX];
+    return th_tmpdir(base, sizeof base, "ember-accloop");
 }
 
 /* ---- datasets ------------------------------------------------------------------ */
@@ -135,7 +133,7 @@ typedef struct job {
     order order;
     int epochs, accum, batch;
     int64_t n;
-    char params[256]; /* rank 0 writes the final parameters here */
+    char params[PATH_MAX]; /* rank 0 writes the final parameters here */
     int64_t steps;    /* rank 0 writes em_accel_step_count here (through the file too) */
 } job;
 
@@ -206,7 +204,7 @@ static void check_orders_agree(int world, job base, int64_t steps)
     for (int k = 0; k < 4; k++) {
         job j = base;
         j.order = orders[k];
-        snprintf(j.params, sizeof j.params, "%s/params-%d", dir, k);
+        th_pathf(j.params, sizeof j.params, "%s/params-%d", dir, k);
         TH_RANKS_ENV(world, order_job, &j);
         size_t n = 0;
         float *got = (float *)th_slurp(j.params, &n);
@@ -344,7 +342,7 @@ TEST(test_module_rngs_lists_the_dropout_generators_by_dotted_name)
 typedef struct gpt_job {
     int steps, save_at;
     bool resume;
-    char dir[200], params[256];
+    char dir[PATH_MAX], params[PATH_MAX];
 } gpt_job;
 
 enum { GV = 12, GT = 8, GB = 4 };
@@ -409,14 +407,14 @@ TEST(test_resume_continues_dropout_masks_without_registering_generators)
 {
     char *base = new_base();
     gpt_job straight = {.steps = 8};
-    snprintf(straight.params, sizeof straight.params, "%s/straight", base);
+    th_pathf(straight.params, sizeof straight.params, "%s/straight", base);
     TH_RANKS_ENV(1, gpt_dropout_job, &straight);
     gpt_job first = {.steps = 8, .save_at = 4};
-    snprintf(first.dir, sizeof first.dir, "%s/state", base);
+    th_pathf(first.dir, sizeof first.dir, "%s/state", base);
     TH_RANKS_ENV(1, gpt_dropout_job, &first);
     gpt_job second = {.steps = 8, .resume = true};
-    snprintf(second.dir, sizeof second.dir, "%s/state", base);
-    snprintf(second.params, sizeof second.params, "%s/resumed", base);
+    th_pathf(second.dir, sizeof second.dir, "%s/state", base);
+    th_pathf(second.params, sizeof second.params, "%s/resumed", base);
     TH_RANKS_ENV(1, gpt_dropout_job, &second);
     size_t na = 0, nb = 0;
     char *pa = th_slurp(straight.params, &na), *pb = th_slurp(second.params, &nb);
@@ -562,7 +560,7 @@ TEST(test_prepare_refuses_an_optimizer_with_a_parameter_of_no_prepared_model)
  * x batch 6, 4 steps through both models, then 2 through the encoder alone
  * (the head takes no part: its DDP is left alone, no error). */
 typedef struct pair_job {
-    char out[256];
+    char out[PATH_MAX];
 } pair_job;
 
 static void pair_ddp_job(int rank, int world, void *ctx)
@@ -607,8 +605,8 @@ TEST(test_a_loss_through_two_prepared_models_under_ddp_matches_one_process)
 {
     char *base = new_base();
     pair_job one, two;
-    snprintf(one.out, sizeof one.out, "%s/one", base);
-    snprintf(two.out, sizeof two.out, "%s/two", base);
+    th_pathf(one.out, sizeof one.out, "%s/one", base);
+    th_pathf(two.out, sizeof two.out, "%s/two", base);
     TH_RANKS_ENV(1, pair_ddp_job, &one);
     TH_RANKS_ENV(2, pair_ddp_job, &two);
     size_t n1 = 0, n2 = 0;
@@ -659,8 +657,8 @@ static void multi_free(multi_run *r)
 
 TEST(test_save_state_keeps_every_model_optimizer_and_loader_and_load_restores_them)
 {
-    char *base = new_base(), dir[128];
-    snprintf(dir, sizeof dir, "%s/state", base);
+    char *base = new_base(), dir[PATH_MAX];
+    th_pathf(dir, sizeof dir, "%s/state", base);
     multi_run *r = multi_new(2);
     em_scope s = em_scope_begin();
     em_batch b;

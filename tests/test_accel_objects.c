@@ -51,13 +51,11 @@ static void main_first(int rank, int world, void *ctx)
 
 TEST(test_main_process_first_runs_the_main_block_before_the_others_start_theirs)
 {
-    char dir[] = "/tmp/ember-mpf-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
-    char log[300];
-    snprintf(log, sizeof log, "%s/log", dir);
+    char dir[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-mpf");
+    char log[PATH_MAX];
+    th_pathf(log, sizeof log, "%s/log", dir);
     TH_RANKS_ENV(2, main_first, log);
-    unlink(log);
-    rmdir(dir);
 }
 
 TEST(test_main_process_first_refuses_end_without_begin_and_a_nested_begin)

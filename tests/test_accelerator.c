@@ -32,9 +32,9 @@ TEST(test_accelerator_alone_is_a_world_of_one)
 
 TEST(test_accelerator_config_precedence_file_then_env_then_code)
 {
-    char dir[] = "/tmp/ember-acc-XXXXXX", path[300];
-    CHECK(mkdtemp(dir) != NULL);
-    snprintf(path, sizeof path, "%s/c.yaml", dir);
+    char dir[PATH_MAX], path[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-acc");
+    th_pathf(path, sizeof path, "%s/c.yaml", dir);
     write_text(path, "gradient_accumulation_steps: 3\n");
     setenv("EMBER_CONFIG_FILE", path, 1);
     unsetenv("EMBER_GRAD_ACCUM");
@@ -217,8 +217,8 @@ static void rank_file_missing(int rank, int world, void *ctx)
     const char *dir = ctx;
     em_accelerator *a = em_accelerator_new(NULL);
     CHECK_NOTNULL(a);
-    char path[300];
-    snprintf(path, sizeof path, "%s/rank_1.json", dir);
+    char path[PATH_MAX];
+    th_pathf(path, sizeof path, "%s/rank_1.json", dir);
     CHECK_OK(em_accel_save_state(a, dir));
     CHECK_OK(em_accel_wait_for_everyone(a));
     if (rank == 0) CHECK(unlink(path) == 0);
@@ -229,8 +229,8 @@ static void rank_file_missing(int rank, int world, void *ctx)
 
 TEST(test_load_state_names_a_missing_rank_file)
 {
-    char dir[] = "/tmp/ember-acc-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
+    char dir[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-acc");
     TH_RANKS_ENV(2, rank_file_missing, dir);
 }
 

@@ -317,8 +317,8 @@ TEST(test_fp16_resume_continues_with_the_same_scale)
 {
     no_user_config();
     unsetenv("WORLD_SIZE");
-    char dir[] = "/tmp/ember-amp-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
+    char dir[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-amp");
     small_run r;
     small_setup(&r, EM_PREC_FP16, 2000);
     small_step(&r, 0, -1);

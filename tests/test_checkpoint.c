@@ -54,7 +54,7 @@ static void json_value(const char *text, const char *key, char *out, size_t n)
 /* How many entries of dir's parent are named like dir + tag + something. */
 static int siblings(const char *dir, const char *tag)
 {
-    char parent[512], prefix[600];
+    char parent[PATH_MAX], prefix[PATH_MAX];
     snprintf(parent, sizeof parent, "%s", dir);
     char *slash = strrchr(parent, '/');
     *slash = '\0';
@@ -68,11 +68,7 @@ static int siblings(const char *dir, const char *tag)
     return n;
 }
 
-static void make_base(char *base, size_t n)
-{
-    snprintf(base, n, "/tmp/ember-ckpt-XXXXXX");
-    CHECK(mkdtemp(base) != NULL);
-}
+static void make_base(char *base, size_t n) { th_tmpdir(base, n, "ember-ckpt"); }
 
 /* ---- the manifest ------------------------------------------------------------------ */
 
@@ -114,9 +110,9 @@ static void manifest_body(int rank, int world, void *ctx)
 
 TEST(test_save_state_writes_a_manifest_with_every_files_size_crc32_and_the_save_id)
 {
-    char base[64], dir[128];
+    char base[PATH_MAX], dir[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/state", base);
+    th_pathf(dir, sizeof dir, "%s/state", base);
     TH_RANKS_ENV(2, manifest_body, dir);
 }
 
@@ -191,9 +187,9 @@ static void flipped_body(int rank, int world, void *ctx)
 
 TEST(test_load_state_refuses_a_flipped_byte_in_any_checkpoint_file_naming_it_and_changes_nothing)
 {
-    char base[64], dir[128];
+    char base[PATH_MAX], dir[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/state", base);
+    th_pathf(dir, sizeof dir, "%s/state", base);
     TH_RANKS_ENV(2, flipped_body, dir);
 }
 
@@ -215,9 +211,9 @@ static void one_rank_load_fails(const char *dir, em_status want, const char *sub
 
 TEST(test_load_state_refuses_a_directory_without_a_manifest)
 {
-    char base[64], dir[128];
+    char base[PATH_MAX], dir[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/state", base);
+    th_pathf(dir, sizeof dir, "%s/state", base);
     TH_RANKS_ENV(1, one_rank_save, dir);
     CHECK(unlink(th_path(dir, "manifest.json")) == 0);
     one_rank_load_fails(dir, EM_ERR_IO,
@@ -227,9 +223,9 @@ TEST(test_load_state_refuses_a_directory_without_a_manifest)
 
 TEST(test_load_state_says_a_checkpoint_is_from_an_older_version)
 {
-    char base[64], dir[128];
+    char base[PATH_MAX], dir[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/state", base);
+    th_pathf(dir, sizeof dir, "%s/state", base);
     CHECK(mkdir(dir, 0755) == 0);
     const char *v1 =
         "{\n  \"format\": \"ember-accelerator-state-1\",\n  \"world\": \"1\",\n  \"rank\": \"0\"\n}\n";
@@ -240,7 +236,7 @@ TEST(test_load_state_says_a_checkpoint_is_from_an_older_version)
 /* Rank 0 loads one checkpoint, rank 1 another (as if DIR named different
  * directories on two machines): every rank fails naming both save ids. */
 typedef struct two_dirs {
-    char a[128], b[128];
+    char a[PATH_MAX], b[PATH_MAX];
 } two_dirs;
 
 static void two_saves(int rank, int world, void *ctx)
@@ -277,11 +273,11 @@ static void load_different(int rank, int world, void *ctx)
 
 TEST(test_load_state_fails_on_every_rank_naming_both_ids_when_ranks_load_different_saves)
 {
-    char base[64];
+    char base[PATH_MAX];
     two_dirs d;
     make_base(base, sizeof base);
-    snprintf(d.a, sizeof d.a, "%s/a", base);
-    snprintf(d.b, sizeof d.b, "%s/b", base);
+    th_pathf(d.a, sizeof d.a, "%s/a", base);
+    th_pathf(d.b, sizeof d.b, "%s/b", base);
     TH_RANKS_ENV(2, two_saves, &d);
     TH_RANKS_ENV(2, load_different, &d);
 }
@@ -298,11 +294,11 @@ static void load_fails_naming(int rank, int world, void *ctx)
 
 TEST(test_load_state_refuses_a_rank_file_of_another_save_even_with_a_matching_checksum)
 {
-    char base[64];
+    char base[PATH_MAX];
     two_dirs d;
     make_base(base, sizeof base);
-    snprintf(d.a, sizeof d.a, "%s/a", base);
-    snprintf(d.b, sizeof d.b, "%s/b", base);
+    th_pathf(d.a, sizeof d.a, "%s/a", base);
+    th_pathf(d.b, sizeof d.b, "%s/b", base);
     TH_RANKS_ENV(2, two_saves, &d);
     size_t n;
     char *b1 = th_slurp(th_path(d.b, "rank_1.json"), &n);
@@ -316,11 +312,11 @@ TEST(test_load_state_refuses_a_rank_file_of_another_save_even_with_a_matching_ch
 
 TEST(test_save_state_removes_stale_temporaries_of_interrupted_saves_and_nothing_else)
 {
-    char base[64], dir[128], stale[160], other[160];
+    char base[PATH_MAX], dir[PATH_MAX], stale[PATH_MAX], other[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/state", base);
-    snprintf(stale, sizeof stale, "%s.tmp-0123456789abcdef", dir);
-    snprintf(other, sizeof other, "%s.tmp-mine", dir);
+    th_pathf(dir, sizeof dir, "%s/state", base);
+    th_pathf(stale, sizeof stale, "%s.tmp-0123456789abcdef", dir);
+    th_pathf(other, sizeof other, "%s.tmp-mine", dir);
     CHECK(mkdir(stale, 0755) == 0 && mkdir(other, 0755) == 0);
     th_write_file(th_path(stale, "model.safetensors"), "x", 1);
     TH_RANKS_ENV(1, one_rank_save, dir);
@@ -338,7 +334,7 @@ TEST(test_save_state_removes_stale_temporaries_of_interrupted_saves_and_nothing_
 
 TEST(test_save_state_refuses_to_replace_a_directory_holding_other_files)
 {
-    char base[64];
+    char base[PATH_MAX];
     make_base(base, sizeof base);
     th_write_file(th_path(base, "notes.txt"), "keep me", 7);
     rig *r = rig_new();
@@ -379,9 +375,9 @@ static void save_load_without_exchange(int rank, int world, void *ctx)
 
 TEST(test_save_state_without_rename_exchange_publishes_by_two_renames)
 {
-    char base[64], dir[128];
+    char base[PATH_MAX], dir[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/state", base);
+    th_pathf(dir, sizeof dir, "%s/state", base);
     TH_RANKS_ENV(1, save_load_without_exchange, dir);
 }
 
@@ -398,11 +394,11 @@ static void load_gives_steps(int rank, int world, void *ctx)
  * complete DIR.old-* (a damaged one is passed over). */
 TEST(test_load_state_takes_the_complete_old_copy_when_a_publish_was_interrupted)
 {
-    char base[64], dir[128], old[160], bad[160];
+    char base[PATH_MAX], dir[PATH_MAX], old[PATH_MAX], bad[PATH_MAX];
     make_base(base, sizeof base);
-    snprintf(dir, sizeof dir, "%s/state", base);
-    snprintf(old, sizeof old, "%s.old-00000000000000aa", dir);
-    snprintf(bad, sizeof bad, "%s.old-00000000000000bb", dir);
+    th_pathf(dir, sizeof dir, "%s/state", base);
+    th_pathf(old, sizeof old, "%s.old-00000000000000aa", dir);
+    th_pathf(bad, sizeof bad, "%s.old-00000000000000bb", dir);
     TH_RANKS_ENV(1, one_rank_save, dir);
     CHECK(rename(dir, old) == 0);
     TH_RANKS_ENV(1, load_gives_steps, dir);

@@ -90,8 +90,8 @@ static void reference_and_base(int nproc, const char *txt, const char *ref, cons
  * optimizer state, bitwise. */
 static void check_recovers(int nproc, const char *txt, const char *ref, const char *w, const char *point)
 {
-    char state[600];
-    snprintf(state, sizeof state, "%s/state", w);
+    char state[PATH_MAX];
+    th_pathf(state, sizeof state, "%s/state", w);
     th_run_result *r = train(nproc, txt, w, state, NULL);
     if (r->status != 0)
         th_fail(__FILE__, __LINE__, "killed at %s: the resumed run failed (%d): %s", point, r->status,
@@ -120,9 +120,9 @@ static int kill_everywhere(int nproc, const char *dir, const char *txt, const ch
     int kills = 0;
     if (no_exchange) setenv("EMBER_NO_RENAME_EXCHANGE", "1", 1);
     for (int n = 1; n < 100; n++) {
-        char w[300], fault[64], state[320], point[160];
-        snprintf(w, sizeof w, "%s/w%d", dir, ++runs);
-        snprintf(state, sizeof state, "%s/state", w);
+        char w[PATH_MAX], fault[64], state[PATH_MAX], point[160];
+        th_pathf(w, sizeof w, "%s/w%d", dir, ++runs);
+        th_pathf(state, sizeof state, "%s/state", w);
         snprintf(fault, sizeof fault, fault_fmt, n);
         th_run_result *r = th_run("/bin/cp", "-a", base, w, NULL);
         CHECK_EXIT(r, 0);
@@ -152,10 +152,10 @@ static int kill_everywhere(int nproc, const char *dir, const char *txt, const ch
  * run's own train.step (2) and train.save: 23 kills, then a run that lives. */
 TEST(test_train_killed_at_any_point_of_a_save_resumes_to_the_uninterrupted_weights)
 {
-    char dir[64], txt[128], ref[160], base[160];
+    char dir[PATH_MAX], txt[PATH_MAX], ref[PATH_MAX], base[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(ref, sizeof ref, "%s/ref", dir);
-    snprintf(base, sizeof base, "%s/base", dir);
+    th_pathf(ref, sizeof ref, "%s/ref", dir);
+    th_pathf(base, sizeof base, "%s/base", dir);
     reference_and_base(1, txt, ref, base);
     int kills = kill_everywhere(1, dir, txt, ref, base, "*:%d", false);
     if (kills < 20) th_fail(__FILE__, __LINE__, "only %d fault points in a save", kills);
@@ -165,10 +165,10 @@ TEST(test_train_killed_at_any_point_of_a_save_resumes_to_the_uninterrupted_weigh
  * between them ("save.old"): a resume then takes DIR.old-*. */
 TEST(test_train_killed_at_any_point_of_a_save_without_rename_exchange_resumes_to_the_same_weights)
 {
-    char dir[64], txt[128], ref[160], base[160];
+    char dir[PATH_MAX], txt[PATH_MAX], ref[PATH_MAX], base[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(ref, sizeof ref, "%s/ref", dir);
-    snprintf(base, sizeof base, "%s/base", dir);
+    th_pathf(ref, sizeof ref, "%s/ref", dir);
+    th_pathf(base, sizeof base, "%s/base", dir);
     reference_and_base(1, txt, ref, base);
     int kills = kill_everywhere(1, dir, txt, ref, base, "save.old:%d", true);
     CHECK(kills == 1);
@@ -180,10 +180,10 @@ TEST(test_train_killed_at_any_point_of_a_save_without_rename_exchange_resumes_to
  * after train.step and train.save), rank 0 at each of its. */
 TEST(test_launch_two_ranks_killed_at_any_point_of_a_save_resume_to_the_uninterrupted_weights)
 {
-    char dir[64], txt[128], ref[160], base[160];
+    char dir[PATH_MAX], txt[PATH_MAX], ref[PATH_MAX], base[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(ref, sizeof ref, "%s/ref", dir);
-    snprintf(base, sizeof base, "%s/base", dir);
+    th_pathf(ref, sizeof ref, "%s/ref", dir);
+    th_pathf(base, sizeof base, "%s/base", dir);
     reference_and_base(2, txt, ref, base);
     int kills = kill_everywhere(2, dir, txt, ref, base, "*:%d:1", false);
     if (kills < 3) th_fail(__FILE__, __LINE__, "only %d fault points on rank 1", kills);
@@ -227,11 +227,11 @@ static size_t pick(int k, size_t n, uint64_t *x)
  * intact and the file unchecked) is an error naming the file. */
 TEST(test_sample_and_init_refuse_weights_or_config_with_a_flipped_byte_naming_the_file)
 {
-    char dir[64], txt[128], out[160], model[200], config[200];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX], model[PATH_MAX], config[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
-    snprintf(model, sizeof model, "%s/model.safetensors", out);
-    snprintf(config, sizeof config, "%s/config", out);
+    th_pathf(out, sizeof out, "%s/run", dir);
+    th_pathf(model, sizeof model, "%s/model.safetensors", out);
+    th_pathf(config, sizeof config, "%s/config", out);
     CHECK_EXIT(train(1, txt, out, NULL, NULL), 0);
     th_run_result *r = th_run(EMBER_BIN, "sample", "--ckpt", out, "--prompt", "the ", "--tokens", "5", NULL);
     CHECK_EXIT(r, 0);
@@ -282,17 +282,17 @@ TEST(test_sample_and_init_refuse_weights_or_config_with_a_flipped_byte_naming_th
  * its files exits 1 naming the file (two processes: each rank's file). */
 TEST(test_train_resume_refuses_a_checkpoint_with_a_flipped_byte_naming_the_file)
 {
-    char dir[64], txt[128], out[160], state[200];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX], state[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
-    snprintf(state, sizeof state, "%s/state", out);
+    th_pathf(out, sizeof out, "%s/run", dir);
+    th_pathf(state, sizeof state, "%s/state", out);
     CHECK_EXIT(train(2, txt, out, NULL, NULL), 0);
     const char *files[] = {"model.safetensors", "optimizer.safetensors", "rank_0.json", "rank_1.json",
                            "manifest.json"};
     uint64_t x = 11;
     for (int i = 0; i < 5; i++) {
-        char path[300];
-        snprintf(path, sizeof path, "%s/%s", state, files[i]);
+        char path[PATH_MAX];
+        th_pathf(path, sizeof path, "%s/%s", state, files[i]);
         struct stat st;
         CHECK(stat(path, &st) == 0);
         size_t pos = pick(2 + i, (size_t)st.st_size, &x);

@@ -332,8 +332,8 @@ TEST(test_cli_demo_rejects_bad_flag_and_value)
 
 static bool file_nonempty(const char *dir, const char *name)
 {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
+    char p[PATH_MAX];
+    th_pathf(p, sizeof p, "%s/%s", dir, name);
     FILE *f = fopen(p, "rb");
     if (!f) return false;
     bool ok = fgetc(f) != EOF;
@@ -347,9 +347,9 @@ static bool file_nonempty(const char *dir, const char *name)
 
 TEST(test_cli_train_writes_model_config_metrics_and_loss_falls)
 {
-    char dir[64], txt[128], out[160];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     th_run_result *r =
         run_ember("train", "--data", txt, "--out", out, TINY_MODEL, "--iters", "80", "--eval-every", "40",
                   "--eval-iters", "4", "--lr", "3e-3", "--warmup", "5", "--log-every", "20", NULL);
@@ -365,8 +365,8 @@ TEST(test_cli_train_writes_model_config_metrics_and_loss_falls)
     CHECK(strstr(r->out, "step 20/80 loss") != NULL); /* not a terminal: one line per log step */
     CHECK(file_nonempty(out, "model.safetensors") && file_nonempty(out, "config") &&
           file_nonempty(out, "metrics.jsonl"));
-    char p[256];
-    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    char p[PATH_MAX];
+    th_pathf(p, sizeof p, "%s/metrics.jsonl", out);
     FILE *f = fopen(p, "r");
     char line[512];
     int evals = 0, logs = 0;
@@ -378,7 +378,7 @@ TEST(test_cli_train_writes_model_config_metrics_and_loss_falls)
     fclose(f);
     CHECK(evals == 3 && logs == 4);
     /* the weights are a real safetensors file with the GPT's names */
-    snprintf(p, sizeof p, "%s/model.safetensors", out);
+    th_pathf(p, sizeof p, "%s/model.safetensors", out);
     em_safetensors *st = em_safetensors_open(p);
     CHECK_NOTNULL(st);
     em_tensor *wte = em_safetensors_get(st, "wte.weight");
@@ -388,9 +388,9 @@ TEST(test_cli_train_writes_model_config_metrics_and_loss_falls)
     em_safetensors_close(st);
 
     /* --init starts a new run from those weights: its first eval equals the last */
-    char init[200], out2[200];
-    snprintf(init, sizeof init, "%s/model.safetensors", out);
-    snprintf(out2, sizeof out2, "%s/again", dir);
+    char init[PATH_MAX], out2[PATH_MAX];
+    th_pathf(init, sizeof init, "%s/model.safetensors", out);
+    th_pathf(out2, sizeof out2, "%s/again", dir);
     r = run_ember("train", "--data", txt, "--out", out2, TINY_MODEL, "--iters", "0", "--eval-iters", "4", "--init",
                   init, NULL);
     CHECK_EXIT(r, 0);
@@ -451,10 +451,9 @@ TEST(test_cli_train_rejects_bad_flags_and_files)
 
 TEST(test_cli_train_rejects_text_shorter_than_a_window)
 {
-    char dir[64], txt[128];
-    snprintf(dir, sizeof dir, "/tmp/ember-cli-XXXXXX");
-    CHECK(mkdtemp(dir) != NULL);
-    snprintf(txt, sizeof txt, "%s/short.txt", dir);
+    char dir[PATH_MAX], txt[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-cli");
+    th_pathf(txt, sizeof txt, "%s/short.txt", dir);
     FILE *f = fopen(txt, "w");
     fputs("tiny", f);
     fclose(f);
@@ -482,9 +481,9 @@ static int step_losses(const char *out, double *loss, int max)
  * steps of the tiny model, losses into loss[]; the count of them is returned. */
 static int train_losses(int nproc, const char *device, const char *prec, double *loss, char *out, size_t nout)
 {
-    char dir[64], txt[128];
+    char dir[PATH_MAX], txt[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, nout, "%s/run", dir);
+    th_pathf(out, nout, "%s/run", dir);
     th_run_result *r;
     if (nproc == 1)
         r = run_ember("train", "--data", txt, "--out", out, DEVICE_MODEL, "--iters", "50", "--eval-every", "50",
@@ -506,7 +505,7 @@ static int train_losses(int nproc, const char *device, const char *prec, double 
 static void check_train_follows_cpu(int nproc, const char *prec, double tol)
 {
     double gpu[64], cpu[64];
-    char gout[160], cout[160];
+    char gout[PATH_MAX], cout[PATH_MAX];
     int ng = train_losses(nproc, "cuda", prec, gpu, gout, sizeof gout),
         nc = train_losses(nproc, "cpu", prec, cpu, cout, sizeof cout);
     CHECK(ng == 50 && nc == 50);
@@ -560,9 +559,9 @@ TEST(test_cli_launch_two_ranks_train_on_cuda_follows_the_cpu_ddp_losses)
 TEST(test_cli_launch_two_ranks_train_on_cuda_at_zero_stage_3_says_what_the_device_held)
 {
     if (em_cuda_device_count() < 2) SKIP("needs 2 CUDA devices (GPU test)");
-    char dir[64], txt[128], out[160];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     th_run_result *r =
         run_ember("launch", "-n", "2", "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out", out,
                   DEVICE_MODEL, "--iters", "2", "--eval-iters", "1", "--device", "cuda", "--zero", "3", NULL);
@@ -577,9 +576,9 @@ TEST(test_cli_train_rejects_a_bad_device)
     th_run_result *r = run_ember("train", "--data", "x.txt", "--device", "gpu", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--device") && strstr(r->err, "'gpu'"));
-    char dir[64], txt[128], out[160];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     r = run_ember("train", "--data", txt, "--out", out, TINY_MODEL, "--iters", "1", "--device", "cuda:7", NULL);
     CHECK_EXIT(r, 1);
     CHECK(strstr(r->err, "cuda:7") != NULL);
@@ -589,9 +588,9 @@ TEST(test_cli_train_rejects_a_bad_device)
  * optimizer state on the host: a CPU run is refused naming why. */
 TEST(test_cli_train_zero_offload_of_a_cpu_model_is_refused_naming_why)
 {
-    char dir[64], txt[128], out[160];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     th_run_result *r =
         run_ember("launch", "-n", "2", "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out", out,
                   TINY_MODEL, "--iters", "1", "--zero", "1", "--zero-offload", "--cpu", NULL);
@@ -602,9 +601,9 @@ TEST(test_cli_train_zero_offload_of_a_cpu_model_is_refused_naming_why)
 
 TEST(test_cli_launch_more_ranks_than_cuda_devices_fails_naming_the_shortage)
 {
-    char dir[64], txt[128], out[160], n[16];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX], n[16];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     snprintf(n, sizeof n, "%d", em_cuda_device_count() + 1); /* one rank more than there are devices */
     th_run_result *r = run_ember("launch", "-n", n, "--master-port", "0", EMBER_BIN, "train", "--data", txt, "--out",
                                  out, DEVICE_MODEL, "--iters", "1", "--device", "cuda", NULL);
@@ -645,10 +644,10 @@ static void train_then_kill(const char *txt, const char *out, const char *until)
  * after printing "step 3/..." has steps 1, 2 and 3 in DIR/metrics.jsonl. */
 TEST(test_cli_train_killed_keeps_every_metrics_record_it_printed)
 {
-    char dir[64], txt[128], out[160], metrics[200];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX], metrics[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
-    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    th_pathf(out, sizeof out, "%s/run", dir);
+    th_pathf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
     train_then_kill(txt, out, "step 3/");
     char line[512];
     FILE *f = fopen(metrics, "r");
@@ -666,9 +665,9 @@ TEST(test_cli_train_killed_keeps_every_metrics_record_it_printed)
  * anything is allocated (and before --out is touched). */
 TEST(test_cli_train_refuses_out_of_range_integers_and_models_that_cannot_fit)
 {
-    char dir[64], txt[128], out[160];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     th_run_result *r = run_ember("train", "--data", txt, "--out", out, "--layers", "4294967297", NULL);
     CHECK_EXIT(r, 2);
     CHECK(strstr(r->err, "--layers") && strstr(r->err, "4294967297") && strstr(r->err, "1024"));
@@ -690,11 +689,11 @@ TEST(test_cli_train_refuses_out_of_range_integers_and_models_that_cannot_fit)
  * repeated). */
 TEST(test_cli_train_resumed_after_a_kill_has_every_metrics_step_exactly_once)
 {
-    char dir[64], txt[128], out[160], state[200], metrics[200];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX], state[PATH_MAX], metrics[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
-    snprintf(state, sizeof state, "%s/state", out);
-    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    th_pathf(out, sizeof out, "%s/run", dir);
+    th_pathf(state, sizeof state, "%s/state", out);
+    th_pathf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
     train_then_kill(txt, out, "step 15/");
     char line[512];
     /* where the killed run got to */
@@ -757,9 +756,9 @@ static th_run_result *launch_train(const char *n, const char *restarts, const ch
 /* max |a - b| over every tensor of two safetensors files with the same names */
 static double weights_diff(const char *dir_a, const char *dir_b)
 {
-    char pa[256], pb[256];
-    snprintf(pa, sizeof pa, "%s/model.safetensors", dir_a);
-    snprintf(pb, sizeof pb, "%s/model.safetensors", dir_b);
+    char pa[PATH_MAX], pb[PATH_MAX];
+    th_pathf(pa, sizeof pa, "%s/model.safetensors", dir_a);
+    th_pathf(pb, sizeof pb, "%s/model.safetensors", dir_b);
     em_safetensors *a = em_safetensors_open(pa), *b = em_safetensors_open(pb);
     CHECK_NOTNULL(a);
     CHECK_NOTNULL(b);
@@ -783,8 +782,8 @@ static double weights_diff(const char *dir_a, const char *dir_b)
  * differ between any two runs), into buf */
 static void metrics_values(const char *dir, char *buf, size_t n)
 {
-    char p[256], line[512];
-    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    char p[PATH_MAX], line[512];
+    th_pathf(p, sizeof p, "%s/metrics.jsonl", dir);
     FILE *f = fopen(p, "r");
     CHECK(f != NULL);
     size_t len = 0;
@@ -825,8 +824,8 @@ static void check_metrics_within(const char *a, const char *b, double rel)
 static void straight_and_saved(char *dir, size_t n, char *txt, size_t tn, char *straight, char *saved)
 {
     th_rhyme_corpus(dir, n, txt, tn);
-    snprintf(straight, 160, "%s/straight", dir);
-    snprintf(saved, 160, "%s/saved", dir);
+    th_pathf(straight, PATH_MAX, "%s/straight", dir);
+    th_pathf(saved, PATH_MAX, "%s/saved", dir);
     th_run_result *r = launch_train("2", "0", NULL, txt, straight, NULL);
     CHECK_EXIT(r, 0);
     r = launch_train("2", "0", "train.step:7", txt, saved, NULL);
@@ -837,12 +836,12 @@ static void straight_and_saved(char *dir, size_t n, char *txt, size_t tn, char *
  * run: max |weight difference|; its metrics within rel 1e-4. */
 static double resumed_on(const char *world, int shift_windows)
 {
-    char dir[64], txt[128], straight[160], saved[160], state[200];
+    char dir[PATH_MAX], txt[PATH_MAX], straight[PATH_MAX], saved[PATH_MAX], state[PATH_MAX];
     straight_and_saved(dir, sizeof dir, txt, sizeof txt, straight, saved);
-    snprintf(state, sizeof state, "%s/state", saved);
+    th_pathf(state, sizeof state, "%s/state", saved);
     for (int r = 0; r < 2 && shift_windows; r++) { /* a wrong data position: the sampler some windows on */
-        char p[256], text[4096];
-        snprintf(p, sizeof p, "%s/rank_%d.json", state, r);
+        char p[PATH_MAX], text[4096];
+        th_pathf(p, sizeof p, "%s/rank_%d.json", state, r);
         FILE *f = fopen(p, "r");
         CHECK(f != NULL);
         size_t k = fread(text, 1, sizeof text - 1, f);
@@ -904,9 +903,9 @@ TEST(test_cli_train_saved_by_two_processes_resumes_on_two_bitwise)
 
 static bool same_file(const char *dir_a, const char *dir_b, const char *name)
 {
-    char pa[256], pb[256];
-    snprintf(pa, sizeof pa, "%s/%s", dir_a, name);
-    snprintf(pb, sizeof pb, "%s/%s", dir_b, name);
+    char pa[PATH_MAX], pb[PATH_MAX];
+    th_pathf(pa, sizeof pa, "%s/%s", dir_a, name);
+    th_pathf(pb, sizeof pb, "%s/%s", dir_b, name);
     FILE *a = fopen(pa, "rb"), *b = fopen(pb, "rb");
     CHECK(a && b);
     int ca, cb;
@@ -935,10 +934,10 @@ static int count_of(const char *text, const char *what)
  * prints: "resuming at step N" or "starting fresh". */
 static void check_restarted_job_ends_as_the_straight_one(const char *fault, const char *resumed)
 {
-    char dir[64], txt[128], straight[160], out[160];
+    char dir[PATH_MAX], txt[PATH_MAX], straight[PATH_MAX], out[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(straight, sizeof straight, "%s/straight", dir);
-    snprintf(out, sizeof out, "%s/restarted", dir);
+    th_pathf(straight, sizeof straight, "%s/straight", dir);
+    th_pathf(out, sizeof out, "%s/restarted", dir);
     th_run_result *r = launch_train("2", "0", NULL, txt, straight, "auto");
     CHECK_EXIT(r, 0);
     CHECK(count_of(r->out, "no checkpoint in") == 1 && strstr(r->out, "starting fresh"));
@@ -985,12 +984,12 @@ TEST(test_cli_launch_restarts_train_resume_auto_after_a_kill_before_any_checkpoi
  * with the load's error and leaves the files as they were. */
 TEST(test_cli_train_resume_auto_refuses_a_damaged_checkpoint)
 {
-    char dir[64], txt[128], out[160], p[256];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX], p[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     th_run_result *r = run_ember("train", "--data", txt, "--out", out, RESUME_RUN, NULL);
     CHECK_EXIT(r, 0);
-    snprintf(p, sizeof p, "%s/state/rank_0.json", out);
+    th_pathf(p, sizeof p, "%s/state/rank_0.json", out);
     FILE *f = fopen(p, "w");
     CHECK(f != NULL);
     fputs("{\"format\": \"ember-accel", f); /* torn */
@@ -1009,10 +1008,10 @@ TEST(test_cli_train_resume_auto_refuses_a_damaged_checkpoint)
  * no checkpoint: auto starts fresh. */
 TEST(test_cli_train_resume_auto_starts_fresh_over_an_empty_state_directory)
 {
-    char dir[64], txt[128], out[160], state[200];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX], state[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
-    snprintf(state, sizeof state, "%s/state", out);
+    th_pathf(out, sizeof out, "%s/run", dir);
+    th_pathf(state, sizeof state, "%s/state", out);
     CHECK(mkdir(out, 0755) == 0 && mkdir(state, 0755) == 0);
     th_run_result *r = run_ember("train", "--data", txt, "--out", out, RESUME_RUN, "--resume", "auto", NULL);
     CHECK_EXIT(r, 0);

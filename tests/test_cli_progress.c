@@ -55,9 +55,9 @@ static const char *run_on_tty(int *status, ...)
 
 TEST(test_cli_train_on_a_terminal_draws_a_bar_with_loss_rate_and_eta)
 {
-    char dir[64], txt[128], out[160];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     int st;
     const char *o = run_on_tty(&st, "train", "--data", txt, "--out", out, TINY, "--iters", "12",
                                "--log-every", "6", "--eval-every", "12", NULL);
@@ -80,9 +80,9 @@ TEST(test_cli_train_on_a_terminal_draws_a_bar_with_loss_rate_and_eta)
  * format it is parsed with would print it; no "\r" or escape anywhere. */
 TEST(test_cli_train_into_a_log_prints_the_plain_lines_only)
 {
-    char dir[64], txt[128], out[160];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     th_run_result *r = th_run(EMBER_BIN, "train", "--data", txt, "--out", out, TINY, "--iters", "12",
                               "--log-every", "6", "--eval-every", "12", NULL);
     CHECK_EXIT(r, 0);
@@ -91,7 +91,7 @@ TEST(test_cli_train_into_a_log_prints_the_plain_lines_only)
     for (char *line = strtok(r->out, "\n"); line; line = strtok(NULL, "\n")) {
         long long s, n;
         double loss, lr, ms, tps, tl, vl;
-        char again[256];
+        char again[PATH_MAX];
         th_case("line '%s'", line);
         if (sscanf(line, "step %lld/%lld loss %lf lr %lf %lf ms/step %lf tok/s", &s, &n, &loss, &lr, &ms,
                    &tps) == 6) {
@@ -111,9 +111,9 @@ TEST(test_cli_train_into_a_log_prints_the_plain_lines_only)
 
 TEST(test_cli_sample_on_a_terminal_shows_a_bar_for_a_long_generation_only)
 {
-    char dir[64], txt[128], out[160];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     th_run_result *r = th_run(EMBER_BIN, "train", "--data", txt, "--out", out, TINY, "--iters", "2",
                               "--eval-every", "2", NULL);
     CHECK_EXIT(r, 0);

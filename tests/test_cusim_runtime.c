@@ -287,9 +287,8 @@ static void nccl_ranks(int world, rank_body body, nccl_shared *s, char err[][409
     pid_t pid[MAX_RANKS];
     int fd[MAX_RANKS];
     for (int r = 0; r < world; r++) {
-        char path[] = "/tmp/ember-cusim-rank-XXXXXX";
-        fd[r] = mkstemp(path);
-        CHECK(fd[r] >= 0);
+        char path[PATH_MAX];
+        fd[r] = th_tmpfile(path, sizeof path, "ember-cusim-rank");
         unlink(path);
         fflush(stdout);
         fflush(stderr);

@@ -1,7 +1,7 @@
 /* test_data.c — datasets: the user-dataset interface, character/byte
  * vocabularies and text, the 90/10 split, token files, the sequence dataset
  * and IDX images read from .gz. Every file a test reads it first writes
- * itself under /tmp (mkstemp). */
+ * itself in its temporary directory (th_tmpfile). */
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,12 +12,9 @@
 /* ---- helpers ------------------------------------------------------------------ */
 
 /* A fresh temporary path (the file exists, empty) in buf. */
-static const char *tmp_path(char buf[64])
+static const char *tmp_path(char buf[PATH_MAX])
 {
-    strcpy(buf, "/tmp/ember-data-XXXXXX");
-    int fd = mkstemp(buf);
-    if (fd < 0) th_fail(__FILE__, __LINE__, "mkstemp failed");
-    close(fd);
+    close(th_tmpfile(buf, PATH_MAX, "ember-data"));
     return buf;
 }
 
@@ -222,7 +219,7 @@ TEST(test_vocab_from_string_rejects_malformed_strings)
 
 TEST(test_text_open_encodes_file_at_character_level)
 {
-    char path[64];
+    char path[PATH_MAX];
     const char *text = "to be or not to be\n";
     th_write_file(tmp_path(path), text, strlen(text));
     em_text *t = em_text_open(path, EM_TEXT_CHARS);
@@ -238,7 +235,7 @@ TEST(test_text_open_encodes_file_at_character_level)
 
 TEST(test_text_open_bytes_mode_tokens_are_the_bytes)
 {
-    char path[64];
+    char path[PATH_MAX];
     const char text[] = "ab\xc3\xa9";
     th_write_file(tmp_path(path), text, 4);
     em_text *t = em_text_open(path, EM_TEXT_BYTES);
@@ -252,7 +249,7 @@ TEST(test_text_open_bytes_mode_tokens_are_the_bytes)
 
 TEST(test_text_open_rejects_missing_and_empty_files)
 {
-    char path[64];
+    char path[PATH_MAX];
     tmp_path(path);
     CHECK_ERR(em_text_open(path, EM_TEXT_CHARS), EM_ERR_ARG, "is empty");
     unlink(path);
@@ -289,7 +286,7 @@ TEST(test_tokens_split_rejects_bad_fraction_and_tiny_arrays)
 
 TEST(test_token_file_round_trips_little_endian_u16)
 {
-    char path[64];
+    char path[PATH_MAX];
     int32_t src[5] = {0, 1, 0x1234, 255, 65535};
     em_tokens t = em_tokens_view(src, 5, EM_TOK_I32);
     CHECK_OK(em_tokens_save(tmp_path(path), &t));
@@ -314,7 +311,7 @@ TEST(test_token_file_round_trips_little_endian_u16)
 
 TEST(test_token_file_rejects_odd_size)
 {
-    char path[64];
+    char path[PATH_MAX];
     th_write_file(tmp_path(path), "\x01\x00\x02", 3);
     em_tokens t;
     CHECK_ERR(em_tokens_load(path, &t), EM_ERR_ARG, "odd size 3 bytes");
@@ -325,7 +322,7 @@ TEST(test_token_file_rejects_odd_size)
 
 TEST(test_tokens_save_rejects_tokens_outside_u16)
 {
-    char path[64];
+    char path[PATH_MAX];
     int32_t src[3] = {1, 65536, 2};
     em_tokens t = em_tokens_view(src, 3, EM_TOK_I32);
     CHECK_ERR(em_tokens_save(tmp_path(path), &t), EM_ERR_ARG, "token 1 is 65536");
@@ -373,7 +370,7 @@ TEST(test_sequence_dataset_rejects_data_shorter_than_block_plus_one)
 
 TEST(test_idx_gz_round_trips_images_and_labels)
 {
-    char ip[64], lp[64];
+    char ip[PATH_MAX], lp[PATH_MAX];
     write_idx_gz(tmp_path(ip), 0x803, 3, (const uint32_t[]){3, 2, 3}, IMG, sizeof IMG);
     write_idx_gz(tmp_path(lp), 0x801, 1, (const uint32_t[]){3}, LAB, sizeof LAB);
     em_dataset *ds = em_idx_dataset_open(ip, lp);
@@ -397,7 +394,7 @@ TEST(test_idx_gz_round_trips_images_and_labels)
 
 TEST(test_idx_rejects_bad_magic)
 {
-    char ip[64], lp[64];
+    char ip[PATH_MAX], lp[PATH_MAX];
     write_idx_gz(tmp_path(ip), 0x801, 3, (const uint32_t[]){3, 2, 3}, IMG, sizeof IMG);
     write_idx_gz(tmp_path(lp), 0x801, 1, (const uint32_t[]){3}, LAB, sizeof LAB);
     CHECK_ERR(em_idx_dataset_open(ip, lp), EM_ERR_ARG, "bad magic 0x00000801, want 0x00000803");
@@ -410,7 +407,7 @@ TEST(test_idx_rejects_bad_magic)
 
 TEST(test_idx_rejects_truncated_files)
 {
-    char ip[64], lp[64];
+    char ip[PATH_MAX], lp[PATH_MAX];
     write_idx_gz(tmp_path(ip), 0x803, 3, (const uint32_t[]){3, 2, 3}, IMG, sizeof IMG - 1);
     write_idx_gz(tmp_path(lp), 0x801, 1, (const uint32_t[]){3}, LAB, sizeof LAB);
     CHECK_ERR(em_idx_dataset_open(ip, lp), EM_ERR_IO,
@@ -426,7 +423,7 @@ TEST(test_idx_rejects_truncated_files)
 
 TEST(test_idx_rejects_image_label_count_mismatch)
 {
-    char ip[64], lp[64];
+    char ip[PATH_MAX], lp[PATH_MAX];
     write_idx_gz(tmp_path(ip), 0x803, 3, (const uint32_t[]){3, 2, 3}, IMG, sizeof IMG);
     write_idx_gz(tmp_path(lp), 0x801, 1, (const uint32_t[]){2}, LAB, 2);
     CHECK_ERR(em_idx_dataset_open(ip, lp), EM_ERR_ARG, "has 3 images but");
@@ -447,7 +444,7 @@ TEST(test_tinyshakespeare_has_nanogpt_vocabulary_and_split)
 {
     char path[512];
     const char *dir = getenv("EMBER_DATA_DIR");
-    snprintf(path, sizeof path, "%s/tinyshakespeare.txt", dir ? dir : EMBER_BUILD_DIR "/../../shared/data");
+    th_pathf(path, sizeof path, "%s/tinyshakespeare.txt", dir ? dir : EMBER_BUILD_DIR "/../../shared/data");
     if (access(path, R_OK) != 0) SKIP("tinyshakespeare.txt not in ../shared/data (set EMBER_DATA_DIR)");
     em_text *t = em_text_open(path, EM_TEXT_CHARS);
     CHECK_NOTNULL(t);
@@ -464,9 +461,9 @@ TEST(test_tinyshakespeare_has_nanogpt_vocabulary_and_split)
  * (opening a FIFO for reading blocks until a writer comes). */
 TEST(test_fifo_given_as_a_file_is_refused_by_type_without_waiting)
 {
-    char dir[] = "/tmp/ember-fifo-XXXXXX", fifo[64];
-    CHECK(mkdtemp(dir) != NULL);
-    snprintf(fifo, sizeof fifo, "%s/pipe", dir);
+    char dir[PATH_MAX], fifo[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-fifo");
+    th_pathf(fifo, sizeof fifo, "%s/pipe", dir);
     CHECK(mkfifo(fifo, 0600) == 0);
     CHECK_ERR(em_text_open(fifo, EM_TEXT_CHARS), EM_ERR_IO, "is a FIFO, not a regular file");
     CHECK_ERR(em_safetensors_open(fifo), EM_ERR_IO, "is a FIFO, not a regular file");
@@ -477,6 +474,4 @@ TEST(test_fifo_given_as_a_file_is_refused_by_type_without_waiting)
     CHECK_ERR(em_module_load(m, fifo, false), EM_ERR_IO, "is a FIFO");
     em_module_free(m);
     CHECK_ERR(em_text_open(dir, EM_TEXT_CHARS), EM_ERR_IO, "is a directory");
-    unlink(fifo);
-    rmdir(dir);
 }

@@ -37,10 +37,10 @@ typedef struct job {
     int zero;          /* the Accelerator's zero_stage */
     int embd;          /* the GPT's n_embd: 0 = 16 */
     bool offload;      /* the Accelerator's zero_offload */
-    char dir[200];     /* state directory */
-    char losses[256];  /* rank 0 writes "step loss" lines here */
-    char params[256];  /* rank 0 writes the final flat parameters here */
-    char model[256];   /* and, when set, em_module_save's file of the final model */
+    char dir[PATH_MAX];    /* state directory */
+    char losses[PATH_MAX]; /* rank 0 writes "step loss" lines here */
+    char params[PATH_MAX]; /* rank 0 writes the final flat parameters here */
+    char model[PATH_MAX];  /* and, when set, em_module_save's file of the final model */
 } job;
 
 /* A learnable token stream: mostly t+1 mod V, with some noise. */
@@ -150,11 +150,11 @@ static void train_job(int rank, int world, void *ctx)
 
 static void job_files(job *j, const char *tag)
 {
-    char base[] = "/tmp/ember-ddp-XXXXXX";
-    CHECK(mkdtemp(base) != NULL);
-    snprintf(j->dir, sizeof j->dir, "%s/state", base);
-    snprintf(j->losses, sizeof j->losses, "%s/losses-%s", base, tag);
-    snprintf(j->params, sizeof j->params, "%s/params-%s", base, tag);
+    char base[PATH_MAX];
+    th_tmpdir(base, sizeof base, "ember-ddp");
+    th_pathf(j->dir, sizeof j->dir, "%s/state", base);
+    th_pathf(j->losses, sizeof j->losses, "%s/losses-%s", base, tag);
+    th_pathf(j->params, sizeof j->params, "%s/params-%s", base, tag);
 }
 
 static int read_losses(const char *path, double *out, int max)
@@ -253,7 +253,7 @@ static void check_resume_is_exact_on(int world, const char *device, int zero)
     second = first;
     second.save_at = 0;
     second.resume = true;
-    snprintf(second.params, sizeof second.params, "%s.resumed", first.dir);
+    th_pathf(second.params, sizeof second.params, "%s.resumed", first.dir);
     TH_RANKS_ENV(world, train_job, &second);
     if (!same_bytes(straight.params, second.params))
         th_fail(__FILE__, __LINE__, "world %d zero stage %d: resumed weights differ from the straight run's",
@@ -533,7 +533,7 @@ static void check_reshard(int world_a, int zero_a, int world_b, int zero_b)
     second.save_at = 0;
     second.resume = true;
     second.zero = zero_b;
-    snprintf(second.losses, sizeof second.losses, "%s.resumed-losses", first.dir);
+    th_pathf(second.losses, sizeof second.losses, "%s.resumed-losses", first.dir);
     TH_RANKS_ENV(world_b, train_job, &second);
     double la[64], lb[64];
     CHECK(read_losses_by_step(straight.losses, la, 64) == zero_job.steps);
@@ -593,7 +593,7 @@ static job saved_job(int world, int zero)
     j.save_at = 10;
     job_files(&j, "merge");
     j.losses[0] = j.params[0] = 0;
-    snprintf(j.model, sizeof j.model, "%s.gathered.safetensors", j.dir);
+    th_pathf(j.model, sizeof j.model, "%s.gathered.safetensors", j.dir);
     TH_RANKS_ENV(world, train_job, &j);
     return j;
 }
@@ -628,13 +628,13 @@ static float *loaded_params(const char *path, uint64_t seed, int64_t *n)
 TEST(test_merge_weights_joins_zero_3_shards_into_the_gathered_models_file_byte_for_byte)
 {
     job j = saved_job(2, 3);
-    char p[3][400];
+    char p[3][PATH_MAX];
     snprintf(p[0], sizeof p[0], "%s", th_path(j.dir, "model.rank_0.safetensors"));
     snprintf(p[1], sizeof p[1], "%s", th_path(j.dir, "model.rank_1.safetensors"));
     snprintf(p[2], sizeof p[2], "%s", th_path(j.dir, "model.safetensors"));
     CHECK(access(p[0], F_OK) == 0 && access(p[1], F_OK) == 0 && access(p[2], F_OK) != 0);
-    char out[300];
-    snprintf(out, sizeof out, "%s.merged.safetensors", j.dir);
+    char out[PATH_MAX];
+    th_pathf(out, sizeof out, "%s.merged.safetensors", j.dir);
     th_run_result *r = th_run(EMBER_BIN, "merge-weights", j.dir, out, NULL);
     CHECK_EXIT(r, 0);
     CHECK(strstr(r->out, "merged") != NULL);
@@ -652,8 +652,8 @@ TEST(test_merge_weights_joins_zero_3_shards_into_the_gathered_models_file_byte_f
 TEST(test_merge_weights_of_a_ddp_save_gives_its_model_file_byte_for_byte)
 {
     job j = saved_job(2, 0);
-    char out[300], whole[400];
-    snprintf(out, sizeof out, "%s.merged.safetensors", j.dir);
+    char out[PATH_MAX], whole[PATH_MAX];
+    th_pathf(out, sizeof out, "%s.merged.safetensors", j.dir);
     snprintf(whole, sizeof whole, "%s", th_path(j.dir, "model.safetensors"));
     CHECK_EXIT(th_run(EMBER_BIN, "merge-weights", j.dir, out, NULL), 0);
     CHECK(same_bytes(out, whole) && same_bytes(out, j.model));
@@ -668,21 +668,21 @@ static void check_merge_refused(const char *dir, const char *out, const char *wa
     if (!strstr(r->err, want)) th_fail(__FILE__, __LINE__, "stderr '%s' does not say '%s'", r->err, want);
     struct stat st;
     CHECK(stat(out, &st) != 0 || S_ISDIR(st.st_mode));
-    char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    char tmp[PATH_MAX];
+    th_pathf(tmp, sizeof tmp, "%s.tmp", out);
     CHECK(access(tmp, F_OK) != 0);
 }
 
 TEST(test_merge_weights_refuses_what_is_not_a_checkpoint_and_bad_output_paths)
 {
     job j = saved_job(2, 3);
-    char out[300], bad[400], base[300];
-    snprintf(out, sizeof out, "%s.merged.safetensors", j.dir);
+    char out[PATH_MAX], bad[PATH_MAX], base[PATH_MAX];
+    th_pathf(out, sizeof out, "%s.merged.safetensors", j.dir);
     check_merge_refused("/nonexistent/ember-ckpt", out, "no checkpoint at /nonexistent/ember-ckpt");
     snprintf(base, sizeof base, "%s", j.dir);
     *strrchr(base, '/') = '\0';
     check_merge_refused(base, out, "is not a complete checkpoint"); /* a directory without a manifest */
-    snprintf(bad, sizeof bad, "%s/no/such/dir/out.safetensors", base);
+    th_pathf(bad, sizeof bad, "%s/no/such/dir/out.safetensors", base);
     check_merge_refused(j.dir, bad, "cannot create");
     check_merge_refused(j.dir, base, "is a directory");
     th_run_result *r = th_run(EMBER_BIN, "merge-weights", j.dir, NULL);
@@ -693,10 +693,10 @@ TEST(test_merge_weights_refuses_what_is_not_a_checkpoint_and_bad_output_paths)
 TEST(test_merge_weights_refuses_a_checkpoint_missing_a_model_shard_naming_it)
 {
     job j = saved_job(2, 3);
-    char shard[400], out[300];
+    char shard[PATH_MAX], out[PATH_MAX];
     snprintf(shard, sizeof shard, "%s", th_path(j.dir, "model.rank_1.safetensors"));
     CHECK(unlink(shard) == 0);
-    snprintf(out, sizeof out, "%s.merged.safetensors", j.dir);
+    th_pathf(out, sizeof out, "%s.merged.safetensors", j.dir);
     check_merge_refused(j.dir, out, shard);
 }
 
@@ -967,12 +967,12 @@ TEST(test_cuda_zero_stage_3_save_at_step_6_resumes_bitwise_and_under_cuda_ddp_tw
     job again = first, ddp = first;
     again.save_at = ddp.save_at = 0;
     again.resume = ddp.resume = true;
-    snprintf(again.params, sizeof again.params, "%s.resumed", first.dir);
+    th_pathf(again.params, sizeof again.params, "%s.resumed", first.dir);
     TH_RANKS_ENV(2, train_job, &again);
     if (!same_bytes(straight.params, again.params))
         th_fail(__FILE__, __LINE__, "stage 3 on cuda: resumed weights differ from the straight run's");
     ddp.zero = 0;
-    snprintf(ddp.losses, sizeof ddp.losses, "%s.ddp-losses", first.dir);
+    th_pathf(ddp.losses, sizeof ddp.losses, "%s.ddp-losses", first.dir);
     TH_RANKS_ENV(2, train_job, &ddp);
     double ls[64], ld[64];
     CHECK(read_losses_by_step(straight.losses, ls, 64) == straight.steps);
@@ -1067,10 +1067,10 @@ static void z3_steps(em_pg *pg, int rank, int world, void *ctx)
 TEST(test_cuda_zero_stage_3_maps_only_this_ranks_chunks_between_steps_and_changes_no_weight)
 {
     CUDA_JOBS_OR_SKIP(2);
-    char base[] = "/tmp/ember-z3-XXXXXX", fine[300], whole[300];
-    CHECK(mkdtemp(base) != NULL);
-    snprintf(fine, sizeof fine, "%s/fine", base);
-    snprintf(whole, sizeof whole, "%s/whole", base);
+    char base[PATH_MAX], fine[PATH_MAX], whole[PATH_MAX];
+    th_tmpdir(base, sizeof base, "ember-z3");
+    th_pathf(fine, sizeof fine, "%s/fine", base);
+    th_pathf(whole, sizeof whole, "%s/whole", base);
     z3_share *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(sh != MAP_FAILED);
     memset(sh, 0, sizeof *sh);

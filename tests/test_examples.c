@@ -73,10 +73,8 @@ TEST(test_example_gpt_prints_a_sample_of_the_asked_length)
 
 TEST(test_example_gpt_trains_on_a_data_file)
 {
-    char path[] = "/tmp/ember_gpt_data_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    FILE *f = fdopen(fd, "w");
+    char path[PATH_MAX];
+    FILE *f = fdopen(th_tmpfile(path, sizeof path, "ember_gpt_data"), "w");
     for (int i = 0; i < 40; i++) fprintf(f, "the cat sat on the mat. the dog sat on the log.\n");
     fclose(f);
     th_run_result *r =
@@ -158,8 +156,8 @@ TEST(test_example_classifier_missing_mnist_says_which_file)
 static void write_idx(const char *dir, const char *name, uint32_t magic, int ndim, const uint32_t *dims,
                       const uint8_t *data, size_t n)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char path[PATH_MAX];
+    th_pathf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
     if (!f) th_fail(__FILE__, __LINE__, "cannot write %s", path);
     uint32_t words[4] = {magic, dims[0], ndim > 1 ? dims[1] : 0, ndim > 2 ? dims[2] : 0};
@@ -176,8 +174,8 @@ TEST(test_example_classifier_reads_mnist_files)
 {
     /* a tiny stand-in for MNIST: 40 training and 10 test 8x8 images, labels
      * 0..9 (uncompressed names: the example also takes files without .gz) */
-    char dir[] = "/tmp/ember_mnist_XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
+    char dir[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember_mnist");
     uint8_t images[40 * 64], labels[40];
     for (int i = 0; i < 40; i++) {
         labels[i] = (uint8_t)(i % 10);
@@ -189,14 +187,6 @@ TEST(test_example_classifier_reads_mnist_files)
     write_idx(dir, "t10k-images-idx3-ubyte", 0x803, 3, (uint32_t[]){10, 8, 8}, images, 10 * 64);
     write_idx(dir, "t10k-labels-idx1-ubyte", 0x801, 1, (uint32_t[]){10}, labels, 10);
     th_run_result *r = run_example(CLASSIFIER_BIN, "--mnist", dir, "--model", "cnn", "--epochs", "1", NULL);
-    const char *names[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-                           "t10k-labels-idx1-ubyte"};
-    for (int i = 0; i < 4; i++) {
-        char path[512];
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        unlink(path);
-    }
-    rmdir(dir);
     CHECK_EXIT(r, 0);
     CHECK(strstr(r->out, "40 training and 10 test images of 8x8, 10 classes") != NULL);
     double acc[4];
@@ -226,11 +216,12 @@ static th_run_result *run_accelerate2(const char *dir, const char *a1, const cha
  * restored without being registered). */
 TEST(test_example_accelerate_on_two_processes_counts_every_point_and_resumes_bitwise)
 {
-    char a[] = "/tmp/ember-accelerate-XXXXXX", b[] = "/tmp/ember-accelerate-XXXXXX";
-    CHECK(mkdtemp(a) && mkdtemp(b));
-    char out_a[64], out_b[64];
-    snprintf(out_a, sizeof out_a, "%s/out", a);
-    snprintf(out_b, sizeof out_b, "%s/out", b);
+    char a[PATH_MAX], b[PATH_MAX];
+    th_tmpdir(a, sizeof a, "ember-accelerate");
+    th_tmpdir(b, sizeof b, "ember-accelerate");
+    char out_a[PATH_MAX], out_b[PATH_MAX];
+    th_pathf(out_a, sizeof out_a, "%s/out", a);
+    th_pathf(out_b, sizeof out_b, "%s/out", b);
 
     th_run_result *r = run_accelerate2(out_a, NULL, NULL);
     CHECK_EXIT(r, 0);
@@ -259,9 +250,9 @@ TEST(test_example_accelerate_on_two_processes_counts_every_point_and_resumes_bit
                           "model/model-00003-of-00003.safetensors", "model/model.safetensors.index.json",
                           "runs/fit/metrics.jsonl"};
     for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
-        char pa[256], pb[256];
-        snprintf(pa, sizeof pa, "%s/%s", out_a, same[i]);
-        snprintf(pb, sizeof pb, "%s/%s", out_b, same[i]);
+        char pa[PATH_MAX], pb[PATH_MAX];
+        th_pathf(pa, sizeof pa, "%s/%s", out_a, same[i]);
+        th_pathf(pb, sizeof pb, "%s/%s", out_b, same[i]);
         size_t na, nb;
         char *da = th_read_file(pa, &na), *db = th_read_file(pb, &nb);
         if (!da || !db || na != nb || memcmp(da, db, na))
@@ -269,7 +260,6 @@ TEST(test_example_accelerate_on_two_processes_counts_every_point_and_resumes_bit
         free(da);
         free(db);
     }
-    th_run("/bin/rm", "-rf", a, b, NULL);
 }
 
 TEST(test_example_accelerate_rejects_unknown_flag_naming_it)

@@ -183,7 +183,6 @@ TEST(test_gpt_load_hf_transposes_conv1d_weights_and_fills_every_parameter)
     check_loaded(gpt);
     em_module_free(gpt);
     CHECK(em_live_tensors() == 0);
-    st_cleanup();
 }
 
 TEST(test_gpt_load_hf_accepts_names_without_the_transformer_prefix)
@@ -200,7 +199,6 @@ TEST(test_gpt_load_hf_accepts_names_without_the_transformer_prefix)
     CHECK_OK(em_gpt_load_hf(gpt, path));
     check_loaded(gpt);
     em_module_free(gpt);
-    st_cleanup();
 }
 
 /* Runs the loader on a file written with o and checks the error and that
@@ -226,7 +224,6 @@ TEST(test_gpt_load_hf_names_a_missing_tensor)
                                "expected (16,))");
     o.skip = "h.1.attn.c_proj.weight";
     expect_fail(o, EM_ERR_ARG, "missing tensor 'transformer.h.1.attn.c_proj.weight'");
-    st_cleanup();
 }
 
 TEST(test_gpt_load_hf_names_a_wrong_shape_with_the_expected_one)
@@ -237,7 +234,6 @@ TEST(test_gpt_load_hf_names_a_wrong_shape_with_the_expected_one)
     expect_fail(o, EM_ERR_SHAPE,
                 "'transformer.h.1.attn.c_attn.weight' is (12,4) in the file but (4,12) is expected for the "
                 "model's 'h.1.attn.c_attn.weight' (12,4) (Conv1D weights are stored (in, out)");
-    st_cleanup();
 }
 
 TEST(test_gpt_load_hf_names_vocab_block_and_layer_mismatches)
@@ -253,7 +249,6 @@ TEST(test_gpt_load_hf_names_vocab_block_and_layer_mismatches)
     o = defaults();
     o.layers = 3;
     expect_fail(o, EM_ERR_SHAPE, "layer count mismatch: the file has 3 layers, the model 2");
-    st_cleanup();
 }
 
 TEST(test_gpt_load_hf_rejects_an_untied_head_and_unknown_tensors)
@@ -272,5 +267,4 @@ TEST(test_gpt_load_hf_rejects_an_untied_head_and_unknown_tensors)
     CHECK_ERR(em_gpt_load_hf(gpt, st_path("other.safetensors")), EM_ERR_ARG, "not a GPT-2 checkpoint");
     em_free(t);
     em_module_free(gpt);
-    st_cleanup();
 }

@@ -92,7 +92,6 @@ TEST(test_gpt_loss_labels_matches_transformers_gpt2_loss)
     CHECK_OK(em_gpt_load_hf(g->m, st_path("model.safetensors")));
     check_logits_and_loss(g);
     em_gpt_free(g);
-    st_cleanup();
 }
 
 /* labels[:, 1:] are the targets of positions 0..T-2: em_gpt_loss on the
@@ -166,7 +165,6 @@ TEST(test_gpt_load_hf_reads_two_shards_by_directory_and_by_index)
     CHECK_OK(em_gpt_load_hf(g->m, st_path("model.safetensors.index.json")));
     check_logits_and_loss(g);
     em_gpt_free(g);
-    st_cleanup();
 }
 
 /* Loading path fails with want naming sub (and path), the model unchanged. */
@@ -194,7 +192,6 @@ TEST(test_gpt_load_hf_refuses_one_shard_naming_the_index_to_pass)
         st_path("model-00001-of-00002.safetensors"), EM_ERR_ARG,
         "model-00001-of-00002.safetensors' is shard 1 of 2 of a sharded checkpoint: pass its directory or "
         "its model.safetensors.index.json");
-    st_cleanup();
 }
 
 TEST(test_gpt_load_hf_names_a_missing_shard_file)
@@ -204,7 +201,6 @@ TEST(test_gpt_load_hf_names_a_missing_shard_file)
     CHECK(remove(st_path("model-00002-of-00002.safetensors")) == 0);
     expect_fail(st_dir, EM_ERR_IO, "em_gpt_load_hf: shard 'model-00002-of-00002.safetensors' of '");
     CHECK(strstr(em_last_error(), "model-00002-of-00002.safetensors: No such file"));
-    st_cleanup();
 }
 
 TEST(test_gpt_load_hf_names_a_tensor_no_shard_holds)
@@ -228,7 +224,6 @@ TEST(test_gpt_load_hf_names_a_tensor_no_shard_holds)
         st_dir, EM_ERR_ARG,
         "missing tensor 'transformer.h.1.mlp.c_fc.bias' (for the model's 'h.1.mlp.c_fc.bias', expected "
         "(32,)); none of its 2 shards has it");
-    st_cleanup();
 }
 
 TEST(test_gpt_load_hf_refuses_a_tensor_in_two_shards_or_not_in_the_index)
@@ -239,7 +234,6 @@ TEST(test_gpt_load_hf_refuses_a_tensor_in_two_shards_or_not_in_the_index)
     expect_fail(st_dir, EM_ERR_ARG, "tensor 'transformer.wte.weight' is in two shards, '");
     write_tensors(st_path(hf_ref_shard_files[1]), 1, NULL, "transformer.h.0.attn.rotary");
     expect_fail(st_dir, EM_ERR_ARG, "holds tensor 'transformer.h.0.attn.rotary', which '");
-    st_cleanup();
 }
 
 TEST(test_gpt_load_hf_refuses_an_index_naming_a_tensor_twice)
@@ -252,7 +246,6 @@ TEST(test_gpt_load_hf_refuses_an_index_naming_a_tensor_twice)
              hf_ref_index_json, hf_ref_shard_files[0], map);
     write_text(st_path("model.safetensors.index.json"), ix);
     expect_fail(st_dir, EM_ERR_IO, "model.safetensors.index.json' is not a safetensors index: duplicate key");
-    st_cleanup();
 }
 
 TEST(test_gpt_load_hf_refuses_a_malformed_index)
@@ -269,5 +262,4 @@ TEST(test_gpt_load_hf_refuses_a_malformed_index)
     CHECK(remove(index) == 0 && remove(st_path(hf_ref_shard_files[0])) == 0 &&
           remove(st_path(hf_ref_shard_files[1])) == 0);
     expect_fail(st_dir, EM_ERR_IO, "holds neither model.safetensors.index.json nor model.safetensors");
-    st_cleanup();
 }

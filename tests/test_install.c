@@ -24,12 +24,11 @@ static const char *const PROGRAM =
     "    return 0;\n"
     "}\n";
 
-/* Installs the build into a fresh DESTDIR (dir, at least 64 bytes) and
+/* Installs the build into a fresh DESTDIR (its path into dir, n bytes) and
  * returns the directory holding the installed ember.pc (static buffer). */
-static const char *install_into(char *dir)
+static const char *install_into(char *dir, size_t n)
 {
-    strcpy(dir, "/tmp/ember-install-XXXXXX");
-    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
+    th_tmpdir(dir, n, "ember-install");
     th_run_result *r =
         th_run("/bin/sh", "-c", "meson install -C \"$0\" --destdir \"$1\" --no-rebuild --quiet",
                EMBER_BUILD_DIR, dir, NULL);
@@ -52,10 +51,10 @@ TEST(test_installed_library_builds_and_runs_a_program_through_pkg_config)
     th_run_result *r =
         th_run("/bin/sh", "-c", "command -v pkg-config && command -v meson && command -v cc", NULL);
     if (r->status != 0) SKIP("pkg-config, meson or cc is not installed");
-    char dir[64], src[128], prog[128];
-    const char *pcdir = install_into(dir);
-    snprintf(src, sizeof src, "%s/prog.c", dir);
-    snprintf(prog, sizeof prog, "%s/prog", dir);
+    char dir[PATH_MAX], src[PATH_MAX], prog[PATH_MAX];
+    const char *pcdir = install_into(dir, sizeof dir);
+    th_pathf(src, sizeof src, "%s/prog.c", dir);
+    th_pathf(prog, sizeof prog, "%s/prog", dir);
     FILE *f = fopen(src, "w");
     if (!f) th_fail(__FILE__, __LINE__, "cannot write %s", src);
     fputs(PROGRAM, f);
@@ -78,7 +77,6 @@ TEST(test_installed_library_builds_and_runs_a_program_through_pkg_config)
         th_fail(__FILE__, __LINE__, "the program failed (%d):\n%s%s", r->status, r->out, r->err);
     bool right = strstr(r->out, "loss 24 grad 24") != NULL;
     if (!right) th_fail(__FILE__, __LINE__, "the program printed: %s", r->out);
-    th_run("/bin/rm", "-rf", dir, NULL);
 }
 
 TEST(test_install_puts_only_the_public_headers_in_include_ember)
@@ -86,13 +84,12 @@ TEST(test_install_puts_only_the_public_headers_in_include_ember)
     if (em_build().sanitizers) SKIP("checked in the plain build");
     th_run_result *r = th_run("/bin/sh", "-c", "command -v meson", NULL);
     if (r->status != 0) SKIP("meson is not installed");
-    char dir[64];
-    install_into(dir);
+    char dir[PATH_MAX];
+    install_into(dir, sizeof dir);
     static char got[16384]; /* th_run's result is overwritten by the next call */
     r = th_run("/bin/sh", "-c",
                "cd \"$0\" && find . -path '*/include/*' -type f | sed 's|.*/include/||' | sort", dir, NULL);
     snprintf(got, sizeof got, "%s", r->out);
-    th_run("/bin/rm", "-rf", dir, NULL);
     r = th_run("/bin/sh", "-c", "cd \"$0\"/include && find ember -type f | sort", EMBER_SOURCE_DIR, NULL);
     if (strcmp(got, r->out))
         th_fail(__FILE__, __LINE__, "installed headers:\n%s\nwant include/ember's:\n%s", got, r->out);

@@ -7,10 +7,9 @@
  * The test process makes itself a child subreaper, so a worker's orphaned
  * children are re-parented to it: it can tell a killed one (a zombie, which
  * it then reaps) from a live one, and never leaves one behind. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <arpa/inet.h>
-#include <ftw.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -26,15 +25,14 @@
 #define EMBER_BIN EMBER_BUILD_DIR "/ember"
 #define run_ember(...) th_run(EMBER_BIN, __VA_ARGS__)
 
-static char dir[64];
+static char dir[PATH_MAX];
 
 /* A scratch directory, exported as D for the worker scripts; no config file
  * but one that picks a free port (XDG_CONFIG_HOME points into the directory),
  * and no inherited launcher variables. */
 static void setup(void)
 {
-    snprintf(dir, sizeof dir, "/tmp/ember-launch-XXXXXX");
-    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
+    th_tmpdir(dir, sizeof dir, "ember-launch");
     setenv("D", dir, 1);
     setenv("XDG_CONFIG_HOME", dir, 1);
     const char *clear[] = {"EMBER_CONFIG_FILE",     "EMBER_STORE_TOKEN",   "EMBER_GRAD_ACCUM",
@@ -45,23 +43,17 @@ static void setup(void)
     /* the default config picks a free port: tests of several people share this machine */
     em_config c = em_config_defaults();
     c.main_process_port = 0;
-    char path[128];
-    snprintf(path, sizeof path, "%s/ember/default_config.yaml", dir);
+    char path[PATH_MAX];
+    th_pathf(path, sizeof path, "%s/ember/default_config.yaml", dir);
     CHECK_OK(em_config_write(path, &c));
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
 }
 
 static const char *in_dir(const char *name)
 {
-    static char bufs[4][256];
+    static char bufs[4][PATH_MAX];
     static int next;
     char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
+    th_pathf(b, sizeof bufs[0], "%s/%s", dir, name);
     return b;
 }
 
@@ -127,11 +119,12 @@ static void check_all_gone(const char *const *names, int n)
     if (live[0]) th_fail(__FILE__, __LINE__, "still running after ember launch returned:%s", live);
 }
 
+/* Reaps the workers re-parented to this test (it is their subreaper); the
+ * runner removes dir. */
 static void cleanup(void)
 {
     while (waitpid(-1, NULL, WNOHANG) > 0) {
     }
-    nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
 }
 
 /* the line of `text` that starts with prefix, up to its newline, or NULL */

@@ -265,9 +265,8 @@ TEST(test_estimate_memory_rejects_bad_fields_naming_them)
 /* A character corpus big enough for the tiny GPT's windows. */
 static void make_corpus(char *dir, size_t n, char *txt, size_t tn)
 {
-    snprintf(dir, n, "/tmp/ember-mem-XXXXXX");
-    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
-    snprintf(txt, tn, "%s/corpus.txt", dir);
+    th_tmpdir(dir, n, "ember-mem");
+    th_pathf(txt, tn, "%s/corpus.txt", dir);
     FILE *f = fopen(txt, "w");
     for (int i = 0; i < 400; i++)
         fprintf(f, "line %d: the quick brown fox jumps over the lazy dog, %d times.\n", i, i * 7);
@@ -311,9 +310,9 @@ TEST(test_estimate_memory_total_is_within_10_percent_of_the_measured_peak_of_emb
     SKIP("AddressSanitizer's shadow memory and quarantine inflate the resident set: the estimate is for "
          "release builds");
 #endif
-    char dir[64], txt[128], out[160], world[8], zero[8];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX], world[8], zero[8];
     make_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     for (size_t k = 0; k < sizeof peak_cases / sizeof peak_cases[0]; k++) {
         const peak_case *pc = &peak_cases[k];
         snprintf(world, sizeof world, "%d", pc->world);
@@ -407,10 +406,9 @@ static void shape_rows(const char *out, char *dst, size_t n)
  * GPT's tensors is refused naming it. */
 TEST(test_cli_estimate_memory_reads_the_model_shape_from_a_safetensors_header)
 {
-    char dir[64], path[128];
-    snprintf(dir, sizeof dir, "/tmp/ember-mem-XXXXXX");
-    CHECK(mkdtemp(dir) != NULL);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    char dir[PATH_MAX], path[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-mem");
+    th_pathf(path, sizeof path, "%s/model.safetensors", dir);
     em_gpt_config m = {
         .vocab_size = 50, .block_size = 32, .n_layer = 3, .n_head = 2, .n_embd = 16, .bias = false};
     em_gpt *g = em_gpt_new(&m, 1);
@@ -447,9 +445,9 @@ TEST(test_cli_estimate_memory_reads_the_model_shape_from_a_safetensors_header)
  * biggest category. */
 TEST(test_cli_train_refuses_a_run_that_cannot_fit_before_allocating)
 {
-    char dir[64], txt[128], out[160];
+    char dir[PATH_MAX], txt[PATH_MAX], out[PATH_MAX];
     make_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     /* 48 x (12 x 16384^2) parameters: about 2.5 TB of f32 weights, gradients and moments */

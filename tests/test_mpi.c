@@ -175,8 +175,8 @@ TEST(test_mpi_bf16_all_reduce_gives_the_tcp_paths_bits)
 /* The per-step losses of metrics.jsonl (every line with "loss": ...), as text. */
 static void losses(const char *out, char *buf, size_t n)
 {
-    char path[512], line[1024];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    char path[PATH_MAX], line[1024];
+    th_pathf(path, sizeof path, "%s/metrics.jsonl", out);
     FILE *f = fopen(path, "r");
     if (!f) th_fail(__FILE__, __LINE__, "no %s", path);
     buf[0] = '\0';
@@ -193,10 +193,10 @@ static void losses(const char *out, char *buf, size_t n)
 static void train_like_launch(const char *zero)
 {
     need_mpi();
-    char dir[64], txt[128], o1[160], o2[160], a[4096], b[4096];
+    char dir[PATH_MAX], txt[PATH_MAX], o1[PATH_MAX], o2[PATH_MAX], a[4096], b[4096];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
-    snprintf(o1, sizeof o1, "%s/mpi", dir);
-    snprintf(o2, sizeof o2, "%s/launch", dir);
+    th_pathf(o1, sizeof o1, "%s/mpi", dir);
+    th_pathf(o2, sizeof o2, "%s/launch", dir);
 #define TRAIN(out)                                                                                           \
     "train", "--data", txt, "--out", out, "--layers", "1", "--heads", "2", "--embd", "16", "--block", "8",   \
         "--batch", "4", "--iters", "6", "--log-every", "1", "--eval-every", "6", "--eval-iters", "1",        \

@@ -11,14 +11,14 @@
  * a namespace cannot be made the tests skip and say why. Each test makes its
  * own namespaces (named after its pid) and always removes them: the scenario
  * runs in a child process and the test process cleans up whatever happened
- * to it, killing anything still inside the namespaces first.
+ * to it, killing anything still inside the namespaces first. Its files (the
+ * corpus, logs, runs) are in a th_tmpdir the runner removes.
  *
  * The workers use EMBER_TRANSPORT=tcp: both namespaces share this host's
  * boot id, hostname and /dev/shm, so the process group would otherwise move
  * collectives through shared memory and never touch the link. */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -37,7 +37,7 @@
 typedef struct netns_pair {
     char ns[2][32];  /* the namespaces of node 0 and node 1 */
     char dev[2][16]; /* the veth end in each */
-    char dir[64];    /* scratch: corpus, logs, the run's --out */
+    char dir[PATH_MAX]; /* scratch: corpus, logs, the run's --out */
 } netns_pair;
 
 static double now_s(void)
@@ -51,7 +51,7 @@ static double now_s(void)
 static bool sh(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static bool sh(char *err, size_t n, const char *fmt, ...)
 {
-    char cmd[1024];
+    char cmd[4096];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(cmd, sizeof cmd, fmt, ap);
@@ -61,21 +61,14 @@ static bool sh(char *err, size_t n, const char *fmt, ...)
     return r->status == 0;
 }
 
-/* Kills whatever runs in the namespaces, deletes them (which removes the
- * veth pair) and the scratch directory. Safe to call on a partial setup. */
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
+/* Kills whatever runs in the namespaces and deletes them (which removes the
+ * veth pair). Safe to call on a partial setup. */
 static void pair_down(const netns_pair *p)
 {
     for (int k = 0; k < 2; k++) {
         sh(NULL, 0, "ip netns pids %s 2>/dev/null | xargs -r kill -9", p->ns[k]);
         sh(NULL, 0, "ip netns del %s 2>/dev/null", p->ns[k]);
     }
-    if (p->dir[0]) nftw(p->dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
 }
 
 /* Makes the two namespaces and the link between them; skips the test (after
@@ -83,6 +76,7 @@ static void pair_down(const netns_pair *p)
 static void pair_up(netns_pair *p)
 {
     *p = (netns_pair){0};
+    th_tmpdir(p->dir, sizeof p->dir, "ember-netns");
     if (!sh(NULL, 0, "command -v ip >/dev/null"))
         th_skip("needs iproute2's `ip` command to make network namespaces");
     int pid = (int)getpid();
@@ -108,8 +102,6 @@ static void pair_up(netns_pair *p)
     for (int k = 0; k < 2 && ok; k++)
         ok = sh(err, sizeof err, "ip -n %s link set lo up && ip -n %s link set %s up", p->ns[k], p->ns[k],
                 p->dev[k]);
-    snprintf(p->dir, sizeof p->dir, "/tmp/ember-netns-XXXXXX");
-    if (ok && !mkdtemp(p->dir)) ok = false, p->dir[0] = '\0', snprintf(err, sizeof err, "mkdtemp failed");
     if (!ok) {
         pair_down(p);
         th_fail(__FILE__, __LINE__, "setting up the veth link failed: %s", err);
@@ -119,10 +111,10 @@ static void pair_up(netns_pair *p)
 /* dir/name */
 static const char *at(const netns_pair *p, const char *name)
 {
-    static char bufs[4][192];
+    static char bufs[4][PATH_MAX];
     static int next;
     char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/%s", p->dir, name);
+    th_pathf(b, sizeof bufs[0], "%s/%s", p->dir, name);
     return b;
 }
 
@@ -139,7 +131,7 @@ static void write_corpus(const netns_pair *p)
  * its namespace, output into dir/node<k>.log; returns the launcher's pid. */
 static pid_t start_node(const netns_pair *p, int node, const char *iters)
 {
-    static char cmd[1024]; /* split at spaces into argv below (no path here has one) */
+    static char cmd[4096]; /* split at spaces into argv below (no path here has one) */
     snprintf(cmd, sizeof cmd,
              "ip netns exec %s " EMBER_BIN " launch --nnodes 2 --node-rank %d -n 1 --master-addr " NETNS_ADDR0
              " --master-port 29500 --timeout " NETNS_TIMEOUT " " EMBER_BIN
@@ -276,7 +268,7 @@ static void train_to_the_end(netns_pair *p)
                 tail_of(l0, 4), tail_of(l1, 4));
     CHECK(strstr(l0, "[rank 0] step 30/30 loss") != NULL);
     CHECK(strstr(l0, "ember train: done") != NULL);
-    char model[192];
+    char model[PATH_MAX];
     snprintf(model, sizeof model, "%s", at(p, "run/model.safetensors"));
     CHECK(access(model, R_OK) == 0);
 }
@@ -385,7 +377,7 @@ static void mpirun_job(netns_pair *p, const char *transport)
     if (!sh(NULL, 0, "command -v mpirun >/dev/null && command -v unshare >/dev/null"))
         th_skip("needs OpenMPI's mpirun and util-linux's unshare");
     write_mpirun_files(p);
-    char cmd[2048], want[2048], got[2048];
+    char cmd[4096], want[2048], got[2048];
     snprintf(cmd, sizeof cmd, EMBER_BIN " launch -n 2 " EMBER_BIN " " TINY_TRAIN " --data %s --out %s",
              at(p, "corpus.txt"), at(p, "launch"));
     th_run_result *r = th_run("/bin/sh", "-c", cmd, NULL);

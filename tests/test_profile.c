@@ -11,7 +11,6 @@
  * reader (nn/json.c) takes only integers, and a trace's times are
  * microseconds with fractions. */
 #include <ctype.h>
-#include <dirent.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -277,24 +276,12 @@ static int count(const trace *t, const char *name, const char *cat)
     return k;
 }
 
-/* Removes dir and the files in it (a test's temporary directory). */
-static void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlink(th_path(dir, e->d_name));
-    closedir(d);
-    rmdir(dir);
-}
-
 /* ---- the run ------------------------------------------------------------------------ */
 
 enum { VOCAB = 16, T = 8, NTOK = 2000, STEPS = 2 };
 
 typedef struct job {
-    char dir[200];
+    char dir[PATH_MAX];
     bool profile; /* false: the same run with profiling off */
 } job;
 
@@ -375,9 +362,7 @@ static void train_two_steps(int rank, int world, void *ctx)
 
 static void run_job(job *j, int world)
 {
-    char base[] = "/tmp/ember-profile-XXXXXX";
-    CHECK(mkdtemp(base) != NULL);
-    snprintf(j->dir, sizeof j->dir, "%s", base);
+    th_tmpdir(j->dir, sizeof j->dir, "ember-profile");
     TH_RANKS_ENV(world, train_two_steps, j);
 }
 
@@ -420,7 +405,6 @@ TEST(test_profile_two_steps_trace_is_json_with_ops_backward_and_optimizer)
     read_trace(th_path(j.dir, "trace.rank0.json"), 0, &t);
     check_two_step_trace(&t);
     trace_free(&t);
-    remove_dir(j.dir);
 }
 
 TEST(test_profile_world_2_allreduce_runs_on_its_own_thread_overlapping_backward)
@@ -454,7 +438,6 @@ TEST(test_profile_world_2_allreduce_runs_on_its_own_thread_overlapping_backward)
                     on_comm, overlapping);
         trace_free(&t);
     }
-    remove_dir(j.dir);
 }
 
 /* ---- the table ----------------------------------------------------------------------- */
@@ -490,7 +473,6 @@ TEST(test_profile_table_is_sorted_by_total_time)
     }
     CHECK(rows >= 10 && saw_matmul && saw_step);
     free(text);
-    remove_dir(j.dir);
 }
 
 TEST(test_profile_rows_are_sorted_and_self_time_excludes_children)
@@ -558,7 +540,6 @@ TEST(test_profile_off_records_nothing)
     read_trace(th_path(j.dir, "trace.rank0.json"), 0, &t);
     CHECK(t.n == 0);
     trace_free(&t);
-    remove_dir(j.dir);
     /* ranges stay balanced while off, and record nothing */
     CHECK_OK(em_profile_range_begin("r"));
     CHECK_OK(em_profile_range_end());
@@ -595,8 +576,8 @@ TEST(test_profile_env_value_that_is_not_a_boolean_is_an_error)
 
 TEST(test_profile_env_on_writes_table_and_trace_at_exit)
 {
-    char dir[] = "/tmp/ember-profile-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
+    char dir[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-profile");
     CHECK(setenv("EMBER_PROFILE", "1", 1) == 0);
     CHECK(setenv("EMBER_PROFILE_DIR", dir, 1) == 0);
     th_run_result *r = th_run(EMBER_BIN, "demo", "--steps", "20", NULL);
@@ -606,13 +587,12 @@ TEST(test_profile_env_on_writes_table_and_trace_at_exit)
     read_trace(th_path(dir, "trace.rank0.json"), 0, &t);
     CHECK(count(&t, "matmul", "op") > 0 && count(&t, "matmul_backward", "backward") > 0);
     trace_free(&t);
-    remove_dir(dir);
 }
 
 TEST(test_profile_trace_escapes_names)
 {
-    char dir[] = "/tmp/ember-profile-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
+    char dir[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-profile");
     em_profile_reset();
     em_profile_start();
     CHECK_OK(em_profile_range_begin("a \"quoted\"\\name\twith tab"));
@@ -623,5 +603,4 @@ TEST(test_profile_trace_escapes_names)
     read_trace(th_path(dir, "t.json"), 0, &t);
     CHECK(t.n == 1 && !strcmp(t.e[0].name, "a \"quoted\"\\name\twith tab") && !strcmp(t.e[0].cat, "range"));
     trace_free(&t);
-    remove_dir(dir);
 }

@@ -46,8 +46,8 @@ typedef struct job {
     int save_micro;   /* or save after this many micro-batches and stop (0: never) */
     bool resume;      /* load_state from dir first */
     int skew;         /* after loading, move the loader this many batches on: a wrong position */
-    char dir[200];    /* the state directory */
-    char params[256]; /* rank 0 writes the final flat parameters here ("" = not) */
+    char dir[PATH_MAX];    /* the state directory */
+    char params[PATH_MAX]; /* rank 0 writes the final flat parameters here ("" = not) */
 } job;
 
 static void train_job(int rank, int world, void *ctx)
@@ -122,16 +122,14 @@ static void train_job(int rank, int world, void *ctx)
 /* A fresh directory for one test: dir/state, dir/<tag>.params. */
 static void job_dirs(job *j, const char *base, const char *tag)
 {
-    snprintf(j->dir, sizeof j->dir, "%s/state", base);
-    snprintf(j->params, sizeof j->params, "%s/%s.params", base, tag);
+    th_pathf(j->dir, sizeof j->dir, "%s/state", base);
+    th_pathf(j->params, sizeof j->params, "%s/%s.params", base, tag);
 }
 
 static char *new_base(void)
 {
-    static char base[64];
-    snprintf(base, sizeof base, "/tmp/ember-resize-XXXXXX");
-    CHECK(mkdtemp(base) != NULL);
-    return base;
+    static char base[PATH_MAX];
+    return th_tmpdir(base, sizeof base, "ember-resize");
 }
 
 static int read_floats(const char *path, float *out, int max)
@@ -321,8 +319,8 @@ TEST(test_load_state_names_both_files_when_the_ranks_disagree_on_the_step)
 {
     expect e = {.status = EM_ERR_IO};
     save_two_rank_state(&e.j);
-    char r1[300];
-    snprintf(r1, sizeof r1, "%s/rank_1.json", e.j.dir);
+    char r1[PATH_MAX];
+    th_pathf(r1, sizeof r1, "%s/rank_1.json", e.j.dir);
     edit_file(r1, "\"steps\": \"5\"", "\"steps\": \"4\"");
     th_reseal_checkpoint(e.j.dir); /* past the checksums, to the check of one save */
     e.j.per_rank = GLOBAL; /* on 1 rank, rank 0 itself verifies rank_1.json */
@@ -342,8 +340,8 @@ TEST(test_load_state_on_another_world_refuses_a_state_without_its_global_batch)
     expect e = {.status = EM_ERR_ARG};
     save_two_rank_state(&e.j);
     for (int r = 0; r < 2; r++) { /* as an ember of before this change wrote them */
-        char p[300];
-        snprintf(p, sizeof p, "%s/rank_%d.json", e.j.dir, r);
+        char p[PATH_MAX];
+        th_pathf(p, sizeof p, "%s/rank_%d.json", e.j.dir, r);
         edit_file(p, "\"loader.global_batch\": \"8\",", "");
     }
     th_reseal_checkpoint(e.j.dir);
@@ -359,7 +357,7 @@ TEST(test_load_state_on_another_world_refuses_a_state_without_its_global_batch)
  * {200 + r, 3 r}; a run of another size loads them and rank r must hold
  * saved rank r % 2's. */
 typedef struct gen_job {
-    char dir[300];
+    char dir[PATH_MAX];
     bool save;
 } gen_job;
 
@@ -388,7 +386,7 @@ static void generators(int rank, int world, void *ctx)
 TEST(test_load_state_on_another_world_gives_rank_r_the_generators_of_saved_rank_r_mod_w)
 {
     gen_job g = {.save = true};
-    snprintf(g.dir, sizeof g.dir, "%s/state", new_base());
+    th_pathf(g.dir, sizeof g.dir, "%s/state", new_base());
     TH_RANKS_ENV(2, generators, &g);
     g.save = false;
     TH_RANKS_ENV(4, generators, &g);
@@ -398,7 +396,7 @@ TEST(test_load_state_on_another_world_gives_rank_r_the_generators_of_saved_rank_
 /* ---- the window sampler ------------------------------------------------------------------ */
 
 typedef struct sampler_job {
-    char dir[300];
+    char dir[PATH_MAX];
     int64_t batch; /* the sampler's (global) batch */
     bool save;
 } sampler_job;
@@ -439,7 +437,7 @@ static void sampler_state(int rank, int world, void *ctx)
 TEST(test_load_state_on_another_world_keeps_the_global_window_sampler_and_refuses_another_batch)
 {
     sampler_job sj = {.batch = 8, .save = true};
-    snprintf(sj.dir, sizeof sj.dir, "%s/state", new_base());
+    th_pathf(sj.dir, sizeof sj.dir, "%s/state", new_base());
     TH_RANKS_ENV(2, sampler_state, &sj);
     sj.save = false;
     TH_RANKS_ENV(4, sampler_state, &sj);

@@ -51,7 +51,6 @@ TEST(test_safetensors_round_trips_every_dtype)
     em_safetensors_close(f);
     for (int i = 0; i < 9; i++) em_free(t[i]);
     CHECK(em_live_tensors() == 0);
-    st_cleanup();
 }
 
 TEST(test_safetensors_writes_strided_tensors_in_row_major_order)
@@ -78,7 +77,6 @@ TEST(test_safetensors_writes_strided_tensors_in_row_major_order)
     em_safetensors_close(f);
     em_scope_end(s);
     CHECK(em_live_tensors() == 0);
-    st_cleanup();
 }
 
 TEST(test_safetensors_metadata_round_trips_with_escapes)
@@ -100,7 +98,6 @@ TEST(test_safetensors_metadata_round_trips_with_escapes)
     CHECK_ERR(em_safetensors_save(path, 1, &(em_named){"w", t}, "{\"a\": \"b\""), EM_ERR_ARG,
               "metadata: expected ',' or '}' at byte 9");
     em_free(t);
-    st_cleanup();
 }
 
 /* ---- the format itself -------------------------------------------------------------- */
@@ -164,7 +161,6 @@ TEST(test_safetensors_reads_a_file_written_by_hand_per_spec)
     for (int i = 0; i < 8; i++) em_free(t[i]);
     em_safetensors_close(f);
     CHECK(em_live_tensors() == 0);
-    st_cleanup();
 }
 
 TEST(test_safetensors_header_is_space_padded_so_data_is_8_byte_aligned)
@@ -194,7 +190,6 @@ TEST(test_safetensors_header_is_space_padded_so_data_is_8_byte_aligned)
         free(b);
     }
     em_free(t);
-    st_cleanup();
 }
 
 /* ---- corrupt files ------------------------------------------------------------------ */
@@ -215,7 +210,6 @@ TEST(test_safetensors_truncated_file_fails_at_every_length)
     CHECK_NOTNULL(f);
     em_safetensors_close(f);
     free(b);
-    st_cleanup();
 }
 
 TEST(test_safetensors_flipped_header_bytes_give_errors_not_crashes)
@@ -255,7 +249,6 @@ TEST(test_safetensors_flipped_header_bytes_give_errors_not_crashes)
     CHECK(failed > 1000 && opened > 0);
     free(b);
     CHECK(em_live_tensors() == 0);
-    st_cleanup();
 }
 
 /* Every file ember writes carries "ember.crc32" (a string, as other readers
@@ -297,7 +290,6 @@ TEST(test_safetensors_checksum_catches_a_flipped_bit_anywhere_in_the_file)
     st_write_raw(bad, b, size);
     CHECK_ERR(em_safetensors_open(bad), EM_ERR_IO, "the checksum does not match");
     free(b);
-    st_cleanup();
 }
 
 /* Files from other writers have no "ember.crc32": they open and read as before. */
@@ -317,7 +309,6 @@ TEST(test_safetensors_file_without_a_checksum_opens_unchecked)
     CHECK_VALUES(w, 0, 1.5, -2);
     em_free(w);
     em_safetensors_close(f);
-    st_cleanup();
 }
 
 /* The checksum is the writer's: one passed in the metadata is replaced. */
@@ -339,7 +330,6 @@ TEST(test_safetensors_save_writes_its_own_checksum_over_a_given_one)
     CHECK(em_safetensors_count(f) == 0 && em_safetensors_metadata(f, "ember.crc32") != NULL);
     em_safetensors_close(f);
     em_free(t);
-    st_cleanup();
 }
 
 /* Each header is checked against the message it must produce. */
@@ -374,7 +364,6 @@ TEST(test_safetensors_rejects_malformed_json_saying_where)
     expect_bad("{} x", 0, "unexpected characters after the JSON value at byte 3");
     expect_bad("[]", 0, "header JSON is not an object");
     expect_bad("", 0, "expected a value at byte 0 (end of input)");
-    st_cleanup();
 }
 
 TEST(test_safetensors_rejects_bad_entries)
@@ -390,7 +379,6 @@ TEST(test_safetensors_rejects_bad_entries)
     expect_bad("{\"\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "empty name");
     expect_bad("{\"__metadata__\":{\"k\":1}}", 0, "__metadata__ value of 'k' is not a string");
     expect_bad("{\"__metadata__\":[]}", 0, "__metadata__ is not an object");
-    st_cleanup();
 }
 
 TEST(test_safetensors_rejects_offsets_beyond_the_buffer)
@@ -398,7 +386,6 @@ TEST(test_safetensors_rejects_offsets_beyond_the_buffer)
     st_tmpdir();
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4,
                "tensor 'a': data_offsets [0, 8] go beyond the data buffer (4 bytes)");
-    st_cleanup();
 }
 
 TEST(test_safetensors_rejects_overlapping_offsets)
@@ -410,7 +397,6 @@ TEST(test_safetensors_rejects_overlapping_offsets)
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
                8, "overlap");
-    st_cleanup();
 }
 
 TEST(test_safetensors_rejects_bytes_no_tensor_covers)
@@ -420,7 +406,6 @@ TEST(test_safetensors_rejects_bytes_no_tensor_covers)
                "bytes [0, 4) of the data buffer belong to no tensor");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 9,
                "the data buffer has 9 bytes but the tensors cover 4");
-    st_cleanup();
 }
 
 TEST(test_safetensors_rejects_dtype_shape_size_mismatch)
@@ -430,7 +415,6 @@ TEST(test_safetensors_rejects_dtype_shape_size_mismatch)
                "tensor 'a': F64 (2,3) needs 48 bytes but data_offsets [0, 24] hold 24");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}", 4,
                "needs 18446744073709551615 bytes");
-    st_cleanup();
 }
 
 TEST(test_safetensors_rejects_duplicate_names)
@@ -439,7 +423,6 @@ TEST(test_safetensors_rejects_duplicate_names)
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                8, "duplicate key 'a' (second value at byte 58)");
-    st_cleanup();
 }
 
 TEST(test_safetensors_rejects_duplicate_names_however_they_are_escaped)
@@ -452,7 +435,6 @@ TEST(test_safetensors_rejects_duplicate_names_however_they_are_escaped)
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4,
                "duplicate key 'dtype' (second value at byte 40)");
     expect_bad("{\"__metadata__\":{\"k\\/\":\"1\",\"k/\":\"2\"}}", 0, "duplicate key 'k/'");
-    st_cleanup();
 }
 
 TEST(test_safetensors_tensor_with_more_dims_than_ember_opens_and_fails_on_get)
@@ -467,7 +449,6 @@ TEST(test_safetensors_tensor_with_more_dims_than_ember_opens_and_fails_on_get)
     CHECK(em_safetensors_count(f) == 1 && !strcmp(em_safetensors_name(f, 0), "a"));
     CHECK_ERR(em_safetensors_get(f, "a"), EM_ERR_SHAPE, "tensor 'a' has 9 dims; ember supports at most 8");
     em_safetensors_close(f);
-    st_cleanup();
 }
 
 /* Opening costs memory in proportion to the header whatever its JSON holds:
@@ -494,7 +475,6 @@ TEST(test_safetensors_open_memory_is_bounded_by_the_header)
             th_fail(__FILE__, __LINE__, "%s: opening a %zu-byte header took %lld bytes at the peak (%.1fx)",
                     st_hostile_kinds[k], n, peak, (double)peak / (double)n);
     }
-    st_cleanup();
 }
 
 TEST(test_safetensors_rejects_a_header_length_beyond_the_file)
@@ -513,7 +493,6 @@ TEST(test_safetensors_rejects_a_header_length_beyond_the_file)
     CHECK_ERR(em_safetensors_open(path), EM_ERR_IO, "file is too short (5 bytes) for the 8-byte header length");
     CHECK_ERR(em_safetensors_open(st_path("absent.safetensors")), EM_ERR_IO, "cannot open");
     CHECK_ERR(em_safetensors_open(st_path("")), EM_ERR_IO, "not a regular file");
-    st_cleanup();
 }
 
 TEST(test_safetensors_dtypes_ember_lacks_fail_on_get_except_i64_that_fits)
@@ -541,7 +520,6 @@ TEST(test_safetensors_dtypes_ember_lacks_fail_on_get_except_i64_that_fits)
     CHECK_ERR(em_safetensors_name(f, 3), EM_ERR_INDEX, "index 3 out of range for 3 tensors");
     em_safetensors_close(f);
     CHECK(em_live_tensors() == 0);
-    st_cleanup();
 }
 
 /* ---- saving --------------------------------------------------------------------------- */
@@ -555,7 +533,6 @@ TEST(test_safetensors_save_into_a_missing_directory_fails_cleanly)
     CHECK(strstr(em_last_error(), "x.safetensors.tmp") && strstr(em_last_error(), "No such file or directory"));
     CHECK(access(st_path("no"), F_OK) != 0);
     em_free(t);
-    st_cleanup();
 }
 
 TEST(test_safetensors_failed_save_leaves_the_old_file_intact)
@@ -582,7 +559,6 @@ TEST(test_safetensors_failed_save_leaves_the_old_file_intact)
     em_safetensors_close(f);
     em_free(old);
     em_free(nw);
-    st_cleanup();
 }
 
 TEST(test_safetensors_save_rejects_bad_names_before_writing)
@@ -605,7 +581,6 @@ TEST(test_safetensors_save_rejects_bad_names_before_writing)
     CHECK(!strcmp(em_safetensors_name(f, 0), "a\"b\\c\nd"));
     em_safetensors_close(f);
     em_free(t);
-    st_cleanup();
 }
 
 /* ---- module state dicts ---------------------------------------------------------------- */
@@ -657,7 +632,6 @@ TEST(test_module_save_load_round_trips_params_and_buffers)
     em_module_free(src);
     em_module_free(dst);
     CHECK(em_live_tensors() == 0);
-    st_cleanup();
 }
 
 TEST(test_module_load_strict_names_missing_and_unexpected_tensors)
@@ -678,7 +652,6 @@ TEST(test_module_load_strict_names_missing_and_unexpected_tensors)
     em_free(w);
     em_free(x);
     em_module_free(m);
-    st_cleanup();
 }
 
 TEST(test_module_load_shape_mismatch_modifies_nothing)
@@ -700,7 +673,6 @@ TEST(test_module_load_shape_mismatch_modifies_nothing)
     em_module_free(m);
     em_module_free(before);
     CHECK(em_live_tensors() == 0);
-    st_cleanup();
 }
 
 /* The last tensor fails only when its data is read (I64 out of i32 range):
@@ -734,7 +706,6 @@ TEST(test_module_load_read_failure_modifies_nothing)
     CHECK_VALUES(em_module_find(m, "w"), 0, 1, 1);
     CHECK_VALUES(em_module_find(m, "n"), 0, 42);
     em_module_free(m);
-    st_cleanup();
 }
 
 TEST(test_module_load_converts_dtypes)
@@ -754,5 +725,4 @@ TEST(test_module_load_converts_dtypes)
     em_free(w);
     em_free(b);
     em_module_free(m);
-    st_cleanup();
 }

@@ -2,7 +2,6 @@
  * get_linear_schedule_with_warmup), user-supplied schedule functions, and
  * both driven by the Accelerator, including across a save/load resume.
  * (The other schedules are in test_optim.c.) */
-#include <ftw.h>
 #include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -116,12 +115,6 @@ TEST(test_lr_custom_nan_negative_or_infinite_multiplier_is_an_error_naming_the_s
 
 /* ---- the Accelerator drives them -------------------------------------------------- */
 
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st, (void)flag, (void)f;
-    return remove(p);
-}
-
 /* An Accelerator (world 1) with an SGD over one parameter w (no gradient:
  * the optimizer skips it, only the lr moves) made with the schedule's
  * base_lr (so the group's lr is em_lr_at's, bit for bit), and the schedule
@@ -172,9 +165,9 @@ TEST(test_accelerator_steps_a_custom_schedule_and_resumes_it_from_the_saved_step
     run_steps(&r, 3);
     CHECK(rec.n == 3 && rec.steps[0] == 0 && rec.steps[1] == 1 && rec.steps[2] == 2);
     CHECK(em_optim_get_lr(r.o, 0) == 0.5 * (1.0 / 3.0));
-    char dir[] = "/tmp/ember-sched-XXXXXX", state[300];
-    CHECK(mkdtemp(dir) != NULL);
-    snprintf(state, sizeof state, "%s/state", dir);
+    char dir[PATH_MAX], state[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-sched");
+    th_pathf(state, sizeof state, "%s/state", dir);
     CHECK_OK(em_accel_save_state(r.a, state));
     run_free(&r);
 
@@ -186,7 +179,6 @@ TEST(test_accelerator_steps_a_custom_schedule_and_resumes_it_from_the_saved_step
     CHECK(rec.n == 1 && rec.steps[0] == 3);
     CHECK(em_optim_get_lr(r.o, 0) == 0.5 * (1.0 / 4.0));
     run_free(&r);
-    nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
 }
 
 TEST(test_accelerator_step_fails_with_the_schedules_error_naming_the_step)

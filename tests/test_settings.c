@@ -12,10 +12,8 @@
 
 static const char *write_tmp(const char *text)
 {
-    static char path[64];
-    snprintf(path, sizeof path, "/tmp/ember-settings-XXXXXX");
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
+    static char path[PATH_MAX];
+    int fd = th_tmpfile(path, sizeof path, "ember-settings");
     CHECK(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
     close(fd);
     return path;
@@ -99,10 +97,10 @@ TEST(test_ember_no_rename_exchange_is_read_as_a_boolean)
     em_nn_linear *l = em_nn_linear_new(NULL, NULL, 2, 2, true, &rng);
     CHECK_NOTNULL(l);
     CHECK_OK(em_accel_prepare(acc, l->m, NULL, NULL, NULL));
-    char dir[] = "/tmp/ember-settings-ckpt-XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
-    char sub[80];
-    snprintf(sub, sizeof sub, "%s/state", dir);
+    char dir[PATH_MAX];
+    th_tmpdir(dir, sizeof dir, "ember-settings-ckpt");
+    char sub[PATH_MAX];
+    th_pathf(sub, sizeof sub, "%s/state", dir);
     setenv("EMBER_NO_RENAME_EXCHANGE", "perhaps", 1);
     CHECK_ERR(em_accel_save_state(acc, sub), EM_ERR_ARG,
               "EMBER_NO_RENAME_EXCHANGE='perhaps' is not a boolean");
@@ -111,9 +109,6 @@ TEST(test_ember_no_rename_exchange_is_read_as_a_boolean)
     unsetenv("EMBER_NO_RENAME_EXCHANGE");
     em_accelerator_free(acc);
     em_module_free(l->m);
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0);
 }
 
 TEST(test_config_file_variable_naming_a_missing_file_is_an_error_naming_both)

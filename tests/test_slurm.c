@@ -36,7 +36,7 @@ static const char *slurm_dir(void)
 static bool exists(const char *dir, const char *name)
 {
     char p[512];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
+    th_pathf(p, sizeof p, "%s/%s", dir, name);
     return access(p, F_OK) == 0;
 }
 
@@ -56,7 +56,7 @@ static void with_cluster(void (*scenario)(const char *dir, const char *txt))
     if (r->status != 0) th_fail(__FILE__, __LINE__, "%s start exited %d: %s", SETUP, r->status, r->err);
     if (!exists(d, "ready")) {
         char why[600] = "scripts/slurm_setup.sh gave no reason", p[512];
-        snprintf(p, sizeof p, "%s/unavailable", d);
+        th_pathf(p, sizeof p, "%s/unavailable", d);
         FILE *f = fopen(p, "r");
         if (f) {
             if (!fgets(why, sizeof why, f)) snprintf(why, sizeof why, "%s is empty", p);
@@ -68,7 +68,7 @@ static void with_cluster(void (*scenario)(const char *dir, const char *txt))
         th_skip(msg);
     }
     char conf[512];
-    snprintf(conf, sizeof conf, "%s/slurm.conf", d);
+    th_pathf(conf, sizeof conf, "%s/slurm.conf", d);
     setenv("SLURM_CONF", conf, 1);
     setenv("EMBER_NUM_THREADS", "1", 1);
     const char *clear[] = {"WORLD_SIZE",          "RANK",
@@ -79,7 +79,7 @@ static void with_cluster(void (*scenario)(const char *dir, const char *txt))
                            "EMBER_GRAD_ACCUM",    "EMBER_MIXED_PRECISION",
                            "EMBER_SPLIT_BATCHES", "EMBER_EVEN_BATCHES"};
     for (size_t i = 0; i < sizeof clear / sizeof clear[0]; i++) unsetenv(clear[i]);
-    char dir[64], txt[128];
+    char dir[PATH_MAX], txt[PATH_MAX];
     th_rhyme_corpus(dir, sizeof dir, txt, sizeof txt);
     setenv("XDG_CONFIG_HOME", dir, 1); /* no config file: the flags say everything */
     fflush(stdout);
@@ -91,7 +91,6 @@ static void with_cluster(void (*scenario)(const char *dir, const char *txt))
     }
     int st = 0;
     if (pid > 0) waitpid(pid, &st, 0);
-    th_run("/bin/rm", "-rf", dir, NULL);
     if (!was_up) th_run("/bin/bash", SETUP, "stop", NULL);
     if (pid < 0) th_fail(__FILE__, __LINE__, "fork failed");
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return;
@@ -103,9 +102,9 @@ static void with_cluster(void (*scenario)(const char *dir, const char *txt))
  * launch -n 2's losses and gradient norms. */
 static void srun_train_like_launch(const char *dir, const char *txt, const char *mpi)
 {
-    char out_launch[192], out_srun[192], want[4096], got[4096];
-    snprintf(out_launch, sizeof out_launch, "%s/launch", dir);
-    snprintf(out_srun, sizeof out_srun, "%s/srun", dir);
+    char out_launch[PATH_MAX], out_srun[PATH_MAX], want[4096], got[4096];
+    th_pathf(out_launch, sizeof out_launch, "%s/launch", dir);
+    th_pathf(out_srun, sizeof out_srun, "%s/srun", dir);
     th_run_result *r = th_run(EMBER_BIN, "launch", "-n", "2", EMBER_BIN, "train", "--data", txt, "--out",
                               out_launch, TRAIN_FLAGS, NULL);
     CHECK_EXIT(r, 0);
@@ -139,8 +138,8 @@ TEST(test_slurm_srun_two_tasks_of_ember_train_match_ember_launch_losses)
 
 static void sbatch_example(const char *dir, const char *txt)
 {
-    char out[192], log[192];
-    snprintf(out, sizeof out, "%s/run", dir);
+    char out[PATH_MAX], log[PATH_MAX];
+    th_pathf(out, sizeof out, "%s/run", dir);
     snprintf(log, sizeof log, "--output=%s/job.out", dir);
     setenv("EMBER", EMBER_BIN, 1);
     setenv("DATA", txt, 1);
@@ -161,8 +160,8 @@ static void sbatch_example(const char *dir, const char *txt)
             !strstr(state, "CONFIGURING") && !strstr(state, "COMPLETING"))
             break;
     }
-    char path[256], text[8192] = "";
-    snprintf(path, sizeof path, "%s/job.out", dir);
+    char path[PATH_MAX], text[8192] = "";
+    th_pathf(path, sizeof path, "%s/job.out", dir);
     FILE *f = fopen(path, "r");
     if (f) {
         text[fread(text, 1, sizeof text - 1, f)] = '\0';
@@ -176,7 +175,7 @@ static void sbatch_example(const char *dir, const char *txt)
     if (!strstr(text, "(2 on each of 2 processes)") || !strstr(text, "step 6/6 loss") ||
         !strstr(text, "ember train: done"))
         th_fail(__FILE__, __LINE__, "the job did not train as 2 processes to the end:\n%s", text);
-    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    th_pathf(path, sizeof path, "%s/model.safetensors", out);
     CHECK(access(path, R_OK) == 0);
 }
 

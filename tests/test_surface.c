@@ -403,11 +403,10 @@ TEST(test_examples_link_the_shared_library)
 #define CHECK_LAYERS "/scripts/check_layers.sh"
 
 /* A copy of the parts of the tree the layering check reads, in a fresh
- * directory (dir, at least 64 bytes). */
-static void copy_tree(char *dir)
+ * directory (its path into dir, n bytes). */
+static void copy_tree(char *dir, size_t n)
 {
-    strcpy(dir, "/tmp/ember-layers-XXXXXX");
-    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
+    th_tmpdir(dir, n, "ember-layers");
     th_run_result *r =
         th_run("/bin/sh", "-c",
                "cd \"$0\" && cp -r tensor autograd nn optim data amp dist tools include examples scripts "
@@ -428,12 +427,10 @@ static th_run_result *check_layers(const char *root)
 {
     static th_run_result res;
     char script[1024];
-    snprintf(script, sizeof script, "%s" CHECK_LAYERS, root);
+    th_pathf(script, sizeof script, "%s" CHECK_LAYERS, root);
     res = *th_run("/bin/bash", script, root, NULL);
     return &res;
 }
-
-static void remove_tree(const char *dir) { th_run("/bin/rm", "-rf", dir, NULL); }
 
 TEST(test_layers_check_passes_on_this_tree)
 {
@@ -448,12 +445,11 @@ TEST(test_layers_check_passes_on_this_tree)
 
 TEST(test_layers_check_catches_a_planted_upward_include)
 {
-    char dir[64], path[128];
-    copy_tree(dir);
-    snprintf(path, sizeof path, "%s/nn/planted.c", dir);
+    char dir[PATH_MAX], path[PATH_MAX];
+    copy_tree(dir, sizeof dir);
+    th_pathf(path, sizeof path, "%s/nn/planted.c", dir);
     write_text(path, "/* planted: nn reaching up into dist */\n#include \"dist/dist_impl.h\"\n");
     th_run_result *r = check_layers(dir);
-    remove_tree(dir);
     CHECK_EXIT(r, 1);
     if (!strstr(r->out, "NEW upward include: nn/planted.c -> dist/dist_impl.h"))
         th_fail(__FILE__, __LINE__, "the planted include is not named:\n%s", r->out);
@@ -462,12 +458,11 @@ TEST(test_layers_check_catches_a_planted_upward_include)
 
 TEST(test_layers_check_catches_an_upward_include_through_a_relative_path)
 {
-    char dir[64], path[128];
-    copy_tree(dir);
-    snprintf(path, sizeof path, "%s/tensor/planted.h", dir);
+    char dir[PATH_MAX], path[PATH_MAX];
+    copy_tree(dir, sizeof dir);
+    th_pathf(path, sizeof path, "%s/tensor/planted.h", dir);
     write_text(path, "#include \"../autograd/../optim/optim_impl.h\"\n#include <ember/nn.h>\n");
     th_run_result *r = check_layers(dir);
-    remove_tree(dir);
     CHECK_EXIT(r, 1);
     if (!strstr(r->out, "NEW upward include: tensor/planted.h -> optim/optim_impl.h") ||
         !strstr(r->out, "NEW upward include: tensor/planted.h -> include/ember/nn.h"))
@@ -476,15 +471,14 @@ TEST(test_layers_check_catches_an_upward_include_through_a_relative_path)
 
 TEST(test_layers_check_fails_when_a_known_violation_is_gone)
 {
-    char dir[64], path[128];
-    copy_tree(dir);
-    snprintf(path, sizeof path, "%s/scripts/check_layers.known", dir);
+    char dir[PATH_MAX], path[PATH_MAX];
+    copy_tree(dir, sizeof dir);
+    th_pathf(path, sizeof path, "%s/scripts/check_layers.known", dir);
     FILE *f = fopen(path, "a");
     if (!f) th_fail(__FILE__, __LINE__, "cannot open %s", path);
     fputs("data/loader.c amp/amp_impl.h a fix that already happened\n", f);
     fclose(f);
     th_run_result *r = check_layers(dir);
-    remove_tree(dir);
     CHECK_EXIT(r, 1);
     if (!strstr(r->out, "STALE entry in scripts/check_layers.known: data/loader.c -> amp/amp_impl.h"))
         th_fail(__FILE__, __LINE__, "the stale entry is not named:\n%s", r->out);
@@ -492,12 +486,11 @@ TEST(test_layers_check_fails_when_a_known_violation_is_gone)
 
 TEST(test_layers_check_keeps_examples_to_the_public_headers)
 {
-    char dir[64], path[128];
-    copy_tree(dir);
-    snprintf(path, sizeof path, "%s/examples/planted.c", dir);
+    char dir[PATH_MAX], path[PATH_MAX];
+    copy_tree(dir, sizeof dir);
+    th_pathf(path, sizeof path, "%s/examples/planted.c", dir);
     write_text(path, "#include \"ember/ember.h\"\n#include \"../tensor/tensor_impl.h\"\n");
     th_run_result *r = check_layers(dir);
-    remove_tree(dir);
     CHECK_EXIT(r, 1);
     if (!strstr(r->out, "NEW upward include: examples/planted.c -> tensor/tensor_impl.h"))
         th_fail(__FILE__, __LINE__, "the example's internal include is not named:\n%s", r->out);

@@ -27,10 +27,8 @@ static void no_user_config(void)
 
 static char *tmpdir(void)
 {
-    static char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/ember-track-XXXXXX");
-    CHECK(mkdtemp(dir) != NULL);
-    return dir;
+    static char dir[PATH_MAX];
+    return th_tmpdir(dir, sizeof dir, "ember-track");
 }
 
 /* the whole text file (malloc'd) */
@@ -221,13 +219,13 @@ static int read_events(const char *path, tb_event *ev, int max, char *why, size_
 /* the one events.out.tfevents.* file in dir (fails the test otherwise) */
 static const char *event_file(const char *dir)
 {
-    static char path[512];
+    static char path[PATH_MAX];
     DIR *d = opendir(dir);
     CHECK(d != NULL);
     int found = 0;
     for (struct dirent *e; (e = readdir(d));)
         if (!strncmp(e->d_name, "events.out.tfevents.", 20)) {
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            th_pathf(path, sizeof path, "%s/%s", dir, e->d_name);
             found++;
         }
     closedir(d);
@@ -279,7 +277,7 @@ TEST(test_tracker_tensorboard_round_trip_checks_framing_crcs_and_events)
     CHECK(path && strstr(path, "/run/events.out.tfevents.") != NULL);
     CHECK(em_tracker_path(t, EM_TRACK_JSONL) == NULL);
     CHECK(!strcmp(path, event_file(th_path(dir, "run"))));
-    char copy[512], why[256];
+    char copy[PATH_MAX], why[256];
     snprintf(copy, sizeof copy, "%s", path);
     CHECK_OK(em_tracker_close(t));
     tb_event ev[8];
@@ -309,7 +307,7 @@ TEST(test_tracker_reader_detects_a_corrupted_byte)
         em_tracker_open("r", &(em_tracker_config){.log_with = EM_TRACK_TENSORBOARD, .logging_dir = dir});
     CHECK_NOTNULL(t);
     CHECK_OK(em_tracker_log(t, 1, 1, (em_metric[]){{"loss", 2.0}}));
-    char path[512], why[256];
+    char path[PATH_MAX], why[256];
     snprintf(path, sizeof path, "%s", em_tracker_path(t, EM_TRACK_TENSORBOARD));
     CHECK_OK(em_tracker_close(t));
     size_t n;
@@ -358,7 +356,7 @@ TEST(test_tracker_tensorboard_append_marks_a_restart_at_the_first_step)
     CHECK_NOTNULL(t);
     CHECK_OK(em_tracker_log(t, 11, 1, (em_metric[]){{"loss", 1}}));
     CHECK_OK(em_tracker_log(t, 12, 1, (em_metric[]){{"loss", 2}}));
-    char path[512], why[256];
+    char path[PATH_MAX], why[256];
     snprintf(path, sizeof path, "%s", em_tracker_path(t, EM_TRACK_TENSORBOARD));
     CHECK_OK(em_tracker_close(t));
     tb_event ev[8];
@@ -484,7 +482,7 @@ TEST(test_tracker_log_rejects_bad_metrics_and_writes_nothing)
     CHECK_ERR(em_tracker_log(t, 1, -2, NULL), EM_ERR_ARG, "n -2 is negative");
     CHECK_ERR(em_tracker_log(t, 1, 1, NULL), EM_ERR_ARG, "metrics is NULL");
     CHECK_ERR(em_tracker_log(NULL, 1, 0, NULL), EM_ERR_ARG, "tracker is NULL");
-    char tb[512];
+    char tb[PATH_MAX];
     snprintf(tb, sizeof tb, "%s", em_tracker_path(t, EM_TRACK_TENSORBOARD));
     CHECK_OK(em_tracker_close(t));
     struct stat sb;
@@ -613,8 +611,8 @@ TEST(test_accel_trackers_default_to_the_project_dir)
 TEST(test_accel_init_trackers_config_overrides_the_accelerators)
 {
     no_user_config();
-    char *dir = tmpdir(), other[128];
-    snprintf(other, sizeof other, "%s/other", dir);
+    char *dir = tmpdir(), other[PATH_MAX];
+    th_pathf(other, sizeof other, "%s/other", dir);
     em_accelerator *a = em_accelerator_new(&(em_accel_config){.log_with = EM_TRACK_ALL, .logging_dir = dir});
     CHECK_OK(em_accel_init_trackers(a, "p",
                                     &(em_tracker_config){.log_with = EM_TRACK_JSONL, .logging_dir = other}));

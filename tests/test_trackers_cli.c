@@ -16,10 +16,8 @@
 
 static char *tmpdir(void)
 {
-    static char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/ember-plot-XXXXXX");
-    CHECK(mkdtemp(dir) != NULL);
-    return dir;
+    static char dir[PATH_MAX];
+    return th_tmpdir(dir, sizeof dir, "ember-plot");
 }
 
 static void write_text(const char *path, const char *text) { th_write_file(path, text, strlen(text)); }
@@ -100,9 +98,9 @@ static const char metrics[] = "{\"step\": 0, \"train_loss\": 4.2, \"val_loss\": 
 TEST(test_cli_plot_draws_a_path_per_series_with_a_point_per_record)
 {
     char *dir = tmpdir();
-    char in[128], out[128];
-    snprintf(in, sizeof in, "%s/metrics.jsonl", dir);
-    snprintf(out, sizeof out, "%s/loss.svg", dir);
+    char in[PATH_MAX], out[PATH_MAX];
+    th_pathf(in, sizeof in, "%s/metrics.jsonl", dir);
+    th_pathf(out, sizeof out, "%s/loss.svg", dir);
     write_text(in, metrics);
     th_run_result *r = run_ember("plot", in, "-o", out, NULL);
     CHECK_EXIT(r, 0);
@@ -133,8 +131,8 @@ TEST(test_cli_plot_draws_a_path_per_series_with_a_point_per_record)
 TEST(test_cli_plot_uses_a_log_scale_when_the_loss_spans_more_than_a_decade)
 {
     char *dir = tmpdir();
-    char in[128];
-    snprintf(in, sizeof in, "%s/m.jsonl", dir);
+    char in[PATH_MAX];
+    th_pathf(in, sizeof in, "%s/m.jsonl", dir);
     write_text(in,
                "{\"step\": 0, \"loss\": 9.0}\n{\"step\": 1, \"loss\": 0.5}\n{\"step\": 2, \"loss\": 0.2}\n");
     th_run_result *r = run_ember("plot", in, "--title", "a <run> & more", NULL);
@@ -151,8 +149,8 @@ TEST(test_cli_plot_uses_a_log_scale_when_the_loss_spans_more_than_a_decade)
 TEST(test_cli_plot_breaks_the_line_at_a_null_value)
 {
     char *dir = tmpdir();
-    char in[128];
-    snprintf(in, sizeof in, "%s/m.jsonl", dir);
+    char in[PATH_MAX];
+    th_pathf(in, sizeof in, "%s/m.jsonl", dir);
     write_text(in, "{\"step\": 1, \"loss\": 3}\n{\"step\": 2, \"loss\": 2.5}\n{\"step\": 3, \"loss\": null}\n"
                    "{\"step\": 4, \"loss\": 2}\n{\"step\": 5, \"loss\": 1.9}\n");
     CHECK_EXIT(run_ember("plot", in, NULL), 0);
@@ -169,8 +167,8 @@ TEST(test_cli_plot_breaks_the_line_at_a_null_value)
 TEST(test_cli_plot_tags_chooses_the_upper_panels_series)
 {
     char *dir = tmpdir();
-    char in[128];
-    snprintf(in, sizeof in, "%s/m.jsonl", dir);
+    char in[PATH_MAX];
+    th_pathf(in, sizeof in, "%s/m.jsonl", dir);
     write_text(in, metrics);
     CHECK_EXIT(run_ember("plot", in, "--tags", "grad_norm,ms_per_step", NULL), 0);
     size_t n;
@@ -196,8 +194,8 @@ TEST(test_cli_plot_fails_cleanly_on_a_missing_file)
 TEST(test_cli_plot_fails_on_a_file_without_numbers_to_draw)
 {
     char *dir = tmpdir();
-    char in[128];
-    snprintf(in, sizeof in, "%s/m.jsonl", dir);
+    char in[PATH_MAX];
+    th_pathf(in, sizeof in, "%s/m.jsonl", dir);
     write_text(in, "{\"step\": 1, \"note\": \"hello\"}\n{\"step\": 2, \"accuracy\": 0.5}\n");
     th_run_result *r = run_ember("plot", in, NULL);
     CHECK_EXIT(r, 1);
@@ -212,8 +210,8 @@ TEST(test_cli_plot_fails_on_a_file_without_numbers_to_draw)
 TEST(test_cli_plot_names_the_line_that_is_not_a_record)
 {
     char *dir = tmpdir();
-    char in[128];
-    snprintf(in, sizeof in, "%s/m.jsonl", dir);
+    char in[PATH_MAX];
+    th_pathf(in, sizeof in, "%s/m.jsonl", dir);
     const char *bad[] = {
         "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": }\n",    /* no value */
         "{\"step\": 1, \"loss\": 2}\n{\"loss\": 2}\n",                /* no step */
@@ -254,7 +252,7 @@ TEST(test_cli_plot_rejects_bad_usage)
 
 static void make_corpus(const char *dir, char *txt, size_t n)
 {
-    snprintf(txt, n, "%s/corpus.txt", dir);
+    th_pathf(txt, n, "%s/corpus.txt", dir);
     FILE *f = fopen(txt, "w");
     CHECK(f != NULL);
     for (int i = 0; i < 300; i++) fputs("the cat sat on the mat. the dog sat on the log.\n", f);
@@ -267,7 +265,7 @@ static void make_corpus(const char *dir, char *txt, size_t n)
 
 static int event_files(const char *dir)
 {
-    char cmd[512];
+    char cmd[PATH_MAX];
     snprintf(cmd, sizeof cmd, "ls %s 2>/dev/null | grep -c '^events.out.tfevents\\.'", dir);
     FILE *p = popen(cmd, "r");
     int n = 0;
@@ -281,10 +279,10 @@ static int event_files(const char *dir)
 TEST(test_cli_train_log_with_tensorboard_writes_event_files_under_logging_dir)
 {
     char *dir = tmpdir();
-    char txt[128], out[128], logs[128];
+    char txt[PATH_MAX], out[PATH_MAX], logs[PATH_MAX];
     make_corpus(dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/myrun", dir);
-    snprintf(logs, sizeof logs, "%s/logs", dir);
+    th_pathf(out, sizeof out, "%s/myrun", dir);
+    th_pathf(logs, sizeof logs, "%s/logs", dir);
     th_run_result *r = run_ember("train", "--data", txt, "--out", out, TINY_RUN, "--log-with", "tensorboard",
                                  "--logging-dir", logs, NULL);
     CHECK_EXIT(r, 0);
@@ -309,9 +307,9 @@ TEST(test_cli_train_log_with_tensorboard_writes_event_files_under_logging_dir)
 TEST(test_cli_train_default_writes_no_event_files)
 {
     char *dir = tmpdir();
-    char txt[128], out[128];
+    char txt[PATH_MAX], out[PATH_MAX];
     make_corpus(dir, txt, sizeof txt);
-    snprintf(out, sizeof out, "%s/run", dir);
+    th_pathf(out, sizeof out, "%s/run", dir);
     unsetenv("EMBER_LOG_WITH");
     CHECK_EXIT(run_ember("train", "--data", txt, "--out", out, TINY_RUN, NULL), 0);
     CHECK(!exists(th_path(out, "runs")));

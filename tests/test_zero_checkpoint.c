@@ -41,10 +41,9 @@ static uLong rig_sum(rig *r)
 
 static void make_dir(char *dir, size_t n)
 {
-    char base[64];
-    snprintf(base, sizeof base, "/tmp/ember-zckpt-XXXXXX");
-    CHECK(mkdtemp(base) != NULL);
-    snprintf(dir, n, "%s/state", base);
+    char base[PATH_MAX];
+    th_tmpdir(base, sizeof base, "ember-zckpt");
+    th_pathf(dir, n, "%s/state", base);
 }
 
 /* ---- what a save writes ------------------------------------------------------------ */
@@ -99,7 +98,7 @@ static void saves_shards(int rank, int world, void *ctx)
 
 TEST(test_zero_save_state_writes_every_ranks_optimizer_shard_and_the_manifest_lists_each)
 {
-    char dir[128];
+    char dir[PATH_MAX];
     make_dir(dir, sizeof dir);
     TH_RANKS_ENV(2, saves_shards, dir);
 }
@@ -122,7 +121,7 @@ static void saves_twice(int rank, int world, void *ctx)
 
 TEST(test_zero_save_state_replaces_a_previous_zero_checkpoint_and_loads_it_back)
 {
-    char dir[128];
+    char dir[PATH_MAX];
     make_dir(dir, sizeof dir);
     TH_RANKS_ENV(2, saves_twice, dir);
 }
@@ -130,7 +129,7 @@ TEST(test_zero_save_state_replaces_a_previous_zero_checkpoint_and_loads_it_back)
 /* ---- refused loads ------------------------------------------------------------------- */
 
 typedef struct spoil {
-    char dir[128], other[128];          /* other: a second save (the shard of another save) */
+    char dir[PATH_MAX], other[PATH_MAX]; /* other: a second save (the shard of another save) */
     void (*fn)(const struct spoil *sp); /* rank 0 spoils dir with it */
     const char *want;                   /* what the error must say (besides the file) */
     const char *names;                  /* the file or directory the error must name */
@@ -174,7 +173,7 @@ static void shard_1_path(const spoil *sp, char *path, size_t n)
 
 static void remove_shard_1(const spoil *sp)
 {
-    char path[256];
+    char path[PATH_MAX];
     shard_1_path(sp, path, sizeof path);
     CHECK(unlink(path) == 0);
 }
@@ -184,7 +183,7 @@ static void run_spoiled(spoil *sp, void (*fn)(const spoil *), const char *want, 
     make_dir(sp->dir, sizeof sp->dir);
     sp->fn = fn;
     sp->want = want;
-    static char shard[256];
+    static char shard[PATH_MAX];
     shard_1_path(sp, shard, sizeof shard);
     sp->names = named_file ? shard : sp->dir;
     TH_RANKS_ENV(2, load_spoiled, sp);
@@ -198,7 +197,7 @@ TEST(test_zero_load_state_refuses_a_missing_shard_naming_it_and_changes_nothing)
 
 static void flip_shard_1(const spoil *sp)
 {
-    char path[256];
+    char path[PATH_MAX];
     shard_1_path(sp, path, sizeof path);
     size_t n;
     char *b = th_slurp(path, &n);
@@ -215,7 +214,7 @@ TEST(test_zero_load_state_refuses_a_corrupted_shard_naming_it_and_changes_nothin
 
 static void shard_of_other_save(const spoil *sp)
 {
-    char path[256];
+    char path[PATH_MAX];
     shard_1_path(sp, path, sizeof path);
     size_t n;
     char *b = th_slurp(th_path(sp->other, "optimizer.rank_1.safetensors"), &n);
@@ -235,7 +234,7 @@ TEST(test_zero_load_state_refuses_a_shard_of_another_save_even_with_a_matching_c
  * its place in "pieces"), and reseals the manifest. */
 static void drop_a_piece(const spoil *sp)
 {
-    char path[256];
+    char path[PATH_MAX];
     shard_1_path(sp, path, sizeof path);
     em_safetensors *f = em_safetensors_open(path);
     CHECK_NOTNULL(f);
@@ -334,7 +333,7 @@ static void saves_model_shards(int rank, int world, void *ctx)
 
 TEST(test_zero_3_save_state_writes_each_ranks_model_shard_without_gathering_the_model)
 {
-    char dir[128];
+    char dir[PATH_MAX];
     make_dir(dir, sizeof dir);
     TH_RANKS_ENV(2, saves_model_shards, dir);
 }
@@ -375,7 +374,7 @@ static void loads_over_gathered(int rank, int world, void *ctx)
 
 TEST(test_zero_3_load_state_over_gathered_parameters_gives_the_saved_ones)
 {
-    char dir[128];
+    char dir[PATH_MAX];
     make_dir(dir, sizeof dir);
     TH_RANKS_ENV(2, loads_over_gathered, dir);
 }
@@ -384,7 +383,7 @@ TEST(test_zero_3_load_state_over_gathered_parameters_gives_the_saved_ones)
  * "piece." key), and reseals the manifest. */
 static void drop_a_model_piece(const spoil *sp)
 {
-    char path[256];
+    char path[PATH_MAX];
     snprintf(path, sizeof path, "%s", th_path(sp->dir, "model.rank_1.safetensors"));
     em_safetensors *f = em_safetensors_open(path);
     CHECK_NOTNULL(f);

@@ -1,7 +1,12 @@
 /* util.c — helpers shared by the tests: value checks, finite-difference
- * gradient checks, f32-vs-f64 agreement, non-contiguous copies. */
+ * gradient checks, f32-vs-f64 agreement, non-contiguous copies, temporary
+ * files under the test's own directory, running programs. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -209,11 +214,68 @@ static void read_back(FILE *f, char *buf, size_t cap)
     buf[n] = '\0';
 }
 
+/* ---- temporary files ------------------------------------------------------ */
+
+const char *th_tmp(void)
+{
+    const char *d = getenv("EMBER_TEST_TMP");
+    if (!d || !*d)
+        th_fail(__FILE__, __LINE__, "EMBER_TEST_TMP is not set: tests run under tests/main.c's runner");
+    return d;
+}
+
+/* TEST_DIR/prefix-XXXXXX into buf (n bytes), or fails the test */
+static void tmp_template(char *buf, size_t n, const char *prefix, const char *what)
+{
+    const char *d = th_tmp();
+    int w = snprintf(buf, n, "%s/%s-XXXXXX", d, prefix);
+    if (w < 0 || (size_t)w >= n)
+        th_fail(__FILE__, __LINE__, "%s: %s/%s-XXXXXX does not fit in %zu bytes", what, d, prefix, n);
+}
+
+char *th_tmpdir(char *dir, size_t n, const char *prefix)
+{
+    tmp_template(dir, n, prefix, "th_tmpdir");
+    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "th_tmpdir: mkdtemp(%s): %s", dir, strerror(errno));
+    return dir;
+}
+
+int th_tmpfile(char *path, size_t n, const char *prefix)
+{
+    tmp_template(path, n, prefix, "th_tmpfile");
+    int fd = mkstemp(path);
+    if (fd < 0) th_fail(__FILE__, __LINE__, "th_tmpfile: mkstemp(%s): %s", path, strerror(errno));
+    return fd;
+}
+
+/* Removes name (relative to the directory dirfd): a file at once, a
+ * directory after its entries, made writable first so a test's read-only
+ * directory goes too. Symbolic links are removed, never followed. */
+static int remove_at(int dirfd, const char *name)
+{
+    if (unlinkat(dirfd, name, 0) == 0 || errno == ENOENT) return 0;
+    if (errno != EISDIR) return -1;
+    (void)fchmodat(dirfd, name, 0700, 0);
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    int rc = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && remove_at(fd, e->d_name) != 0) rc = -1;
+    closedir(d);
+    if (unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT) rc = -1;
+    return rc;
+}
+
+int th_remove_tree(const char *path) { return remove_at(AT_FDCWD, path); }
+
 void th_rhyme_corpus(char *dir, size_t n, char *txt, size_t tn)
 {
-    snprintf(dir, n, "/tmp/ember-corpus-XXXXXX");
-    if (!mkdtemp(dir)) th_fail(__FILE__, __LINE__, "mkdtemp failed");
-    snprintf(txt, tn, "%s/corpus.txt", dir);
+    th_tmpdir(dir, n, "ember-corpus");
+    th_pathf(txt, tn, "%s/corpus.txt", dir);
     FILE *f = fopen(txt, "w");
     if (!f) th_fail(__FILE__, __LINE__, "cannot write %s", txt);
     for (int i = 0; i < 300; i++) fputs("the cat sat on the mat. the dog sat on the log.\n", f);
@@ -222,7 +284,7 @@ void th_rhyme_corpus(char *dir, size_t n, char *txt, size_t tn)
 
 void th_train_steps(const char *run, char *buf, size_t n)
 {
-    char path[512], line[1024];
+    char path[PATH_MAX], line[1024];
     size_t k = 0;
     buf[0] = '\0';
     snprintf(path, sizeof path, "%s/metrics.jsonl", run);
@@ -285,7 +347,7 @@ th_run_result *th_run(const char *bin, ...)
 
 void th_reseal_checkpoint(const char *dir)
 {
-    char path[600];
+    char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     FILE *f = fopen(path, "rb");
     if (!f) th_fail(__FILE__, __LINE__, "cannot open %s", path);
@@ -298,7 +360,7 @@ void th_reseal_checkpoint(const char *dir)
     for (const char *e; (e = strstr(at, key)); at = strchr(e, '}')) {
         const char *name = e + strlen(key);
         int len = (int)strcspn(name, "\"");
-        char file[700];
+        char file[PATH_MAX];
         snprintf(file, sizeof file, "%s/%.*s", dir, len, name);
         FILE *g = fopen(file, "rb");
         if (!g) th_fail(__FILE__, __LINE__, "cannot open %s", file);
@@ -358,13 +420,22 @@ void th_write_file(const char *path, const void *p, size_t n)
     if (fclose(f) != 0 || !ok) th_fail(__FILE__, __LINE__, "cannot write %s", path);
 }
 
+char *th_pathf(char *buf, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    if (w < 0 || (size_t)w >= n)
+        th_fail(__FILE__, __LINE__, "th_pathf: \"%s\" needs %d bytes, has %zu", buf, w + 1, n);
+    return buf;
+}
+
 const char *th_path(const char *dir, const char *name)
 {
-    static char bufs[4][600];
+    static char bufs[4][PATH_MAX];
     static int next;
-    char *b = bufs[next++ % 4];
-    snprintf(b, sizeof bufs[0], "%s/%s", dir, name);
-    return b;
+    return th_pathf(bufs[next++ % 4], sizeof bufs[0], "%s/%s", dir, name);
 }
 
 void th_no_user_config(void)
