@@ -192,10 +192,26 @@ static const op_kernels select_kernels = OP_KERNELS(select_cpu, select_cuda);
 
 enum { ADD_BLOCK = 256 };
 
+/* The columns of a task: ADD_BLOCK, or fewer (whole cache lines) when a
+ * few outer slices would otherwise leave threads idle: an embedding's
+ * gradient (one slice of C = 128 columns) is split over the pool too. The
+ * sums are per column, so the blocks do not change their bits. */
+static int64_t add_block(int64_t outer, int64_t inner)
+{
+    int64_t nt = em_num_threads(), blk = ADD_BLOCK;
+    if (outer * ((inner + ADD_BLOCK - 1) / ADD_BLOCK) < nt) {
+        int64_t per = (nt + outer - 1) / outer; /* blocks wanted per slice */
+        blk = ((inner + per - 1) / per + 15) / 16 * 16;
+        if (blk < 16) blk = 16;
+        if (blk > ADD_BLOCK) blk = ADD_BLOCK;
+    }
+    return blk;
+}
+
 typedef struct iadd_ctx {
     tensor *acc, *g;
     const int32_t *idx; /* index_add: the row of each of the K rows of g; index_acc: its slot */
-    int64_t S, K, inner, nblk;
+    int64_t S, K, inner, blk, nblk; /* columns blk to a task, nblk tasks per outer slice */
     /* index_acc: the U distinct rows (first-use order) and their sums */
     const int32_t *uniq;
     int64_t U;
@@ -207,7 +223,7 @@ static void index_add_range(void *p, int64_t lo, int64_t hi)
     iadd_ctx *c = p;
     for (int64_t task = lo; task < hi; task++) {
         int64_t o = task / c->nblk, b = task % c->nblk;
-        int64_t c0 = b * ADD_BLOCK, c1 = c0 + ADD_BLOCK < c->inner ? c0 + ADD_BLOCK : c->inner;
+        int64_t c0 = b * c->blk, c1 = c0 + c->blk < c->inner ? c0 + c->blk : c->inner;
         if (c->acc->dtype == EM_F32) {
             float *a = (float *)t_ptr(c->acc) + o * c->S * c->inner;
             const float *g = (const float *)t_ptr(c->g) + o * c->K * c->inner;
@@ -246,10 +262,10 @@ static em_status index_add_cpu(const op_call *call, tensor *acc)
         int32_t *iv = tmp_alloc(sizeof(int32_t) * (size_t)K);
         if (!iv) return em_last_status();
         load_index(idx, iv);
-        int64_t nblk = (inner + ADD_BLOCK - 1) / ADD_BLOCK;
-        iadd_ctx c = {acc, gc, iv, acc->shape[d], K, inner, nblk, NULL, 0, NULL};
-        parallel_for(outer * nblk, 1 + (1 << 14) / (K * (inner < ADD_BLOCK ? inner : ADD_BLOCK) + 1),
-                     index_add_range, &c);
+        int64_t blk = add_block(outer, inner), nblk = (inner + blk - 1) / blk;
+        iadd_ctx c = {acc, gc, iv, acc->shape[d], K, inner, blk, nblk, NULL, 0, NULL};
+        parallel_for(outer * nblk, 1 + (1 << 14) / (K * (inner < blk ? inner : blk) + 1), index_add_range,
+                     &c);
         tmp_release(m);
     }
     return EM_OK;
@@ -284,14 +300,23 @@ static const op_kernels index_add_kernels = OP_KERNELS(index_add_cpu, index_add_
 #define INDEX_ACC_COLS(T)                                                                                    \
     static void index_acc_cols_##T(const iadd_ctx *c, int64_t o, int64_t c0, int64_t c1)                     \
     {                                                                                                        \
-        T *a = (T *)t_ptr(c->acc) + o * c->S * c->inner, *u = (T *)c->sums + o * c->U * c->inner;            \
-        const T *g = (const T *)t_ptr(c->g) + o * c->K * c->inner;                                           \
-        for (int64_t r = 0; r < c->U; r++)                                                                   \
-            for (int64_t j = c0; j < c1; j++) u[r * c->inner + j] = 0;                                       \
-        for (int64_t k = 0; k < c->K; k++)                                                                   \
-            for (int64_t j = c0; j < c1; j++) u[c->idx[k] * c->inner + j] += g[k * c->inner + j];            \
-        for (int64_t r = 0; r < c->U; r++)                                                                   \
-            for (int64_t j = c0; j < c1; j++) a[c->uniq[r] * c->inner + j] += u[r * c->inner + j];           \
+        /* (locals: stores through u must not make the compiler reload c's fields) */                        \
+        int64_t n = c->inner, K = c->K, U = c->U;                                                            \
+        const int32_t *slot = c->idx, *uniq = c->uniq;                                                       \
+        T *a = (T *)t_ptr(c->acc) + o * c->S * n, *u = (T *)c->sums + o * U * n;                             \
+        const T *g = (const T *)t_ptr(c->g) + o * K * n;                                                     \
+        for (int64_t r = 0; r < U; r++)                                                                      \
+            for (int64_t j = c0; j < c1; j++) u[r * n + j] = 0;                                              \
+        for (int64_t k = 0; k < K; k++) {                                                                    \
+            T *ur = u + slot[k] * n;                                                                         \
+            const T *gr = g + k * n;                                                                         \
+            for (int64_t j = c0; j < c1; j++) ur[j] += gr[j];                                                \
+        }                                                                                                    \
+        for (int64_t r = 0; r < U; r++) {                                                                    \
+            T *ar = a + uniq[r] * n;                                                                         \
+            const T *ur = u + r * n;                                                                         \
+            for (int64_t j = c0; j < c1; j++) ar[j] += ur[j];                                                \
+        }                                                                                                    \
     }
 INDEX_ACC_COLS(float)
 INDEX_ACC_COLS(double)
@@ -303,7 +328,7 @@ static void index_acc_range(void *p, int64_t lo, int64_t hi)
     iadd_ctx *c = p;
     for (int64_t task = lo; task < hi; task++) {
         int64_t o = task / c->nblk, b = task % c->nblk;
-        int64_t c0 = b * ADD_BLOCK, c1 = c0 + ADD_BLOCK < c->inner ? c0 + ADD_BLOCK : c->inner;
+        int64_t c0 = b * c->blk, c1 = c0 + c->blk < c->inner ? c0 + c->blk : c->inner;
         if (c->acc->dtype == EM_F32)
             index_acc_cols_float(c, o, c0, c1);
         else
@@ -348,10 +373,9 @@ static em_status index_acc_cpu(const op_call *call, tensor *acc)
         tmp_release(m);
         return em_last_status();
     }
-    int64_t nblk = (inner + ADD_BLOCK - 1) / ADD_BLOCK;
-    iadd_ctx c = {acc, gc, slot, S, K, inner, nblk, uniq, U, sums};
-    parallel_for(outer * nblk, 1 + (1 << 14) / (K * (inner < ADD_BLOCK ? inner : ADD_BLOCK) + 1),
-                 index_acc_range, &c);
+    int64_t blk = add_block(outer, inner), nblk = (inner + blk - 1) / blk;
+    iadd_ctx c = {acc, gc, slot, S, K, inner, blk, nblk, uniq, U, sums};
+    parallel_for(outer * nblk, 1 + (1 << 14) / (K * (inner < blk ? inner : blk) + 1), index_acc_range, &c);
     tmp_release(m);
     return EM_OK;
 }

@@ -145,3 +145,47 @@ TEST(test_f32_avx2_products_do_not_depend_on_the_thread_count)
     use_f32_path(NULL);
     em_scope_end(s);
 }
+
+/* em_gemm (f32, the avx2 path) of one shape at 1, 2 and 3 threads: split
+ * over the pool by rows or by columns (gemm_run), at every thread count the
+ * result must be the one thread's bit for bit (each element is one k loop
+ * in a fixed order, whoever computes it). bias: a Linear's; add: beta 1. */
+static void same_bits_at_any_thread_count(int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool bias,
+                                          bool add)
+{
+    int64_t lda = ta ? M + 1 : K + 3, ldb = tb ? K + 2 : N + 1, ldc = N + 5;
+    float *A = rand_f32((ta ? K : M) * lda, (uint64_t)(M + 3 * K)), *B = rand_f32((tb ? N : K) * ldb, 11);
+    float *bv = rand_f32(N, 12), *C0 = rand_f32(M * ldc, 13), *C[3];
+    int threads = em_num_threads();
+    for (int t = 0; t < 3; t++) {
+        C[t] = malloc((size_t)(M * ldc) * sizeof(float));
+        memcpy(C[t], C0, (size_t)(M * ldc) * sizeof(float));
+        CHECK_OK(em_set_num_threads(t + 1));
+        if (bias)
+            em_gemm_bias(EM_F32, ta, tb, M, N, K, 1.0, A, lda, B, ldb, C[t], ldc, bv);
+        else
+            em_gemm(EM_F32, ta, tb, M, N, K, 1.0, A, lda, B, ldb, add ? 1.0 : 0.0, C[t], ldc);
+    }
+    CHECK_OK(em_set_num_threads(threads));
+    for (int t = 1; t < 3; t++)
+        if (memcmp(C[0], C[t], (size_t)(M * ldc) * sizeof(float)))
+            th_fail(__FILE__, __LINE__, "(%lld,%lld)%s @ (%lld,%lld)%s%s%s: %d threads differ from 1",
+                    (long long)M, (long long)K, ta ? "^T" : "", (long long)K, (long long)N, tb ? "^T" : "",
+                    bias ? " + bias" : "", add ? " added" : "", t + 1);
+    for (int t = 0; t < 3; t++) free(C[t]);
+    free(A), free(B), free(bv), free(C0);
+}
+
+TEST(test_f32_avx2_split_products_have_one_threads_bits_in_every_layout)
+{
+    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
+    use_f32_path("avx2");
+    same_bits_at_any_thread_count(768, 384, 128, false, true, true, false);   /* a Linear: rows, W^T shared */
+    same_bits_at_any_thread_count(768, 128, 384, false, false, false, false); /* its dX */
+    same_bits_at_any_thread_count(384, 128, 768, true, false, false, true);   /* its dW, added: deep rows */
+    same_bits_at_any_thread_count(128, 512, 768, true, false, false, false);  /* by columns */
+    same_bits_at_any_thread_count(100, 700, 300, false, true, true, false);   /* columns, deep, edges */
+    same_bits_at_any_thread_count(257, 200, 517, true, true, false, true);    /* rows, deep, edges */
+    same_bits_at_any_thread_count(60, 3100, 70, false, false, false, false);  /* past 3072 columns */
+    use_f32_path(NULL);
+}

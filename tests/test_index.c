@@ -81,6 +81,29 @@ TEST(test_embedding_backward_counts_each_use_of_a_row)
     em_scope_end(s);
 }
 
+/* The gradient of a GPT's token table (65 x 128, one slice of 128
+ * columns, 768 uses): split over the pool by blocks of columns, it must
+ * have the one-thread bits at any thread count */
+TEST(test_embedding_gradient_has_the_same_bits_at_any_thread_count)
+{
+    int threads = em_num_threads();
+    float got[3][65 * 128];
+    for (int t = 0; t < 3; t++) {
+        CHECK_OK(em_set_num_threads(t + 1));
+        em_scope s = em_scope_begin();
+        em_rng r = em_rng_new(5);
+        em_tensor *w = em_randn(EM_F32, EM_SHAPE(65, 128), &r);
+        CHECK_OK(em_set_requires_grad(w, true));
+        em_tensor *idx = em_randint(0, 65, EM_I32, EM_SHAPE(12, 64), &r);
+        em_tensor *up = em_randn(EM_F32, EM_SHAPE(12, 64, 128), &r);
+        CHECK_OK(em_backward(em_sum(em_mul(em_embedding(w, idx), up), 0, NULL, false), NULL));
+        memcpy(got[t], em_data(em_grad(w)), sizeof got[t]);
+        em_scope_end(s);
+    }
+    CHECK_OK(em_set_num_threads(threads));
+    CHECK(!memcmp(got[0], got[1], sizeof got[0]) && !memcmp(got[0], got[2], sizeof got[0]));
+}
+
 TEST(test_embedding_noncontiguous_inputs_give_same_values)
 {
     em_scope s = em_scope_begin();
