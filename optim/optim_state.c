@@ -408,6 +408,46 @@ em_status opt_clip_refuse(const char *fn, double total, double p, const char *wh
                   fn, p, total, where);
 }
 
+/* Gradients of at most one BLOCK (a small model's every parameter, a big
+ * one's biases and norms): one thread each, over the pool, instead of each
+ * a serial pass of its own. Per gradient the same arithmetic as
+ * grad_norm_acc and scale, so the same bits. */
+typedef struct small_grads {
+    tensor **g;  /* the gradients, NULL where not small */
+    double p, c; /* the norm's p; scale's factor */
+    double *acc; /* norm: per gradient */
+} small_grads;
+
+/* contiguous f32/f64 of at most one BLOCK */
+static bool small_grad(const tensor *g)
+{
+    return g && t_is_contig(g) && (g->dtype == EM_F32 || g->dtype == EM_F64) && t_numel(g) <= BLOCK;
+}
+
+static void small_norms(void *ctx, int64_t lo, int64_t hi)
+{
+    small_grads *q = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        tensor *g = q->g[i];
+        if (!g) continue;
+        double part = 0;
+        norm_job j = {t_ptr(g), g->dtype == EM_F64, t_numel(g), q->p, &part};
+        norm_range(&j, 0, t_numel(g) > 0 ? 1 : 0);
+        q->acc[i] = norm_join(0, part, q->p);
+    }
+}
+
+static void small_scales(void *ctx, int64_t lo, int64_t hi)
+{
+    small_grads *q = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        tensor *g = q->g[i];
+        if (!g) continue;
+        scale_job j = {t_ptr(g), g->dtype == EM_F64, q->c};
+        scale_range(&j, 0, t_numel(g));
+    }
+}
+
 /* The refusal of a non-finite total, naming the first of the n parameters
  * whose accumulation acc[i] is not finite. */
 static em_status refuse_at(const char *fn, double total, double p, int n, em_tensor *const *params,
@@ -533,7 +573,8 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
     size_t m = tmp_mark();
     double *buf = tmp_alloc(CHUNK * sizeof(double)), *part = tmp_alloc((size_t)blocks * sizeof(double)),
            *acc = tmp_alloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-    if (!buf || !part || !acc) {
+    tensor **small = tmp_alloc((size_t)(n > 0 ? n : 1) * sizeof(tensor *));
+    if (!buf || !part || !acc || !small) {
         tmp_release(m);
         s = em_err(EM_ERR_OOM, "%s: out of memory for scratch", fn);
         if (status) *status = s;
@@ -543,7 +584,13 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
     double all = 0;
     for (int i = 0; i < n; i++) {
         tensor *g = clip_grad(params[i]);
-        acc[i] = g ? grad_norm_acc(g, p, buf, part) : 0;
+        small[i] = small_grad(g) ? g : NULL;
+    }
+    small_grads sg = {small, p, 0, acc};
+    parallel_for(n, 8, small_norms, &sg);
+    for (int i = 0; i < n; i++) {
+        tensor *g = clip_grad(params[i]);
+        if (!small[i]) acc[i] = g ? grad_norm_acc(g, p, buf, part) : 0;
         all = norm_join(all, acc[i], p);
     }
     total = norm_root(all, p);
@@ -554,11 +601,14 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
         return NAN;
     }
     double c = cfg->max_norm / (total + 1e-6);
-    if (!(c >= 1.0)) /* NaN too: torch's clamp passes it through */
+    if (!(c >= 1.0)) { /* NaN too: torch's clamp passes it through */
+        sg.c = c;
+        parallel_for(n, 8, small_scales, &sg);
         for (int i = 0; i < n; i++) {
             tensor *g = clip_grad(params[i]);
-            if (g) scale(g, c, buf);
+            if (g && !small[i]) scale(g, c, buf);
         }
+    }
     tmp_release(m);
     if (status) *status = EM_OK;
     return total;

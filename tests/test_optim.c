@@ -711,6 +711,46 @@ TEST(test_clip_grad_norm_large_and_half_precision_grads)
     }
 }
 
+/* Many small gradients (one thread each: optim_state.c's small_grads)
+ * beside big ones (blocks over the pool), in every norm: the total and the
+ * clipped gradients have the one-thread bits at any thread count */
+TEST(test_clip_grad_norm_has_the_same_bits_at_any_thread_count)
+{
+    enum { N = 9 };
+    static const int64_t sizes[N] = {128, 65536, 7, 200000, 4096, 1, 65537, 300, 128};
+    static const double norms[4] = {2, 1, 3.5, INFINITY};
+    int threads = em_num_threads();
+    for (int q = 0; q < 4; q++) {
+        double total[3];
+        uint64_t hash[3];
+        for (int t = 0; t < 3; t++) {
+            CHECK_OK(em_set_num_threads(t + 1));
+            em_rng r = em_rng_new(9);
+            em_tensor *p[N], *g[N];
+            for (int i = 0; i < N; i++) {
+                p[i] = em_zeros(EM_F32, EM_SHAPE(sizes[i]));
+                g[i] = em_randn(EM_F32, EM_SHAPE(sizes[i]), &r);
+                CHECK_OK(em_set_requires_grad(p[i], true));
+                CHECK_OK(em_set_grad_buffer(p[i], g[i]));
+            }
+            em_status s = EM_ERR_ARG;
+            total[t] =
+                em_clip_grad_norm_with(N, p, &(em_clip_config){.max_norm = 0.5, .norm_type = norms[q]}, &s);
+            CHECK_OK(s);
+            hash[t] = 1469598103934665603ull;
+            for (int i = 0; i < N; i++) {
+                const unsigned char *b = em_data(g[i]);
+                for (int64_t k = 0; k < sizes[i] * 4; k++) hash[t] = (hash[t] ^ b[k]) * 1099511628211ull;
+                em_free(p[i]);
+                em_free(g[i]);
+            }
+        }
+        CHECK(total[0] == total[1] && total[0] == total[2] && total[0] > 0.5);
+        CHECK(hash[0] == hash[1] && hash[0] == hash[2]);
+    }
+    CHECK_OK(em_set_num_threads(threads));
+}
+
 TEST(test_clip_grad_norm_rejects_bad_max_norm)
 {
     rig r;
