@@ -201,6 +201,16 @@ static em_status leaf_used(tensor *t)
     return EM_OK;
 }
 
+/* Whether dst = a + b can be one pass (sum_par) instead of a copy and an
+ * add: all on the CPU, contiguous, of one dtype, f32 or f64. */
+static bool sums_at_once(const tensor *dst, const tensor *a, const tensor *b)
+{
+    em_dtype dt = dst->dtype;
+    return (dt == EM_F32 || dt == EM_F64) && a->dtype == dt && b->dtype == dt && !t_on_cuda(dst) &&
+           !t_on_cuda(a) && !t_on_cuda(b) && t_is_contig(dst) && t_is_contig(a) && t_is_contig(b) &&
+           t_numel(a) == t_numel(dst) && t_numel(b) == t_numel(dst);
+}
+
 static em_status accum(tensor *t, tensor *g)
 {
     if (g->ndim != t->ndim || memcmp(g->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim))
@@ -222,8 +232,12 @@ static em_status accum(tensor *t, tensor *g)
     } else if (!t->grad || t->grad_shared) {
         tensor *ng = leaf ? t_new_persistent_on(t->device, t->dtype, t->ndim, t->shape) : t_new_like(t);
         if (!ng) return em_last_status();
-        copy_strided(ng, t->grad ? t->grad : g);
-        if (t->grad) add_into(ng, g);
+        if (t->grad && sums_at_once(ng, t->grad, g)) /* (a residual stream's second contribution) */
+            sum_par(ng->dtype, t_ptr(ng), t_ptr(t->grad), t_ptr(g), t_numel(ng));
+        else {
+            copy_strided(ng, t->grad ? t->grad : g);
+            if (t->grad) add_into(ng, g);
+        }
         t->grad = ng;
         t->grad_shared = false;
     } else {

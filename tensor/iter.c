@@ -242,6 +242,36 @@ void add_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n)
         add_range(&c, 0, n);
 }
 
+/* dst = a + b, n elements, all three of dt (f32 or f64) */
+typedef struct sum_ctx2 {
+    em_dtype dt;
+    void *dst;
+    const void *a, *b;
+} sum_ctx2;
+
+static void sum_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const sum_ctx2 *c = ctx;
+    if (c->dt == EM_F32) {
+        float *restrict d = (float *)c->dst + lo;
+        const float *restrict a = (const float *)c->a + lo, *restrict b = (const float *)c->b + lo;
+        for (int64_t i = 0; i < hi - lo; i++) d[i] = a[i] + b[i];
+        return;
+    }
+    double *restrict d = (double *)c->dst + lo;
+    const double *restrict a = (const double *)c->a + lo, *restrict b = (const double *)c->b + lo;
+    for (int64_t i = 0; i < hi - lo; i++) d[i] = a[i] + b[i];
+}
+
+void sum_par(em_dtype dt, void *dst, const void *a, const void *b, int64_t n)
+{
+    sum_ctx2 c = {dt, dst, a, b};
+    if (n >= 1 << 16)
+        parallel_for(n, 1 << 15, sum_range, &c);
+    else
+        sum_range(&c, 0, n);
+}
+
 #if EM_HAVE_CUDA
 /* w over t's shape with operands ops[0..nops) (their strides; same shape) */
 void cu_walk_of(cu_walk *w, const tensor *t, int nops, const tensor *const *ops)

@@ -21,6 +21,9 @@ void zero_par(void *dst, size_t bytes);
  * dst f32 or f64, src any float dtype no wider than dst (so the conversion
  * is exact and the sum is rounded once). */
 void add_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
+/* dst = a + b, n contiguous elements, all of dt (f32 or f64); over the pool
+ * when large. The bits of copying a to dst, then add_par(dt, dst, dt, b). */
+void sum_par(em_dtype dt, void *dst, const void *a, const void *b, int64_t n);
 /* Fills n contiguous elements of dtype dt with v. */
 void fill_n(em_dtype dt, void *dst, double v, int64_t n);
 /* Copies src into dst elementwise with dtype conversion; shapes must already

@@ -26,6 +26,39 @@ TEST(test_backward_computes_leaf_gradients)
     em_free(b);
 }
 
+/* A residual stream: h = x * 1 (a non-leaf) feeds y = h + relu(h) * u.
+ * h's gradient adopts the add's g first; the second contribution (relu's
+ * path) is summed with it in one pass (autograd/tape.c's sums_at_once):
+ * exactly g + g * u * (h > 0), in f32 and f64, large enough for the pool */
+TEST(test_second_gradient_of_a_residual_stream_is_the_exact_sum)
+{
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = d ? EM_F64 : EM_F32;
+        int64_t n = 100000;
+        em_scope s = em_scope_begin();
+        em_rng r = em_rng_new(4);
+        em_tensor *x = em_randn(dt, EM_SHAPE(n), &r), *u = em_randn(dt, EM_SHAPE(n), &r),
+                  *g = em_randn(dt, EM_SHAPE(n), &r);
+        CHECK_OK(em_set_requires_grad(x, true));
+        em_tensor *h = em_mul_scalar(x, 1.0);
+        em_tensor *y = em_add(h, em_mul(em_relu(h), u));
+        CHECK_OK(em_backward(y, g));
+        em_tensor *gx = em_grad(x);
+        int bad = 0;
+        for (int64_t i = 0; i < n && !bad; i++) {
+            double xi = em_get(x, (int64_t[]){i}), ui = em_get(u, (int64_t[]){i}),
+                   gi = em_get(g, (int64_t[]){i});
+            /* (volatile: the product rounded alone, never fused into an FMA with the add) */
+            volatile float p32 = (float)gi * (float)ui;
+            volatile double p64 = gi * ui;
+            double want = d ? gi + (xi > 0 ? p64 : 0.0) : (double)((float)gi + (xi > 0 ? p32 : 0.0f));
+            if (em_get(gx, (int64_t[]){i}) != want) bad = 1;
+        }
+        CHECK(!bad);
+        em_scope_end(s);
+    }
+}
+
 TEST(test_gradients_accumulate_across_backward_calls)
 {
     em_tensor *a = th_tensor(EM_F64, EM_SHAPE(2), (double[]){1, -1});
