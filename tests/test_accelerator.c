@@ -241,3 +241,16 @@ TEST(test_load_state_of_a_missing_directory_names_it)
     CHECK_ERR(em_accel_load_state(a, "/nonexistent/state"), EM_ERR_IO, "no checkpoint at /nonexistent/state");
     em_accelerator_free(a);
 }
+
+/* A deep path (1,500 characters) is named whole: the thread's error
+ * message holds more than one long path (tensor/error.c) */
+TEST(test_load_state_names_a_long_missing_path_whole)
+{
+    th_no_user_config();
+    char path[1600] = "/nonexistent", want[1700];
+    while (strlen(path) < 1500) strcat(path, "/deeper");
+    snprintf(want, sizeof want, "no checkpoint at %s", path);
+    em_accelerator *a = em_accelerator_new(NULL);
+    CHECK_ERR(em_accel_load_state(a, path), EM_ERR_IO, want);
+    em_accelerator_free(a);
+}
