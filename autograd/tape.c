@@ -201,14 +201,14 @@ static em_status leaf_used(tensor *t)
     return EM_OK;
 }
 
-/* Whether dst = a + b can be one pass (sum_par) instead of a copy and an
- * add: all on the CPU, contiguous, of one dtype, f32 or f64. */
+/* Whether dst = a + b (one shape: accum checked it) can be one pass
+ * (sum_par) instead of a copy and an add: all on the CPU, contiguous, of
+ * one dtype, f32 or f64. */
 static bool sums_at_once(const tensor *dst, const tensor *a, const tensor *b)
 {
     em_dtype dt = dst->dtype;
     return (dt == EM_F32 || dt == EM_F64) && a->dtype == dt && b->dtype == dt && !t_on_cuda(dst) &&
-           !t_on_cuda(a) && !t_on_cuda(b) && t_is_contig(dst) && t_is_contig(a) && t_is_contig(b) &&
-           t_numel(a) == t_numel(dst) && t_numel(b) == t_numel(dst);
+           !t_on_cuda(a) && !t_on_cuda(b) && t_is_contig(dst) && t_is_contig(a) && t_is_contig(b);
 }
 
 static em_status accum(tensor *t, tensor *g)

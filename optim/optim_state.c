@@ -413,7 +413,7 @@ em_status opt_clip_refuse(const char *fn, double total, double p, const char *wh
  * a serial pass of its own. Per gradient the same arithmetic as
  * grad_norm_acc and scale, so the same bits. */
 typedef struct small_grads {
-    tensor **g;  /* the gradients, NULL where not small */
+    tensor **g;  /* every parameter's gradient (NULL: none); the small ones are done here */
     double p, c; /* the norm's p; scale's factor */
     double *acc; /* norm: per gradient */
 } small_grads;
@@ -429,7 +429,7 @@ static void small_norms(void *ctx, int64_t lo, int64_t hi)
     small_grads *q = ctx;
     for (int64_t i = lo; i < hi; i++) {
         tensor *g = q->g[i];
-        if (!g) continue;
+        if (!small_grad(g)) continue;
         double part = 0;
         norm_job j = {t_ptr(g), g->dtype == EM_F64, t_numel(g), q->p, &part};
         norm_range(&j, 0, t_numel(g) > 0 ? 1 : 0);
@@ -442,7 +442,7 @@ static void small_scales(void *ctx, int64_t lo, int64_t hi)
     small_grads *q = ctx;
     for (int64_t i = lo; i < hi; i++) {
         tensor *g = q->g[i];
-        if (!g) continue;
+        if (!small_grad(g)) continue;
         scale_job j = {t_ptr(g), g->dtype == EM_F64, q->c};
         scale_range(&j, 0, t_numel(g));
     }
@@ -564,33 +564,28 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
         }
     }
 #endif
+    size_t m = tmp_mark();
+    tensor **gs = tmp_alloc((size_t)(n > 0 ? n : 1) * sizeof(tensor *)); /* each parameter's gradient */
     int64_t blocks = 1;
-    for (int i = 0; i < n; i++) {
-        tensor *g = clip_grad(params[i]);
-        int64_t b = g ? (t_numel(g) + BLOCK - 1) / BLOCK : 0;
+    for (int i = 0; gs && i < n; i++) {
+        gs[i] = clip_grad(params[i]);
+        int64_t b = gs[i] ? (t_numel(gs[i]) + BLOCK - 1) / BLOCK : 0;
         if (b > blocks) blocks = b;
     }
-    size_t m = tmp_mark();
     double *buf = tmp_alloc(CHUNK * sizeof(double)), *part = tmp_alloc((size_t)blocks * sizeof(double)),
            *acc = tmp_alloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-    tensor **small = tmp_alloc((size_t)(n > 0 ? n : 1) * sizeof(tensor *));
-    if (!buf || !part || !acc || !small) {
+    if (!gs || !buf || !part || !acc) {
         tmp_release(m);
         s = em_err(EM_ERR_OOM, "%s: out of memory for scratch", fn);
         if (status) *status = s;
         return NAN;
     }
     /* total = the norm of them all;  g *= min(1, max_norm / (total + 1e-6)) */
+    small_grads sg = {gs, p, 0, acc};
+    parallel_for(n, 8, small_norms, &sg);
     double all = 0;
     for (int i = 0; i < n; i++) {
-        tensor *g = clip_grad(params[i]);
-        small[i] = small_grad(g) ? g : NULL;
-    }
-    small_grads sg = {small, p, 0, acc};
-    parallel_for(n, 8, small_norms, &sg);
-    for (int i = 0; i < n; i++) {
-        tensor *g = clip_grad(params[i]);
-        if (!small[i]) acc[i] = g ? grad_norm_acc(g, p, buf, part) : 0;
+        if (!small_grad(gs[i])) acc[i] = gs[i] ? grad_norm_acc(gs[i], p, buf, part) : 0;
         all = norm_join(all, acc[i], p);
     }
     total = norm_root(all, p);
@@ -604,10 +599,8 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
     if (!(c >= 1.0)) { /* NaN too: torch's clamp passes it through */
         sg.c = c;
         parallel_for(n, 8, small_scales, &sg);
-        for (int i = 0; i < n; i++) {
-            tensor *g = clip_grad(params[i]);
-            if (g && !small[i]) scale(g, c, buf);
-        }
+        for (int i = 0; i < n; i++)
+            if (gs[i] && !small_grad(gs[i])) scale(gs[i], c, buf);
     }
     tmp_release(m);
     if (status) *status = EM_OK;
