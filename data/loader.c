@@ -46,7 +46,7 @@ typedef struct slot {
     int64_t epoch, batch; /* which batch this is */
     int64_t size;
     em_status status;
-    char msg[512];
+    char msg[ERROR_BYTES];
 } slot;
 
 /* A permutation cache: order of epoch `epoch` (NULL order = identity). */
@@ -338,7 +338,7 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_config *cfg)
     }
     if (start_worker(l) != EM_OK) {
         em_status s = em_last_status();
-        char msg[512];
+        char msg[ERROR_BYTES];
         snprintf(msg, sizeof msg, "%s", em_last_error());
         em_loader_free(l);
         em_err(s, "%s", msg);
@@ -461,7 +461,7 @@ static slot *head_slot(em_loader *l, int64_t size)
     if (s->epoch == l->pos.epoch && s->batch == l->pos.batch && s->size == size && s->status == EM_OK)
         return s;
     em_status st = s->status != EM_OK ? s->status : EM_ERR_ARG;
-    char msg[512];
+    char msg[ERROR_BYTES];
     if (s->status != EM_OK)
         snprintf(msg, sizeof msg, "%s", s->msg);
     else
@@ -511,7 +511,7 @@ static bool next_collated(em_loader *l, int64_t size, em_batch *b)
     if (st == EM_OK && !out.x)
         st = em_err(EM_ERR_ARG, "em_loader_next: the collate returned EM_OK but made no x");
     if (st != EM_OK) {
-        char msg[512];
+        char msg[ERROR_BYTES];
         if (em_last_status() == EM_OK)
             snprintf(msg, sizeof msg, "em_loader_next: the collate failed (status %d) on batch {%lld, %lld}",
                      (int)st, (long long)l->pos.epoch, (long long)l->pos.batch);

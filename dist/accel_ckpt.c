@@ -273,7 +273,7 @@ static em_status plan_save(em_accelerator *a, const char *root, int64_t **nums, 
         char path[PATH_MAX];
         numbered(path, sizeof path, root, (*nums)[i]);
         if ((s = ckpt_check_removable(path, SAVE))) {
-            char msg[768];
+            char msg[ERROR_BYTES];
             snprintf(msg, sizeof msg, "%s", em_last_error());
             s = em_err(
                 EM_ERR_IO,
@@ -316,7 +316,7 @@ em_status accel_load_auto(em_accelerator *a)
     root_dir(a, root, sizeof root);
     int64_t plan[2] = {0, 0}; /* {1 found / 0 none / -1 failed, N} */
     if (a->rank == 0) plan[0] = latest_number(root, &plan[1], LOAD);
-    char msg[512];
+    char msg[ERROR_BYTES];
     snprintf(msg, sizeof msg, "%s", em_last_error());
     em_status s = from_rank0(a, plan);
     if (s) return s;

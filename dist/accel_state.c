@@ -112,7 +112,7 @@ static void module_rng_key(char *buf, size_t n, int k, const char *name)
 em_status accel_agree(em_accelerator *a, em_status mine, const char *what)
 {
     if (a->world == 1) return mine;
-    char msg[512];
+    char msg[ERROR_BYTES];
     snprintf(msg, sizeof msg, "%s", em_last_error());
     int64_t one = 1;
     em_scope sc = em_scope_begin();

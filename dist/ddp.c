@@ -71,7 +71,7 @@ struct em_ddp {
     bool touched; /* a parameter got a gradient in this backward */
     bool dirty;   /* one did in a no_sync backward since the last synced one */
     em_status first_err;
-    char err_msg[512];
+    char err_msg[ERROR_BYTES];
     ddp_hooks hooks; /* ZeRO's collectives in place of the all-reduce */
 };
 
@@ -404,7 +404,7 @@ em_ddp *em_ddp_new(em_pg *pg, em_module *model, const em_ddp_config *cfg)
     for (int i = 0; i < d->nparams && s == EM_OK; i++)
         s = em_register_grad_hook(d->params[i].t, on_grad_ready, &d->params[i]);
     if (s != EM_OK) {
-        char msg[1024];
+        char msg[ERROR_BYTES];
         snprintf(msg, sizeof msg, "%s", em_last_error());
         em_ddp_free(d);
         em_set_error(s, "%s", msg);
@@ -437,7 +437,7 @@ em_status em_ddp_backward(em_ddp *d, em_tensor *loss, em_tensor *grad_output)
     d->in_backward = true;
     em_status bs = em_backward(loss, grad_output);
     d->in_backward = false;
-    char bmsg[512] = "";
+    char bmsg[ERROR_BYTES] = "";
     if (bs != EM_OK) snprintf(bmsg, sizeof bmsg, "%s", em_last_error());
     /* Whatever happened, every rank starts and finishes every bucket, so the
      * ranks' collectives stay matched: a local failure never turns into a
@@ -493,7 +493,7 @@ em_status ddp_backward_many(em_ddp *const *ds, int n, em_tensor *loss, bool sync
         ds[k]->dirty = ds[k]->dirty || ds[k]->touched;
     }
     if (!sync) return bs;
-    char bmsg[512] = "";
+    char bmsg[ERROR_BYTES] = "";
     if (bs != EM_OK) snprintf(bmsg, sizeof bmsg, "%s", em_last_error());
     /* every rank makes the same collectives whatever failed locally */
     int64_t nn = n;

@@ -173,7 +173,7 @@ static em_status read_slurm(const char *fn, launch_env *e)
         const char *v = env(per_node[i]);
         if (!v) continue;
         if (slurm_tasks_on_node(v, i == 2 ? 0 : node, &e->local_world)) {
-            char why[256];
+            char why[ERROR_BYTES];
             snprintf(why, sizeof why, "%s", em_last_error());
             return em_err(EM_ERR_ARG, "%s: %s (SLURM_NODEID=%d): %s", fn, per_node[i], node, why);
         }
@@ -290,7 +290,7 @@ em_status launch_store_settings(const char *fn, const launch_env *e, launch_stor
                           "SLURM_JOB_NODELIST must name the nodes",
                           fn);
         if (slurm_first_host(list, first, sizeof first)) {
-            char why[512];
+            char why[ERROR_BYTES];
             snprintf(why, sizeof why, "%s", em_last_error());
             return em_err(EM_ERR_ARG, "%s: %s: %s", fn, addr_from, why);
         }
@@ -347,7 +347,7 @@ static em_status host_store(const char *fn, const launch_store *s)
         bool loop = s->ip[0] && !strncmp(s->ip, "127.", 4);
         hosted = em_store_server_start(loop ? s->ip : "0.0.0.0", s->port, s->token);
         if (!hosted) {
-            char why[512];
+            char why[ERROR_BYTES];
             snprintf(why, sizeof why, "%s", em_last_error());
             st =
                 em_err(em_last_status(),

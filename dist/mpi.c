@@ -848,7 +848,7 @@ em_status mpi_rendezvous(double timeout, int *rank, int *world, em_store **store
         if (!*store) s = em_last_status();
     }
     if (s) {
-        char msg[512];
+        char msg[ERROR_BYTES];
         snprintf(msg, sizeof msg, "%s", em_last_error());
         em_store_server_stop(*server);
         *server = NULL;

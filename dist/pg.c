@@ -606,7 +606,7 @@ static em_status setup_shm(em_pg *pg, em_transport tr, bool local, double deadli
         return em_err(EM_ERR_ARG, "em_pg_new: transport shm takes at most %d ranks, not %d", SHM_MAX_WORLD,
                       pg->world);
     }
-    char key[256], name[96] = "", why[512] = "";
+    char key[ERROR_BYTES], name[96] = "", why[512] = "";
     snprintf(key, sizeof key, "%s/shm", pg->name);
     em_status s = EM_OK;
     if (pg->rank == 0) {
@@ -855,7 +855,7 @@ static em_pg *pg_new(const em_pg_config *cfg, const char *exited, const char *ma
         if (!s && pthread_create(&pg->thread, NULL, comm_thread, pg) != 0)
             s = em_err(EM_ERR_DIST, "em_pg_new: cannot start the communication thread");
         if (s) {
-            char msg[512];
+            char msg[ERROR_BYTES];
             snprintf(msg, sizeof msg, "%s", em_last_error());
             close_all(pg);
             shm_unmap(pg);
@@ -941,7 +941,7 @@ static em_pg *from_mpi(double timeout, const launch_env *e)
                                        .timeout_s = timeout,
                                        .transport = EM_TRANSPORT_MPI});
     if (!pg) {
-        char msg[512];
+        char msg[ERROR_BYTES];
         em_status s = em_last_status();
         snprintf(msg, sizeof msg, "%s", em_last_error());
         em_store_close(st);
@@ -1010,7 +1010,7 @@ em_pg *em_pg_from_env_with(const em_pg_env_config *cfg)
                                        .transport = tr},
                        exited, ls.ip[0] ? ls.ip : ls.addr);
     if (!pg) {
-        char msg[512];
+        char msg[ERROR_BYTES];
         em_status s = em_last_status();
         snprintf(msg, sizeof msg, "%s", em_last_error());
         em_store_close(st);

@@ -447,7 +447,7 @@ em_tracker *em_tracker_open(const char *run_name, const em_tracker_config *cfg)
     }
     free(dir);
     if (s) {
-        char msg[1024];
+        char msg[ERROR_BYTES];
         snprintf(msg, sizeof msg, "%s", em_last_error());
         if (t->fd[0] >= 0) unlink(t->path[0]); /* a tracker that failed to open leaves no event file */
         em_tracker_close(t);

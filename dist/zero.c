@@ -672,7 +672,7 @@ static em_status reserve_on_device(em_zero *z, const char *fn)
  * across the frees). */
 static em_zero *fail_freeing(em_zero *z, em_status s)
 {
-    char msg[1024];
+    char msg[ERROR_BYTES];
     snprintf(msg, sizeof msg, "%s", em_last_error());
     em_zero_free(z);
     em_set_error(s, "%s", msg);

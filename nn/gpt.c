@@ -204,7 +204,7 @@ static em_tensor *gpt_ce(const char *op, em_tensor *logits, em_tensor *targets)
 {
     em_tensor *loss = logits && targets ? em_cross_entropy(logits, targets, EM_IGNORE_INDEX) : NULL;
     if (!loss && em_last_status() == EM_ERR_INDEX && strstr(em_last_error(), "target -1 ")) {
-        char why[512];
+        char why[ERROR_BYTES];
         snprintf(why, sizeof why, "%s", em_last_error());
         return em_fail(
             EM_ERR_INDEX,

@@ -537,7 +537,7 @@ em_safetensors *st_open(const char *path, bool verify)
     f->fd = file_open_regular(path, "em_safetensors_open"); /* a FIFO is refused, not waited on */
     if (f->fd < 0) {
         em_status st = em_last_status();
-        char msg[600];
+        char msg[ERROR_BYTES];
         snprintf(msg, sizeof msg, "%s", em_last_error());
         em_safetensors_close(f);
         return em_fail(st, "%s", msg);

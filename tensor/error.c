@@ -7,7 +7,7 @@
 #include "tensor_impl.h"
 
 static _Thread_local em_status last_status = EM_OK;
-static _Thread_local char last_msg[4096];  /* two file paths and the text around them fit */
+static _Thread_local char last_msg[ERROR_BYTES]; /* two file paths and the text around them fit */
 static _Thread_local uint64_t error_count; /* errors set on this thread so far */
 
 uint64_t error_seq(void) { return error_count; }

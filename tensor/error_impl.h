@@ -11,6 +11,12 @@
 
 typedef struct tensor tensor;
 
+/* The size of the thread's error message, its NUL included. Code that
+ * holds an error aside while it cleans up (cleanup that may set errors of
+ * its own), or carries one to another thread, keeps it in a buffer of this
+ * size, so no message is cut on its way back to the user. */
+enum { ERROR_BYTES = 4096 };
+
 /* em_fail sets the thread's error and returns NULL; em_err returns the code.
  * Messages read "op: what is wrong: values". */
 void *em_fail(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -222,6 +222,29 @@ TEST(test_load_state_null_without_a_checkpoint_names_the_directory)
     em_module_free(m);
 }
 
+/* A checkpoints directory that cannot be read is named whole, 1,000
+ * characters deep: rank 0's message is kept across the ranks' agreement in
+ * a buffer as long as the thread's error (it was cut at 512 characters) */
+TEST(test_load_state_null_names_a_long_unreadable_checkpoints_directory_whole)
+{
+    clean_env();
+    char base[PATH_MAX], deep[PATH_MAX], root[PATH_MAX], want[PATH_MAX + 64];
+    make_base(base, sizeof base);
+    snprintf(deep, sizeof deep, "%s", base);
+    while (strlen(deep) < 1000) {
+        strcat(deep, "/deeper");
+        CHECK(mkdir(deep, 0755) == 0);
+    }
+    th_pathf(root, sizeof root, "%s/checkpoints", deep);
+    th_write_file(root, "x", 1); /* a file where the directory should be */
+    snprintf(want, sizeof want, "cannot read directory %s: Not a directory", root);
+    em_module *m = make_model(1);
+    em_accelerator *a = project_acc(deep, 0, m);
+    CHECK_ERR(em_accel_load_state(a, NULL), EM_ERR_IO, want);
+    em_accelerator_free(a);
+    em_module_free(m);
+}
+
 TEST(test_save_state_null_without_automatic_naming_is_refused)
 {
     clean_env();

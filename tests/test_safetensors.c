@@ -455,6 +455,18 @@ TEST(test_safetensors_tensor_with_more_dims_than_ember_opens_and_fails_on_get)
  * each hostile kind of st_hostile.h (tiny values, nested arrays, short keys)
  * at 4 MB adds at most 4x its header at the peak (before the streaming
  * reader, 20x to 110x). */
+/* A missing file 1,500 characters deep is named whole: the message is kept
+ * across the handle's cleanup in a buffer as long as the thread's error
+ * (it was cut at 600 characters) */
+TEST(test_safetensors_open_names_a_long_missing_path_whole)
+{
+    char path[1700] = "/nonexistent", want[1800];
+    while (strlen(path) < 1500) strcat(path, "/deeper");
+    strcat(path, "/model.safetensors");
+    snprintf(want, sizeof want, "cannot open %s: No such file or directory", path);
+    CHECK_ERR(em_safetensors_open(path), EM_ERR_IO, want);
+}
+
 TEST(test_safetensors_open_memory_is_bounded_by_the_header)
 {
     if (em_build().sanitizers)
