@@ -159,7 +159,7 @@ tensor *t_copy_to(tensor *t, em_device dev)
  * devices: t itself is returned as it is, and without CUDA there is none). */
 static tensor *t_to(tensor *t, em_device dev)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_TO, 1, &t)) return NULL;
     tensor *out = t_copy_to(t, dev);
     if (!out || out == t) {

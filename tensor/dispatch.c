@@ -362,6 +362,8 @@ tensor *op_end(op_call *c, tensor *out, backward_fn bw)
     return out;
 }
 
+void op_call_leave(op_call *c) { prof_abandon(&c->pm); }
+
 void op_done(op_call *c, bool ok)
 {
     if (ok)

@@ -67,6 +67,15 @@ typedef struct op_call {
     prof_mark pm; /* the profiler's record of this call, op_begin to op_end */
 } op_call;
 
+/* How an op declares its call: zeroed, and left through op_call_leave
+ * however the function returns, so an op that fails its own checks after
+ * op_begin (a shape, a dtype, a kernel's error) without reaching op_end or
+ * op_done still ends its profiler record (abandoned: its time stays with
+ * the caller's). op_end and op_done end it first; then leaving does
+ * nothing. */
+#define OP_CALL(c) op_call c __attribute__((cleanup(op_call_leave))) = {.nin = 0}
+void op_call_leave(op_call *c);
+
 /* Starts op `op` on in[0..nin) (nin >= 0; `in` is updated in place and must
  * stay alive until op_end). In order: every input is non-NULL (a NULL keeps
  * the error that made it, or sets "op: input is NULL"); all inputs are on

@@ -156,7 +156,7 @@ static const op_kernels attention_grad_kernels = OP_KERNELS(attention_grad_cpu, 
 static em_status attention_backward(node *n, tensor *g)
 {
     tensor *q = n->in[0], *in[5] = {n->in[0], n->in[1], n->in[2], n->out, g};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 5, in)) return em_last_status();
     attn_grads o = {.saved = n->saved};
     tensor *dq = op_out(&c, q->dtype, 4, q->shape);
@@ -249,7 +249,7 @@ static bool same_shape(const tensor *a, const tensor *b)
 static tensor *attention_causal(tensor *q, tensor *k, tensor *v, double scale)
 {
     tensor *in[3] = {q, k, v};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_ATTENTION, 3, in)) return NULL;
     q = in[0], k = in[1], v = in[2];
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
@@ -355,7 +355,7 @@ static const op_kernels attention_qkv_grad_kernels =
 static em_status attention_qkv_backward(node *n, tensor *g)
 {
     tensor *qkv = n->in[0], *in[3] = {qkv, n->out, g};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 3, in)) return em_last_status();
     bool fresh = false;
     tensor *acc = c.dev.type == EM_CPU && (qkv->dtype == EM_F32 || qkv->dtype == EM_F64)
@@ -376,7 +376,7 @@ static em_status attention_qkv_backward(node *n, tensor *g)
 
 static tensor *attention_qkv(tensor *qkv, int64_t n_head, double scale)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_ATTENTION_QKV, 1, &qkv)) return NULL;
     if (qkv->ndim != 3 || qkv->shape[2] % 3)
         return em_fail(EM_ERR_SHAPE,

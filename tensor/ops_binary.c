@@ -252,7 +252,7 @@ static tensor *binary(binop k, tensor *a, tensor *b)
 {
     const char *name = binop_name(k);
     tensor *in[2] = {a, b};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, binop_ops[k], 2, in)) return NULL;
     a = in[0], b = in[1];
     if (a->dtype == EM_BOOL || (k == BIN_DIV && !em_dtype_is_float(a->dtype)))
@@ -331,7 +331,7 @@ static const op_kernels affine_kernels = OP_KERNELS(affine_cpu, affine_cuda);
 
 static tensor *affine(op_id op, tensor *a, double m, double s)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, op, 1, &a)) return NULL;
     if (a->dtype == EM_BOOL || (a->dtype == EM_U8 && m < 0))
         return em_fail(EM_ERR_DTYPE, "%s: does not take %s tensors (%s)", op_name(op),

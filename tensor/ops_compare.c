@@ -83,7 +83,7 @@ static const op_kernels cmp_kernels = OP_KERNELS(cmp_cpu, cmp_cuda);
 static tensor *compare(cmpop k, tensor *a, tensor *b)
 {
     tensor *in[2] = {a, b};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, cmpop_ops[k], 2, in)) return NULL;
     a = in[0], b = in[1];
     tensor *out = op_out(&c, EM_BOOL, c.ndim, c.shape);
@@ -234,7 +234,7 @@ static const op_kernels mask_grad_kernels = OP_KERNELS(mask_grad_cpu, mask_grad_
 static tensor *masked_grad(const node *n, tensor *g, tensor *mask, bool keep, tensor *t)
 {
     tensor *in[2] = {g, mask};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 2, in)) return NULL;
     c.ip[0] = keep; /* the kernels' parameter (this call's copy of the node's) */
     tensor *out = op_out(&c, g->dtype, g->ndim, g->shape);
@@ -260,7 +260,7 @@ static em_status where_backward(node *n, tensor *g)
 static tensor *t_where(tensor *cond, tensor *a, tensor *b)
 {
     tensor *in[3] = {cond, a, b};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_WHERE, 3, in)) return NULL; /* PROMOTE: a and b (cond is bool) */
     cond = in[0], a = in[1], b = in[2];
     if (!chk_dtype("where", cond, EM_BOOL, "cond")) return NULL;
@@ -287,7 +287,7 @@ static em_status masked_fill_backward(node *n, tensor *g)
 static tensor *t_masked_fill(tensor *a, tensor *mask, double value)
 {
     tensor *in[2] = {a, mask};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_MASKED_FILL, 2, in)) return NULL;
     a = in[0], mask = in[1];
     if (!chk_dtype("masked_fill", mask, EM_BOOL, "mask")) return NULL;

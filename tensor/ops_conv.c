@@ -398,7 +398,7 @@ static em_status conv_backward(node *n, tensor *gout)
 {
     tensor *x = n->in[0], *w = n->in[1], *b = n->nin > 2 ? n->in[2] : NULL;
     tensor *in[3] = {x, w, gout};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 3, in)) return em_last_status();
     conv_grads o = {NULL, NULL};
     tensor *dx = NULL;
@@ -456,7 +456,7 @@ static tensor *t_conv2d(tensor *x, tensor *w, tensor *b, int stride, int padding
 {
     const char *op = "conv2d";
     tensor *in[3] = {x, w, b};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_CONV2D, b ? 3 : 2, in)) return NULL;
     x = in[0], w = in[1], b = b ? in[2] : NULL;
     if (!chk_same_dtype(op, x, w) || (b && !chk_same_dtype(op, x, b))) return NULL;
@@ -633,7 +633,7 @@ static const op_kernels pool_grad_kernels = OP_KERNELS(pool_grad_cpu, pool_grad_
 static em_status pool_backward(node *n, tensor *gout)
 {
     tensor *x = n->in[0];
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 1, &gout))
         return em_last_status();
     tensor *dx = op_out(&c, x->dtype, x->ndim, x->shape);
@@ -696,7 +696,7 @@ static tensor *t_pool(op_id opid, tensor *x, int kernel, int stride, int padding
 {
     const char *op = op_name(opid);
     bool is_max = opid == OP_MAX_POOL2D;
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, opid, 1, &x)) return NULL;
     if (!chk_4d(op, x, "input")) return NULL;
     if (kernel < 1 || stride < 1 || padding < 0)

@@ -101,7 +101,7 @@ static const op_kernels dropout_grad_kernels = OP_KERNELS(dropout_grad_cpu, drop
 /* d dropout = g * mask / (1-p) */
 static em_status dropout_backward(node *n, tensor *g)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 1, &g)) return em_last_status();
     tensor *gx = op_out(&c, g->dtype, g->ndim, g->shape);
     if (!gx) return em_last_status();
@@ -142,7 +142,7 @@ static const op_kernels dropout_kernels = OP_KERNELS(dropout_cpu, dropout_cuda);
 
 static tensor *t_dropout(tensor *t, double p, bool training, em_rng *rng)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_DROPOUT, 1, &t)) return NULL;
     if (!(p >= 0.0 && p <= 1.0)) return em_fail(EM_ERR_ARG, "dropout: p = %g is not in [0, 1]", p);
     if (!training || p == 0.0) { /* the identity: nothing to record */

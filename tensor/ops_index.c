@@ -387,7 +387,7 @@ static em_status index_acc_cpu(const op_call *call, tensor *acc)
 static em_status index_add_backward(node *n, tensor *g)
 {
     tensor *t = n->in[0], *in[2] = {g, n->in[1]};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 2, in)) return em_last_status();
     em_dtype ct = t->dtype == EM_F64 ? EM_F64 : EM_F32;
     /* on the CPU, straight into t's gradient (op_grad_acc): the weight's
@@ -429,7 +429,7 @@ static bool chk_index_dtype(const char *op, const tensor *idx)
 static tensor *t_index_select(tensor *t, int dim, tensor *idx)
 {
     tensor *in[2] = {t, idx};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_INDEX_SELECT, 2, in)) return NULL;
     t = in[0], idx = in[1];
     int d = t_dim("index_select", dim, t->ndim, 0);
@@ -450,7 +450,7 @@ static tensor *t_index_select(tensor *t, int dim, tensor *idx)
 static tensor *t_embedding(tensor *w, tensor *idx)
 {
     tensor *in[2] = {w, idx};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_EMBEDDING, 2, in)) return NULL;
     w = in[0], idx = in[1];
     if (w->ndim != 2) return em_fail(EM_ERR_SHAPE, "embedding: weight must be 2-D (V,C), got %s", shp(w));
@@ -590,7 +590,7 @@ static em_status scatter_backward(node *n, tensor *g)
     if (t->requires_grad && (s = op_grad(t, g))) return s;
     if (!src->requires_grad) return EM_OK;
     tensor *in[2] = {index, g};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 2, in)) return em_last_status();
     tensor *gs = op_out(&c, g->dtype, index->ndim, index->shape);
     if (!gs) return em_last_status();
@@ -629,7 +629,7 @@ static tensor *t_scatter_add(tensor *t, int dim, tensor *index, tensor *src)
 {
     const char *op = "scatter_add";
     tensor *in[3] = {t, index, src};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_SCATTER_ADD, 3, in)) return NULL;
     t = in[0], index = in[1], src = in[2];
     int d = t_dim(op, dim, t->ndim, 0);

@@ -90,7 +90,7 @@ static const op_kernels concat_kernels = OP_KERNELS(concat_kernel, concat_kernel
 
 static tensor *t_concat(int n, tensor **ts, int dim)
 {
-    op_call c;
+    OP_CALL(c);
     if (!begin_list(&c, OP_CONCAT, n, ts)) return NULL;
     int nd = ts[0]->ndim;
     int d = t_dim("concat", dim, nd, 0);
@@ -144,7 +144,7 @@ static const op_kernels stack_kernels = OP_KERNELS(stack_kernel, stack_kernel);
 
 static tensor *t_stack(int n, tensor **ts, int dim)
 {
-    op_call c;
+    OP_CALL(c);
     if (!begin_list(&c, OP_STACK, n, ts)) return NULL;
     int nd = ts[0]->ndim;
     if (nd >= EM_MAX_DIMS)
@@ -198,7 +198,7 @@ static int split_pieces(op_call *c, int64_t size, int dim, tensor **out, int max
 
 static int t_split(tensor *t, int64_t size, int dim, tensor **out, int max_out)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_SPLIT, 1, &t)) return -1;
     int n = split_pieces(&c, size, dim, out, max_out);
     op_done(&c, n >= 0);
@@ -221,7 +221,7 @@ static int chunk_pieces(op_call *c, int chunks, int dim, tensor **out, int max_o
 
 static int t_chunk(tensor *t, int chunks, int dim, tensor **out, int max_out)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_CHUNK, 1, &t)) return -1;
     int n = chunk_pieces(&c, chunks, dim, out, max_out);
     op_done(&c, n >= 0);

@@ -370,7 +370,7 @@ static tensor *cross_entropy(tensor *x, tensor *tg, tensor *w, int ignore, em_re
 {
     const char *op = "cross_entropy";
     tensor *in[3] = {x, tg, w};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_CROSS_ENTROPY, w ? 3 : 2, in)) return NULL;
     x = in[0], tg = in[1], w = w ? in[2] : NULL;
     if (!chk_dtype(op, tg, EM_I32, "targets")) return NULL;

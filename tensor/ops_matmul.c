@@ -608,7 +608,7 @@ static const op_kernels linear_kernels = OP_KERNELS(linear_cpu, linear_cuda);
 static tensor *matmul(tensor *a, tensor *b, em_dtype lo, em_dtype out_dt)
 {
     tensor *in[2] = {a, b};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_MATMUL, 2, in)) return NULL;
     a = in[0], b = in[1];
     if (a->ndim < 2 || b->ndim < 2)
@@ -709,7 +709,7 @@ static em_status linear_backward(node *n, tensor *g)
 static tensor *linear(tensor *x, tensor *w, tensor *b)
 {
     tensor *in[3] = {x, w, b};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_LINEAR, b ? 3 : 2, in)) return NULL;
     x = in[0], w = in[1], b = b ? in[2] : NULL;
     if (w->ndim != 2)

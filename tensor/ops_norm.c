@@ -397,7 +397,7 @@ static em_status norm_backward(node *n, tensor *g)
     tensor *x = n->in[0], *w, *b;
     params_of(n->in, n->nin, n->ip, &w, &b);
     tensor *in[3] = {x, g, w};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, w ? 3 : 2, in)) return em_last_status();
     norm_grads o = {.stats = n->saved};
     tensor *dx = NULL;
@@ -469,7 +469,7 @@ static tensor *norm_impl(op_id opid, tensor *x, tensor *w, tensor *b, double eps
     int nin = 1;
     if (w) in[nin++] = w;
     if (b) in[nin++] = b;
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, opid, nin, in)) return NULL;
     x = in[0];
     c.ip[0] = rms;

@@ -320,7 +320,7 @@ static tensor *sum_like(op_id id, tensor *t, int ndims, const int *dims, bool ke
 {
     const char *op = op_name(id);
     bool mean = id == OP_MEAN;
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, id, 1, &t)) return NULL;
     red_geo g;
     if (!red_setup(op, t, ndims, dims, keepdim, &g)) return NULL;
@@ -497,7 +497,7 @@ static const op_kernels ext_grad_kernels = OP_KERNELS(ext_grad_cpu, ext_grad_cud
 static em_status ext_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0], *in[3] = {x, n->out, g};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 3, in)) return em_last_status();
     tensor *gx = op_out(&c, x->dtype, x->ndim, x->shape);
     if (!gx) return em_last_status();
@@ -523,7 +523,7 @@ static const op_kernels ext_kernels = OP_KERNELS(ext_cpu, reduce_cuda);
 static tensor *extreme(redop k, tensor *t, int ndims, const int *dims, bool keepdim)
 {
     const char *op = redop_name(k);
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, redop_ops[k], 1, &t)) return NULL;
     red_geo g;
     if (!red_setup(op, t, ndims, dims, keepdim, &g)) return NULL;

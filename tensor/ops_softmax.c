@@ -285,7 +285,7 @@ static const op_kernels softmax_grad_kernels = OP_KERNELS(softmax_grad_cpu, soft
 static em_status softmax_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0], *in[2] = {n->out, g};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 2, in)) return em_last_status();
     tensor *dx = op_out(&c, x->dtype, x->ndim, x->shape);
     if (!dx) return em_last_status();
@@ -333,7 +333,7 @@ static const op_kernels softmax_kernels = OP_KERNELS(softmax_cpu, softmax_cuda);
 static tensor *softmax_impl(op_id opid, tensor *x, int dim, bool log)
 {
     const char *op = op_name(opid);
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, opid, 1, &x)) return NULL;
     /* a 0-dim tensor counts as one row of one element */
     int d = t_dim(op, dim, x->ndim ? x->ndim : 1, 0);

@@ -162,7 +162,7 @@ static em_status unary_backward(node *n, tensor *g)
 {
     tensor *x = n->in[0];
     tensor *in[3] = {x, n->out, g};
-    op_call c;
+    OP_CALL(c);
     if (!op_begin_backward(&c, n, 3, in)) return em_last_status();
     tensor *gx = op_out(&c, x->dtype, x->ndim, x->shape);
     if (!gx) return em_last_status();
@@ -192,7 +192,7 @@ static const op_kernels unary_kernels = OP_KERNELS(unary_cpu, unary_cuda);
 
 static tensor *unary(unop k, tensor *x, double p)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, unop_ops[k], 1, &x)) return NULL;
     if (k == UN_ABS) {
         if (x->dtype == EM_BOOL)

@@ -99,7 +99,7 @@ static tensor *reshape_impl(op_id id, tensor *t, int ndim, const int64_t *shape)
 {
     const char *op = op_name(id);
     bool may_copy = id == OP_RESHAPE;
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, id, 1, &t)) return NULL;
     int64_t ns[EM_MAX_DIMS], nst[EM_MAX_DIMS];
     if (!infer_shape(op, t, ndim, shape, ns)) return NULL;
@@ -148,7 +148,7 @@ static tensor *permute_grad_view(const node *n, tensor *acc)
 
 tensor *t_permute(tensor *t, const int *dims)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_PERMUTE, 1, &t)) return NULL;
     if (!dims && t->ndim) return em_fail(EM_ERR_ARG, "permute: dims is NULL");
     int64_t shape[EM_MAX_DIMS], stride[EM_MAX_DIMS];
@@ -254,7 +254,7 @@ static tensor *slice_impl(op_call *c, int d, int64_t start, int64_t len, int64_t
 
 tensor *t_narrow(tensor *t, int dim, int64_t start, int64_t len)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_NARROW, 1, &t)) return NULL;
     int d = t_dim("narrow", dim, t->ndim, 0);
     if (d < 0) return NULL;
@@ -266,7 +266,7 @@ tensor *t_narrow(tensor *t, int dim, int64_t start, int64_t len)
 
 static tensor *t_slice(tensor *t, int dim, int64_t start, int64_t end, int64_t step)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_SLICE, 1, &t)) return NULL;
     int d = t_dim("slice", dim, t->ndim, 0);
     if (d < 0) return NULL;
@@ -291,7 +291,7 @@ static em_status expand_backward(node *n, tensor *g)
 
 tensor *t_expand(tensor *t, int ndim, const int64_t *shape)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_EXPAND, 1, &t)) return NULL;
     if (ndim < t->ndim || ndim > EM_MAX_DIMS || (ndim && !shape))
         return em_fail(EM_ERR_SHAPE, "expand: cannot expand %s to %d dims", shp(t), ndim);
@@ -324,7 +324,7 @@ tensor *t_expand(tensor *t, int ndim, const int64_t *shape)
 
 tensor *t_squeeze(tensor *t, int dim)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_SQUEEZE, 1, &t)) return NULL;
     int d = t_dim("squeeze", dim, t->ndim, 0);
     if (d < 0) return NULL;
@@ -342,7 +342,7 @@ tensor *t_squeeze(tensor *t, int dim)
 
 tensor *t_unsqueeze(tensor *t, int dim)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_UNSQUEEZE, 1, &t)) return NULL;
     int d = t_dim("unsqueeze", dim, t->ndim, 1);
     if (d < 0) return NULL;
@@ -391,7 +391,7 @@ static em_status cast_backward(node *n, tensor *g)
  * and em_amp_set_policy refuses it), so op_begin casts nothing here. */
 tensor *t_cast(tensor *t, em_dtype dt)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, OP_CAST, 1, &t)) return NULL;
     if ((unsigned)dt >= EM_NUM_DTYPES) return em_fail(EM_ERR_DTYPE, "cast: invalid dtype %d", (int)dt);
     if (!em_dtype_is_float(dt)) c.record = false; /* integer results carry no gradient */
@@ -404,7 +404,7 @@ tensor *t_cast(tensor *t, em_dtype dt)
  * called for a t that is not contiguous) */
 static tensor *t_copy(op_id id, tensor *t)
 {
-    op_call c;
+    OP_CALL(c);
     if (!op_begin(&c, id, 1, &t)) return NULL;
     tensor *out = op_out(&c, t->dtype, t->ndim, t->shape);
     if (!out || op_run(&c, &copy_kernels, out)) return NULL;

@@ -524,6 +524,35 @@ TEST(test_profile_every_op_path_ends_its_record)
     CHECK(em_profile_rows(NULL, 0) > 0);
 }
 
+/* An op that fails its own checks after the dispatcher began its record
+ * (shapes, indices, dims, parameters) ends the record all the same: none
+ * stays open to take the time of what follows. */
+TEST(test_profile_ops_failing_their_own_checks_end_their_records)
+{
+    em_profile_start();
+    em_scope s = em_scope_begin();
+    em_rng rng = em_rng_new(1);
+    em_tensor *a = em_randn(EM_F32, 2, (int64_t[]){4, 6}, &rng),
+              *b = em_randn(EM_F32, 2, (int64_t[]){5, 3}, &rng);
+    em_tensor *i3 = em_randint(0, 4, EM_I32, 1, (int64_t[]){3}, &rng);
+    em_tensor *bad[] = {
+        em_matmul(a, b),                                             /* inner dims differ */
+        em_linear(a, b, NULL),                                       /* x's last dim is not w's in */
+        em_narrow(a, 1, 4, 5),                                       /* out of range */
+        em_permute(a, (const int[]){0, 0}),                          /* a dim repeated */
+        em_expand(a, 2, (int64_t[]){3, 6}),                          /* 4 does not expand to 3 */
+        em_layer_norm(a, NULL, NULL, -1.0),                          /* eps below 0 */
+        em_embedding(em_randn(EM_F32, 1, (int64_t[]){8}, &rng), i3), /* a 1-D weight */
+        em_cross_entropy(a, i3, -100),                               /* 3 targets for 4 rows */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) CHECK(bad[i] == NULL);
+    CHECK(prof_open_records() == 0);
+    CHECK_NOTNULL(em_add(a, a)); /* and the next op is recorded as usual */
+    em_scope_end(s);
+    em_profile_stop();
+    CHECK(prof_open_records() == 0);
+}
+
 /* ---- off ------------------------------------------------------------------------------ */
 
 TEST(test_profile_off_records_nothing)
