@@ -123,7 +123,9 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
  *                              4*H*T per row
  *   c_proj (C), + x            Linear, 4C
  *   ln_2                       4C + 16
- *   c_fc (4C), gelu, c_proj (C) Linear, 4*4C, Linear; + x 4C
+ *   c_fc (4C), gelu, c_proj (C) Linear, 4*4C, Linear; + x 4C; on the CPU
+ *                              gelu also keeps its slope f'(x) for
+ *                              backward (tensor/ops_unary.c), f32: 4*4C
  *   dropout (p > 0), 3 places  out 4C + mask 1C each (one before block 0)
  * backward, one block (autograd/tape.c: a gradient is adopted when it is a
  * tensor's only one, copied when a second arrives):
@@ -156,6 +158,7 @@ static double step_scope_bytes(const em_gpt_config *m, double B, double T, doubl
     double fwd = 2 * (4 * C + 16) + lin * lin_out + (4 * C + 4 * H * T) + 2 * 4 * C + 4 * 4 * C;
     double bwd = 2 * 4 * 4 * C + 4 * C + 2 * 2 * 4 * C + 4 * C + 4 * 3 * C + 4 * C;
     if (drop) fwd += 2 * 5 * C, bwd += 2 * 4 * C; /* the block's two dropouts */
+    if (!cuda) fwd += 4 * 4 * C;                  /* gelu's slope, kept by the CPU's forward */
     if (casts) bwd += a * lin_out;
     double per_block_rows = fwd + bwd;
     double block_fixed = (casts ? 4 * 12 * C * C : 0) + 35 * 380.0;

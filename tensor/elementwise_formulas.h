@@ -18,6 +18,39 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic error "-Wswitch-enum"
 
+/* gelu (k UN_GELU) or gelu_tanh (else) of x, and into *slope its dy/dx
+ * at x, from one Phi (or one exponential): ew_unary's and ew_gelu_slope's
+ * formulas, which call this and keep the half they need (the compiler
+ * drops the other). The CPU's recording forward keeps both
+ * (tensor/ops_unary.c); backward then multiplies by the slope with the
+ * bits ew_unary_grad's g * slope would have. */
+static EM_HD inline EW_T EW_FN(ew_gelu_both)(unop k, EW_T x, EW_T *slope)
+{
+    if (k ==
+        UN_GELU) { /* x Phi(x); x held at -40 below, where Phi is 0 (in f32 and f64), so gelu(-inf) = -0 */
+        EW_T pdf, cdf = EW_NORMAL(x, &pdf);
+        /* Phi(x) + x phi(x); x phi(x) is 0 where phi is, so the infinities give 0 and 1 */
+        *slope = cdf + (pdf == EW_C(0) ? EW_C(0) : x * pdf);
+        return (x < EW_C(-40) ? EW_C(-40) : x) * cdf;
+    }
+    /* x (1 + tanh u)/2 with u = k(x + c x^3), written as x sigma(2u) = x / (1 + e^-2u): one exp and one
+     * division, no tanh (e^-2u = inf gives x/inf = 0, as tanh = -1 does); the slope, with s = sigma(2u) =
+     * (1 + tanh u)/2: s + 2 x s (1 - s) u' */
+    EW_T e = EW_EXP(EW_C(-2) * EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x));
+    EW_T s = EW_C(1) / (EW_C(1) + e);
+    *slope =
+        s + EW_C(2) * x * s * (EW_C(1) - s) * EW_C(EW_GELU_K) * (EW_C(1) + EW_C(3) * EW_C(EW_GELU_C) * x * x);
+    return x / (EW_C(1) + e);
+}
+
+/* gelu's or gelu_tanh's dy/dx at x (k one of the two) */
+static EM_HD inline EW_T EW_FN(ew_gelu_slope)(unop k, EW_T x)
+{
+    EW_T slope;
+    (void)EW_FN(ew_gelu_both)(k, x, &slope);
+    return slope;
+}
+
 /* f(x); p is pow_scalar's power */
 static EM_HD inline EW_T EW_FN(ew_unary)(unop k, EW_T x, EW_T p)
 {
@@ -31,13 +64,11 @@ static EM_HD inline EW_T EW_FN(ew_unary)(unop k, EW_T x, EW_T p)
     case UN_TANH: return EW_TANH(x);
     case UN_SIGMOID: return EW_SIGMOID(x);
     case UN_RELU: return x > 0 ? x : EW_C(0);
-    case UN_GELU: { /* x Phi(x); x held at -40 below, where Phi is 0 (in f32 and f64), so gelu(-inf) = -0 */
-        EW_T pdf;
-        return (x < EW_C(-40) ? EW_C(-40) : x) * EW_NORMAL(x, &pdf);
+    case UN_GELU:
+    case UN_GELU_TANH: {
+        EW_T slope; /* unused: the compiler drops its arithmetic */
+        return EW_FN(ew_gelu_both)(k, x, &slope);
     }
-    case UN_GELU_TANH: /* x (1 + tanh u)/2 with u = k(x + c x^3), written as x sigma(2u) = x / (1 + e^-2u):
-                        * one exp and one division, no tanh (e^-2u = inf gives x/inf = 0, as tanh = -1 does) */
-        return x / (EW_C(1) + EW_EXP(EW_C(-2) * EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x)));
     case UN_SILU: return x * EW_SIGMOID(x);
     }
     return (EW_T)NAN; /* not reached: every op has its case */
@@ -58,15 +89,8 @@ static EM_HD inline EW_T EW_FN(ew_unary_grad)(unop k, EW_T x, EW_T y, EW_T g, EW
     case UN_TANH: return g * (EW_C(1) - y * y);                               /* 1 - tanh^2 */
     case UN_SIGMOID: return g * y * (EW_C(1) - y);                            /* s (1 - s) */
     case UN_RELU: return x > 0 ? g : EW_C(0);                                 /* 0 at 0 */
-    case UN_GELU: { /* Phi(x) + x phi(x); x phi(x) is 0 where phi is, so the infinities give 0 and 1 */
-        EW_T pdf, cdf = EW_NORMAL(x, &pdf);
-        return g * (cdf + (pdf == EW_C(0) ? EW_C(0) : x * pdf));
-    }
-    case UN_GELU_TANH: { /* u = k(x + c x^3), s = sigma(2u) = (1 + tanh u)/2: s + 2 x s (1 - s) u' */
-        EW_T s = EW_C(1) / (EW_C(1) + EW_EXP(EW_C(-2) * EW_C(EW_GELU_K) * (x + EW_C(EW_GELU_C) * x * x * x)));
-        return g * (s + EW_C(2) * x * s * (EW_C(1) - s) * EW_C(EW_GELU_K) *
-                            (EW_C(1) + EW_C(3) * EW_C(EW_GELU_C) * x * x));
-    }
+    case UN_GELU:
+    case UN_GELU_TANH: return g * EW_FN(ew_gelu_slope)(k, x);
     case UN_SILU: { /* d x s(x) = s (1 + x (1 - s)) */
         EW_T s = EW_SIGMOID(x);
         return g * s * (EW_C(1) + x * (EW_C(1) - s));

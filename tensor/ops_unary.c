@@ -5,7 +5,9 @@
  * One driver serves every op: a kernel with a contiguous-f32 fast path and a
  * general strided path (ld/st; f16/bf16 computed in f32, f64 in f64), and one
  * backward kernel gx = g * f'(x, y) that reads the saved input x and output y
- * (whichever the derivative is cheaper from). The per-element maths is not
+ * (whichever the derivative is cheaper from), or, for gelu and gelu_tanh
+ * on the CPU, the slope f'(x) their recorded forward kept (as costly as
+ * the forward itself to compute again). The per-element maths is not
  * here: it is tensor/elementwise_formulas.h, shared with the CUDA kernels
  * (tensor/ops_elementwise.cu); the CPU computes floats in its _f32v flavour
  * (vectorisable exp, tanh and normal distribution, see tensor/elementwise_math.h). */
@@ -25,6 +27,10 @@ typedef struct un_ctx {
     double p;
     tensor *out, *x; /* forward: out = f(x) */
     tensor *g, *y;   /* backward: out = g * f'(x, y); y is contiguous */
+    /* gelu, gelu_tanh: their slope f'(x), f32, contiguous (x's elements in
+     * order), or NULL. A recording forward writes it beside out; backward
+     * then reads it instead of computing it again: out = g * slope. */
+    float *slope;
 } un_ctx;
 
 /* Contiguous f32: one loop per op (generated from the op list), so each
@@ -41,6 +47,17 @@ static void fwd_flat_f32(unop k, const float *x, float *o, int64_t lo, int64_t h
     }
 }
 
+/* o[0,n) = gelu or gelu_tanh of x[0,n), and slope[0,n) its f'(x), in
+ * one loop from one Phi or exponential (ew_gelu_both: the formulas of the
+ * forward and of the backward's slope) */
+static void slope_flat_f32(unop k, const float *x, float *o, float *slope, int64_t n)
+{
+    if (k == UN_GELU)
+        for (int64_t i = 0; i < n; i++) o[i] = ew_gelu_both_f32v(UN_GELU, x[i], &slope[i]);
+    else
+        for (int64_t i = 0; i < n; i++) o[i] = ew_gelu_both_f32v(UN_GELU_TANH, x[i], &slope[i]);
+}
+
 /* The elements a strided or f16/bf16 range is computed in: gathered into
  * floats, run through the contiguous loop, stored back. One loop computes
  * every f32/f16/bf16 element, so a strided input gives the contiguous bits. */
@@ -52,7 +69,11 @@ static void fwd_range(void *ctx, int64_t lo, int64_t hi)
     tensor *x = c->x;
     em_dtype dt = x->dtype;
     if (dt == EM_F32 && t_is_contig(x)) {
-        fwd_flat_f32(c->k, t_ptr(x), t_ptr(c->out), lo, hi, (float)c->p);
+        if (c->slope)
+            slope_flat_f32(c->k, (const float *)t_ptr(x) + lo, (float *)t_ptr(c->out) + lo, c->slope + lo,
+                           hi - lo);
+        else
+            fwd_flat_f32(c->k, t_ptr(x), t_ptr(c->out), lo, hi, (float)c->p);
         return;
     }
     size_t es = t_esize(x);
@@ -75,7 +96,10 @@ static void fwd_range(void *ctx, int64_t lo, int64_t hi)
             xb[j] = (float)ld(dt, xp + it.off[0] * (int64_t)es);
             nditer_next(&it);
         }
-        fwd_flat_f32(c->k, xb, ob, 0, n, (float)c->p);
+        if (c->slope)
+            slope_flat_f32(c->k, xb, ob, c->slope + b0, n);
+        else
+            fwd_flat_f32(c->k, xb, ob, 0, n, (float)c->p);
         for (int64_t j = 0; j < n; j++) st(dt, o + (b0 + j) * (int64_t)es, ob[j]);
     }
 }
@@ -101,6 +125,12 @@ static void bwd_range(void *ctx, int64_t lo, int64_t hi)
     un_ctx *c = ctx;
     tensor *x = c->x, *g = c->g, *y = c->y;
     em_dtype dt = x->dtype;
+    if (c->slope && dt == EM_F32 && g->dtype == EM_F32 && t_is_contig(g)) { /* the forward's f'(x) */
+        const float *gv = t_ptr(g), *sl = c->slope;
+        float *o = t_ptr(c->out);
+        for (int64_t i = lo; i < hi; i++) o[i] = gv[i] * sl[i];
+        return;
+    }
     if (dt == EM_F32 && g->dtype == EM_F32 && t_is_contig(x) && t_is_contig(g)) {
         const float *xv = t_ptr(x), *gv = t_ptr(g), *yv = t_ptr(y);
         float *o = t_ptr(c->out), p = (float)c->p;
@@ -132,15 +162,25 @@ static void bwd_range(void *ctx, int64_t lo, int64_t hi)
             gb[j] = (float)ld(g->dtype, gp + it.off[1] * (int64_t)gs);
             nditer_next(&it);
         }
-        bwd_flat_f32(c->k, xb, yb, gb, ob, 0, n, (float)c->p);
+        if (c->slope)
+            for (int64_t j = 0; j < n; j++) ob[j] = gb[j] * c->slope[b0 + j];
+        else
+            bwd_flat_f32(c->k, xb, yb, gb, ob, 0, n, (float)c->p);
         for (int64_t j = 0; j < n; j++) st(dt, o + (b0 + j) * (int64_t)es, ob[j]);
     }
 }
 
-/* gx = g * f'(x, y): in = {x, y, g}, the unop in ip[0], its parameter in dp[0] */
+/* gx = g * f'(x, y): in = {x, y, g}, the unop in ip[0], its parameter in
+ * dp[0]; saved: the forward's slope tensor (gelu, gelu_tanh), or NULL */
 static em_status unary_grad_cpu(const op_call *c, tensor *gx)
 {
-    un_ctx u = {.k = (unop)c->ip[0], .p = c->dp[0], .out = gx, .x = c->in[0], .y = c->in[1], .g = c->in[2]};
+    un_ctx u = {.k = (unop)c->ip[0],
+                .p = c->dp[0],
+                .out = gx,
+                .x = c->in[0],
+                .y = c->in[1],
+                .g = c->in[2],
+                .slope = c->saved ? t_ptr((tensor *)c->saved) : NULL};
     parallel_for(t_numel(gx), 1 << 13, bwd_range, &u);
     return EM_OK;
 }
@@ -170,10 +210,16 @@ static em_status unary_backward(node *n, tensor *g)
     return s ? s : op_grad(x, gx);
 }
 
-/* out (contiguous, x's shape) = f(x); the unop in ip[0], its parameter in dp[0] */
+/* out (contiguous, x's shape) = f(x); the unop in ip[0], its parameter in
+ * dp[0]; saved: NULL, or an f32 tensor of x's shape for f'(x) (gelu,
+ * gelu_tanh: unary) */
 static em_status unary_cpu(const op_call *c, tensor *out)
 {
-    un_ctx u = {.k = (unop)c->ip[0], .p = c->dp[0], .out = out, .x = c->in[0]};
+    un_ctx u = {.k = (unop)c->ip[0],
+                .p = c->dp[0],
+                .out = out,
+                .x = c->in[0],
+                .slope = c->saved ? t_ptr((tensor *)c->saved) : NULL};
     parallel_for(t_numel(out), 1 << 13, fwd_range, &u);
     return EM_OK;
 }
@@ -203,6 +249,15 @@ static tensor *unary(unop k, tensor *x, double p)
     tensor *out = op_out(&c, x->dtype, x->ndim, x->shape);
     c.ip[0] = k;
     c.dp[0] = p;
+    /* gelu's slope costs as much as gelu itself: a CPU forward that will be
+     * recorded keeps it (f32, 4 bytes an element), computed beside the
+     * output from the same Phi or exponential, and backward multiplies by
+     * it instead of computing it again (the same bits) */
+    if (out && c.record && em_scope_depth() > 0 && (k == UN_GELU || k == UN_GELU_TANH) &&
+        c.dev.type == EM_CPU && x->dtype != EM_F64 && !(c.saved = t_new(EM_F32, x->ndim, x->shape))) {
+        t_drop(out);
+        return NULL;
+    }
     if (!out || op_run(&c, &unary_kernels, out)) return NULL;
     return op_end(&c, out, unary_backward);
 }

@@ -609,3 +609,47 @@ TEST(test_unary_f32_strided_path_gives_the_fast_paths_bits_forward_and_backward)
         em_free(b);
     }
 }
+
+/* A recorded gelu (either form) keeps its slope f'(x) from the forward, and
+ * backward multiplies the output's gradient by it: the gradient has the
+ * bits of g * f'(x) for the x the forward read, even when x's storage is
+ * written between forward and backward (backward reads the slope, not x),
+ * contiguous, strided and bf16 alike. */
+TEST(test_gelu_backward_multiplies_by_the_slope_its_forward_kept)
+{
+    const struct {
+        em_tensor *(*f)(em_tensor *);
+        unop k;
+    } forms[] = {{em_gelu, UN_GELU}, {em_gelu_tanh, UN_GELU_TANH}};
+    for (int k = 0; k < 2; k++)
+        for (int layout = 0; layout < 3; layout++) { /* contiguous f32, transposed f32, bf16 */
+            em_scope s = em_scope_begin();
+            em_rng r = em_rng_new(90 + (uint64_t)(3 * k + layout));
+            em_dtype dt = layout == 2 ? EM_BF16 : EM_F32;
+            int64_t rows = layout == 1 ? 13 : 9, cols = layout == 1 ? 9 : 13;
+            em_tensor *x =
+                em_detach(em_cast(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(rows, cols), &r), 3.0), dt));
+            /* g exact in bf16, so the bf16 case's gradient arrives unrounded */
+            em_tensor *g = em_cast(em_cast(em_randn(EM_F32, EM_SHAPE(9, 13), &r), EM_BF16), EM_F32);
+            CHECK_OK(em_set_requires_grad(x, true));
+            em_tensor *in = layout == 1 ? em_transpose(x, 0, 1) : x;
+            em_tensor *xf = em_contiguous(em_cast(in, EM_F32)); /* the values the forward reads */
+            float want[9 * 13];
+            for (int i = 0; i < 9 * 13; i++) {
+                want[i] =
+                    ((float *)em_data(g))[i] * ew_gelu_slope_f32v(forms[k].k, ((float *)em_data(xf))[i]);
+                if (dt == EM_BF16) want[i] = em_bf16_to_f32(em_f32_to_bf16(want[i]));
+            }
+            em_tensor *y = forms[k].f(in);
+            memset(em_data(x), 0, 9 * 13 * em_dtype_size(dt)); /* x's storage overwritten after the forward */
+            CHECK_OK(em_backward(em_sum(em_mul(em_cast(y, EM_F32), g), 0, NULL, false), NULL));
+            em_tensor *gx = layout == 1 ? em_transpose(em_grad(x), 0, 1) : em_grad(x);
+            em_tensor *got = em_contiguous(em_cast(gx, EM_F32));
+            for (int i = 0; i < 9 * 13; i++)
+                if (((float *)em_data(got))[i] != want[i])
+                    th_fail(__FILE__, __LINE__, "%s, layout %d: element %d: gradient %.9g, want %.9g",
+                            unop_name(forms[k].k), layout, i, ((float *)em_data(got))[i], want[i]);
+            em_scope_end(s);
+            em_free(x);
+        }
+}
