@@ -606,7 +606,7 @@ static em_status setup_shm(em_pg *pg, em_transport tr, bool local, double deadli
         return em_err(EM_ERR_ARG, "em_pg_new: transport shm takes at most %d ranks, not %d", SHM_MAX_WORLD,
                       pg->world);
     }
-    char key[ERROR_BYTES], name[96] = "", why[512] = "";
+    char key[256], name[96] = "", why[ERROR_BYTES] = "";
     snprintf(key, sizeof key, "%s/shm", pg->name);
     em_status s = EM_OK;
     if (pg->rank == 0) {

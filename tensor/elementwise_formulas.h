@@ -26,8 +26,8 @@
  * bits ew_unary_grad's g * slope would have. */
 static EM_HD inline EW_T EW_FN(ew_gelu_both)(unop k, EW_T x, EW_T *slope)
 {
-    if (k ==
-        UN_GELU) { /* x Phi(x); x held at -40 below, where Phi is 0 (in f32 and f64), so gelu(-inf) = -0 */
+    if (k == UN_GELU) {
+        /* x Phi(x); x held at -40 below, where Phi is 0 (in f32 and f64), so gelu(-inf) = -0 */
         EW_T pdf, cdf = EW_NORMAL(x, &pdf);
         /* Phi(x) + x phi(x); x phi(x) is 0 where phi is, so the infinities give 0 and 1 */
         *slope = cdf + (pdf == EW_C(0) ? EW_C(0) : x * pdf);

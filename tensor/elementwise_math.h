@@ -127,6 +127,11 @@ static EM_HD inline float ew_normal_f32(float x, float *pdf)
 #include "elementwise_formulas.h"
 #endif
 
+/* Whether unary op k has a slope formula of its own (ew_gelu_both: gelu,
+ * gelu_tanh), as costly as the op itself: the CPU's recorded forward keeps
+ * it for backward (tensor/ops_unary.c). */
+static EM_HD inline bool ew_slope_kept(unop k) { return k == UN_GELU || k == UN_GELU_TANH; }
+
 /* ---- comparisons ------------------------------------------------------------------------ */
 
 /* x <op> y. NaN compares unequal to everything, as IEEE says. Every dtype

@@ -253,8 +253,8 @@ static tensor *unary(unop k, tensor *x, double p)
      * recorded keeps it (f32, 4 bytes an element), computed beside the
      * output from the same Phi or exponential, and backward multiplies by
      * it instead of computing it again (the same bits) */
-    if (out && c.record && em_scope_depth() > 0 && (k == UN_GELU || k == UN_GELU_TANH) &&
-        c.dev.type == EM_CPU && x->dtype != EM_F64 && !(c.saved = t_new(EM_F32, x->ndim, x->shape))) {
+    if (out && c.record && em_scope_depth() > 0 && ew_slope_kept(k) && c.dev.type == EM_CPU &&
+        x->dtype != EM_F64 && !(c.saved = t_new(EM_F32, x->ndim, x->shape))) {
         t_drop(out);
         return NULL;
     }
