@@ -8,7 +8,8 @@
  * (tied to the embedding) at B*T = 256.
  * Prints the median of each and sgemm / avx2 (above 1: avx2 faster).
  * Uses ember's internals (gemm_f32_path_reset), like the tests.
- * usage: bench_f32_paths [reps]   (default 41, 7..201) */
+ * usage: bench_f32_paths [reps] [M N K ta tb]   (default 41, 7..201; a shape
+ * given: that product alone) */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -48,12 +49,27 @@ int main(int argc, char **argv)
         {256, 3072, 768, 0, 1}, {256, 768, 3072, 0, 0}, {3072, 768, 256, 1, 0}, /* 124M fc */
         {256, 50257, 768, 0, 1}, {256, 768, 50257, 0, 0}, {50257, 768, 256, 1, 0}, /* 124M head */
     };
+    const int(*list)[5] = shapes;
+    size_t nshapes = sizeof shapes / sizeof shapes[0];
+    int one[1][5];
+    if (argc == 7) { /* one shape of the caller's */
+        for (int i = 0; i < 5; i++) one[0][i] = atoi(argv[2 + i]);
+        if (one[0][0] < 1 || one[0][1] < 1 || one[0][2] < 1 || (unsigned)one[0][3] > 1 ||
+            (unsigned)one[0][4] > 1) {
+            fprintf(stderr, "bench_f32_paths: M N K must be positive and ta tb 0 or 1\n");
+            return 2;
+        }
+        list = (const int(*)[5])one, nshapes = 1;
+    } else if (argc > 2) {
+        fprintf(stderr, "usage: bench_f32_paths [reps] [M N K ta tb]\n");
+        return 2;
+    }
     printf("%5s %5s %5s %3s %3s %10s %10s %10s\n", "M", "N", "K", "ta", "tb", "sgemm ms", "avx2 ms",
            "sgemm/avx2");
     double lo = 1e9, hi = 0;
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-        bool ta = shapes[s][3], tb = shapes[s][4];
+    for (size_t s = 0; s < nshapes; s++) {
+        int M = list[s][0], N = list[s][1], K = list[s][2];
+        bool ta = list[s][3], tb = list[s][4];
         int lda = ta ? M : K, ldb = tb ? K : N;
         float *A = malloc(sizeof(float) * (size_t)M * K), *B = malloc(sizeof(float) * (size_t)K * N),
               *C = malloc(sizeof(float) * (size_t)M * N);

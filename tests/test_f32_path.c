@@ -75,7 +75,8 @@ TEST(test_f32_avx2_kernel_scales_by_alpha_and_adds_to_c)
     if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
     avx2_matches(17, 33, 50, false, true, 0.125f, false); /* attention's q @ k^T * scale */
     avx2_matches(17, 33, 50, true, false, 1.0f, true);    /* a gradient added where it lies */
-    avx2_matches(50, 300, 17, true, false, -2.0f, true);  /* both, past one block of depth */
+    avx2_matches(50, 600, 17, true, false, -2.0f, true);  /* both, past two blocks of depth */
+    avx2_matches(50, 300, 17, true, false, -2.0f, true);  /* both, in one step past KC (few columns) */
 }
 
 TEST(test_f32_avx2_kernel_matches_f64_past_each_block)
@@ -83,8 +84,10 @@ TEST(test_f32_avx2_kernel_matches_f64_past_each_block)
     if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
     avx2_matches(150, 40, 33, false, false, 1.0f, false);  /* past a block of 144 rows */
     avx2_matches(9, 520, 40, false, true, 1.0f, false);    /* three blocks of depth (256) */
+    avx2_matches(40, 512, 128, false, false, 1.0f, false); /* one step of 512: B's block 256 KiB */
+    avx2_matches(40, 512, 129, false, true, 1.0f, false);  /* a column more: two blocks of depth */
     avx2_matches(20, 300, 300, true, false, 1.0f, true);   /* deep, past 256 columns */
-    avx2_matches(1030, 260, 20, true, false, 1.0f, false); /* deep, past 1024 rows summed together */
+    avx2_matches(1030, 520, 20, true, false, 1.0f, false); /* deep, past 1024 rows summed together */
     avx2_matches(3, 16, 3100, false, false, 1.0f, false);  /* past 3072 columns */
 }
 
