@@ -337,11 +337,10 @@ em_loader *em_loader_new(em_dataset *ds, const em_loader_config *cfg)
                        cfg->prefetch, (long long)cfg->batch_size);
     }
     if (start_worker(l) != EM_OK) {
-        em_status s = em_last_status();
-        char msg[ERROR_BYTES];
-        snprintf(msg, sizeof msg, "%s", em_last_error());
+        held_error h;
+        error_hold(&h, em_last_status());
         em_loader_free(l);
-        em_err(s, "%s", msg);
+        error_restore(&h);
         return NULL;
     }
     return l;

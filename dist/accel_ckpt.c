@@ -272,15 +272,12 @@ static em_status plan_save(em_accelerator *a, const char *root, int64_t **nums, 
     for (int i = 0; i < *nremove && !s; i++) {
         char path[PATH_MAX];
         numbered(path, sizeof path, root, (*nums)[i]);
-        if ((s = ckpt_check_removable(path, SAVE))) {
-            char msg[ERROR_BYTES];
-            snprintf(msg, sizeof msg, "%s", em_last_error());
+        if ((s = ckpt_check_removable(path, SAVE)))
             s = em_err(
                 EM_ERR_IO,
                 "%s; total_limit %d would remove it after this save, so nothing was saved (move it out "
                 "of %s)",
-                msg, a->total_limit, root);
-        }
+                em_last_error(), a->total_limit, root);
     }
     return s;
 }
@@ -316,13 +313,13 @@ em_status accel_load_auto(em_accelerator *a)
     root_dir(a, root, sizeof root);
     int64_t plan[2] = {0, 0}; /* {1 found / 0 none / -1 failed, N} */
     if (a->rank == 0) plan[0] = latest_number(root, &plan[1], LOAD);
-    char msg[ERROR_BYTES];
-    snprintf(msg, sizeof msg, "%s", em_last_error());
+    held_error h;
+    error_hold(&h, EM_ERR_IO);
     em_status s = from_rank0(a, plan);
     if (s) return s;
     if (plan[0] < 0)
         return a->rank == 0
-                   ? em_set_error(EM_ERR_IO, "%s", msg)
+                   ? error_restore(&h)
                    : em_err(EM_ERR_DIST, "%s: rank 0 cannot read %s (its error says why)", LOAD, root);
     if (plan[0] == 0)
         return em_err(EM_ERR_IO,

@@ -112,15 +112,15 @@ static void module_rng_key(char *buf, size_t n, int k, const char *name)
 em_status accel_agree(em_accelerator *a, em_status mine, const char *what)
 {
     if (a->world == 1) return mine;
-    char msg[ERROR_BYTES];
-    snprintf(msg, sizeof msg, "%s", em_last_error());
+    held_error h;
+    error_hold(&h, mine);
     int64_t one = 1;
     em_scope sc = em_scope_begin();
     em_tensor *f = em_full(EM_I32, 1, &one, mine != EM_OK ? a->rank + 1 : 0);
     em_status s = f ? em_all_reduce(a->pg, f, EM_RED_MAX, NULL) : em_last_status();
     int bad = s == EM_OK ? ((int32_t *)em_data(f))[0] : 0;
     em_scope_end(sc);
-    if (mine != EM_OK) return em_set_error(mine, "%s", msg);
+    if (mine != EM_OK) return error_restore(&h);
     if (s != EM_OK) return s;
     if (bad) return em_err(EM_ERR_DIST, "%s: rank %d failed (its error says why)", what, bad - 1);
     return EM_OK;

@@ -151,10 +151,10 @@ em_accelerator *em_accelerator_new(const em_accel_config *cfg)
     a->zero_offload = cfg->zero_offload;
     a->amp = c.mixed_precision == EM_PREC_BF16 ? EM_BF16 : c.mixed_precision == EM_PREC_FP16 ? EM_F16 : EM_F32;
     if (a->amp == EM_F16 && !(a->scaler = em_grad_scaler_new(&cfg->scaler))) {
-        char msg[ERROR_BYTES];
-        snprintf(msg, sizeof msg, "em_accelerator_new: %s", em_last_error());
+        held_error h;
+        error_hold(&h, EM_ERR_ARG);
         em_accelerator_free(a);
-        em_set_error(EM_ERR_ARG, "%s", msg);
+        em_set_error(h.status, "em_accelerator_new: %s", h.msg);
         return NULL;
     }
     return a;

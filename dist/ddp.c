@@ -404,10 +404,10 @@ em_ddp *em_ddp_new(em_pg *pg, em_module *model, const em_ddp_config *cfg)
     for (int i = 0; i < d->nparams && s == EM_OK; i++)
         s = em_register_grad_hook(d->params[i].t, on_grad_ready, &d->params[i]);
     if (s != EM_OK) {
-        char msg[ERROR_BYTES];
-        snprintf(msg, sizeof msg, "%s", em_last_error());
+        held_error h;
+        error_hold(&h, s);
         em_ddp_free(d);
-        em_set_error(s, "%s", msg);
+        error_restore(&h);
         return NULL;
     }
     return d;
@@ -437,8 +437,8 @@ em_status em_ddp_backward(em_ddp *d, em_tensor *loss, em_tensor *grad_output)
     d->in_backward = true;
     em_status bs = em_backward(loss, grad_output);
     d->in_backward = false;
-    char bmsg[ERROR_BYTES] = "";
-    if (bs != EM_OK) snprintf(bmsg, sizeof bmsg, "%s", em_last_error());
+    held_error bh;
+    if (bs != EM_OK) error_hold(&bh, bs);
     /* Whatever happened, every rank starts and finishes every bucket, so the
      * ranks' collectives stay matched: a local failure never turns into a
      * hang elsewhere. */
@@ -447,7 +447,7 @@ em_status em_ddp_backward(em_ddp *d, em_tensor *loss, em_tensor *grad_output)
         if (!d->params[i].ready) unused = d->params[i].name;
     finish_buckets(d);
     em_status us = d->cfg.find_unused_parameters ? share_used(d) : EM_OK;
-    if (bs != EM_OK) return em_set_error(bs, "%s", bmsg);
+    if (bs != EM_OK) return error_restore(&bh);
     if (d->first_err != EM_OK) return em_set_error(d->first_err, "%s", d->err_msg);
     if (us != EM_OK) return us;
     if (unused && !d->cfg.find_unused_parameters)
@@ -493,8 +493,8 @@ em_status ddp_backward_many(em_ddp *const *ds, int n, em_tensor *loss, bool sync
         ds[k]->dirty = ds[k]->dirty || ds[k]->touched;
     }
     if (!sync) return bs;
-    char bmsg[ERROR_BYTES] = "";
-    if (bs != EM_OK) snprintf(bmsg, sizeof bmsg, "%s", em_last_error());
+    held_error bh;
+    if (bs != EM_OK) error_hold(&bh, bs);
     /* every rank makes the same collectives whatever failed locally */
     int64_t nn = n;
     em_scope sc = em_scope_begin(); /* `took` dies here */
@@ -517,7 +517,7 @@ em_status ddp_backward_many(em_ddp *const *ds, int n, em_tensor *loss, bool sync
     }
     for (int k = 0; k < n && !agreed; k++) ds[k]->touched = false;
     em_scope_end(sc);
-    if (bs != EM_OK) return em_set_error(bs, "%s", bmsg);
+    if (bs != EM_OK) return error_restore(&bh);
     if (s != EM_OK) return s;
     for (int k = 0; k < n; k++) {
         em_ddp *d = ds[k];

@@ -172,11 +172,8 @@ static em_status read_slurm(const char *fn, launch_env *e)
     for (size_t i = 0; i < sizeof per_node / sizeof per_node[0]; i++) {
         const char *v = env(per_node[i]);
         if (!v) continue;
-        if (slurm_tasks_on_node(v, i == 2 ? 0 : node, &e->local_world)) {
-            char why[ERROR_BYTES];
-            snprintf(why, sizeof why, "%s", em_last_error());
-            return em_err(EM_ERR_ARG, "%s: %s (SLURM_NODEID=%d): %s", fn, per_node[i], node, why);
-        }
+        if (slurm_tasks_on_node(v, i == 2 ? 0 : node, &e->local_world))
+            return em_err(EM_ERR_ARG, "%s: %s (SLURM_NODEID=%d): %s", fn, per_node[i], node, em_last_error());
         if (e->local_rank >= e->local_world)
             return em_err(EM_ERR_ARG, "%s: SLURM_LOCALID=%d is not below the %d tasks %s='%s' gives node %d",
                           fn, e->local_rank, e->local_world, per_node[i], v, node);
@@ -289,11 +286,8 @@ em_status launch_store_settings(const char *fn, const launch_env *e, launch_stor
                           "%s: under Slurm without MASTER_ADDR, SLURM_STEP_NODELIST or "
                           "SLURM_JOB_NODELIST must name the nodes",
                           fn);
-        if (slurm_first_host(list, first, sizeof first)) {
-            char why[ERROR_BYTES];
-            snprintf(why, sizeof why, "%s", em_last_error());
-            return em_err(EM_ERR_ARG, "%s: %s: %s", fn, addr_from, why);
-        }
+        if (slurm_first_host(list, first, sizeof first))
+            return em_err(EM_ERR_ARG, "%s: %s: %s", fn, addr_from, em_last_error());
         addr = first;
     } else if (!addr && e->local_world == e->world) {
         addr = "127.0.0.1", addr_from = "every rank on this machine"; /* mpirun on one machine */
@@ -346,14 +340,11 @@ static em_status host_store(const char *fn, const launch_store *s)
         /* a loopback address (127.0.1.1 is Debian's for the host's own name) only there */
         bool loop = s->ip[0] && !strncmp(s->ip, "127.", 4);
         hosted = em_store_server_start(loop ? s->ip : "0.0.0.0", s->port, s->token);
-        if (!hosted) {
-            char why[ERROR_BYTES];
-            snprintf(why, sizeof why, "%s", em_last_error());
+        if (!hosted)
             st =
                 em_err(em_last_status(),
                        "%s: rank 0 cannot host the store on port %d (%s; set MASTER_PORT to a free port): %s",
-                       fn, s->port, s->port_from, why);
-        }
+                       fn, s->port, s->port_from, em_last_error());
     }
     pthread_mutex_unlock(&hosted_mu);
     return st;

@@ -848,11 +848,11 @@ em_status mpi_rendezvous(double timeout, int *rank, int *world, em_store **store
         if (!*store) s = em_last_status();
     }
     if (s) {
-        char msg[ERROR_BYTES];
-        snprintf(msg, sizeof msg, "%s", em_last_error());
+        held_error h;
+        error_hold(&h, s);
         em_store_server_stop(*server);
         *server = NULL;
-        em_set_error(s, "%s", msg);
+        error_restore(&h);
     }
     return s;
 }

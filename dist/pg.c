@@ -855,8 +855,8 @@ static em_pg *pg_new(const em_pg_config *cfg, const char *exited, const char *ma
         if (!s && pthread_create(&pg->thread, NULL, comm_thread, pg) != 0)
             s = em_err(EM_ERR_DIST, "em_pg_new: cannot start the communication thread");
         if (s) {
-            char msg[ERROR_BYTES];
-            snprintf(msg, sizeof msg, "%s", em_last_error());
+            held_error h;
+            error_hold(&h, s);
             close_all(pg);
             shm_unmap(pg);
 #if EM_HAVE_MPI
@@ -865,7 +865,7 @@ static em_pg *pg_new(const em_pg_config *cfg, const char *exited, const char *ma
             free(pg->fd);
             free(pg->peer);
             free(pg);
-            em_set_error(s, "%s", msg);
+            error_restore(&h);
             return NULL;
         }
         pg->thread_started = true;
@@ -941,12 +941,11 @@ static em_pg *from_mpi(double timeout, const launch_env *e)
                                        .timeout_s = timeout,
                                        .transport = EM_TRANSPORT_MPI});
     if (!pg) {
-        char msg[ERROR_BYTES];
-        em_status s = em_last_status();
-        snprintf(msg, sizeof msg, "%s", em_last_error());
+        held_error h;
+        error_hold(&h, em_last_status());
         em_store_close(st);
         em_store_server_stop(srv);
-        em_set_error(s, "%s", msg);
+        error_restore(&h);
         return NULL;
     }
     pg->own_store = true;
@@ -1010,11 +1009,10 @@ em_pg *em_pg_from_env_with(const em_pg_env_config *cfg)
                                        .transport = tr},
                        exited, ls.ip[0] ? ls.ip : ls.addr);
     if (!pg) {
-        char msg[ERROR_BYTES];
-        em_status s = em_last_status();
-        snprintf(msg, sizeof msg, "%s", em_last_error());
+        held_error h;
+        error_hold(&h, em_last_status());
         em_store_close(st);
-        em_set_error(s, "%s", msg);
+        error_restore(&h);
         return NULL;
     }
     pg->own_store = true;

@@ -447,11 +447,11 @@ em_tracker *em_tracker_open(const char *run_name, const em_tracker_config *cfg)
     }
     free(dir);
     if (s) {
-        char msg[ERROR_BYTES];
-        snprintf(msg, sizeof msg, "%s", em_last_error());
+        held_error h;
+        error_hold(&h, s);
         if (t->fd[0] >= 0) unlink(t->path[0]); /* a tracker that failed to open leaves no event file */
         em_tracker_close(t);
-        em_set_error(s, "%s", msg);
+        error_restore(&h);
         return NULL;
     }
     return t;

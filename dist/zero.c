@@ -672,10 +672,10 @@ static em_status reserve_on_device(em_zero *z, const char *fn)
  * across the frees). */
 static em_zero *fail_freeing(em_zero *z, em_status s)
 {
-    char msg[ERROR_BYTES];
-    snprintf(msg, sizeof msg, "%s", em_last_error());
+    held_error h;
+    error_hold(&h, s);
     em_zero_free(z);
-    em_set_error(s, "%s", msg);
+    error_restore(&h);
     return NULL;
 }
 

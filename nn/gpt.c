@@ -204,13 +204,11 @@ static em_tensor *gpt_ce(const char *op, em_tensor *logits, em_tensor *targets)
 {
     em_tensor *loss = logits && targets ? em_cross_entropy(logits, targets, EM_IGNORE_INDEX) : NULL;
     if (!loss && em_last_status() == EM_ERR_INDEX && strstr(em_last_error(), "target -1 ")) {
-        char why[ERROR_BYTES];
-        snprintf(why, sizeof why, "%s", em_last_error());
         return em_fail(
             EM_ERR_INDEX,
             "%s: %s; positions to ignore are marked -100 (EM_IGNORE_INDEX, as in PyTorch and Hugging "
             "Face), no longer -1",
-            op, why);
+            op, em_last_error());
     }
     return loss;
 }

@@ -209,10 +209,9 @@ static em_status open_sharded(hf_ckpt *c, const char *path, const char *fn)
     if (!s && !where) s = em_err(EM_ERR_OOM, "%s: out of memory", fn);
     for (int i = 0; !s && i < map->n; i++) {
         if ((where[i] = shard_of(c, dir, map->v[i].s)) >= 0) continue;
-        char why[ERROR_BYTES];
-        snprintf(why, sizeof why, "%s", em_last_error());
         s = em_err(em_last_status() ? em_last_status() : EM_ERR_IO,
-                   "%s: shard '%s' of '%s' (holding '%s'): %s", fn, map->v[i].s, path, map->keys[i], why);
+                   "%s: shard '%s' of '%s' (holding '%s'): %s", fn, map->v[i].s, path, map->keys[i],
+                   em_last_error());
     }
     if (!s) s = build_table(c, fn);
     /* the index and the shards agree: every listed tensor where it says, nothing unlisted */

@@ -536,11 +536,11 @@ em_safetensors *st_open(const char *path, bool verify)
     f->trusted = !verify;
     f->fd = file_open_regular(path, "em_safetensors_open"); /* a FIFO is refused, not waited on */
     if (f->fd < 0) {
-        em_status st = em_last_status();
-        char msg[ERROR_BYTES];
-        snprintf(msg, sizeof msg, "%s", em_last_error());
+        held_error h;
+        error_hold(&h, em_last_status());
         em_safetensors_close(f);
-        return em_fail(st, "%s", msg);
+        error_restore(&h);
+        return NULL;
     }
     char err[400];
     if (!read_header(f, err, sizeof err)) {

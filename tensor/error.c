@@ -39,6 +39,20 @@ static void set_error(em_status s, const char *fmt, va_list ap)
     error_count++;
 }
 
+void error_hold(held_error *h, em_status s)
+{
+    h->status = s;
+    memcpy(h->msg, last_msg, sizeof h->msg);
+}
+
+em_status error_restore(const held_error *h)
+{
+    memcpy(last_msg, h->msg, sizeof last_msg);
+    last_status = h->status;
+    error_count++;
+    return h->status;
+}
+
 void *em_fail(em_status s, const char *fmt, ...)
 {
     va_list ap;

@@ -17,6 +17,23 @@ typedef struct tensor tensor;
  * size, so no message is cut on its way back to the user. */
 enum { ERROR_BYTES = 4096 };
 
+/* The thread's error held aside while cleanup that may set errors of its
+ * own runs (freeing what a failed constructor made, closing what it
+ * opened), then set again:
+ *     held_error h;
+ *     error_hold(&h, s);   (s: the status to report, usually em_last_status())
+ *     ...cleanup...
+ *     return error_restore(&h);
+ * em_err and em_fail may also be given em_last_error() as an argument
+ * (a prefix added to the message): they format into a copy first. */
+typedef struct held_error {
+    em_status status;
+    char msg[ERROR_BYTES];
+} held_error;
+void error_hold(held_error *h, em_status s);
+/* sets the thread's error to h's; returns h's status */
+em_status error_restore(const held_error *h);
+
 /* em_fail sets the thread's error and returns NULL; em_err returns the code.
  * Messages read "op: what is wrong: values". */
 void *em_fail(em_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

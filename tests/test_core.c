@@ -1,5 +1,6 @@
 /* test_core.c — creation, metadata, dtypes and conversions, RNG. */
 #include "harness.h"
+#include "tensor/error_impl.h"
 
 TEST(test_zeros_has_shape_and_zero_values)
 {
@@ -100,6 +101,33 @@ TEST(test_get_and_set_reject_out_of_range_index)
     CHECK_VALUES(t, 0, 0, 0, 0, 0, 0, 5); /* the failed set wrote nothing */
     CHECK_ERR(em_item(t), EM_ERR_SHAPE, "em_item: needs exactly one element, got f32(2,3)");
     em_scope_end(s);
+}
+
+/* ---- the thread's error ---------------------------------------------------------- */
+
+/* Cleanup that fails on its own does not replace the error it cleans up
+ * after, and em_err may be given the message it replaces (a prefix). */
+TEST(test_a_held_error_comes_back_whole_after_cleanup_sets_another)
+{
+    char want[ERROR_BYTES - 1];
+    memset(want, 'x', sizeof want - 1);
+    want[sizeof want - 1] = '\0';
+    memcpy(want, "first: ", 7);
+    em_err(EM_ERR_IO, "%s", want);
+    held_error h;
+    error_hold(&h, em_last_status());
+    em_err(EM_ERR_ARG, "cleanup: failed too");
+    uint64_t seq = error_seq();
+    CHECK(error_restore(&h) == EM_ERR_IO);
+    CHECK(em_last_status() == EM_ERR_IO);
+    CHECK(strlen(em_last_error()) == strlen(want) && !strcmp(em_last_error(), want));
+    CHECK(error_seq() == seq + 1); /* a new error, as far as a layer that names itself can tell */
+    error_hold(&h, EM_ERR_DIST);   /* the status to report may differ from the one set */
+    CHECK(error_restore(&h) == EM_ERR_DIST && em_last_status() == EM_ERR_DIST);
+    em_err(EM_ERR_SHAPE, "inner: (2,3)");
+    em_err(em_last_status(), "outer: %s; and more", em_last_error());
+    CHECK(!strcmp(em_last_error(), "outer: inner: (2,3); and more"));
+    em_clear_error();
 }
 
 /* ---- f16 / bf16 conversions ---------------------------------------------------- */
