@@ -13,11 +13,10 @@
  *     (k-major: 16 consecutive floats per k);
  *   MC rows of op(A), KC deep, packed in panels of MR = 6 rows;
  *   the micro-kernel keeps a 6x16 block of C in 12 ymm registers.
- * With K <= KC (or up to KONE with few columns: blocked) a block of C is
- * final after one pass and is rounded to the low dtype as the micro-kernel
- * stores it; a deeper K accumulates in an f32 block of C, and its last KC
- * step adds its sums to that block's and rounds them on their way out of
- * the registers. A C stored in f32 holds
+ * With K <= KONE a block of C is final after one pass and is rounded to
+ * the low dtype as the micro-kernel stores it; a deeper K accumulates in an
+ * f32 block of C, and its last KC step adds its sums to that block's and
+ * rounds them on their way out of the registers. A C stored in f32 holds
  * the same rounded values, or has them added to it (gemm_low_dtypes.add).
  * A bias (a Linear's) is added to an f32 C's final values in registers as
  * they are stored. Only the blocks at C's edges go through a 6x16 scratch
@@ -47,7 +46,7 @@ bool gemm_widen_usable(void)
 
 /* micro-kernel rows and columns; blocks of rows, depth and columns (NCD:
  * columns when K takes several KC steps); the deepest K taken in one step
- * when B's block is small (KONE); rows summed over K together */
+ * (KONE); rows summed over K together */
 enum { MR = 6, NR = 16, MC = 144, KC = 256, KONE = 512, NC = 3072, NCD = 256, MSUM = 1024 };
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
@@ -381,20 +380,23 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                     int64_t m, int64_t n, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
                     void *C, int64_t ldc)
 {
-    /* K up to KC in one step; up to KONE too while B's block stays within
-     * 256 KiB (L2-sized, K x n): measured on Zen 3 (bench_f32_paths), one
-     * step at K 384-512 ran the tiny GPT's dX = g @ W of qkv and fc and
-     * fc's second Linear 8-10% faster than two KC steps summed in acc,
-     * but 256x4096x512, whose block would be 4 MiB, 4% slower */
-    bool deep = K > KC && (K > KONE || K * (n < NC ? n : NC) > (256 << 10) / 4);
+    /* K up to KONE in one step: on Zen 3 (bench_f32_paths) one step at K
+     * 384-512 ran the tiny GPT's dX = g @ W of qkv and fc and fc's second
+     * Linear 8-10% faster than two KC steps summed in acc; at K 768 (its
+     * dW products) it gained nothing. Decided by K alone, so a product's
+     * bits do not depend on how its columns are split over threads (each
+     * element is summed over K in one order either way). */
+    bool deep = K > KONE;
     /* how a whole 6x16 block of C leaves the kernel's registers (-1: through
      * store_low); a block at C's edge goes through store_low too */
     int pm = put_mode_of(sc, add, alpha);
     size_t cs = sc.f32 ? 4 : 2;
     char *c8 = C;
-    /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD) */
-    int64_t kc_max = deep ? KC : K, ncb = deep ? NCD : NC, nc_max = n < ncb ? n : ncb,
-            mc_max = m < MC ? m : MC;
+    /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD);
+     * one step past KC takes fewer columns a block, so B's block is no
+     * larger than at KC */
+    int64_t ncb = deep ? NCD : K <= KC ? NC : NC * KC / K / NR * NR;
+    int64_t kc_max = deep ? KC : K, nc_max = n < ncb ? n : ncb, mc_max = m < MC ? m : MC;
     int64_t ncp = (nc_max + NR - 1) / NR * NR, mcp = (mc_max + MR - 1) / MR * MR;
     int64_t msum = m <= MSUM ? m : MC, msp = (msum + MC - 1) / MC * MC + MR; /* acc rows, padded */
     size_t mark = tmp_mark();

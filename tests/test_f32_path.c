@@ -76,7 +76,7 @@ TEST(test_f32_avx2_kernel_scales_by_alpha_and_adds_to_c)
     avx2_matches(17, 33, 50, false, true, 0.125f, false); /* attention's q @ k^T * scale */
     avx2_matches(17, 33, 50, true, false, 1.0f, true);    /* a gradient added where it lies */
     avx2_matches(50, 600, 17, true, false, -2.0f, true);  /* both, past two blocks of depth */
-    avx2_matches(50, 300, 17, true, false, -2.0f, true);  /* both, in one step past KC (few columns) */
+    avx2_matches(50, 300, 17, true, false, -2.0f, true);  /* both, in one step past KC */
 }
 
 TEST(test_f32_avx2_kernel_matches_f64_past_each_block)
@@ -84,8 +84,8 @@ TEST(test_f32_avx2_kernel_matches_f64_past_each_block)
     if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
     avx2_matches(150, 40, 33, false, false, 1.0f, false);  /* past a block of 144 rows */
     avx2_matches(9, 520, 40, false, true, 1.0f, false);    /* three blocks of depth (256) */
-    avx2_matches(40, 512, 128, false, false, 1.0f, false); /* one step of 512: B's block 256 KiB */
-    avx2_matches(40, 512, 129, false, true, 1.0f, false);  /* a column more: two blocks of depth */
+    avx2_matches(40, 512, 1600, false, false, 1.0f, false); /* one step of 512, past 1536 columns */
+    avx2_matches(40, 513, 50, false, true, 1.0f, false);    /* a K past 512: three blocks of depth */
     avx2_matches(20, 300, 300, true, false, 1.0f, true);   /* deep, past 256 columns */
     avx2_matches(1030, 520, 20, true, false, 1.0f, false); /* deep, past 1024 rows summed together */
     avx2_matches(3, 16, 3100, false, false, 1.0f, false);  /* past 3072 columns */
@@ -187,7 +187,9 @@ TEST(test_f32_avx2_split_products_have_one_threads_bits_in_every_layout)
     same_bits_at_any_thread_count(768, 128, 384, false, false, false, false); /* its dX */
     same_bits_at_any_thread_count(384, 128, 768, true, false, false, true);   /* its dW, added: deep rows */
     same_bits_at_any_thread_count(128, 512, 768, true, false, false, false);  /* by columns */
-    same_bits_at_any_thread_count(100, 700, 300, false, true, true, false);   /* columns, deep, edges */
+    same_bits_at_any_thread_count(100, 700, 600, false, true, true, false);   /* columns, deep, edges */
+    same_bits_at_any_thread_count(100, 2000, 400, false, false, false, false); /* columns, one step past KC */
+    same_bits_at_any_thread_count(100, 300, 400, false, false, false, false);  /* its parts narrower */
     same_bits_at_any_thread_count(257, 200, 517, true, true, false, true);    /* rows, deep, edges */
     same_bits_at_any_thread_count(60, 3100, 70, false, false, false, false);  /* past 3072 columns */
     use_f32_path(NULL);
