@@ -34,9 +34,6 @@ int main(int argc, char **argv)
         printf("bench_f32_paths: this CPU has no AVX2+FMA+F16C: only the sgemm path exists here\n");
         return 0;
     }
-    em_cpu_features f = em_cpu_detect();
-    printf("bench_f32_paths: %d threads, AVX-512F %s (auto picks %s); median of %d calls each, alternating\n",
-           em_num_threads(), f.avx512f ? "yes" : "no", f.avx512f ? "sgemm" : "avx2", reps);
     /* M, N, K, ta, tb as em_gemm takes them */
     static const int shapes[][5] = {
         {768, 384, 128, 0, 1},  {768, 128, 384, 0, 0},  {384, 128, 768, 1, 0},  /* qkv */
@@ -64,6 +61,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_f32_paths [reps] [M N K ta tb]\n");
         return 2;
     }
+    em_cpu_features f = em_cpu_detect();
+    printf("bench_f32_paths: %d threads, AVX-512F %s (auto picks %s); median of %d calls each, alternating\n",
+           em_num_threads(), f.avx512f ? "yes" : "no", f.avx512f ? "sgemm" : "avx2", reps);
     printf("%5s %5s %5s %3s %3s %10s %10s %10s\n", "M", "N", "K", "ta", "tb", "sgemm ms", "avx2 ms",
            "sgemm/avx2");
     double lo = 1e9, hi = 0;
