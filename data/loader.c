@@ -460,15 +460,15 @@ static slot *head_slot(em_loader *l, int64_t size)
     if (s->epoch == l->pos.epoch && s->batch == l->pos.batch && s->size == size && s->status == EM_OK)
         return s;
     em_status st = s->status != EM_OK ? s->status : EM_ERR_ARG;
-    char msg[ERROR_BYTES];
     if (s->status != EM_OK)
-        snprintf(msg, sizeof msg, "%s", s->msg);
+        em_err(st, "%s", s->msg);
     else
-        snprintf(msg, sizeof msg,
-                 "em_loader_next: prefetched batch {%lld, %lld} is not the expected {%lld, %lld}",
-                 (long long)s->epoch, (long long)s->batch, (long long)l->pos.epoch, (long long)l->pos.batch);
+        em_err(st, "em_loader_next: prefetched batch {%lld, %lld} is not the expected {%lld, %lld}",
+               (long long)s->epoch, (long long)s->batch, (long long)l->pos.epoch, (long long)l->pos.batch);
+    held_error h;
+    error_hold(&h, st);
     stop_worker(l); /* and restart at the same position: the next call retries this batch */
-    if (start_worker(l) == EM_OK) em_err(st, "%s", msg);
+    if (start_worker(l) == EM_OK) error_restore(&h);
     return NULL;
 }
 
@@ -510,18 +510,17 @@ static bool next_collated(em_loader *l, int64_t size, em_batch *b)
     if (st == EM_OK && !out.x)
         st = em_err(EM_ERR_ARG, "em_loader_next: the collate returned EM_OK but made no x");
     if (st != EM_OK) {
-        char msg[ERROR_BYTES];
         if (em_last_status() == EM_OK)
-            snprintf(msg, sizeof msg, "em_loader_next: the collate failed (status %d) on batch {%lld, %lld}",
-                     (int)st, (long long)l->pos.epoch, (long long)l->pos.batch);
-        else
-            snprintf(msg, sizeof msg, "%s", em_last_error());
+            em_err(st, "em_loader_next: the collate failed (status %d) on batch {%lld, %lld}", (int)st,
+                   (long long)l->pos.epoch, (long long)l->pos.batch);
+        held_error h;
+        error_hold(&h, st);
         if (em_scope_depth() == 0) { /* persistent tensors would leak; scoped ones die with the scope */
             em_free(out.x);
             em_free(out.y);
             em_free(out.mask);
         }
-        em_err(st, "%s", msg);
+        error_restore(&h);
         return false; /* the slot stays at the head: the next call retries it */
     }
     if (l->running) pop_slot(l);

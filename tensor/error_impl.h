@@ -12,9 +12,8 @@
 typedef struct tensor tensor;
 
 /* The size of the thread's error message, its NUL included. Code that
- * holds an error aside while it cleans up (cleanup that may set errors of
- * its own), or carries one to another thread, keeps it in a buffer of this
- * size, so no message is cut on its way back to the user. */
+ * carries an error to another thread keeps it in a buffer of this size (and
+ * held_error, below, does), so no message is cut on its way to the user. */
 enum { ERROR_BYTES = 4096 };
 
 /* The thread's error held aside while cleanup that may set errors of its
