@@ -200,12 +200,12 @@ static void pause_after(double waited)
 }
 
 /* Waits until every one of the n requests completed (MPI_REQUEST_NULL ones
- * count as done), c fails (a peer's note, or `watch`, run between tests,
- * finds something wrong), or the deadline: then EM_ERR_TIMEOUT naming
+ * count as done), c fails (a peer's note, or `watch`, run between tests
+ * with the requests, finds something wrong), or the deadline: then EM_ERR_TIMEOUT naming
  * `what` and the ranks whose requests are still open (peer[i] >= 0; peer
  * NULL: "the other ranks"). */
 static em_status wait_requests(em_pg *pg, call *c, int n, MPI_Request *rq, const int *peer, const char *what,
-                               double deadline, bool (*watch)(em_pg *, call *))
+                               double deadline, bool (*watch)(em_pg *, call *, MPI_Request *))
 {
     double start = pg_now();
     for (;;) {
@@ -221,7 +221,7 @@ static em_status wait_requests(em_pg *pg, call *c, int n, MPI_Request *rq, const
         }
         if (all) return EM_OK;
         if (noted(pg, c)) return c->status;
-        if (watch && watch(pg, c)) return c->status;
+        if (watch && watch(pg, c, rq)) return c->status;
         double now = pg_now();
         if (now >= deadline) {
             char d[160], who[160] = "";
@@ -541,29 +541,27 @@ static void take_announcements(em_pg *pg)
 /* While a recv waits and its source's send is not there: the source's
  * collective header means it called a collective instead; its recv
  * announcement for a message we have not sent means it waits in a recv from
- * us as we wait in ours. Either is a mismatch naming both calls. */
-static bool watch_recv(em_pg *pg, call *c)
+ * us as we wait in ours. Either is a mismatch naming both calls, unless the
+ * send's header came meanwhile: MPI matches it to the posted receive *rq,
+ * where no probe sees it, and the source sent it before the header of its
+ * next call, which OpenMPI matches in the order sent; so *rq, tested after
+ * the probes, tells a send that came late from one that never will (a
+ * completed *rq is left MPI_REQUEST_NULL for the wait). */
+static bool watch_recv(em_pg *pg, call *c, MPI_Request *rq)
 {
-    int src = c->h.root, flag = 0;
-    call_header h;
-    lk();
-    MPI_Iprobe(src, TAG_SEND, pg->mpi->comm, &flag, MPI_STATUS_IGNORE);
-    ulk();
-    if (flag) return false; /* its send is there: the recv takes it */
+    int src = c->h.root, flag = 0, done = 0;
     take_announcements(pg);
-    const call_header *w = &pg->mpi->wanted[src];
-    if (w->seq > pg->peer[src].sent) {
-        call_header theirs = *w;
-        theirs.seq = c->h.seq; /* as a call, not a message number */
-        call_mismatch(c, pg->rank, &c->h, src, &theirs);
-        return true;
-    }
+    call_header theirs = pg->mpi->wanted[src];
+    bool waits = theirs.seq > pg->peer[src].sent;
     lk();
-    MPI_Iprobe(src, TAG_CHECK, pg->mpi->comm, &flag, MPI_STATUS_IGNORE);
-    if (flag) MPI_Recv(&h, (int)sizeof h, MPI_BYTE, src, TAG_CHECK, pg->mpi->comm, MPI_STATUS_IGNORE);
+    if (!waits) MPI_Iprobe(src, TAG_CHECK, pg->mpi->comm, &flag, MPI_STATUS_IGNORE);
+    if (waits || flag) MPI_Test(rq, &done, MPI_STATUS_IGNORE);
+    if (!waits && flag && !done)
+        MPI_Recv(&theirs, (int)sizeof theirs, MPI_BYTE, src, TAG_CHECK, pg->mpi->comm, MPI_STATUS_IGNORE);
     ulk();
-    if (!flag) return false;
-    call_mismatch(c, pg->rank, &c->h, src, &h);
+    if ((!waits && !flag) || done) return false;
+    if (waits) theirs.seq = c->h.seq; /* as a call, not a message number */
+    call_mismatch(c, pg->rank, &c->h, src, &theirs);
     return true;
 }
 

@@ -12,6 +12,9 @@
  *                ranks all-reduce
  *   recv-vs-collective  rank 1 receives from rank 0, which all-reduces
  *   recv-vs-recv rank 0 and rank 1 each receive from the other
+ *   late-send    rounds in which a recv is waiting when its send comes, the
+ *                sender's next call right behind it: a collective, or a recv
+ *                of its own from the receiver (neither is a mismatch)
  *   skip         every rank but 0 skips a barrier (EMBER_TIMEOUT short)
  *   bf16         prints the bits of a bf16 all_reduce (avg) of fixed data (the
  *                test compares them with the TCP path's: also runs under
@@ -173,6 +176,37 @@ static void collectives(em_pg *pg)
     em_pg_free(pg2);
 }
 
+/* Spins for about us microseconds (the peer is then already waiting). */
+static void spin_us(double us)
+{
+    double t0 = MPI_Wtime();
+    while (MPI_Wtime() - t0 < us * 1e-6) {
+    }
+}
+
+/* Rank 0 sends to rank 1 once rank 1 waits in its recv, then at once makes
+ * its next call: an all_reduce (even rounds) or a recv from rank 1, which
+ * sends back after its recv (odd rounds). A recv that took the header of
+ * rank 0's next call for a missing send would fail the round as a mismatch. */
+static void late_send(em_pg *pg)
+{
+    int64_t n = 16;
+    em_tensor *t = em_zeros(EM_F32, 1, &n);
+    for (int k = 0; k < 400; k++) {
+        bool back = k % 2;
+        if (rank == 0) {
+            spin_us(50 + 10 * (k % 7));
+            OK(em_send(pg, t, 1, NULL));
+            if (back) OK(em_recv(pg, t, 1, NULL));
+        } else if (rank == 1) {
+            OK(em_recv(pg, t, 0, NULL));
+            if (back) OK(em_send(pg, t, 0, NULL));
+        }
+        if (!back) OK(em_all_reduce(pg, t, EM_RED_MAX, NULL));
+    }
+    em_free(t);
+}
+
 /* A scenario that must fail on every rank: prints the error it got. */
 static int failing(em_pg *pg, const char *what)
 {
@@ -231,6 +265,8 @@ int main(int argc, char **argv)
         FAIL("the transport is %d, not MPI", (int)em_pg_transport(pg));
     if (!strcmp(what, "collectives")) {
         collectives(pg);
+    } else if (!strcmp(what, "late-send")) {
+        late_send(pg);
     } else if (!strcmp(what, "bf16")) {
         int64_t n = 8;
         em_tensor *t = em_zeros(EM_BF16, 1, &n);
