@@ -338,6 +338,44 @@ TEST(test_matched_send_recv_interleaved_with_collectives_work_shm)
     TH_RANKS(3, EM_TRANSPORT_SHM, interleaved, NULL);
 }
 
+/* Rank 0 sends to rank 1 once rank 1 waits in its recv (rank 0 spins
+ * first), then at once makes its next call: an all_reduce, or a recv from
+ * rank 1, which sends back after its recv. Neither is a mismatch, however
+ * the frames' arrival meets the recv's look for one (the MPI transport once
+ * called them one: tests/test_mpi.c's late-send). */
+static void late_send(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world;
+    (void)ctx;
+    int64_t n = 16;
+    em_tensor *t = em_zeros(EM_F32, 1, &n);
+    for (int k = 0; k < 300; k++) {
+        bool back = k % 2;
+        if (rank == 0) {
+            struct timespec a, b;
+            clock_gettime(CLOCK_MONOTONIC, &a);
+            do clock_gettime(CLOCK_MONOTONIC, &b);
+            while ((b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) * 1e-3 < 50 + 10 * (k % 7));
+            CHECK_OK(em_send(pg, t, 1, NULL));
+            if (back) CHECK_OK(em_recv(pg, t, 1, NULL));
+        } else {
+            CHECK_OK(em_recv(pg, t, 0, NULL));
+            if (back) CHECK_OK(em_send(pg, t, 0, NULL));
+        }
+        if (!back) CHECK_OK(em_all_reduce(pg, t, EM_RED_MAX, NULL));
+    }
+    em_free(t);
+}
+
+TEST(test_recv_whose_send_comes_just_before_the_senders_next_call_succeeds_tcp)
+{
+    TH_RANKS(2, EM_TRANSPORT_TCP, late_send, NULL);
+}
+TEST(test_recv_whose_send_comes_just_before_the_senders_next_call_succeeds_shm)
+{
+    TH_RANKS(2, EM_TRANSPORT_SHM, late_send, NULL);
+}
+
 /* Two ranks each send the other 24 MB, more than the connection buffers
  * hold, before either receives: both sends complete, then both recvs. */
 static void both_ways_large(em_pg *pg, int rank, int world, void *ctx)
