@@ -15,6 +15,9 @@
  *   late-send    rounds in which a recv is waiting when its send comes, the
  *                sender's next call right behind it: a collective, or a recv
  *                of its own from the receiver (neither is a mismatch)
+ *   random       a random program of collectives and send/recv every rank
+ *                agrees on, each rank pausing at random before each call
+ *                (also runs under ember launch, over TCP and shared memory)
  *   skip         every rank but 0 skips a barrier (EMBER_TIMEOUT short)
  *   bf16         prints the bits of a bf16 all_reduce (avg) of fixed data (the
  *                test compares them with the TCP path's: also runs under
@@ -207,6 +210,56 @@ static void late_send(em_pg *pg)
     em_free(t);
 }
 
+/* xorshift64: the same sequence on every rank from the same seed */
+static uint64_t next_rand(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* A random program every rank agrees on (one seed): all_reduces,
+ * broadcasts, a send/recv between two random ranks, rings of send/recv;
+ * each rank spins 0-120 us (its own random) before each call, so every
+ * order of arrival comes up. Every value received is checked. */
+static void random_calls(em_pg *pg)
+{
+    uint64_t prog = 0x9e3779b97f4a7c15ull, mine = 0x2545f4914f6cdd1dull * (uint64_t)(rank + 1);
+    int64_t n = 8;
+    em_tensor *t = em_zeros(EM_F32, 1, &n);
+    float *v = em_data(t);
+    for (int step = 0; step < 600; step++) {
+        int kind = (int)(next_rand(&prog) % 4), a = (int)(next_rand(&prog) % (uint64_t)world);
+        int b = (a + 1 + (int)(next_rand(&prog) % (uint64_t)(world - 1))) % world;
+        spin_us((double)(next_rand(&mine) % 120));
+        if (kind == 0) {
+            v[0] = (float)rank;
+            OK(em_all_reduce(pg, t, EM_RED_SUM, NULL));
+            if (v[0] != (float)(world * (world - 1) / 2)) FAIL("step %d: all_reduce gave %g", step, v[0]);
+        } else if (kind == 1) {
+            v[0] = rank == a ? (float)step : -1.0f;
+            OK(em_broadcast(pg, t, a, NULL));
+            if (v[0] != (float)step) FAIL("step %d: broadcast gave %g", step, v[0]);
+        } else if (kind == 2) {
+            if (rank == a) {
+                v[0] = (float)(step * 10 + a);
+                OK(em_send(pg, t, b, NULL));
+            } else if (rank == b) {
+                OK(em_recv(pg, t, a, NULL));
+                if (v[0] != (float)(step * 10 + a)) FAIL("step %d: recv from %d gave %g", step, a, v[0]);
+            }
+        } else {
+            v[0] = (float)(step * 10 + rank);
+            OK(em_send(pg, t, (rank + 1) % world, NULL));
+            int left = (rank + world - 1) % world;
+            OK(em_recv(pg, t, left, NULL));
+            if (v[0] != (float)(step * 10 + left)) FAIL("step %d: ring recv gave %g", step, v[0]);
+        }
+    }
+    em_free(t);
+}
+
 /* A scenario that must fail on every rank: prints the error it got. */
 static int failing(em_pg *pg, const char *what)
 {
@@ -261,12 +314,15 @@ int main(int argc, char **argv)
     rank = em_pg_rank(pg);
     world = em_pg_world(pg);
     /* bf16 also runs under ember launch, over TCP, for the bits to compare */
-    if (em_pg_transport(pg) != EM_TRANSPORT_MPI && strcmp(what, "bf16"))
+    if (em_pg_transport(pg) != EM_TRANSPORT_MPI && strcmp(what, "bf16") && strcmp(what, "random"))
         FAIL("the transport is %d, not MPI", (int)em_pg_transport(pg));
     if (!strcmp(what, "collectives")) {
         collectives(pg);
     } else if (!strcmp(what, "late-send")) {
         late_send(pg);
+    } else if (!strcmp(what, "random")) {
+        random_calls(pg);
+        printf("rank %d transport %d\n", rank, (int)em_pg_transport(pg));
     } else if (!strcmp(what, "bf16")) {
         int64_t n = 8;
         em_tensor *t = em_zeros(EM_BF16, 1, &n);
