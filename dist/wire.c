@@ -27,7 +27,10 @@
  * the connection buffers hold, the other's message, which it keeps (a
  * stash) for its own recv, so neither blocks. A send and its recv agree on
  * dtype, count and the number of collectives before them: a message never
- * crosses a collective.
+ * crosses a collective. A sender may exit once its send is done; when its
+ * close (with our announcement unread) resets the connection, the receiver
+ * cannot write its RECV frame, and takes the SEND frame already in its
+ * socket all the same.
  *
  * Reading while waiting. Whatever a rank waits for, it reads every peer's
  * connection and judges each frame where it is (on_frame): a RECV for a
@@ -789,7 +792,17 @@ static em_status p2p_recv(em_pg *pg, call *c, double deadline)
     int q = c->h.root;
     peer_state *p = &pg->peer[q];
     frame f = {.type = FR_RECV, .seq = p->recvd + 1, .h = c->h};
-    if (frame_put(pg, c, q, &f, NULL, deadline)) return c->status;
+    if (frame_put(pg, c, q, &f, NULL, deadline)) {
+        /* q closed its end. A send is eager (done once its data is handed
+         * over), so q may have sent this message as its last call and gone:
+         * when its SEND frame is here (lost() stops at one) or stashed, the
+         * message is still ours to take. A note from q stands. */
+        bool sent =
+            p->st_on || (p->in_got == sizeof(frame) && p->in.magic == FRAME_MAGIC && p->in.type == FR_SEND);
+        if (!sent || pg->abort_origin >= 0) return c->status;
+        c->status = EM_OK;
+        c->msg[0] = '\0';
+    }
     frame sf;
     if (p->st_on) { /* it came while we were sending to q */
         sf = p->st;

@@ -220,17 +220,19 @@ static uint64_t next_rand(uint64_t *x)
 }
 
 /* A random program every rank agrees on (one seed): all_reduces,
- * broadcasts, a send/recv between two random ranks, rings of send/recv;
+ * broadcasts, a send/recv between two random ranks, rings of send/recv,
+ * barriers, all_gathers, and queued calls waited out of order;
  * each rank spins 0-120 us (its own random) before each call, so every
  * order of arrival comes up. Every value received is checked. */
 static void random_calls(em_pg *pg)
 {
     uint64_t prog = 0x9e3779b97f4a7c15ull, mine = 0x2545f4914f6cdd1dull * (uint64_t)(rank + 1);
     int64_t n = 8;
-    em_tensor *t = em_zeros(EM_F32, 1, &n);
+    int64_t wn = n * world;
+    em_tensor *t = em_zeros(EM_F32, 1, &n), *all = em_zeros(EM_F32, 1, &wn);
     float *v = em_data(t);
     for (int step = 0; step < 600; step++) {
-        int kind = (int)(next_rand(&prog) % 4), a = (int)(next_rand(&prog) % (uint64_t)world);
+        int kind = (int)(next_rand(&prog) % 7), a = (int)(next_rand(&prog) % (uint64_t)world);
         int b = (a + 1 + (int)(next_rand(&prog) % (uint64_t)(world - 1))) % world;
         spin_us((double)(next_rand(&mine) % 120));
         if (kind == 0) {
@@ -249,15 +251,36 @@ static void random_calls(em_pg *pg)
                 OK(em_recv(pg, t, a, NULL));
                 if (v[0] != (float)(step * 10 + a)) FAIL("step %d: recv from %d gave %g", step, a, v[0]);
             }
-        } else {
+        } else if (kind == 3) {
             v[0] = (float)(step * 10 + rank);
             OK(em_send(pg, t, (rank + 1) % world, NULL));
             int left = (rank + world - 1) % world;
             OK(em_recv(pg, t, left, NULL));
             if (v[0] != (float)(step * 10 + left)) FAIL("step %d: ring recv gave %g", step, v[0]);
+        } else if (kind == 4) {
+            OK(em_barrier(pg, NULL));
+        } else if (kind == 5) {
+            v[0] = (float)(step + rank);
+            OK(em_all_gather(pg, all, t, NULL));
+            for (int r = 0; r < world; r++)
+                if (((float *)em_data(all))[r * n] != (float)(step + r))
+                    FAIL("step %d: all_gather chunk %d", step, r);
+        } else { /* queued: an all_reduce, a ring step, waited in the other order */
+            em_tensor *x = em_full(EM_F32, 1, &n, 1.0), *y = em_full(EM_F32, 1, &n, (double)rank);
+            em_work *w1, *w2, *w3;
+            OK(em_all_reduce(pg, x, EM_RED_SUM, &w1));
+            OK(em_send(pg, y, (rank + 1) % world, &w2));
+            OK(em_recv(pg, t, (rank + world - 1) % world, &w3));
+            OK(em_work_wait(w3));
+            OK(em_work_wait(w2));
+            OK(em_work_wait(w1));
+            if (((float *)em_data(x))[0] != (float)world || v[0] != (float)((rank + world - 1) % world))
+                FAIL("step %d: queued calls gave %g, %g", step, ((float *)em_data(x))[0], v[0]);
+            em_free(x), em_free(y);
         }
     }
     em_free(t);
+    em_free(all);
 }
 
 /* A scenario that must fail on every rank: prints the error it got. */

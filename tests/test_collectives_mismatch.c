@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dist_util.h"
 #include "harness.h"
@@ -374,6 +375,44 @@ TEST(test_recv_whose_send_comes_just_before_the_senders_next_call_succeeds_tcp)
 TEST(test_recv_whose_send_comes_just_before_the_senders_next_call_succeeds_shm)
 {
     TH_RANKS(2, EM_TRANSPORT_SHM, late_send, NULL);
+}
+
+/* Rank 1 sends two messages and exits (its sends done: they are eager)
+ * without reading rank 0's announcement of the first recv, which arrives
+ * while it sleeps: its close then resets the connection. Rank 0 takes the
+ * second message after that: the announcement it writes fails, and the
+ * message, already in its socket, must still be received. */
+static void send_then_exit(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world;
+    (void)ctx;
+    int64_t n = 4;
+    em_tensor *t = em_zeros(EM_F32, 1, &n);
+    float *v = em_data(t);
+    if (rank == 1) {
+        for (int k = 1; k <= 2; k++) {
+            v[0] = (float)k;
+            CHECK_OK(em_send(pg, t, 0, NULL));
+        }
+        usleep(200000);
+    } else {
+        usleep(50000);
+        CHECK_OK(em_recv(pg, t, 1, NULL));
+        CHECK(v[0] == 1.0f);
+        usleep(350000); /* rank 1 has exited by now */
+        CHECK_OK(em_recv(pg, t, 1, NULL));
+        CHECK(v[0] == 2.0f);
+    }
+    em_free(t);
+}
+
+TEST(test_a_message_sent_before_its_sender_exited_is_received_tcp)
+{
+    TH_RANKS(2, EM_TRANSPORT_TCP, send_then_exit, NULL);
+}
+TEST(test_a_message_sent_before_its_sender_exited_is_received_shm)
+{
+    TH_RANKS(2, EM_TRANSPORT_SHM, send_then_exit, NULL);
 }
 
 /* Two ranks each send the other 24 MB, more than the connection buffers
