@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -22,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -776,10 +778,34 @@ static em_status join(em_pg *pg, em_transport tr)
     return s ? s : setup_shm(pg, tr, local, deadline);
 }
 
+/* Closes the connections once what this rank wrote to them has reached
+ * its peers. A send is done once its data is handed to the socket, so a
+ * rank may free its group right after one, its last bytes still queued;
+ * and a socket closed with input unread (a peer's recv announcement)
+ * resets the connection, which throws that queue away. So each connection
+ * is half-closed, and its input read and dropped until the peer's kernel
+ * has acknowledged all of our output (SIOCOUTQ 0), the peer closed, or the
+ * group's timeout: a peer that never receives what it was sent delays the
+ * exit by that much, as it would a call. A broken group closes at once. */
 static void close_all(em_pg *pg)
 {
-    for (int r = 0; pg->fd && r < pg->world; r++)
-        if (pg->fd[r] >= 0) close(pg->fd[r]);
+    double deadline = pg_now() + pg->timeout;
+    for (int r = 0; pg->fd && r < pg->world; r++) {
+        int fd = pg->fd[r];
+        if (fd < 0) continue;
+        if (!pg->broken) shutdown(fd, SHUT_WR);
+        for (int queued = 1; !pg->broken && pg_now() < deadline;) {
+            char sink[4096];
+            ssize_t n;
+            while ((n = recv(fd, sink, sizeof sink, MSG_DONTWAIT)) > 0) {
+            }
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+                break; /* the peer closed, or is gone */
+            if (ioctl(fd, SIOCOUTQ, &queued) || queued == 0) break;
+            poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, 1);
+        }
+        close(fd);
+    }
 }
 
 /* The generation of the group being joined under `name`: the store counts

@@ -415,6 +415,37 @@ TEST(test_a_message_sent_before_its_sender_exited_is_received_shm)
     TH_RANKS(2, EM_TRANSPORT_SHM, send_then_exit, NULL);
 }
 
+/* Rank 1 sends a small message and then 10 MB, and exits at once: its last
+ * bytes are still queued in its socket (rank 0 is not reading yet). Rank 0
+ * then announces its recvs: an announcement reaching a closed socket
+ * resets the connection, which would throw the queued bytes away, so the
+ * sender's em_pg_free waits until they are delivered. */
+static void large_send_then_exit(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world;
+    (void)ctx;
+    int64_t one = 1, n = 10 << 18; /* 10 MiB of f32 */
+    em_tensor *a = em_full(EM_F32, 1, &one, 7.0), *b = em_full(EM_F32, 1, &n, rank == 1 ? 5.0 : 0.0);
+    if (rank == 1) {
+        CHECK_OK(em_send(pg, a, 0, NULL));
+        CHECK_OK(em_send(pg, b, 0, NULL));
+    } else {
+        usleep(200000);
+        ((float *)em_data(a))[0] = 0;
+        CHECK_OK(em_recv(pg, a, 1, NULL));
+        CHECK_OK(em_recv(pg, b, 1, NULL));
+        CHECK(((float *)em_data(a))[0] == 7.0f && ((float *)em_data(b))[n - 1] == 5.0f);
+    }
+    em_free(a);
+    em_free(b);
+}
+
+TEST(test_a_large_message_sent_right_before_its_sender_exited_is_received)
+{
+    TH_RANKS(2, EM_TRANSPORT_TCP, large_send_then_exit, NULL);
+    TH_RANKS(2, EM_TRANSPORT_SHM, large_send_then_exit, NULL);
+}
+
 /* Two ranks each send the other 24 MB, more than the connection buffers
  * hold, before either receives: both sends complete, then both recvs. */
 static void both_ways_large(em_pg *pg, int rank, int world, void *ctx)
