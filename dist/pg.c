@@ -789,23 +789,37 @@ static em_status join(em_pg *pg, em_transport tr)
  * exit by that much, as it would a call. A broken group closes at once. */
 static void close_all(em_pg *pg)
 {
+    if (!pg->fd) return;
     double deadline = pg_now() + pg->timeout;
-    for (int r = 0; pg->fd && r < pg->world; r++) {
-        int fd = pg->fd[r];
-        if (fd < 0) continue;
-        if (!pg->broken) shutdown(fd, SHUT_WR);
-        for (int queued = 1; !pg->broken && pg_now() < deadline;) {
+    int left = 0;
+    for (int r = 0; r < pg->world; r++)
+        if (pg->fd[r] >= 0 && !pg->broken) {
+            shutdown(pg->fd[r], SHUT_WR);
+            left++;
+        }
+    /* every connection at once: two ranks freeing their groups each drop
+     * the other's input while they wait */
+    while (left > 0 && pg_now() < deadline) {
+        left = 0;
+        for (int r = 0; r < pg->world; r++) {
+            int fd = pg->fd[r], queued = 0;
+            if (fd < 0) continue;
             char sink[4096];
             ssize_t n;
             while ((n = recv(fd, sink, sizeof sink, MSG_DONTWAIT)) > 0) {
             }
-            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
-                break; /* the peer closed, or is gone */
-            if (ioctl(fd, SIOCOUTQ, &queued) || queued == 0) break;
-            poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, 1);
+            bool gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR); /* the peer closed */
+            if (gone || ioctl(fd, SIOCOUTQ, &queued) || queued == 0) {
+                close(fd);
+                pg->fd[r] = -1;
+            } else {
+                left++;
+            }
         }
-        close(fd);
+        if (left) nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
+    for (int r = 0; r < pg->world; r++)
+        if (pg->fd[r] >= 0) close(pg->fd[r]);
 }
 
 /* The generation of the group being joined under `name`: the store counts
