@@ -170,7 +170,12 @@ typedef struct em_pg_env_config {
  * EM_ERR_ARG for a negative or non-finite timeout_s. The environment is
  * only read, never changed. */
 em_pg *em_pg_from_env_with(const em_pg_env_config *cfg);
-/* Waits for queued asynchronous work, leaves the group, frees. NULL no-op. */
+/* Waits for queued asynchronous work, leaves the group, frees. NULL no-op.
+ * What this rank sent is delivered first: a send is done once its data is
+ * handed over, so bytes of a last send may still be queued; em_pg_free
+ * waits until the peers' machines have them (a peer not receiving a large
+ * message keeps it waiting up to the group's timeout). A broken group is
+ * left at once. */
 void em_pg_free(em_pg *pg);
 int em_pg_rank(const em_pg *pg);
 int em_pg_world(const em_pg *pg);
