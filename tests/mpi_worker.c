@@ -15,6 +15,8 @@
  *   late-send    rounds in which a recv is waiting when its send comes, the
  *                sender's next call right behind it: a collective, or a recv
  *                of its own from the receiver (neither is a mismatch)
+ *   send-exit    rank 1 sends 4 bytes and 10 MiB to rank 0 and leaves at once;
+ *                rank 0 receives both 0.3 s later
  *   random       a random program of collectives and send/recv every rank
  *                agrees on, each rank pausing at random before each call
  *                (also runs under ember launch, over TCP and shared memory)
@@ -283,6 +285,25 @@ static void random_calls(em_pg *pg)
     em_free(all);
 }
 
+/* Rank 1's last calls are sends (eager: done once handed over), and it
+ * frees its group and exits right after; rank 0 receives them later. */
+static void send_exit(em_pg *pg)
+{
+    int64_t one = 1, n = 10 << 18;
+    em_tensor *a = em_full(EM_F32, 1, &one, rank == 1 ? 7.0 : 0.0),
+              *b = em_full(EM_F32, 1, &n, rank == 1 ? 5.0 : 0.0);
+    if (rank == 1) {
+        OK(em_send(pg, a, 0, NULL));
+        OK(em_send(pg, b, 0, NULL));
+    } else if (rank == 0) {
+        spin_us(300000);
+        OK(em_recv(pg, a, 1, NULL));
+        OK(em_recv(pg, b, 1, NULL));
+        if (at(a, 0) != 7.0 || at(b, n - 1) != 5.0) FAIL("send-exit: got %g, %g", at(a, 0), at(b, n - 1));
+    }
+    em_free(a), em_free(b);
+}
+
 /* A scenario that must fail on every rank: prints the error it got. */
 static int failing(em_pg *pg, const char *what)
 {
@@ -343,6 +364,8 @@ int main(int argc, char **argv)
         collectives(pg);
     } else if (!strcmp(what, "late-send")) {
         late_send(pg);
+    } else if (!strcmp(what, "send-exit")) {
+        send_exit(pg);
     } else if (!strcmp(what, "random")) {
         random_calls(pg);
         printf("rank %d transport %d\n", rank, (int)em_pg_transport(pg));

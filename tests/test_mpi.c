@@ -126,6 +126,17 @@ TEST(test_random_programs_of_collectives_and_send_recv_succeed_on_every_transpor
     }
 }
 
+/* A 10 MiB message past MPI's eager limit, sent as the sender's last call
+ * before it frees its group and exits, is received 0.3 s later (TCP and
+ * shared memory: test_a_large_message_sent_right_before_its_sender_exited_is_received). */
+TEST(test_mpi_large_message_sent_right_before_its_sender_exited_is_received)
+{
+    need_mpi();
+    th_run_result *r = MPIRUN("2", WORKER, "send-exit");
+    CHECK_EXIT(r, 0);
+    if (lines_with(r->out, " ok\n") != 2) th_fail(__FILE__, __LINE__, "not every rank said ok: %s", r->out);
+}
+
 TEST(test_mpi_count_mismatch_fails_every_rank_naming_both_calls)
 {
     FAILS_ON_BOTH("mismatch",
