@@ -58,16 +58,18 @@ static int lines_with(const char *out, const char *s)
     return n;
 }
 
-/* mpi_worker's collectives on n ranks; mode "serialized": the worker
- * initialises MPI itself at MPI_THREAD_SERIALIZED ("" = ember does) */
-static void every_collective(const char *n, const char *mode)
+/* mpi_worker's scenario on n ranks, every rank saying ok; mode
+ * "serialized": the worker initialises MPI itself at MPI_THREAD_SERIALIZED
+ * ("" = ember does) */
+static void succeeds(const char *n, const char *scenario, const char *mode)
 {
     need_mpi();
-    th_run_result *r = MPIRUN(n, WORKER, "collectives", mode);
+    th_run_result *r = MPIRUN(n, WORKER, scenario, mode);
     CHECK_EXIT(r, 0);
     if (lines_with(r->out, " ok\n") != atoi(n))
-        th_fail(__FILE__, __LINE__, "not every rank said ok: %s", r->out);
+        th_fail(__FILE__, __LINE__, "%s: not every rank said ok: %s", scenario, r->out);
 }
+static void every_collective(const char *n, const char *mode) { succeeds(n, "collectives", mode); }
 
 /* Runs a scenario every rank must fail (each prints "rank R error STATUS:
  * msg") and checks that both ranks' errors contain `want`. */
@@ -95,10 +97,7 @@ TEST(test_mpi_program_that_initialised_mpi_serialized_keeps_it_and_runs_every_co
  * mismatch (a 4-rank run of the collectives above failed in CI). */
 TEST(test_mpi_recv_whose_send_comes_just_before_the_senders_next_call_succeeds)
 {
-    need_mpi();
-    th_run_result *r = MPIRUN("2", WORKER, "late-send");
-    CHECK_EXIT(r, 0);
-    if (lines_with(r->out, " ok\n") != 2) th_fail(__FILE__, __LINE__, "not every rank said ok: %s", r->out);
+    succeeds("2", "late-send", "");
 }
 
 /* mpi_worker's random program (all_reduces, broadcasts, send/recv between
@@ -131,10 +130,7 @@ TEST(test_random_programs_of_collectives_and_send_recv_succeed_on_every_transpor
  * shared memory: test_a_large_message_sent_right_before_its_sender_exited_is_received). */
 TEST(test_mpi_large_message_sent_right_before_its_sender_exited_is_received)
 {
-    need_mpi();
-    th_run_result *r = MPIRUN("2", WORKER, "send-exit");
-    CHECK_EXIT(r, 0);
-    if (lines_with(r->out, " ok\n") != 2) th_fail(__FILE__, __LINE__, "not every rank said ok: %s", r->out);
+    succeeds("2", "send-exit", "");
 }
 
 TEST(test_mpi_count_mismatch_fails_every_rank_naming_both_calls)
