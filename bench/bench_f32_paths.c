@@ -34,6 +34,7 @@ int main(int argc, char **argv)
         printf("bench_f32_paths: this CPU has no AVX2+FMA+F16C: only the sgemm path exists here\n");
         return 0;
     }
+    settle_blas_threads();
     /* M, N, K, ta, tb as em_gemm takes them */
     static const int shapes[][5] = {
         {768, 384, 128, 0, 1},  {768, 128, 384, 0, 0},  {384, 128, 768, 1, 0},  /* qkv */
