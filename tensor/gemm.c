@@ -38,6 +38,9 @@ typedef struct gemm_job {
     char *C;
     const char *bias; /* N values added to every row of C (gemm_add_bias), or NULL */
     int64_t parts;
+    /* split_rows on ember's own kernel: op(B) packed once for every part
+     * (gemm_shared_b), or NULL */
+    const gemm_shared_b *shb;
     int failed; /* a part ran out of scratch memory (set atomically) */
 } gemm_job;
 
@@ -147,8 +150,11 @@ void gemm_add_bias(em_dtype ct, const void *bias, void *C, int64_t ldc, int64_t 
     }
 }
 
-static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
+/* part's block of C: rows m0..m1, columns n0..n1 */
+static void gemm_call(gemm_job *j, int64_t part, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
+    /* where the part starts claiming a shared op(B)'s groups: spread out */
+    int64_t first = j->shb ? part * j->shb->groups / j->parts : 0;
     size_t ea = esize(j->low ? j->ldt.a : j->dt), eb = esize(j->low ? j->ldt.b : j->dt),
            ec = esize(j->low ? j->ldt.c : j->dt);
     /* op(A) rows m0..m1: A is (M,K) with ld lda, or (K,M) when transposed */
@@ -176,7 +182,7 @@ static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n
                 ldt.bias = (const float *)bias;
                 bias = NULL;
             }
-            ok = gemm_widen(ldt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
+            ok = gemm_widen(ldt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc, j->shb, first);
         } else {
             ok = gemm_widen_sgemm(ldt, j->ta, j->tb, m, n, j->K, a, j->lda, b, j->ldb, c, j->ldc);
         }
@@ -189,7 +195,7 @@ static void gemm_call(gemm_job *j, int64_t m0, int64_t m1, int64_t n0, int64_t n
     /* (scratch memory that runs out leaves the part to the BLAS) */
     if (j->avx2 &&
         gemm_f32_avx2(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)a, j->lda, (const float *)b,
-                      j->ldb, j->beta != 0.0, (float *)c, j->ldc, (const float *)bias))
+                      j->ldb, j->beta != 0.0, (float *)c, j->ldc, (const float *)bias, j->shb, first))
         return;
     CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
     if (j->dt == EM_F32)
@@ -211,10 +217,17 @@ static void gemm_part(void *p, int64_t lo, int64_t hi)
                 b1 = part + 1 == j->parts ? total : total * (part + 1) / j->parts / 16 * 16;
         if (b0 >= b1) continue;
         if (j->split_rows)
-            gemm_call(j, b0, b1, 0, j->N);
+            gemm_call(j, part, b0, b1, 0, j->N);
         else
-            gemm_call(j, 0, j->M, b0, b1);
+            gemm_call(j, part, 0, j->M, b0, b1);
     }
+}
+
+/* whether j's parts run on ember's own kernel (tensor/gemm_widen.c) */
+static bool on_own_kernel(const gemm_job *j)
+{
+    if (!j->low) return j->avx2;
+    return gemm_widen_usable() && (j->ldt.lo == EM_F16 || j->path == BF16_PATH_F32);
 }
 
 /* j with A, B, C, shapes and scalars set: runs it, split over the pool */
@@ -229,10 +242,26 @@ static void gemm_run(gemm_job *j)
     int64_t parts = M * N * j->K < (1 << 20) ? 1 : em_num_threads();
     if (parts > span / 16) parts = span / 16 > 0 ? span / 16 : 1;
     j->parts = parts;
-    if (parts <= 1)
-        gemm_call(j, 0, M, 0, N);
-    else
-        parallel_for(parts, 1, gemm_part, j);
+    if (parts <= 1) {
+        gemm_call(j, 0, 0, M, 0, N);
+        return;
+    }
+    /* parts of C's rows on ember's own kernel each multiply by all of
+     * op(B): packed once, together (when its scratch is to be had) */
+    size_t mark = tmp_mark();
+    gemm_shared_b shb;
+    if (j->split_rows && on_own_kernel(j)) {
+        size_t nf = gemm_shared_b_size(N, j->K, &shb.groups);
+        shb.buf = nf ? tmp_alloc(nf * sizeof(float)) : NULL;
+        shb.state = shb.buf ? tmp_alloc((size_t)shb.groups * sizeof(int)) : NULL;
+        if (shb.state) {
+            memset(shb.state, 0, (size_t)shb.groups * sizeof(int));
+            j->shb = &shb;
+        } /* (no scratch for it: each part packs its own) */
+    }
+    parallel_for(parts, 1, gemm_part, j);
+    j->shb = NULL;
+    tmp_release(mark);
 }
 
 em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,

@@ -409,35 +409,115 @@ TARGET static void store_low(src s, bool add, float alpha, const float *bias, co
     }
 }
 
-/* C (m,n) = op(A) @ op(B), each operand read as its src says, stored as
- * sc and store_low say (add: added to C; alpha: an exact product's scale),
- * bias (n values or NULL; an f32 C without add) added to each row last */
-static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *bias, bool ta, bool tb,
-                    int64_t m, int64_t n, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
-                    void *C, int64_t ldc)
+/* How blocked() cuts a product of n columns and depth K: K summed in one
+ * step (K <= KONE) or in KC steps into an f32 block of C (deep); columns
+ * in blocks of nc_max (a block of op(B) is kc_max x ncp floats, ncp: nc_max
+ * rounded up to panels); nkb depth blocks and nnb column blocks. */
+typedef struct geom {
+    bool deep;
+    int64_t kc_max, nc_max, ncp, nkb, nnb;
+} geom;
+
+static geom geom_of(int64_t n, int64_t K)
 {
+    geom g;
     /* K up to KONE in one step: on Zen 3 (bench_f32_paths) one step at K
      * 384-512 ran the tiny GPT's dX = g @ W of qkv and fc and fc's second
      * Linear 8-10% faster than two KC steps summed in acc; at K 768 (its
      * dW products) it gained nothing. Decided by K alone, so a product's
      * bits do not depend on how its columns are split over threads (each
      * element is summed over K in one order either way). */
-    bool deep = K > KONE;
+    g.deep = K > KONE;
+    /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD);
+     * one step past KC takes fewer columns a block, so B's block is no
+     * larger than at KC */
+    int64_t ncb = g.deep ? NCD : K <= KC ? NC : NC * KC / K / NR * NR;
+    g.kc_max = g.deep ? KC : K;
+    g.nc_max = n < ncb ? n : ncb;
+    g.ncp = (g.nc_max + NR - 1) / NR * NR;
+    g.nkb = (K + g.kc_max - 1) / g.kc_max;
+    g.nnb = (n + g.nc_max - 1) / g.nc_max;
+    return g;
+}
+
+/* a shared op(B)'s groups: GP panels of one (column block, depth block) */
+enum { GP = 2 };
+
+size_t gemm_shared_b_size(int64_t n, int64_t K, int64_t *groups)
+{
+    geom g = geom_of(n, K);
+    /* a deep K packs op(B) a KC step at a time, into the thread's own
+     * cache: shared, the tiny GPT's proj dW (128x128x768, 64 rows a part)
+     * went from 0.96 to 0.93x sgemm (medians of 6 runs) */
+    if (g.deep) {
+        *groups = 0;
+        return 0;
+    }
+    *groups = g.nnb * g.nkb * ((g.ncp / NR + GP - 1) / GP);
+    return (size_t)(g.nnb * g.nkb * g.kc_max * g.ncp);
+}
+
+/* op(B)'s block at column block nb, depth block kb in a shared buffer */
+static float *shared_block(const gemm_shared_b *sh, geom g, int64_t nb, int64_t kb)
+{
+    return sh->buf + (nb * g.nkb + kb) * g.kc_max * g.ncp;
+}
+
+/* tests: called by the part that claimed group q of a shared op(B), with
+ * the n floats the group's panels take at dst, before it packs them
+ * (gemm_shared_b_hook_for_test) */
+static gemm_shared_b_hook claim_hook;
+
+void gemm_shared_b_hook_for_test(gemm_shared_b_hook hook) { claim_hook = hook; }
+
+/* every group of sh packed, by this part or another (gemm_shared_b):
+ * claims and packs each unclaimed group, from group first on, then waits
+ * for the rest */
+static void pack_shared(src sb, bool tb, const void *B, int64_t ldb, int64_t n, int64_t K, geom g,
+                        const gemm_shared_b *sh, int64_t first)
+{
+    int64_t gpb = sh->groups / (g.nnb * g.nkb); /* groups in a block */
+    for (int64_t t = 0; t < sh->groups; t++) {
+        int64_t q = (first + t) % sh->groups, blk = q / gpb, p0 = q % gpb * GP * NR;
+        int expect = 0;
+        if (__atomic_load_n(&sh->state[q], __ATOMIC_RELAXED) != 0 ||
+            !__atomic_compare_exchange_n(&sh->state[q], &expect, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            continue;
+        int64_t nb = blk / g.nkb, kb = blk % g.nkb, n0 = nb * g.nc_max, k0 = kb * g.kc_max;
+        int64_t nc = n - n0 < g.nc_max ? n - n0 : g.nc_max, kc = K - k0 < g.kc_max ? K - k0 : g.kc_max;
+        if (p0 < nc) { /* the group's panels: columns n0 + p0 .. + GP * NR of the block */
+            int64_t w = nc - p0 < GP * NR ? nc - p0 : GP * NR;
+            float *dst = shared_block(sh, g, nb, kb) + p0 * kc;
+            if (claim_hook) claim_hook(q, sh->groups, dst, (size_t)((w + NR - 1) / NR * NR * kc));
+            pack_b(sb, tb, B, ldb, k0, kc, n0 + p0, w, dst);
+        }
+        __atomic_store_n(&sh->state[q], 2, __ATOMIC_RELEASE);
+    }
+    for (int64_t q = 0; q < sh->groups; q++)
+        while (__atomic_load_n(&sh->state[q], __ATOMIC_ACQUIRE) != 2) __builtin_ia32_pause();
+}
+
+/* C (m,n) = op(A) @ op(B), each operand read as its src says, stored as
+ * sc and store_low say (add: added to C; alpha: an exact product's scale),
+ * bias (n values or NULL; an f32 C without add) added to each row last */
+static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *bias, bool ta, bool tb,
+                    int64_t m, int64_t n, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
+                    void *C, int64_t ldc, const gemm_shared_b *shb, int64_t first)
+{
+    geom g = geom_of(n, K);
+    bool deep = g.deep;
     /* how a whole 6x16 block of C leaves the kernel's registers (-1: through
      * store_low); a block at C's edge goes through store_low too */
     int pm = put_mode_of(sc, add, alpha);
     size_t cs = sc.f32 ? 4 : 2;
     char *c8 = C;
-    /* a deep K sums its KC steps into an f32 block of C (up to MSUM x NCD);
-     * one step past KC takes fewer columns a block, so B's block is no
-     * larger than at KC */
-    int64_t ncb = deep ? NCD : K <= KC ? NC : NC * KC / K / NR * NR;
-    int64_t kc_max = deep ? KC : K, nc_max = n < ncb ? n : ncb, mc_max = m < MC ? m : MC;
-    int64_t ncp = (nc_max + NR - 1) / NR * NR, mcp = (mc_max + MR - 1) / MR * MR;
+    int64_t kc_max = g.kc_max, nc_max = g.nc_max, mc_max = m < MC ? m : MC;
+    int64_t ncp = g.ncp, mcp = (mc_max + MR - 1) / MR * MR;
     int64_t msum = m <= MSUM ? m : MC, msp = (msum + MC - 1) / MC * MC + MR; /* acc rows, padded */
     size_t mark = tmp_mark();
     /* (pack_a's last store of 8 reaches 2 floats past its panel) */
-    float *bp = tmp_alloc((size_t)(kc_max * ncp) * 4), *ap = tmp_alloc((size_t)(kc_max * mcp + 8) * 4);
+    float *bp = shb ? NULL : tmp_alloc((size_t)(kc_max * ncp) * 4),
+          *ap = tmp_alloc((size_t)(kc_max * mcp + 8) * 4);
     float *acc = deep ? tmp_alloc((size_t)(msp * ncp) * 4) : NULL;
     /* a deep K with few rows (an activation times a weight): op(A) packed
      * once for every column block, when that takes at most 16 MiB */
@@ -445,10 +525,11 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
     bool a_once = deep && m <= MSUM && nkb * nmb * kc_max * mcp <= (1 << 22);
     float *aall = a_once ? tmp_alloc((size_t)(nkb * nmb * kc_max * mcp + 8) * 4) : NULL;
     float tile[MR * NR];
-    if (!bp || !ap || (deep && !acc) || (a_once && !aall)) {
+    if ((!shb && !bp) || !ap || (deep && !acc) || (a_once && !aall)) {
         tmp_release(mark);
         return false;
     }
+    if (shb) pack_shared(sb, tb, B, ldb, n, K, g, shb, first);
     for (int64_t kb = 0; a_once && kb < nkb; kb++)
         for (int64_t mb = 0; mb < nmb; mb++) {
             int64_t k0 = kb * kc_max, kc = K - k0 < kc_max ? K - k0 : kc_max;
@@ -458,7 +539,10 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
     for (int64_t n0 = 0; n0 < n; n0 += nc_max) {
         int64_t nc = n - n0 < nc_max ? n - n0 : nc_max;
         if (!deep) { /* one KC step: B's block once, then every block of rows, each final at once */
-            pack_b(sb, tb, B, ldb, 0, K, n0, nc, bp);
+            if (shb)
+                bp = shared_block(shb, g, n0 / nc_max, 0);
+            else
+                pack_b(sb, tb, B, ldb, 0, K, n0, nc, bp);
             for (int64_t m0 = 0; m0 < m; m0 += mc_max) {
                 int64_t mc = m - m0 < mc_max ? m - m0 : mc_max;
                 pack_a(sa, ta, A, lda, m, m0, mc, 0, K, ap);
@@ -487,7 +571,10 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
             int64_t ms = m - M0 < msum ? m - M0 : msum;
             for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
                 int64_t kc = K - k0 < kc_max ? K - k0 : kc_max;
-                pack_b(sb, tb, B, ldb, k0, kc, n0, nc, bp);
+                if (shb)
+                    bp = shared_block(shb, g, n0 / nc_max, k0 / kc_max);
+                else
+                    pack_b(sb, tb, B, ldb, k0, kc, n0, nc, bp);
                 for (int64_t m0 = 0; m0 < ms; m0 += mc_max) {
                     int64_t mc = ms - m0 < mc_max ? ms - m0 : mc_max;
                     const float *a = ap;
@@ -522,38 +609,49 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
 }
 
 bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
-                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
+                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc, const gemm_shared_b *shb,
+                int64_t first)
 {
     bool f16 = dt.lo == EM_F16;
     src sa = {f16, dt.a == EM_F32, false}, sb = {f16, dt.b == EM_F32, false},
         sc = {f16, dt.c == EM_F32, false};
-    return blocked(sa, sb, sc, dt.add, 1.0f, dt.bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
+    return blocked(sa, sb, sc, dt.add, 1.0f, dt.bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc, shb, first);
 }
 
 bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
                    int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
-                   const float *bias)
+                   const float *bias, const gemm_shared_b *shb, int64_t first)
 {
     src s = {false, true, true};
-    return blocked(s, s, s, add, alpha, bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
+    return blocked(s, s, s, add, alpha, bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc, shb, first);
 }
 
 #else
 
+void gemm_shared_b_hook_for_test(gemm_shared_b_hook hook) { (void)hook; }
+
+size_t gemm_shared_b_size(int64_t n, int64_t K, int64_t *groups)
+{
+    (void)n, (void)K;
+    *groups = 0;
+    return 0;
+}
+
 bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
-                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
+                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc, const gemm_shared_b *shb,
+                int64_t first)
 {
     (void)dt, (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C,
-        (void)ldc;
+        (void)ldc, (void)shb, (void)first;
     return false;
 }
 
 bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
                    int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
-                   const float *bias)
+                   const float *bias, const gemm_shared_b *shb, int64_t first)
 {
     (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
-        (void)add, (void)C, (void)ldc, (void)bias;
+        (void)add, (void)C, (void)ldc, (void)bias, (void)shb, (void)first;
     return false;
 }
 

@@ -147,6 +147,31 @@ em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N
  * setting is invalid (the product then reports it). */
 bool gemm_low_reads_f32(em_dtype lo);
 
+/* op(B) packed once for every part of a product split by C's rows
+ * (tensor/gemm.c): each part multiplies by all of op(B), so instead of each
+ * packing all of it, the parts pack it together into one buffer. Its
+ * panels are packed in groups; a part claims each group no part has
+ * claimed yet, packs it and marks it packed, then waits for the groups the
+ * others claimed (being packed: a packer waits on nothing, and a part that
+ * never starts claims nothing). The caller sizes it with gemm_shared_b_size
+ * for the whole product's n and K, zeroes state, and passes the same one to
+ * every part, with first (where the part starts claiming) spread over
+ * [0, groups); NULL: the part packs its own. */
+typedef struct gemm_shared_b {
+    float *buf; /* gemm_shared_b_size's floats */
+    int *state; /* groups of them: 0 unclaimed, 1 being packed, 2 packed (atomic) */
+    int64_t groups;
+} gemm_shared_b;
+/* The floats of a shared op(B) for a product of n columns and depth K
+ * (its groups into *groups); 0 where the parts had better pack their own
+ * (a K summed in several steps) */
+size_t gemm_shared_b_size(int64_t n, int64_t K, int64_t *groups);
+/* Tests: hook (or NULL) is called by the part that claimed group q of a
+ * shared op(B), with the n floats its panels take at dst, before it packs
+ * them (a hook that fills them with NaN and sleeps shows the other parts
+ * wait for the packing). Set it between products. */
+typedef void (*gemm_shared_b_hook)(int64_t q, int64_t groups, float *dst, size_t n);
+void gemm_shared_b_hook_for_test(gemm_shared_b_hook hook);
 /* The f32 path on AVX2+FMA+F16C CPUs (tensor/gemm_widen.c): whether this
  * CPU has them, and one thread's C (m,n) = op(A) @ op(B) as a product in
  * dt.lo, its operands widened to f32 (or, stored in f32, rounded to dt.lo)
@@ -155,7 +180,8 @@ bool gemm_low_reads_f32(em_dtype lo);
  * when !gemm_widen_usable() or scratch runs out. */
 bool gemm_widen_usable(void);
 bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
-                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
+                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc, const gemm_shared_b *shb,
+                int64_t first);
 /* One thread's f32 product on the same blocking and micro-kernel (the
  * "avx2" f32 path, gemm_f32_path): C (m,n) = alpha op(A) @ op(B), or (add)
  * C + that, nothing rounded, then bias (n values, or NULL; not with add)
@@ -163,7 +189,7 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
  * !gemm_widen_usable() or scratch runs out. */
 bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
                    int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
-                   const float *bias);
+                   const float *bias, const gemm_shared_b *shb, int64_t first);
 /* The path f32 products take in this process (tensor/gemm_path.c):
  * EMBER_F32_PATH (auto, sgemm, avx2) on this CPU, read once. auto is avx2
  * (ember's own AVX2+FMA kernel, gemm_f32_avx2) where the CPU has AVX2+FMA

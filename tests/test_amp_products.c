@@ -239,6 +239,44 @@ TEST(test_gemm_rounds_f32_operands_as_a_cast_rounds_them)
                                                odd[(i + 2 * t + 1) % 4], t & 1, t & 2);
 }
 
+/* em_gemm_low (f32 A and B rounded by the GEMM, C in dt) at 1, 2 and 3
+ * threads: the one thread's bits at each, the parts splitting C's rows and
+ * packing op(B) together (gemm_shared_b) */
+static void low_same_bits_at_any_thread_count(em_dtype dt, int64_t m, int64_t K, int64_t n, bool tb)
+{
+    float *A = malloc((size_t)(m * K) * 4), *B = malloc((size_t)(K * n) * 4);
+    uint16_t *C[3];
+    rand_f32_with_specials(dt, A, m * K, (uint64_t)(m + 3 * K));
+    rand_f32_with_specials(dt, B, K * n, (uint64_t)(n + 5 * K));
+    int threads = em_num_threads();
+    for (int t = 0; t < 3; t++) {
+        C[t] = malloc((size_t)(m * n) * 2);
+        CHECK_OK(em_set_num_threads(t + 1));
+        CHECK_OK(em_gemm_low((gemm_low_dtypes){.lo = dt, .a = EM_F32, .b = EM_F32, .c = dt}, false, tb, m, n,
+                             K, A, K, B, tb ? K : n, C[t], n));
+    }
+    CHECK_OK(em_set_num_threads(threads));
+    for (int t = 1; t < 3; t++)
+        if (memcmp(C[0], C[t], (size_t)(m * n) * 2))
+            th_fail(__FILE__, __LINE__, "%s (%lld,%lld) @ (%lld,%lld)%s: %d threads differ from 1",
+                    em_dtype_name(dt), (long long)m, (long long)K, (long long)K, (long long)n, tb ? "^T" : "",
+                    t + 1);
+    for (int t = 0; t < 3; t++) free(C[t]);
+    free(A), free(B);
+}
+
+TEST(test_low_products_split_over_threads_have_one_threads_bits)
+{
+    use_bf16_path("f32");
+    for (int d = 0; d < 2; d++) {
+        em_dtype dt = d ? EM_F16 : EM_BF16;
+        low_same_bits_at_any_thread_count(dt, 768, 128, 384, true);  /* a Linear under autocast */
+        low_same_bits_at_any_thread_count(dt, 600, 400, 2000, false); /* two column blocks */
+        low_same_bits_at_any_thread_count(dt, 700, 33, 90, true);     /* ragged groups */
+    }
+    use_bf16_path(NULL);
+}
+
 /* the widening next to sgemm (CPUs without AVX2+FMA), called directly */
 TEST(test_widening_next_to_sgemm_rounds_f32_operands_as_a_cast_rounds_them)
 {

@@ -5,6 +5,7 @@
  * within f32 accumulation's rounding; the setting is checked like
  * EMBER_BF16_PATH's. */
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "path_test.h"
@@ -32,7 +33,7 @@ static void avx2_matches(int64_t m, int64_t K, int64_t n, bool ta, bool tb, floa
           *B = rand_f32((tb ? n : K) * ldb, (uint64_t)(n + 7 * K));
     float *C = rand_f32(m * ldc, 99), *C0 = malloc((size_t)(m * ldc) * sizeof *C0);
     memcpy(C0, C, (size_t)(m * ldc) * sizeof *C);
-    CHECK(gemm_f32_avx2(ta, tb, m, n, K, alpha, A, lda, B, ldb, add, C, ldc, NULL));
+    CHECK(gemm_f32_avx2(ta, tb, m, n, K, alpha, A, lda, B, ldb, add, C, ldc, NULL, NULL, 0));
     int bad = 0;
     for (int64_t i = 0; i < m && bad < 3; i++)
         for (int64_t j = 0; j < ldc; j++) {
@@ -192,5 +193,30 @@ TEST(test_f32_avx2_split_products_have_one_threads_bits_in_every_layout)
     same_bits_at_any_thread_count(100, 300, 400, false, false, false, false);  /* its parts narrower */
     same_bits_at_any_thread_count(257, 200, 517, true, true, false, true);    /* rows, deep, edges */
     same_bits_at_any_thread_count(60, 3100, 70, false, false, false, false);  /* past 3072 columns */
+    /* rows with op(B) packed by the parts together (gemm_shared_b): two
+     * column blocks, in one step and in one step past KC, groups ragged */
+    same_bits_at_any_thread_count(1030, 3100, 70, false, true, true, false);
+    same_bits_at_any_thread_count(600, 2000, 400, false, false, false, true);
+    same_bits_at_any_thread_count(700, 90, 33, true, true, false, false);
+    use_f32_path(NULL);
+}
+
+/* the part that claims the middle group of a shared op(B) fills its
+ * panels with NaN and packs them 5 ms late */
+static void late_middle_group(int64_t q, int64_t groups, float *dst, size_t n)
+{
+    if (q != groups / 2) return;
+    for (size_t i = 0; i < n; i++) dst[i] = NAN;
+    usleep(5000);
+}
+
+TEST(test_f32_avx2_parts_sharing_op_b_wait_for_a_group_packed_late)
+{
+    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
+    use_f32_path("avx2");
+    gemm_shared_b_hook_for_test(late_middle_group);
+    same_bits_at_any_thread_count(768, 384, 128, false, true, true, false);
+    same_bits_at_any_thread_count(600, 2000, 400, false, false, false, false);
+    gemm_shared_b_hook_for_test(NULL);
     use_f32_path(NULL);
 }
