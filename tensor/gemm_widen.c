@@ -303,38 +303,49 @@ TARGET static void kernel(put_mode pm, bool f16, int64_t kc, const float *a, con
     }
 }
 
-/* rows [0,r) (r < MR: a block at C's last rows) of init's block (or 0) +
- * a-panel @ b-panel over kc, stored in f32 at out (row stride ldo): only
- * r rows are multiplied, so a part whose rows end 2 or 4 past a multiple
- * of MR (the tiny GPT's dW products of 128 and 512 rows, split over two
- * threads) pays for those rows, not for a whole block. Each row's sums are
+/* rows [0,r) and the first 8 * nv columns of init's block (or 0) +
+ * a-panel @ b-panel over kc, stored in f32 at out (row stride ldo): a
+ * block at C's last rows (r < MR) or last columns (nv 1: at most 8 of
+ * them) multiplies only those, so a part whose rows end 2 or 4 past a
+ * multiple of MR (the tiny GPT's dW products of 128 and 512 rows, split
+ * over two threads) or whose columns end just past a panel (its head, 65
+ * columns) pays for them, not for a whole block. Each element's sums are
  * the ones kernel makes. */
-TARGET static void kernel_rows(int r, int64_t kc, const float *a, const float *b, const float *init,
+TARGET static void kernel_edge(int r, int nv, int64_t kc, const float *a, const float *b, const float *init,
                                int64_t ldi, float *out, int64_t ldo)
 {
     __m256 acc[2 * MR];
-    switch (r) { /* fma_block inlined with its row count constant */
-    case 1: fma_block(1, 2, kc, a, 1, MR, b, NR, acc); break;
-    case 2: fma_block(2, 2, kc, a, 1, MR, b, NR, acc); break;
-    case 3: fma_block(3, 2, kc, a, 1, MR, b, NR, acc); break;
-    case 4: fma_block(4, 2, kc, a, 1, MR, b, NR, acc); break;
-    default: fma_block(5, 2, kc, a, 1, MR, b, NR, acc); break;
+    /* fma_block inlined with its row and vector counts constant */
+#define EM_EDGE(rows)                                                                                        \
+    case rows:                                                                                               \
+        if (nv == 1)                                                                                         \
+            fma_block(rows, 1, kc, a, 1, MR, b, NR, acc);                                                    \
+        else                                                                                                 \
+            fma_block(rows, 2, kc, a, 1, MR, b, NR, acc);                                                    \
+        break;
+    switch (r) {
+        EM_EDGE(1)
+        EM_EDGE(2) EM_EDGE(3) EM_EDGE(4) EM_EDGE(5) default : /* MR */
+                                                              if (nv == 1)
+                                                                  fma_block(MR, 1, kc, a, 1, MR, b, NR, acc);
+        else fma_block(MR, 2, kc, a, 1, MR, b, NR, acc);
     }
+#undef EM_EDGE
     for (int i = 0; i < r; i++)
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < nv; h++) {
             __m256 v = acc[2 * i + h];
             if (init) v = _mm256_add_ps(_mm256_loadu_ps(init + i * ldi + 8 * h), v);
             _mm256_storeu_ps(out + i * ldo + 8 * h, v);
         }
 }
 
-/* a block's sums in f32 at out (row stride ldo), added to init's when
- * given: r rows of them, by the cheaper kernel */
-TARGET static inline void kernel_f32(int64_t r, int64_t kc, const float *a, const float *b, const float *init,
-                                     int64_t ldi, float *out, int64_t ldo)
+/* a block's sums (r rows, w columns of it) in f32 at out (row stride ldo),
+ * added to init's when given, by the cheapest kernel that covers them */
+TARGET static inline void kernel_f32(int64_t r, int64_t w, int64_t kc, const float *a, const float *b,
+                                     const float *init, int64_t ldi, float *out, int64_t ldo)
 {
-    if (r < MR)
-        kernel_rows((int)r, kc, a, b, init, ldi, out, ldo);
+    if (r < MR || w <= 8)
+        kernel_edge((int)r, w <= 8 ? 1 : 2, kc, a, b, init, ldi, out, ldo);
     else
         kernel(PUT_F32, false, kc, a, b, init, ldi, out, ldo);
 }
@@ -558,7 +569,7 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                                 kernel(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, cij, ldc);
                             continue;
                         }
-                        kernel_f32(r, K, ap + i0 * K, bp + j0 * K, NULL, 0, tile, NR);
+                        kernel_f32(r, w, K, ap + i0 * K, bp + j0 * K, NULL, 0, tile, NR);
                         store_low(sc, add, alpha, bj, tile, NR, cij, ldc, r, w);
                     }
             }
@@ -590,13 +601,13 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                             char *cij = c8 + (size_t)((M0 + m0 + i0) * ldc + n0 + j0) * cs;
                             const float *biasj = bias ? bias + n0 + j0 : NULL;
                             if (k0 + kc < K) {
-                                kernel_f32(r, kc, ai, bj, prev, ncp, sum, ncp);
+                                kernel_f32(r, w, kc, ai, bj, prev, ncp, sum, ncp);
                             } else if (r == MR && w == NR && pm >= 0 && biasj) {
                                 kernel_bias(pm, sc.f16, kc, ai, bj, prev, ncp, biasj, cij, ldc);
                             } else if (r == MR && w == NR && pm >= 0) {
                                 kernel(pm, sc.f16, kc, ai, bj, prev, ncp, cij, ldc);
                             } else {
-                                kernel_f32(r, kc, ai, bj, prev, ncp, sum, ncp);
+                                kernel_f32(r, w, kc, ai, bj, prev, ncp, sum, ncp);
                                 store_low(sc, add, alpha, biasj, sum, ncp, cij, ldc, r, w);
                             }
                         }
