@@ -451,21 +451,26 @@ static geom geom_of(int64_t n, int64_t K)
     return g;
 }
 
-/* a shared op(B)'s groups: GP panels of one (column block, depth block) */
-enum { GP = 2 };
+/* a shared op(B)'s groups: GP panels of one (column block, depth block);
+ * the most floats a shared op(B) takes (4 MiB: the tiny GPT's take at most
+ * 192 KiB, GPT-2 124M's dW products 768 KiB) */
+enum { GP = 2, SHARED_MAX = 1 << 20 };
 
 size_t gemm_shared_b_size(int64_t n, int64_t K, int64_t *groups)
 {
     geom g = geom_of(n, K);
-    /* a deep K packs op(B) a KC step at a time, into the thread's own
-     * cache: shared, the tiny GPT's proj dW (128x128x768, 64 rows a part)
-     * went from 0.96 to 0.93x sgemm (medians of 6 runs) */
-    if (g.deep) {
+    size_t floats = (size_t)(g.nnb * g.nkb * g.kc_max * g.ncp);
+    /* Not shared: a deep K, whose parts pack op(B) a KC step at a time into
+     * their own cache (shared, the tiny GPT's proj dW, 128x128x768 at 64
+     * rows a part, went from 0.96 to 0.93x sgemm, medians of 6 runs); and
+     * an op(B) larger than SHARED_MAX (a wide head, 512 x 50257), whose
+     * parts pack at most a column block each at a time. */
+    if (g.deep || floats > SHARED_MAX) {
         *groups = 0;
         return 0;
     }
     *groups = g.nnb * g.nkb * ((g.ncp / NR + GP - 1) / GP);
-    return (size_t)(g.nnb * g.nkb * g.kc_max * g.ncp);
+    return floats;
 }
 
 /* op(B)'s block at column block nb, depth block kb in a shared buffer */

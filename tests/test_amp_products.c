@@ -271,7 +271,8 @@ TEST(test_low_products_split_over_threads_have_one_threads_bits)
     for (int d = 0; d < 2; d++) {
         em_dtype dt = d ? EM_F16 : EM_BF16;
         low_same_bits_at_any_thread_count(dt, 768, 128, 384, true);  /* a Linear under autocast */
-        low_same_bits_at_any_thread_count(dt, 600, 400, 2000, false); /* two column blocks */
+        low_same_bits_at_any_thread_count(dt, 1030, 70, 3100, false); /* two column blocks */
+        low_same_bits_at_any_thread_count(dt, 600, 400, 1000, false);  /* one step past KC */
         low_same_bits_at_any_thread_count(dt, 700, 33, 90, true);     /* ragged groups */
     }
     use_bf16_path(NULL);

@@ -194,10 +194,12 @@ TEST(test_f32_avx2_split_products_have_one_threads_bits_in_every_layout)
     same_bits_at_any_thread_count(257, 200, 517, true, true, false, true);    /* rows, deep, edges */
     same_bits_at_any_thread_count(60, 3100, 70, false, false, false, false);  /* past 3072 columns */
     /* rows with op(B) packed by the parts together (gemm_shared_b): two
-     * column blocks, in one step and in one step past KC, groups ragged */
+     * column blocks, one step past KC, groups ragged; and an op(B) too
+     * large to share (K 512, 2100 columns: two blocks of 1536) */
     same_bits_at_any_thread_count(1030, 3100, 70, false, true, true, false);
-    same_bits_at_any_thread_count(600, 2000, 400, false, false, false, true);
+    same_bits_at_any_thread_count(600, 1000, 400, false, false, false, true);
     same_bits_at_any_thread_count(700, 90, 33, true, true, false, false);
+    same_bits_at_any_thread_count(600, 2100, 512, false, false, false, false);
     use_f32_path(NULL);
 }
 
@@ -216,7 +218,7 @@ TEST(test_f32_avx2_parts_sharing_op_b_wait_for_a_group_packed_late)
     use_f32_path("avx2");
     gemm_shared_b_hook_for_test(late_middle_group);
     same_bits_at_any_thread_count(768, 384, 128, false, true, true, false);
-    same_bits_at_any_thread_count(600, 2000, 400, false, false, false, false);
+    same_bits_at_any_thread_count(1030, 3100, 70, false, false, false, false);
     gemm_shared_b_hook_for_test(NULL);
     use_f32_path(NULL);
 }
