@@ -317,18 +317,14 @@ TARGET static void kernel_edge(int r, int nv, int64_t kc, const float *a, const 
     __m256 acc[2 * MR];
     /* fma_block inlined with its row and vector counts constant */
 #define EM_EDGE(rows)                                                                                        \
-    case rows:                                                                                               \
-        if (nv == 1)                                                                                         \
-            fma_block(rows, 1, kc, a, 1, MR, b, NR, acc);                                                    \
-        else                                                                                                 \
-            fma_block(rows, 2, kc, a, 1, MR, b, NR, acc);                                                    \
-        break;
+    (nv == 1 ? fma_block(rows, 1, kc, a, 1, MR, b, NR, acc) : fma_block(rows, 2, kc, a, 1, MR, b, NR, acc))
     switch (r) {
-        EM_EDGE(1)
-        EM_EDGE(2) EM_EDGE(3) EM_EDGE(4) EM_EDGE(5) default : /* MR */
-                                                              if (nv == 1)
-                                                                  fma_block(MR, 1, kc, a, 1, MR, b, NR, acc);
-        else fma_block(MR, 2, kc, a, 1, MR, b, NR, acc);
+    case 1: EM_EDGE(1); break;
+    case 2: EM_EDGE(2); break;
+    case 3: EM_EDGE(3); break;
+    case 4: EM_EDGE(4); break;
+    case 5: EM_EDGE(5); break;
+    default: EM_EDGE(MR); break;
     }
 #undef EM_EDGE
     for (int i = 0; i < r; i++)
