@@ -150,6 +150,14 @@ void gemm_add_bias(em_dtype ct, const void *bias, void *C, int64_t ldc, int64_t 
     }
 }
 
+/* whether j's parts run on ember's own kernel (tensor/gemm_widen.c):
+ * gemm_call's choice, which gemm_run also needs before the parts start */
+static bool on_own_kernel(const gemm_job *j)
+{
+    if (!j->low) return j->avx2;
+    return gemm_widen_usable() && (j->ldt.lo == EM_F16 || j->path == BF16_PATH_F32);
+}
+
 /* part's block of C: rows m0..m1, columns n0..n1 */
 static void gemm_call(gemm_job *j, int64_t part, int64_t m0, int64_t m1, int64_t n0, int64_t n1)
 {
@@ -177,7 +185,7 @@ static void gemm_call(gemm_job *j, int64_t part, int64_t m0, int64_t m1, int64_t
         else if (lo == EM_BF16 && j->path == BF16_PATH_AVX512BF16)
             ok = gemm_dpbf16(gemm_dpbf16_kernel(), j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c,
                              true, j->ldc);
-        else if (gemm_widen_usable()) {
+        else if (on_own_kernel(j)) {
             if (ldt.c == EM_F32) { /* the kernel adds it to an f32 C as it stores */
                 ldt.bias = (const float *)bias;
                 bias = NULL;
@@ -193,7 +201,7 @@ static void gemm_call(gemm_job *j, int64_t part, int64_t m0, int64_t m1, int64_t
         return;
     }
     /* (scratch memory that runs out leaves the part to the BLAS) */
-    if (j->avx2 &&
+    if (on_own_kernel(j) &&
         gemm_f32_avx2(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)a, j->lda, (const float *)b,
                       j->ldb, j->beta != 0.0, (float *)c, j->ldc, (const float *)bias, j->shb, first))
         return;
@@ -221,13 +229,6 @@ static void gemm_part(void *p, int64_t lo, int64_t hi)
         else
             gemm_call(j, part, 0, j->M, b0, b1);
     }
-}
-
-/* whether j's parts run on ember's own kernel (tensor/gemm_widen.c) */
-static bool on_own_kernel(const gemm_job *j)
-{
-    if (!j->low) return j->avx2;
-    return gemm_widen_usable() && (j->ldt.lo == EM_F16 || j->path == BF16_PATH_F32);
 }
 
 /* j with A, B, C, shapes and scalars set: runs it, split over the pool */
