@@ -230,11 +230,14 @@ int main(int argc, char **argv)
     const em_gpt_config *cfg = big ? &gpt2 : &tiny;
     int64_t B = big ? 4 : 12;
     int steps = big ? 3 : 5;
-    printf("bench_ab: %s GPT training steps (B=%lld, T=%lld, %s); in each of two processes (one loads A "
-           "first, the other B) %d rounds of a block of %d steps on each library in turn\n  A = %s\n  B = "
-           "%s\n%5s %6s %10s %10s %8s\n",
-           big ? "124M" : "tiny", (long long)B, (long long)cfg->block_size, pn, rounds, steps, argv[1],
-           argv[2], "round", "loaded", "A ms", "B ms", "B/A");
+    char model[256];
+    bench_cpu_model(model, sizeof model);
+    printf(
+        "bench_ab: %s GPT training steps (B=%lld, T=%lld, %s) on %s; in each of two processes (one loads A "
+        "first, the other B) %d rounds of a block of %d steps on each library in turn\n  A = %s\n  B = "
+        "%s\n%5s %6s %10s %10s %8s\n",
+        big ? "124M" : "tiny", (long long)B, (long long)cfg->block_size, pn, model, rounds, steps, argv[1],
+        argv[2], "round", "loaded", "A ms", "B ms", "B/A");
     fflush(stdout);
     double *ratio = malloc(sizeof(double) * (size_t)(2 * rounds)), half[2] = {0, 0};
     int n = 0;

@@ -262,23 +262,6 @@ static void size_name(size_t bytes, char *s, size_t n)
         snprintf(s, n, "%zu KiB", bytes >> 10);
 }
 
-static void cpu_model(char *s, size_t n)
-{
-    snprintf(s, n, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f)) {
-        char *v = strchr(line, ':');
-        if (!strncmp(line, "model name", 10) && v) {
-            v += 1 + strspn(v + 1, " \t");
-            v[strcspn(v, "\n")] = '\0';
-            snprintf(s, n, "%s", v);
-            break;
-        }
-    }
-    if (f) fclose(f);
-}
-
 static void print_bound(int world, const double *shm, const double *bound)
 {
     size_t big = sizes[NSIZES - 1];
@@ -349,7 +332,7 @@ int main(int argc, char **argv)
     bool have_mpi = mpi(world, &j, mref, eref, bar, how, sizeof how) == 0;
     bool have_gloo = gloo(world, &j, ref) == 0;
     char model[256];
-    cpu_model(model, sizeof model);
+    bench_cpu_model(model, sizeof model);
     printf("bench_allreduce: all_reduce(sum) of f32 between %d local ranks on %s (%ld CPUs); median of "
            "%d/%d/%d/%d reps, slowest rank; GB/s = bytes / time\n",
            world, model, sysconf(_SC_NPROCESSORS_ONLN), j.reps[0], j.reps[1], j.reps[2], j.reps[3]);

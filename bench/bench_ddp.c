@@ -181,15 +181,8 @@ static int one_rank(job *j)
 /* The CPU's model name and core count, the first line of a table. */
 static void print_machine(void)
 {
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512], model[256] = "unknown CPU";
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-            snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
-            model[strcspn(model, "\n")] = 0;
-            break;
-        }
-    if (f) fclose(f);
+    char model[256];
+    bench_cpu_model(model, sizeof model);
     printf("machine: %s, %ld logical cores; transport %s\n", model, sysconf(_SC_NPROCESSORS_ONLN),
            getenv("EMBER_TRANSPORT") ? getenv("EMBER_TRANSPORT") : "auto (shm on one machine)");
 }

@@ -452,9 +452,11 @@ int main(int argc, char **argv)
     if (reps < 7) reps = 7;
     if (reps > MAX_REPS / 2) reps = MAX_REPS / 2;
     const char *eb = getenv("OPENBLAS_NUM_THREADS"), *ee = getenv("EMBER_NUM_THREADS");
-    printf("ember bench_ops: ember pool threads %d (EMBER_NUM_THREADS=%s), OpenBLAS threads %d "
+    char model[256];
+    bench_cpu_model(model, sizeof model);
+    printf("ember bench_ops: %s; ember pool threads %d (EMBER_NUM_THREADS=%s), OpenBLAS threads %d "
            "(OPENBLAS_NUM_THREADS=%s)\n",
-           em_num_threads(), ee ? ee : "unset", blas_thread_count(), eb ? eb : "unset");
+           model, em_num_threads(), ee ? ee : "unset", blas_thread_count(), eb ? eb : "unset");
     double t0 = now();
     if (argc > 2 && !strcmp(argv[2], "low")) {
         bench_low(reps);

@@ -302,15 +302,8 @@ static void print_machine(void)
         for (char *line = strtok(ch.out, "\n"); line; line = strtok(NULL, "\n")) printf("  %s\n", line);
         return;
     }
-    char model[256] = "unknown", line[1024];
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
-            snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
-            model[strcspn(model, "\n")] = '\0';
-            break;
-        }
-    if (f) fclose(f);
+    char model[256];
+    bench_cpu_model(model, sizeof model);
     em_cpu_features ft = em_cpu_detect();
     printf("machine (`ember env` did not run: %s):\n  cpu %s; AVX2 %s, FMA %s, AVX-512F %s, AVX512-BF16 %s; "
            "BLAS %s\n",
