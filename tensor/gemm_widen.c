@@ -449,19 +449,21 @@ static geom geom_of(int64_t n, int64_t K)
 
 /* a shared op(B)'s groups: GP panels of one (column block, depth block);
  * the most floats a shared op(B) takes (4 MiB: the tiny GPT's take at most
- * 192 KiB, GPT-2 124M's dW products 768 KiB) */
+ * 384 KiB, GPT-2 124M's dW products 768 KiB) */
 enum { GP = 2, SHARED_MAX = 1 << 20 };
 
 size_t gemm_shared_b_size(int64_t n, int64_t K, int64_t *groups)
 {
     geom g = geom_of(n, K);
     size_t floats = (size_t)(g.nnb * g.nkb * g.kc_max * g.ncp);
-    /* Not shared: a deep K, whose parts pack op(B) a KC step at a time into
-     * their own cache (shared, the tiny GPT's proj dW, 128x128x768 at 64
-     * rows a part, went from 0.96 to 0.93x sgemm, medians of 6 runs); and
-     * an op(B) larger than SHARED_MAX (a wide head, 512 x 50257), whose
-     * parts pack at most a column block each at a time. */
-    if (g.deep || floats > SHARED_MAX) {
+    /* Not shared: an op(B) larger than SHARED_MAX (a wide head, 512 x
+     * 50257), whose parts pack at most a column block each at a time. A
+     * deep K is shared whole, every KC step's block: the tiny GPT's dW
+     * products (768 tokens deep, x as op(B)) made the step 0.995x the time
+     * of each part packing its own block per KC step (bench_ab, three
+     * pairs both ways round, f32 and bf16), 1024-2048 rows at K 768-1024
+     * no different (bench_f32_paths). */
+    if (floats > SHARED_MAX) {
         *groups = 0;
         return 0;
     }
@@ -577,8 +579,9 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
             continue;
         }
         /* up to MSUM rows share each packed block of B (packed once per
-         * KC step), their sums in acc; more rows take turns. The last KC
-         * step puts each block's sums, added to acc's, into C. */
+         * KC step, or read from the parts' shared op(B)), their sums in
+         * acc; more rows take turns. The last KC step puts each block's
+         * sums, added to acc's, into C. */
         for (int64_t M0 = 0; M0 < m; M0 += msum) {
             int64_t ms = m - M0 < msum ? m - M0 : msum;
             for (int64_t k0 = 0; k0 < K; k0 += kc_max) {

@@ -219,6 +219,7 @@ TEST(test_f32_avx2_parts_sharing_op_b_wait_for_a_group_packed_late)
     gemm_shared_b_hook_for_test(late_middle_group);
     same_bits_at_any_thread_count(768, 384, 128, false, true, true, false);
     same_bits_at_any_thread_count(1030, 3100, 70, false, false, false, false);
+    same_bits_at_any_thread_count(384, 128, 768, true, false, false, true); /* a deep K: 3 KC steps */
     gemm_shared_b_hook_for_test(NULL);
     use_f32_path(NULL);
 }
