@@ -462,7 +462,11 @@ size_t gemm_shared_b_size(int64_t n, int64_t K, int64_t *groups)
      * products (768 tokens deep, x as op(B)) made the step 0.995x the time
      * of each part packing its own block per KC step (bench_ab, three
      * pairs both ways round, f32 and bf16), 1024-2048 rows at K 768-1024
-     * no different (bench_f32_paths). */
+     * no different (bench_f32_paths). Alone, the proj dW (128x128x768^T,
+     * 64 rows a part) reads 1.00-1.01x the unshared time alternating with
+     * itself, but 0.90-0.91x sgemm against 0.93-0.94x alternating with
+     * sgemm (its parts then read halves the other core packed, after
+     * OpenBLAS's call has taken the caches). */
     if (floats > SHARED_MAX) {
         *groups = 0;
         return 0;
