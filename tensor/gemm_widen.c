@@ -465,8 +465,8 @@ size_t gemm_shared_b_size(int64_t n, int64_t K, int64_t *groups)
      * no different (bench_f32_paths). Alone, the proj dW (128x128x768^T,
      * 64 rows a part) reads 1.00-1.01x the unshared time alternating with
      * itself, but 0.90-0.91x sgemm against 0.93-0.94x alternating with
-     * sgemm (its parts then read halves the other core packed, after
-     * OpenBLAS's call has taken the caches). */
+     * sgemm (not isolated: perhaps the half of op(B) the other core
+     * packed, read after OpenBLAS's call has been through the caches). */
     if (floats > SHARED_MAX) {
         *groups = 0;
         return 0;
