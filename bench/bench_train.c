@@ -11,7 +11,9 @@
  * round every PyTorch run comes right after an ember run of its own; a
  * round's speed-up is its fastest PyTorch run over the median of its ember
  * runs, and the figure printed is the median of the rounds', with their
- * range. On a VM whose speed drifts by 15% within a minute, ember
+ * range; then, like for like, the best configuration's median over the
+ * rounds over ember's (the fastest of several runs against a median lands
+ * low when the machine's speed varies). On a VM whose speed drifts by 15% within a minute, ember
  * measured once against the best of six runs spread over that minute
  * moved more with the drift than with the code (rounds of one ember run
  * and six PyTorch runs gave 1.29x, 1.44x and 1.58x within three minutes).
