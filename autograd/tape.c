@@ -163,7 +163,10 @@ static void add_into(tensor *dst, tensor *src)
         return;
     }
 #endif
-    if (t_is_contig(src) && widens_exactly(src->dtype, dst->dtype) && (dst->dtype == EM_F32 || dst->dtype == EM_F64)) {
+    bool low = (dst->dtype == EM_F16 || dst->dtype == EM_BF16) &&
+               (src->dtype == EM_F32 || src->dtype == EM_F16 || src->dtype == EM_BF16);
+    if (t_is_contig(src) &&
+        (low || (widens_exactly(src->dtype, dst->dtype) && (dst->dtype == EM_F32 || dst->dtype == EM_F64)))) {
         add_par(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
         return;
     }

@@ -32,6 +32,10 @@
  * forward with f32 master weights; fp16 adds the loss scaler's scale, unscale
  * and update) and reports each against f32: one child process holds a model
  * per precision and steps them in turn, so a noisy machine slows all alike.
+ * It also runs "tiny-nobias", the tiny GPT without biases: there autocast's
+ * products give bf16/f16 outputs (an f32 bias makes them f32), so the step's
+ * elementwise ops, residual adds and attention input are low-precision
+ * tensors too.
  *
  * After ember's row, "GEMM bound" is the time of the step's matrix products
  * alone in raw cblas_sgemm (gemm_bound_ms): no step, in any framework using
@@ -43,8 +47,8 @@
  * usage: bench_train [tiny|124m|all] [steps] [modes] [rounds]   (default all; 20 steps tiny, 5 for
  *          124m; modes, e.g. "eager,fused": only those PyTorch modes of eager, fused, compile, or
  *          "all"; rounds: 3 by default, each ember then every PyTorch run, see torch_table)
- *        bench_train amp [tiny|124m|all] [steps] [dtypes]   (dtypes, e.g. "bf16" or "f32,bf16": run only
- *          those; a ratio whose side was not run prints nan) */
+ *        bench_train amp [tiny|tiny-nobias|124m|all] [steps] [dtypes]   (dtypes, e.g. "bf16" or "f32,bf16":
+ * run only those; a ratio whose side was not run prints nan) */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -67,17 +71,28 @@ typedef struct bench_cfg {
     em_gpt_config model;
     int64_t batch;
     int steps;
+    bool amp_only; /* in the amp table only (no PyTorch script for it) */
 } bench_cfg;
 
 static const bench_cfg configs[] = {
     {"tiny",
      {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true},
      12,
-     20},
+     20,
+     false},
+    /* tiny without biases: under autocast a Linear's output is then bf16/f16
+     * (with an f32 bias it is f32), so the MLP's GELU, the residual adds and
+     * the attention's input run on low-precision tensors */
+    {"tiny-nobias",
+     {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = false},
+     12,
+     20,
+     true},
     {"124m",
      {.vocab_size = 50257, .block_size = 64, .n_layer = 12, .n_head = 12, .n_embd = 768, .bias = true},
      4,
-     5},
+     5,
+     false},
 };
 
 static em_dtype precision = EM_F32; /* autocast dtype of ember's steps (EM_F32: off) */
@@ -375,7 +390,7 @@ static int amp_table(const char *which, int steps_arg, const char *only)
     const char *pb = em_matmul_path(EM_BF16);
     printf("product paths (em_matmul_path): f32 %s, bf16 %s, fp16 %s\n", em_matmul_path(EM_F32),
            pb ? pb : em_last_error(), em_matmul_path(EM_F16));
-    printf("%-6s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16",
+    printf("%-11s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16",
            "f32/fp16");
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const bench_cfg *c = &configs[i];
@@ -389,7 +404,7 @@ static int amp_table(const char *which, int steps_arg, const char *only)
             fprintf(stderr, "bench_train: ember %s under autocast failed\n", c->name);
             return 1;
         }
-        printf("%-6s %10.1f %10.1f %10.1f %11.2fx %11.2fx\n", c->name, ms[0], ms[1], ms[2], r[1], r[2]);
+        printf("%-11s %10.1f %10.1f %10.1f %11.2fx %11.2fx\n", c->name, ms[0], ms[1], ms[2], r[1], r[2]);
         fflush(stdout);
     }
     return 0;
@@ -471,7 +486,7 @@ static int torch_table(const char *which, int steps_arg, const char *modes, int 
     if (!rd) return 1;
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const bench_cfg *c = &configs[i];
-        if (strcmp(which, "all") && strcmp(which, c->name)) continue;
+        if (c->amp_only || (strcmp(which, "all") && strcmp(which, c->name))) continue;
         int steps = steps_arg > 0 ? steps_arg : c->steps;
         double tokens = (double)(c->batch * c->model.block_size);
         double bound = 0, gflop = 0, peak_ms = NAN;

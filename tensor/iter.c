@@ -206,10 +206,27 @@ void zero_par(void *dst, size_t bytes)
 }
 
 /* dst (f32 or f64) += src (any float dtype); widening conversions are exact,
- * so this equals converting src first, then adding */
+ * so this equals converting src first, then adding. dst f16 or bf16 (src
+ * f32, f16 or bf16): each sum in f32, rounded into dst, a piece at a time
+ * (the bits of adding in double and rounding, as the sum of two floats
+ * computed in double rounds to the float sum). */
 static void add_range(void *ctx, int64_t lo, int64_t hi)
 {
     const bulk_ctx *c = ctx;
+    if (c->to == EM_F16 || c->to == EM_BF16) {
+        enum { LOW_PIECE = 512 };
+        float d[LOW_PIECE], s[LOW_PIECE];
+        size_t ss = em_dtype_size(c->from), sd = em_dtype_size(c->to);
+        for (int64_t p = lo; p < hi; p += LOW_PIECE) {
+            int64_t k = hi - p < LOW_PIECE ? hi - p : LOW_PIECE;
+            char *dp = (char *)c->dst + p * (int64_t)sd;
+            convert_n(EM_F32, d, c->to, dp, k);
+            convert_n(EM_F32, s, c->from, (const char *)c->src + p * (int64_t)ss, k);
+            for (int64_t i = 0; i < k; i++) d[i] += s[i];
+            convert_n(c->to, dp, EM_F32, d, k);
+        }
+        return;
+    }
     if (c->to == EM_F32 && c->from == EM_F32) {
         float *restrict d = (float *)c->dst + lo;
         const float *restrict s = (const float *)c->src + lo;

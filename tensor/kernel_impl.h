@@ -19,7 +19,8 @@ void convert_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t
 void zero_par(void *dst, size_t bytes);
 /* dst[i] += src[i] for n contiguous elements, split over the pool when large:
  * dst f32 or f64, src any float dtype no wider than dst (so the conversion
- * is exact and the sum is rounded once). */
+ * is exact and the sum is rounded once); or dst f16/bf16, src f32, f16 or
+ * bf16 (each sum in f32, then rounded into dst). */
 void add_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
 /* dst = a + b, n contiguous elements, all of dt (f32 or f64); over the pool
  * when large. The bits of copying a to dst, then add_par(dt, dst, dt, b). */

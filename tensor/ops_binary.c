@@ -63,11 +63,18 @@ static void bin_rows_f32(void *p, int64_t lo, int64_t hi)
     for (int64_t r = lo; r < hi; r++, x += n, o += n) run_f32(c->k, x, y, o, n);
 }
 
-/* ---- float inputs of different dtypes, an f32 result ---------------------------
- * Autocast's PROMOTE leaves them uncast on the CPU (dispatch.c, op_call.mixed):
- * a bf16 product's output meets an f32 bias. Each contiguous run is widened a
- * block at a time into f32 as it is read and the f32 loop runs over the block,
- * so the result has the bits of casting first, without the cast's pass. */
+/* ---- float inputs of different dtypes, or f16/bf16 ones ----------------------
+ * Autocast's PROMOTE leaves inputs of different float dtypes uncast on the
+ * CPU (dispatch.c, op_call.mixed): a bf16 product's output meets an f32
+ * bias, and the result is f32. Each contiguous run is widened a block at a
+ * time into f32 as it is read and the f32 loop runs over the block, so the
+ * result has the bits of casting first, without the cast's pass. Inputs and
+ * result all f16 or all bf16 go the same way, the block rounded into the
+ * result as it is stored: the bits of computing each element in double and
+ * rounding (bin_strided), since +, -, * and / of two floats computed in
+ * double and rounded to float are the float operation's result (double
+ * holds more than 2 x 24 + 2 bits). Read element by element instead, a bf16
+ * add or mul ran 20-40x slower than f32's. */
 enum { MIX_BLOCK = 512 };
 
 /* n (<= MIX_BLOCK) values of contiguous t from element i as f32: t's own
@@ -80,13 +87,19 @@ static const float *f32_run(const tensor *t, int64_t i, int64_t n, float *buf)
     return buf;
 }
 
-/* o[i..i+n) = a[ia..] <k> b[ib..], contiguous runs, block by block */
-static void run_mixed(binop k, const tensor *a, int64_t ia, const tensor *b, int64_t ib, float *o, int64_t n)
+/* out[io..io+n) = a[ia..] <k> b[ib..], contiguous runs, block by block:
+ * into out's memory when it is f32, else through a block rounded into it */
+static void run_mixed(binop k, const tensor *a, int64_t ia, const tensor *b, int64_t ib, tensor *out,
+                      int64_t io, int64_t n)
 {
-    float xa[MIX_BLOCK], xb[MIX_BLOCK];
+    float xa[MIX_BLOCK], xb[MIX_BLOCK], xo[MIX_BLOCK];
+    bool f32 = out->dtype == EM_F32;
+    char *o = (char *)t_ptr(out) + io * (int64_t)t_esize(out);
     for (int64_t j = 0; j < n; j += MIX_BLOCK) {
         int64_t w = n - j < MIX_BLOCK ? n - j : MIX_BLOCK;
-        run_f32(k, f32_run(a, ia + j, w, xa), f32_run(b, ib + j, w, xb), o + j, w);
+        float *ob = f32 ? (float *)o + j : xo;
+        run_f32(k, f32_run(a, ia + j, w, xa), f32_run(b, ib + j, w, xb), ob, w);
+        if (!f32) convert_n(out->dtype, o + j * (int64_t)t_esize(out), EM_F32, ob, w);
     }
 }
 
@@ -94,7 +107,7 @@ static void run_mixed(binop k, const tensor *a, int64_t ia, const tensor *b, int
 static void bin_flat_mixed(void *p, int64_t lo, int64_t hi)
 {
     bin_ctx *c = p;
-    run_mixed(c->k, c->a, lo, c->b, lo, (float *)t_ptr(c->out) + lo, hi - lo);
+    run_mixed(c->k, c->a, lo, c->b, lo, c->out, lo, hi - lo);
 }
 
 /* bin_rows_f32 with inputs of any float dtypes */
@@ -102,8 +115,7 @@ static void bin_rows_mixed(void *p, int64_t lo, int64_t hi)
 {
     bin_ctx *c = p;
     int64_t n = c->inner;
-    float *o = t_ptr(c->out);
-    for (int64_t r = lo; r < hi; r++) run_mixed(c->k, c->a, r * n, c->b, 0, o + r * n, n);
+    for (int64_t r = lo; r < hi; r++) run_mixed(c->k, c->a, r * n, c->b, 0, c->out, r * n, n);
 }
 
 /* Any strides, any dtypes (the inputs' may differ: op_call.mixed): element by
@@ -218,7 +230,9 @@ static em_status bin_cpu(const op_call *call, tensor *out)
     bool rows = nd >= 1 && t_numel(a) == n && nb > 0 && (nb == shape[nd - 1] || nb >= 16) &&
                 is_trailing_block(b, nd, shape);
     bool f32 = a->dtype == EM_F32 && b->dtype == EM_F32, contig = t_is_contig(a) && t_is_contig(b);
-    bool mixed = a->dtype != b->dtype && out->dtype == EM_F32; /* op_call.mixed */
+    bool low = out->dtype == EM_F16 || out->dtype == EM_BF16;
+    bool mixed = (a->dtype != b->dtype && out->dtype == EM_F32) /* op_call.mixed */ ||
+                 (low && a->dtype == out->dtype && b->dtype == out->dtype);
     if ((f32 || mixed) && contig && same) {
         parallel_for(n, 1 << 15, f32 ? bin_flat_f32 : bin_flat_mixed, &c);
     } else if ((f32 || mixed) && contig && rows) {
@@ -293,6 +307,18 @@ static void affine_range(void *p, int64_t lo, int64_t hi)
     size_t es = t_esize(a);
     char *o = t_ptr(c->out);
     const char *x = t_ptr(a);
+    if ((a->dtype == EM_F16 || a->dtype == EM_BF16) && t_is_contig(a)) {
+        /* a block at a time, each element as below: x*m + s in double,
+         * rounded to float, then to the dtype (convert_n, st's rounding) */
+        float xb[MIX_BLOCK];
+        for (int64_t b0 = lo; b0 < hi; b0 += MIX_BLOCK) {
+            int64_t n = hi - b0 < MIX_BLOCK ? hi - b0 : MIX_BLOCK;
+            convert_n(EM_F32, xb, a->dtype, x + b0 * (int64_t)es, n);
+            for (int64_t j = 0; j < n; j++) xb[j] = (float)ew_affine_f64(xb[j], c->m, c->s);
+            convert_n(a->dtype, o + b0 * (int64_t)es, EM_F32, xb, n);
+        }
+        return;
+    }
     nditer it;
     nditer_init(&it, a->ndim, a->shape, 1, (const int64_t *[]){a->stride});
     nditer_seek(&it, lo);

@@ -129,3 +129,107 @@ TEST(test_ops_propagate_null_and_keep_first_error)
     CHECK(strstr(em_last_error(), "add:") != NULL);
     em_scope_end(s);
 }
+
+/* element i of a contiguous f16/bf16 tensor, widened */
+static float low_at(em_tensor *t, int64_t i)
+{
+    uint16_t h = ((const uint16_t *)em_data(t))[i];
+    return em_dtype_of(t) == EM_BF16 ? em_bf16_to_f32(h) : em_f16_to_f32(h);
+}
+
+/* v rounded to dt (f16 or bf16), as bits */
+static uint16_t low_round(em_dtype dt, float v)
+{
+    return dt == EM_BF16 ? em_f32_to_bf16(v) : em_f32_to_f16(v);
+}
+
+/* f16 and bf16 operands of one dtype are read and written a block at a
+ * time where contiguous (run_mixed): add, sub, mul and div give, element
+ * for element, the op computed in double on the widened values and rounded
+ * to float, then to the dtype (what the element-by-element path computes),
+ * for same-shape operands, a row broadcast over a matrix (a bias), and
+ * strided views; infinities, NaN, zeros and overflow among the values.
+ * The scalar forms give the strided path's bits too. */
+TEST(test_binary_ops_on_f16_bf16_give_the_rounded_exact_result)
+{
+    const em_dtype dts[] = {EM_F16, EM_BF16};
+    const int64_t R = 67, C = 517; /* 34639 elements: over 1 << 15, and runs past one 512 block */
+    em_tensor *(*fs[4])(em_tensor *, em_tensor *) = {em_add, em_sub, em_mul, em_div};
+    const char *names[4] = {"add", "sub", "mul", "div"};
+    for (int d = 0; d < 2; d++) {
+        em_scope s = em_scope_begin();
+        em_rng r = em_rng_new(77 + (uint64_t)d);
+        em_tensor *a32 = em_contiguous(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(R, C), &r), 300.0));
+        em_tensor *b32 = em_contiguous(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(R, C), &r), 300.0));
+        const float sa[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 60000.0f, 3e38f, 1.0f};
+        const float sb[] = {1.0f, -INFINITY, -INFINITY, 0.0f, 0.0f, 60000.0f, 3e38f, NAN};
+        for (int i = 0; i < 8; i++) {
+            ((float *)em_data(a32))[i * 1009] = sa[i];
+            ((float *)em_data(b32))[i * 1009] = sb[i];
+        }
+        em_tensor *a = em_cast(a32, dts[d]), *b = em_cast(b32, dts[d]);
+        em_tensor *row = em_contiguous(em_narrow(b, 0, 5, 1)); /* (1,C): b's row 5 */
+        em_tensor *as = em_transpose(em_contiguous(em_transpose(a, 0, 1)), 0, 1);
+        for (int k = 0; k < 4; k++)
+            for (int form = 0; form < 3; form++) { /* same shape, row broadcast, strided */
+                th_case("%s %s, form %d", names[k], em_dtype_name(dts[d]), form);
+                em_tensor *y = form == 0 ? fs[k](a, b) : form == 1 ? fs[k](a, row) : fs[k](as, b);
+                CHECK(y && em_dtype_of(y) == dts[d]);
+                if (!y) continue;
+                for (int64_t i = 0; i < R * C; i++) {
+                    double x = low_at(a, i), z = low_at(form == 1 ? row : b, form == 1 ? i % C : i);
+                    double v = k == 0 ? x + z : k == 1 ? x - z : k == 2 ? x * z : x / z;
+                    uint16_t want = low_round(dts[d], (float)v), got = ((const uint16_t *)em_data(y))[i];
+                    if (got != want) {
+                        th_fail(__FILE__, __LINE__, "element %lld: %g %s %g: bits 0x%04x, want 0x%04x",
+                                (long long)i, x, names[k], z, got, want);
+                        break;
+                    }
+                }
+            }
+        /* the scalar forms (x*m + s in double, rounded): contiguous as strided */
+        th_case("scalar ops %s", em_dtype_name(dts[d]));
+        size_t bytes = (size_t)(R * C) * 2;
+        CHECK(!memcmp(em_data(em_mul_scalar(a, 0.1)), em_data(em_mul_scalar(as, 0.1)), bytes));
+        CHECK(!memcmp(em_data(em_add_scalar(a, 1.0 / 3)), em_data(em_add_scalar(as, 1.0 / 3)), bytes));
+        CHECK(!memcmp(em_data(em_neg(a)), em_data(em_neg(as)), bytes));
+        em_scope_end(s);
+    }
+}
+
+/* A bf16/f16 leaf used twice: its two gradients (each rounded to its
+ * dtype) are summed in f32 and rounded once (add_par's low path), element
+ * for element. */
+TEST(test_f16_bf16_gradients_accumulate_rounded_once)
+{
+    const em_dtype dts[] = {EM_F16, EM_BF16};
+    const int64_t R = 300, C = 257; /* over 1 << 16 elements: add_par splits it */
+    for (int d = 0; d < 2; d++) {
+        th_case("%s", em_dtype_name(dts[d]));
+        em_scope s = em_scope_begin();
+        em_rng r = em_rng_new(91);
+        em_tensor *x = em_detach(em_cast(em_randn(EM_F32, EM_SHAPE(R, C), &r), dts[d]));
+        em_tensor *p = em_cast(em_randn(EM_F32, EM_SHAPE(R, C), &r), dts[d]);
+        em_tensor *q = em_cast(em_randn(EM_F32, EM_SHAPE(R, C), &r), dts[d]);
+        em_tensor *g = em_cast(em_randn(EM_F32, EM_SHAPE(R, C), &r), dts[d]);
+        CHECK_OK(em_set_requires_grad(x, true));
+        CHECK_OK(em_backward(em_add(em_mul(x, p), em_mul(x, q)), g));
+        em_tensor *gx = em_grad(x);
+        CHECK(gx && em_dtype_of(gx) == dts[d]);
+        for (int64_t i = 0; gx && i < R * C; i++) {
+            float gp = low_at(g, i) * low_at(p, i), gq = low_at(g, i) * low_at(q, i);
+            /* each product exact in f32, rounded to the dtype as mul's gradient is */
+            uint16_t rp = low_round(dts[d], gp), rq = low_round(dts[d], gq);
+            float wp = dts[d] == EM_BF16 ? em_bf16_to_f32(rp) : em_f16_to_f32(rp);
+            float wq = dts[d] == EM_BF16 ? em_bf16_to_f32(rq) : em_f16_to_f32(rq);
+            uint16_t want = low_round(dts[d], wp + wq), got = ((const uint16_t *)em_data(gx))[i];
+            if (got != want) {
+                th_fail(__FILE__, __LINE__, "element %lld: bits 0x%04x, want 0x%04x", (long long)i, got,
+                        want);
+                break;
+            }
+        }
+        em_scope_end(s);
+        em_free(x);
+    }
+}

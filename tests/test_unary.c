@@ -653,3 +653,50 @@ TEST(test_gelu_backward_multiplies_by_the_slope_its_forward_kept)
             em_free(x);
         }
 }
+
+/* f16 and bf16 tensors are read and written in bulk where contiguous
+ * (gather_f32, convert_n): every unary op, forward and backward, gives
+ * the bits of the element-by-element path a strided input takes, over a
+ * size the pool splits and several 256-element blocks; the forward is the
+ * f32 loop's result rounded, as for gelu above. x holds the specials. */
+TEST(test_unary_on_contiguous_f16_bf16_gives_the_strided_paths_bits)
+{
+    static const struct {
+        const char *name;
+        em_tensor *(*f)(em_tensor *);
+    } ops[] = {{"exp", em_exp},   {"log", em_log},   {"sqrt", em_sqrt},          {"rsqrt", em_rsqrt},
+               {"abs", em_abs},   {"tanh", em_tanh}, {"sigmoid", em_sigmoid},    {"relu", em_relu},
+               {"gelu", em_gelu}, {"silu", em_silu}, {"gelu_tanh", em_gelu_tanh}};
+    const em_dtype dts[] = {EM_F16, EM_BF16};
+    const int64_t R = 131, C = 173; /* 22663 elements: over 1 << 13, so split over the pool */
+    for (int d = 0; d < 2; d++)
+        for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+            th_case("%s %s", ops[k].name, em_dtype_name(dts[d]));
+            em_scope s = em_scope_begin();
+            em_rng r = em_rng_new(300 + (uint64_t)k);
+            em_tensor *x32 = em_contiguous(em_mul_scalar(em_randn(EM_F32, EM_SHAPE(R, C), &r), 3.0));
+            float *xv = em_data(x32);
+            const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-6f, 70000.0f, -1e-30f};
+            for (int i = 0; i < 8; i++) xv[i * 997] = specials[i];
+            em_tensor *x = em_detach(em_cast(x32, dts[d]));
+            /* the same values, not contiguous: x^T's copy, transposed */
+            em_tensor *xs = em_detach(em_transpose(em_contiguous(em_transpose(x, 0, 1)), 0, 1));
+            em_tensor *g = em_cast(em_randn(EM_F32, EM_SHAPE(R, C), &r), dts[d]);
+            CHECK_OK(em_set_requires_grad(x, true));
+            CHECK_OK(em_set_requires_grad(xs, true));
+            em_tensor *y = ops[k].f(x), *ys = ops[k].f(xs);
+            em_tensor *want = em_cast(ops[k].f(em_cast(x, EM_F32)), dts[d]);
+            size_t bytes = (size_t)(R * C) * em_dtype_size(dts[d]);
+            CHECK(y && ys && want && em_dtype_of(y) == dts[d]);
+            CHECK(!memcmp(em_data(y), em_data(ys), bytes));
+            CHECK(!memcmp(em_data(y), em_data(want), bytes));
+            CHECK_OK(em_backward(y, g));
+            /* g strided for xs too: each input gathered through its own iterator */
+            CHECK_OK(em_backward(ys, em_transpose(em_contiguous(em_transpose(g, 0, 1)), 0, 1)));
+            /* compared through a copy, whatever layout xs's gradient has */
+            CHECK(!memcmp(em_data(em_grad(x)), em_data(em_contiguous(em_grad(xs))), bytes));
+            em_scope_end(s);
+            em_free(x);
+            em_free(xs);
+        }
+}
