@@ -170,6 +170,15 @@ static void add_into(tensor *dst, tensor *src)
         add_par(dst->dtype, t_ptr(dst), src->dtype, t_ptr(src), n);
         return;
     }
+    if (low) { /* a strided src (an expanded gradient): made contiguous first, then added in bulk */
+        tensor *c = t_clone(src);
+        if (c) {
+            add_par(dst->dtype, t_ptr(dst), c->dtype, t_ptr(c), n);
+            t_drop(c);
+            return;
+        } /* out of memory: element by element below */
+        em_clear_error();
+    }
     nditer it;
     nditer_init(&it, src->ndim, src->shape, 1, (const int64_t *[]){src->stride});
     if (dst->dtype == EM_F32 && src->dtype == EM_F32) {

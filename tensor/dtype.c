@@ -93,6 +93,50 @@ void convert_n(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n
     for (int64_t i = 0; i < n; i++) st(to, (char *)dst + i * sd, ld(from, (const char *)src + i * so));
 }
 
+/* Whether dt is one of the dtypes convert_strided moves through floats */
+static bool float_width(em_dtype dt) { return dt == EM_F32 || dt == EM_F16 || dt == EM_BF16; }
+
+void convert_strided(em_dtype to, void *dst, int64_t dstride, em_dtype from, const void *src, int64_t sstride,
+                     int64_t n)
+{
+    if (dstride == 1 && sstride == 1) {
+        convert_n(to, dst, from, src, n);
+        return;
+    }
+    size_t so = em_dtype_size(from), sd = em_dtype_size(to);
+    if (!float_width(to) || !float_width(from)) {
+        for (int64_t i = 0; i < n; i++)
+            st(to, (char *)dst + i * dstride * (int64_t)sd,
+               ld(from, (const char *)src + i * sstride * (int64_t)so));
+        return;
+    }
+    enum { PIECE = 256 };
+    float buf[PIECE];
+    for (int64_t b0 = 0; b0 < n; b0 += PIECE) {
+        int64_t w = n - b0 < PIECE ? n - b0 : PIECE;
+        const char *sp = (const char *)src + b0 * sstride * (int64_t)so;
+        char *dp = (char *)dst + b0 * dstride * (int64_t)sd;
+        if (sstride == 1) {
+            convert_n(EM_F32, buf, from, sp, w);
+        } else if (from == EM_F32) {
+            for (int64_t i = 0; i < w; i++) buf[i] = ((const float *)sp)[i * sstride];
+        } else if (from == EM_BF16) {
+            for (int64_t i = 0; i < w; i++) buf[i] = bf16_bits_to_f32(((const uint16_t *)sp)[i * sstride]);
+        } else {
+            for (int64_t i = 0; i < w; i++) buf[i] = f16_bits_to_f32(((const uint16_t *)sp)[i * sstride]);
+        }
+        if (dstride == 1) {
+            convert_n(to, dp, EM_F32, buf, w);
+        } else if (to == EM_F32) {
+            for (int64_t i = 0; i < w; i++) ((float *)dp)[i * dstride] = buf[i];
+        } else if (to == EM_BF16) {
+            for (int64_t i = 0; i < w; i++) ((uint16_t *)dp)[i * dstride] = f32_to_bf16_bits(buf[i]);
+        } else {
+            for (int64_t i = 0; i < w; i++) ((uint16_t *)dp)[i * dstride] = f32_to_f16_bits(buf[i]);
+        }
+    }
+}
+
 void fill_n(em_dtype dt, void *dst, double v, int64_t n)
 {
     if (dt == EM_F32) {

@@ -102,25 +102,31 @@ typedef struct copy_ctx {
     int64_t row; /* > 0: copy whole rows of this many elements (both inner dims contiguous) */
 } copy_ctx;
 
-/* Same dtype, inner dim contiguous in both: ranges are rows, one memcpy each. */
+/* Inner dim contiguous in both: ranges are rows, one memcpy each, or one
+ * convert_n where the dtypes differ (the bits of copy_range's st(ld())). */
 static void copy_rows(void *p, int64_t lo, int64_t hi)
 {
     copy_ctx *c = p;
     tensor *d = c->dst;
     const tensor *s = c->src;
-    size_t es = t_esize(d), bytes = (size_t)c->row * es;
+    size_t es = t_esize(d), ss = t_esize(s), bytes = (size_t)c->row * es;
     char *dp = t_ptr(d);
     const char *sp = t_ptr(s);
     nditer it;
     nditer_init(&it, d->ndim - 1, d->shape, 2, (const int64_t *[]){d->stride, s->stride});
     nditer_seek(&it, lo);
     for (int64_t r = lo; r < hi; r++) {
-        memcpy(dp + it.off[0] * (int64_t)es, sp + it.off[1] * (int64_t)es, bytes);
+        if (d->dtype == s->dtype)
+            memcpy(dp + it.off[0] * (int64_t)es, sp + it.off[1] * (int64_t)es, bytes);
+        else
+            convert_n(d->dtype, dp + it.off[0] * (int64_t)es, s->dtype, sp + it.off[1] * (int64_t)ss, c->row);
         nditer_next(&it);
     }
 }
 
-/* Element by element: typed moves for equal dtypes, conversion otherwise. */
+/* Element by element: typed moves for equal dtypes; a conversion a run of
+ * the last dim at a time (convert_strided: the same bits as converting
+ * each element, without a call and a switch per element). */
 static void copy_range(void *p, int64_t lo, int64_t hi)
 {
     copy_ctx *c = p;
@@ -133,9 +139,19 @@ static void copy_range(void *p, int64_t lo, int64_t hi)
     nditer_init(&it, d->ndim, d->shape, 2, (const int64_t *[]){d->stride, s->stride});
     nditer_seek(&it, lo);
     if (d->dtype != s->dtype) {
-        for (int64_t i = lo; i < hi; i++) {
-            st(d->dtype, dp + it.off[0] * (int64_t)ds, ld(s->dtype, sp + it.off[1] * (int64_t)ss));
-            nditer_next(&it);
+        int last = d->ndim - 1;
+        int64_t len = last >= 0 ? d->shape[last] : 1;
+        int64_t dst1 = last >= 0 ? d->stride[last] : 1, sst1 = last >= 0 ? s->stride[last] : 1;
+        for (int64_t i = lo; i < hi;) {
+            int64_t col = last >= 0 ? it.idx[last] : 0, w = len - col < hi - i ? len - col : hi - i;
+            convert_strided(d->dtype, dp + it.off[0] * (int64_t)ds, dst1, s->dtype,
+                            sp + it.off[1] * (int64_t)ss, sst1, w);
+            i += w;
+            if (i < hi) { /* the run ended its row: on to the next row's start */
+                for (int k = 0; k < 2; k++) it.off[k] += (len - 1 - col) * it.stride[k][last];
+                it.idx[last] = len - 1;
+                nditer_next(&it);
+            }
         }
         return;
     }
@@ -321,8 +337,7 @@ void copy_strided(tensor *dst, const tensor *src)
     }
     copy_ctx c = {dst, src, 0};
     int last = dst->ndim - 1;
-    if (dst->dtype == src->dtype && last >= 0 && dst->stride[last] == 1 && src->stride[last] == 1 &&
-        dst->shape[last] >= 16) {
+    if (last >= 0 && dst->stride[last] == 1 && src->stride[last] == 1 && dst->shape[last] >= 16) {
         c.row = dst->shape[last];
         parallel_for(n / c.row, (1 << 14) / c.row + 1, copy_rows, &c);
         return;

@@ -13,6 +13,11 @@ double ld(em_dtype dt, const void *p);
 void st(em_dtype dt, void *p, double v);
 /* Converts n contiguous elements between dtypes. */
 void convert_n(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
+/* convert_n over n elements spaced dstride and sstride elements apart (any
+ * strides, 0 included for src): the bits of st(to, ld(from)) per element,
+ * a block at a time through floats where both dtypes are f32, f16 or bf16. */
+void convert_strided(em_dtype to, void *dst, int64_t dstride, em_dtype from, const void *src, int64_t sstride,
+                     int64_t n);
 /* convert_n split over the pool when n is large. */
 void convert_par(em_dtype to, void *dst, em_dtype from, const void *src, int64_t n);
 /* Zeroes `bytes` bytes at dst, split over the pool when large. */

@@ -136,6 +136,28 @@ static double sum_f32(const float *x, int64_t n)
     return total;
 }
 
+/* sum_f32 of n contiguous elements of dtype dt (f32, f16 or bf16) from p,
+ * in its order and with its bits: an f16/bf16 row is widened a block at a
+ * time (blocks of a multiple of LANES elements, so each element meets the
+ * lane it would have; the tail and the lanes added up as sum_f32 does). */
+static double sum_any(em_dtype dt, const void *p, int64_t n)
+{
+    if (dt == EM_F32) return sum_f32(p, n);
+    enum { BLOCK = 64 * LANES };
+    float buf[BLOCK];
+    double acc[LANES] = {0}, total = 0;
+    size_t es = em_dtype_size(dt);
+    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
+        int64_t w = n - b0 < BLOCK ? n - b0 : BLOCK, i = 0;
+        convert_n(EM_F32, buf, dt, (const char *)p + b0 * (int64_t)es, w);
+        for (; i + LANES <= w; i += LANES)
+            for (int k = 0; k < LANES; k++) acc[k] += buf[i + k];
+        for (; i < w; i++) total += buf[i]; /* only in the last block */
+    }
+    for (int k = 0; k < LANES; k++) total += acc[k];
+    return total;
+}
+
 typedef struct sum_ctx {
     tensor *t, *out;
     const red_geo *g;
@@ -147,40 +169,66 @@ typedef struct sum_ctx {
     double *partial; /* scratch made before the parallel call */
 } sum_ctx;
 
-/* (rows,inner) -> (rows): one output per row. */
+/* Element i of the contiguous output: v rounded to float, then (f16/bf16)
+ * to the output's dtype, as st rounds */
+static inline void put_out(tensor *out, int64_t i, double v)
+{
+    if (out->dtype == EM_F32)
+        ((float *)t_ptr(out))[i] = (float)v;
+    else
+        st(out->dtype, (char *)t_ptr(out) + i * (int64_t)t_esize(out), (float)v);
+}
+
+/* The contiguous input's element i (f32, f16 or bf16) */
+static inline const char *elem_ptr(const tensor *t, int64_t i)
+{
+    return (const char *)t_ptr(t) + i * (int64_t)t_esize(t);
+}
+
+/* (rows,inner) -> (rows): one output per row. The f32 paths below take
+ * f16/bf16 inputs too (sum_any), with an output of the input's dtype. */
 static void sum_rows_f32(void *p, int64_t lo, int64_t hi)
 {
     sum_ctx *c = p;
-    const float *x = t_ptr(c->t);
-    float *o = t_ptr(c->out);
-    for (int64_t r = lo; r < hi; r++) o[r] = (float)(sum_f32(x + r * c->inner, c->inner) * c->scale);
+    em_dtype dt = c->t->dtype;
+    for (int64_t r = lo; r < hi; r++)
+        put_out(c->out, r, sum_any(dt, elem_ptr(c->t, r * c->inner), c->inner) * c->scale);
 }
 
 /* Few long rows: task i is chunk i % nch of row i / nch, into partial[i]. */
 static void sum_chunks_f32(void *p, int64_t lo, int64_t hi)
 {
     sum_ctx *c = p;
-    const float *x = t_ptr(c->t);
     for (int64_t i = lo; i < hi; i++) {
         int64_t r = i / c->nch, k = i % c->nch;
         int64_t a = c->inner * k / c->nch, b = c->inner * (k + 1) / c->nch;
-        c->partial[i] = sum_f32(x + r * c->inner + a, b - a);
+        c->partial[i] = sum_any(c->t->dtype, elem_ptr(c->t, r * c->inner + a), b - a);
     }
 }
 
-/* (R,C) -> (C): part q adds its range of rows into partial[q*C ..]. */
+/* (R,C) -> (C): part q adds its range of rows into partial[q*C ..] (an
+ * f16/bf16 row widened a block of columns at a time). */
 static void sum_cols_f32(void *p, int64_t lo, int64_t hi)
 {
     sum_ctx *c = p;
-    const float *x = t_ptr(c->t);
     int64_t C = c->inner;
+    enum { COLS = 512 };
+    float buf[COLS];
     for (int64_t q = lo; q < hi; q++) {
         double *acc = c->partial + q * C;
         for (int64_t j = 0; j < C; j++) acc[j] = 0;
         int64_t r0 = c->rows * q / c->nparts, r1 = c->rows * (q + 1) / c->nparts;
         for (int64_t r = r0; r < r1; r++) {
-            const float *row = x + r * C;
-            for (int64_t j = 0; j < C; j++) acc[j] += row[j];
+            if (c->t->dtype == EM_F32) {
+                const float *row = (const float *)t_ptr(c->t) + r * C;
+                for (int64_t j = 0; j < C; j++) acc[j] += row[j];
+                continue;
+            }
+            for (int64_t j0 = 0; j0 < C; j0 += COLS) {
+                int64_t w = C - j0 < COLS ? C - j0 : COLS;
+                convert_n(EM_F32, buf, c->t->dtype, elem_ptr(c->t, r * C + j0), w);
+                for (int64_t j = 0; j < w; j++) acc[j0 + j] += buf[j];
+            }
         }
     }
 }
@@ -241,7 +289,8 @@ static em_status sum_cpu(const op_call *call, tensor *out)
     bool contiguous_mask = last < 0 || last - first + 1 == g->nr;
     bool suffix = contiguous_mask && (last == nd - 1 || nd == 0);
     bool prefix = contiguous_mask && first == 0 && last < nd - 1 && g->nr > 0;
-    bool fast = t->dtype == EM_F32 && out->dtype == EM_F32 && t_is_contig(t) && g->kn > 0;
+    bool fast = (t->dtype == EM_F32 || t->dtype == EM_F16 || t->dtype == EM_BF16) && out->dtype == t->dtype &&
+                t_is_contig(t) && g->kn > 0;
     int nt = em_num_threads();
     if (fast && suffix) {
         c.inner = g->rn;
@@ -254,11 +303,10 @@ static em_status sum_cpu(const op_call *call, tensor *out)
         c.partial = tmp_alloc(sizeof(double) * (size_t)(g->kn * c.nch));
         if (!c.partial) return em_last_status();
         parallel_for(g->kn * c.nch, 1, sum_chunks_f32, &c);
-        float *o = t_ptr(out);
         for (int64_t r = 0; r < g->kn; r++) {
             double s = 0;
             for (int64_t k = 0; k < c.nch; k++) s += c.partial[r * c.nch + k];
-            o[r] = (float)(s * scale);
+            put_out(out, r, s * scale);
         }
         tmp_release(m);
         return EM_OK;
@@ -273,11 +321,10 @@ static em_status sum_cpu(const op_call *call, tensor *out)
         c.partial = tmp_alloc(sizeof(double) * (size_t)(c.nparts * g->kn));
         if (!c.partial) return em_last_status();
         parallel_for(c.nparts, 1, sum_cols_f32, &c);
-        float *o = t_ptr(out);
         for (int64_t j = 0; j < g->kn; j++) {
             double s = 0;
             for (int64_t q = 0; q < c.nparts; q++) s += c.partial[q * g->kn + j];
-            o[j] = (float)(s * scale);
+            put_out(out, j, s * scale);
         }
         tmp_release(m);
         return EM_OK;

@@ -230,6 +230,96 @@ TEST(test_f16_bf16_gradients_accumulate_rounded_once)
             }
         }
         em_scope_end(s);
-        em_free(x);
     }
+}
+
+/* The same with one gradient broadcast (a sum's, expanded over the summed
+ * dim: not contiguous), in either order of arrival; and casts between f32
+ * and f16/bf16 of views whose rows are contiguous but not the whole (copied
+ * a row at a time, convert_n), of transposed and of expanded tensors (a run
+ * of the last dim at a time, convert_strided): element for element as the
+ * scalar conversions. */
+TEST(test_f16_bf16_strided_gradients_and_row_casts_keep_their_bits)
+{
+    const int64_t R = 64, C = 96;
+    for (int order = 0; order < 2; order++) {
+        th_case("bf16, order %d", order);
+        em_scope s = em_scope_begin();
+        em_rng r = em_rng_new(93);
+        em_tensor *x = em_detach(em_cast(em_randn(EM_F32, EM_SHAPE(R, C), &r), EM_BF16));
+        em_tensor *p = em_cast(em_randn(EM_F32, EM_SHAPE(R, C), &r), EM_BF16);
+        em_tensor *gs = em_cast(em_randn(EM_F32, EM_SHAPE(R), &r), EM_BF16); /* the row sums' gradient */
+        em_tensor *g = em_cast(em_randn(EM_F32, EM_SHAPE(R, C), &r), EM_BF16);
+        CHECK_OK(em_set_requires_grad(x, true));
+        /* loss = <gs, sum(x, 1)> + <g, x*p>, as two backward calls on one graph each */
+        em_tensor *a = em_sum(x, 1, (int[]){1}, false), *b = em_mul(x, p);
+        CHECK_OK(em_backward(order ? b : a, order ? g : gs));
+        CHECK_OK(em_backward(order ? a : b, order ? gs : g));
+        em_tensor *gx = em_grad(x);
+        for (int64_t i = 0; gx && i < R * C; i++) {
+            float gp = em_bf16_to_f32(em_f32_to_bf16(low_at(g, i) * low_at(p, i)));
+            uint16_t want = em_f32_to_bf16(gp + low_at(gs, i / C)), got = ((const uint16_t *)em_data(gx))[i];
+            if (got != want) {
+                th_fail(__FILE__, __LINE__, "element %lld: bits 0x%04x, want 0x%04x", (long long)i, got,
+                        want);
+                break;
+            }
+        }
+        em_scope_end(s);
+    }
+    th_case("row casts");
+    em_scope s = em_scope_begin();
+    em_rng r = em_rng_new(94);
+    em_tensor *x32 = em_mul_scalar(em_randn(EM_F32, EM_SHAPE(R, C), &r), 1e3);
+    ((float *)em_data(x32))[5] = NAN;
+    em_tensor *v32 = em_narrow(x32, 1, 3, 40), *v16 = em_narrow(em_cast(x32, EM_BF16), 1, 3, 40);
+    em_tensor *to16 = em_cast(v32, EM_BF16), *to32 = em_cast(v16, EM_F32);
+    CHECK(to16 && to32);
+    for (int64_t i = 0; to16 && to32 && i < R * 40; i++) {
+        float v = ((const float *)em_data(x32))[(i / 40) * C + 3 + i % 40];
+        uint16_t h = em_f32_to_bf16(v);
+        CHECK(((const uint16_t *)em_data(to16))[i] == h);
+        float w = em_bf16_to_f32(h), got = ((const float *)em_data(to32))[i];
+        CHECK(!memcmp(&got, &w, sizeof got));
+    }
+    /* transposed (every stride but 1) and expanded (stride 0) sources, over
+     * more than one pool range (a range starts mid-row) */
+    th_case("strided casts");
+    em_tensor *big = em_mul_scalar(em_randn(EM_F32, EM_SHAPE(300, 77), &r), 1e4);
+    ((float *)em_data(big))[7] = INFINITY;
+    ((float *)em_data(big))[8] = -NAN;
+    em_tensor *bt = em_transpose(big, 0, 1); /* (77,300), strides (1,77) */
+    const em_dtype lows[] = {EM_F16, EM_BF16};
+    for (int d = 0; d < 2; d++) {
+        em_tensor *lo = em_cast(bt, lows[d]); /* f32 -> low, strided source */
+        em_tensor *back = em_cast(em_transpose(em_contiguous(em_transpose(lo, 0, 1)), 0, 1), EM_F32);
+        CHECK(lo && back);
+        for (int64_t i = 0; lo && back && i < 77 * 300; i++) {
+            float v = ((const float *)em_data(big))[(i % 300) * 77 + i / 300];
+            uint16_t h = low_round(lows[d], v);
+            CHECK(((const uint16_t *)em_data(lo))[i] == h);
+            float w = lows[d] == EM_BF16 ? em_bf16_to_f32(h) : em_f16_to_f32(h),
+                  got = ((const float *)em_data(back))[i];
+            CHECK(!memcmp(&got, &w, sizeof got));
+        }
+        /* into a transposed view of another dtype (strided stores) */
+        em_tensor *dst32 = em_zeros(EM_F32, EM_SHAPE(300, 77));
+        CHECK_OK(em_copy_into(em_transpose(dst32, 0, 1), lo));
+        for (int64_t i = 0; lo && i < 77 * 300; i++) {
+            uint16_t h = ((const uint16_t *)em_data(lo))[i];
+            float w = lows[d] == EM_BF16 ? em_bf16_to_f32(h) : em_f16_to_f32(h),
+                  got = ((const float *)em_data(dst32))[(i % 300) * 77 + i / 300];
+            CHECK(!memcmp(&got, &w, sizeof got));
+        }
+        em_tensor *dstl = em_zeros(lows[d], EM_SHAPE(300, 77));
+        CHECK_OK(em_copy_into(em_transpose(dstl, 0, 1), bt));
+        for (int64_t i = 0; i < 77 * 300; i++)
+            CHECK(((const uint16_t *)em_data(dstl))[i] ==
+                  low_round(lows[d], ((const float *)em_data(big))[i]));
+        em_tensor *one = em_expand(em_scalar(EM_F32, 1.0 / 3), 2, (int64_t[]){300, 77});
+        em_tensor *ol = em_cast(one, lows[d]);
+        for (int64_t i = 0; ol && i < 300 * 77; i++)
+            CHECK(((const uint16_t *)em_data(ol))[i] == low_round(lows[d], 1.0f / 3));
+    }
+    em_scope_end(s);
 }

@@ -335,3 +335,34 @@ TEST(test_reductions_reject_bad_dims)
               "sum: does not take bool");
     em_scope_end(s);
 }
+
+/* f16/bf16 sums and means over contiguous inputs take the f32 paths (rows,
+ * few long rows in chunks, columns), widening as they read: the bits of
+ * summing the input cast to f32 and rounding, where the slow path read
+ * each element through ld (a bf16 mean over columns ran 25x slower than
+ * f32's). */
+TEST(test_f16_bf16_sums_give_the_f32_paths_bits_rounded)
+{
+    const em_dtype dts[] = {EM_F16, EM_BF16};
+    const struct {
+        int64_t r, c;
+        int dim; /* -1: every dim */
+    } cases[] = {{300, 129, 1}, {300, 129, 0}, {2, 70001, 1}, {1, 70001, -1}, {1030, 700, 0}, {7, 9, -1}};
+    for (int d = 0; d < 2; d++)
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+            for (int mean = 0; mean < 2; mean++) {
+                th_case("%s (%lld,%lld) dim %d %s", em_dtype_name(dts[d]), (long long)cases[k].r,
+                        (long long)cases[k].c, cases[k].dim, mean ? "mean" : "sum");
+                em_scope s = em_scope_begin();
+                em_rng r = em_rng_new(40 + k);
+                em_tensor *x = em_cast(em_randn(EM_F32, EM_SHAPE(cases[k].r, cases[k].c), &r), dts[d]);
+                em_tensor *x32 = em_cast(x, EM_F32);
+                int nd = cases[k].dim < 0 ? 0 : 1, dims[1] = {cases[k].dim};
+                em_tensor *y = mean ? em_mean(x, nd, dims, false) : em_sum(x, nd, dims, false);
+                em_tensor *w =
+                    em_cast(mean ? em_mean(x32, nd, dims, false) : em_sum(x32, nd, dims, false), dts[d]);
+                CHECK(y && w && em_dtype_of(y) == dts[d] && em_numel(y) == em_numel(w));
+                if (y && w) CHECK(!memcmp(em_data(y), em_data(w), (size_t)em_numel(y) * 2));
+                em_scope_end(s);
+            }
+}
