@@ -224,6 +224,49 @@ TEST(test_scaler_backs_off_on_overflow_and_grows_after_the_interval)
     em_grad_scaler_free(s);
 }
 
+/* unscale splits the work over the pool: gradients of up to 64K elements
+ * one per task, larger ones by elements. Every element comes back as g *
+ * (1/scale) rounded as grad_scale_elem rounds it, whichever task took it,
+ * and an inf or NaN anywhere is found: in a small gradient among many, or
+ * near the end of a large one (a range the caller's thread may not run). */
+TEST(test_scaler_unscale_split_over_threads_scales_every_element_and_finds_any_overflow)
+{
+    enum { NP = 21 };
+    const int64_t sizes[NP] = {3, 70000, 65536, 1, 300000, 7,  128, 65537, 5,  9, 1000,
+                               2, 4,     6,     8, 10,     12, 14,  16,    18, 20};
+    for (int where = -1; where < 3; where++) { /* no overflow, then in a small one, a large one, f16 */
+        th_case("overflow at %d", where);
+        em_grad_scaler *s = em_grad_scaler_new(NULL);
+        CHECK_NOTNULL(s);
+        em_scope sc = em_scope_begin();
+        em_rng r = em_rng_new(61);
+        em_tensor *p[NP], *want[NP];
+        for (int i = 0; i < NP; i++) {
+            em_dtype dt = i == 20 ? EM_F16 : EM_F32;
+            p[i] = em_zeros(dt, EM_SHAPE(sizes[i]));
+            CHECK_OK(em_set_requires_grad(p[i], true));
+            em_tensor *g = em_cast(
+                em_mul_scalar(em_randn(EM_F32, EM_SHAPE(sizes[i]), &r), dt == EM_F16 ? 1000.0 : 65536.0), dt);
+            CHECK_OK(em_backward(em_sum(em_mul(p[i], g), 0, NULL, false), NULL)); /* p's gradient is g */
+            float *w = em_data(want[i] = em_contiguous(em_cast(g, EM_F32)));
+            for (int64_t k = 0; k < sizes[i]; k++)
+                w[k] = dt == EM_F16 ? em_f16_to_f32(em_f32_to_f16(w[k] * (float)(1.0 / 65536)))
+                                    : w[k] * (float)(1.0 / 65536);
+        }
+        if (where == 0) ((float *)em_data(em_grad(p[9])))[8] = NAN;
+        if (where == 1) ((float *)em_data(em_grad(p[4])))[299999] = -INFINITY;
+        if (where == 2) ((uint16_t *)em_data(em_grad(p[20])))[19] = 0x7c00; /* f16 inf */
+        CHECK_OK(em_scaler_unscale(s, NP, p, NULL));
+        CHECK(em_scaler_found_inf(s) == (where >= 0));
+        for (int i = 0; where < 0 && i < NP; i++) {
+            em_tensor *got = em_cast(em_grad(p[i]), EM_F32);
+            CHECK(!memcmp(em_data(got), em_data(want[i]), (size_t)sizes[i] * 4));
+        }
+        em_scope_end(sc);
+        em_grad_scaler_free(s);
+    }
+}
+
 /* ---- the Accelerator ------------------------------------------------------------------------ */
 
 static void no_user_config(void)

@@ -105,8 +105,11 @@ em_tensor *em_scaler_scale(em_grad_scaler *s, em_tensor *loss);
  * whether any is inf or NaN. With a process group (not NULL) the finding is
  * reduced over it (max), so every rank skips the same steps. Only the first
  * call after an update does anything (unscaling is once per step). Params
- * without a gradient are skipped. Errors: EM_ERR_ARG (NULL scaler, a
- * gradient that is not f32/f64/f16/bf16 contiguous), the collective's. */
+ * without a gradient are skipped. On the CPU the gradients are split over
+ * the thread pool (small ones one per task, large ones by elements; each
+ * element scaled alone, so the result does not depend on the split).
+ * Errors: EM_ERR_ARG (NULL scaler, a gradient that is not f32/f64/f16/bf16
+ * contiguous: then no gradient is touched), EM_ERR_OOM, the collective's. */
 em_status em_scaler_unscale(em_grad_scaler *s, int n, em_tensor *const *params, em_pg *pg);
 /* Whether this step's gradients overflowed (valid after em_scaler_unscale). */
 bool em_scaler_found_inf(const em_grad_scaler *s);

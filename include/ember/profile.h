@@ -13,7 +13,8 @@
  *               thread), "loader_fetch" (reading a batch, on whichever thread
  *               does it), "window_sampler" (em_window_sampler_next)
  *   optimizer   "sgd.step" / "adam.step" / "adamw.step" (em_optim_step),
- *               "zero_grad" (em_optim_zero_grad), "clip_grad_norm"
+ *               "zero_grad" (em_optim_zero_grad), "clip_grad_norm",
+ *               "scaler.unscale" (em_scaler_unscale, fp16's loss scaler)
  *   range       named ranges: em_profile_range_begin/end, and those ember
  *               sets itself ("backward" in em_accel_backward; `ember train`'s
  *               "step" and "forward")
