@@ -73,8 +73,8 @@ static void bin_rows_f32(void *p, int64_t lo, int64_t hi)
  * result as it is stored: the bits of computing each element in double and
  * rounding (bin_strided), since +, -, * and / of two floats computed in
  * double and rounded to float are the float operation's result (double
- * holds more than 2 x 24 + 2 bits). Read element by element instead, a bf16
- * add or mul ran 20-40x slower than f32's. */
+ * holds more than 2 x 24 + 2 bits). Read element by element instead, an
+ * f16/bf16 add or mul ran 20-44x slower than f32's. */
 enum { MIX_BLOCK = 512 };
 
 /* n (<= MIX_BLOCK) values of contiguous t from element i as f32: t's own
