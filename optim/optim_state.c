@@ -360,10 +360,14 @@ typedef struct scale_job {
 static void scale_range(void *ctx, int64_t lo, int64_t hi)
 {
     const scale_job *j = ctx;
+    /* x and c in locals: read through j, gcc reloaded both after every
+     * store (they might alias x) and left the loop scalar */
+    void *x = j->x;
+    double c = j->c;
     if (j->f64)
-        for (int64_t i = lo; i < hi; i++) grad_scale_elem(EM_F64, j->x, i, j->c);
+        for (int64_t i = lo; i < hi; i++) grad_scale_elem(EM_F64, x, i, c);
     else
-        for (int64_t i = lo; i < hi; i++) grad_scale_elem(EM_F32, j->x, i, j->c);
+        for (int64_t i = lo; i < hi; i++) grad_scale_elem(EM_F32, x, i, c);
 }
 
 /* g *= c by grad_scale_elem (optim/update_math.h, which the CUDA kernel

@@ -25,12 +25,49 @@ typedef struct drop_ctx {
     int64_t n;
 } drop_ctx;
 
+/* Contiguous f32, counters [lo,hi): the words of DROP_PIECE counters drawn
+ * first, then each element's rule in a loop of its own, with nothing read
+ * through c inside it, so that loop vectorises (dropout_keeps and
+ * dropout_forward_elem as the general path applies them: the same mask and
+ * bits). Element by element with a dtype switch, the tiny GPT's twelve
+ * dropouts took 4 ms of a 36 ms step at p = 0.2. */
+enum { DROP_PIECE = 64 };
+
+static void drop_range_f32(const drop_ctx *c, int64_t lo, int64_t hi)
+{
+    const float *x = t_ptr(c->x);
+    float *o = t_ptr(c->out);
+    uint8_t *mask = c->mask;
+    double p = c->p, scale = c->scale;
+    uint64_t seed = c->rng.seed, offset = c->rng.offset;
+    int64_t n = c->n;
+    uint32_t w[4 * DROP_PIECE];
+    for (int64_t b0 = lo; b0 < hi; b0 += DROP_PIECE) {
+        int64_t nb = hi - b0 < DROP_PIECE ? hi - b0 : DROP_PIECE;
+        for (int64_t b = 0; b < nb; b++) philox4x32_10(seed, 0, offset + (uint64_t)(b0 + b), w + 4 * b);
+        int64_t i0 = b0 * 4, m = 4 * nb < n - i0 ? 4 * nb : n - i0;
+        if (mask)
+            for (int64_t j = 0; j < m; j++) {
+                bool keep = dropout_keeps(w[j], p);
+                mask[i0 + j] = keep;
+                dropout_forward_elem(EM_F32, x, i0 + j, o, i0 + j, keep, scale);
+            }
+        else
+            for (int64_t j = 0; j < m; j++)
+                dropout_forward_elem(EM_F32, x, i0 + j, o, i0 + j, dropout_keeps(w[j], p), scale);
+    }
+}
+
 /* Ranges are counters (blocks of 4 elements). */
 static void drop_range(void *p, int64_t lo, int64_t hi)
 {
     drop_ctx *c = p;
     tensor *x = c->x;
     em_dtype dt = x->dtype;
+    if (dt == EM_F32 && t_is_contig(x)) {
+        drop_range_f32(c, lo, hi);
+        return;
+    }
     const char *xp = t_ptr(x);
     char *op = t_ptr(c->out);
     bool flat = t_is_contig(x);
@@ -64,6 +101,12 @@ static void dback_range(void *p, int64_t lo, int64_t hi)
     em_dtype dt = g->dtype;
     const char *gp = t_ptr(g);
     char *op = t_ptr(c->out);
+    if (dt == EM_F32 && t_is_contig(g)) { /* the same rule in a loop that vectorises */
+        const uint8_t *mask = c->mask;
+        double scale = c->scale;
+        for (int64_t i = lo; i < hi; i++) dropout_backward_elem(EM_F32, gp, i, op, i, mask[i], scale);
+        return;
+    }
     nditer it;
     nditer_init(&it, g->ndim, g->shape, 1, (const int64_t *[]){g->stride});
     nditer_seek(&it, lo);

@@ -162,3 +162,33 @@ TEST(test_dropout_rejects_bad_p_and_integer_input)
               "dropout: needs a float tensor, got i32(4,)");
     em_scope_end(s);
 }
+
+/* A contiguous f32 input takes a fast loop (the Philox words of 64
+ * counters drawn first, then each element's rule): its output and gradient
+ * have the bits the general path gives a strided view of the same values
+ * with the same generator, over a size the pool splits, a length that is
+ * not a multiple of 4, and several values of p. */
+TEST(test_dropout_contiguous_f32_gives_the_strided_paths_bits)
+{
+    const double ps[] = {0.2, 0.5, 0.9};
+    const int64_t R = 301, C = 223; /* 67123 elements */
+    for (int k = 0; k < 3; k++) {
+        th_case("p %g", ps[k]);
+        em_scope s = em_scope_begin();
+        em_rng r = em_rng_new(5);
+        em_tensor *x = em_detach(em_randn(EM_F32, EM_SHAPE(R, C), &r));
+        em_tensor *xs = em_detach(em_transpose(em_contiguous(em_transpose(x, 0, 1)), 0, 1)); /* strided */
+        em_tensor *g = em_randn(EM_F32, EM_SHAPE(R, C), &r);
+        CHECK_OK(em_set_requires_grad(x, true));
+        CHECK_OK(em_set_requires_grad(xs, true));
+        em_rng d1 = em_rng_new(77), d2 = em_rng_new(77);
+        em_tensor *y = em_dropout(x, ps[k], true, &d1), *ys = em_dropout(xs, ps[k], true, &d2);
+        CHECK(y && ys && d1.offset == d2.offset);
+        size_t bytes = (size_t)(R * C) * 4;
+        if (y && ys) CHECK(!memcmp(em_data(y), em_data(ys), bytes));
+        CHECK_OK(em_backward(y, g));
+        CHECK_OK(em_backward(ys, em_transpose(em_contiguous(em_transpose(g, 0, 1)), 0, 1)));
+        CHECK(!memcmp(em_data(em_grad(x)), em_data(em_contiguous(em_grad(xs))), bytes));
+        em_scope_end(s);
+    }
+}
