@@ -122,40 +122,45 @@ static void red_walks(const red_geo *g, cu_walk *kw, cu_walk *rw)
 
 enum { LANES = 8 };
 
-/* Sum of n contiguous floats in LANES double accumulators (vectorisable:
- * each lane is its own chain), added up at the end. */
-static double sum_f32(const float *x, int64_t n)
+/* acc[k] += x[i + k] over the whole groups of LANES among x[0,n): each
+ * lane its own chain, so it vectorises; returns how many it took. */
+static int64_t add_lanes(double *acc, const float *x, int64_t n)
 {
-    double acc[LANES] = {0};
     int64_t i = 0;
     for (; i + LANES <= n; i += LANES)
         for (int k = 0; k < LANES; k++) acc[k] += x[i + k];
+    return i;
+}
+
+/* The sum of the tail x[0,n) in order, then of the lanes */
+static double lanes_total(const double *acc, const float *x, int64_t n)
+{
     double total = 0;
-    for (; i < n; i++) total += x[i];
+    for (int64_t i = 0; i < n; i++) total += x[i];
     for (int k = 0; k < LANES; k++) total += acc[k];
     return total;
 }
 
-/* sum_f32 of n contiguous elements of dtype dt (f32, f16 or bf16) from p,
- * in its order and with its bits: an f16/bf16 row is widened a block at a
- * time (blocks of a multiple of LANES elements, so each element meets the
- * lane it would have; the tail and the lanes added up as sum_f32 does). */
+/* Sum of n contiguous elements of dtype dt (f32, f16 or bf16) from p in
+ * LANES double accumulators, added up at the end. An f16/bf16 row is
+ * widened a block at a time (a multiple of LANES elements, so each element
+ * meets the lane it would have as f32): the sum of the row cast to f32. */
 static double sum_any(em_dtype dt, const void *p, int64_t n)
 {
-    if (dt == EM_F32) return sum_f32(p, n);
+    double acc[LANES] = {0};
+    if (dt == EM_F32) {
+        int64_t i = add_lanes(acc, p, n);
+        return lanes_total(acc, (const float *)p + i, n - i);
+    }
     enum { BLOCK = 64 * LANES };
     float buf[BLOCK];
-    double acc[LANES] = {0}, total = 0;
     size_t es = em_dtype_size(dt);
-    for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
-        int64_t w = n - b0 < BLOCK ? n - b0 : BLOCK, i = 0;
+    for (int64_t b0 = 0;; b0 += BLOCK) {
+        int64_t w = n - b0 < BLOCK ? n - b0 : BLOCK;
         convert_n(EM_F32, buf, dt, (const char *)p + b0 * (int64_t)es, w);
-        for (; i + LANES <= w; i += LANES)
-            for (int k = 0; k < LANES; k++) acc[k] += buf[i + k];
-        for (; i < w; i++) total += buf[i]; /* only in the last block */
+        int64_t i = add_lanes(acc, buf, w);
+        if (b0 + BLOCK >= n) return lanes_total(acc, buf + i, w - i); /* the last block holds the tail */
     }
-    for (int k = 0; k < LANES; k++) total += acc[k];
-    return total;
 }
 
 typedef struct sum_ctx {
