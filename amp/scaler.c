@@ -9,6 +9,7 @@
 
 #include "amp/amp_impl.h"
 #include "ember/autograd.h"
+#include "optim/optim_impl.h"
 #include "optim/update_math.h"
 #include "tensor/kernel_impl.h"
 #include "tensor/profile_impl.h"
@@ -54,70 +55,6 @@ em_tensor *em_scaler_scale(em_grad_scaler *s, em_tensor *loss)
 {
     if (!s) return em_fail(EM_ERR_ARG, "em_scaler_scale: scaler is NULL");
     return em_mul_scalar(loss, s->scale);
-}
-
-/* g[lo,hi) *= inv in place by grad_scale_elem (optim/update_math.h, which
- * the CUDA kernel applies too: 16-bit gradients through f32); true if any
- * product is inf or NaN. One loop per dtype, so the f32 one vectorises. */
-static bool unscale_range(tensor *g, int64_t lo, int64_t hi, double inv)
-{
-    void *p = t_ptr(g);
-    bool bad = false;
-    if (g->dtype == EM_F32) {
-        int64_t nbad = 0; /* a count, not a bool's |=, so the loop vectorises */
-        for (int64_t i = lo; i < hi; i++) nbad += !grad_scale_elem(EM_F32, p, i, inv);
-        bad = nbad != 0;
-    } else if (g->dtype == EM_F64)
-        for (int64_t i = lo; i < hi; i++) bad |= !grad_scale_elem(EM_F64, p, i, inv);
-    else /* f16 / bf16 */
-        for (int64_t i = lo; i < hi; i++) bad |= !grad_scale_elem(g->dtype, p, i, inv);
-    return bad;
-}
-
-/* The CPU gradients of a step, unscaled over the pool as clipping scales
- * them: those of at most SMALL elements one per task, each larger one split
- * by elements. Each element is scaled alone, so the bits and the verdict
- * do not depend on the split; any inf/NaN sets bad (an OR, in any order).
- * On the main thread alone this was a serial pass over every gradient:
- * GPT-2 124M's 124M floats each fp16 step (95 ms; now 25). */
-enum { SMALL = 1 << 16 };
-
-typedef struct unscale_job {
-    tensor **g; /* n gradients (small ones) or one (a large one) */
-    double inv;
-    int bad; /* set (relaxed) by any task that met an inf or NaN */
-} unscale_job;
-
-static void flag_bad(unscale_job *j, bool bad)
-{
-    if (bad) __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
-}
-
-static void unscale_small(void *ctx, int64_t lo, int64_t hi)
-{
-    unscale_job *j = ctx;
-    for (int64_t i = lo; i < hi; i++)
-        if (t_numel(j->g[i]) <= SMALL) flag_bad(j, unscale_range(j->g[i], 0, t_numel(j->g[i]), j->inv));
-}
-
-static void unscale_part(void *ctx, int64_t lo, int64_t hi)
-{
-    unscale_job *j = ctx;
-    flag_bad(j, unscale_range(j->g[0], lo, hi, j->inv));
-}
-
-/* gs[0,n) (CPU gradients, contiguous floats) *= inv; true if any is inf or NaN */
-static bool unscale_cpu(tensor **gs, int n, double inv)
-{
-    unscale_job j = {.g = gs, .inv = inv};
-    parallel_for(n, 4, unscale_small, &j);
-    for (int i = 0; i < n; i++)
-        if (t_numel(gs[i]) > SMALL) {
-            unscale_job one = {.g = &gs[i], .inv = inv};
-            parallel_for(t_numel(gs[i]), 1 << 15, unscale_part, &one);
-            flag_bad(&j, one.bad);
-        }
-    return j.bad != 0;
 }
 
 static amp_vote_fn overflow_vote;
@@ -194,7 +131,7 @@ static em_status unscale(em_grad_scaler *s, int n, em_tensor *const *params, ten
         cu_free(fdev.index, found);
     }
 #endif
-    if (!st) bad |= unscale_cpu(cpu, ncpu, inv);
+    if (!st) bad |= opt_scale_grads(cpu, ncpu, inv, NULL); /* all contiguous: checked above */
     tmp_release(mark);
     prof_end(&pm, "scaler.unscale", PROF_OPTIMIZER);
     if (st) return st;

@@ -131,6 +131,17 @@ double lr_at_base(const em_lr_schedule *s, double base, int64_t step);
 em_status opt_clip_check(const char *fn, const em_clip_config *cfg, double *p);
 em_status opt_clip_refuse(const char *fn, double total, double p, const char *where);
 
+/* gs[0,n) (CPU gradients; NULL entries skipped) *= c, each element by
+ * grad_scale_elem (optim/update_math.h), over the pool: a contiguous
+ * gradient of a float dtype of at most 64K elements one per task, a larger
+ * one split by elements, any other (strided) CHUNK elements at a time
+ * through buf (2048 doubles of scratch; unused, and may be NULL, when
+ * every gradient is contiguous) on the calling thread. Each element is
+ * scaled alone, so the bits do not depend on the split. Returns whether
+ * any product was inf or NaN. Gradient clipping's scaling and the loss
+ * scaler's unscale (amp/scaler.c). */
+bool opt_scale_grads(tensor *const *gs, int n, double c, double *buf);
+
 /* Copies src (any device, dtype and strides, dst's shape) into contiguous
  * dst (any device): through the host when the devices differ. */
 em_status opt_copy(tensor *dst, tensor *src);

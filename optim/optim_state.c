@@ -351,42 +351,79 @@ static double grad_norm_acc(tensor *g, double p, double *buf, double *part)
     return acc;
 }
 
-typedef struct scale_job {
-    void *x;
-    bool f64;
-    double c;
-} scale_job;
+/* ---- scaling gradients over the pool (clipping, the loss scaler's unscale) ---- */
 
-static void scale_range(void *ctx, int64_t lo, int64_t hi)
+/* g[lo,hi) (contiguous, a float dtype) *= c by grad_scale_elem; whether
+ * any product is inf or NaN. One loop per dtype, so the f32 and f64 ones
+ * vectorise: x and c are locals (read through a job pointer, gcc reloaded
+ * both after every store, as they might alias x, and left the loop
+ * scalar), and the non-finite products are counted, not OR-ed into a bool
+ * (that kept a compare, a setcc and an OR per element scalar). */
+static bool scale_span(tensor *g, int64_t lo, int64_t hi, double c)
 {
-    const scale_job *j = ctx;
-    /* x and c in locals: read through j, gcc reloaded both after every
-     * store (they might alias x) and left the loop scalar */
-    void *x = j->x;
-    double c = j->c;
-    if (j->f64)
-        for (int64_t i = lo; i < hi; i++) grad_scale_elem(EM_F64, x, i, c);
-    else
-        for (int64_t i = lo; i < hi; i++) grad_scale_elem(EM_F32, x, i, c);
+    void *x = t_ptr(g);
+    int64_t nbad = 0;
+    if (g->dtype == EM_F32)
+        for (int64_t i = lo; i < hi; i++) nbad += !grad_scale_elem(EM_F32, x, i, c);
+    else if (g->dtype == EM_F64)
+        for (int64_t i = lo; i < hi; i++) nbad += !grad_scale_elem(EM_F64, x, i, c);
+    else /* f16, bf16: through f32 */
+        for (int64_t i = lo; i < hi; i++) nbad += !grad_scale_elem(g->dtype, x, i, c);
+    return nbad != 0;
 }
 
-/* g *= c by grad_scale_elem (optim/update_math.h, which the CUDA kernel
- * applies too): contiguous f32/f64 in place over the pool, others through
- * CHUNK-element copies (buf holds CHUNK elements of 8 bytes). */
-static void scale(tensor *g, double c, double *buf)
+/* a gradient scaled in the pool: contiguous, of a float dtype */
+static bool pool_scaled(const tensor *g) { return g && t_is_contig(g) && em_dtype_is_float(g->dtype); }
+
+typedef struct scale_job {
+    tensor *const *g; /* n gradients (the small ones), or one (a large one) */
+    double c;
+    int bad; /* set (relaxed) by any task that met an inf or NaN */
+} scale_job;
+
+static void flag_bad(scale_job *j, bool bad)
 {
-    int64_t n = t_numel(g);
-    if (t_is_contig(g) && (g->dtype == EM_F32 || g->dtype == EM_F64)) {
-        scale_job j = {t_ptr(g), g->dtype == EM_F64, c};
-        parallel_for(n, 1 << 15, scale_range, &j);
-        return;
+    if (bad) __atomic_store_n(&j->bad, 1, __ATOMIC_RELAXED);
+}
+
+static void scale_small(void *ctx, int64_t lo, int64_t hi)
+{
+    scale_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++)
+        if (pool_scaled(j->g[i]) && t_numel(j->g[i]) <= BLOCK)
+            flag_bad(j, scale_span(j->g[i], 0, t_numel(j->g[i]), j->c));
+}
+
+static void scale_part(void *ctx, int64_t lo, int64_t hi)
+{
+    scale_job *j = ctx;
+    flag_bad(j, scale_span(j->g[0], lo, hi, j->c));
+}
+
+bool opt_scale_grads(tensor *const *gs, int n, double c, double *buf)
+{
+    scale_job j = {.g = gs, .c = c};
+    parallel_for(n, 8, scale_small, &j);
+    for (int i = 0; i < n; i++) {
+        tensor *g = gs[i];
+        if (!g || (pool_scaled(g) && t_numel(g) <= BLOCK)) continue;
+        int64_t ne = t_numel(g);
+        if (pool_scaled(g)) {
+            scale_job one = {.g = &gs[i], .c = c};
+            parallel_for(ne, 1 << 15, scale_part, &one);
+            flag_bad(&j, one.bad);
+            continue;
+        }
+        for (int64_t lo = 0; lo < ne; lo += CHUNK) { /* strided: CHUNK elements at a time through buf */
+            int64_t k = ne - lo < CHUNK ? ne - lo : CHUNK;
+            bool bad = false;
+            opt_gather(g, lo, k, g->dtype, buf);
+            for (int64_t e = 0; e < k; e++) bad |= !grad_scale_elem(g->dtype, buf, e, c);
+            opt_scatter(g, lo, k, g->dtype, buf);
+            flag_bad(&j, bad);
+        }
     }
-    for (int64_t lo = 0; lo < n; lo += CHUNK) {
-        int64_t k = n - lo < CHUNK ? n - lo : CHUNK;
-        opt_gather(g, lo, k, g->dtype, buf);
-        for (int64_t i = 0; i < k; i++) grad_scale_elem(g->dtype, buf, i, c);
-        opt_scatter(g, lo, k, g->dtype, buf);
-    }
+    return j.bad != 0;
 }
 
 /* The gradient clipping acts on: a leaf's gradient since the last
@@ -412,14 +449,15 @@ em_status opt_clip_refuse(const char *fn, double total, double p, const char *wh
                   fn, p, total, where);
 }
 
-/* Gradients of at most one BLOCK (a small model's every parameter, a big
- * one's biases and norms): one thread each, over the pool, instead of each
- * a serial pass of its own. Per gradient the same arithmetic as
- * grad_norm_acc and scale, so the same bits. */
+/* The norms of gradients of at most one BLOCK (a small model's every
+ * parameter, a big one's biases and norms): one thread each, over the
+ * pool, instead of each a serial pass of its own (opt_scale_grads splits
+ * the scaling alike). Per gradient the same arithmetic as grad_norm_acc,
+ * so the same bits. */
 typedef struct small_grads {
     tensor **g;  /* every parameter's gradient (NULL: none); the small ones are done here */
-    double p, c; /* the norm's p; scale's factor */
-    double *acc; /* norm: per gradient */
+    double p;    /* the norm's p */
+    double *acc; /* per gradient */
 } small_grads;
 
 /* contiguous f32/f64 of at most one BLOCK */
@@ -438,17 +476,6 @@ static void small_norms(void *ctx, int64_t lo, int64_t hi)
         norm_job j = {t_ptr(g), g->dtype == EM_F64, t_numel(g), q->p, &part};
         norm_range(&j, 0, t_numel(g) > 0 ? 1 : 0);
         q->acc[i] = norm_join(0, part, q->p);
-    }
-}
-
-static void small_scales(void *ctx, int64_t lo, int64_t hi)
-{
-    small_grads *q = ctx;
-    for (int64_t i = lo; i < hi; i++) {
-        tensor *g = q->g[i];
-        if (!small_grad(g)) continue;
-        scale_job j = {t_ptr(g), g->dtype == EM_F64, q->c};
-        scale_range(&j, 0, t_numel(g));
     }
 }
 
@@ -585,7 +612,7 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
         return NAN;
     }
     /* total = the norm of them all;  g *= min(1, max_norm / (total + 1e-6)) */
-    small_grads sg = {gs, p, 0, acc};
+    small_grads sg = {gs, p, acc};
     parallel_for(n, 8, small_norms, &sg);
     double all = 0;
     for (int i = 0; i < n; i++) {
@@ -601,10 +628,7 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
     }
     double c = cfg->max_norm / (total + 1e-6);
     if (!(c >= 1.0)) { /* NaN too: torch's clamp passes it through */
-        sg.c = c;
-        parallel_for(n, 8, small_scales, &sg);
-        for (int i = 0; i < n; i++)
-            if (gs[i] && !small_grad(gs[i])) scale(gs[i], c, buf);
+        (void)opt_scale_grads(gs, n, c, buf);
     }
     tmp_release(m);
     if (status) *status = EM_OK;
