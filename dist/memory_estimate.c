@@ -105,66 +105,89 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
 }
 
 /* What one training step of the GPT (forward + loss + backward) allocates in
- * the step scope, for B sequences of T tokens, matrix products' outputs of a
- * bytes per element (4 in f32, 2 under bf16/fp16 autocast). Counts are per
- * row (one of the B*T positions) unless said otherwise; f = 4 bytes (f32).
+ * the step scope, for B sequences of T tokens; a bytes per element of the
+ * autocast dtype (4 in f32, 2 under bf16/fp16). Counts are per row (one of
+ * the B*T positions) unless said otherwise. A Linear's output takes o bytes
+ * an element: 4 with a bias (the bias is added to the rounded product as it
+ * is stored, in f32), else a (the product's dtype).
  *
  * forward, one block (nn/layers.c block_forward):
  *   ln_1                       out 4C, mean and rstd as f64 (16)
- *   c_attn (3C)                one linear op (tensor/ops_matmul.c): its
- *                              output a*3C, or with a bias 4*3C (f32: the
- *                              bias is added to the rounded product as it
- *                              is stored); on a CUDA device under autocast
- *                              the product a*3C as well (the bias is added
- *                              by a second kernel). Every Linear is like
- *                              this.
+ *   c_attn (3C)                one linear op (tensor/ops_matmul.c): o*3C;
+ *                              on a CUDA device under autocast with a bias
+ *                              also the product a*3C (the bias is added by
+ *                              a second kernel). Every Linear is like this.
  *   attention                  one op on qkv as it lies (tensor/ops_attention.c,
  *                              attention_qkv): out (B,T,C) 4C, P (B,H,T,T):
- *                              4*H*T per row
+ *                              4*H*T per row; a low qkv (o = a) is cast up
+ *                              first (its autocast policy is f32): 4*3C
  *   c_proj (C), + x            Linear, 4C
  *   ln_2                       4C + 16
- *   c_fc (4C), gelu, c_proj (C) Linear, 4*4C, Linear; + x 4C; on the CPU
- *                              gelu also keeps its slope f'(x) for
- *                              backward (tensor/ops_unary.c), f32: 4*4C
- *   dropout (p > 0), 3 places  out 4C + mask 1C each (one before block 0)
+ *   c_fc (4C), gelu, c_proj (C) Linear, gelu's output in c_fc's dtype o*4C,
+ *                              Linear; + x 4C; on the CPU gelu also keeps
+ *                              its slope f'(x) for backward
+ *                              (tensor/ops_unary.c), f32: 4*4C
+ *   dropout (p > 0), 3 places  out + mask 1C each: one on the embedding (4C),
+ *                              one on each c_proj's output (o*C)
  * backward, one block (autograd/tape.c: a gradient is adopted when it is a
- * tensor's only one, copied when a second arrives):
- *   mlp c_proj, gelu           dX 4*4C, 4*4C; c_fc dX 4C
+ * tensor's only one, copied when a second arrives); each gradient in its
+ * tensor's dtype:
+ *   mlp c_proj, gelu           dX o*4C, o*4C; c_fc dX 4C
  *   ln_2                       dX 4C + the copy of x1's second gradient 4C
  *   attn c_proj                dX 4C
  *   attention                  d(qkv) 4*3C, the heads' dq, dk, dv written
  *                              where they lie in it
  *   c_attn, ln_1               dX 4C; dX 4C + the copy 4C
- *   dropout (p > 0)            dX 4C each
- *   under autocast, unless the product reads f32 (rf): each Linear's
- *   product gradient cast down a*out, and the weight's gradient made in the
- *   scope (4 * its size) before it is added to the flat gradient buffer (rf:
- *   the product reads the f32 gradient and adds dW where it lies).
+ *   dropout (p > 0)            dX in its input's dtype; on a low c_proj
+ *                              output the f32 gradient from the residual
+ *                              add is cast down first (a*C)
+ * casts (amp, unless the product reads f32 (rf)): each f32 input of a
+ *   Linear is cast down (a*in; mlp c_proj's input is already low without a
+ *   bias), and backward's product makes its dX low (a*in) before the cast's
+ *   backward widens it (4*in, counted above); each gradient that arrives in
+ *   f32 at a low product is cast down: a*(3C + C + C), and c_fc's a*4C when
+ *   gelu ran in f32 (o = 4). Per Linear the weight is cast down (a per
+ *   weight) and its gradient made low (a) before the cast's backward adds
+ *   it to the flat gradient buffer where it lies. With rf there is none of
+ *   this: the product reads f32 and adds dW where it lies.
  * outside the blocks: embedding + positions 4C + 4C (backward: the position
  * gradient, T*C f32), ln_f 4C + 16 (backward 4C), logits a*V (+ 4V cast up
  * under autocast), cross-entropy's saved log-sum-exp and targets (12);
- * backward: dlogits 4V (+ a*V cast down, not with rf), dX 4C (+ 4VC for
- * the tied weight under autocast, not with rf). Each op also costs a tape
- * node and headers (about 380 bytes; 35 ops a block).
+ * backward: dlogits 4V, dX 4C, the embedding's 4C; with casts ln_f's output
+ * cast down a*C, dlogits cast down a*V, dX made low a*C, and the tied
+ * weight cast down (a*VC), its gradient made low (a*VC) and then in f32
+ * (4*VC: the embedding adds a second gradient to it). Each op also costs a
+ * tape node and headers (about 380 bytes; 35 ops a block, 8 casts more).
  * rf: the low product reads f32 operands (on the CPU: f16 always, bf16 on
  * its f32 path; em_matmul_path says "f32"), so autocast makes no cast
- * around it (tensor/dispatch.c). */
+ * around it (tensor/dispatch.c). Measured against em_arena_in_use by
+ * tests/test_memory_estimate.c on both kinds of bf16 path. */
 static double step_scope_bytes(const em_gpt_config *m, double B, double T, double a, bool rf, bool cuda)
 {
     double C = (double)m->n_embd, V = (double)m->vocab_size, H = (double)m->n_head, L = (double)m->n_layer;
     bool amp = a < 4, bias = m->bias, drop = m->dropout > 0, casts = amp && !rf;
-    double lin = bias ? (amp && cuda ? a + 4 : 4) : a; /* bytes per output element of a Linear */
-    double lin_out = 3 * C + C + 4 * C + C;    /* the block's Linear outputs per row */
-    double fwd = 2 * (4 * C + 16) + lin * lin_out + (4 * C + 4 * H * T) + 2 * 4 * C + 4 * 4 * C;
-    double bwd = 2 * 4 * 4 * C + 4 * C + 2 * 2 * 4 * C + 4 * C + 4 * 3 * C + 4 * C;
-    if (drop) fwd += 2 * 5 * C, bwd += 2 * 4 * C; /* the block's two dropouts */
+    double o = bias ? 4 : a;                        /* a Linear's output, bytes per element */
+    double lin = o + (bias && amp && cuda ? a : 0); /* what it keeps: output (+ a device's product) */
+    double lin_out = 3 * C + C + 4 * C + C;         /* the block's Linear outputs per row */
+    double fwd = 2 * (4 * C + 16) + lin * lin_out + (4 * C + 4 * H * T) + 2 * 4 * C + o * 4 * C;
+    double bwd = 2 * o * 4 * C + 4 * C + 2 * 2 * 4 * C + 4 * C + 4 * 3 * C + 4 * C;
+    if (drop) { /* the block's two dropouts, on the c_proj outputs */
+        fwd += 2 * (o * C + C), bwd += 2 * o * C;
+        if (o < 4 && !casts) bwd += 2 * a * C; /* add's f32 gradient cast down for them */
+    }
     if (!cuda) fwd += 4 * 4 * C;                  /* gelu's slope, kept by the CPU's forward */
-    if (casts) bwd += a * lin_out;
+    if (o < 4) fwd += 4 * 3 * C;                  /* attention casts a low qkv up */
+    if (casts) {
+        double in_f32 = 3 * C + (o == 4 ? 4 * C : 0); /* Linear inputs cast down */
+        fwd += a * in_f32;
+        bwd += a * in_f32;                                 /* their dX made low first */
+        bwd += a * (3 * C + C + C + (o == 4 ? 4 * C : 0)); /* f32 gradients cast down */
+    }
     double per_block_rows = fwd + bwd;
-    double block_fixed = (casts ? 4 * 12 * C * C : 0) + 35 * 380.0;
+    double block_fixed = (casts ? 2 * a * 12 * C * C : 0) + (35 + (casts ? 8 : 0)) * 380.0;
     double head_rows = 4 * C + 4 * C + (drop ? 5 * C + 4 * C : 0) + (4 * C + 16) + 4 * V + (amp ? a * V : 0) +
-                       12 + 4 * V + (casts ? a * V : 0) + 4 * C + 4 * C;
-    double head_fixed = 4 * T * C + (casts ? 4 * V * C : 0) + 12 * 380.0;
+                       12 + 4 * V + 4 * C + 4 * C + (casts ? a * C + a * V + a * C : 0);
+    double head_fixed = 4 * T * C + (casts ? (2 * a + 4) * V * C : 0) + (12 + (casts ? 2 : 0)) * 380.0;
     return B * T * (L * per_block_rows + head_rows) + L * block_fixed + head_fixed;
 }
 
