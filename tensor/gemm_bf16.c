@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "dtype_math.h"
+#include "ember/runtime.h"
 #include "kernel_impl.h"
 #include "tensor_impl.h"
 
@@ -38,40 +39,105 @@
 /* columns c0..c0+cols of op(B) into groups of 16 columns, each Kp/2 pair-rows
  * of 16 pairs (64 bytes), zero padded to a multiple of 32 columns; the AMX
  * and the AVX512-BF16 kernels both read this layout (kernel_impl.h) */
+/* one entry of the layout: op(B)(2p, j) | op(B)(2p+1, j) << 16, zero past K
+ * and past cols */
+static uint32_t pair_at(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K,
+                        int64_t p, int64_t j)
+{
+    int64_t k = 2 * p;
+    if (j >= cols || k >= K) return 0;
+    /* op(B)(k, j) = B[k][c0 + j], or B[c0 + j][k] when B is stored transposed */
+    uint32_t lo = tb ? B[(c0 + j) * ldb + k] : B[k * ldb + c0 + j];
+    uint32_t hi = k + 1 >= K ? 0 : tb ? B[(c0 + j) * ldb + k + 1] : B[(k + 1) * ldb + c0 + j];
+    return lo | hi << 16;
+}
+
+/* Where the layout's entries (p, j) for groups [g0, g1) and pairs [p0, p1)
+ * are left to pair_at: everything but the whole groups' whole pairs that
+ * the vector code below writes. */
+static void pack_rest(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K,
+                      int64_t pairs, int64_t g0, int64_t g1, int64_t p0, int64_t p1, uint32_t *dst)
+{
+    for (int64_t g = g0; g < g1; g++)
+        for (int64_t p = p0; p < p1; p++)
+            for (int64_t jj = 0; jj < 16; jj++)
+                dst[g * pairs * 16 + p * 16 + jj] = pair_at(tb, B, ldb, c0, cols, K, p, g * 16 + jj);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define PACK_AVX2 __attribute__((target("avx2")))
+
+/* 8 rows of 8 uint32 (x[i] = row i) transposed in place: x[p] = column p */
+PACK_AVX2 static inline void transpose8(__m256i x[8])
+{
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(x[i], x[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(x[i], x[i + 1]);
+    }
+    for (int h = 0; h < 8; h += 4) {
+        u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+        u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+        u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        x[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+        x[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* gemm_bf16_pack_pairs with AVX2: whole groups of 16 columns, and pairs
+ * whole in K (8 at a time when B is stored transposed), by vectors; the
+ * rest by pair_at */
+PACK_AVX2 static void pack_pairs_avx2(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols,
+                                      int64_t K, int64_t Kp, uint32_t *dst)
+{
+    int64_t groups = (cols + 31) / 32 * 2, pairs = Kp / 2, whole_g = cols / 16;
+    int64_t whole_p = tb ? K / 16 * 8 : K / 2; /* pairs the vectors write */
+    for (int64_t g = 0; g < whole_g; g++) {
+        uint32_t *d = dst + g * pairs * 16;
+        if (!tb) { /* rows 2p and 2p+1 of B, 16 columns each, interleaved */
+            for (int64_t p = 0; p < whole_p; p++) {
+                const uint16_t *r0 = B + 2 * p * ldb + c0 + g * 16;
+                __m256i a = _mm256_loadu_si256((const __m256i *)r0),
+                        b = _mm256_loadu_si256((const __m256i *)(r0 + ldb));
+                __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
+                _mm256_storeu_si256((__m256i *)(d + p * 16), _mm256_permute2x128_si256(lo, hi, 0x20));
+                _mm256_storeu_si256((__m256i *)(d + p * 16 + 8), _mm256_permute2x128_si256(lo, hi, 0x31));
+            }
+            continue;
+        }
+        /* B stored transposed: a pair is one uint32 of column j's row; 8
+         * pairs of 16 rows at a time, transposed as two 8 x 8 blocks */
+        for (int64_t p = 0; p < whole_p; p += 8)
+            for (int h = 0; h < 2; h++) {
+                __m256i x[8];
+                for (int i = 0; i < 8; i++)
+                    x[i] = _mm256_loadu_si256((const __m256i *)(B + (c0 + g * 16 + h * 8 + i) * ldb + 2 * p));
+                transpose8(x);
+                for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(d + (p + q) * 16 + h * 8), x[q]);
+            }
+    }
+    pack_rest(tb, B, ldb, c0, cols, K, pairs, 0, whole_g, whole_p, pairs, dst);
+    pack_rest(tb, B, ldb, c0, cols, K, pairs, whole_g, groups, 0, pairs, dst);
+}
+#define PACK_HAVE_AVX2 1
+#else
+#define PACK_HAVE_AVX2 0
+#endif
+
 void gemm_bf16_pack_pairs(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K,
                           int64_t Kp, uint32_t *dst)
 {
-    int64_t groups = (cols + 31) / 32 * 2, pairs = Kp / 2;
-    if (!tb) { /* B stored (K, n): walk it row pair by row pair, along the rows */
-        memset(dst, 0, (size_t)(groups * pairs * 16) * 4);
-        for (int64_t p = 0; p < pairs; p++) {
-            int64_t k = 2 * p;
-            if (k >= K) break;
-            const uint16_t *r0 = B + k * ldb + c0, *r1 = k + 1 < K ? r0 + ldb : NULL;
-            for (int64_t j = 0; j < cols; j++)
-                dst[(j / 16) * pairs * 16 + p * 16 + (j % 16)] = r0[j] | (r1 ? (uint32_t)r1[j] << 16 : 0);
-        }
+#if PACK_HAVE_AVX2
+    if (em_cpu_detect().avx2) {
+        pack_pairs_avx2(tb, B, ldb, c0, cols, K, Kp, dst);
         return;
     }
-    for (int64_t g = 0; g < groups; g++) {
-        uint32_t *d = dst + g * pairs * 16;
-        for (int64_t jj = 0; jj < 16; jj++) {
-            int64_t j = g * 16 + jj;
-            if (j >= cols) {
-                for (int64_t p = 0; p < pairs; p++) d[p * 16 + jj] = 0;
-                continue;
-            }
-            /* op(B)(k, j) = B[j][k]: a pair is two adjacent elements of row j */
-            const uint16_t *s = B + (c0 + j) * ldb;
-            int64_t full = K / 2;
-            for (int64_t p = 0; p < full; p++) {
-                uint32_t v;
-                memcpy(&v, s + 2 * p, 4);
-                d[p * 16 + jj] = v;
-            }
-            for (int64_t p = full; p < pairs; p++) d[p * 16 + jj] = 2 * p < K ? s[2 * p] : 0;
-        }
-    }
+#endif
+    pack_rest(tb, B, ldb, c0, cols, K, Kp / 2, 0, (cols + 31) / 32 * 2, 0, Kp / 2, dst);
 }
 
 #if EM_AMX_BUILD

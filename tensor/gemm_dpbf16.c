@@ -110,6 +110,63 @@ static void pack_a_panel(bool ta, const uint16_t *A, int64_t lda, int64_t r0, in
     }
 }
 
+#if EM_DP_BUILD
+/* pack_a_panel with AVX2 for a whole panel (rows == DP_MR, k0 = 0): the
+ * pairs whole in K by vectors (8 at a time when A is (M,K): a pair is one
+ * uint32 of a row, 8 rows x 8 pairs transposed), the rest by pack_a_panel */
+__attribute__((target("avx2"))) static void pack_a_panel_avx2(bool ta, const uint16_t *A, int64_t lda,
+                                                              int64_t r0, int64_t K, int64_t pairs,
+                                                              uint32_t *dst)
+{
+    _Static_assert(DP_MR == 8, "pack_a_panel_avx2 packs 8 rows");
+    int64_t whole = ta ? K / 2 : K / 16 * 8;
+    if (ta) /* rows k and k+1 of A (K,M), 8 columns each, interleaved */
+        for (int64_t p = 0; p < whole; p++) {
+            const uint16_t *s = A + 2 * p * lda + r0;
+            __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + lda));
+            _mm_storeu_si128((__m128i *)(dst + p * 8), _mm_unpacklo_epi16(a, b));
+            _mm_storeu_si128((__m128i *)(dst + p * 8 + 4), _mm_unpackhi_epi16(a, b));
+        }
+    else
+        for (int64_t p = 0; p < whole; p += 8) {
+            __m256i x[8], t[8], u[8];
+            for (int i = 0; i < 8; i++)
+                x[i] = _mm256_loadu_si256((const __m256i *)(A + (r0 + i) * lda + 2 * p));
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_epi32(x[i], x[i + 1]);
+                t[i + 1] = _mm256_unpackhi_epi32(x[i], x[i + 1]);
+            }
+            for (int h = 0; h < 8; h += 4) {
+                u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+                u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+                u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+                u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+            }
+            for (int q = 0; q < 4; q++) {
+                _mm256_storeu_si256((__m256i *)(dst + (p + q) * 8),
+                                    _mm256_permute2x128_si256(u[q], u[q + 4], 0x20));
+                _mm256_storeu_si256((__m256i *)(dst + (p + q + 4) * 8),
+                                    _mm256_permute2x128_si256(u[q], u[q + 4], 0x31));
+            }
+        }
+    /* pairs from `whole` on: k0 = 2 * whole, and dst from there */
+    pack_a_panel(ta, A, lda, r0, DP_MR, 2 * whole, K, pairs - whole, dst + whole * DP_MR);
+}
+#endif
+
+/* a panel of op(A) as pack_a_panel lays it, by vectors where they apply */
+static void pack_a(bool ta, const uint16_t *A, int64_t lda, int64_t r0, int64_t rows, int64_t K,
+                   int64_t pairs, uint32_t *dst)
+{
+#if EM_DP_BUILD
+    if (rows == DP_MR && em_cpu_detect().avx2) {
+        pack_a_panel_avx2(ta, A, lda, r0, K, pairs, dst);
+        return;
+    }
+#endif
+    pack_a_panel(ta, A, lda, r0, rows, 0, K, pairs, dst);
+}
+
 /* n bytes (and up to 63 more), 64-byte aligned: aligned_alloc wants a
  * multiple of the alignment */
 static void *alloc64(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64); }
@@ -140,7 +197,7 @@ bool gemm_dpbf16(dp_kernel kern, bool ta, bool tb, int64_t m, int64_t n, int64_t
                 gemm_bf16_pack_pairs(tb, bk, ldb, n0, nc, kc, 2 * pairs, bp);
                 for (int64_t i = 0; i < panels; i++) {
                     int64_t rows = mc - i * DP_MR < DP_MR ? mc - i * DP_MR : DP_MR;
-                    pack_a_panel(ta, ta ? A + k0 * lda : A + k0, lda, m0 + i * DP_MR, rows, 0, kc, pairs, ap);
+                    pack_a(ta, ta ? A + k0 * lda : A + k0, lda, m0 + i * DP_MR, rows, kc, pairs, ap);
                     for (int64_t g = 0; g < groups2; g++)
                         kern(ap, bp + 2 * g * pairs * 16, pairs * 16, pairs, acc + (i * DP_MR) * ncp + 32 * g,
                              ncp, k0 > 0);
@@ -149,8 +206,7 @@ bool gemm_dpbf16(dp_kernel kern, bool ta, bool tb, int64_t m, int64_t n, int64_t
             for (int64_t i = 0; i < mc; i++) {
                 const float *src = acc + i * ncp;
                 if (c_bf16) {
-                    uint16_t *d = (uint16_t *)C + (m0 + i) * ldc + n0;
-                    for (int64_t j = 0; j < nc; j++) d[j] = f32_to_bf16_bits(src[j]);
+                    convert_n(EM_BF16, (uint16_t *)C + (m0 + i) * ldc + n0, EM_F32, src, nc);
                 } else {
                     memcpy((float *)C + (m0 + i) * ldc + n0, src, (size_t)nc * 4);
                 }
