@@ -158,6 +158,15 @@ static void zero_split(int stage, bool cuda, double W, double P, double opt, dou
  * weight cast down (a*VC), its gradient made low (a*VC) and then in f32
  * (4*VC: the embedding adds a second gradient to it). Each op also costs a
  * tape node and headers (about 380 bytes; 35 ops a block, 8 casts more).
+ * On a CUDA device (measured on the emulator against em_cuda_memory's
+ * requested bytes): layer norm's statistics are f32 (8), attention keeps
+ * its log-sum-exp (4*H a row) instead of P, and its copies of the strided
+ * heads are given back as soon as the kernel is queued (t_drop_now); no
+ * gelu slope; cross-entropy keeps 4 f64 statistics and an i32 copy of the
+ * targets (36); every dW is made (4 a weight in f32) before it is added,
+ * as is the embedding's gradient (4*VC), and the positions' gradient once
+ * more (4*TC); without a bias the adds cast the low c_proj outputs up
+ * (2 * 4C a row).
  * rf: the low product reads f32 operands (on the CPU: f16 always, bf16 on
  * its f32 path; em_matmul_path says "f32"), so autocast makes no cast
  * around it (tensor/dispatch.c). Measured against em_arena_in_use by
@@ -169,7 +178,10 @@ static double step_scope_bytes(const em_gpt_config *m, double B, double T, doubl
     double o = bias ? 4 : a;                        /* a Linear's output, bytes per element */
     double lin = o + (bias && amp && cuda ? a : 0); /* what it keeps: output (+ a device's product) */
     double lin_out = 3 * C + C + 4 * C + C;         /* the block's Linear outputs per row */
-    double fwd = 2 * (4 * C + 16) + lin * lin_out + (4 * C + 4 * H * T) + 2 * 4 * C + o * 4 * C;
+    /* layer norm's mean and rstd: f64 on the CPU, f32 on a device; attention
+     * keeps P (H*T a row) on the CPU, the log-sum-exp (H) on a device */
+    double stats = cuda ? 8 : 16, att = cuda ? 4 * H : 4 * H * T;
+    double fwd = 2 * (4 * C + stats) + lin * lin_out + (4 * C + att) + 2 * 4 * C + o * 4 * C;
     double bwd = 2 * o * 4 * C + 4 * C + 2 * 2 * 4 * C + 4 * C + 4 * 3 * C + 4 * C;
     if (drop) { /* the block's two dropouts, on the c_proj outputs */
         fwd += 2 * (o * C + C), bwd += 2 * o * C;
@@ -177,6 +189,7 @@ static double step_scope_bytes(const em_gpt_config *m, double B, double T, doubl
     }
     if (!cuda) fwd += 4 * 4 * C;                  /* gelu's slope, kept by the CPU's forward */
     if (o < 4) fwd += 4 * 3 * C;                  /* attention casts a low qkv up */
+    if (o < 4 && cuda) fwd += 2 * 4 * C;          /* a device's adds cast the low c_proj outputs up */
     if (casts) {
         double in_f32 = 3 * C + (o == 4 ? 4 * C : 0); /* Linear inputs cast down */
         fwd += a * in_f32;
@@ -185,9 +198,16 @@ static double step_scope_bytes(const em_gpt_config *m, double B, double T, doubl
     }
     double per_block_rows = fwd + bwd;
     double block_fixed = (casts ? 2 * a * 12 * C * C : 0) + (35 + (casts ? 8 : 0)) * 380.0;
-    double head_rows = 4 * C + 4 * C + (drop ? 5 * C + 4 * C : 0) + (4 * C + 16) + 4 * V + (amp ? a * V : 0) +
-                       12 + 4 * V + 4 * C + 4 * C + (casts ? a * C + a * V + a * C : 0);
+    if (cuda && !casts) block_fixed += 4 * 12 * C * C; /* a device's dW is made, then added */
+    /* cross-entropy keeps the log-sum-exp and targets (12 a row); on a
+     * device 4 f64 statistics and its own i32 copy of the targets (36) */
+    double head_rows = 4 * C + 4 * C + (drop ? 5 * C + 4 * C : 0) + (4 * C + stats) + 4 * V +
+                       (amp ? a * V : 0) + (cuda ? 36 : 12) + 4 * V + 4 * C + 4 * C +
+                       (casts ? a * C + a * V + a * C : 0);
     double head_fixed = 4 * T * C + (casts ? (2 * a + 4) * V * C : 0) + (12 + (casts ? 2 : 0)) * 380.0;
+    /* on a device the embedding's gradient (and the tied weight's dW in f32)
+     * are made before they are added, and the positions' gradient once more */
+    if (cuda) head_fixed += 4 * V * C + (casts ? 0 : 4 * V * C) + 4 * T * C;
     return B * T * (L * per_block_rows + head_rows) + L * block_fixed + head_fixed;
 }
 

@@ -33,7 +33,8 @@ enum { MAX_DEVICES = 16 };
 
 typedef struct block {
     void *p;
-    size_t size;
+    size_t size; /* the rounded size it was made with */
+    size_t req;  /* what the allocation using it asked for */
     struct block *next;
 } block;
 
@@ -45,6 +46,7 @@ typedef struct device_state {
     block *free_list;  /* cached blocks, unsorted */
     block *used;       /* blocks handed out */
     size_t allocated, reserved, peak;
+    size_t requested; /* the bytes asked for by the blocks in use */
     uint64_t mallocs;
     size_t mapped, peak_mapped; /* cuda_vmm.c's granules */
     void *pinned; /* staging for host -> device copies */
@@ -166,8 +168,10 @@ void *cu_alloc(int dev, size_t nbytes)
         d->mallocs++;
     }
     got->next = d->used;
+    got->req = nbytes;
     d->used = got;
     d->allocated += got->size;
+    d->requested += nbytes;
     if (d->allocated > d->peak) d->peak = d->allocated;
     pthread_mutex_unlock(&lock);
     return got->p;
@@ -183,6 +187,7 @@ void cu_free(int dev, void *p)
             block *x = *b;
             *b = x->next;
             d->allocated -= x->size;
+            d->requested -= x->req;
             x->next = d->free_list;
             d->free_list = x;
             break;
@@ -293,7 +298,13 @@ em_status em_cuda_memory_stats(int index, em_cuda_memory *out)
         return em_err(EM_ERR_DEVICE, "em_cuda_memory_stats: cuda:%d does not exist", index);
     pthread_mutex_lock(&lock);
     device_state *d = &devs[index];
-    *out = (em_cuda_memory){d->allocated, d->reserved, d->peak, d->mallocs, d->mapped, d->peak_mapped};
+    *out = (em_cuda_memory){.allocated = d->allocated,
+                            .reserved = d->reserved,
+                            .peak_allocated = d->peak,
+                            .device_mallocs = d->mallocs,
+                            .mapped = d->mapped,
+                            .peak_mapped = d->peak_mapped,
+                            .requested = d->requested};
     pthread_mutex_unlock(&lock);
     return EM_OK;
 }

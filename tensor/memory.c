@@ -500,6 +500,16 @@ void t_repoint(tensor *t, tensor *src, int64_t offset)
     storage_release(old);
 }
 
+void t_drop_now(tensor *t)
+{
+    if (t && t->depth > 0 && t->device.type != EM_CPU && t->st && !t->st->in_arena && t->st->refcount == 1) {
+        storage_release(t->st);
+        t->st = NULL;
+        return;
+    }
+    t_drop(t);
+}
+
 void t_free(tensor *t)
 {
     if (t) tensor_die(t);

@@ -47,7 +47,7 @@ static bool contig_all(int n, tensor *const *in, tensor **out)
 static void drop_copies(int n, tensor *const *in, tensor *const *out)
 {
     for (int i = 0; i < n; i++)
-        if (out[i] && out[i] != in[i]) t_drop(out[i]);
+        if (out[i] && out[i] != in[i]) t_drop_now(out[i]);
 }
 
 /* out[i]: res[i] itself when contiguous, else a new contiguous tensor of
@@ -138,7 +138,7 @@ static em_status attention_grad_cuda(const op_call *c, tensor *dq)
     tensor *gc = g->dtype == q->dtype ? g : t_cast(g, q->dtype);
     if (!gc) return em_last_status();
     em_status s = backward_cuda(c, q, c->in[1], c->in[2], c->in[3], gc, d, o->saved);
-    if (gc != g) t_drop(gc);
+    if (gc != g) t_drop_now(gc);
     return s;
 }
 
@@ -337,7 +337,7 @@ static em_status attention_qkv_grad_cuda(const op_call *c, tensor *dqkv)
     split_qkv(dqkv, H, dp);
     em_status s =
         backward_cuda(c, &p[0], &p[1], &p[2], &o, &gh, (tensor *[]){&dp[0], &dp[1], &dp[2]}, c->saved);
-    if (gc != g) t_drop(gc);
+    if (gc != g) t_drop_now(gc);
     return s;
 }
 #endif

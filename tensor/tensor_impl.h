@@ -193,6 +193,12 @@ static inline void t_drop(tensor *t)
 {
     if (t && t->depth == 0) t_free(t);
 }
+/* t_drop for a temporary nothing will read again, whose device memory
+ * goes back at once even in a scope (its header stays to the scope): the
+ * caching allocator's block, reused only by kernels queued after it. For
+ * the copies an op makes of strided inputs and results on a device; on
+ * the CPU it is t_drop. */
+void t_drop_now(tensor *t);
 /* A leaf's gradient when one was produced since the last set-to-none
  * zero_grad (what the optimizer steps, clipping measures and the loss
  * scaler checks), else NULL: a parameter skipped as PyTorch skips a None

@@ -78,16 +78,21 @@ void em_cuda_versions(int *driver, int *runtime, int *nccl);
 /* Waits for all work queued on device `index` (a no-op without CUDA). */
 em_status em_cuda_synchronize(int index);
 /* The caching allocator's figures for device `index`, in bytes: in use by
- * tensors, held from CUDA (in use + cached), the peak in use since start
- * or the last reset, and how many times it called cudaMalloc. Beside them,
- * memory mapped into address ranges ember reserved (CUDA's virtual memory
- * management: ZeRO stage 3's flat parameters, dist/zero.c), counted in
- * neither figure above: mapped now (granules whose unmap waits for queued
- * work included), and its peak since start or the last reset. */
+ * tensors (the blocks' sizes: a request is rounded up, and may be given a
+ * cached block of up to twice its size), held from CUDA (in use + cached),
+ * the peak in use since start or the last reset, and how many times it
+ * called cudaMalloc. Beside them, memory mapped into address ranges ember
+ * reserved (CUDA's virtual memory management: ZeRO stage 3's flat
+ * parameters, dist/zero.c), counted in neither figure above: mapped now
+ * (granules whose unmap waits for queued work included), and its peak
+ * since start or the last reset. Last, what the blocks in use were asked
+ * for (the tensors' own bytes, before rounding; PyTorch's
+ * requested_bytes). */
 typedef struct em_cuda_memory {
     size_t allocated, reserved, peak_allocated;
     uint64_t device_mallocs;
     size_t mapped, peak_mapped;
+    size_t requested;
 } em_cuda_memory;
 em_status em_cuda_memory_stats(int index, em_cuda_memory *out);
 /* Both peaks back to what is in use / mapped now. */
