@@ -36,9 +36,6 @@
 #define EM_AMX_BUILD 0
 #endif
 
-/* columns c0..c0+cols of op(B) into groups of 16 columns, each Kp/2 pair-rows
- * of 16 pairs (64 bytes), zero padded to a multiple of 32 columns; the AMX
- * and the AVX512-BF16 kernels both read this layout (kernel_impl.h) */
 /* one entry of the layout: op(B)(2p, j) | op(B)(2p+1, j) << 16, zero past K
  * and past cols */
 static uint32_t pair_at(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K,
@@ -65,28 +62,8 @@ static void pack_rest(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
+#include "transpose_avx2.h"
 #define PACK_AVX2 __attribute__((target("avx2")))
-
-/* 8 rows of 8 uint32 (x[i] = row i) transposed in place: x[p] = column p */
-PACK_AVX2 static inline void transpose8(__m256i x[8])
-{
-    __m256i t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_epi32(x[i], x[i + 1]);
-        t[i + 1] = _mm256_unpackhi_epi32(x[i], x[i + 1]);
-    }
-    for (int h = 0; h < 8; h += 4) {
-        u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
-        u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
-        u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
-        u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
-    }
-    for (int i = 0; i < 4; i++) {
-        x[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
-        x[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
-    }
-}
 
 /* gemm_bf16_pack_pairs with AVX2: whole groups of 16 columns, and pairs
  * whole in K (8 at a time when B is stored transposed), by vectors; the
@@ -116,7 +93,7 @@ PACK_AVX2 static void pack_pairs_avx2(bool tb, const uint16_t *B, int64_t ldb, i
                 __m256i x[8];
                 for (int i = 0; i < 8; i++)
                     x[i] = _mm256_loadu_si256((const __m256i *)(B + (c0 + g * 16 + h * 8 + i) * ldb + 2 * p));
-                transpose8(x);
+                transpose8_u32(x);
                 for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(d + (p + q) * 16 + h * 8), x[q]);
             }
     }
@@ -128,6 +105,9 @@ PACK_AVX2 static void pack_pairs_avx2(bool tb, const uint16_t *B, int64_t ldb, i
 #define PACK_HAVE_AVX2 0
 #endif
 
+/* columns c0..c0+cols of op(B) into groups of 16 columns, each Kp/2 pair-rows
+ * of 16 pairs (64 bytes), zero padded to a multiple of 32 columns; the AMX
+ * and the AVX512-BF16 kernels both read this layout (kernel_impl.h) */
 void gemm_bf16_pack_pairs(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64_t cols, int64_t K,
                           int64_t Kp, uint32_t *dst)
 {

@@ -33,6 +33,8 @@
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 10 || defined(__clang__))
 #define EM_DP_BUILD 1
 #include <immintrin.h>
+
+#include "transpose_avx2.h"
 #else
 #define EM_DP_BUILD 0
 #endif
@@ -128,26 +130,12 @@ __attribute__((target("avx2"))) static void pack_a_panel_avx2(bool ta, const uin
             _mm_storeu_si128((__m128i *)(dst + p * 8 + 4), _mm_unpackhi_epi16(a, b));
         }
     else
-        for (int64_t p = 0; p < whole; p += 8) {
-            __m256i x[8], t[8], u[8];
+        for (int64_t p = 0; p < whole; p += 8) { /* 8 rows x 8 pairs, transposed */
+            __m256i x[8];
             for (int i = 0; i < 8; i++)
                 x[i] = _mm256_loadu_si256((const __m256i *)(A + (r0 + i) * lda + 2 * p));
-            for (int i = 0; i < 8; i += 2) {
-                t[i] = _mm256_unpacklo_epi32(x[i], x[i + 1]);
-                t[i + 1] = _mm256_unpackhi_epi32(x[i], x[i + 1]);
-            }
-            for (int h = 0; h < 8; h += 4) {
-                u[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
-                u[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
-                u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
-                u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
-            }
-            for (int q = 0; q < 4; q++) {
-                _mm256_storeu_si256((__m256i *)(dst + (p + q) * 8),
-                                    _mm256_permute2x128_si256(u[q], u[q + 4], 0x20));
-                _mm256_storeu_si256((__m256i *)(dst + (p + q + 4) * 8),
-                                    _mm256_permute2x128_si256(u[q], u[q + 4], 0x31));
-            }
+            transpose8_u32(x);
+            for (int q = 0; q < 8; q++) _mm256_storeu_si256((__m256i *)(dst + (p + q) * 8), x[q]);
         }
     /* pairs from `whole` on: k0 = 2 * whole, and dst from there */
     pack_a_panel(ta, A, lda, r0, DP_MR, 2 * whole, K, pairs - whole, dst + whole * DP_MR);
