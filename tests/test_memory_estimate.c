@@ -49,54 +49,25 @@ typedef struct scope_case {
     em_precision_kind precision;
 } scope_case;
 
+/* the tiny GPT (4 layers) and a 2-layer one, vocab 65, context 64, 128 wide */
+#define TINY_GPT                                                                                             \
+    {                                                                                                        \
+        .vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true           \
+    }
+#define TWO_LAYERS(b, p)                                                                                     \
+    {                                                                                                        \
+        .vocab_size = 65, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 128, .bias = (b),           \
+        .dropout = (p)                                                                                       \
+    }
+
 static const scope_case scope_cases[] = {
-    {"tiny f32",
-     {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true},
-     12,
-     64,
-     EM_PREC_NO},
-    {"tiny bf16",
-     {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true},
-     12,
-     64,
-     EM_PREC_BF16},
-    {"tiny fp16",
-     {.vocab_size = 65, .block_size = 64, .n_layer = 4, .n_head = 4, .n_embd = 128, .bias = true},
-     12,
-     64,
-     EM_PREC_FP16},
-    {"dropout",
-     {.vocab_size = 65,
-      .block_size = 64,
-      .n_layer = 2,
-      .n_head = 4,
-      .n_embd = 128,
-      .bias = true,
-      .dropout = 0.1},
-     8,
-     64,
-     EM_PREC_NO},
-    {"no bias",
-     {.vocab_size = 65, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 128, .bias = false},
-     8,
-     64,
-     EM_PREC_NO},
-    {"no bias bf16",
-     {.vocab_size = 65, .block_size = 64, .n_layer = 2, .n_head = 4, .n_embd = 128, .bias = false},
-     8,
-     64,
-     EM_PREC_BF16},
-    {"dropout, no bias, bf16",
-     {.vocab_size = 65,
-      .block_size = 64,
-      .n_layer = 2,
-      .n_head = 4,
-      .n_embd = 128,
-      .bias = false,
-      .dropout = 0.1},
-     8,
-     64,
-     EM_PREC_BF16},
+    {"tiny f32", TINY_GPT, 12, 64, EM_PREC_NO},
+    {"tiny bf16", TINY_GPT, 12, 64, EM_PREC_BF16},
+    {"tiny fp16", TINY_GPT, 12, 64, EM_PREC_FP16},
+    {"dropout", TWO_LAYERS(true, 0.1), 8, 64, EM_PREC_NO},
+    {"no bias", TWO_LAYERS(false, 0), 8, 64, EM_PREC_NO},
+    {"no bias bf16", TWO_LAYERS(false, 0), 8, 64, EM_PREC_BF16},
+    {"dropout, no bias, bf16", TWO_LAYERS(false, 0.1), 8, 64, EM_PREC_BF16},
     {"short context, more heads, wide vocab",
      {.vocab_size = 500, .block_size = 64, .n_layer = 2, .n_head = 8, .n_embd = 64, .bias = true},
      6,
@@ -109,33 +80,56 @@ static const scope_case scope_cases[] = {
      EM_PREC_BF16},
 };
 
-/* What one step (forward, loss, backward) of sc's model leaves in the step
- * scope, as em_arena_in_use measures it (the second of two steps: it runs
- * on the first one's chunks). */
-static size_t step_scope_of(const scope_case *sc)
+/* What one step (forward, loss, backward) of sc's model leaves: in the step
+ * scope's arena (em_arena_in_use), or on cuda:0 asked for from the caching
+ * allocator (em_cuda_memory.requested). The second of two steps: it runs on
+ * the first one's chunks and blocks. */
+static size_t step_bytes(const scope_case *sc, bool cuda)
 {
     em_dtype low = sc->precision == EM_PREC_BF16 ? EM_BF16 : sc->precision == EM_PREC_FP16 ? EM_F16 : EM_F32;
+    em_device dev = cuda ? em_device_cuda(0) : em_device_cpu();
     em_gpt *g = em_gpt_new(&sc->model, 1);
     CHECK(g != NULL);
+    if (cuda) CHECK_OK(em_module_to(g->m, dev));
     CHECK_OK(em_module_flatten(g->m));
     em_rng rng = em_rng_new(7);
     size_t used = 0;
     for (int step = 0; step < 2; step++) {
         em_scope s = em_scope_begin();
         int64_t shape[2] = {sc->batch, sc->context};
-        em_tensor *x = em_randint(0, sc->model.vocab_size, EM_I32, 2, shape, &rng);
-        em_tensor *y = em_randint(0, sc->model.vocab_size, EM_I32, 2, shape, &rng);
+        em_tensor *x = em_to(em_randint(0, sc->model.vocab_size, EM_I32, 2, shape, &rng), dev);
+        em_tensor *y = em_to(em_randint(0, sc->model.vocab_size, EM_I32, 2, shape, &rng), dev);
+        em_cuda_memory m0 = {0}, m1 = {0};
+        if (cuda) CHECK_OK(em_cuda_memory_stats(0, &m0));
         size_t before = em_arena_in_use();
         em_autocast_set(low);
         em_tensor *loss = em_gpt_loss(g, x, y);
         em_autocast_set(EM_F32);
         CHECK(loss != NULL);
         CHECK_OK(em_backward(loss, NULL));
-        used = em_arena_in_use() - before;
+        if (cuda) {
+            CHECK_OK(em_cuda_memory_stats(0, &m1));
+            CHECK(m1.requested <= m1.allocated);
+            used = m1.requested - m0.requested;
+        } else {
+            used = em_arena_in_use() - before;
+        }
         em_scope_end(s);
     }
     em_gpt_free(g);
     return used;
+}
+
+/* The estimate's activations for sc (on a CUDA device or the CPU) */
+static double activations_of(const scope_case *sc, bool cuda)
+{
+    em_mem_config c = em_mem_config_defaults();
+    c.model = sc->model;
+    c.batch = sc->batch;
+    c.context = sc->context;
+    c.precision = sc->precision;
+    c.cuda = cuda;
+    return (double)estimate_of(&c).bytes[EM_MEM_ACTIVATIONS];
 }
 
 /* The step scope is the estimate's activations within 1%, for every case;
@@ -152,13 +146,8 @@ TEST(test_estimate_memory_activations_match_the_step_scope_of_a_gpt_step)
         bool bf16 = sc->precision == EM_PREC_BF16;
         for (size_t p = 0; p < (bf16 ? 2u : 1u); p++) {
             use_bf16_path(bf16 ? bf16_paths[p] : NULL);
-            size_t used = step_scope_of(sc);
-            em_mem_config c = em_mem_config_defaults();
-            c.model = sc->model;
-            c.batch = sc->batch;
-            c.context = sc->context;
-            c.precision = sc->precision;
-            double est = (double)estimate_of(&c).bytes[EM_MEM_ACTIVATIONS];
+            size_t used = step_bytes(sc, false);
+            double est = activations_of(sc, false);
             if (!(fabs(est - (double)used) <= 0.01 * (double)used))
                 th_fail(__FILE__, __LINE__,
                         "%s%s%s: the step scope holds %zu bytes, the estimate says %.0f (%+.2f%%)", sc->name,
@@ -200,39 +189,8 @@ TEST(test_estimate_memory_activations_match_a_cuda_step)
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const scope_case *sc = &cases[k];
-        em_gpt *g = em_gpt_new(&sc->model, 1);
-        CHECK(g != NULL);
-        CHECK_OK(em_module_to(g->m, em_device_cuda(0)));
-        CHECK_OK(em_module_flatten(g->m));
-        em_rng rng = em_rng_new(7);
-        size_t used = 0;
-        for (int step = 0; step < 2; step++) {
-            em_scope s = em_scope_begin();
-            int64_t shape[2] = {sc->batch, sc->context};
-            em_tensor *x =
-                em_to(em_randint(0, sc->model.vocab_size, EM_I32, 2, shape, &rng), em_device_cuda(0));
-            em_tensor *y =
-                em_to(em_randint(0, sc->model.vocab_size, EM_I32, 2, shape, &rng), em_device_cuda(0));
-            em_cuda_memory before, after;
-            CHECK_OK(em_cuda_memory_stats(0, &before));
-            em_autocast_set(sc->precision == EM_PREC_BF16 ? EM_BF16 : EM_F32);
-            em_tensor *loss = em_gpt_loss(g, x, y);
-            em_autocast_set(EM_F32);
-            CHECK(loss != NULL);
-            CHECK_OK(em_backward(loss, NULL));
-            CHECK_OK(em_cuda_memory_stats(0, &after));
-            CHECK(after.requested <= after.allocated);
-            used = after.requested - before.requested;
-            em_scope_end(s);
-        }
-        em_gpt_free(g);
-        em_mem_config c = em_mem_config_defaults();
-        c.model = sc->model;
-        c.batch = sc->batch;
-        c.context = sc->context;
-        c.precision = sc->precision;
-        c.cuda = true;
-        double est = (double)estimate_of(&c).bytes[EM_MEM_ACTIVATIONS];
+        size_t used = step_bytes(sc, true);
+        double est = activations_of(sc, true);
         if (!(fabs(est - (double)used) <= 0.02 * (double)used))
             th_fail(
                 __FILE__, __LINE__,
