@@ -170,22 +170,15 @@ TEST(test_estimate_memory_activations_match_the_step_scope_of_a_gpt_step)
 TEST(test_estimate_memory_activations_match_a_cuda_step)
 {
     CUDA_OR_SKIP();
+    /* 2 layers, 2 heads, 64 wide, context 32: the emulator runs every GPU thread */
+#define EMULATED_GPT(b)                                                                                      \
+    {                                                                                                        \
+        .vocab_size = 65, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64, .bias = (b)             \
+    }
     static const scope_case cases[] = {
-        {"f32",
-         {.vocab_size = 65, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64, .bias = true},
-         4,
-         32,
-         EM_PREC_NO},
-        {"bf16",
-         {.vocab_size = 65, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64, .bias = true},
-         4,
-         32,
-         EM_PREC_BF16},
-        {"bf16, no bias",
-         {.vocab_size = 65, .block_size = 32, .n_layer = 2, .n_head = 2, .n_embd = 64},
-         4,
-         32,
-         EM_PREC_BF16},
+        {"f32", EMULATED_GPT(true), 4, 32, EM_PREC_NO},
+        {"bf16", EMULATED_GPT(true), 4, 32, EM_PREC_BF16},
+        {"bf16, no bias", EMULATED_GPT(false), 4, 32, EM_PREC_BF16},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const scope_case *sc = &cases[k];
