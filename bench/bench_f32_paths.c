@@ -10,7 +10,9 @@
  * (each Linear's forward x @ W^T, dX = g @ W and dW = g^T @ x; one
  * attention head's q @ k^T and P @ v), and GPT-2 124M's qkv, fc and head
  * (tied to the embedding) at B*T = 256.
- * Prints the median of each and sgemm / avx2 (above 1: avx2 faster).
+ * Prints the median of each path (and of avx512, ember's own kernel with
+ * its 6x32 AVX-512 block, where the CPU has AVX-512F) and sgemm / each
+ * (above 1: ember's kernel faster).
  * Uses ember's internals (gemm_f32_path_reset), like the tests.
  * usage: bench_f32_paths [reps] [M N K ta tb]   (default 41, 7..201; a shape
  * given: that product alone) */
@@ -66,15 +68,20 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_f32_paths [reps] [M N K ta tb]\n");
         return 2;
     }
-    em_cpu_features f = em_cpu_detect();
+    /* the paths this CPU has: sgemm, avx2 and, with AVX-512F, avx512 */
+    static const char *const paths[] = {"sgemm", "avx2", "avx512"};
+    int np = gemm_wide_usable() ? 3 : 2;
+    use("auto");
     char model[256];
     bench_cpu_model(model, sizeof model);
     printf("bench_f32_paths: %s, %d threads, AVX-512F %s (auto picks %s); median of %d calls each, "
-           "alternating\n",
-           model, em_num_threads(), f.avx512f ? "yes" : "no", f.avx512f ? "sgemm" : "avx2", reps);
-    printf("%5s %5s %5s %3s %3s %10s %10s %10s\n", "M", "N", "K", "ta", "tb", "sgemm ms", "avx2 ms",
-           "sgemm/avx2");
-    double lo = 1e9, hi = 0;
+           "the paths in turn\n",
+           model, em_num_threads(), np == 3 ? "yes" : "no", em_matmul_path(EM_F32), reps);
+    printf("%5s %5s %5s %3s %3s", "M", "N", "K", "ta", "tb");
+    for (int p = 0; p < np; p++) printf(" %9s ms", paths[p]);
+    for (int p = 1; p < np; p++) printf(" sgemm/%-6s", paths[p]);
+    printf("\n");
+    double lo[3] = {1e9, 1e9, 1e9}, hi[3] = {0, 0, 0};
     for (size_t s = 0; s < nshapes; s++) {
         int M = list[s][0], N = list[s][1], K = list[s][2];
         bool ta = list[s][3], tb = list[s][4];
@@ -84,22 +91,27 @@ int main(int argc, char **argv)
         if (!A || !B || !C) return 1;
         for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
         for (size_t i = 0; i < (size_t)K * N; i++) B[i] = (float)((i * 104729) % 1000) / 1000.0f - 0.5f;
-        double t[2][201];
+        double t[3][201], ms[3];
         for (int r = -2; r < reps; r++)
-            for (int q = 0; q < 2; q++) {
-                int p = (r & 1) ? 1 - q : q; /* each path first in every other pair */
-                use(p ? "avx2" : "sgemm");
+            for (int q = 0; q < np; q++) {
+                int p = (q + (r < 0 ? 0 : r)) % np; /* each path first in turn */
+                use(paths[p]);
                 double t0 = now();
                 em_gemm(EM_F32, ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, C, N);
                 if (r >= 0) t[p][r] = now() - t0;
             }
-        double ms0 = 1e3 * median(t[0], reps), ms1 = 1e3 * median(t[1], reps);
-        printf("%5d %5d %5d %3d %3d %10.3f %10.3f %10.3f\n", M, N, K, ta, tb, ms0, ms1, ms0 / ms1);
-        lo = ms0 / ms1 < lo ? ms0 / ms1 : lo;
-        hi = ms0 / ms1 > hi ? ms0 / ms1 : hi;
+        printf("%5d %5d %5d %3d %3d", M, N, K, ta, tb);
+        for (int p = 0; p < np; p++) printf(" %12.3f", ms[p] = 1e3 * median(t[p], reps));
+        for (int p = 1; p < np; p++) {
+            double x = ms[0] / ms[p];
+            printf(" %12.3f", x);
+            lo[p] = x < lo[p] ? x : lo[p];
+            hi[p] = x > hi[p] ? x : hi[p];
+        }
+        printf("\n");
         free(A), free(B), free(C);
     }
-    printf("sgemm / avx2 over these shapes: %.2f-%.2fx\n", lo, hi);
+    for (int p = 1; p < np; p++) printf("sgemm / %s over these shapes: %.2f-%.2fx\n", paths[p], lo[p], hi[p]);
     unsetenv("EMBER_F32_PATH");
     gemm_f32_path_reset();
     return 0;

@@ -1,5 +1,5 @@
 /* gemm.c — every matrix multiply in ember goes through em_gemm: one BLAS
- * GEMM (or, for f32 on the avx2 path, ember's own kernel: gemm_f32_avx2 in
+ * GEMM (or, for f32 on the avx2 path, ember's own kernel: gemm_f32_own in
  * tensor/gemm_widen.c), split into row or column blocks that ember's pool
  * runs in parallel, with OpenBLAS itself kept single-threaded. A bias
  * (em_gemm_bias, gemm_low_dtypes.bias: linear's) is added to each part's
@@ -28,7 +28,7 @@ __attribute__((constructor)) static void blas_single_threaded(void)
 typedef struct gemm_job {
     em_dtype dt; /* f32 or f64 (em_gemm) */
     bool low;    /* em_gemm_low: a product in ldt.lo */
-    bool avx2;   /* an f32 product on ember's own kernel (gemm_f32_avx2), else BLAS */
+    bool own;    /* an f32 product on ember's own kernel (gemm_f32_own), else BLAS */
     gemm_low_dtypes ldt;
     bf16_path path; /* dt bf16 and low: the process's bf16 path */
     bool ta, tb, split_rows;
@@ -154,7 +154,7 @@ void gemm_add_bias(em_dtype ct, const void *bias, void *C, int64_t ldc, int64_t 
  * gemm_call's choice, which gemm_run also needs before the parts start */
 static bool on_own_kernel(const gemm_job *j)
 {
-    if (!j->low) return j->avx2;
+    if (!j->low) return j->own;
     return gemm_widen_usable() && (j->ldt.lo == EM_F16 || j->path == BF16_PATH_F32);
 }
 
@@ -202,8 +202,8 @@ static void gemm_call(gemm_job *j, int64_t part, int64_t m0, int64_t m1, int64_t
     }
     /* (scratch memory that runs out leaves the part to the BLAS) */
     if (on_own_kernel(j) &&
-        gemm_f32_avx2(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)a, j->lda, (const float *)b,
-                      j->ldb, j->beta != 0.0, (float *)c, j->ldc, (const float *)bias, j->shb, first))
+        gemm_f32_own(j->ta, j->tb, m, n, j->K, (float)j->alpha, (const float *)a, j->lda, (const float *)b,
+                     j->ldb, j->beta != 0.0, (float *)c, j->ldc, (const float *)bias, j->shb, first))
         return;
     CBLAS_TRANSPOSE ta = j->ta ? CblasTrans : CblasNoTrans, tb = j->tb ? CblasTrans : CblasNoTrans;
     if (j->dt == EM_F32)
@@ -354,8 +354,8 @@ static void gemm_f(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
      * its 6x16 register block). A K past 1024 with neither operand
      * transposed (GPT-2 124M's dX = g @ W of fc, qkv and the head) stays on
      * the BLAS: there the kernel measured 0.94-1.0x sgemm (bench_f32_paths) */
-    j.avx2 = dt == EM_F32 && (beta == 0.0 || beta == 1.0) && M >= 16 && N >= 16 && (K <= 1024 || ta || tb) &&
-             gemm_f32_path_chosen() == F32_PATH_AVX2;
+    j.own = dt == EM_F32 && (beta == 0.0 || beta == 1.0) && M >= 16 && N >= 16 && (K <= 1024 || ta || tb) &&
+            gemm_f32_path_chosen() != F32_PATH_SGEMM;
     gemm_run(&j);
 }
 

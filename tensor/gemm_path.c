@@ -2,15 +2,21 @@
  * per process from the CPU's features and EMBER_F32_PATH / EMBER_BF16_PATH;
  * em_matmul_path tells users (ember env, the benchmarks).
  *
- * f32 has two paths:
- *   avx2   ember's own GEMM (tensor/gemm_widen.c: 6x16 AVX2+FMA micro-
- *          kernel, the blocking the bf16 path widens in, nothing rounded),
- *          the default on CPUs with AVX2+FMA and no AVX-512F, where it
- *          measured 0.95-1.2x OpenBLAS's sgemm at the GPT's products
- *          (Zen 3, bench/bench_f32_paths; em_gemm leaves the few where it
- *          was slower to the BLAS);
- *   sgemm  the BLAS, everywhere else: with AVX-512 OpenBLAS has wider
- *          kernels, and this one was never measured against them.
+ * f32 has three paths:
+ *   avx2    ember's own GEMM (tensor/gemm_widen.c: 6x16 AVX2+FMA micro-
+ *           kernel, the blocking the bf16 path widens in, nothing rounded),
+ *           the default on CPUs with AVX2+FMA and no AVX-512F, where it
+ *           measured 0.95-1.2x OpenBLAS's sgemm at the GPT's products
+ *           (Zen 3, bench/bench_f32_paths; em_gemm leaves the few where it
+ *           was slower to the BLAS);
+ *   avx512  the same GEMM with a 6x32 AVX-512F micro-kernel for pairs of
+ *           panels: the default on AVX-512F CPUs whose BLAS runs no
+ *           AVX-512 sgemm there (OpenBLAS 0.3.21 on Zen 5 picks its
+ *           Haswell kernels: there this path measured 1.5-1.96x sgemm);
+ *   sgemm   the BLAS, everywhere else: on AVX-512 CPUs whose OpenBLAS runs
+ *           its SkylakeX/Cooperlake kernels, which measured 0.54-1.16x
+ *           the avx512 path's time (mostly 0.8-0.98x; Zen 5 with
+ *           OPENBLAS_CORETYPE=Cooperlake, bench/bench_f32_paths).
  *
  * bf16 has three paths, fastest first:
  *   amx         AMX tile products (tensor/gemm_bf16.c), where the CPU has AMX
@@ -131,14 +137,20 @@ const char *gemm_bf16_path_name(bf16_path p) { return path_names[p]; }
 
 /* ---- f32 -------------------------------------------------------------------------------- */
 
-static const char *const f32_names[] = {[F32_PATH_SGEMM] = "sgemm", [F32_PATH_AVX2] = "avx2"};
+static const char *const f32_names[] = {
+    [F32_PATH_SGEMM] = "sgemm", [F32_PATH_AVX2] = "avx2", [F32_PATH_AVX512] = "avx512"};
 static int f32_resolved; /* 0: not chosen yet; else 1 + the path */
 
 static em_status f32_resolve(f32_path *out)
 {
     const char *v = getenv("EMBER_F32_PATH");
-    if (!v || !v[0] || !strcmp(v, "auto")) { /* avx2 on AVX2+FMA+F16C CPUs without AVX-512F */
-        *out = gemm_widen_usable() && !em_cpu_detect().avx512f ? F32_PATH_AVX2 : F32_PATH_SGEMM;
+    if (!v || !v[0] || !strcmp(v, "auto")) {
+        /* ember's kernel where the BLAS has none as wide; the BLAS's AVX-512
+         * kernels where it has them (see the comment at the top) */
+        bool wide = gemm_wide_usable(), blas_wide = blas_sgemm_avx512();
+        *out = wide && !blas_wide                                ? F32_PATH_AVX512
+               : gemm_widen_usable() && !em_cpu_detect().avx512f ? F32_PATH_AVX2
+                                                                 : F32_PATH_SGEMM;
         return EM_OK;
     }
     if (!strcmp(v, "sgemm")) {
@@ -152,7 +164,15 @@ static em_status f32_resolve(f32_path *out)
         *out = F32_PATH_AVX2;
         return EM_OK;
     }
-    return em_err(EM_ERR_ARG, "EMBER_F32_PATH='%s' is not one of auto, sgemm, avx2", v);
+    if (!strcmp(v, "avx512")) {
+        if (!gemm_wide_usable())
+            return em_err(
+                EM_ERR_UNSUPPORTED,
+                "EMBER_F32_PATH=avx512: this CPU (or build) has no AVX-512F; use auto, avx2 or sgemm");
+        *out = F32_PATH_AVX512;
+        return EM_OK;
+    }
+    return em_err(EM_ERR_ARG, "EMBER_F32_PATH='%s' is not one of auto, sgemm, avx2, avx512", v);
 }
 
 em_status gemm_f32_path(f32_path *out)

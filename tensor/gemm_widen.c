@@ -42,6 +42,12 @@ bool gemm_widen_usable(void)
     return EM_WIDEN_BUILD && f.avx2 && f.fma && f.f16c;
 }
 
+bool gemm_wide_usable(void) { return gemm_widen_usable() && em_cpu_detect().avx512f; }
+
+/* whether this process's products take kernel_wide: where the CPU has it,
+ * unless EMBER_F32_PATH=avx2 asks for the 6x16 kernel alone */
+static bool gemm_wide_now(void) { return gemm_wide_usable() && gemm_f32_path_chosen() != F32_PATH_AVX2; }
+
 #if EM_WIDEN_BUILD
 
 /* micro-kernel rows and columns; blocks of rows, depth and columns (NCD:
@@ -53,7 +59,7 @@ enum { MR = 6, NR = 16, MC = 144, KC = 256, KONE = 512, NC = 3072, NCD = 256, MS
 
 /* How an operand is read: its low-precision values widened (bf16 or f16),
  * or f32 values rounded to the low dtype and widened back (f32), or (exact:
- * an f32 product, gemm_f32_avx2) f32 values as they are. */
+ * an f32 product, gemm_f32_own) f32 values as they are. */
 typedef struct src {
     bool f16;   /* the product's dtype is f16 (else bf16) */
     bool f32;   /* the operand is stored in f32 */
@@ -270,23 +276,21 @@ TARGET static inline __attribute__((always_inline)) void put_block(put_mode pm, 
         }
 }
 
-/* C's MR x NR block at c (row stride ldc elements) gets (init ? init's
- * block : 0) + a-panel @ b-panel over kc, put as pm says. init (row stride
- * ldi, f32) holds the sums of the earlier KC steps; this step's sums are
- * added to it after their own k loop, as every step's are. */
-TARGET static void kernel(put_mode pm, bool f16, int64_t kc, const float *a, const float *b,
-                          const float *init, int64_t ldi, void *c, int64_t ldc)
+/* put_block for any pm and f16, bias as given (NULL or the block's 16
+ * columns): one copy of the stores per mode, each with r in registers */
+TARGET static inline __attribute__((always_inline)) void put_any(put_mode pm, bool f16,
+                                                                 const __m256 r[2 * MR], const float *init,
+                                                                 int64_t ldi, const __m256 *bias, void *c,
+                                                                 int64_t ldc)
 {
-    __m256 r[2 * MR];
-    sums(kc, a, b, r);
-    switch (pm) { /* one copy of the stores per mode */
-    case PUT_F32: put_block(PUT_F32, false, r, init, ldi, NULL, c, ldc); break;
+    switch (pm) {
+    case PUT_F32: put_block(PUT_F32, false, r, init, ldi, bias, c, ldc); break;
     case PUT_ADD: put_block(PUT_ADD, false, r, init, ldi, NULL, c, ldc); break;
     case PUT_KEEP:
         if (f16)
-            put_block(PUT_KEEP, true, r, init, ldi, NULL, c, ldc);
+            put_block(PUT_KEEP, true, r, init, ldi, bias, c, ldc);
         else
-            put_block(PUT_KEEP, false, r, init, ldi, NULL, c, ldc);
+            put_block(PUT_KEEP, false, r, init, ldi, bias, c, ldc);
         break;
     case PUT_KEEP_ADD:
         if (f16)
@@ -301,6 +305,18 @@ TARGET static void kernel(put_mode pm, bool f16, int64_t kc, const float *a, con
             put_block(PUT_LOW, false, r, init, ldi, NULL, c, ldc);
         break;
     }
+}
+
+/* C's MR x NR block at c (row stride ldc elements) gets (init ? init's
+ * block : 0) + a-panel @ b-panel over kc, put as pm says. init (row stride
+ * ldi, f32) holds the sums of the earlier KC steps; this step's sums are
+ * added to it after their own k loop, as every step's are. */
+TARGET static void kernel(put_mode pm, bool f16, int64_t kc, const float *a, const float *b,
+                          const float *init, int64_t ldi, void *c, int64_t ldc)
+{
+    __m256 r[2 * MR];
+    sums(kc, a, b, r);
+    put_any(pm, f16, r, init, ldi, NULL, c, ldc);
 }
 
 /* rows [0,r) and the first 8 * nv columns of init's block (or 0) +
@@ -355,12 +371,65 @@ TARGET static void kernel_bias(put_mode pm, bool f16, int64_t kc, const float *a
     __m256 r[2 * MR];
     sums(kc, a, b, r);
     __m256 bv[2] = {_mm256_loadu_ps(bias), _mm256_loadu_ps(bias + 8)};
-    if (pm == PUT_F32)
-        put_block(PUT_F32, false, r, init, ldi, bv, c, ldc);
-    else if (f16)
-        put_block(PUT_KEEP, true, r, init, ldi, bv, c, ldc);
-    else
-        put_block(PUT_KEEP, false, r, init, ldi, bv, c, ldc);
+    put_any(pm, f16, r, init, ldi, bv, c, ldc);
+}
+
+/* ---- the wide micro-kernel: AVX-512F, two panels of B at once ----------------------------
+ * On a CPU with 512-bit FMA units (Zen 5) a ymm FMA does half the work a
+ * zmm one does in the same slot, so the 6x16 kernel above runs at half the
+ * machine's multiply-add rate. kernel_wide multiplies one A panel by two
+ * adjacent B panels (B's packing is unchanged: 16 columns a panel, the
+ * next panel kc * NR floats on), a 6x32 block in 12 zmm registers. Each
+ * element is the same k loop of multiply-adds in the same order as sums()
+ * makes, so its bits are the 6x16 kernel's, and the two halves leave the
+ * registers through put_block as two 6x16 blocks. */
+#define TARGET512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+/* the upper 8 floats of x */
+TARGET512 static inline __m256 hi8(__m512 x)
+{
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+}
+
+/* C's MR x 2NR block at c gets (init ? init's block : 0) + a-panel @ the
+ * two b-panels from b (kc * NR floats apart), put as pm says, bias (2 NR
+ * values, or NULL) added as kernel_bias adds it */
+TARGET512 static void kernel_wide(put_mode pm, bool f16, int64_t kc, const float *a, const float *b,
+                                  const float *init, int64_t ldi, const float *bias, void *c, int64_t ldc)
+{
+    const float *b1 = b + kc * NR;
+    __m512 z = _mm512_setzero_ps();
+    __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z,
+           c51 = z;
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        const float *ak = a + k * MR;
+        __m512 x0 = _mm512_loadu_ps(b + k * NR), x1 = _mm512_loadu_ps(b1 + k * NR), x;
+#define EM_FMA_ROW(r)                                                                                        \
+    x = _mm512_set1_ps(ak[r]);                                                                               \
+    c##r##0 = _mm512_fmadd_ps(x, x0, c##r##0);                                                               \
+    c##r##1 = _mm512_fmadd_ps(x, x1, c##r##1);
+        EM_FMA_ROW(0) EM_FMA_ROW(1) EM_FMA_ROW(2) EM_FMA_ROW(3) EM_FMA_ROW(4) EM_FMA_ROW(5)
+#undef EM_FMA_ROW
+    }
+    /* the left block's rows (c?0) and the right's (c?1) as 6x16 blocks of ymm halves */
+    __m256 lft[2 * MR] = {_mm512_castps512_ps256(c00), hi8(c00), _mm512_castps512_ps256(c10), hi8(c10),
+                          _mm512_castps512_ps256(c20), hi8(c20), _mm512_castps512_ps256(c30), hi8(c30),
+                          _mm512_castps512_ps256(c40), hi8(c40), _mm512_castps512_ps256(c50), hi8(c50)};
+    __m256 rgt[2 * MR] = {_mm512_castps512_ps256(c01), hi8(c01), _mm512_castps512_ps256(c11), hi8(c11),
+                          _mm512_castps512_ps256(c21), hi8(c21), _mm512_castps512_ps256(c31), hi8(c31),
+                          _mm512_castps512_ps256(c41), hi8(c41), _mm512_castps512_ps256(c51), hi8(c51)};
+    char *c2 = (char *)c + (pm == PUT_LOW ? 2 : 4) * NR;
+    const float *init2 = init ? init + NR : NULL;
+    if (bias) {
+        __m256 bl[2] = {_mm256_loadu_ps(bias), _mm256_loadu_ps(bias + 8)},
+               br[2] = {_mm256_loadu_ps(bias + 16), _mm256_loadu_ps(bias + 24)};
+        put_any(pm, f16, lft, init, ldi, bl, c, ldc);
+        put_any(pm, f16, rgt, init2, ldi, br, c2, ldc);
+    } else {
+        put_any(pm, f16, lft, init, ldi, NULL, c, ldc);
+        put_any(pm, f16, rgt, init2, ldi, NULL, c2, ldc);
+    }
 }
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,
@@ -515,18 +584,48 @@ static void pack_shared(src sb, bool tb, const void *B, int64_t ldb, int64_t n, 
         while (__atomic_load_n(&sh->state[q], __ATOMIC_ACQUIRE) != 2) __builtin_ia32_pause();
 }
 
+/* What the blocks of one blocked() call share: C's src, add and alpha
+ * (store_low's), how a whole block leaves the registers (pm, -1: through
+ * store_low) and whether pairs of whole panels take kernel_wide. */
+typedef struct blocks {
+    src sc;
+    bool add, wide;
+    float alpha;
+    int pm;
+} blocks;
+
+/* C's block at c of r rows and w columns (one panel's at most) over kc,
+ * final after this step (init: the earlier steps' sums, row stride ldi;
+ * bias: its w columns or NULL): a whole block straight from the kernel's
+ * registers, an edge one through scratch (row stride lds) and store_low */
+static void final_block(const blocks *x, int64_t r, int64_t w, int64_t kc, const float *a, const float *b,
+                        const float *init, int64_t ldi, const float *bias, float *scratch, int64_t lds,
+                        void *c, int64_t ldc)
+{
+    if (r == MR && w == NR && x->pm >= 0) {
+        if (bias)
+            kernel_bias(x->pm, x->sc.f16, kc, a, b, init, ldi, bias, c, ldc);
+        else
+            kernel(x->pm, x->sc.f16, kc, a, b, init, ldi, c, ldc);
+        return;
+    }
+    kernel_f32(r, w, kc, a, b, init, ldi, scratch, lds);
+    store_low(x->sc, x->add, x->alpha, bias, scratch, lds, c, ldc, r, w);
+}
+
 /* C (m,n) = op(A) @ op(B), each operand read as its src says, stored as
  * sc and store_low say (add: added to C; alpha: an exact product's scale),
  * bias (n values or NULL; an f32 C without add) added to each row last */
 static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *bias, bool ta, bool tb,
                     int64_t m, int64_t n, int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
-                    void *C, int64_t ldc, const gemm_shared_b *shb, int64_t first)
+                    void *C, int64_t ldc, const gemm_shared_b *shb, int64_t first, bool wide)
 {
     geom g = geom_of(n, K);
     bool deep = g.deep;
     /* how a whole 6x16 block of C leaves the kernel's registers (-1: through
      * store_low); a block at C's edge goes through store_low too */
     int pm = put_mode_of(sc, add, alpha);
+    blocks x = {sc, add, wide, alpha, pm};
     size_t cs = sc.f32 ? 4 : 2;
     char *c8 = C;
     int64_t kc_max = g.kc_max, nc_max = g.nc_max, mc_max = m < MC ? m : MC;
@@ -564,21 +663,22 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
             for (int64_t m0 = 0; m0 < m; m0 += mc_max) {
                 int64_t mc = m - m0 < mc_max ? m - m0 : mc_max;
                 pack_a(sa, ta, A, lda, m, m0, mc, 0, K, ap);
-                for (int64_t j0 = 0; j0 < nc; j0 += NR)
+                for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+                    bool pair = wide && j0 + 2 * NR <= nc; /* two whole panels: kernel_wide */
                     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                         char *cij = c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs;
                         const float *bj = bias ? bias + n0 + j0 : NULL;
-                        if (r == MR && w == NR && pm >= 0) { /* a whole block straight into C */
-                            if (bj)
-                                kernel_bias(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, bj, cij, ldc);
-                            else
-                                kernel(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, cij, ldc);
+                        if (pair && r == MR && pm >= 0) {
+                            kernel_wide(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, bj, cij, ldc);
                             continue;
                         }
-                        kernel_f32(r, w, K, ap + i0 * K, bp + j0 * K, NULL, 0, tile, NR);
-                        store_low(sc, add, alpha, bj, tile, NR, cij, ldc, r, w);
+                        for (int64_t h = 0; h <= (pair ? NR : 0); h += NR)
+                            final_block(&x, r, w, K, ap + i0 * K, bp + (j0 + h) * K, NULL, 0,
+                                        bj ? bj + h : NULL, tile, NR, cij + h * cs, ldc);
                     }
+                    if (pair) j0 += NR;
+                }
             }
             continue;
         }
@@ -601,24 +701,33 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                         a = aall + (k0 / kc_max * nmb + m0 / mc_max) * kc_max * mcp;
                     else
                         pack_a(sa, ta, A, lda, m, M0 + m0, mc, k0, kc, ap);
-                    for (int64_t j0 = 0; j0 < nc; j0 += NR)
+                    for (int64_t j0 = 0; j0 < nc; j0 += NR) {
+                        bool pair = wide && j0 + 2 * NR <= nc, last = k0 + kc == K;
                         for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                             float *sum = acc + (m0 + i0) * ncp + j0, *prev = k0 > 0 ? sum : NULL;
                             const float *ai = a + i0 * kc, *bj = bp + j0 * kc;
                             int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                             char *cij = c8 + (size_t)((M0 + m0 + i0) * ldc + n0 + j0) * cs;
                             const float *biasj = bias ? bias + n0 + j0 : NULL;
-                            if (k0 + kc < K) {
-                                kernel_f32(r, w, kc, ai, bj, prev, ncp, sum, ncp);
-                            } else if (r == MR && w == NR && pm >= 0 && biasj) {
-                                kernel_bias(pm, sc.f16, kc, ai, bj, prev, ncp, biasj, cij, ldc);
-                            } else if (r == MR && w == NR && pm >= 0) {
-                                kernel(pm, sc.f16, kc, ai, bj, prev, ncp, cij, ldc);
-                            } else {
-                                kernel_f32(r, w, kc, ai, bj, prev, ncp, sum, ncp);
-                                store_low(sc, add, alpha, biasj, sum, ncp, cij, ldc, r, w);
+                            if (pair && r == MR && !last) {
+                                kernel_wide(PUT_F32, false, kc, ai, bj, prev, ncp, NULL, sum, ncp);
+                                continue;
+                            }
+                            if (pair && r == MR && pm >= 0) {
+                                kernel_wide(pm, sc.f16, kc, ai, bj, prev, ncp, biasj, cij, ldc);
+                                continue;
+                            }
+                            for (int64_t h = 0; h <= (pair ? NR : 0); h += NR) {
+                                const float *ph = prev ? prev + h : NULL, *bh = biasj ? biasj + h : NULL;
+                                if (!last)
+                                    kernel_f32(r, w, kc, ai, bj + h * kc, ph, ncp, sum + h, ncp);
+                                else
+                                    final_block(&x, r, w, kc, ai, bj + h * kc, ph, ncp, bh, sum + h, ncp,
+                                                cij + h * cs, ldc);
                             }
                         }
+                        if (pair) j0 += NR;
+                    }
                 }
             }
         }
@@ -634,15 +743,17 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
     bool f16 = dt.lo == EM_F16;
     src sa = {f16, dt.a == EM_F32, false}, sb = {f16, dt.b == EM_F32, false},
         sc = {f16, dt.c == EM_F32, false};
-    return blocked(sa, sb, sc, dt.add, 1.0f, dt.bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc, shb, first);
+    return blocked(sa, sb, sc, dt.add, 1.0f, dt.bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc, shb, first,
+                   gemm_wide_now());
 }
 
-bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
-                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
-                   const float *bias, const gemm_shared_b *shb, int64_t first)
+bool gemm_f32_own(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, bool add, float *C, int64_t ldc, const float *bias,
+                  const gemm_shared_b *shb, int64_t first)
 {
     src s = {false, true, true};
-    return blocked(s, s, s, add, alpha, bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc, shb, first);
+    return blocked(s, s, s, add, alpha, bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc, shb, first,
+                   gemm_wide_now());
 }
 
 #else
@@ -665,9 +776,9 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
     return false;
 }
 
-bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
-                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
-                   const float *bias, const gemm_shared_b *shb, int64_t first)
+bool gemm_f32_own(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, bool add, float *C, int64_t ldc, const float *bias,
+                  const gemm_shared_b *shb, int64_t first)
 {
     (void)ta, (void)tb, (void)m, (void)n, (void)K, (void)alpha, (void)A, (void)lda, (void)B, (void)ldb,
         (void)add, (void)C, (void)ldc, (void)bias, (void)shb, (void)first;

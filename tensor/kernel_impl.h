@@ -185,24 +185,32 @@ void gemm_shared_b_hook_for_test(gemm_shared_b_hook hook);
  * added as the kernel stores them (an f32 C only); false (nothing written)
  * when !gemm_widen_usable() or scratch runs out. */
 bool gemm_widen_usable(void);
+/* Whether the CPU (and build) also has AVX-512F, for the GEMM's 6x32
+ * micro-kernel (the "avx512" f32 path; low products take it too unless
+ * EMBER_F32_PATH=avx2). */
+bool gemm_wide_usable(void);
 bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
                 int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc, const gemm_shared_b *shb,
                 int64_t first);
-/* One thread's f32 product on the same blocking and micro-kernel (the
- * "avx2" f32 path, gemm_f32_path): C (m,n) = alpha op(A) @ op(B), or (add)
+/* One thread's f32 product on the same blocking and micro-kernels (the
+ * "avx2" and "avx512" f32 paths, gemm_f32_path): C (m,n) = alpha op(A) @ op(B), or (add)
  * C + that, nothing rounded, then bias (n values, or NULL; not with add)
  * added to each row as the kernel stores it; false (nothing written) when
  * !gemm_widen_usable() or scratch runs out. */
-bool gemm_f32_avx2(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A,
-                   int64_t lda, const float *B, int64_t ldb, bool add, float *C, int64_t ldc,
-                   const float *bias, const gemm_shared_b *shb, int64_t first);
+bool gemm_f32_own(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, bool add, float *C, int64_t ldc, const float *bias,
+                  const gemm_shared_b *shb, int64_t first);
 /* The path f32 products take in this process (tensor/gemm_path.c):
- * EMBER_F32_PATH (auto, sgemm, avx2) on this CPU, read once. auto is avx2
- * (ember's own AVX2+FMA kernel, gemm_f32_avx2) where the CPU has AVX2+FMA
- * and no AVX-512F, else sgemm (the BLAS's, which has AVX-512 kernels).
- * EM_ERR_ARG for an unknown value, EM_ERR_UNSUPPORTED for avx2 on a CPU
- * without AVX2+FMA (read at every call, like EMBER_BF16_PATH). */
-typedef enum f32_path { F32_PATH_SGEMM, F32_PATH_AVX2 } f32_path;
+ * EMBER_F32_PATH (auto, sgemm, avx2, avx512) on this CPU, read once; auto's
+ * rule is gemm_path.c's. avx2 and avx512 are ember's own GEMM
+ * (gemm_f32_own) on its 6x16 AVX2 kernel, or with its 6x32 AVX-512 one.
+ * EM_ERR_ARG for an unknown value, EM_ERR_UNSUPPORTED for a path this CPU
+ * lacks (read at every call, like EMBER_BF16_PATH). */
+typedef enum f32_path { F32_PATH_SGEMM, F32_PATH_AVX2, F32_PATH_AVX512 } f32_path;
+/* Whether the BLAS's sgemm runs AVX-512 kernels on this CPU
+ * (tensor/runtime.c): OpenBLAS's chosen core is SkylakeX, Cooperlake or
+ * SapphireRapids; true for a BLAS that cannot say. */
+bool blas_sgemm_avx512(void);
 em_status gemm_f32_path(f32_path *out);
 /* The path already chosen, without reading the environment again (em_gemm
  * asks at every product, attention's per-head ones included); the first

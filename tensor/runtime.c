@@ -3,10 +3,12 @@
  * library in use and the CUDA devices visible. Backs `ember env`. */
 #include "ember/runtime.h"
 #include "ember_config.h"
+#include "kernel_impl.h"
 #include "tensor_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <strings.h>
 #define EM_X86 1
 #else
 #define EM_X86 0
@@ -97,8 +99,24 @@ em_build_info em_build(void)
 /* OpenBLAS's own entry points (cblas.h declares them, but not every
  * distribution installs that header beside the library's .pc file). */
 char *openblas_get_config(void);
+char *openblas_get_corename(void);
 int openblas_get_num_threads(void);
 #endif
+
+bool blas_sgemm_avx512(void)
+{
+#if EM_BLAS_OPENBLAS
+    /* the kernels OpenBLAS chose for this CPU (OPENBLAS_CORETYPE can force
+     * them); 0.3.21 does not know Zen 5 and runs Haswell's AVX2 ones there */
+    static const char *const wide[] = {"skylakex", "cooperlake", "sapphirerapids"};
+    const char *core = openblas_get_corename();
+    for (size_t i = 0; core && i < sizeof wide / sizeof wide[0]; i++)
+        if (!strcasecmp(core, wide[i])) return true;
+    return false;
+#else
+    return true; /* cannot say: taken to have them */
+#endif
+}
 
 /* OpenBLAS's build description ("OpenBLAS 0.3.21 DYNAMIC_ARCH ..."), or a note
  * saying the BLAS in use cannot describe itself. */

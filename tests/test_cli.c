@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "tensor/kernel_impl.h"
 
 #define EMBER_BIN EMBER_BUILD_DIR "/ember"
 
@@ -57,9 +58,12 @@ TEST(test_cli_env_says_the_matmul_path_of_each_dtype)
     char want[128];
     snprintf(want, sizeof want, "matmul bf16    %s: ", em_matmul_path(EM_BF16));
     CHECK(has_line(r->out, want));
-    /* f32: ember's kernel on AVX2 CPUs without AVX-512, else the BLAS */
+    /* f32: ember's kernel on AVX2 CPUs without AVX-512, its AVX-512 one
+     * where the BLAS has no AVX-512 sgemm, else the BLAS */
     em_cpu_features f = em_cpu_detect();
-    const char *f32 = f.avx2 && f.fma && f.f16c && !f.avx512f ? "avx2" : "sgemm";
+    const char *f32 = gemm_wide_usable() && !blas_sgemm_avx512() ? "avx512"
+                      : f.avx2 && f.fma && f.f16c && !f.avx512f  ? "avx2"
+                                                                 : "sgemm";
     snprintf(want, sizeof want, "matmul f32     %s: ", f32);
     CHECK(has_line(r->out, want));
     CHECK(has_line(r->out, "matmul f16     f32: "));

@@ -1,17 +1,30 @@
 /* test_f32_path.c — the f32 product paths (tensor/gemm_path.c): sgemm (the
- * BLAS) and avx2 (ember's own AVX2+FMA kernel, tensor/gemm_widen.c's
- * blocking with nothing rounded). The kernel is compared with f64 on the
- * same inputs at odd shapes, every layout and past each of its blocks,
- * within f32 accumulation's rounding; the setting is checked like
- * EMBER_BF16_PATH's. */
+ * BLAS), avx2 and avx512 (ember's own GEMM, tensor/gemm_widen.c's blocking
+ * with nothing rounded, on its 6x16 AVX2+FMA or its 6x32 AVX-512F micro-
+ * kernel). Each kernel is compared with f64 on the same inputs at odd
+ * shapes, every layout and past each of its blocks, within f32
+ * accumulation's rounding; the 6x32 kernel must also give the 6x16 one's
+ * bits, in f32 and low-precision products alike; the setting is checked
+ * like EMBER_BF16_PATH's. */
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "harness.h"
 #include "path_test.h"
+#include "tensor/dtype_math.h"
 #include "tensor/kernel_impl.h"
 
 static bool have_avx2(void) { return gemm_widen_usable(); }
+
+/* ember's own f32 paths this CPU runs (avx2, and avx512 with AVX-512F) in
+ * out; how many */
+static int own_paths(const char *out[2])
+{
+    int n = 0;
+    if (have_avx2()) out[n++] = "avx2";
+    if (gemm_wide_usable()) out[n++] = "avx512";
+    return n;
+}
 
 static float *rand_f32(int64_t n, uint64_t seed)
 {
@@ -24,7 +37,7 @@ static float *rand_f32(int64_t n, uint64_t seed)
     return p;
 }
 
-/* C = alpha op(A) @ op(B) (+ C0 when add) by gemm_f32_avx2 against f64:
+/* C = alpha op(A) @ op(B) (+ C0 when add) by gemm_f32_own against f64:
  * within f32 accumulation's rounding, (K + 3) ulps of the absolute sum */
 static void avx2_matches(int64_t m, int64_t K, int64_t n, bool ta, bool tb, float alpha, bool add)
 {
@@ -33,7 +46,7 @@ static void avx2_matches(int64_t m, int64_t K, int64_t n, bool ta, bool tb, floa
           *B = rand_f32((tb ? n : K) * ldb, (uint64_t)(n + 7 * K));
     float *C = rand_f32(m * ldc, 99), *C0 = malloc((size_t)(m * ldc) * sizeof *C0);
     memcpy(C0, C, (size_t)(m * ldc) * sizeof *C);
-    CHECK(gemm_f32_avx2(ta, tb, m, n, K, alpha, A, lda, B, ldb, add, C, ldc, NULL, NULL, 0));
+    CHECK(gemm_f32_own(ta, tb, m, n, K, alpha, A, lda, B, ldb, add, C, ldc, NULL, NULL, 0));
     int bad = 0;
     for (int64_t i = 0; i < m && bad < 3; i++)
         for (int64_t j = 0; j < ldc; j++) {
@@ -63,33 +76,54 @@ static void avx2_matches(int64_t m, int64_t K, int64_t n, bool ta, bool tb, floa
 
 static const int64_t odd[] = {1, 7, 17, 50};
 
-TEST(test_f32_avx2_kernel_matches_f64_at_odd_shapes_in_every_layout)
+TEST(test_f32_own_kernels_match_f64_at_odd_shapes_in_every_layout)
 {
-    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++)
-            for (int k = 0; k < 4; k++) avx2_matches(odd[i], odd[j], odd[k], k & 1, j & 1, 1.0f, false);
+    const char *paths[2];
+    int np = own_paths(paths);
+    if (!np) SKIP("this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here");
+    for (int p = 0; p < np; p++) {
+        use_f32_path(paths[p]);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++)
+                for (int k = 0; k < 4; k++) avx2_matches(odd[i], odd[j], odd[k], k & 1, j & 1, 1.0f, false);
+        avx2_matches(50, 64, 100, false, false, 1.0f, false); /* panels in pairs and one alone */
+    }
+    use_f32_path(NULL);
 }
 
-TEST(test_f32_avx2_kernel_scales_by_alpha_and_adds_to_c)
+TEST(test_f32_own_kernels_scale_by_alpha_and_add_to_c)
 {
-    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
-    avx2_matches(17, 33, 50, false, true, 0.125f, false); /* attention's q @ k^T * scale */
-    avx2_matches(17, 33, 50, true, false, 1.0f, true);    /* a gradient added where it lies */
-    avx2_matches(50, 600, 17, true, false, -2.0f, true);  /* both, past two blocks of depth */
-    avx2_matches(50, 300, 17, true, false, -2.0f, true);  /* both, in one step past KC */
+    const char *paths[2];
+    int np = own_paths(paths);
+    if (!np) SKIP("this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here");
+    for (int p = 0; p < np; p++) {
+        use_f32_path(paths[p]);
+        avx2_matches(17, 33, 50, false, true, 0.125f, false); /* attention's q @ k^T * scale */
+        avx2_matches(17, 33, 50, true, false, 1.0f, true);    /* a gradient added where it lies */
+        avx2_matches(50, 600, 17, true, false, -2.0f, true);  /* both, past two blocks of depth */
+        avx2_matches(50, 300, 17, true, false, -2.0f, true);  /* both, in one step past KC */
+        avx2_matches(30, 600, 70, true, false, 0.5f, false);  /* scaled, deep, whole pairs of panels */
+        avx2_matches(30, 300, 64, false, true, 1.0f, true);   /* added, pairs of panels */
+    }
+    use_f32_path(NULL);
 }
 
-TEST(test_f32_avx2_kernel_matches_f64_past_each_block)
+TEST(test_f32_own_kernels_match_f64_past_each_block)
 {
-    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: the avx2 f32 path cannot run here");
-    avx2_matches(150, 40, 33, false, false, 1.0f, false);  /* past a block of 144 rows */
-    avx2_matches(9, 520, 40, false, true, 1.0f, false);    /* three blocks of depth (256) */
-    avx2_matches(40, 512, 1600, false, false, 1.0f, false); /* one step of 512, past 1536 columns */
-    avx2_matches(40, 513, 50, false, true, 1.0f, false);    /* a K past 512: three blocks of depth */
-    avx2_matches(20, 300, 300, true, false, 1.0f, true);   /* deep, past 256 columns */
-    avx2_matches(1030, 520, 20, true, false, 1.0f, false); /* deep, past 1024 rows summed together */
-    avx2_matches(3, 16, 3100, false, false, 1.0f, false);  /* past 3072 columns */
+    const char *paths[2];
+    int np = own_paths(paths);
+    if (!np) SKIP("this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here");
+    for (int p = 0; p < np; p++) {
+        use_f32_path(paths[p]);
+        avx2_matches(150, 40, 33, false, false, 1.0f, false);   /* past a block of 144 rows */
+        avx2_matches(9, 520, 40, false, true, 1.0f, false);     /* three blocks of depth (256) */
+        avx2_matches(40, 512, 1600, false, false, 1.0f, false); /* one step of 512, past 1536 columns */
+        avx2_matches(40, 513, 50, false, true, 1.0f, false);    /* a K past 512: three blocks of depth */
+        avx2_matches(20, 300, 300, true, false, 1.0f, true);    /* deep, past 256 columns */
+        avx2_matches(1030, 520, 20, true, false, 1.0f, false);  /* deep, past 1024 rows summed together */
+        avx2_matches(3, 16, 3100, false, false, 1.0f, false);   /* past 3072 columns */
+    }
+    use_f32_path(NULL);
 }
 
 /* em_matmul of f32 (M,K) @ (K,N) on the path now set */
@@ -101,22 +135,33 @@ static em_tensor *product(int64_t M, int64_t K, int64_t N, bool tb)
     return em_matmul(a, tb ? em_transpose(b, 0, 1) : b);
 }
 
-TEST(test_f32_paths_agree_and_avx2_is_the_default_on_avx2_cpus_without_avx512)
+/* the f32 path auto should take here (gemm_path.c's rule) */
+static const char *auto_f32_path(void)
+{
+    if (gemm_wide_usable() && !blas_sgemm_avx512()) return "avx512";
+    return have_avx2() && !em_cpu_detect().avx512f ? "avx2" : "sgemm";
+}
+
+TEST(test_f32_paths_agree_and_auto_takes_embers_kernel_where_the_blas_has_none_as_wide)
 {
     em_scope s = em_scope_begin();
     use_f32_path(NULL);
-    em_cpu_features f = em_cpu_detect();
-    const char *want = have_avx2() && !f.avx512f ? "avx2" : "sgemm";
-    CHECK(!strcmp(em_matmul_path(EM_F32), want));
+    CHECK(!strcmp(em_matmul_path(EM_F32), auto_f32_path()));
     use_f32_path("sgemm");
     CHECK(!strcmp(em_matmul_path(EM_F32), "sgemm"));
     em_tensor *blas = product(300, 70, 90, true);
-    if (have_avx2()) {
-        use_f32_path("avx2");
-        CHECK(!strcmp(em_matmul_path(EM_F32), "avx2"));
+    const char *paths[2];
+    int np = own_paths(paths);
+    for (int p = 0; p < np; p++) {
+        use_f32_path(paths[p]);
+        CHECK(!strcmp(em_matmul_path(EM_F32), paths[p]));
         em_tensor *own = product(300, 70, 90, true);
         CHECK_NOTNULL(own);
         CHECK(th_max_abs_diff(own, blas) < 1e-4); /* K = 70 terms of |x| ~ 1: f32 rounding */
+    }
+    if (!gemm_wide_usable()) {
+        use_f32_path("avx512");
+        CHECK_ERR(em_matmul_path(EM_F32), EM_ERR_UNSUPPORTED, "EMBER_F32_PATH=avx512: this CPU");
     }
     use_f32_path(NULL);
     em_scope_end(s);
@@ -127,7 +172,7 @@ TEST(test_f32_path_setting_names_a_bad_value_and_matmul_reports_it)
     em_scope s = em_scope_begin();
     use_f32_path("diagonal");
     CHECK_ERR(em_matmul_path(EM_F32), EM_ERR_ARG,
-              "EMBER_F32_PATH='diagonal' is not one of auto, sgemm, avx2");
+              "EMBER_F32_PATH='diagonal' is not one of auto, sgemm, avx2, avx512");
     CHECK_ERR(product(20, 20, 20, false), EM_ERR_ARG, "EMBER_F32_PATH='diagonal'");
     use_f32_path(NULL);
     CHECK_NOTNULL(product(20, 20, 20, false));
@@ -221,5 +266,94 @@ TEST(test_f32_avx2_parts_sharing_op_b_wait_for_a_group_packed_late)
     same_bits_at_any_thread_count(1030, 3100, 70, false, false, false, false);
     same_bits_at_any_thread_count(384, 128, 768, true, false, false, true); /* a deep K: 3 KC steps */
     gemm_shared_b_hook_for_test(NULL);
+    use_f32_path(NULL);
+}
+
+/* C of em_gemm (f32, bias and add as in same_bits_at_any_thread_count) on
+ * f32 path p, in a new buffer of M * ldc floats (the caller frees it) */
+static float *gemm_on(const char *p, int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool bias, bool add,
+                      int64_t ldc)
+{
+    int64_t lda = ta ? M + 1 : K + 3, ldb = tb ? K + 2 : N + 1;
+    float *A = rand_f32((ta ? K : M) * lda, (uint64_t)(M + 3 * K)), *B = rand_f32((tb ? N : K) * ldb, 11);
+    float *bv = rand_f32(N, 12), *C = rand_f32(M * ldc, 13);
+    use_f32_path(p);
+    if (bias)
+        em_gemm_bias(EM_F32, ta, tb, M, N, K, 1.0, A, lda, B, ldb, C, ldc, bv);
+    else
+        em_gemm(EM_F32, ta, tb, M, N, K, add ? 1.0 : 0.5, A, lda, B, ldb, add ? 1.0 : 0.0, C, ldc);
+    free(A), free(B), free(bv);
+    return C;
+}
+
+/* the avx512 path's C is the avx2 path's bit for bit: kernel_wide sums each
+ * element in the 6x16 kernel's order and puts it the same way */
+static void wide_bits_are_avx2s(int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool bias, bool add)
+{
+    int64_t ldc = N + 3;
+    float *n = gemm_on("avx2", M, N, K, ta, tb, bias, add, ldc),
+          *w = gemm_on("avx512", M, N, K, ta, tb, bias, add, ldc);
+    if (memcmp(n, w, (size_t)(M * ldc) * sizeof(float)))
+        th_fail(__FILE__, __LINE__, "(%lld,%lld)%s @ (%lld,%lld)%s%s%s: avx512 differs from avx2",
+                (long long)M, (long long)K, ta ? "^T" : "", (long long)K, (long long)N, tb ? "^T" : "",
+                bias ? " + bias" : "", add ? " added" : "");
+    free(n), free(w);
+}
+
+TEST(test_f32_avx512_kernel_gives_the_avx2_kernels_bits)
+{
+    if (!gemm_wide_usable()) SKIP("this CPU has no AVX-512F: the avx512 f32 path cannot run here");
+    wide_bits_are_avx2s(768, 384, 128, false, true, true, false);   /* a Linear with its bias */
+    wide_bits_are_avx2s(768, 128, 384, false, false, false, false); /* its dX */
+    wide_bits_are_avx2s(384, 128, 768, true, false, false, true);   /* its dW, added, deep */
+    wide_bits_are_avx2s(128, 512, 768, true, false, false, false);  /* deep, by columns */
+    wide_bits_are_avx2s(100, 700, 600, false, true, true, false);   /* deep with a bias, edges */
+    wide_bits_are_avx2s(50, 65, 128, false, true, true, false);  /* a head of 65: pairs, a panel, an edge */
+    wide_bits_are_avx2s(37, 48, 40, false, false, false, false); /* alpha 0.5: through store_low */
+    wide_bits_are_avx2s(37, 48, 700, true, true, false, false);  /* the same, deep */
+    wide_bits_are_avx2s(100, 2000, 400, false, false, false, false); /* one step past KC */
+    use_f32_path(NULL);
+}
+
+/* random operand of n values stored as dt (f32, or bf16/f16 bits) */
+static void *rand_as(em_dtype dt, int64_t n, uint64_t seed)
+{
+    float *f = rand_f32(n, seed);
+    if (dt == EM_F32) return f;
+    uint16_t *h = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) h[i] = dt == EM_F16 ? f32_to_f16_bits(f[i]) : f32_to_bf16_bits(f[i]);
+    free(f);
+    return h;
+}
+
+TEST(test_low_products_on_the_avx512_kernel_give_the_avx2_kernels_bits)
+{
+    if (!gemm_wide_usable()) SKIP("this CPU has no AVX-512F: the 6x32 kernel cannot run here");
+    static const int64_t shapes[][5] = {{60, 96, 70, 0, 1}, {70, 64, 600, 1, 0}, {19, 100, 33, 0, 0}};
+    float *bias = rand_f32(100, 5);
+    for (int lo = 0; lo < 2; lo++)
+        for (int form = 0; form < 5; form++) /* operands low or f32; C low, f32, added, with a bias */
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                int64_t m = shapes[s][0], n = shapes[s][1], K = shapes[s][2];
+                bool ta = shapes[s][3], tb = shapes[s][4];
+                em_dtype l = lo ? EM_F16 : EM_BF16;
+                gemm_low_dtypes dt = {
+                    l,         form & 1 ? EM_F32 : l,  form & 1 ? EM_F32 : l, form ? EM_F32 : l,
+                    form == 2, form == 4 ? bias : NULL};
+                size_t cs = dt.c == EM_F32 ? 4 : 2;
+                void *A = rand_as(dt.a, m * K, 1 + s), *B = rand_as(dt.b, K * n, 2 + s);
+                void *C[2];
+                for (int p = 0; p < 2; p++) {
+                    C[p] = rand_as(dt.c, m * n, 3);
+                    use_f32_path(p ? "avx512" : "avx2");
+                    CHECK(gemm_widen(dt, ta, tb, m, n, K, A, ta ? m : K, B, tb ? K : n, C[p], n, NULL, 0));
+                }
+                if (memcmp(C[0], C[1], (size_t)(m * n) * cs))
+                    th_fail(__FILE__, __LINE__,
+                            "%s product %lldx%lldx%lld, form %d: avx512 differs from avx2", em_dtype_name(l),
+                            (long long)m, (long long)n, (long long)K, form);
+                free(A), free(B), free(C[0]), free(C[1]);
+            }
+    free(bias);
     use_f32_path(NULL);
 }

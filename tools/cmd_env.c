@@ -106,16 +106,29 @@ static const char *path_says(const char *path, const char *dtype)
     if (!strcmp(path, "sgemm")) return "BLAS sgemm, split over ember's pool";
     if (!strcmp(path, "avx2"))
         return "ember's 6x16 AVX2+FMA kernel, split over ember's pool (EMBER_F32_PATH=sgemm: the BLAS)";
+    if (!strcmp(path, "avx512"))
+        return "ember's 6x32 AVX-512F kernel (auto takes it where the BLAS runs no AVX-512 sgemm), split "
+               "over ember's pool "
+               "(EMBER_F32_PATH=sgemm: the BLAS)";
     if (!strcmp(path, "amx")) return "AMX tiles, f32 accumulation; autocast casts f32 operands to bf16 first";
     if (!strcmp(path, "avx512bf16"))
         return "AVX512-BF16 (VDPBF16PS), f32 accumulation; autocast casts f32 operands to bf16 first";
     if (!strcmp(path, "f32"))
         return !strcmp(dtype, "bf16")
-                   ? "kept in bf16, widened to f32 block by block inside the GEMM; autocast's "
+                   ? "kept in bf16, widened to f32 block by block inside ember's GEMM; autocast's "
                      "f32 operands rounded to bf16 there, never copied"
-                   : "kept in f16, widened to f32 block by block inside the GEMM; autocast's "
+                   : "kept in f16, widened to f32 block by block inside ember's GEMM; autocast's "
                      "f32 operands rounded to f16 there, never copied";
     return "";
+}
+
+/* ", on <kernel>" for a low-precision path that runs on ember's own GEMM
+ * ("f32"): the micro-kernel it takes here (tensor/gemm_widen.c), else "" */
+static const char *low_kernel(const env_info *e, const char *path)
+{
+    if (!path || strcmp(path, "f32") || !e->feat.avx2) return "";
+    bool wide = e->feat.avx512f && (!e->path_f32 || strcmp(e->path_f32, "avx2"));
+    return wide ? ", on its 6x32 AVX-512F kernel" : ", on its 6x16 AVX2 kernel";
 }
 
 static void print_text(const env_info *e)
@@ -142,10 +155,12 @@ static void print_text(const env_info *e)
     else
         printf("matmul f32     none: %s\n", e->f32_error);
     if (e->path_bf16)
-        printf("matmul bf16    %s: %s\n", e->path_bf16, path_says(e->path_bf16, "bf16"));
+        printf("matmul bf16    %s: %s%s\n", e->path_bf16, path_says(e->path_bf16, "bf16"),
+               low_kernel(e, e->path_bf16));
     else
         printf("matmul bf16    none: %s\n", e->bf16_error);
-    printf("matmul f16     %s: %s\n", e->path_f16, path_says(e->path_f16, "f16"));
+    printf("matmul f16     %s: %s%s\n", e->path_f16, path_says(e->path_f16, "f16"),
+           low_kernel(e, e->path_f16));
     char a[32], b[32];
     if (e->build.cuda)
         printf("CUDA           built in; driver %s, runtime %s; %d device%s visible\n",
