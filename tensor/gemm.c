@@ -353,9 +353,12 @@ static void gemm_f(em_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
      * products of at least 16 rows and columns (smaller ones waste most of
      * its 6x16 register block). A K past 1024 with neither operand
      * transposed (GPT-2 124M's dX = g @ W of fc, qkv and the head) stays on
-     * the BLAS: there the kernel measured 0.94-1.0x sgemm (bench_f32_paths) */
-    j.own = dt == EM_F32 && (beta == 0.0 || beta == 1.0) && M >= 16 && N >= 16 && (K <= 1024 || ta || tb) &&
-            gemm_f32_path_chosen() != F32_PATH_SGEMM;
+     * the BLAS on the avx2 path: there its kernel measured 0.94-1.0x sgemm
+     * (bench_f32_paths); the avx512 one measured 1.56-1.86x (Zen 5, the
+     * BLAS on Haswell's kernels) and takes them */
+    f32_path fp = dt == EM_F32 ? gemm_f32_path_chosen() : F32_PATH_SGEMM;
+    j.own = fp != F32_PATH_SGEMM && (beta == 0.0 || beta == 1.0) && M >= 16 && N >= 16 &&
+            (K <= 1024 || ta || tb || fp == F32_PATH_AVX512);
     gemm_run(&j);
 }
 
