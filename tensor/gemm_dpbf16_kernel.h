@@ -4,7 +4,7 @@
  *     target("avx512f,avx512bf16"): dp_kernel_avx512, the kernel the
  *     avx512bf16 path runs;
  *   - by tensor/gemm_dpbf16_emu.c against ember's emulation of the
- *     intrinsics it calls (tensor/avx512bf16_emu.h): dp_kernel_emulated,
+ *     intrinsics it calls (tensor/avx512_emu.h): dp_kernel_emulated,
  *     the same text on any CPU;
  *   - by tests/dpbf16_planted.c, on the emulation, with planted bugs.
  * Define DP_KERNEL as the function's attributes, return type and name, then

@@ -42,7 +42,20 @@ bool gemm_widen_usable(void)
     return EM_WIDEN_BUILD && f.avx2 && f.fma && f.f16c;
 }
 
-bool gemm_wide_usable(void) { return gemm_widen_usable() && em_cpu_detect().avx512f; }
+/* tests: the 6x32 kernel's sums on an emulation (gemm_wide_emulate_for_test) */
+static wide_sums_fn wide_test_sums;
+
+void gemm_wide_emulate_for_test(wide_sums_fn fn)
+{
+    __atomic_store_n(&wide_test_sums, fn, __ATOMIC_RELEASE);
+    gemm_f32_path_reset();
+}
+
+bool gemm_wide_usable(void)
+{
+    return gemm_widen_usable() &&
+           (em_cpu_detect().avx512f || __atomic_load_n(&wide_test_sums, __ATOMIC_ACQUIRE) != NULL);
+}
 
 /* whether this process's products take kernel_wide: where the CPU has it,
  * unless EMBER_F32_PATH=avx2 asks for the 6x16 kernel alone */
@@ -53,7 +66,7 @@ static bool gemm_wide_now(void) { return gemm_wide_usable() && gemm_f32_path_cho
 /* micro-kernel rows and columns; blocks of rows, depth and columns (NCD:
  * columns when K takes several KC steps); the deepest K taken in one step
  * (KONE); rows summed over K together */
-enum { MR = 6, NR = 16, MC = 144, KC = 256, KONE = 512, NC = 3072, NCD = 256, MSUM = 1024 };
+enum { MR = WIDEN_MR, NR = WIDEN_NR, MC = 144, KC = 256, KONE = 512, NC = 3072, NCD = 256, MSUM = 1024 };
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 
@@ -379,10 +392,11 @@ TARGET static void kernel_bias(put_mode pm, bool f16, int64_t kc, const float *a
  * zmm one does in the same slot, so the 6x16 kernel above runs at half the
  * machine's multiply-add rate. kernel_wide multiplies one A panel by two
  * adjacent B panels (B's packing is unchanged: 16 columns a panel, the
- * next panel kc * NR floats on), a 6x32 block in 12 zmm registers. Each
- * element is the same k loop of multiply-adds in the same order as sums()
- * makes, so its bits are the 6x16 kernel's, and the two halves leave the
- * registers through put_block as two 6x16 blocks. */
+ * next panel kc * NR floats on), a 6x32 block in 12 zmm registers
+ * (tensor/gemm_wide_sums.h). Each element is the same k loop of
+ * multiply-adds in the same order as sums() makes, so its bits are the
+ * 6x16 kernel's, and the two halves leave the registers through put_block
+ * as two 6x16 blocks. */
 #define TARGET512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 /* the upper 8 floats of x */
@@ -391,34 +405,17 @@ TARGET512 static inline __m256 hi8(__m512 x)
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
 }
 
-/* C's MR x 2NR block at c gets (init ? init's block : 0) + a-panel @ the
- * two b-panels from b (kc * NR floats apart), put as pm says, bias (2 NR
- * values, or NULL) added as kernel_bias adds it */
-TARGET512 static void kernel_wide(put_mode pm, bool f16, int64_t kc, const float *a, const float *b,
-                                  const float *init, int64_t ldi, const float *bias, void *c, int64_t ldc)
+/* the 6x32 sums of gemm_wide_sums.h, inlined into kernel_wide */
+#define WIDE_SUMS TARGET512 static inline __attribute__((always_inline)) void wide_sums
+#include "gemm_wide_sums.h"
+#undef WIDE_SUMS
+
+/* the 6x32 block's halves lft (its first 16 columns) and rgt put into C at
+ * c (and init, bias) as two 6x16 blocks, as kernel and kernel_bias put one */
+TARGET static inline __attribute__((always_inline)) void
+put_wide(put_mode pm, bool f16, const __m256 lft[2 * MR], const __m256 rgt[2 * MR], const float *init,
+         int64_t ldi, const float *bias, void *c, int64_t ldc)
 {
-    const float *b1 = b + kc * NR;
-    __m512 z = _mm512_setzero_ps();
-    __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z,
-           c51 = z;
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; k++) {
-        const float *ak = a + k * MR;
-        __m512 x0 = _mm512_loadu_ps(b + k * NR), x1 = _mm512_loadu_ps(b1 + k * NR), x;
-#define EM_FMA_ROW(r)                                                                                        \
-    x = _mm512_set1_ps(ak[r]);                                                                               \
-    c##r##0 = _mm512_fmadd_ps(x, x0, c##r##0);                                                               \
-    c##r##1 = _mm512_fmadd_ps(x, x1, c##r##1);
-        EM_FMA_ROW(0) EM_FMA_ROW(1) EM_FMA_ROW(2) EM_FMA_ROW(3) EM_FMA_ROW(4) EM_FMA_ROW(5)
-#undef EM_FMA_ROW
-    }
-    /* the left block's rows (c?0) and the right's (c?1) as 6x16 blocks of ymm halves */
-    __m256 lft[2 * MR] = {_mm512_castps512_ps256(c00), hi8(c00), _mm512_castps512_ps256(c10), hi8(c10),
-                          _mm512_castps512_ps256(c20), hi8(c20), _mm512_castps512_ps256(c30), hi8(c30),
-                          _mm512_castps512_ps256(c40), hi8(c40), _mm512_castps512_ps256(c50), hi8(c50)};
-    __m256 rgt[2 * MR] = {_mm512_castps512_ps256(c01), hi8(c01), _mm512_castps512_ps256(c11), hi8(c11),
-                          _mm512_castps512_ps256(c21), hi8(c21), _mm512_castps512_ps256(c31), hi8(c31),
-                          _mm512_castps512_ps256(c41), hi8(c41), _mm512_castps512_ps256(c51), hi8(c51)};
     char *c2 = (char *)c + (pm == PUT_LOW ? 2 : 4) * NR;
     const float *init2 = init ? init + NR : NULL;
     if (bias) {
@@ -430,6 +427,50 @@ TARGET512 static void kernel_wide(put_mode pm, bool f16, int64_t kc, const float
         put_any(pm, f16, lft, init, ldi, NULL, c, ldc);
         put_any(pm, f16, rgt, init2, ldi, NULL, c2, ldc);
     }
+}
+
+/* C's MR x 2NR block at c gets (init ? init's block : 0) + a-panel @ the
+ * two b-panels from b (kc * NR floats apart), put as pm says, bias (2 NR
+ * values, or NULL) added as kernel_bias adds it */
+TARGET512 static void kernel_wide_native(put_mode pm, bool f16, int64_t kc, const float *a, const float *b,
+                                         const float *init, int64_t ldi, const float *bias, void *c,
+                                         int64_t ldc)
+{
+    __m512 s[2 * MR];
+    wide_sums(kc, a, b, s);
+    /* the left block's rows (s[2i]) and the right's (s[2i+1]) as 6x16 blocks of ymm halves */
+    __m256 lft[2 * MR], rgt[2 * MR];
+    for (int i = 0; i < MR; i++) {
+        lft[2 * i] = _mm512_castps512_ps256(s[2 * i]), lft[2 * i + 1] = hi8(s[2 * i]);
+        rgt[2 * i] = _mm512_castps512_ps256(s[2 * i + 1]), rgt[2 * i + 1] = hi8(s[2 * i + 1]);
+    }
+    put_wide(pm, f16, lft, rgt, init, ldi, bias, c, ldc);
+}
+
+/* kernel_wide_native's block with the sums from the tests' fn (an
+ * emulation), on AVX2 alone */
+TARGET static void kernel_wide_test(wide_sums_fn fn, put_mode pm, bool f16, int64_t kc, const float *a,
+                                    const float *b, const float *init, int64_t ldi, const float *bias,
+                                    void *c, int64_t ldc)
+{
+    float out[2 * MR][16];
+    fn(kc, a, b, out);
+    __m256 lft[2 * MR], rgt[2 * MR];
+    for (int i = 0; i < MR; i++) {
+        lft[2 * i] = _mm256_loadu_ps(out[2 * i]), lft[2 * i + 1] = _mm256_loadu_ps(out[2 * i] + 8);
+        rgt[2 * i] = _mm256_loadu_ps(out[2 * i + 1]), rgt[2 * i + 1] = _mm256_loadu_ps(out[2 * i + 1] + 8);
+    }
+    put_wide(pm, f16, lft, rgt, init, ldi, bias, c, ldc);
+}
+
+static void kernel_wide(put_mode pm, bool f16, int64_t kc, const float *a, const float *b, const float *init,
+                        int64_t ldi, const float *bias, void *c, int64_t ldc)
+{
+    wide_sums_fn fn = __atomic_load_n(&wide_test_sums, __ATOMIC_RELAXED);
+    if (fn)
+        kernel_wide_test(fn, pm, f16, kc, a, b, init, ldi, bias, c, ldc);
+    else
+        kernel_wide_native(pm, f16, kc, a, b, init, ldi, bias, c, ldc);
 }
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,

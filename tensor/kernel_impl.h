@@ -187,8 +187,21 @@ void gemm_shared_b_hook_for_test(gemm_shared_b_hook hook);
 bool gemm_widen_usable(void);
 /* Whether the CPU (and build) also has AVX-512F, for the GEMM's 6x32
  * micro-kernel (the "avx512" f32 path; low products take it too unless
- * EMBER_F32_PATH=avx2). */
+ * EMBER_F32_PATH=avx2), or the tests emulate it (below). */
 bool gemm_wide_usable(void);
+/* The micro-kernels' rows and panel width (tensor/gemm_widen.c) */
+enum { WIDEN_MR = 6, WIDEN_NR = 16 };
+/* The 6x32 kernel's sums (tensor/gemm_wide_sums.h) for a packed A panel a
+ * and the two packed B panels from b, over kc: out[2r] holds row r's 16
+ * columns of the first panel, out[2r+1] its 16 of the second. */
+typedef void (*wide_sums_fn)(int64_t kc, const float *a, const float *b, float out[2 * WIDEN_MR][16]);
+/* The same text compiled on ember's emulation of the intrinsics
+ * (tensor/gemm_wide_emu.c): runs on any CPU, with the native one's bits. */
+void gemm_wide_sums_emulated(int64_t kc, const float *a, const float *b, float out[2 * WIDEN_MR][16]);
+/* Tests only: the 6x32 kernel takes its sums from fn (NULL: the native
+ * ones again), and gemm_wide_usable() is true on any AVX2+FMA+F16C CPU
+ * while it is set; forgets the f32 path chosen. */
+void gemm_wide_emulate_for_test(wide_sums_fn fn);
 bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const void *A,
                 int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc, const gemm_shared_b *shb,
                 int64_t first);
@@ -335,7 +348,7 @@ typedef void (*dp_kernel)(const uint32_t *ap, const uint32_t *bp, int64_t gstrid
  *     ember's emulation of its intrinsics (tensor/gemm_dpbf16_emu.c), which
  *     runs anywhere; its VDPBF16PS computes each lane with the model's
  *     arithmetic, so it gives the model's bits exactly when the kernel
- *     moves its data right (what it verifies: tensor/avx512bf16_emu.h). */
+ *     moves its data right (what it verifies: tensor/avx512_emu.h). */
 extern const dp_kernel dp_kernel_avx512, dp_kernel_model, dp_kernel_emulated;
 /* One VDPBF16PS lane: acc + a1*b1 + a0*b0 as above (the model's step). */
 float dpbf16_lane(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint16_t b1);

@@ -1,6 +1,6 @@
 /* dpbf16_planted.c — the VDPBF16PS micro-kernel's own source
  * (tensor/gemm_dpbf16_kernel.h) compiled three more times on ember's
- * emulation of its intrinsics (tensor/avx512bf16_emu.h), each time with one
+ * emulation of its intrinsics (tensor/avx512_emu.h), each time with one
  * planted bug, for tests/test_bf16_path.c. Each bug is a macro over one
  * intrinsic, defined before the source is included and undefined after:
  * it is expanded inside the kernel's own text (so it may name the
@@ -8,7 +8,7 @@
  * function-like macro's name in parentheses calls the emulation's function
  * itself. */
 #include "dpbf16_planted.h"
-#include "tensor/avx512bf16_emu.h"
+#include "tensor/avx512_emu.h"
 
 /* the accumulators zeroed where the kernel should load them: each block of
  * K after the first drops the sums of the blocks before */

@@ -284,7 +284,7 @@ TEST(test_bf16_avx512bf16_path_matmul_matches_f64_where_the_cpu_has_it)
 
 /* ---- the kernel's own source on ember's emulation of its intrinsics ----------------------
  * dp_kernel_emulated is dp_kernel_avx512's source compiled against
- * tensor/avx512bf16_emu.h, whose VDPBF16PS computes each lane with the
+ * tensor/avx512_emu.h, whose VDPBF16PS computes each lane with the
  * model's arithmetic: so it must give the model's bits exactly, and where
  * it does the kernel moves its data right. The instruction's own rounding
  * is the hardware test's (above). */

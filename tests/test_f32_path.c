@@ -13,6 +13,7 @@
 #include "path_test.h"
 #include "tensor/dtype_math.h"
 #include "tensor/kernel_impl.h"
+#include "wide_planted.h"
 
 static bool have_avx2(void) { return gemm_widen_usable(); }
 
@@ -286,33 +287,22 @@ static float *gemm_on(const char *p, int64_t M, int64_t N, int64_t K, bool ta, b
     return C;
 }
 
-/* the avx512 path's C is the avx2 path's bit for bit: kernel_wide sums each
- * element in the 6x16 kernel's order and puts it the same way */
-static void wide_bits_are_avx2s(int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool bias, bool add)
+/* whether the avx512 path's C is the avx2 path's bit for bit at one shape
+ * (kernel_wide sums each element in the 6x16 kernel's order and puts it
+ * the same way); why says where not */
+static bool wide_same_bits(int64_t M, int64_t N, int64_t K, bool ta, bool tb, bool bias, bool add, char *why,
+                           size_t nwhy)
 {
     int64_t ldc = N + 3;
     float *n = gemm_on("avx2", M, N, K, ta, tb, bias, add, ldc),
           *w = gemm_on("avx512", M, N, K, ta, tb, bias, add, ldc);
-    if (memcmp(n, w, (size_t)(M * ldc) * sizeof(float)))
-        th_fail(__FILE__, __LINE__, "(%lld,%lld)%s @ (%lld,%lld)%s%s%s: avx512 differs from avx2",
-                (long long)M, (long long)K, ta ? "^T" : "", (long long)K, (long long)N, tb ? "^T" : "",
-                bias ? " + bias" : "", add ? " added" : "");
+    bool same = !memcmp(n, w, (size_t)(M * ldc) * sizeof(float));
+    if (!same)
+        snprintf(why, nwhy, "(%lld,%lld)%s @ (%lld,%lld)%s%s%s: avx512 differs from avx2", (long long)M,
+                 (long long)K, ta ? "^T" : "", (long long)K, (long long)N, tb ? "^T" : "",
+                 bias ? " + bias" : "", add ? " added" : "");
     free(n), free(w);
-}
-
-TEST(test_f32_avx512_kernel_gives_the_avx2_kernels_bits)
-{
-    if (!gemm_wide_usable()) SKIP("this CPU has no AVX-512F: the avx512 f32 path cannot run here");
-    wide_bits_are_avx2s(768, 384, 128, false, true, true, false);   /* a Linear with its bias */
-    wide_bits_are_avx2s(768, 128, 384, false, false, false, false); /* its dX */
-    wide_bits_are_avx2s(384, 128, 768, true, false, false, true);   /* its dW, added, deep */
-    wide_bits_are_avx2s(128, 512, 768, true, false, false, false);  /* deep, by columns */
-    wide_bits_are_avx2s(100, 700, 600, false, true, true, false);   /* deep with a bias, edges */
-    wide_bits_are_avx2s(50, 65, 128, false, true, true, false);  /* a head of 65: pairs, a panel, an edge */
-    wide_bits_are_avx2s(37, 48, 40, false, false, false, false); /* alpha 0.5: through store_low */
-    wide_bits_are_avx2s(37, 48, 700, true, true, false, false);  /* the same, deep */
-    wide_bits_are_avx2s(100, 2000, 400, false, false, false, false); /* one step past KC */
-    use_f32_path(NULL);
+    return same;
 }
 
 /* random operand of n values stored as dt (f32, or bf16/f16 bits) */
@@ -326,14 +316,16 @@ static void *rand_as(em_dtype dt, int64_t n, uint64_t seed)
     return h;
 }
 
-TEST(test_low_products_on_the_avx512_kernel_give_the_avx2_kernels_bits)
+/* whether low-precision products (bf16 and f16; operands low or f32; C low,
+ * f32, added, with a bias) on the 6x32 kernel give the 6x16 kernel's bits */
+static bool wide_low_same_bits(char *why, size_t nwhy)
 {
-    if (!gemm_wide_usable()) SKIP("this CPU has no AVX-512F: the 6x32 kernel cannot run here");
     static const int64_t shapes[][5] = {{60, 96, 70, 0, 1}, {70, 64, 600, 1, 0}, {19, 100, 33, 0, 0}};
     float *bias = rand_f32(100, 5);
+    bool same = true;
     for (int lo = 0; lo < 2; lo++)
-        for (int form = 0; form < 5; form++) /* operands low or f32; C low, f32, added, with a bias */
-            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        for (int form = 0; form < 5; form++)
+            for (size_t s = 0; same && s < sizeof shapes / sizeof shapes[0]; s++) {
                 int64_t m = shapes[s][0], n = shapes[s][1], K = shapes[s][2];
                 bool ta = shapes[s][3], tb = shapes[s][4];
                 em_dtype l = lo ? EM_F16 : EM_BF16;
@@ -348,12 +340,65 @@ TEST(test_low_products_on_the_avx512_kernel_give_the_avx2_kernels_bits)
                     use_f32_path(p ? "avx512" : "avx2");
                     CHECK(gemm_widen(dt, ta, tb, m, n, K, A, ta ? m : K, B, tb ? K : n, C[p], n, NULL, 0));
                 }
-                if (memcmp(C[0], C[1], (size_t)(m * n) * cs))
-                    th_fail(__FILE__, __LINE__,
-                            "%s product %lldx%lldx%lld, form %d: avx512 differs from avx2", em_dtype_name(l),
-                            (long long)m, (long long)n, (long long)K, form);
+                if (memcmp(C[0], C[1], (size_t)(m * n) * cs)) {
+                    same = false;
+                    snprintf(why, nwhy, "%s product %lldx%lldx%lld, form %d: avx512 differs from avx2",
+                             em_dtype_name(l), (long long)m, (long long)n, (long long)K, form);
+                }
                 free(A), free(B), free(C[0]), free(C[1]);
             }
     free(bias);
+    return same;
+}
+
+/* every comparison of the 6x32 kernel with the 6x16 one: f32 products in
+ * each layout (a Linear and its gradients, deep, edges, a head of 65
+ * columns: pairs of panels, a panel alone and an edge; scaled through
+ * store_low; one step past KC) and the low-precision ones */
+static bool wide_gives_avx2s_bits(char *why, size_t n)
+{
+    bool same = wide_same_bits(768, 384, 128, false, true, true, false, why, n) &&
+                wide_same_bits(768, 128, 384, false, false, false, false, why, n) &&
+                wide_same_bits(384, 128, 768, true, false, false, true, why, n) &&
+                wide_same_bits(128, 512, 768, true, false, false, false, why, n) &&
+                wide_same_bits(100, 700, 600, false, true, true, false, why, n) &&
+                wide_same_bits(50, 65, 128, false, true, true, false, why, n) &&
+                wide_same_bits(37, 48, 40, false, false, false, false, why, n) &&
+                wide_same_bits(37, 48, 700, true, true, false, false, why, n) &&
+                wide_same_bits(100, 2000, 400, false, false, false, false, why, n) &&
+                wide_low_same_bits(why, n);
     use_f32_path(NULL);
+    return same;
+}
+
+TEST(test_f32_avx512_kernel_gives_the_avx2_kernels_bits)
+{
+    if (!em_cpu_detect().avx512f || !gemm_wide_usable())
+        SKIP("this CPU has no AVX-512F: the native 6x32 kernel cannot run here (the emulated one is tested)");
+    char why[256] = "";
+    if (!wide_gives_avx2s_bits(why, sizeof why)) th_fail(__FILE__, __LINE__, "%s", why);
+}
+
+TEST(test_f32_avx512_path_on_the_emulated_kernel_gives_the_avx2_kernels_bits)
+{
+    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here");
+    gemm_wide_emulate_for_test(gemm_wide_sums_emulated);
+    char why[256] = "";
+    bool same = wide_gives_avx2s_bits(why, sizeof why);
+    gemm_wide_emulate_for_test(NULL);
+    if (!same) th_fail(__FILE__, __LINE__, "%s", why);
+}
+
+/* the comparison catches a wrong 6x32 kernel: the sums' own source with a
+ * bug planted (tests/wide_planted.c) differs from the 6x16 kernel */
+TEST(test_f32_avx512_comparison_catches_planted_kernel_bugs)
+{
+    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here");
+    for (int b = 0; b < WIDE_PLANTED; b++) {
+        th_case("%s", wide_planted_sums[b].bug);
+        gemm_wide_emulate_for_test(wide_planted_sums[b].sums);
+        char why[256] = "";
+        CHECK(!wide_gives_avx2s_bits(why, sizeof why));
+        gemm_wide_emulate_for_test(NULL);
+    }
 }

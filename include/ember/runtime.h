@@ -41,9 +41,11 @@ typedef struct em_build_info {
 em_build_info em_build(void);
 
 /* The product path CPU matmuls of dtype dt take in this process, as a
- * short name: f32 "avx2" (ember's own AVX2+FMA kernel: the default on CPUs
- * with AVX2+FMA and no AVX-512F) or "sgemm" (the BLAS; EMBER_F32_PATH=auto,
- * sgemm or avx2 chooses), each split over ember's pool; f64 and the
+ * short name: f32 "avx2" (ember's own GEMM on its AVX2+FMA kernel: the
+ * default on CPUs with AVX2+FMA and no AVX-512F), "avx512" (the same GEMM
+ * on its AVX-512F kernel: the default on AVX-512F CPUs whose BLAS runs no
+ * AVX-512 sgemm there) or "sgemm" (the BLAS; EMBER_F32_PATH=auto, sgemm,
+ * avx2 or avx512 chooses), each split over ember's pool; f64 and the
  * integers "dgemm"; bf16 "amx" (AMX tiles), "avx512bf16" (VDPBF16PS) or
  * "f32" (operands kept in bf16, widened to f32 block by block inside the
  * GEMM; under autocast f32 operands are read as they are and rounded to

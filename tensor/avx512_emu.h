@@ -1,10 +1,15 @@
-/* avx512bf16_emu.h — ember's own emulation of the AVX-512 types and
- * intrinsics the VDPBF16PS micro-kernel uses (tensor/gemm_dpbf16_kernel.h),
- * in C that runs on any CPU, as the CUDA emulator (tests/cusim) runs the
- * .cu sources on the host. A file includes this instead of <immintrin.h>,
- * never beside it (it defines the same names), then the kernel's source:
- * tensor/gemm_dpbf16_emu.c (dp_kernel_emulated) and tests/dpbf16_planted.c
- * (the same source with planted bugs).
+/* avx512_emu.h — ember's own emulation of the AVX-512 types and
+ * intrinsics two micro-kernels use: VDPBF16PS's (tensor/gemm_dpbf16_kernel.h)
+ * and the f32 GEMM's 6x32 block (tensor/gemm_wide_sums.h), in C that runs
+ * on any CPU, as the CUDA emulator (tests/cusim) runs the .cu sources on
+ * the host. A file includes this instead of <immintrin.h>, never beside it
+ * (it defines the same names), then a kernel's source:
+ * tensor/gemm_dpbf16_emu.c (dp_kernel_emulated), tensor/gemm_wide_emu.c
+ * (gemm_wide_sums_emulated)
+ * and tests/dpbf16_planted.c, tests/wide_planted.c (the same sources with
+ * planted bugs). For the 6x32 block the emulation is exact:
+ * _mm512_fmadd_ps is fmaf in each lane, one rounding, as the instruction
+ * rounds.
  *
  * What running the kernel here verifies: its data movement. Each intrinsic
  * moves data as Intel defines it: 64-byte unaligned loads and stores, a
@@ -26,16 +31,17 @@
  * the intrinsics that take vectors are macros that pass them as
  * one-element arrays, because gcc also prints a note (which no pragma
  * silences) at every function with a 64-byte vector parameter. */
-#ifndef EMBER_AVX512BF16_EMU_H
-#define EMBER_AVX512BF16_EMU_H
+#ifndef EMBER_AVX512_EMU_H
+#define EMBER_AVX512_EMU_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kernel_impl.h"
 
 #if defined(_IMMINTRIN_H_INCLUDED) || defined(__IMMINTRIN_H)
-#error "avx512bf16_emu.h defines the intrinsics <immintrin.h> declares: include one of them"
+#error "avx512_emu.h defines the intrinsics <immintrin.h> declares: include one of them"
 #endif
 
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -63,6 +69,24 @@ static inline __m512i _mm512_loadu_si512(const void *p)
     __m512i v;
     memcpy(&v, p, sizeof v);
     return v;
+}
+
+/* x in each of the 16 lanes */
+static inline __m512 _mm512_set1_ps(float x)
+{
+    __m512 v;
+    for (int j = 0; j < 16; j++) v[j] = x;
+    return v;
+}
+
+/* a * b + c in each lane, rounded once (VFMADD) */
+#define _mm512_fmadd_ps(a, b, c)                                                                             \
+    emu_fmadd_ps((const __m512[1]){a}, (const __m512[1]){b}, (const __m512[1]){c})
+static inline __m512 emu_fmadd_ps(const __m512 *a, const __m512 *b, const __m512 *c)
+{
+    __m512 r;
+    for (int j = 0; j < 16; j++) r[j] = fmaf((*a)[j], (*b)[j], (*c)[j]);
+    return r;
 }
 
 /* x in each of the 16 32-bit lanes */
