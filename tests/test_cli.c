@@ -81,10 +81,33 @@ TEST(test_cli_env_follows_and_names_a_bad_f32_path_setting)
     setenv("EMBER_F32_PATH", "diagonal", 1);
     r = run_ember("env", NULL);
     CHECK_EXIT(r, 0);
-    CHECK(has_line(r->out, "matmul f32     none: EMBER_F32_PATH='diagonal' is not one of auto, sgemm, avx2"));
+    CHECK(has_line(r->out,
+                   "matmul f32     none: EMBER_F32_PATH='diagonal' is not one of auto, sgemm, avx2, avx512"));
     r = run_ember("env", "--json", NULL);
     CHECK(strstr(r->out, "\"f32\": null, \"f32_error\": \"EMBER_F32_PATH='diagonal'") != NULL);
     unsetenv("EMBER_F32_PATH");
+}
+
+/* auto's f32 rule follows the BLAS's kernels: OpenBLAS (a DYNAMIC_ARCH
+ * build) told to run its Haswell (AVX2) kernels leaves f32 products to
+ * ember's AVX-512 kernel; told to run SkylakeX's, to the BLAS */
+TEST(test_cli_env_takes_the_avx512_kernel_only_where_the_blas_runs_no_avx512_sgemm)
+{
+    if (!em_cpu_detect().avx512f || !gemm_widen_usable()) SKIP("this CPU has no AVX-512F");
+    unsetenv("EMBER_F32_PATH");
+    setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+    th_run_result *r = run_ember("env", NULL);
+    if (!strstr(r->out, " Haswell ")) {
+        unsetenv("OPENBLAS_CORETYPE");
+        SKIP("the BLAS does not take OPENBLAS_CORETYPE (not OpenBLAS built with DYNAMIC_ARCH)");
+    }
+    CHECK(has_line(r->out, "matmul f32     avx512: ember's 6x32 AVX-512F kernel"));
+    CHECK(strstr(r->out, "on its 6x32 AVX-512F kernel") != NULL); /* f16 */
+    setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+    r = run_ember("env", NULL);
+    CHECK(strstr(r->out, " SkylakeX ") != NULL);
+    CHECK(has_line(r->out, "matmul f32     sgemm: BLAS sgemm"));
+    unsetenv("OPENBLAS_CORETYPE");
 }
 
 TEST(test_cli_env_follows_and_names_a_bad_bf16_path_setting)
