@@ -626,11 +626,11 @@ static void pack_shared(src sb, bool tb, const void *B, int64_t ldb, int64_t n, 
 }
 
 /* What the blocks of one blocked() call share: C's src, add and alpha
- * (store_low's), how a whole block leaves the registers (pm, -1: through
- * store_low) and whether pairs of whole panels take kernel_wide. */
+ * (store_low's) and how a whole block leaves the registers (pm, -1:
+ * through store_low). */
 typedef struct blocks {
     src sc;
-    bool add, wide;
+    bool add;
     float alpha;
     int pm;
 } blocks;
@@ -666,7 +666,7 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
     /* how a whole 6x16 block of C leaves the kernel's registers (-1: through
      * store_low); a block at C's edge goes through store_low too */
     int pm = put_mode_of(sc, add, alpha);
-    blocks x = {sc, add, wide, alpha, pm};
+    blocks x = {sc, add, alpha, pm};
     size_t cs = sc.f32 ? 4 : 2;
     char *c8 = C;
     int64_t kc_max = g.kc_max, nc_max = g.nc_max, mc_max = m < MC ? m : MC;
