@@ -14,9 +14,10 @@
  *           AVX-512 sgemm there (OpenBLAS 0.3.21 on Zen 5 picks its
  *           Haswell kernels: there this path measured 1.5-1.96x sgemm);
  *   sgemm   the BLAS, everywhere else: on AVX-512 CPUs whose OpenBLAS runs
- *           its SkylakeX/Cooperlake kernels, which measured 0.54-1.16x
- *           the avx512 path's time (mostly 0.8-0.98x; Zen 5 with
- *           OPENBLAS_CORETYPE=Cooperlake, bench/bench_f32_paths).
+ *           its SkylakeX/Cooperlake kernels, about as fast as the avx512
+ *           path per product and 3-4% faster over a tiny GPT step (Zen 5
+ *           with OPENBLAS_CORETYPE=Cooperlake, bench/bench_f32_paths,
+ *           bench_train amp).
  *
  * bf16 has three paths, fastest first:
  *   amx         AMX tile products (tensor/gemm_bf16.c), where the CPU has AMX
