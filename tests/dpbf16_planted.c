@@ -7,7 +7,7 @@
  * kernel's parameters), and the source itself carries no trace of it. A
  * function-like macro's name in parentheses calls the emulation's function
  * itself. */
-#include "dpbf16_planted.h"
+#include "planted.h"
 #include "tensor/avx512_emu.h"
 
 /* the accumulators zeroed where the kernel should load them: each block of
@@ -35,8 +35,8 @@
 #undef _mm512_loadu_si512
 #undef DP_KERNEL
 
-const dp_planted dp_planted_kernels[DP_PLANTED] = {
-    {"the accumulators not loaded", accumulators_not_loaded},
-    {"A's pair broadcast with its halves swapped", a_pair_halves_swapped},
-    {"B's two 16-column groups swapped", column_groups_swapped},
+const planted dp_planted_kernels[DP_PLANTED] = {
+    {"the accumulators not loaded", .kernel = accumulators_not_loaded},
+    {"A's pair broadcast with its halves swapped", .kernel = a_pair_halves_swapped},
+    {"B's two 16-column groups swapped", .kernel = column_groups_swapped},
 };

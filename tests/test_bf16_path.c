@@ -11,9 +11,9 @@
  * bf16/f16 ulp) plus f32 accumulation's. */
 #include <stdlib.h>
 
-#include "dpbf16_planted.h"
 #include "harness.h"
 #include "path_test.h"
+#include "planted.h"
 #include "tensor/dtype_math.h"
 #include "tensor/kernel_impl.h"
 

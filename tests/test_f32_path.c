@@ -11,11 +11,13 @@
 
 #include "harness.h"
 #include "path_test.h"
+#include "planted.h"
 #include "tensor/dtype_math.h"
 #include "tensor/kernel_impl.h"
-#include "wide_planted.h"
 
 static bool have_avx2(void) { return gemm_widen_usable(); }
+
+#define NO_OWN_KERNEL "this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here"
 
 /* ember's own f32 paths this CPU runs (avx2, and avx512 with AVX-512F) in
  * out; how many */
@@ -77,54 +79,66 @@ static void avx2_matches(int64_t m, int64_t K, int64_t n, bool ta, bool tb, floa
 
 static const int64_t odd[] = {1, 7, 17, 50};
 
-TEST(test_f32_own_kernels_match_f64_at_odd_shapes_in_every_layout)
+/* one product for avx2_matches: (m,K) @ (K,n), transposes, alpha, add */
+typedef struct f64_case {
+    int64_t m, K, n;
+    bool ta, tb;
+    float alpha;
+    bool add;
+} f64_case;
+
+/* every case on each of ember's own f32 paths this CPU runs; false when
+ * it runs none (nothing checked) */
+static bool own_kernels_match(const f64_case *c, size_t n)
 {
     const char *paths[2];
     int np = own_paths(paths);
-    if (!np) SKIP("this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here");
     for (int p = 0; p < np; p++) {
         use_f32_path(paths[p]);
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 4; j++)
-                for (int k = 0; k < 4; k++) avx2_matches(odd[i], odd[j], odd[k], k & 1, j & 1, 1.0f, false);
-        avx2_matches(50, 64, 100, false, false, 1.0f, false); /* panels in pairs and one alone */
+        for (size_t i = 0; i < n; i++)
+            avx2_matches(c[i].m, c[i].K, c[i].n, c[i].ta, c[i].tb, c[i].alpha, c[i].add);
     }
     use_f32_path(NULL);
+    return np > 0;
+}
+
+TEST(test_f32_own_kernels_match_f64_at_odd_shapes_in_every_layout)
+{
+    f64_case c[65];
+    size_t n = 0;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            for (int k = 0; k < 4; k++)
+                c[n++] = (f64_case){odd[i], odd[j], odd[k], k & 1, j & 1, 1.0f, false};
+    c[n++] = (f64_case){50, 64, 100, false, false, 1.0f, false}; /* panels in pairs and one alone */
+    if (!own_kernels_match(c, n)) SKIP(NO_OWN_KERNEL);
 }
 
 TEST(test_f32_own_kernels_scale_by_alpha_and_add_to_c)
 {
-    const char *paths[2];
-    int np = own_paths(paths);
-    if (!np) SKIP("this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here");
-    for (int p = 0; p < np; p++) {
-        use_f32_path(paths[p]);
-        avx2_matches(17, 33, 50, false, true, 0.125f, false); /* attention's q @ k^T * scale */
-        avx2_matches(17, 33, 50, true, false, 1.0f, true);    /* a gradient added where it lies */
-        avx2_matches(50, 600, 17, true, false, -2.0f, true);  /* both, past two blocks of depth */
-        avx2_matches(50, 300, 17, true, false, -2.0f, true);  /* both, in one step past KC */
-        avx2_matches(30, 600, 70, true, false, 0.5f, false);  /* scaled, deep, whole pairs of panels */
-        avx2_matches(30, 300, 64, false, true, 1.0f, true);   /* added, pairs of panels */
-    }
-    use_f32_path(NULL);
+    static const f64_case c[] = {
+        {17, 33, 50, false, true, 0.125f, false}, /* attention's q @ k^T * scale */
+        {17, 33, 50, true, false, 1.0f, true},    /* a gradient added where it lies */
+        {50, 600, 17, true, false, -2.0f, true},  /* both, past two blocks of depth */
+        {50, 300, 17, true, false, -2.0f, true},  /* both, in one step past KC */
+        {30, 600, 70, true, false, 0.5f, false},  /* scaled, deep, whole pairs of panels */
+        {30, 300, 64, false, true, 1.0f, true},   /* added, pairs of panels */
+    };
+    if (!own_kernels_match(c, sizeof c / sizeof c[0])) SKIP(NO_OWN_KERNEL);
 }
 
 TEST(test_f32_own_kernels_match_f64_past_each_block)
 {
-    const char *paths[2];
-    int np = own_paths(paths);
-    if (!np) SKIP("this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here");
-    for (int p = 0; p < np; p++) {
-        use_f32_path(paths[p]);
-        avx2_matches(150, 40, 33, false, false, 1.0f, false);   /* past a block of 144 rows */
-        avx2_matches(9, 520, 40, false, true, 1.0f, false);     /* three blocks of depth (256) */
-        avx2_matches(40, 512, 1600, false, false, 1.0f, false); /* one step of 512, past 1536 columns */
-        avx2_matches(40, 513, 50, false, true, 1.0f, false);    /* a K past 512: three blocks of depth */
-        avx2_matches(20, 300, 300, true, false, 1.0f, true);    /* deep, past 256 columns */
-        avx2_matches(1030, 520, 20, true, false, 1.0f, false);  /* deep, past 1024 rows summed together */
-        avx2_matches(3, 16, 3100, false, false, 1.0f, false);   /* past 3072 columns */
-    }
-    use_f32_path(NULL);
+    static const f64_case c[] = {
+        {150, 40, 33, false, false, 1.0f, false},   /* past a block of 144 rows */
+        {9, 520, 40, false, true, 1.0f, false},     /* three blocks of depth (256) */
+        {40, 512, 1600, false, false, 1.0f, false}, /* one step of 512, past 1536 columns */
+        {40, 513, 50, false, true, 1.0f, false},    /* a K past 512: three blocks of depth */
+        {20, 300, 300, true, false, 1.0f, true},    /* deep, past 256 columns */
+        {1030, 520, 20, true, false, 1.0f, false},  /* deep, past 1024 rows summed together */
+        {3, 16, 3100, false, false, 1.0f, false},   /* past 3072 columns */
+    };
+    if (!own_kernels_match(c, sizeof c / sizeof c[0])) SKIP(NO_OWN_KERNEL);
 }
 
 /* em_matmul of f32 (M,K) @ (K,N) on the path now set */
@@ -381,7 +395,7 @@ TEST(test_f32_avx512_kernel_gives_the_avx2_kernels_bits)
 
 TEST(test_f32_avx512_path_on_the_emulated_kernel_gives_the_avx2_kernels_bits)
 {
-    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here");
+    if (!have_avx2()) SKIP(NO_OWN_KERNEL);
     gemm_wide_emulate_for_test(gemm_wide_sums_emulated);
     char why[256] = "";
     bool same = wide_gives_avx2s_bits(why, sizeof why);
@@ -393,7 +407,7 @@ TEST(test_f32_avx512_path_on_the_emulated_kernel_gives_the_avx2_kernels_bits)
  * bug planted (tests/wide_planted.c) differs from the 6x16 kernel */
 TEST(test_f32_avx512_comparison_catches_planted_kernel_bugs)
 {
-    if (!have_avx2()) SKIP("this CPU has no AVX2+FMA+F16C: ember's f32 kernels cannot run here");
+    if (!have_avx2()) SKIP(NO_OWN_KERNEL);
     for (int b = 0; b < WIDE_PLANTED; b++) {
         th_case("%s", wide_planted_sums[b].bug);
         gemm_wide_emulate_for_test(wide_planted_sums[b].sums);

@@ -6,7 +6,7 @@
  * after, expanded inside the kernel's own text (so it may name the
  * kernel's variables); a function-like macro's name in parentheses calls
  * the emulation's function itself. */
-#include "wide_planted.h"
+#include "planted.h"
 #include "tensor/avx512_emu.h"
 
 /* sums_<name> from the source, and <name> storing them as a wide_sums_fn */
@@ -42,8 +42,8 @@ WIDE_WRAP(rows_of_a_rotated)
 #undef WIDE_SUMS
 WIDE_WRAP(last_k_dropped)
 
-const wide_planted wide_planted_sums[WIDE_PLANTED] = {
-    {"the second B panel read where the first lies", second_panel_is_the_first},
-    {"each row's broadcast takes the next row of A", rows_of_a_rotated},
-    {"the k loop's last step dropped", last_k_dropped},
+const planted wide_planted_sums[WIDE_PLANTED] = {
+    {"the second B panel read where the first lies", .sums = second_panel_is_the_first},
+    {"each row's broadcast takes the next row of A", .sums = rows_of_a_rotated},
+    {"the k loop's last step dropped", .sums = last_k_dropped},
 };
