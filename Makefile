@@ -39,4 +39,4 @@ bench: build
 	else echo "bench: no benchmark binary yet ($(BUILD)/bench/bench_ops is not built by bench/meson.build)" >&2; exit 1; fi
 
 clean:
-	rm -rf build build-asan build-fuzz $(filter-out build build-asan build-fuzz,$(BUILD))
+	rm -rf build build-asan build-portable build-fuzz $(filter-out build build-asan build-portable build-fuzz,$(BUILD))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run_tests.sh — builds ember twice and runs the test suite in both builds:
+# run_tests.sh — builds ember three ways and runs the test suite in each build:
 #   plain  build/       (meson defaults: release, -march=native; CUDA through
 #                        nvcc when the toolkit is found, so the GPU code is
 #                        compiled for sm_80/sm_90; with no GPU its tests skip)
@@ -7,11 +7,16 @@
 #                        -Dbuildtype=debugoptimized: the same .cu sources built for the
 #                        host and run under ember's CUDA emulator, tests/cusim,
 #                        so every GPU test runs here, on two emulated devices)
+#   portable build-portable/ (-Dnative=false -Dcuda=disabled: the README's
+#                        portable build, code outside the kernels' own target
+#                        attributes for baseline x86-64, no FMA contraction;
+#                        it had stopped compiling unnoticed once)
 # then, when clang is installed, the libFuzzer targets (scripts/fuzz.sh:
 # each reader's target for $EMBER_FUZZ_SECONDS, default 25 s, side by side,
 # and the planted bug the fuzzer must find), one result line each.
-# Every per-test line is printed prefixed with [plain], [asan] or [fuzz]; the
-# output ends with one line summing all runs: "N passed, N failed, N skipped".
+# Every per-test line is printed prefixed with [plain], [asan], [portable] or
+# [fuzz]; the output ends with one line summing all runs: "N passed, N
+# failed, N skipped".
 # Exit status is non-zero if a build failed, a test failed or a runner died
 # (a failed build or a runner that died counts as one failed test).
 #
@@ -97,6 +102,11 @@ else
 fi
 if configure_and_build asan build-asan -Dcuda=sim -Db_sanitize=address,undefined -Dbuildtype=debugoptimized; then
     run_suite asan build-asan "$@"
+else
+    failed=$((failed + 1)) status=1
+fi
+if configure_and_build portable build-portable -Dnative=false -Dcuda=disabled; then
+    run_suite portable build-portable "$@"
 else
     failed=$((failed + 1)) status=1
 fi

@@ -57,6 +57,10 @@ enum { LANES = 8, NORM_PARTS = 16 };
  * vectorise a float-to-double widening reduction written per lane). The
  * widening itself is one instruction with AVX (gcc splits the generic
  * conversion into pairs); it is exact either way. */
+/* (built without AVX, -Dnative=false, gcc warns that a function returning
+ * a 32-byte vector would pass it differently from an AVX build: these are
+ * static and never called across object files) */
+#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v4f __attribute__((vector_size(16)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef double v4d __attribute__((vector_size(32)));

@@ -554,10 +554,18 @@ TEST(test_vsigmoidf_is_within_4_ulp_and_1_2e_7_of_the_exact_sigmoid)
     }
 }
 
-TEST(test_every_unary_op_fast_f32_forward_and_gradient_are_within_6e_7_of_the_exact_formula)
+TEST(test_every_unary_op_fast_f32_forward_and_gradient_are_within_6e_7_of_the_exact_formula_1e_6_without_fma)
 {
-    /* |fast - exact| <= 6e-7 * max(1, |exact|); measured worst: silu's
-     * gradient 4.7e-7, gelu's gradient 2.4e-7. p = 2.5 for pow_scalar. */
+    /* |fast - exact| <= bound * max(1, |exact|); measured worst: silu's
+     * gradient 4.7e-7, gelu's gradient 2.4e-7 where the build contracts
+     * a * b + c to one FMA (-march=native on an FMA CPU); in a build
+     * without FMA (-Dnative=false) each is rounded twice, and gelu_tanh's
+     * gradient measured 8.2e-7 (2026-12-07). p = 2.5 for pow_scalar. */
+#ifdef __FMA__
+    const double bound = 6e-7;
+#else
+    const double bound = 1e-6;
+#endif
     for (int k = 0; k < UN_COUNT; k++) {
         for (int i = 0; i < SWEEP; i++) {
             float x = sweep_x(i), p = 2.5f, g = 1.0f - (float)(i % 7) / 4;
@@ -573,7 +581,7 @@ TEST(test_every_unary_op_fast_f32_forward_and_gradient_are_within_6e_7_of_the_ex
                     continue;
                 }
                 double d = fabs((double)got[j] - want[j]) / fmax(1.0, fabs(want[j]));
-                if (!(d <= 6e-7))
+                if (!(d <= bound))
                     th_fail(__FILE__, __LINE__, "%s %s at %.9g: fast %.9g, exact %.9g", unop_name((unop)k),
                             j ? "gradient" : "forward", x, got[j], want[j]);
             }
