@@ -75,8 +75,9 @@ int main(int argc, char **argv)
     char model[256];
     bench_cpu_model(model, sizeof model);
     printf("bench_f32_paths: %s, %d threads, AVX-512F %s (auto picks %s); median of %d calls each, "
-           "the paths in turn\n",
-           model, em_num_threads(), np == 3 ? "yes" : "no", em_matmul_path(EM_F32), reps);
+           "the paths in turn\nBLAS: %s (its sgemm %s AVX-512 kernels here)\n",
+           model, em_num_threads(), np == 3 ? "yes" : "no", em_matmul_path(EM_F32), reps, em_blas_config(),
+           blas_sgemm_avx512() ? "runs" : "has no");
     printf("%5s %5s %5s %3s %3s", "M", "N", "K", "ta", "tb");
     for (int p = 0; p < np; p++) printf(" %9s ms", paths[p]);
     for (int p = 1; p < np; p++) printf(" sgemm/%-6s", paths[p]);
