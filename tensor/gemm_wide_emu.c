@@ -18,9 +18,10 @@
 #include "gemm_wide_sums.h"
 #undef WIDE_SUMS
 
-void gemm_wide_sums_emulated(int64_t kc, const float *a, const float *b, float out[2 * WIDEN_MR][16])
+void gemm_wide_sums_emulated(int64_t kc, const float *a, int64_t ars, int64_t aks, const float *b,
+                             float out[2 * WIDEN_MR][16])
 {
     __m512 acc[2 * WIDEN_MR];
-    sums(kc, a, b, acc);
+    sums(kc, a, ars, aks, b, acc);
     for (int i = 0; i < 2 * WIDEN_MR; i++) _mm512_storeu_ps(out[i], acc[i]);
 }

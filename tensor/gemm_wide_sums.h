@@ -11,14 +11,15 @@
  * (void) and name, then include this file. No include guard: each
  * inclusion is one more copy.
  *
- * For r < WIDEN_MR: acc[2r] = sum over k < kc of a[k WIDEN_MR + r] times
+ * For r < WIDEN_MR: acc[2r] = sum over k < kc of a[r ars + k aks] times
  * b[k WIDEN_NR + 0:16), acc[2r+1] the same for the next panel's columns
- * (b + kc WIDEN_NR + k WIDEN_NR + 0:16): A's packed panel times two
- * adjacent packed panels of B, one multiply-add per k in k order, so each
+ * (b + kc WIDEN_NR + k WIDEN_NR + 0:16): A's packed panel (ars 1, aks
+ * WIDEN_MR) or six rows of A where they lie, times two adjacent packed
+ * panels of B, one multiply-add per k in k order, so each
  * element has the 6x16 kernel's bits (fma_block, tensor/avx2_impl.h). The
  * twelve sums are named variables, as fma_block's are, so the compiler
  * keeps them in registers. */
-WIDE_SUMS(int64_t kc, const float *a, const float *b, __m512 acc[2 * WIDEN_MR])
+WIDE_SUMS(int64_t kc, const float *a, int64_t ars, int64_t aks, const float *b, __m512 acc[2 * WIDEN_MR])
 {
     const float *b1 = b + kc * WIDEN_NR;
     __m512 z = _mm512_setzero_ps();
@@ -26,10 +27,10 @@ WIDE_SUMS(int64_t kc, const float *a, const float *b, __m512 acc[2 * WIDEN_MR])
            c51 = z;
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
-        const float *ak = a + k * WIDEN_MR;
+        const float *ak = a + k * aks;
         __m512 x0 = _mm512_loadu_ps(b + k * WIDEN_NR), x1 = _mm512_loadu_ps(b1 + k * WIDEN_NR), x;
 #define EM_FMA_ROW(r)                                                                                        \
-    x = _mm512_set1_ps(ak[r]);                                                                               \
+    x = _mm512_set1_ps(ak[r * ars]);                                                                         \
     c##r##0 = _mm512_fmadd_ps(x, x0, c##r##0);                                                               \
     c##r##1 = _mm512_fmadd_ps(x, x1, c##r##1);
         EM_FMA_ROW(0) EM_FMA_ROW(1) EM_FMA_ROW(2) EM_FMA_ROW(3) EM_FMA_ROW(4) EM_FMA_ROW(5)

@@ -429,15 +429,17 @@ put_wide(put_mode pm, bool f16, const __m256 lft[2 * MR], const __m256 rgt[2 * M
     }
 }
 
-/* C's MR x 2NR block at c gets (init ? init's block : 0) + a-panel @ the
- * two b-panels from b (kc * NR floats apart), put as pm says, bias (2 NR
- * values, or NULL) added as kernel_bias adds it */
-TARGET512 static void kernel_wide_native(put_mode pm, bool f16, int64_t kc, const float *a, const float *b,
-                                         const float *init, int64_t ldi, const float *bias, void *c,
-                                         int64_t ldc)
+/* C's MR x 2NR block at c gets (init ? init's block : 0) + A's six rows
+ * (a(r,k) = a[r ars + k aks]: a packed panel, ars 1 and aks MR, or rows of
+ * an f32 A where they lie) @ the two b-panels from b (kc * NR floats
+ * apart), put as pm says, bias (2 NR values, or NULL) added as kernel_bias
+ * adds it */
+TARGET512 static void kernel_wide_native(put_mode pm, bool f16, int64_t kc, const float *a, int64_t ars,
+                                         int64_t aks, const float *b, const float *init, int64_t ldi,
+                                         const float *bias, void *c, int64_t ldc)
 {
     __m512 s[2 * MR];
-    wide_sums(kc, a, b, s);
+    wide_sums(kc, a, ars, aks, b, s);
     /* the left block's rows (s[2i]) and the right's (s[2i+1]) as 6x16 blocks of ymm halves */
     __m256 lft[2 * MR], rgt[2 * MR];
     for (int i = 0; i < MR; i++) {
@@ -450,11 +452,11 @@ TARGET512 static void kernel_wide_native(put_mode pm, bool f16, int64_t kc, cons
 /* kernel_wide_native's block with the sums from the tests' fn (an
  * emulation), on AVX2 alone */
 TARGET static void kernel_wide_test(wide_sums_fn fn, put_mode pm, bool f16, int64_t kc, const float *a,
-                                    const float *b, const float *init, int64_t ldi, const float *bias,
-                                    void *c, int64_t ldc)
+                                    int64_t ars, int64_t aks, const float *b, const float *init, int64_t ldi,
+                                    const float *bias, void *c, int64_t ldc)
 {
     float out[2 * MR][16];
-    fn(kc, a, b, out);
+    fn(kc, a, ars, aks, b, out);
     __m256 lft[2 * MR], rgt[2 * MR];
     for (int i = 0; i < MR; i++) {
         lft[2 * i] = _mm256_loadu_ps(out[2 * i]), lft[2 * i + 1] = _mm256_loadu_ps(out[2 * i] + 8);
@@ -463,14 +465,15 @@ TARGET static void kernel_wide_test(wide_sums_fn fn, put_mode pm, bool f16, int6
     put_wide(pm, f16, lft, rgt, init, ldi, bias, c, ldc);
 }
 
-static void kernel_wide(put_mode pm, bool f16, int64_t kc, const float *a, const float *b, const float *init,
-                        int64_t ldi, const float *bias, void *c, int64_t ldc)
+static void kernel_wide(put_mode pm, bool f16, int64_t kc, const float *a, int64_t ars, int64_t aks,
+                        const float *b, const float *init, int64_t ldi, const float *bias, void *c,
+                        int64_t ldc)
 {
     wide_sums_fn fn = __atomic_load_n(&wide_test_sums, __ATOMIC_RELAXED);
     if (fn)
-        kernel_wide_test(fn, pm, f16, kc, a, b, init, ldi, bias, c, ldc);
+        kernel_wide_test(fn, pm, f16, kc, a, ars, aks, b, init, ldi, bias, c, ldc);
     else
-        kernel_wide_native(pm, f16, kc, a, b, init, ldi, bias, c, ldc);
+        kernel_wide_native(pm, f16, kc, a, ars, aks, b, init, ldi, bias, c, ldc);
 }
 
 /* rows [0,r) x cols [0,w) of the f32 block t (row stride ldt) into C,
@@ -672,18 +675,33 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
     int64_t kc_max = g.kc_max, nc_max = g.nc_max, mc_max = m < MC ? m : MC;
     int64_t ncp = g.ncp, mcp = (mc_max + MR - 1) / MR * MR;
     int64_t msum = m <= MSUM ? m : MC, msp = (msum + MC - 1) / MC * MC + MR; /* acc rows, padded */
+    /* An f32 A (M,K) is read where it lies, never packed, when every block
+     * of C is a whole 6x32 one on kernel_wide (rows a multiple of MR, every
+     * column block a multiple of 2 NR, no alpha to scale by): its six rows
+     * are broadcast from A's rows as from a panel, the same values in the
+     * same order, so the same bits. With zmm multiply-adds the kernel runs
+     * twice as fast as with ymm, and packing A had become 7% of the tiny
+     * GPT's step (perf, Zen 5). bench_ab (f32, both ways round): the tiny
+     * step 0.978x and 0.987x the time, 124M 0.993x and 1.001x. A stored
+     * transposed too (its columns broadcast, one k every lda floats): tiny
+     * 0.97x but 124M 1.03x, slower, so a transposed A is still packed. (On
+     * the 6x16 kernel, Zen 3, reading A in place had made the step slower,
+     * 1.027x.) */
+    bool a_direct =
+        sa.exact && wide && !ta && pm >= 0 && m % MR == 0 && n % (2 * NR) == 0 && nc_max % (2 * NR) == 0;
+    int64_t ars = lda, aks = 1; /* A's rows and depth, read in place */
     size_t mark = tmp_mark();
     /* (pack_a's last store of 8 reaches 2 floats past its panel) */
     float *bp = shb ? NULL : tmp_alloc((size_t)(kc_max * ncp) * 4),
-          *ap = tmp_alloc((size_t)(kc_max * mcp + 8) * 4);
+          *ap = a_direct ? NULL : tmp_alloc((size_t)(kc_max * mcp + 8) * 4);
     float *acc = deep ? tmp_alloc((size_t)(msp * ncp) * 4) : NULL;
     /* a deep K with few rows (an activation times a weight): op(A) packed
      * once for every column block, when that takes at most 16 MiB */
     int64_t nkb = (K + kc_max - 1) / kc_max, nmb = (m + mc_max - 1) / mc_max;
-    bool a_once = deep && m <= MSUM && nkb * nmb * kc_max * mcp <= (1 << 22);
+    bool a_once = deep && !a_direct && m <= MSUM && nkb * nmb * kc_max * mcp <= (1 << 22);
     float *aall = a_once ? tmp_alloc((size_t)(nkb * nmb * kc_max * mcp + 8) * 4) : NULL;
     float tile[MR * NR];
-    if ((!shb && !bp) || !ap || (deep && !acc) || (a_once && !aall)) {
+    if ((!shb && !bp) || (!a_direct && !ap) || (deep && !acc) || (a_once && !aall)) {
         tmp_release(mark);
         return false;
     }
@@ -703,15 +721,21 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                 pack_b(sb, tb, B, ldb, 0, K, n0, nc, bp);
             for (int64_t m0 = 0; m0 < m; m0 += mc_max) {
                 int64_t mc = m - m0 < mc_max ? m - m0 : mc_max;
-                pack_a(sa, ta, A, lda, m, m0, mc, 0, K, ap);
+                if (!a_direct) pack_a(sa, ta, A, lda, m, m0, mc, 0, K, ap);
                 for (int64_t j0 = 0; j0 < nc; j0 += NR) {
                     bool pair = wide && j0 + 2 * NR <= nc; /* two whole panels: kernel_wide */
                     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                         char *cij = c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs;
                         const float *bj = bias ? bias + n0 + j0 : NULL;
+                        if (a_direct) { /* (pair, r == MR and pm >= 0 hold) */
+                            kernel_wide(pm, false, K, (const float *)A + (m0 + i0) * ars, ars, aks,
+                                        bp + j0 * K, NULL, 0, bj, cij, ldc);
+                            continue;
+                        }
                         if (pair && r == MR && pm >= 0) {
-                            kernel_wide(pm, sc.f16, K, ap + i0 * K, bp + j0 * K, NULL, 0, bj, cij, ldc);
+                            kernel_wide(pm, sc.f16, K, ap + i0 * K, 1, MR, bp + j0 * K, NULL, 0, bj, cij,
+                                        ldc);
                             continue;
                         }
                         for (int64_t h = 0; h <= (pair ? NR : 0); h += NR)
@@ -740,22 +764,32 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                     const float *a = ap;
                     if (a_once) /* M0 is 0: every row is in this turn */
                         a = aall + (k0 / kc_max * nmb + m0 / mc_max) * kc_max * mcp;
-                    else
+                    else if (!a_direct)
                         pack_a(sa, ta, A, lda, m, M0 + m0, mc, k0, kc, ap);
                     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
                         bool pair = wide && j0 + 2 * NR <= nc, last = k0 + kc == K;
                         for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                             float *sum = acc + (m0 + i0) * ncp + j0, *prev = k0 > 0 ? sum : NULL;
-                            const float *ai = a + i0 * kc, *bj = bp + j0 * kc;
+                            const float *ai = a ? a + i0 * kc : NULL,
+                                        *bj = bp + j0 * kc; /* (a: NULL when a_direct) */
                             int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                             char *cij = c8 + (size_t)((M0 + m0 + i0) * ldc + n0 + j0) * cs;
                             const float *biasj = bias ? bias + n0 + j0 : NULL;
+                            if (a_direct) { /* rows M0 + m0 + i0 of A from depth k0, where they lie */
+                                const float *ad = (const float *)A + (M0 + m0 + i0) * ars + k0 * aks;
+                                if (!last)
+                                    kernel_wide(PUT_F32, false, kc, ad, ars, aks, bj, prev, ncp, NULL, sum,
+                                                ncp);
+                                else
+                                    kernel_wide(pm, false, kc, ad, ars, aks, bj, prev, ncp, biasj, cij, ldc);
+                                continue;
+                            }
                             if (pair && r == MR && !last) {
-                                kernel_wide(PUT_F32, false, kc, ai, bj, prev, ncp, NULL, sum, ncp);
+                                kernel_wide(PUT_F32, false, kc, ai, 1, MR, bj, prev, ncp, NULL, sum, ncp);
                                 continue;
                             }
                             if (pair && r == MR && pm >= 0) {
-                                kernel_wide(pm, sc.f16, kc, ai, bj, prev, ncp, biasj, cij, ldc);
+                                kernel_wide(pm, sc.f16, kc, ai, 1, MR, bj, prev, ncp, biasj, cij, ldc);
                                 continue;
                             }
                             for (int64_t h = 0; h <= (pair ? NR : 0); h += NR) {

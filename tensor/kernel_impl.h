@@ -191,13 +191,16 @@ bool gemm_widen_usable(void);
 bool gemm_wide_usable(void);
 /* The micro-kernels' rows and panel width (tensor/gemm_widen.c) */
 enum { WIDEN_MR = 6, WIDEN_NR = 16 };
-/* The 6x32 kernel's sums (tensor/gemm_wide_sums.h) for a packed A panel a
- * and the two packed B panels from b, over kc: out[2r] holds row r's 16
- * columns of the first panel, out[2r+1] its 16 of the second. */
-typedef void (*wide_sums_fn)(int64_t kc, const float *a, const float *b, float out[2 * WIDEN_MR][16]);
+/* The 6x32 kernel's sums (tensor/gemm_wide_sums.h) for six rows of A,
+ * a(r,k) = a[r ars + k aks] (a packed panel: ars 1, aks WIDEN_MR), and the
+ * two packed B panels from b, over kc: out[2r] holds row r's 16 columns of
+ * the first panel, out[2r+1] its 16 of the second. */
+typedef void (*wide_sums_fn)(int64_t kc, const float *a, int64_t ars, int64_t aks, const float *b,
+                             float out[2 * WIDEN_MR][16]);
 /* The same text compiled on ember's emulation of the intrinsics
  * (tensor/gemm_wide_emu.c): runs on any CPU, with the native one's bits. */
-void gemm_wide_sums_emulated(int64_t kc, const float *a, const float *b, float out[2 * WIDEN_MR][16]);
+void gemm_wide_sums_emulated(int64_t kc, const float *a, int64_t ars, int64_t aks, const float *b,
+                             float out[2 * WIDEN_MR][16]);
 /* Tests only: the 6x32 kernel takes its sums from fn (NULL: the native
  * ones again), and gemm_wide_usable() is true on any AVX2+FMA+F16C CPU
  * while it is set; forgets the f32 path chosen. */

@@ -11,10 +11,11 @@
 
 /* sums_<name> from the source, and <name> storing them as a wide_sums_fn */
 #define WIDE_WRAP(name)                                                                                      \
-    static void name(int64_t kc, const float *a, const float *b, float out[2 * WIDEN_MR][16])                \
+    static void name(int64_t kc, const float *a, int64_t ars, int64_t aks, const float *b,                   \
+                     float out[2 * WIDEN_MR][16])                                                            \
     {                                                                                                        \
         __m512 acc[2 * WIDEN_MR];                                                                            \
-        sums_##name(kc, a, b, acc);                                                                          \
+        sums_##name(kc, a, ars, aks, b, acc);                                                                \
         for (int i = 0; i < 2 * WIDEN_MR; i++) _mm512_storeu_ps(out[i], acc[i]);                             \
     }
 
@@ -28,7 +29,8 @@ WIDE_WRAP(second_panel_is_the_first)
 
 /* each row's broadcast takes the next row's value of A (the last row the first's) */
 #define WIDE_SUMS static inline void sums_rows_of_a_rotated
-#define _mm512_set1_ps(x) (_mm512_set1_ps)((&(x))[&(x) - ak == WIDEN_MR - 1 ? 1 - WIDEN_MR : 1])
+#define _mm512_set1_ps(x)                                                                                    \
+    (_mm512_set1_ps)((&(x))[&(x)-ak == (WIDEN_MR - 1) * ars ? (1 - WIDEN_MR) * ars : ars])
 #include "tensor/gemm_wide_sums.h"
 #undef _mm512_set1_ps
 #undef WIDE_SUMS
