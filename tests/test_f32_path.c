@@ -368,7 +368,8 @@ static bool wide_low_same_bits(char *why, size_t nwhy)
 /* every comparison of the 6x32 kernel with the 6x16 one: f32 products in
  * each layout (a Linear and its gradients, deep, edges, a head of 65
  * columns: pairs of panels, a panel alone and an edge; scaled through
- * store_low; one step past KC) and the low-precision ones */
+ * store_low; one step past KC; A read where it lies, one step or deep)
+ * and the low-precision ones */
 static bool wide_gives_avx2s_bits(char *why, size_t n)
 {
     bool same = wide_same_bits(768, 384, 128, false, true, true, false, why, n) &&
@@ -380,6 +381,11 @@ static bool wide_gives_avx2s_bits(char *why, size_t n)
                 wide_same_bits(37, 48, 40, false, false, false, false, why, n) &&
                 wide_same_bits(37, 48, 700, true, true, false, false, why, n) &&
                 wide_same_bits(100, 2000, 400, false, false, false, false, why, n) &&
+                /* alpha 1, every block whole: A read where it lies */
+                wide_same_bits(768, 128, 384, false, false, true, false, why, n) &&
+                wide_same_bits(96, 64, 1000, false, false, false, true, why,
+                               n) && /* (past 1024: avx2 takes the BLAS) */
+                wide_same_bits(96, 64, 1100, true, false, false, true, why, n) &&
                 wide_low_same_bits(why, n);
     use_f32_path(NULL);
     return same;
