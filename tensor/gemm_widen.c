@@ -657,6 +657,19 @@ static void final_block(const blocks *x, int64_t r, int64_t w, int64_t kc, const
     store_low(x->sc, x->add, x->alpha, bias, scratch, lds, c, ldc, r, w);
 }
 
+/* Six rows of A as kernel_wide reads them (a(r,k) = a[r rs + k ks]) */
+typedef struct arows {
+    const float *a;
+    int64_t rs, ks;
+} arows;
+
+/* rows i.. of an f32 A (m,K) from depth k0 where they lie (direct), else
+ * the packed panel pa */
+static arows rows_at(bool direct, const void *A, int64_t lda, const float *pa, int64_t i, int64_t k0)
+{
+    return direct ? (arows){(const float *)A + i * lda + k0, lda, 1} : (arows){pa, 1, MR};
+}
+
 /* C (m,n) = op(A) @ op(B), each operand read as its src says, stored as
  * sc and store_low say (add: added to C; alpha: an exact product's scale),
  * bias (n values or NULL; an f32 C without add) added to each row last */
@@ -689,7 +702,6 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
      * 1.027x.) */
     bool a_direct =
         sa.exact && wide && !ta && pm >= 0 && m % MR == 0 && n % (2 * NR) == 0 && nc_max % (2 * NR) == 0;
-    int64_t ars = lda, aks = 1; /* A's rows and depth, read in place */
     size_t mark = tmp_mark();
     /* (pack_a's last store of 8 reaches 2 floats past its panel) */
     float *bp = shb ? NULL : tmp_alloc((size_t)(kc_max * ncp) * 4),
@@ -728,13 +740,9 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                         char *cij = c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs;
                         const float *bj = bias ? bias + n0 + j0 : NULL;
-                        if (a_direct) { /* (pair, r == MR and pm >= 0 hold) */
-                            kernel_wide(pm, false, K, (const float *)A + (m0 + i0) * ars, ars, aks,
-                                        bp + j0 * K, NULL, 0, bj, cij, ldc);
-                            continue;
-                        }
-                        if (pair && r == MR && pm >= 0) {
-                            kernel_wide(pm, sc.f16, K, ap + i0 * K, 1, MR, bp + j0 * K, NULL, 0, bj, cij,
+                        if (pair && r == MR && pm >= 0) { /* (every block, when a_direct) */
+                            arows ar = rows_at(a_direct, A, lda, ap ? ap + i0 * K : NULL, m0 + i0, 0);
+                            kernel_wide(pm, sc.f16, K, ar.a, ar.rs, ar.ks, bp + j0 * K, NULL, 0, bj, cij,
                                         ldc);
                             continue;
                         }
@@ -775,21 +783,14 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                             int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                             char *cij = c8 + (size_t)((M0 + m0 + i0) * ldc + n0 + j0) * cs;
                             const float *biasj = bias ? bias + n0 + j0 : NULL;
-                            if (a_direct) { /* rows M0 + m0 + i0 of A from depth k0, where they lie */
-                                const float *ad = (const float *)A + (M0 + m0 + i0) * ars + k0 * aks;
+                            if (pair && r == MR && (!last || pm >= 0)) { /* (every block, when a_direct) */
+                                arows ar = rows_at(a_direct, A, lda, ai, M0 + m0 + i0, k0);
                                 if (!last)
-                                    kernel_wide(PUT_F32, false, kc, ad, ars, aks, bj, prev, ncp, NULL, sum,
-                                                ncp);
+                                    kernel_wide(PUT_F32, false, kc, ar.a, ar.rs, ar.ks, bj, prev, ncp, NULL,
+                                                sum, ncp);
                                 else
-                                    kernel_wide(pm, false, kc, ad, ars, aks, bj, prev, ncp, biasj, cij, ldc);
-                                continue;
-                            }
-                            if (pair && r == MR && !last) {
-                                kernel_wide(PUT_F32, false, kc, ai, 1, MR, bj, prev, ncp, NULL, sum, ncp);
-                                continue;
-                            }
-                            if (pair && r == MR && pm >= 0) {
-                                kernel_wide(pm, sc.f16, kc, ai, 1, MR, bj, prev, ncp, biasj, cij, ldc);
+                                    kernel_wide(pm, sc.f16, kc, ar.a, ar.rs, ar.ks, bj, prev, ncp, biasj, cij,
+                                                ldc);
                                 continue;
                             }
                             for (int64_t h = 0; h <= (pair ? NR : 0); h += NR) {
