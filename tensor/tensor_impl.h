@@ -197,7 +197,12 @@ static inline void t_drop(tensor *t)
  * goes back at once even in a scope (its header stays to the scope): the
  * caching allocator's block, reused only by kernels queued after it. For
  * the copies an op makes of strided inputs and results on a device; on
- * the CPU it is t_drop. */
+ * the CPU it is t_drop. Not what t_drop itself does: composite ops drop
+ * tensors the tape has recorded as inputs (em_mse_loss's p - t, which
+ * mul's backward reads again), and in a scope t_drop leaves them to the
+ * scope; made global (2026-12-07), early release freed them under the
+ * tape (UBSan: a NULL storage in bin_cuda from muldiv_backward, in
+ * test_cuda_mse_loss_matches_the_cpu and every CUDA training test). */
 void t_drop_now(tensor *t);
 /* A leaf's gradient when one was produced since the last set-to-none
  * zero_grad (what the optimizer steps, clipping measures and the loss
