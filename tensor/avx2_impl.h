@@ -1,7 +1,8 @@
 /* avx2_impl.h — AVX2 pieces shared by ember's x86 kernels (the GEMM's
  * packing in tensor/gemm_widen.c, the fused attention head in
  * tensor/attention_avx2.c): the 6x16 multiply-add block both run their
- * products on, and an 8x8 transpose. Include only where x86 intrinsics build
+ * products on, and an 8x8 transpose (also the bf16 packs', tensor/gemm_bf16.c
+ * and tensor/gemm_dpbf16.c). Include only where x86 intrinsics build
  * (both files guard it); each function carries its own target attribute,
  * so it inlines into callers compiled for AVX2 or more. */
 #ifndef EMBER_AVX2_IMPL_H
@@ -29,6 +30,16 @@ __attribute__((target("avx2"))) static inline void transpose8(__m256 r[8])
     r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
     r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
     r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* the same transpose of 8 rows of 8 32-bit integers (bf16 pairs): the float
+ * shuffles only move bits */
+__attribute__((target("avx2"))) static inline void transpose8_u32(__m256i x[8])
+{
+    __m256 r[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_castsi256_ps(x[i]);
+    transpose8(r);
+    for (int i = 0; i < 8; i++) x[i] = _mm256_castps_si256(r[i]);
 }
 
 /* The register block of a 6x16 GEMM micro-kernel: for r < mr (<= 6),

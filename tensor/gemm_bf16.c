@@ -62,7 +62,7 @@ static void pack_rest(bool tb, const uint16_t *B, int64_t ldb, int64_t c0, int64
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include "transpose_avx2.h"
+#include "avx2_impl.h"
 #define PACK_AVX2 __attribute__((target("avx2")))
 
 /* gemm_bf16_pack_pairs with AVX2: whole groups of 16 columns, and pairs

@@ -34,7 +34,7 @@
 #define EM_DP_BUILD 1
 #include <immintrin.h>
 
-#include "transpose_avx2.h"
+#include "avx2_impl.h"
 #else
 #define EM_DP_BUILD 0
 #endif

@@ -57,9 +57,7 @@ bool gemm_wide_usable(void)
            (em_cpu_detect().avx512f || __atomic_load_n(&wide_test_sums, __ATOMIC_ACQUIRE) != NULL);
 }
 
-/* whether this process's products take kernel_wide: where the CPU has it,
- * unless EMBER_F32_PATH=avx2 asks for the 6x16 kernel alone */
-static bool gemm_wide_now(void) { return gemm_wide_usable() && gemm_f32_path_chosen() != F32_PATH_AVX2; }
+bool gemm_wide_now(void) { return gemm_wide_usable() && gemm_f32_path_chosen() != F32_PATH_AVX2; }
 
 #if EM_WIDEN_BUILD
 

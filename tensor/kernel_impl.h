@@ -189,6 +189,10 @@ bool gemm_widen_usable(void);
  * micro-kernel (the "avx512" f32 path; low products take it too unless
  * EMBER_F32_PATH=avx2), or the tests emulate it (below). */
 bool gemm_wide_usable(void);
+/* Whether this process's products on ember's GEMM take the 6x32 kernel
+ * for pairs of panels: where gemm_wide_usable(), unless EMBER_F32_PATH=avx2
+ * asks for the 6x16 kernel alone (ember env says it for the low paths). */
+bool gemm_wide_now(void);
 /* The micro-kernels' rows and panel width (tensor/gemm_widen.c) */
 enum { WIDEN_MR = 6, WIDEN_NR = 16 };
 /* The 6x32 kernel's sums (tensor/gemm_wide_sums.h) for six rows of A,

@@ -1,6 +1,8 @@
 /* runtime.c — what this build and this machine are: version, build options
  * (from the generated ember_config.h), CPU features (cpuid + xgetbv), the BLAS
  * library in use and the CUDA devices visible. Backs `ember env`. */
+#include <strings.h>
+
 #include "ember/runtime.h"
 #include "ember_config.h"
 #include "kernel_impl.h"
@@ -8,7 +10,6 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
-#include <strings.h>
 #define EM_X86 1
 #else
 #define EM_X86 0

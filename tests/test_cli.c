@@ -58,12 +58,9 @@ TEST(test_cli_env_says_the_matmul_path_of_each_dtype)
     char want[128];
     snprintf(want, sizeof want, "matmul bf16    %s: ", em_matmul_path(EM_BF16));
     CHECK(has_line(r->out, want));
-    /* f32: ember's kernel on AVX2 CPUs without AVX-512, its AVX-512 one
-     * where the BLAS has no AVX-512 sgemm, else the BLAS */
-    em_cpu_features f = em_cpu_detect();
-    const char *f32 = gemm_wide_usable() && !blas_sgemm_avx512() ? "avx512"
-                      : f.avx2 && f.fma && f.f16c && !f.avx512f  ? "avx2"
-                                                                 : "sgemm";
+    /* f32: the path this process takes (auto's rule is tested in
+     * tests/test_f32_path.c) */
+    const char *f32 = em_matmul_path(EM_F32);
     snprintf(want, sizeof want, "matmul f32     %s: ", f32);
     CHECK(has_line(r->out, want));
     CHECK(has_line(r->out, "matmul f16     f32: "));

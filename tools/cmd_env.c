@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "ember/ember.h"
 #include "ember_config.h"
+#include "tensor/kernel_impl.h"
 
 static const char env_usage[] =
     "usage: ember env [--json]\n"
@@ -124,11 +125,10 @@ static const char *path_says(const char *path, const char *dtype)
 
 /* ", on <kernel>" for a low-precision path that runs on ember's own GEMM
  * ("f32"): the micro-kernel it takes here (tensor/gemm_widen.c), else "" */
-static const char *low_kernel(const env_info *e, const char *path)
+static const char *low_kernel(const char *path)
 {
-    if (!path || strcmp(path, "f32") || !e->feat.avx2) return "";
-    bool wide = e->feat.avx512f && (!e->path_f32 || strcmp(e->path_f32, "avx2"));
-    return wide ? ", on its 6x32 AVX-512F kernel" : ", on its 6x16 AVX2 kernel";
+    if (!path || strcmp(path, "f32") || !gemm_widen_usable()) return "";
+    return gemm_wide_now() ? ", on its 6x32 AVX-512F kernel" : ", on its 6x16 AVX2 kernel";
 }
 
 static void print_text(const env_info *e)
@@ -156,11 +156,10 @@ static void print_text(const env_info *e)
         printf("matmul f32     none: %s\n", e->f32_error);
     if (e->path_bf16)
         printf("matmul bf16    %s: %s%s\n", e->path_bf16, path_says(e->path_bf16, "bf16"),
-               low_kernel(e, e->path_bf16));
+               low_kernel(e->path_bf16));
     else
         printf("matmul bf16    none: %s\n", e->bf16_error);
-    printf("matmul f16     %s: %s%s\n", e->path_f16, path_says(e->path_f16, "f16"),
-           low_kernel(e, e->path_f16));
+    printf("matmul f16     %s: %s%s\n", e->path_f16, path_says(e->path_f16, "f16"), low_kernel(e->path_f16));
     char a[32], b[32];
     if (e->build.cuda)
         printf("CUDA           built in; driver %s, runtime %s; %d device%s visible\n",
