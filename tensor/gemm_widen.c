@@ -109,18 +109,35 @@ TARGET static inline __m256 load8(src s, const void *p, int64_t i)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* one float as the low dtype holds it */
-static inline float keep1(bool f16, float x)
+/* the n (< 8) values from element i of p as 8 floats, zero past n */
+TARGET static inline __m256 load8_part(src s, const void *p, int64_t i, int64_t n)
 {
-    return f16 ? f16_bits_to_f32(f32_to_f16_bits(x)) : bf16_bits_to_f32(f32_to_bf16_bits(x));
+    union {
+        float f[8];
+        uint16_t h[8];
+    } t = {{0}};
+    for (int64_t j = 0; j < n; j++)
+        if (s.f32)
+            t.f[j] = ((const float *)p)[i + j];
+        else
+            t.h[j] = ((const uint16_t *)p)[i + j];
+    return load8(s, &t, 0);
+}
+
+/* one float as the low dtype holds it (f16: F16C's scalar conversions,
+ * keep8's bits; dtype_math.h's f16 conversions in C, branch by branch, made
+ * the packs' edges a third of the tiny GPT's fp16 pack time) */
+TARGET static inline float keep1(bool f16, float x)
+{
+    return f16 ? _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)) : bf16_bits_to_f32(f32_to_bf16_bits(x));
 }
 
 /* element i of p as a float */
-static inline float load1(src s, const void *p, int64_t i)
+TARGET static inline float load1(src s, const void *p, int64_t i)
 {
     if (s.f32) return s.exact ? ((const float *)p)[i] : keep1(s.f16, ((const float *)p)[i]);
     uint16_t h = ((const uint16_t *)p)[i];
-    return s.f16 ? f16_bits_to_f32(h) : bf16_bits_to_f32(h);
+    return s.f16 ? _cvtsh_ss(h) : bf16_bits_to_f32(h);
 }
 
 /* asks for the cache line of element i of p ahead of its load. B's
@@ -149,12 +166,10 @@ TARGET static void pack_b(src sb, bool tb, const void *B, int64_t ldb, int64_t k
             for (int64_t k = 0; k < kc; k++) {
                 int64_t s = (k0 + k) * ldb + n0 + j0;
                 if (k + PF < kc) prefetch1(sb, B, s + PF * ldb);
-                if (w == NR) {
-                    _mm256_storeu_ps(d + k * NR, load8(sb, B, s));
-                    _mm256_storeu_ps(d + k * NR + 8, load8(sb, B, s + 8));
-                } else {
-                    for (int64_t j = 0; j < NR; j++) d[k * NR + j] = j < w ? load1(sb, B, s + j) : 0.0f;
-                }
+                _mm256_storeu_ps(d + k * NR, w >= 8 ? load8(sb, B, s) : load8_part(sb, B, s, w));
+                _mm256_storeu_ps(d + k * NR + 8, w == NR ? load8(sb, B, s + 8)
+                                                 : w > 8 ? load8_part(sb, B, s + 8, w - 8)
+                                                         : _mm256_setzero_ps());
             }
             continue;
         }
@@ -184,13 +199,10 @@ TARGET static void pack_a(src sa, bool ta, const void *A, int64_t lda, int64_t m
         int64_t h = mc - i0 < MR ? mc - i0 : MR;
         if (ta) { /* A stored (K,m): op(A)(r, k) = A[k][r], a panel's MR values per k side by side */
             bool wide = h == MR && m0 + i0 + 8 <= m; /* 8 loads stay inside the row */
-            for (int64_t k = 0; k < kc; k++) {
+            for (int64_t k = 0; k < kc; k++) { /* 8 values stored: the next k's store overwrites the last
+                                                * 2 (dst has slack) */
                 int64_t s = (k0 + k) * lda + m0 + i0;
-                if (wide) { /* 8 values stored: the next k's store overwrites the last 2 (dst has slack) */
-                    _mm256_storeu_ps(d + k * MR, load8(sa, A, s));
-                } else {
-                    for (int64_t i = 0; i < MR; i++) d[k * MR + i] = i < h ? load1(sa, A, s + i) : 0.0f;
-                }
+                _mm256_storeu_ps(d + k * MR, wide ? load8(sa, A, s) : load8_part(sa, A, s, h));
             }
             continue;
         }
@@ -523,7 +535,7 @@ TARGET static void store_low(src s, bool add, float alpha, const float *bias, co
             _mm_storeu_si128((__m128i *)(d + j),
                              s.f16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : round8_bf16(v));
         }
-        for (; j < w; j++) d[j] = s.f16 ? f32_to_f16_bits(x[j]) : f32_to_bf16_bits(x[j]);
+        for (; j < w; j++) d[j] = s.f16 ? _cvtss_sh(x[j], _MM_FROUND_TO_NEAREST_INT) : f32_to_bf16_bits(x[j]);
     }
 }
 
