@@ -183,8 +183,8 @@ static void gemm_call(gemm_job *j, int64_t part, int64_t m0, int64_t m1, int64_t
         if (lo == EM_BF16 && j->path == BF16_PATH_AMX)
             ok = gemm_bf16_amx(j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c, true, j->ldc);
         else if (lo == EM_BF16 && j->path == BF16_PATH_AVX512BF16)
-            ok = gemm_dpbf16(gemm_dpbf16_kernel(), j->ta, j->tb, m, n, j->K, a16, j->lda, b16, j->ldb, c,
-                             true, j->ldc);
+            ok = gemm_dpbf16_low(gemm_dpbf16_kernel(), ldt, j->ta, j->tb, m, n, j->K, a16, j->lda, b16,
+                                 j->ldb, c, j->ldc);
         else if (on_own_kernel(j)) {
             if (ldt.c == EM_F32) { /* the kernel adds it to an f32 C as it stores */
                 ldt.bias = (const float *)bias;
@@ -269,12 +269,12 @@ em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N
                       int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc)
 {
     em_dtype lo = dt.lo;
-    bool all_lo = dt.a == lo && dt.b == lo && dt.c == lo;
     bool lo_or_f32 =
         (dt.a == lo || dt.a == EM_F32) && (dt.b == lo || dt.b == EM_F32) && (dt.c == lo || dt.c == EM_F32);
     /* a caller's bug: ops_matmul.c casts for a path that wants lo operands */
-    if ((lo != EM_BF16 && lo != EM_F16) || !lo_or_f32 || (!all_lo && !gemm_low_reads_f32(lo)) ||
-        (dt.add && (dt.c != EM_F32 || dt.bias)))
+    bool f32_ab = dt.a == EM_F32 || dt.b == EM_F32;
+    if ((lo != EM_BF16 && lo != EM_F16) || !lo_or_f32 || (f32_ab && !gemm_low_reads_f32(lo)) ||
+        (dt.c == EM_F32 && !gemm_low_writes_f32(lo)) || (dt.add && (dt.c != EM_F32 || dt.bias)))
         return em_err(EM_ERR_ARG,
                       "em_gemm_low: a %s product on this path takes %s operands only (got %s, %s -> %s%s)",
                       em_dtype_name(lo), em_dtype_name(lo), em_dtype_name(dt.a), em_dtype_name(dt.b),

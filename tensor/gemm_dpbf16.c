@@ -6,7 +6,9 @@
  * two products to an f32 accumulator: one instruction, 32 multiply-adds.
  * The GEMM is blocked like a BLAS one:
  *   - C is computed in blocks of MC rows x NC columns, in an f32 scratch
- *     block, then copied to C (f32) or rounded once to bf16;
+ *     block, then copied to C (f32) or rounded once to bf16 (gemm_dpbf16), or
+ *     rounded and kept in an f32 C, or added to it (gemm_dpbf16_low: a
+ *     Linear's f32 output under autocast, its bias added next);
  *   - K is walked in blocks of KC; for each, op(B)'s block is packed
  *     pair-interleaved (gemm_bf16_pack_pairs, the layout AMX uses too: 16
  *     columns x one k-pair = one 64-byte row) and op(A)'s rows in panels of
@@ -155,8 +157,22 @@ static void pack_a(bool ta, const uint16_t *A, int64_t lda, int64_t r0, int64_t 
     pack_a_panel(ta, A, lda, r0, rows, 0, K, pairs, dst);
 }
 
-bool gemm_dpbf16(dp_kernel kern, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
-                 int64_t lda, const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc)
+/* n sums rounded to bf16 and widened back (stored in f32, or added) */
+static void keep_n(float *restrict d, const float *restrict s, int64_t n, bool add)
+{
+    if (add)
+        for (int64_t j = 0; j < n; j++) d[j] += bf16_bits_to_f32(f32_to_bf16_bits(s[j]));
+    else
+        for (int64_t j = 0; j < n; j++) d[j] = bf16_bits_to_f32(f32_to_bf16_bits(s[j]));
+}
+
+/* How C is written: its sums as they are (f32), rounded into bf16, or
+ * rounded and kept in f32, stored or added */
+typedef enum dp_out { DP_RAW, DP_BF16, DP_KEEP, DP_KEEP_ADD } dp_out;
+
+/* C (m,n) = op(A) @ op(B), written as out says */
+static bool dp_gemm(dp_kernel kern, dp_out out, bool ta, bool tb, int64_t m, int64_t n, int64_t K,
+                    const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, void *C, int64_t ldc)
 {
     int64_t kc_max = K < KC ? K : KC, pairs_max = (kc_max + 1) / 2;
     int64_t mc_max = m < MC ? m : MC, nc_max = n < NC ? n : NC;
@@ -180,8 +196,7 @@ bool gemm_dpbf16(dp_kernel kern, bool ta, bool tb, int64_t m, int64_t n, int64_t
             for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
                 int64_t kc = K - k0 < kc_max ? K - k0 : kc_max, pairs = (kc + 1) / 2;
                 /* op(B) from row k0: B (K,n) rows, or B (n,K) when transposed */
-                const uint16_t *bk = tb ? B + k0 : B + k0 * ldb;
-                gemm_bf16_pack_pairs(tb, bk, ldb, n0, nc, kc, 2 * pairs, bp);
+                gemm_bf16_pack_pairs(tb, tb ? B + k0 : B + k0 * ldb, ldb, n0, nc, kc, 2 * pairs, bp);
                 for (int64_t i = 0; i < panels; i++) {
                     int64_t rows = mc - i * DP_MR < DP_MR ? mc - i * DP_MR : DP_MR;
                     pack_a(ta, ta ? A + k0 * lda : A + k0, lda, m0 + i * DP_MR, rows, kc, pairs, ap);
@@ -192,14 +207,29 @@ bool gemm_dpbf16(dp_kernel kern, bool ta, bool tb, int64_t m, int64_t n, int64_t
             }
             for (int64_t i = 0; i < mc; i++) {
                 const float *src = acc + i * ncp;
-                if (c_bf16) {
-                    convert_n(EM_BF16, (uint16_t *)C + (m0 + i) * ldc + n0, EM_F32, src, nc);
-                } else {
-                    memcpy((float *)C + (m0 + i) * ldc + n0, src, (size_t)nc * 4);
+                size_t off = (size_t)((m0 + i) * ldc + n0);
+                switch (out) {
+                case DP_RAW: memcpy((float *)C + off, src, (size_t)nc * 4); break;
+                case DP_BF16: convert_n(EM_BF16, (uint16_t *)C + off, EM_F32, src, nc); break;
+                case DP_KEEP: keep_n((float *)C + off, src, nc, false); break;
+                case DP_KEEP_ADD: keep_n((float *)C + off, src, nc, true); break;
                 }
             }
         }
     }
     tmp_release(mark);
     return true;
+}
+
+bool gemm_dpbf16(dp_kernel kern, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
+                 int64_t lda, const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc)
+{
+    return dp_gemm(kern, c_bf16 ? DP_BF16 : DP_RAW, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
+}
+
+bool gemm_dpbf16_low(dp_kernel kern, gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K,
+                     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, void *C, int64_t ldc)
+{
+    dp_out out = dt.c == EM_BF16 ? DP_BF16 : dt.add ? DP_KEEP_ADD : DP_KEEP;
+    return dp_gemm(kern, out, ta, tb, m, n, K, A, lda, B, ldb, C, ldc);
 }

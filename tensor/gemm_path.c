@@ -227,3 +227,14 @@ bool gemm_low_reads_f32(em_dtype lo)
     }
     return p == BF16_PATH_F32;
 }
+
+bool gemm_low_writes_f32(em_dtype lo)
+{
+    bf16_path p;
+    if (gemm_low_reads_f32(lo)) return true;
+    if (lo != EM_BF16 || gemm_bf16_path(&p)) {
+        em_clear_error();
+        return false;
+    }
+    return p == BF16_PATH_AVX512BF16;
+}

@@ -140,8 +140,9 @@ typedef struct gemm_low_dtypes {
  * process's bf16 path (gemm_bf16_path, which must have succeeded); f16, and
  * bf16 on the f32 path, are widened to f32 inside the GEMM: in its packing
  * step on AVX2+FMA CPUs (gemm_widen), else a cache-sized block at a time
- * next to sgemm calls; no operand or result is ever copied whole. An f32 A,
- * B or C where !gemm_low_reads_f32(dt.lo) is a bug (asserted). EM_ERR_OOM
+ * next to sgemm calls; no operand or result is ever copied whole. An f32 A
+ * or B where !gemm_low_reads_f32(dt.lo), or an f32 C where
+ * !gemm_low_writes_f32(dt.lo), is a bug (asserted). EM_ERR_OOM
  * when scratch memory runs out (C is then undefined). */
 em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void *A,
                       int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc);
@@ -152,6 +153,10 @@ em_status em_gemm_low(gemm_low_dtypes dt, bool ta, bool tb, int64_t M, int64_t N
  * wants its operands in lo (bf16 on AMX or AVX512-BF16) or the bf16 path
  * setting is invalid (the product then reports it). */
 bool gemm_low_reads_f32(em_dtype lo);
+/* Whether products in lo on the CPU write an f32 C (the rounded results,
+ * or added: gemm_low_dtypes) themselves: where they read f32 operands, and
+ * bf16 on AVX512-BF16 (which takes bf16 operands only) */
+bool gemm_low_writes_f32(em_dtype lo);
 
 /* op(B) packed once for every part of a product split by C's rows
  * (tensor/gemm.c): each part multiplies by all of op(B), so instead of each
@@ -375,6 +380,12 @@ void gemm_dpbf16_use_kernel_for_test(dp_kernel k);
  * runs out. */
 bool gemm_dpbf16(dp_kernel k, bool ta, bool tb, int64_t m, int64_t n, int64_t K, const uint16_t *A,
                  int64_t lda, const uint16_t *B, int64_t ldb, void *C, bool c_bf16, int64_t ldc);
+/* One thread's part of em_gemm_low (dt.lo bf16, A and B in bf16, bias
+ * not taken: the caller adds it) with kernel k: C in bf16, or in f32
+ * holding the rounded results (dt.add: added to C); false (nothing
+ * written) when memory runs out. */
+bool gemm_dpbf16_low(dp_kernel k, gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int64_t K,
+                     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, void *C, int64_t ldc);
 
 /* Whether every value of dtype `from` is exactly a value of float dtype `to`
  * (f16/bf16 -> f32 -> f64, and any dtype to itself). tensor/dtype.c */

@@ -356,7 +356,7 @@ static em_status product_cpu(tensor *a, tensor *b, em_dtype lo, tensor *out, con
     if (lo == EM_BF16 && gemm_bf16_path(&path)) return em_last_status();
     bool direct = (lo == EM_BF16 || lo == EM_F16) && gemm_low_reads_f32(lo);
     em_dtype at = direct && a->dtype == EM_F32 ? EM_F32 : lo, bt = direct && b->dtype == EM_F32 ? EM_F32 : lo,
-             ct = direct && od == EM_F32 ? EM_F32 : lo;
+             ct = od == EM_F32 && (lo == EM_BF16 || lo == EM_F16) && gemm_low_writes_f32(lo) ? EM_F32 : lo;
     size_t mk = tmp_mark();
     operand oa, ob;
     char *c = od == ct ? t_ptr(out) : tmp_alloc((size_t)t_numel(out) * em_dtype_size(ct) + 1);

@@ -4,7 +4,8 @@
  * matmul reads f32 operands as they are and rounds them as the GEMM packs
  * them: no cast, no bf16 copy of a weight, and the same bits as casting
  * first. Where a fast bf16 product wants bf16 operands (AMX, AVX512-BF16, a
- * GPU), autocast casts them as before. */
+ * GPU), autocast casts them as before; AVX512-BF16's products still write
+ * an f32 result themselves (rounded, or added). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,54 @@ TEST(test_autocast_casts_f32_operands_on_the_emulated_avx512bf16_path)
     gemm_dpbf16_use_kernel_for_test(NULL);
 }
 
+/* element i of a fixed spread of values in [-4, 4) (salt: another spread) */
+static float spread(int64_t i, int salt)
+{
+    uint32_t h = (uint32_t)(i * 2654435761u) ^ (uint32_t)salt * 40503u;
+    return (float)(h % 8000u) / 1000.0f - 4.0f;
+}
+
+/* The avx512bf16 path (its kernel emulated) writes an f32 C itself: each
+ * result rounded to bf16 and kept in f32, or added to C; the bits of its
+ * bf16 C widened, or of adding that. */
+TEST(test_avx512bf16_products_write_an_f32_c_with_the_bits_of_their_bf16_one)
+{
+    gemm_dpbf16_use_kernel_for_test(dp_kernel_emulated);
+    use_bf16_path("avx512bf16");
+    CHECK(!gemm_low_reads_f32(EM_BF16) && gemm_low_writes_f32(EM_BF16));
+    static const int64_t shapes[][3] = {{7, 33, 300}, {300, 70, 45}, {9, 600, 40}};
+    for (int q = 0; q < 3; q++)
+        for (int t = 0; t < 4; t++) {
+            int64_t m = shapes[q][0], K = shapes[q][1], n = shapes[q][2];
+            bool ta = t & 1, tb = t & 2;
+            uint16_t *A = malloc((size_t)(m * K) * 2), *B = malloc((size_t)(K * n) * 2),
+                     *C16 = malloc((size_t)(m * n) * 2);
+            float *C = malloc((size_t)(m * n) * 4), *D = malloc((size_t)(m * n) * 4);
+            for (int64_t i = 0; i < m * K; i++) A[i] = f32_to_bf16_bits(spread(i, 3 + t));
+            for (int64_t i = 0; i < K * n; i++) B[i] = f32_to_bf16_bits(spread(i, 5 + q));
+            for (int64_t i = 0; i < m * n; i++) D[i] = spread(i, 7);
+            int64_t lda = ta ? m : K, ldb = tb ? K : n;
+            gemm_low_dtypes lo = {.lo = EM_BF16, .a = EM_BF16, .b = EM_BF16, .c = EM_BF16};
+            CHECK_OK(em_gemm_low(lo, ta, tb, m, n, K, A, lda, B, ldb, C16, n));
+            lo.c = EM_F32;
+            CHECK_OK(em_gemm_low(lo, ta, tb, m, n, K, A, lda, B, ldb, C, n));
+            lo.add = true;
+            CHECK_OK(em_gemm_low(lo, ta, tb, m, n, K, A, lda, B, ldb, D, n));
+            for (int64_t i = 0; i < m * n; i++) {
+                float w = bf16_bits_to_f32(C16[i]), sum = spread(i, 7) + w;
+                if (memcmp(&C[i], &w, 4) || memcmp(&D[i], &sum, 4)) {
+                    th_fail(__FILE__, __LINE__,
+                            "(%lld,%lld)%s @ (%lld,%lld)%s [%lld]: f32 C %.9g, added %.9g; bf16 C %.9g",
+                            (long long)m, (long long)K, ta ? "^T" : "", (long long)K, (long long)n,
+                            tb ? "^T" : "", (long long)i, C[i], D[i], w);
+                    break;
+                }
+            }
+            free(A), free(B), free(C16), free(C), free(D);
+        }
+    gemm_dpbf16_use_kernel_for_test(NULL);
+}
+
 TEST(test_autocast_casts_a_cuda_matmuls_f32_operands)
 {
     CUDA_OR_SKIP();
@@ -91,8 +140,9 @@ TEST(test_products_read_f32_operands_only_where_they_are_computed_in_f32)
 {
     CHECK(gemm_low_reads_f32(EM_F16));
     use_bf16_path("f32");
-    CHECK(gemm_low_reads_f32(EM_BF16));
+    CHECK(gemm_low_reads_f32(EM_BF16) && gemm_low_writes_f32(EM_BF16) && gemm_low_writes_f32(EM_F16));
     CHECK(!gemm_low_reads_f32(EM_F32) && !gemm_low_reads_f32(EM_F64));
+    CHECK(!gemm_low_writes_f32(EM_F32) && !gemm_low_writes_f32(EM_F64));
     use_bf16_path("sideways"); /* a bad setting: cast as before, and the matmul reports it */
     CHECK(!gemm_low_reads_f32(EM_BF16));
     CHECK(em_last_status() == EM_OK);
