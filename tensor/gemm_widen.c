@@ -75,6 +75,7 @@ typedef struct src {
     bool f16;   /* the product's dtype is f16 (else bf16) */
     bool f32;   /* the operand is stored in f32 */
     bool exact; /* an f32 product: nothing is rounded */
+    bool z;     /* the CPU has AVX-512F: an f32 B rounded 16 floats at a time (pack_b_panel16) */
 } src;
 
 /* 8 floats rounded to bf16 as bf16_round does (nearest even; a NaN stays a
@@ -154,6 +155,70 @@ static inline void prefetch1(src s, const void *p, int64_t i)
     __builtin_prefetch((const char *)p + i * (s.f32 ? 4 : 2), 0, 3);
 }
 
+/* ---- AVX-512F: B's panels rounded 16 floats at a time ----
+ * Rounding an f32 operand to bf16 takes 8 instructions a vector, as many
+ * for 16 floats in a zmm as for 8 in a ymm. B's packing, where it rounds
+ * (an f32 weight under autocast on the f32 path), does so here in zmm
+ * registers on CPUs with AVX-512F: the same values (keep8's rule per lane;
+ * f16 by the same conversion instructions), the same panels. bench_ab,
+ * bf16 on the f32 path (Zen 5): the tiny step 0.979x the time, 124M
+ * 0.950x; fp16 tiny 0.990x. Tried and not kept: A's packing so (its
+ * six-row transposes from 16 k's, its transposed panels two k's to a zmm:
+ * the tiny step 0.997x and 1.006x, 124M 0.992x), and an f32 product's B
+ * read 16 at a time without rounding (tiny 0.989x, 124M 1.031x). */
+#define TARGET512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+/* 16 floats as the low dtype holds them (keep8's rule, 16 lanes) */
+TARGET512 static inline __m512 keep16(bool f16, __m512 x)
+{
+    if (f16) return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q); /* a NaN: quiet, its top payload kept */
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* the upper 8 floats of x */
+TARGET512 static inline __m256 hi8(__m512 x)
+{
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+}
+
+/* A whole panel (NR columns from column j of op(B)) of f32 B rounded to
+ * the low dtype (f16, else bf16), rows k0..k0+kc, into d as pack_b lays it:
+ * every row where B is (K,N); where B is stored (N,K), the k's in whole 16s,
+ * their count returned (pack_b takes the rest). */
+TARGET512 static int64_t pack_b_panel16(bool f16, bool tb, const float *B, int64_t ldb, int64_t k0,
+                                        int64_t kc, int64_t j, float *d)
+{
+    if (!tb) {
+        for (int64_t k = 0; k < kc; k++) {
+            int64_t s = (k0 + k) * ldb + j;
+            if (k + PF < kc) __builtin_prefetch(B + s + PF * ldb, 0, 3);
+            _mm512_storeu_ps(d + k * NR, keep16(f16, _mm512_loadu_ps(B + s)));
+        }
+        return kc;
+    }
+    int64_t k = 0;
+    for (; k + 16 <= kc; k += 16)
+        for (int h = 0; h < 2; h++) { /* 8 columns' 16 k's: two 8x8 blocks transposed */
+            __m256 lo[8], hi[8];
+            for (int c = 0; c < 8; c++) {
+                __m512 v = keep16(f16, _mm512_loadu_ps(B + (j + 8 * h + c) * ldb + k0 + k));
+                lo[c] = _mm512_castps512_ps256(v), hi[c] = hi8(v);
+            }
+            transpose8(lo);
+            transpose8(hi);
+            for (int q = 0; q < 8; q++) {
+                _mm256_storeu_ps(d + (k + q) * NR + 8 * h, lo[q]);
+                _mm256_storeu_ps(d + (k + 8 + q) * NR + 8 * h, hi[q]);
+            }
+        }
+    return k;
+}
+
 /* op(B) rows k0..k0+kc, columns n0..n0+nc into panels of NR columns
  * (zero past nc): dst[panel][k][NR] */
 TARGET static void pack_b(src sb, bool tb, const void *B, int64_t ldb, int64_t k0, int64_t kc, int64_t n0,
@@ -162,8 +227,10 @@ TARGET static void pack_b(src sb, bool tb, const void *B, int64_t ldb, int64_t k
     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
         float *d = dst + j0 * kc;
         int64_t w = nc - j0 < NR ? nc - j0 : NR;
+        bool z16 = sb.z && sb.f32 && !sb.exact && w == NR;
+        int64_t k = z16 ? pack_b_panel16(sb.f16, tb, B, ldb, k0, kc, n0 + j0, d) : 0;
         if (!tb) { /* B (K,N): 16 consecutive values of row k */
-            for (int64_t k = 0; k < kc; k++) {
+            for (; k < kc; k++) {
                 int64_t s = (k0 + k) * ldb + n0 + j0;
                 if (k + PF < kc) prefetch1(sb, B, s + PF * ldb);
                 _mm256_storeu_ps(d + k * NR, w >= 8 ? load8(sb, B, s) : load8_part(sb, B, s, w));
@@ -174,7 +241,6 @@ TARGET static void pack_b(src sb, bool tb, const void *B, int64_t ldb, int64_t k
             continue;
         }
         /* B stored (N,K): op(B)(k, j) = B[j][k]; 8x8 blocks transposed */
-        int64_t k = 0;
         if (w == NR)
             for (; k + 8 <= kc; k += 8)
                 for (int h = 0; h < 2; h++) {
@@ -407,14 +473,6 @@ TARGET static void kernel_bias(put_mode pm, bool f16, int64_t kc, const float *a
  * multiply-adds in the same order as sums() makes, so its bits are the
  * 6x16 kernel's, and the two halves leave the registers through put_block
  * as two 6x16 blocks. */
-#define TARGET512 __attribute__((target("avx512f,avx2,fma,f16c")))
-
-/* the upper 8 floats of x */
-TARGET512 static inline __m256 hi8(__m512 x)
-{
-    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
-}
-
 /* the 6x32 sums of gemm_wide_sums.h, inlined into kernel_wide */
 #define WIDE_SUMS TARGET512 static inline __attribute__((always_inline)) void wide_sums
 #include "gemm_wide_sums.h"
@@ -827,8 +885,9 @@ bool gemm_widen(gemm_low_dtypes dt, bool ta, bool tb, int64_t m, int64_t n, int6
                 int64_t first)
 {
     bool f16 = dt.lo == EM_F16;
-    src sa = {f16, dt.a == EM_F32, false}, sb = {f16, dt.b == EM_F32, false},
-        sc = {f16, dt.c == EM_F32, false};
+    bool z = em_cpu_detect().avx512f;
+    src sa = {f16, dt.a == EM_F32, false, z}, sb = {f16, dt.b == EM_F32, false, z},
+        sc = {f16, dt.c == EM_F32, false, z};
     return blocked(sa, sb, sc, dt.add, 1.0f, dt.bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc, shb, first,
                    gemm_wide_now());
 }
@@ -837,7 +896,7 @@ bool gemm_f32_own(bool ta, bool tb, int64_t m, int64_t n, int64_t K, float alpha
                   const float *B, int64_t ldb, bool add, float *C, int64_t ldc, const float *bias,
                   const gemm_shared_b *shb, int64_t first)
 {
-    src s = {false, true, true};
+    src s = {false, true, true, false};
     return blocked(s, s, s, add, alpha, bias, ta, tb, m, n, K, A, lda, B, ldb, C, ldc, shb, first,
                    gemm_wide_now());
 }
