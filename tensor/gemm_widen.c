@@ -164,8 +164,10 @@ static inline void prefetch1(src s, const void *p, int64_t i)
  * bf16 on the f32 path (Zen 5): the tiny step 0.979x the time, 124M
  * 0.950x; fp16 tiny 0.990x. Tried and not kept: A's packing so (its
  * six-row transposes from 16 k's, its transposed panels two k's to a zmm:
- * the tiny step 0.997x and 1.006x, 124M 0.992x), and an f32 product's B
- * read 16 at a time without rounding (tiny 0.989x, 124M 1.031x). */
+ * the tiny step 0.997x and 1.006x, 124M 0.992x), an f32 product's B
+ * read 16 at a time without rounding (tiny 0.989x, 124M 1.031x), and the
+ * 6x32 kernel rounding its sums 16 to a zmm before they are put (tiny
+ * 0.994x and 1.003x, 124M 1.022x and 1.009x). */
 #define TARGET512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 /* 16 floats as the low dtype holds them (keep8's rule, 16 lanes) */
