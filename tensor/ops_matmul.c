@@ -340,9 +340,10 @@ static em_status matmul_backward(node *n, tensor *g)
  * f32; or NULL) added to every row (gemm_add_bias's rule, on the value the
  * product stored in out). A product in lo (bf16/f16, the operands and out
  * each in it or f32; EM_F32: in the operands' dtype) reads f32 operands as
- * they are and writes an f32 out directly where the bf16 path reads f32
- * (gemm_low_reads_f32), else through copies in lo (the bias then added
- * after the copy into out). */
+ * they are where its path reads f32 (gemm_low_reads_f32), else copies of
+ * them in lo, and writes an f32 out directly where its path writes f32
+ * (gemm_low_writes_f32: also AVX512-BF16), else through a copy in lo (the
+ * bias then added after the copy into out). */
 static em_status product_cpu(tensor *a, tensor *b, em_dtype lo, tensor *out, const void *bias)
 {
     int nb = out->ndim - 2;
