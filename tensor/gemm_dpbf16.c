@@ -157,6 +157,13 @@ static void pack_a(bool ta, const uint16_t *A, int64_t lda, int64_t r0, int64_t 
     pack_a_panel(ta, A, lda, r0, rows, 0, K, pairs, dst);
 }
 
+/* n sums rounded to bf16 (convert_n's bits, inlined: a call per row cost
+ * more than the row's rounding) */
+static void round_n(uint16_t *restrict d, const float *restrict s, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) d[j] = f32_to_bf16_bits(s[j]);
+}
+
 /* n sums rounded to bf16 and widened back (stored in f32, or added) */
 static void keep_n(float *restrict d, const float *restrict s, int64_t n, bool add)
 {
@@ -210,7 +217,7 @@ static bool dp_gemm(dp_kernel kern, dp_out out, bool ta, bool tb, int64_t m, int
                 size_t off = (size_t)((m0 + i) * ldc + n0);
                 switch (out) {
                 case DP_RAW: memcpy((float *)C + off, src, (size_t)nc * 4); break;
-                case DP_BF16: convert_n(EM_BF16, (uint16_t *)C + off, EM_F32, src, nc); break;
+                case DP_BF16: round_n((uint16_t *)C + off, src, nc); break;
                 case DP_KEEP: keep_n((float *)C + off, src, nc, false); break;
                 case DP_KEEP_ADD: keep_n((float *)C + off, src, nc, true); break;
                 }
