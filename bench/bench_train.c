@@ -35,7 +35,10 @@
  * It also runs "tiny-nobias", the tiny GPT without biases: there autocast's
  * products give bf16/f16 outputs (an f32 bias makes them f32), so the step's
  * elementwise ops, residual adds and attention input are low-precision
- * tensors too.
+ * tensors too. Where bf16 has a product of its own (avx512bf16, amx), a
+ * row "<name> f32p" follows each config's: f32 and bf16 again, from the
+ * program run afresh with EMBER_BF16_PATH=f32, the bf16 path of a CPU
+ * without a bf16 product (issue 16: never slower than f32 there).
  *
  * After ember's row, "GEMM bound" is the time of the step's matrix products
  * alone in raw cblas_sgemm (gemm_bound_ms): no step, in any framework using
@@ -379,6 +382,42 @@ static int amp_job_run(void *arg, int fd)
     return rc;
 }
 
+/* The f32 and bf16 columns again with bf16 on the f32 path (EMBER_BF16_PATH=f32: what a CPU without a
+ * bf16 product runs; issue 16 asks that it never be slower than f32), from this program run afresh (the
+ * path is chosen once per process), as the row "<name> f32p". */
+static int amp_f32_path_row(const char *name, int steps)
+{
+    char st[16], prog[] = "/proc/self/exe", amp[] = "amp", which[32], dts[] = "f32,bf16";
+    snprintf(st, sizeof st, "%d", steps);
+    snprintf(which, sizeof which, "%s", name);
+    char *argv[] = {prog, amp, which, st, dts, NULL};
+    const char *old = getenv("EMBER_BF16_PATH");
+    char *keep = old ? strdup(old) : NULL;
+    setenv("EMBER_BF16_PATH", "f32", 1);
+    bench_child ch;
+    int bad = bench_run_child(argv, NULL, NULL, &ch);
+    if (keep)
+        setenv("EMBER_BF16_PATH", keep, 1);
+    else
+        unsetenv("EMBER_BF16_PATH");
+    free(keep);
+    size_t n = strlen(ch.out);
+    while (n > 0 && ch.out[n - 1] == '\n') ch.out[--n] = '\0';
+    const char *nl = strrchr(ch.out, '\n'), *line = nl ? nl + 1 : ch.out; /* its table's row */
+    double f, b, r;
+    if (bad || sscanf(line, "%*s %lf %lf %*s %lfx", &f, &b, &r) != 3) {
+        fprintf(stderr, "bench_train: ember %s with bf16 on the f32 path failed: %s\n", name, ch.err);
+        return 1;
+    }
+    char label[32];
+    snprintf(label, sizeof label, "%s f32p", name);
+    printf(
+        "%-16s %10.1f %10.1f %10s %11.2fx %12s   (bf16 on the f32 path: EMBER_BF16_PATH=f32, run afresh)\n",
+        label, f, b, "", r, "");
+    fflush(stdout);
+    return 0;
+}
+
 /* ember alone in f32, bf16 and fp16, stepped in turn in one child */
 static int amp_table(const char *which, int steps_arg, const char *only)
 {
@@ -390,7 +429,7 @@ static int amp_table(const char *which, int steps_arg, const char *only)
     const char *pb = em_matmul_path(EM_BF16);
     printf("product paths (em_matmul_path): f32 %s, bf16 %s, fp16 %s\n", em_matmul_path(EM_F32),
            pb ? pb : em_last_error(), em_matmul_path(EM_F16));
-    printf("%-11s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16",
+    printf("%-16s %10s %10s %10s %12s %12s\n", "config", "f32 ms", "bf16 ms", "fp16 ms", "f32/bf16",
            "f32/fp16");
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const bench_cfg *c = &configs[i];
@@ -404,8 +443,9 @@ static int amp_table(const char *which, int steps_arg, const char *only)
             fprintf(stderr, "bench_train: ember %s under autocast failed\n", c->name);
             return 1;
         }
-        printf("%-11s %10.1f %10.1f %10.1f %11.2fx %11.2fx\n", c->name, ms[0], ms[1], ms[2], r[1], r[2]);
+        printf("%-16s %10.1f %10.1f %10.1f %11.2fx %11.2fx\n", c->name, ms[0], ms[1], ms[2], r[1], r[2]);
         fflush(stdout);
+        if (pb && strcmp(pb, "f32") && j.want[0] && j.want[1] && amp_f32_path_row(c->name, j.steps)) return 1;
     }
     return 0;
 }
