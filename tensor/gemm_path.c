@@ -216,25 +216,24 @@ const char *em_matmul_path(em_dtype dt)
     return NULL;
 }
 
+/* The bf16 path, or -1 where the setting is bad (the product itself
+ * reports it) */
+static int bf16_path_or_none(void)
+{
+    bf16_path p;
+    if (!gemm_bf16_path(&p)) return (int)p;
+    em_clear_error();
+    return -1;
+}
+
 bool gemm_low_reads_f32(em_dtype lo)
 {
-    if (lo == EM_F16) return true;
-    bf16_path p;
-    if (lo != EM_BF16) return false;
-    if (gemm_bf16_path(&p)) {
-        em_clear_error(); /* the product itself reports the bad setting */
-        return false;
-    }
-    return p == BF16_PATH_F32;
+    return lo == EM_F16 || (lo == EM_BF16 && bf16_path_or_none() == BF16_PATH_F32);
 }
 
 bool gemm_low_writes_f32(em_dtype lo)
 {
-    bf16_path p;
-    if (gemm_low_reads_f32(lo)) return true;
-    if (lo != EM_BF16 || gemm_bf16_path(&p)) {
-        em_clear_error();
-        return false;
-    }
-    return p == BF16_PATH_AVX512BF16;
+    if (lo == EM_F16) return true;
+    int p = lo == EM_BF16 ? bf16_path_or_none() : -1;
+    return p == BF16_PATH_F32 || p == BF16_PATH_AVX512BF16;
 }

@@ -302,7 +302,7 @@ TARGET static void pack_a(src sa, bool ta, const void *A, int64_t lda, int64_t m
 
 /* op(A) rows m0..m0+mc of A (m,K), depth k0..k0+kc, each row's kc values
  * read as sa says into dst (row stride kc): A's own layout, for the 6x32
- * kernel to read as it reads an f32 A in place (a_rows in blocked: no
+ * kernel to read as it reads an f32 A in place (A_ROWS in blocked: no
  * transposing; bench_ab tiny bf16 on the f32 path 0.990x and 0.992x the
  * time, fp16 0.985x and 0.996x, 124M 0.999x; rounding 16 to a zmm here
  * measured no better) */
@@ -750,13 +750,30 @@ typedef struct arows {
     int64_t rs, ks;
 } arows;
 
-/* rows i.. of an f32 A (m,K) from depth k0 where they lie (direct), else
- * pa: rows of kc values (rows, pack_a_rows) or a packed panel */
-static arows rows_at(bool direct, bool rows, int64_t kc, const void *A, int64_t lda, const float *pa,
-                     int64_t i, int64_t k0)
+/* How blocked() holds op(A): packed into panels of MR rows (pack_a), read
+ * as A's rows where they lie (an f32 A, every block a whole 6x32 one), or
+ * copied, widened or rounded, into rows of A's layout (pack_a_rows; the
+ * same blocks) */
+typedef enum a_form { A_PANELS, A_IN_PLACE, A_ROWS } a_form;
+
+/* op(A)'s rows m0..m0+mc, depth k0..k0+kc, into dst as form holds them
+ * (nothing: A_IN_PLACE) */
+static void pack_a_as(a_form form, src sa, bool ta, const void *A, int64_t lda, int64_t m, int64_t m0,
+                      int64_t mc, int64_t k0, int64_t kc, float *dst)
 {
-    if (direct) return (arows){(const float *)A + i * lda + k0, lda, 1};
-    return rows ? (arows){pa, kc, 1} : (arows){pa, 1, MR};
+    if (form == A_ROWS)
+        pack_a_rows(sa, A, lda, m0, mc, k0, kc, dst);
+    else if (form == A_PANELS)
+        pack_a(sa, ta, A, lda, m, m0, mc, k0, kc, dst);
+}
+
+/* rows i.. of A from depth k0 as kernel_wide reads them: where they lie
+ * (A_IN_PLACE), else from pa, rows of kc values (A_ROWS) or a panel */
+static arows rows_at(a_form form, int64_t kc, const void *A, int64_t lda, const float *pa, int64_t i,
+                     int64_t k0)
+{
+    if (form == A_IN_PLACE) return (arows){(const float *)A + i * lda + k0, lda, 1};
+    return form == A_ROWS ? (arows){pa, kc, 1} : (arows){pa, 1, MR};
 }
 
 /* C (m,n) = op(A) @ op(B), each operand read as its src says, stored as
@@ -790,10 +807,10 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
      * the 6x16 kernel, Zen 3, reading A in place had made the step slower,
      * 1.027x.) */
     bool whole = wide && !ta && pm >= 0 && m % MR == 0 && n % (2 * NR) == 0 && nc_max % (2 * NR) == 0;
-    bool a_direct = whole && sa.exact;
     /* A read as sa says (widened, or rounded) into rows as A holds them, not
      * into panels, where every block is a whole 6x32 one: no transposing */
-    bool a_rows = whole && !sa.exact;
+    a_form af = !whole ? A_PANELS : sa.exact ? A_IN_PLACE : A_ROWS;
+    bool a_direct = af == A_IN_PLACE;
     size_t mark = tmp_mark();
     /* (pack_a's last store of 8 reaches 2 floats past its panel) */
     float *bp = shb ? NULL : tmp_alloc((size_t)(kc_max * ncp) * 4),
@@ -814,11 +831,7 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
         for (int64_t mb = 0; mb < nmb; mb++) {
             int64_t k0 = kb * kc_max, kc = K - k0 < kc_max ? K - k0 : kc_max;
             int64_t m0 = mb * mc_max, mc = m - m0 < mc_max ? m - m0 : mc_max;
-            float *dst = aall + (kb * nmb + mb) * kc_max * mcp;
-            if (a_rows)
-                pack_a_rows(sa, A, lda, m0, mc, k0, kc, dst);
-            else
-                pack_a(sa, ta, A, lda, m, m0, mc, k0, kc, dst);
+            pack_a_as(af, sa, ta, A, lda, m, m0, mc, k0, kc, aall + (kb * nmb + mb) * kc_max * mcp);
         }
     for (int64_t n0 = 0; n0 < n; n0 += nc_max) {
         int64_t nc = n - n0 < nc_max ? n - n0 : nc_max;
@@ -829,19 +842,15 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                 pack_b(sb, tb, B, ldb, 0, K, n0, nc, bp);
             for (int64_t m0 = 0; m0 < m; m0 += mc_max) {
                 int64_t mc = m - m0 < mc_max ? m - m0 : mc_max;
-                if (a_rows)
-                    pack_a_rows(sa, A, lda, m0, mc, 0, K, ap);
-                else if (!a_direct)
-                    pack_a(sa, ta, A, lda, m, m0, mc, 0, K, ap);
+                pack_a_as(af, sa, ta, A, lda, m, m0, mc, 0, K, ap);
                 for (int64_t j0 = 0; j0 < nc; j0 += NR) {
                     bool pair = wide && j0 + 2 * NR <= nc; /* two whole panels: kernel_wide */
                     for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                         int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                         char *cij = c8 + (size_t)((m0 + i0) * ldc + n0 + j0) * cs;
                         const float *bj = bias ? bias + n0 + j0 : NULL;
-                        if (pair && r == MR && pm >= 0) { /* (every block, when a_direct) */
-                            arows ar =
-                                rows_at(a_direct, a_rows, K, A, lda, ap ? ap + i0 * K : NULL, m0 + i0, 0);
+                        if (pair && r == MR && pm >= 0) { /* (every block, unless A_PANELS) */
+                            arows ar = rows_at(af, K, A, lda, ap ? ap + i0 * K : NULL, m0 + i0, 0);
                             kernel_wide(pm, sc.f16, K, ar.a, ar.rs, ar.ks, bp + j0 * K, NULL, 0, bj, cij,
                                         ldc);
                             continue;
@@ -872,21 +881,19 @@ static bool blocked(src sa, src sb, src sc, bool add, float alpha, const float *
                     const float *a = ap;
                     if (a_once) /* M0 is 0: every row is in this turn */
                         a = aall + (k0 / kc_max * nmb + m0 / mc_max) * kc_max * mcp;
-                    else if (a_rows)
-                        pack_a_rows(sa, A, lda, M0 + m0, mc, k0, kc, ap);
-                    else if (!a_direct)
-                        pack_a(sa, ta, A, lda, m, M0 + m0, mc, k0, kc, ap);
+                    else
+                        pack_a_as(af, sa, ta, A, lda, m, M0 + m0, mc, k0, kc, ap);
                     for (int64_t j0 = 0; j0 < nc; j0 += NR) {
                         bool pair = wide && j0 + 2 * NR <= nc, last = k0 + kc == K;
                         for (int64_t i0 = 0; i0 < mc; i0 += MR) {
                             float *sum = acc + (m0 + i0) * ncp + j0, *prev = k0 > 0 ? sum : NULL;
                             const float *ai = a ? a + i0 * kc : NULL,
-                                        *bj = bp + j0 * kc; /* (a: NULL when a_direct) */
+                                        *bj = bp + j0 * kc; /* (a: NULL when A_IN_PLACE) */
                             int64_t r = mc - i0 < MR ? mc - i0 : MR, w = nc - j0 < NR ? nc - j0 : NR;
                             char *cij = c8 + (size_t)((M0 + m0 + i0) * ldc + n0 + j0) * cs;
                             const float *biasj = bias ? bias + n0 + j0 : NULL;
-                            if (pair && r == MR && (!last || pm >= 0)) { /* (every block, when a_direct) */
-                                arows ar = rows_at(a_direct, a_rows, kc, A, lda, ai, M0 + m0 + i0, k0);
+                            if (pair && r == MR && (!last || pm >= 0)) { /* (every block, unless A_PANELS) */
+                                arows ar = rows_at(af, kc, A, lda, ai, M0 + m0 + i0, k0);
                                 if (!last)
                                     kernel_wide(PUT_F32, false, kc, ar.a, ar.rs, ar.ks, bj, prev, ncp, NULL,
                                                 sum, ncp);
