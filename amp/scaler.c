@@ -155,6 +155,40 @@ em_status amp_unscale_grads(em_grad_scaler *s, int n, tensor *const *grads, em_p
     return unscale(s, n, NULL, grads, pg);
 }
 
+static em_status vote_pg(void *pg, bool *bad) { return overflow_vote(pg, bad); }
+
+double em_scaler_unscale_clip(em_grad_scaler *s, int n, em_tensor *const *params, const em_clip_config *cfg,
+                              em_pg *pg, em_status *status)
+{
+    em_status st = EM_OK;
+    if (s && !s->unscaled && (!pg || overflow_vote)) {
+        bool taken, inf;
+        prof_mark pm;
+        prof_begin(&pm);
+        double norm =
+            opt_unscale_clip(n, params, cfg, 1.0 / s->scale, pg ? vote_pg : NULL, pg, &taken, &inf, &st);
+        if (taken) {
+            prof_end(&pm, "scaler.unscale_clip", PROF_OPTIMIZER);
+            if (!st) {
+                s->found_inf = inf;
+                s->unscaled = true;
+            }
+            if (status) *status = st;
+            return st ? NAN : norm;
+        }
+        prof_abandon(&pm);
+    }
+    if ((st = unscale(s, n, params, NULL, pg))) {
+        if (status) *status = st;
+        return NAN;
+    }
+    if (s->found_inf) {
+        if (status) *status = EM_OK;
+        return INFINITY;
+    }
+    return em_clip_grad_norm_with(n, params, cfg, status);
+}
+
 bool em_scaler_found_inf(const em_grad_scaler *s) { return s && s->found_inf; }
 
 void em_scaler_update(em_grad_scaler *s)

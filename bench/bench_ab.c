@@ -27,8 +27,11 @@
  *
  * usage: bench_ab LIB_A LIB_B [tiny|124m] [rounds] [f32|bf16|f16]
  *   (defaults: tiny, 10 rounds per load order, blocks of 5 steps (3 for 124m), f32: autocast
- *   off; bf16/f16: the forward under autocast, as bench_train amp, fp16
- *   without a loss scaler, which a step's time does not need) */
+ *   off; bf16/f16: the forward under autocast, as bench_train amp; f16
+ *   with the loss scaler: the loss scaled, the gradients unscaled and
+ *   clipped by em_scaler_unscale_clip where the library has it, else by
+ *   em_scaler_unscale and em_clip_grad_norm, the step skipped on an
+ *   overflow) */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +64,13 @@ typedef struct lib {
     __typeof__(&em_backward) backward;
     __typeof__(&em_autocast_set) autocast_set;
     __typeof__(&em_last_error) last_error;
+    __typeof__(&em_grad_scaler_new) scaler_new;
+    __typeof__(&em_grad_scaler_free) scaler_free;
+    __typeof__(&em_scaler_scale) scaler_scale;
+    __typeof__(&em_scaler_unscale) scaler_unscale;
+    __typeof__(&em_scaler_found_inf) scaler_found_inf;
+    __typeof__(&em_scaler_update) scaler_update;
+    __typeof__(&em_scaler_unscale_clip) scaler_unscale_clip; /* NULL in a library before it */
 } lib;
 
 /* One model in training on one library. */
@@ -71,6 +81,7 @@ typedef struct run {
     em_tensor **params;
     int n;
     em_rng rng;
+    em_grad_scaler *scaler; /* f16 */
 } run;
 
 static int load(lib *l, const char *path)
@@ -104,7 +115,14 @@ static int load(lib *l, const char *path)
     SYM(backward, "em_backward")
     SYM(autocast_set, "em_autocast_set")
     SYM(last_error, "em_last_error")
+    SYM(scaler_new, "em_grad_scaler_new")
+    SYM(scaler_free, "em_grad_scaler_free")
+    SYM(scaler_scale, "em_scaler_scale")
+    SYM(scaler_unscale, "em_scaler_unscale")
+    SYM(scaler_found_inf, "em_scaler_found_inf")
+    SYM(scaler_update, "em_scaler_update")
 #undef SYM
+    *(void **)&l->scaler_unscale_clip = dlsym(l->h, "em_scaler_unscale_clip");
     return 0;
 }
 
@@ -113,9 +131,10 @@ static const em_gpt_config tiny = {
 static const em_gpt_config gpt2 = {
     .vocab_size = 50257, .block_size = 64, .n_layer = 12, .n_head = 12, .n_embd = 768, .bias = true};
 
-static int run_init(run *r, lib *l, const em_gpt_config *cfg)
+static int run_init(run *r, lib *l, const em_gpt_config *cfg, em_dtype prec)
 {
     *r = (run){.l = l, .rng = l->rng_new(7)};
+    if (prec == EM_F16 && !(r->scaler = l->scaler_new(NULL))) return 1;
     r->g = l->gpt_new(cfg, 1);
     if (!r->g || l->module_flatten(r->g->m)) return 1;
     r->n = l->module_params(r->g->m, NULL, 0);
@@ -146,9 +165,17 @@ static int run_step(run *r, const em_gpt_config *cfg, int64_t B, em_dtype prec, 
     em_dtype prev = l->autocast_set(prec);
     em_tensor *loss = l->gpt_loss(r->g, x, y);
     l->autocast_set(prev);
+    if (loss && r->scaler) loss = l->scaler_scale(r->scaler, loss);
     em_status st = loss ? l->backward(loss, NULL) : EM_ERR_ARG;
-    if (!st) l->clip_grad_norm(r->n, r->params, 1.0, &st);
-    if (!st) st = l->optim_step(r->opt);
+    if (!st && r->scaler && l->scaler_unscale_clip)
+        l->scaler_unscale_clip(r->scaler, r->n, r->params, &(em_clip_config){.max_norm = 1.0}, NULL, &st);
+    else if (!st && r->scaler && !(st = l->scaler_unscale(r->scaler, r->n, r->params, NULL)) &&
+             !l->scaler_found_inf(r->scaler))
+        l->clip_grad_norm(r->n, r->params, 1.0, &st);
+    else if (!st && !r->scaler)
+        l->clip_grad_norm(r->n, r->params, 1.0, &st);
+    if (!st && !(r->scaler && l->scaler_found_inf(r->scaler))) st = l->optim_step(r->opt);
+    if (r->scaler) l->scaler_update(r->scaler);
     if (!st) st = l->optim_zero_grad(r->opt);
     *sec = now() - t0;
     l->scope_end(s);
@@ -177,7 +204,7 @@ static int one_order(char **libs, int order, const em_gpt_config *cfg, int64_t B
     run R[2] = {{0}};
     for (int j = 0; j < 2; j++) {
         int i = (j + order) % 2; /* the library loaded j-th */
-        if (load(&L[i], libs[i]) || run_init(&R[i], &L[i], cfg)) {
+        if (load(&L[i], libs[i]) || run_init(&R[i], &L[i], cfg, prec)) {
             fprintf(stderr, "bench_ab: setting up the model on %s failed\n", libs[i]);
             return 1;
         }
@@ -196,6 +223,7 @@ static int one_order(char **libs, int order, const em_gpt_config *cfg, int64_t B
     }
     for (int i = 0; i < 2; i++) {
         L[i].optim_free(R[i].opt);
+        L[i].scaler_free(R[i].scaler);
         L[i].gpt_free(R[i].g);
         free(R[i].params);
     }

@@ -158,8 +158,10 @@ static int trainer_step(trainer *t, double *sec)
     em_autocast_set(prev);
     em_tensor *scaled = l && t->scaler ? em_scaler_scale(t->scaler, l) : l;
     em_status st = scaled ? em_backward(scaled, NULL) : em_last_status();
-    if (!st && t->scaler) st = em_scaler_unscale(t->scaler, t->n, t->params, NULL);
-    if (!st) em_clip_grad_norm(t->n, t->params, 1.0, &st);
+    if (!st && t->scaler)
+        em_scaler_unscale_clip(t->scaler, t->n, t->params, &(em_clip_config){.max_norm = 1.0}, NULL, &st);
+    else if (!st)
+        em_clip_grad_norm(t->n, t->params, 1.0, &st);
     if (!st && !em_scaler_found_inf(t->scaler)) st = em_optim_step(t->opt);
     em_scaler_update(t->scaler);
     if (!st) st = em_optim_zero_grad(t->opt);

@@ -562,9 +562,10 @@ double em_accel_clip_grad_norm_with(em_accelerator *a, const em_clip_config *cfg
     }
     if (status) *status = EM_OK;
     if (!a->sync) return NAN; /* gradients are still accumulating: nothing to clip yet */
+    if (a->scaler && !a->zero) /* the true gradients clipped: unscaled first (once per step), in one pass */
+        return em_scaler_unscale_clip(a->scaler, a->nparams, a->params, cfg, a->pg, status);
     if (a->scaler) { /* clip the true gradients: unscale first (once per step) */
-        em_status s = a->zero ? zero_unscale(a->zero, a->scaler)
-                              : em_scaler_unscale(a->scaler, a->nparams, a->params, a->pg);
+        em_status s = zero_unscale(a->zero, a->scaler);
         if (s) {
             if (status) *status = s;
             return NAN;

@@ -142,6 +142,26 @@ em_status opt_clip_refuse(const char *fn, double total, double p, const char *wh
  * scaler's unscale (amp/scaler.c). */
 bool opt_scale_grads(tensor *const *gs, int n, double c, double *buf);
 
+/* The loss scaler's unscale and gradient clipping in two passes over the
+ * gradients instead of four (amp/scaler.c, em_scaler_unscale_clip): the
+ * p-norm of the gradients times inv (the f32 products the unscale would
+ * store, grad_scale_elem's) read in one pass, then every gradient
+ * multiplied by inv and, where clipping scales, by the clip's factor in
+ * another, each product as the two calls round it: the bits of
+ * opt_scale_grads by inv, then em_clip_grad_norm_with. A total that is not
+ * finite (some product is inf or NaN: f32 values' squares cannot sum past
+ * a double's range) is found_inf: the gradients are only unscaled and
+ * INFINITY is returned. vote (NULL: none) is called with ctx and that
+ * finding between the passes, and may make it true (a collective every
+ * rank makes). Takes (*taken) only p = 2 with every gradient a contiguous
+ * f32 one on the CPU, or none; else touches nothing and returns NAN with
+ * *status EM_OK, for the caller to unscale and clip the usual way. Errors
+ * (*status): em_clip_grad_norm_with's, or vote's (the gradients then
+ * untouched). */
+typedef em_status (*opt_vote_fn)(void *ctx, bool *bad);
+double opt_unscale_clip(int n, em_tensor *const *params, const em_clip_config *cfg, double inv,
+                        opt_vote_fn vote, void *ctx, bool *taken, bool *found_inf, em_status *status);
+
 /* Copies src (any device, dtype and strides, dst's shape) into contiguous
  * dst (any device): through the host when the devices differ. */
 em_status opt_copy(tensor *dst, tensor *src);

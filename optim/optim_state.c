@@ -286,13 +286,16 @@ enum { BLOCK = 1 << 16, CHUNK = 2048 };
 
 /* The p-norm's accumulation (update_math.h's norm_acc) of a contiguous
  * f32/f64 array in fixed blocks (so the result does not depend on the
- * thread count). */
+ * thread count). An f32 element counts as x * pre, the f32 product the
+ * loss scaler's unscale would store (grad_scale_elem; pre 1 leaves every
+ * value as it is: the norm of the gradients as they lie). */
 typedef struct norm_job {
     const void *x;
     bool f64;
     int64_t n;
     double p;
     double *part; /* one per block */
+    float pre;
 } norm_job;
 
 static void norm_range(void *ctx, int64_t lo, int64_t hi)
@@ -314,9 +317,16 @@ static void norm_range(void *ctx, int64_t lo, int64_t hi)
                 for (; i < e; i++) acc += x[i] * x[i];
             } else {
                 const float *x = j->x;
+                float pre = j->pre;
                 for (; i + 8 <= e; i += 8)
-                    for (int k = 0; k < 8; k++) lane[k] += (double)x[i + k] * x[i + k];
-                for (; i < e; i++) acc += (double)x[i] * x[i];
+                    for (int k = 0; k < 8; k++) {
+                        float v = x[i + k] * pre;
+                        lane[k] += (double)v * v;
+                    }
+                for (; i < e; i++) {
+                    float v = x[i] * pre;
+                    acc += (double)v * v;
+                }
             }
             for (int k = 0; k < 8; k++) acc += lane[k];
         } else if (j->f64) {
@@ -324,21 +334,22 @@ static void norm_range(void *ctx, int64_t lo, int64_t hi)
             for (; i < e; i++) acc = norm_acc(acc, x[i], j->p);
         } else {
             const float *x = j->x;
-            for (; i < e; i++) acc = norm_acc(acc, x[i], j->p);
+            for (; i < e; i++) acc = norm_acc(acc, x[i] * j->pre, j->p);
         }
         j->part[b] = acc;
     }
 }
 
-/* The p-norm's accumulation of g in double; buf: CHUNK doubles of scratch;
+/* The p-norm's accumulation of g in double (its values times pre: a
+ * contiguous f32 g only, else pre is 1); buf: CHUNK doubles of scratch;
  * part: enough blocks. */
-static double grad_norm_acc(tensor *g, double p, double *buf, double *part)
+static double grad_norm_acc(tensor *g, double p, float pre, double *buf, double *part)
 {
     int64_t n = t_numel(g);
     double acc = 0;
     if (t_is_contig(g) && (g->dtype == EM_F32 || g->dtype == EM_F64)) {
         int64_t nb = (n + BLOCK - 1) / BLOCK;
-        norm_job j = {t_ptr(g), g->dtype == EM_F64, n, p, part};
+        norm_job j = {t_ptr(g), g->dtype == EM_F64, n, p, part, pre};
         parallel_for(nb, 1, norm_range, &j);
         for (int64_t b = 0; b < nb; b++) acc = norm_join(acc, part[b], p);
         return acc;
@@ -353,17 +364,24 @@ static double grad_norm_acc(tensor *g, double p, double *buf, double *part)
 
 /* ---- scaling gradients over the pool (clipping, the loss scaler's unscale) ---- */
 
-/* g[lo,hi) (contiguous, a float dtype) *= c by grad_scale_elem; whether
- * any product is inf or NaN. One loop per dtype, so the f32 and f64 ones
- * vectorise: x and c are locals (read through a job pointer, gcc reloaded
- * both after every store, as they might alias x, and left the loop
- * scalar), and the non-finite products are counted, not OR-ed into a bool
- * (that kept a compare, a setcc and an OR per element scalar). */
-static bool scale_span(tensor *g, int64_t lo, int64_t hi, double c)
+/* g[lo,hi) (contiguous, a float dtype) *= c by grad_scale_elem, then
+ * (c2 != 1: a contiguous f32 g only) *= c2 the same way, in the same
+ * pass: the bits of two passes; whether any product by c is inf or NaN.
+ * One loop per dtype, so the f32 and f64 ones vectorise: x and c are
+ * locals (read through a job pointer, gcc reloaded both after every
+ * store, as they might alias x, and left the loop scalar), and the
+ * non-finite products are counted, not OR-ed into a bool (that kept a
+ * compare, a setcc and an OR per element scalar). */
+static bool scale_span(tensor *g, int64_t lo, int64_t hi, double c, double c2)
 {
     void *x = t_ptr(g);
     int64_t nbad = 0;
-    if (g->dtype == EM_F32)
+    if (g->dtype == EM_F32 && c2 != 1)
+        for (int64_t i = lo; i < hi; i++) {
+            nbad += !grad_scale_elem(EM_F32, x, i, c);
+            (void)grad_scale_elem(EM_F32, x, i, c2);
+        }
+    else if (g->dtype == EM_F32)
         for (int64_t i = lo; i < hi; i++) nbad += !grad_scale_elem(EM_F32, x, i, c);
     else if (g->dtype == EM_F64)
         for (int64_t i = lo; i < hi; i++) nbad += !grad_scale_elem(EM_F64, x, i, c);
@@ -377,7 +395,7 @@ static bool pool_scaled(const tensor *g) { return g && t_is_contig(g) && em_dtyp
 
 typedef struct scale_job {
     tensor *const *g; /* n gradients (the small ones), or one (a large one) */
-    double c;
+    double c, c2;
     int bad; /* set (relaxed) by any task that met an inf or NaN */
 } scale_job;
 
@@ -391,25 +409,27 @@ static void scale_small(void *ctx, int64_t lo, int64_t hi)
     scale_job *j = ctx;
     for (int64_t i = lo; i < hi; i++)
         if (pool_scaled(j->g[i]) && t_numel(j->g[i]) <= BLOCK)
-            flag_bad(j, scale_span(j->g[i], 0, t_numel(j->g[i]), j->c));
+            flag_bad(j, scale_span(j->g[i], 0, t_numel(j->g[i]), j->c, j->c2));
 }
 
 static void scale_part(void *ctx, int64_t lo, int64_t hi)
 {
     scale_job *j = ctx;
-    flag_bad(j, scale_span(j->g[0], lo, hi, j->c));
+    flag_bad(j, scale_span(j->g[0], lo, hi, j->c, j->c2));
 }
 
-bool opt_scale_grads(tensor *const *gs, int n, double c, double *buf)
+/* opt_scale_grads, then (c2 != 1: every gradient contiguous f32) by c2 in
+ * the same pass */
+static bool scale_grads2(tensor *const *gs, int n, double c, double c2, double *buf)
 {
-    scale_job j = {.g = gs, .c = c};
+    scale_job j = {.g = gs, .c = c, .c2 = c2};
     parallel_for(n, 8, scale_small, &j);
     for (int i = 0; i < n; i++) {
         tensor *g = gs[i];
         if (!g || (pool_scaled(g) && t_numel(g) <= BLOCK)) continue;
         int64_t ne = t_numel(g);
         if (pool_scaled(g)) {
-            scale_job one = {.g = &gs[i], .c = c};
+            scale_job one = {.g = &gs[i], .c = c, .c2 = c2};
             parallel_for(ne, 1 << 15, scale_part, &one);
             flag_bad(&j, one.bad);
             continue;
@@ -424,6 +444,11 @@ bool opt_scale_grads(tensor *const *gs, int n, double c, double *buf)
         }
     }
     return j.bad != 0;
+}
+
+bool opt_scale_grads(tensor *const *gs, int n, double c, double *buf)
+{
+    return scale_grads2(gs, n, c, 1, buf);
 }
 
 /* The gradient clipping acts on: a leaf's gradient since the last
@@ -458,6 +483,7 @@ typedef struct small_grads {
     tensor **g;  /* every parameter's gradient (NULL: none); the small ones are done here */
     double p;    /* the norm's p */
     double *acc; /* per gradient */
+    float pre;   /* norm_job's */
 } small_grads;
 
 /* contiguous f32/f64 of at most one BLOCK */
@@ -473,7 +499,7 @@ static void small_norms(void *ctx, int64_t lo, int64_t hi)
         tensor *g = q->g[i];
         if (!small_grad(g)) continue;
         double part = 0;
-        norm_job j = {t_ptr(g), g->dtype == EM_F64, t_numel(g), q->p, &part};
+        norm_job j = {t_ptr(g), g->dtype == EM_F64, t_numel(g), q->p, &part, q->pre};
         norm_range(&j, 0, t_numel(g) > 0 ? 1 : 0);
         q->acc[i] = norm_join(0, part, q->p);
     }
@@ -554,13 +580,24 @@ static double clip_cuda(int n, em_tensor *const *params, const em_clip_config *c
 }
 #endif
 
-static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_config *cfg, em_status *status);
+/* What clip_grad_norm does beside clipping, for opt_unscale_clip: the
+ * loss scaler's unscale (pre: its 1/scale; every gradient a contiguous
+ * f32 one on the CPU) and its agreement across ranks (vote, or NULL). */
+typedef struct clip_unscale {
+    double pre;
+    opt_vote_fn vote;
+    void *ctx;
+    bool found_inf; /* out */
+} clip_unscale;
+
+static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_config *cfg, clip_unscale *u,
+                             em_status *status);
 
 double em_clip_grad_norm_with(int n, em_tensor *const *params, const em_clip_config *cfg, em_status *status)
 {
     prof_mark pm;
     prof_begin(&pm);
-    double norm = clip_grad_norm(n, params, cfg, status);
+    double norm = clip_grad_norm(n, params, cfg, NULL, status);
     prof_end(&pm, "clip_grad_norm", PROF_OPTIMIZER);
     return norm;
 }
@@ -570,9 +607,40 @@ double em_clip_grad_norm(int n, em_tensor *const *params, double max_norm, em_st
     return em_clip_grad_norm_with(n, params, &(em_clip_config){.max_norm = max_norm}, status);
 }
 
-static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_config *cfg, em_status *status)
+/* The gradients opt_unscale_clip takes: p = 2, and each a contiguous f32
+ * one on the CPU, or none */
+static bool unscale_clip_fits(int n, em_tensor *const *params, const em_clip_config *cfg)
 {
-    const char *fn = "em_clip_grad_norm";
+    double p = 0;
+    if (n < 0 || (n > 0 && !params) || opt_clip_check("em_scaler_unscale_clip", cfg, &p) || p != 2)
+        return false;
+    for (int i = 0; i < n; i++) {
+        tensor *t = t_resolve(params[i], "em_scaler_unscale_clip");
+        if (!t) return false;
+        tensor *g = t_live_grad(t);
+        if (g && (g->dtype != EM_F32 || !t_is_contig(g) || t_on_cuda(g))) return false;
+    }
+    return true;
+}
+
+double opt_unscale_clip(int n, em_tensor *const *params, const em_clip_config *cfg, double inv,
+                        opt_vote_fn vote, void *ctx, bool *taken, bool *found_inf, em_status *status)
+{
+    *taken = false;
+    *found_inf = false;
+    *status = EM_OK;
+    if (!unscale_clip_fits(n, params, cfg)) return NAN;
+    *taken = true;
+    clip_unscale u = {.pre = inv, .vote = vote, .ctx = ctx};
+    double total = clip_grad_norm(n, params, cfg, &u, status);
+    *found_inf = u.found_inf;
+    return total;
+}
+
+static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_config *cfg, clip_unscale *u,
+                             em_status *status)
+{
+    const char *fn = u ? "em_scaler_unscale_clip" : "em_clip_grad_norm";
     em_status s = EM_OK;
     double total = NAN, p = 2;
     if (n < 0 || (n > 0 && !params))
@@ -612,14 +680,33 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
         return NAN;
     }
     /* total = the norm of them all;  g *= min(1, max_norm / (total + 1e-6)) */
-    small_grads sg = {gs, p, acc};
+    float pre = u ? (float)u->pre : 1.0f; /* (grad_scale_elem's f32 factor) */
+    small_grads sg = {gs, p, acc, pre};
     parallel_for(n, 8, small_norms, &sg);
     double all = 0;
     for (int i = 0; i < n; i++) {
-        if (!small_grad(gs[i])) acc[i] = gs[i] ? grad_norm_acc(gs[i], p, buf, part) : 0;
+        if (!small_grad(gs[i])) acc[i] = gs[i] ? grad_norm_acc(gs[i], p, pre, buf, part) : 0;
         all = norm_join(all, acc[i], p);
     }
     total = norm_root(all, p);
+    if (u) {
+        /* f32 values' squares cannot sum past a double's range, so a total
+         * that is not finite means a value that is not: the unscale alone,
+         * and the step is to be skipped (on every rank, by the vote) */
+        bool bad = !isfinite(total);
+        if (u->vote && (s = u->vote(u->ctx, &bad))) {
+            tmp_release(m);
+            if (status) *status = s;
+            return NAN;
+        }
+        if (bad) {
+            (void)opt_scale_grads(gs, n, u->pre, buf);
+            u->found_inf = true;
+            tmp_release(m);
+            if (status) *status = EM_OK;
+            return INFINITY;
+        }
+    }
     if (!isfinite(total) && cfg->error_if_nonfinite) {
         s = refuse_at(fn, total, p, n, params, acc);
         tmp_release(m);
@@ -627,9 +714,10 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
         return NAN;
     }
     double c = cfg->max_norm / (total + 1e-6);
-    if (!(c >= 1.0)) { /* NaN too: torch's clamp passes it through */
-        (void)opt_scale_grads(gs, n, c, buf);
-    }
+    if (!(c >= 1.0)) /* NaN too: torch's clamp passes it through */
+        (void)(u ? scale_grads2(gs, n, u->pre, c, buf) : opt_scale_grads(gs, n, c, buf));
+    else if (u)
+        (void)opt_scale_grads(gs, n, u->pre, buf);
     tmp_release(m);
     if (status) *status = EM_OK;
     return total;

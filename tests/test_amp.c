@@ -267,6 +267,98 @@ TEST(test_scaler_unscale_split_over_threads_scales_every_element_and_finds_any_o
     }
 }
 
+/* NP parameters whose gradients are seed's values times 65536 (a scaled
+ * loss's; the last one's, of dtype dt, times 1000), some of them so small
+ * that unscaled they are subnormal. */
+enum { UC_NP = 6 };
+static const int64_t uc_sizes[UC_NP] = {3, 70000, 65536, 300001, 9, 40};
+static void uc_params(em_tensor **p, uint64_t seed, em_dtype dt)
+{
+    em_rng r = em_rng_new(seed);
+    for (int i = 0; i < UC_NP; i++) {
+        em_dtype d = i == UC_NP - 1 ? dt : EM_F32;
+        p[i] = em_zeros(d, EM_SHAPE(uc_sizes[i]));
+        CHECK_OK(em_set_requires_grad(p[i], true));
+        em_tensor *g = em_contiguous(/* (an f16 one within f16's range) */
+                                     em_mul_scalar(em_randn(EM_F32, EM_SHAPE(uc_sizes[i]), &r),
+                                                   d == EM_F16 ? 1000.0 : 65536.0));
+        for (int64_t k = 0; k < uc_sizes[i]; k += 97)
+            ((float *)em_data(g))[k] *= 3e-40f; /* subnormal / 65536 */
+        CHECK_OK(em_backward(em_sum(em_mul(p[i], em_cast(g, d)), 0, NULL, false), NULL)); /* grad = g */
+    }
+}
+
+/* em_scaler_unscale_clip gives what em_scaler_unscale and then
+ * em_clip_grad_norm_with give, to the bit: the norm, the finding and every
+ * gradient element (subnormal ones too, which a fused factor inv * c would
+ * round otherwise), whether the clip scales or not, with an inf or NaN
+ * (only unscaled, INFINITY), and where it takes the two calls themselves
+ * (an f16 gradient, the inf-norm), or only clips (already unscaled). */
+TEST(test_scaler_unscale_clip_gives_the_bits_of_unscale_then_clip)
+{
+    const struct {
+        double max_norm, norm_type;
+        int poison; /* 0 none, 1 a NaN in a small gradient, 2 an inf in a large one */
+        em_dtype last;
+        bool unscaled_first;
+    } cases[] = {
+        {1.0, 0, 0, EM_F32, false}, {1e9, 0, 0, EM_F32, false}, {1.0, 0, 1, EM_F32, false},
+        {1.0, 0, 2, EM_F32, false}, {1.0, 0, 0, EM_F16, false}, {1.0, INFINITY, 0, EM_F32, false},
+        {1.0, 0, 0, EM_F32, true},  {0.5, 2, 0, EM_F32, false},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        th_case("case %zu", c);
+        em_clip_config cfg = {.max_norm = cases[c].max_norm, .norm_type = cases[c].norm_type};
+        em_scope sc = em_scope_begin();
+        em_tensor *a[UC_NP], *b[UC_NP];
+        uc_params(a, 70 + c, cases[c].last);
+        uc_params(b, 70 + c, cases[c].last);
+        if (cases[c].poison) {
+            em_tensor **ps[2] = {a, b};
+            for (int k = 0; k < 2; k++)
+                if (cases[c].poison == 1)
+                    ((float *)em_data(em_grad(ps[k][4])))[5] = NAN;
+                else
+                    ((float *)em_data(em_grad(ps[k][3])))[300000] = INFINITY;
+        }
+        em_grad_scaler *sa = em_grad_scaler_new(NULL), *sb = em_grad_scaler_new(NULL);
+        CHECK_NOTNULL(sa);
+        CHECK_NOTNULL(sb);
+        em_status st;
+        CHECK_OK(em_scaler_unscale(sa, UC_NP, a, NULL));
+        double want = em_scaler_found_inf(sa) ? INFINITY : em_clip_grad_norm_with(UC_NP, a, &cfg, &st);
+        if (cases[c].unscaled_first) CHECK_OK(em_scaler_unscale(sb, UC_NP, b, NULL));
+        double got = em_scaler_unscale_clip(sb, UC_NP, b, &cfg, NULL, &st);
+        CHECK_OK(st);
+        CHECK(em_scaler_found_inf(sb) == em_scaler_found_inf(sa));
+        CHECK(em_scaler_found_inf(sb) == (cases[c].poison != 0));
+        CHECK(!memcmp(&got, &want, sizeof got));
+        CHECK(cases[c].poison || (isfinite(got) && got > 1));
+        for (int i = 0; i < UC_NP; i++) {
+            size_t bytes = (size_t)uc_sizes[i] * em_dtype_size(em_dtype_of(a[i]));
+            CHECK(!memcmp(em_data(em_grad(a[i])), em_data(em_grad(b[i])), bytes));
+        }
+        /* once per step: a second call only clips (nothing left to scale) */
+        if (!cases[c].poison) {
+            double again = em_scaler_unscale_clip(sb, UC_NP, b, &cfg, NULL, &st);
+            CHECK_OK(st);
+            CHECK(again <= fmin(got, cfg.max_norm) * 1.000001);
+        }
+        em_grad_scaler_free(sa);
+        em_grad_scaler_free(sb);
+        em_scope_end(sc);
+    }
+    em_status st = EM_OK;
+    CHECK_ERR(em_scaler_unscale_clip(NULL, 0, NULL, &(em_clip_config){.max_norm = 1}, NULL, &st), EM_ERR_ARG,
+              "scaler is NULL");
+    CHECK(st == EM_ERR_ARG);
+    em_grad_scaler *s = em_grad_scaler_new(NULL);
+    CHECK_ERR(em_scaler_unscale_clip(s, 0, NULL, &(em_clip_config){.max_norm = -1}, NULL, &st), EM_ERR_ARG,
+              "max_norm");
+    CHECK(st == EM_ERR_ARG);
+    em_grad_scaler_free(s);
+}
+
 /* ---- the Accelerator ------------------------------------------------------------------------ */
 
 static void no_user_config(void)

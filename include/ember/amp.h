@@ -93,6 +93,7 @@ typedef struct em_scaler_config {
 
 typedef struct em_grad_scaler em_grad_scaler;
 typedef struct em_pg em_pg;
+typedef struct em_clip_config em_clip_config;
 
 /* NULL cfg = the defaults. NULL + EM_ERR_ARG when a value is out of range
  * (scale and growth > 0 and finite, growth >= 1, 0 < backoff <= 1,
@@ -111,6 +112,19 @@ em_tensor *em_scaler_scale(em_grad_scaler *s, em_tensor *loss);
  * Errors: EM_ERR_ARG (NULL scaler, a gradient that is not f32/f64/f16/bf16
  * contiguous: then no gradient is touched), EM_ERR_OOM, the collective's. */
 em_status em_scaler_unscale(em_grad_scaler *s, int n, em_tensor *const *params, em_pg *pg);
+/* em_scaler_unscale, then, unless it found an inf or NaN, the clipping of
+ * em_clip_grad_norm_with (optim.h): the same gradients to the bit and the
+ * same norm, in two passes over the gradients instead of four when every
+ * gradient is a contiguous f32 one on the CPU and cfg's norm is the
+ * 2-norm (the norm of the unscaled values read in one pass, then each
+ * gradient divided by the scale and, where clipping scales, by its factor
+ * in another; else the two calls themselves). Returns the total norm of
+ * the unscaled gradients, INFINITY when an inf or NaN was found (the
+ * gradients are then only unscaled: skip the step), NAN on an error.
+ * Already unscaled this step: only the clipping. Errors (*status, which
+ * may be NULL): those of the two calls. */
+double em_scaler_unscale_clip(em_grad_scaler *s, int n, em_tensor *const *params, const em_clip_config *cfg,
+                              em_pg *pg, em_status *status);
 /* Whether this step's gradients overflowed (valid after em_scaler_unscale). */
 bool em_scaler_found_inf(const em_grad_scaler *s);
 /* Ends the step: backs the scale off after an overflow, grows it after
