@@ -562,7 +562,9 @@ double em_accel_clip_grad_norm_with(em_accelerator *a, const em_clip_config *cfg
     }
     if (status) *status = EM_OK;
     if (!a->sync) return NAN; /* gradients are still accumulating: nothing to clip yet */
-    if (a->scaler && !a->zero) /* the true gradients clipped: unscaled first (once per step), in one pass */
+    /* the true gradients clipped, unscaled first (once per step), in one
+     * pass; ZeRO stage 1 holds every gradient whole, as DDP does */
+    if (a->scaler && (!a->zero || a->zero_stage == 1))
         return em_scaler_unscale_clip(a->scaler, a->nparams, a->params, cfg, a->pg, status);
     if (a->scaler) { /* clip the true gradients: unscale first (once per step) */
         em_status s = zero_unscale(a->zero, a->scaler);
