@@ -41,7 +41,10 @@
  * rank's half with non-temporal stores so the other reads it from memory,
  * 1.4-1.9x the time when the exchange is fast and 0.90-0.95x when it is
  * slow (8.2-8.7 ms against 9.1, beside a memory pass of 3.6 ms); pieces
- * of 256 KiB or 1 MiB, within 3-5% of 512 KiB either way.) Refilling a half needs no wait of
+ * of 256 KiB or 1 MiB, within 3-5% of 512 KiB either way; piece j's copy
+ * back interleaved with piece j+1's fill in 4-64 KiB chunks (memory reads
+ * and writes beside the cross-core ones), 0.96x the time in the fast
+ * state but 1.03-1.14x in the slow one.) Refilling a half needs no wait of
  * its own: everyone read piece j-2 before arriving at step 2 of piece j-1.
  * The first piece goes in with the check (step 1 before it, step 2 is its
  * arrival) when this rank knows a half nobody can still be reading: after
