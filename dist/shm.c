@@ -36,9 +36,10 @@
  * same bits. Pieces are small enough (L2-sized) that what one rank writes is
  * still in cache when the other reads it. (On a 2-core Zen 5 VM whose two
  * vCPUs' exchange through the caches is at times twice as slow, tried and
- * not kept, 100 MiB, some 60 runs of each in either state: prefetching
- * the other rank's pieces a block ahead, 1.1-1.2x the time; writing this
- * rank's half with non-temporal stores so the other reads it from memory,
+ * not kept, 100 MiB: prefetching the other rank's pieces a block ahead,
+ * 1.1-1.2x the time (three runs); and, some 50-60 runs of each in either
+ * state: writing this rank's half with non-temporal stores so the other
+ * reads it from memory,
  * 1.4-1.9x the time when the exchange is fast and 0.90-0.95x when it is
  * slow (8.2-8.7 ms against 9.1, beside a memory pass of 3.6 ms); pieces
  * of 256 KiB or 1 MiB, within 3-5% of 512 KiB either way; piece j's copy
