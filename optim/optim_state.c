@@ -343,17 +343,36 @@ static void norm_range(void *ctx, int64_t lo, int64_t hi)
 /* The p-norm's accumulation of g in double (its values times pre: a
  * contiguous f32 g only, else pre is 1); buf: CHUNK doubles of scratch;
  * part: enough blocks. */
+static double array_norm_acc(const void *x, bool f64, int64_t n, double p, float pre, double *part)
+{
+    int64_t nb = (n + BLOCK - 1) / BLOCK;
+    norm_job j = {x, f64, n, p, part, pre};
+    parallel_for(nb, 1, norm_range, &j);
+    double acc = 0;
+    for (int64_t b = 0; b < nb; b++) acc = norm_join(acc, part[b], p);
+    return acc;
+}
+
+em_status opt_norm_acc(const void *x, bool f64, int64_t n, double p, double *acc)
+{
+    size_t m = tmp_mark();
+    double *part = tmp_alloc((size_t)((n + BLOCK - 1) / BLOCK + 1) * sizeof(double));
+    if (!part) {
+        tmp_release(m);
+        return em_err(EM_ERR_OOM, "clipping: out of memory for the norm's %lld block sums",
+                      (long long)((n + BLOCK - 1) / BLOCK));
+    }
+    *acc = array_norm_acc(x, f64, n, p, 1.0f, part);
+    tmp_release(m);
+    return EM_OK;
+}
+
 static double grad_norm_acc(tensor *g, double p, float pre, double *buf, double *part)
 {
     int64_t n = t_numel(g);
     double acc = 0;
-    if (t_is_contig(g) && (g->dtype == EM_F32 || g->dtype == EM_F64)) {
-        int64_t nb = (n + BLOCK - 1) / BLOCK;
-        norm_job j = {t_ptr(g), g->dtype == EM_F64, n, p, part, pre};
-        parallel_for(nb, 1, norm_range, &j);
-        for (int64_t b = 0; b < nb; b++) acc = norm_join(acc, part[b], p);
-        return acc;
-    }
+    if (t_is_contig(g) && (g->dtype == EM_F32 || g->dtype == EM_F64))
+        return array_norm_acc(t_ptr(g), g->dtype == EM_F64, n, p, pre, part);
     for (int64_t lo = 0; lo < n; lo += CHUNK) {
         int64_t k = n - lo < CHUNK ? n - lo : CHUNK;
         opt_gather(g, lo, k, EM_F64, buf);
