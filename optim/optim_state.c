@@ -340,9 +340,9 @@ static void norm_range(void *ctx, int64_t lo, int64_t hi)
     }
 }
 
-/* The p-norm's accumulation of g in double (its values times pre: a
- * contiguous f32 g only, else pre is 1); buf: CHUNK doubles of scratch;
- * part: enough blocks. */
+/* The p-norm's accumulation of n contiguous values at x (f64, else f32,
+ * each times pre) in norm_job's blocks over the pool, joined in order;
+ * part: one double per block. */
 static double array_norm_acc(const void *x, bool f64, int64_t n, double p, float pre, double *part)
 {
     int64_t nb = (n + BLOCK - 1) / BLOCK;
@@ -367,6 +367,9 @@ em_status opt_norm_acc(const void *x, bool f64, int64_t n, double p, double *acc
     return EM_OK;
 }
 
+/* The p-norm's accumulation of g in double (its values times pre: a
+ * contiguous f32 g only, else pre is 1); buf: CHUNK doubles of scratch;
+ * part: enough blocks. */
 static double grad_norm_acc(tensor *g, double p, float pre, double *buf, double *part)
 {
     int64_t n = t_numel(g);
@@ -733,10 +736,11 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
         return NAN;
     }
     double c = cfg->max_norm / (total + 1e-6);
-    if (!(c >= 1.0)) /* NaN too: torch's clamp passes it through */
-        (void)(u ? scale_grads2(gs, n, u->pre, c, buf) : opt_scale_grads(gs, n, c, buf));
-    else if (u)
-        (void)opt_scale_grads(gs, n, u->pre, buf);
+    bool clip = !(c >= 1.0); /* NaN too: torch's clamp passes it through */
+    if (u)                   /* the unscale always, the clip's factor after it where it scales */
+        (void)scale_grads2(gs, n, u->pre, clip ? c : 1, buf);
+    else if (clip)
+        (void)opt_scale_grads(gs, n, c, buf);
     tmp_release(m);
     if (status) *status = EM_OK;
     return total;
