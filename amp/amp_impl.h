@@ -19,4 +19,11 @@ void amp_set_overflow_vote(amp_vote_fn fn);
  * gradient shard (dist/zero.c). */
 em_status amp_unscale_grads(em_grad_scaler *s, int n, tensor *const *grads, em_pg *pg);
 
+/* For a caller that unscales gradients itself, fused with its clip (ZeRO's
+ * shard, dist/zero.c): amp_unscale_due says whether this step's unscale is
+ * still to do (false for NULL, or once done), and then *inv = 1/scale;
+ * amp_unscaled records it done, with found_inf as every rank agreed it. */
+bool amp_unscale_due(const em_grad_scaler *s, double *inv);
+void amp_unscaled(em_grad_scaler *s, bool found_inf);
+
 #endif

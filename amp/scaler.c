@@ -155,6 +155,19 @@ em_status amp_unscale_grads(em_grad_scaler *s, int n, tensor *const *grads, em_p
     return unscale(s, n, NULL, grads, pg);
 }
 
+bool amp_unscale_due(const em_grad_scaler *s, double *inv)
+{
+    if (!s || s->unscaled) return false;
+    *inv = 1.0 / s->scale;
+    return true;
+}
+
+void amp_unscaled(em_grad_scaler *s, bool found_inf)
+{
+    s->found_inf = found_inf;
+    s->unscaled = true;
+}
+
 static em_status vote_pg(void *pg, bool *bad) { return overflow_vote(pg, bad); }
 
 double em_scaler_unscale_clip(em_grad_scaler *s, int n, em_tensor *const *params, const em_clip_config *cfg,

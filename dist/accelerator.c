@@ -562,17 +562,15 @@ double em_accel_clip_grad_norm_with(em_accelerator *a, const em_clip_config *cfg
     }
     if (status) *status = EM_OK;
     if (!a->sync) return NAN; /* gradients are still accumulating: nothing to clip yet */
-    /* the true gradients clipped, unscaled first (once per step), in one
-     * pass; ZeRO stage 1 holds every gradient whole, as DDP does */
+    /* the true gradients clipped, unscaled first (once per step), the two
+     * in two passes; ZeRO stage 1 holds every gradient whole, as DDP does */
     if (a->scaler && (!a->zero || a->zero_stage == 1))
         return em_scaler_unscale_clip(a->scaler, a->nparams, a->params, cfg, a->pg, status);
-    if (a->scaler) { /* clip the true gradients: unscale first (once per step) */
-        em_status s = zero_unscale(a->zero, a->scaler);
-        if (s) {
-            if (status) *status = s;
-            return NAN;
-        }
-        if (em_scaler_found_inf(a->scaler)) return INFINITY; /* this step will be skipped */
+    if (a->scaler && a->zero) { /* stages 2-3: the shard unscaled and clipped, likewise */
+        em_status s;
+        double total = zero_unscale_clip(a->zero, a->scaler, cfg, &s);
+        if (status) *status = s;
+        return total;
     }
     if (a->zero) return em_zero_clip_grad_norm_with(a->zero, cfg, status);
     /* after a synced backward every rank holds the same averaged gradients

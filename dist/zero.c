@@ -92,6 +92,7 @@
 #include "optim/optim_impl.h"
 #include "optim/update_math.h"
 #include "tensor/dispatch.h"
+#include "tensor/profile_impl.h"
 #include "tensor/tensor_impl.h"
 #if EM_HAVE_CUDA
 #include "optim/cuda_optim.h"
@@ -844,6 +845,69 @@ static em_status shard_norm_cuda(const em_zero *z, double p, double *acc)
 #endif
 }
 
+/* Stages 2-3's clip of the gradient shard: the accumulation over this
+ * rank's chunks (the pads' zeros add nothing; a parameter no rank used is
+ * zeros there), joined over ranks (a sum, or for inf a max), then the
+ * shard scaled where it clips. pre != 0 (a CPU f32 shard, p = 2): the
+ * loss scaler's unscale in the same two passes, as opt_unscale_clip does
+ * for whole gradients: the norm of the shard times pre, then the shard
+ * multiplied by pre and, where it clips, by the clip's factor, the bits
+ * of unscaling then clipping. A total that is not finite is then
+ * *found_inf on every rank (a sum over ranks of accumulations one of
+ * which is inf or NaN is not finite on every rank either, so the norm's
+ * all-reduce is the overflow vote): the shard is only unscaled and
+ * INFINITY returned. */
+static double shard_clip(em_zero *z, const em_clip_config *cfg, double p, double pre, bool *found_inf,
+                         em_status *status)
+{
+    const char *fn = pre ? "em_accel_clip_grad_norm" : "em_zero_clip_grad_norm";
+    double acc = 0;
+    em_status s = z->dev.type != EM_CPU ? shard_norm_cuda(z, p, &acc) : EM_OK;
+    for (int i = 0; i < z->nb && z->dev.type == EM_CPU && !s; i++) {
+        /* each bucket's chunk as clipping sums a gradient (blocks over the
+         * pool, 8 lanes): 8.2 ms on one Zen 5 core for 62M floats, a 124M
+         * model's shard at 2 ranks, where one add chain element by element
+         * took 33 ms */
+        const zbucket *b = &z->b[i];
+        double part = 0;
+        s = opt_norm_acc(em_data(b->shard), b->dtype != EM_F32, b->own, p, pre ? (float)pre : 1.0f, &part);
+        acc = norm_join(acc, part, p);
+    }
+    if (s) return *status = s, NAN;
+    em_scope sc = em_scope_begin();
+    em_tensor *t = em_scalar(EM_F64, acc);
+    s = t ? em_all_reduce(z->pg, t, isinf(p) ? EM_RED_MAX : EM_RED_SUM, NULL) : em_last_status();
+    double total = s ? NAN : norm_root(em_item(t), p);
+    em_scope_end(sc);
+    if (s) return *status = s, NAN;
+    tensor *g = t_resolve(z->gshard, fn);
+    if (pre && !isfinite(total)) { /* the step is to be skipped: unscaled only */
+        (void)opt_scale_grads(&g, 1, pre, NULL);
+        *found_inf = true;
+        return INFINITY;
+    }
+    if (!isfinite(total) && cfg->error_if_nonfinite) /* every rank has the same total: all refuse */
+        return *status =
+                   opt_clip_refuse(fn, total, p,
+                                   isfinite(acc) ? " (on another rank's gradient shard)"
+                                                 : " (this rank's gradient shard holds a value that is not "
+                                                   "finite)"),
+               NAN;
+    bool clip = !(total + 1e-6 <= cfg->max_norm); /* NaN too: torch's clamp passes it through */
+    double c = clip ? cfg->max_norm / (total + 1e-6) : 1;
+#if EM_HAVE_CUDA
+    if (clip && t_on_cuda(g)) {
+        if ((s = cu_scale(g->device.index, g->dtype, t_ptr(g), t_numel(g), c))) return *status = s, NAN;
+        return total;
+    }
+#endif
+    if (pre) /* the unscale always, the clip's factor after it where it clips */
+        (void)opt_scale_grads2(&g, 1, pre, c, NULL);
+    else if (clip)
+        (void)opt_scale_grads(&g, 1, c, NULL); /* contiguous: over the pool */
+    return total;
+}
+
 double em_zero_clip_grad_norm(em_zero *z, double max_norm, em_status *status)
 {
     return em_zero_clip_grad_norm_with(z, &(em_clip_config){.max_norm = max_norm}, status);
@@ -874,54 +938,7 @@ double em_zero_clip_grad_norm_with(em_zero *z, const em_clip_config *cfg, em_sta
         free(pt);
         return total;
     }
-    /* stage 2: the accumulation over this rank's chunks (the pads' zeros add
-     * nothing; a parameter no rank used is zeros there), joined over ranks:
-     * a sum, or for inf a max */
-    double acc = 0;
-    em_status s = z->dev.type != EM_CPU ? shard_norm_cuda(z, p, &acc) : EM_OK;
-    for (int i = 0; i < z->nb && z->dev.type == EM_CPU && !s; i++) {
-        /* each bucket's chunk as clipping sums a gradient (blocks over the
-         * pool, 8 lanes): 8.2 ms on one Zen 5 core for 62M floats, a 124M
-         * model's shard at 2 ranks, where one add chain element by element
-         * took 33 ms */
-        const zbucket *b = &z->b[i];
-        double part = 0;
-        s = opt_norm_acc(em_data(b->shard), b->dtype != EM_F32, b->own, p, &part);
-        acc = norm_join(acc, part, p);
-    }
-    if (s) return *status = s, NAN;
-    em_scope sc = em_scope_begin();
-    em_tensor *t = em_scalar(EM_F64, acc);
-    s = t ? em_all_reduce(z->pg, t, isinf(p) ? EM_RED_MAX : EM_RED_SUM, NULL) : em_last_status();
-    double total = s ? NAN : norm_root(em_item(t), p);
-    em_scope_end(sc);
-    if (s) return *status = s, NAN;
-    if (!isfinite(total) && cfg->error_if_nonfinite) /* every rank has the same total: all refuse */
-        return *status =
-                   opt_clip_refuse(fn, total, p,
-                                   isfinite(acc) ? " (on another rank's gradient shard)"
-                                                 : " (this rank's gradient shard holds a value that is not "
-                                                   "finite)"),
-               NAN;
-    if (!(total + 1e-6 <= cfg->max_norm)) { /* NaN too: torch's clamp passes it through */
-        double c = cfg->max_norm / (total + 1e-6);
-        tensor *g = t_resolve(z->gshard, fn);
-        int64_t n = t_numel(g);
-#if EM_HAVE_CUDA
-        if (t_on_cuda(g)) {
-            if ((s = cu_scale(g->device.index, g->dtype, t_ptr(g), n, c))) return *status = s, NAN;
-            return total;
-        }
-#endif
-        if (g->dtype == EM_F32) {
-            float *q = t_ptr(g), cf = (float)c;
-            for (int64_t k = 0; k < n; k++) q[k] *= cf;
-        } else {
-            double *q = t_ptr(g);
-            for (int64_t k = 0; k < n; k++) q[k] *= c;
-        }
-    }
-    return total;
+    return shard_clip(z, cfg, p, 0, NULL, status);
 }
 
 em_status zero_unscale(em_zero *z, em_grad_scaler *sc)
@@ -929,6 +946,25 @@ em_status zero_unscale(em_zero *z, em_grad_scaler *sc)
     tensor *g[2];
     int n = grads_of(z, g);
     return amp_unscale_grads(sc, n, g, z->pg);
+}
+
+double zero_unscale_clip(em_zero *z, em_grad_scaler *sc, const em_clip_config *cfg, em_status *status)
+{
+    double inv, p = 0;
+    *status = EM_OK;
+    if (z->stage >= 2 && z->dev.type == EM_CPU && z->b[0].dtype == EM_F32 && amp_unscale_due(sc, &inv) &&
+        !opt_clip_check("em_accel_clip_grad_norm", cfg, &p) && p == 2) {
+        bool inf = false;
+        prof_mark pm;
+        prof_begin(&pm);
+        double total = shard_clip(z, cfg, p, inv, &inf, status);
+        prof_end(&pm, "scaler.unscale_clip", PROF_OPTIMIZER);
+        if (!*status) amp_unscaled(sc, inf);
+        return total;
+    }
+    if ((*status = zero_unscale(z, sc))) return NAN;
+    if (em_scaler_found_inf(sc)) return INFINITY; /* this step will be skipped */
+    return em_zero_clip_grad_norm_with(z, cfg, status);
 }
 
 /* Offload: this rank's chunk of every bucket's parameters and averaged

@@ -14,6 +14,13 @@ em_zero *zero_attach(em_ddp *ddp, bool owns_ddp, em_optimizer *opt, int stage, b
  * gradients this rank steps with: the shard in stage 2, all of them in
  * stage 1. */
 em_status zero_unscale(em_zero *z, em_grad_scaler *sc);
+/* The Accelerator's clip under fp16: zero_unscale, then (unless the step
+ * is to be skipped: INFINITY) em_zero_clip_grad_norm_with, with its
+ * result, errors (*status, NULL not allowed) and found_inf. In stages 2-3
+ * with an f32 shard on the CPU and p = 2 these run as two passes over the
+ * shard instead of four and one all-reduce instead of two (the norm's
+ * all-reduce doubles as the overflow vote), with the same bits. */
+double zero_unscale_clip(em_zero *z, em_grad_scaler *sc, const em_clip_config *cfg, em_status *status);
 
 /* Where this rank's share of a parameter of z's model lies: *lo, *n
  * elements of param (in its element order) inside this rank's chunk of the

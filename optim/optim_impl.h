@@ -141,6 +141,10 @@ em_status opt_clip_refuse(const char *fn, double total, double p, const char *wh
  * any product was inf or NaN. Gradient clipping's scaling and the loss
  * scaler's unscale (amp/scaler.c). */
 bool opt_scale_grads(tensor *const *gs, int n, double c, double *buf);
+/* opt_scale_grads by c, then (c2 != 1: every gradient a contiguous f32
+ * one) each product by c2 the same way in the same pass: the bits of two
+ * calls (the loss scaler's unscale, then the clip's factor). */
+bool opt_scale_grads2(tensor *const *gs, int n, double c, double c2, double *buf);
 
 /* The loss scaler's unscale and gradient clipping in two passes over the
  * gradients instead of four (amp/scaler.c, em_scaler_unscale_clip): the
@@ -159,11 +163,13 @@ bool opt_scale_grads(tensor *const *gs, int n, double c, double *buf);
  * (*status): em_clip_grad_norm_with's, or vote's (the gradients then
  * untouched). */
 /* *acc = the p-norm's accumulation (update_math.h's norm_acc, joined by
- * norm_join) of n contiguous values at x (f64, else f32): fixed blocks of
+ * norm_join) of n contiguous values at x (f64, else f32 each times pre in
+ * f32, the product the loss scaler's unscale stores; pre 1: the values as
+ * they are): fixed blocks of
  * 64K values over the pool, 8 lanes a block for p = 2, the blocks joined
  * in order, so the bits do not depend on the thread count; what clipping
  * sums per gradient. ZeRO stage 2's shard (dist/zero.c). EM_ERR_OOM. */
-em_status opt_norm_acc(const void *x, bool f64, int64_t n, double p, double *acc);
+em_status opt_norm_acc(const void *x, bool f64, int64_t n, double p, float pre, double *acc);
 
 typedef em_status (*opt_vote_fn)(void *ctx, bool *bad);
 double opt_unscale_clip(int n, em_tensor *const *params, const em_clip_config *cfg, double inv,

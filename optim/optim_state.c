@@ -353,7 +353,7 @@ static double array_norm_acc(const void *x, bool f64, int64_t n, double p, float
     return acc;
 }
 
-em_status opt_norm_acc(const void *x, bool f64, int64_t n, double p, double *acc)
+em_status opt_norm_acc(const void *x, bool f64, int64_t n, double p, float pre, double *acc)
 {
     size_t m = tmp_mark();
     double *part = tmp_alloc((size_t)((n + BLOCK - 1) / BLOCK + 1) * sizeof(double));
@@ -362,7 +362,7 @@ em_status opt_norm_acc(const void *x, bool f64, int64_t n, double p, double *acc
         return em_err(EM_ERR_OOM, "clipping: out of memory for the norm's %lld block sums",
                       (long long)((n + BLOCK - 1) / BLOCK));
     }
-    *acc = array_norm_acc(x, f64, n, p, 1.0f, part);
+    *acc = array_norm_acc(x, f64, n, p, pre, part);
     tmp_release(m);
     return EM_OK;
 }
@@ -440,9 +440,7 @@ static void scale_part(void *ctx, int64_t lo, int64_t hi)
     flag_bad(j, scale_span(j->g[0], lo, hi, j->c, j->c2));
 }
 
-/* opt_scale_grads, then (c2 != 1: every gradient contiguous f32) by c2 in
- * the same pass */
-static bool scale_grads2(tensor *const *gs, int n, double c, double c2, double *buf)
+bool opt_scale_grads2(tensor *const *gs, int n, double c, double c2, double *buf)
 {
     scale_job j = {.g = gs, .c = c, .c2 = c2};
     parallel_for(n, 8, scale_small, &j);
@@ -470,7 +468,7 @@ static bool scale_grads2(tensor *const *gs, int n, double c, double c2, double *
 
 bool opt_scale_grads(tensor *const *gs, int n, double c, double *buf)
 {
-    return scale_grads2(gs, n, c, 1, buf);
+    return opt_scale_grads2(gs, n, c, 1, buf);
 }
 
 /* The gradient clipping acts on: a leaf's gradient since the last
@@ -738,7 +736,7 @@ static double clip_grad_norm(int n, em_tensor *const *params, const em_clip_conf
     double c = cfg->max_norm / (total + 1e-6);
     bool clip = !(c >= 1.0); /* NaN too: torch's clamp passes it through */
     if (u)                   /* the unscale always, the clip's factor after it where it scales */
-        (void)scale_grads2(gs, n, u->pre, clip ? c : 1, buf);
+        (void)opt_scale_grads2(gs, n, u->pre, clip ? c : 1, buf);
     else if (clip)
         (void)opt_scale_grads(gs, n, c, buf);
     tmp_release(m);

@@ -407,6 +407,112 @@ TEST(test_zero_new_refuses_bad_stages_and_foreign_parameters)
     TH_RANKS(2, EM_TRANSPORT_AUTO, zero_refusals, NULL);
 }
 
+/* The Accelerator's clip under fp16 in stages 2-3 (zero_unscale_clip): the
+ * shard unscaled and clipped in two passes, the norm's all-reduce doubling
+ * as the overflow vote, against the scaler's unscale and then the clip
+ * (what it does when it cannot fuse). Each way on a fresh model: after the
+ * clip the parameters are set to zero and a plain SGD step of lr 1 leaves
+ * -g, so the gradients' bits are compared whole. Cases: clipping, not
+ * clipping, and rank 1's gradient of one parameter made to overflow (found
+ * on every rank, the gradients only unscaled). */
+static void unscale_clip_one(em_pg *pg, int rank, int stage, double max_norm, bool overflow, bool fused,
+                             double *total, bool *found_inf, float *out, int64_t n)
+{
+    em_gpt *g = small_gpt(11, 16);
+    CHECK_NOTNULL(g);
+    em_named ps[64];
+    int np = em_module_params(g->m, ps, 64);
+    em_tensor *pt[64];
+    for (int i = 0; i < np; i++) pt[i] = ps[i].t;
+    em_sgd_config c = em_sgd_defaults();
+    c.lr = 1;
+    em_optimizer *o = em_sgd_new(np, pt, &c);
+    em_zero *z = em_zero_new(pg, g->m, o, &(em_zero_config){.stage = stage, .bucket_mb = 0.002});
+    em_grad_scaler *sc = em_grad_scaler_new(&(em_scaler_config){.init_scale = 4096});
+    CHECK(o && z && sc);
+    em_scope s = em_scope_begin();
+    int32_t tok[2 * T];
+    for (int i = 0; i < 2 * T; i++) tok[i] = (i * 5 + 3 * rank) % VOCAB;
+    em_tensor *x = em_from_data(EM_I32, EM_SHAPE(2, T), tok), *loss = em_gpt_loss(g, x, x);
+    if (overflow && rank == 1) {
+        /* a gradient that overflows in one parameter wholly in rank 1's
+         * chunks (world 2: rank 0 has none of it), so only rank 1's shard
+         * holds the infs and rank 0 learns of them from the vote */
+        int k = 0;
+        for (int64_t lo, m; k < np; k++)
+            if (zero_param_share(z, pt[k], &lo, &m) && m == em_numel(pt[k])) break;
+        CHECK(k < np);
+        loss = em_add(loss, em_mul_scalar(em_sum(pt[k], 0, NULL, false), 1e38));
+    }
+    CHECK_OK(em_zero_backward(z, em_scaler_scale(sc, loss), true));
+    em_scope_end(s);
+    em_clip_config cfg = {.max_norm = max_norm};
+    em_status st;
+    if (fused) {
+        *total = zero_unscale_clip(z, sc, &cfg, &st);
+        CHECK_OK(st);
+    } else {
+        CHECK_OK(zero_unscale(z, sc));
+        *total = em_scaler_found_inf(sc) ? INFINITY : em_zero_clip_grad_norm_with(z, &cfg, &st);
+        CHECK_OK(st);
+    }
+    *found_inf = em_scaler_found_inf(sc);
+    CHECK_OK(em_zero_gather_params(z));
+    em_tensor *flat = em_module_flat_params(g->m, EM_F32);
+    CHECK(flat && em_numel(flat) == n);
+    memset(em_data(flat), 0, (size_t)n * sizeof(float));
+    CHECK_OK(em_zero_step(z));
+    CHECK_OK(em_zero_gather_params(z));
+    memcpy(out, em_data(flat), (size_t)n * sizeof(float));
+    em_grad_scaler_free(sc);
+    em_zero_free(z);
+    em_optim_free(o);
+    em_gpt_free(g);
+}
+
+static void zero_unscale_clip_bits(em_pg *pg, int rank, int world, void *ctx)
+{
+    (void)world, (void)ctx;
+    em_gpt *probe = small_gpt(11, 16);
+    CHECK_NOTNULL(probe);
+    em_named ps[64];
+    int64_t n = 0;
+    for (int i = 0, np = em_module_params(probe->m, ps, 64); i < np; i++) n += em_numel(ps[i].t);
+    em_gpt_free(probe);
+    float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
+    CHECK(a && b);
+    const struct {
+        double max_norm;
+        bool overflow;
+    } cases[] = {{0.05, false}, {1e6, false}, {0.05, true}};
+    for (int stage = 2; stage <= 3; stage++)
+        for (int k = 0; k < 3; k++) {
+            th_case("rank %d stage %d max_norm %g overflow %d", rank, stage, cases[k].max_norm,
+                    cases[k].overflow);
+            double ta, tb;
+            bool fa, fb;
+            unscale_clip_one(pg, rank, stage, cases[k].max_norm, cases[k].overflow, false, &ta, &fa, a, n);
+            unscale_clip_one(pg, rank, stage, cases[k].max_norm, cases[k].overflow, true, &tb, &fb, b, n);
+            CHECK(fa == cases[k].overflow && fb == fa);
+            if (fa)
+                CHECK(isinf(ta) && isinf(tb));
+            else
+                CHECK(ta == tb && (ta > cases[k].max_norm) == (k == 0));
+            CHECK(memcmp(a, b, (size_t)n * sizeof *a) == 0);
+            bool moved = false; /* and the step saw gradients: some -g is not zero */
+            for (int64_t i = 0; i < n; i++) moved |= a[i] != 0;
+            CHECK(moved);
+        }
+    th_case(NULL);
+    free(a);
+    free(b);
+}
+
+TEST(test_zero_fp16_clip_unscales_and_clips_the_shard_in_two_passes_with_the_bits_of_four)
+{
+    TH_RANKS(2, EM_TRANSPORT_AUTO, zero_unscale_clip_bits, NULL);
+}
+
 /* Stage 2 keeps the optimizer state of about 1/world of the parameters on
  * each rank, and the ranks' pieces together cover every element once. */
 static void zero_state_size(em_pg *pg, int rank, int world, void *ctx)
