@@ -146,6 +146,15 @@ bool opt_scale_grads(tensor *const *gs, int n, double c, double *buf);
  * calls (the loss scaler's unscale, then the clip's factor). */
 bool opt_scale_grads2(tensor *const *gs, int n, double c, double c2, double *buf);
 
+/* *acc = the p-norm's accumulation (update_math.h's norm_acc, joined by
+ * norm_join) of n contiguous values at x (f64, else f32 each times pre in
+ * f32, the product the loss scaler's unscale stores; pre 1: the values as
+ * they are): fixed blocks of 64K values over the pool, 8 lanes a block
+ * for p = 2, the blocks joined in order, so the bits do not depend on the
+ * thread count; what clipping sums per gradient. ZeRO's gradient shard
+ * (dist/zero.c). EM_ERR_OOM. */
+em_status opt_norm_acc(const void *x, bool f64, int64_t n, double p, float pre, double *acc);
+
 /* The loss scaler's unscale and gradient clipping in two passes over the
  * gradients instead of four (amp/scaler.c, em_scaler_unscale_clip): the
  * p-norm of the gradients times inv (the f32 products the unscale would
@@ -162,15 +171,6 @@ bool opt_scale_grads2(tensor *const *gs, int n, double c, double c2, double *buf
  * *status EM_OK, for the caller to unscale and clip the usual way. Errors
  * (*status): em_clip_grad_norm_with's, or vote's (the gradients then
  * untouched). */
-/* *acc = the p-norm's accumulation (update_math.h's norm_acc, joined by
- * norm_join) of n contiguous values at x (f64, else f32 each times pre in
- * f32, the product the loss scaler's unscale stores; pre 1: the values as
- * they are): fixed blocks of
- * 64K values over the pool, 8 lanes a block for p = 2, the blocks joined
- * in order, so the bits do not depend on the thread count; what clipping
- * sums per gradient. ZeRO stage 2's shard (dist/zero.c). EM_ERR_OOM. */
-em_status opt_norm_acc(const void *x, bool f64, int64_t n, double p, float pre, double *acc);
-
 typedef em_status (*opt_vote_fn)(void *ctx, bool *bad);
 double opt_unscale_clip(int n, em_tensor *const *params, const em_clip_config *cfg, double inv,
                         opt_vote_fn vote, void *ctx, bool *taken, bool *found_inf, em_status *status);
