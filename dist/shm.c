@@ -45,7 +45,13 @@
  * of 256 KiB or 1 MiB, within 3-5% of 512 KiB either way; piece j's copy
  * back interleaved with piece j+1's fill in 4-64 KiB chunks (memory reads
  * and writes beside the cross-core ones), 0.96x the time in the fast
- * state but 1.03-1.14x in the slow one.) Refilling a half needs no wait of
+ * state but 1.03-1.14x in the slow one; the fill's stores preceded by
+ * PREFETCHW of their lines 1-4 KiB ahead, 1.4-1.5x the time in the slow
+ * state (six runs). Nor a single copy through the kernel
+ * (process_vm_readv of the other rank's tensor, its half reduced in 256
+ * KiB chunks, then the other half read whole): 1.4-1.5x shm's time in the
+ * fast state, 0.6-0.9x in the slow one, and only with the tensors on
+ * transparent huge pages (on 4 KiB pages 17 ms for 100 MiB).) Refilling a half needs no wait of
  * its own: everyone read piece j-2 before arriving at step 2 of piece j-1.
  * The first piece goes in with the check (step 1 before it, step 2 is its
  * arrival) when this rank knows a half nobody can still be reading: after
