@@ -51,7 +51,14 @@
  * (process_vm_readv of the other rank's tensor, its half reduced in 256
  * KiB chunks, then the other half read whole): 1.4-1.5x shm's time in the
  * fast state, 0.6-0.9x in the slow one, and only with the tensors on
- * transparent huge pages (on 4 KiB pages 17 ms for 100 MiB).) Refilling a half needs no wait of
+ * transparent huge pages (on 4 KiB pages 17 ms for 100 MiB). A single
+ * copy in user space, each rank's tensor in memory both map (a prototype
+ * with MAP_SHARED buffers: reduce my half reading the other's in place,
+ * then copy its half with non-temporal stores), took 4.6-4.7 ms in the
+ * slow state where shm took 8.0 and a pass over a private buffer 3.5,
+ * but the next pass writing the tensor then took 6.9 ms instead of 3.5:
+ * the other core's caches hold its lines, and each write must take them
+ * back; the time saved moves to the tensor's next writer.) Refilling a half needs no wait of
  * its own: everyone read piece j-2 before arriving at step 2 of piece j-1.
  * The first piece goes in with the check (step 1 before it, step 2 is its
  * arrival) when this rank knows a half nobody can still be reading: after
