@@ -39,9 +39,9 @@
  * not kept, 100 MiB: prefetching the other rank's pieces a block ahead,
  * 1.1-1.2x the time (three runs); and, some 50-60 runs of each in either
  * state: writing this rank's half with non-temporal stores so the other
- * reads it from memory,
- * 1.4-1.9x the time when the exchange is fast and 0.90-0.95x when it is
- * slow (8.2-8.7 ms against 9.1, beside a memory pass of 3.6 ms); pieces
+ * reads it from memory, 1.4-1.9x the time when the exchange is fast and
+ * 0.90-0.95x when it is slow (8.2-8.7 ms against 9.1, beside a memory
+ * pass of 3.6 ms); pieces
  * of 256 KiB or 1 MiB, within 3-5% of 512 KiB either way; piece j's copy
  * back interleaved with piece j+1's fill in 4-64 KiB chunks (memory reads
  * and writes beside the cross-core ones), 0.96x the time in the fast
@@ -58,8 +58,9 @@
  * slow state where shm took 8.0 and a pass over a private buffer 3.5,
  * but the next pass writing the tensor then took 6.9 ms instead of 3.5:
  * the other core's caches hold its lines, and each write must take them
- * back; the time saved moves to the tensor's next writer.) Refilling a half needs no wait of
- * its own: everyone read piece j-2 before arriving at step 2 of piece j-1.
+ * back; the time saved moves to the tensor's next writer.) Refilling a
+ * half needs no wait of its own: everyone read piece j-2 before arriving
+ * at step 2 of piece j-1.
  * The first piece goes in with the check (step 1 before it, step 2 is its
  * arrival) when this rank knows a half nobody can still be reading: after
  * an all_reduce, the other half than its last piece's; after a call without
