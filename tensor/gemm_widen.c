@@ -167,7 +167,10 @@ static inline void prefetch1(src s, const void *p, int64_t i)
  * the tiny step 0.997x and 1.006x, 124M 0.992x), an f32 product's B
  * read 16 at a time without rounding (tiny 0.989x, 124M 1.031x), and the
  * 6x32 kernel rounding its sums 16 to a zmm before they are put (tiny
- * 0.994x and 1.003x, 124M 1.022x and 1.009x). */
+ * 0.994x and 1.003x, 124M 1.022x and 1.009x); keep16 with the lsb tested
+ * into a mask and added under it (6 instructions a zmm instead of 7),
+ * together with pack_a_rows 16 at a time (tiny 0.998x and 0.993x, 124M
+ * 1.001x: noise). */
 #define TARGET512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 /* 16 floats as the low dtype holds them (keep8's rule, 16 lanes) */
