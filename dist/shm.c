@@ -60,9 +60,10 @@
  * the other core's caches hold its lines, and each write must take them
  * back; the time saved moves to the tensor's next writer. Flushing each
  * line read from the other's tensor (CLFLUSHOPT) keeps the next pass at
- * 3.2-3.5 ms, the all-reduce then taking 6.1-6.5 ms (1.6-1.7x the pass):
- * not done here, since the ranks would need their tensors in memory they
- * all map.) Refilling a
+ * 3.2-3.5 ms, the all-reduce then taking 6.1-6.5 ms (1.6-1.7x the pass).
+ * In the fast state both lose: 8.1 ms unflushed and 11.0 flushed, where
+ * shm takes 6.6 (and either would need the ranks' tensors in memory they
+ * all map).) Refilling a
  * half needs no wait of its own: everyone read piece j-2 before arriving
  * at step 2 of piece j-1.
  * The first piece goes in with the check (step 1 before it, step 2 is its
