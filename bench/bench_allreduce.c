@@ -258,11 +258,6 @@ static double bw_seconds(int kernel, int threads, size_t bytes)
 
 /* ---- the exchange between two cores: what shm's steps read --------------------------- */
 
-/* One thread on CPU 0 writes a piece (512 KiB, shm's piece size), then one
- * on CPU 1 copies it into its own buffer, as shm's copy-back does: the
- * reader's time per piece is what shm's reduce and copy-back steps pay for
- * each piece another rank just wrote.
- * turn: 2r + 1 once piece r is written, 2r + 2 once it is read. */
 static inline void cpu_relax_bench(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -270,12 +265,18 @@ static inline void cpu_relax_bench(void)
 #endif
 }
 
+/* One thread on CPU 0 writes a piece (512 KiB, shm's piece size), then one
+ * on CPU 1 copies it into its own buffer, as shm's copy-back does: the
+ * reader's time per piece is what shm's reduce and copy-back steps pay for
+ * each piece another rank just wrote. turn: 2r + 1 once piece r is
+ * written, 2r + 2 once it is read. */
 typedef struct xc_job {
-    float *buf;
+    float *buf, *own; /* the piece; the reader's copy */
     size_t n;
     int reps;
     _Atomic int turn;
-    double *t; /* t[rep]: the read's time */
+    _Atomic int unpinned; /* a thread could not be bound to its CPU */
+    double *t;            /* t[rep]: the copy's time */
 } xc_job;
 
 typedef struct xc_arg {
@@ -290,9 +291,7 @@ static void *xc_thread(void *p)
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(arg->id, &set);
-    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-    float *own = arg->id == 1 ? malloc(j->n * sizeof(float)) : NULL;
-    if (arg->id == 1 && own) memset(own, 0, j->n * sizeof(float));
+    if (pthread_setaffinity_np(pthread_self(), sizeof set, &set)) atomic_store(&j->unpinned, 1);
     for (int r = 0; r < j->reps + 1; r++) {
         if (arg->id == 0) {
             while (atomic_load(&j->turn) != 2 * r) cpu_relax_bench();
@@ -301,34 +300,36 @@ static void *xc_thread(void *p)
         } else {
             while (atomic_load(&j->turn) != 2 * r + 1) cpu_relax_bench();
             double t0 = now();
-            if (own) memcpy(own, j->buf, j->n * sizeof(float));
+            memcpy(j->own, j->buf, j->n * sizeof(float));
             if (r > 0) j->t[r - 1] = now() - t0; /* rep 0 warms up */
             atomic_store(&j->turn, 2 * r + 2);
         }
     }
-    volatile float sink = own ? own[j->n - 1] : 0;
-    (void)sink;
-    free(own);
     return NULL;
 }
 
-/* GB/s of CPU 1 reading a piece CPU 0 just wrote (median of reps), or 0
- * where there are not two CPUs to pin to */
+/* GB/s of CPU 1 copying a piece CPU 0 just wrote (median of reps), or 0
+ * where there are not two CPUs to bind the threads to */
 static double exchange_gbps(void)
 {
     enum { REPS = 200 };
     size_t bytes = (size_t)512 << 10;
     double t[REPS];
     if (sysconf(_SC_NPROCESSORS_ONLN) < 2) return 0;
-    xc_job j = {.buf = malloc(bytes), .n = bytes / 4, .reps = REPS, .t = t};
-    if (!j.buf) return 0;
-    atomic_init(&j.turn, 0);
-    pthread_t th[2];
-    xc_arg args[2] = {{&j, 0}, {&j, 1}};
-    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, xc_thread, &args[i]);
-    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    xc_job j = {.buf = calloc(1, bytes), .own = calloc(1, bytes), .n = bytes / 4, .reps = REPS, .t = t};
+    double rate = 0;
+    if (j.buf && j.own) {
+        atomic_init(&j.turn, 0);
+        atomic_init(&j.unpinned, 0);
+        pthread_t th[2];
+        xc_arg args[2] = {{&j, 0}, {&j, 1}};
+        for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, xc_thread, &args[i]);
+        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        if (!atomic_load(&j.unpinned)) rate = (double)bytes / median(t, REPS) / 1e9;
+    }
     free(j.buf);
-    return (double)bytes / median(t, REPS) / 1e9;
+    free(j.own);
+    return rate;
 }
 
 static double gbps(size_t bytes, double ms) { return (double)bytes / (ms * 1e-3) / 1e9; }
