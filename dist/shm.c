@@ -47,7 +47,11 @@
  * and writes beside the cross-core ones), 0.96x the time in the fast
  * state but 1.03-1.14x in the slow one; the fill's stores preceded by
  * PREFETCHW of their lines 1-4 KiB ahead, 1.4-1.5x the time in the slow
- * state (six runs). Nor a single copy through the kernel
+ * state (six runs); a ring of 8 or 64 pieces (4 or 32 MiB a rank) instead
+ * of two halves, so a line is rewritten long after the other read it:
+ * 8.4-9.5 ms and 8.4-9.1 in the slow state against 8.0-9.3, and the 64
+ * ring 8.3-11.8 against 6.0-6.6 in the fast one (about 20 runs of each,
+ * 03:31-03:36 UTC). Nor a single copy through the kernel
  * (process_vm_readv of the other rank's tensor, its half reduced in 256
  * KiB chunks, then the other half read whole): 1.4-1.5x shm's time in the
  * fast state, 0.6-0.9x in the slow one, and only with the tensors on
