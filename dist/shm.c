@@ -23,9 +23,10 @@
  * send or recv frame sent to it instead of this collective is a mismatch
  * (wire.c, peer_watch).
  *
- * The data. A slot is two halves; data moves in pieces of half a slot,
- * alternating halves so a rank can fill piece j while others still read
- * piece j-1. all_reduce of piece j on rank r:
+ * The data. A slot is two halves; data moves in pieces of at most a half
+ * (512 KiB for a message larger than a half), alternating halves so a
+ * rank can fill piece j while others still read piece j-1. all_reduce of
+ * piece j on rank r:
  *     1. copy the piece into my half, except sub-range r (nobody else reads it)
  *     2. arrive; wait for all
  *     3. reduce sub-range r over every rank's copy, in rank order, into my
@@ -34,42 +35,9 @@
  *     5. copy every other sub-range's result from its owner's half
  * Each element is reduced once, by one rank, so every rank ends with the
  * same bits. Pieces are small enough (L2-sized) that what one rank writes is
- * still in cache when the other reads it. (On a 2-core Zen 5 VM whose two
- * vCPUs' exchange through the caches is at times twice as slow, tried and
- * not kept, 100 MiB: prefetching the other rank's pieces a block ahead,
- * 1.1-1.2x the time (three runs); and, some 50-60 runs of each in either
- * state: writing this rank's half with non-temporal stores so the other
- * reads it from memory, 1.4-1.9x the time when the exchange is fast and
- * 0.90-0.95x when it is slow (8.2-8.7 ms against 9.1, beside a memory
- * pass of 3.6 ms); pieces
- * of 256 KiB or 1 MiB, within 3-5% of 512 KiB either way; piece j's copy
- * back interleaved with piece j+1's fill in 4-64 KiB chunks (memory reads
- * and writes beside the cross-core ones), 0.96x the time in the fast
- * state but 1.03-1.14x in the slow one; the fill's stores preceded by
- * PREFETCHW of their lines 1-4 KiB ahead, 1.4-1.5x the time in the slow
- * state (six runs); a ring of 8 or 64 pieces (4 or 32 MiB a rank) instead
- * of two halves, so a line is rewritten long after the other read it:
- * 8.4-9.5 ms and 8.4-9.1 in the slow state against 8.0-9.3, and the 64
- * ring 8.3-11.8 against 6.0-6.6 in the fast one (about 20 runs of each,
- * 03:31-03:36 UTC). Nor a single copy through the kernel
- * (process_vm_readv of the other rank's tensor, its half reduced in 256
- * KiB chunks, then the other half read whole): 1.4-1.5x shm's time in the
- * fast state, 0.6-0.9x in the slow one, and only with the tensors on
- * transparent huge pages (on 4 KiB pages 17 ms for 100 MiB). A single
- * copy in user space, each rank's tensor in memory both map (a prototype
- * with MAP_SHARED buffers: reduce my half reading the other's in place,
- * then copy its half with non-temporal stores), took 4.6-4.7 ms in the
- * slow state where shm took 8.0 and a pass over a private buffer 3.5,
- * but the next pass writing the tensor then took 6.9 ms instead of 3.5:
- * the other core's caches hold its lines, and each write must take them
- * back; the time saved moves to the tensor's next writer. Flushing each
- * line read from the other's tensor (CLFLUSHOPT) keeps the next pass at
- * 3.2-3.5 ms, the all-reduce then taking 6.1-6.5 ms (1.6-1.7x the pass).
- * In the fast state both lose: 8.1 ms unflushed and 11.0 flushed, where
- * shm takes 6.6 (and either would need the ranks' tensors in memory they
- * all map).) Refilling a
- * half needs no wait of its own: everyone read piece j-2 before arriving
- * at step 2 of piece j-1.
+ * still in cache when the other reads it. Refilling a half needs no wait
+ * of its own: everyone read piece j-2 before arriving at step 2 of piece
+ * j-1.
  * The first piece goes in with the check (step 1 before it, step 2 is its
  * arrival) when this rank knows a half nobody can still be reading: after
  * an all_reduce, the other half than its last piece's; after a call without
@@ -81,7 +49,34 @@
  * short slices, between which it checks the note, the deadline and the
  * peer's socket: a peer that died, or broke its group, has closed it. A rank
  * notes the CPU it runs on in its control block; a waiter that finds its
- * peer last ran on its own CPU yields at once instead of spinning. */
+ * peer last ran on its own CPU yields at once instead of spinning.
+ *
+ * Tried for all_reduce and not kept, 100 MiB at 2 ranks on a 2-core Zen 5
+ * VM whose two vCPUs at times share no cache ("slow": their exchange
+ * through the caches about 40 GB/s against 85-90, bench_allreduce prints
+ * it; shm then takes 8.0-9.3 ms beside a 3.2-3.7 ms memory pass, against
+ * 6.0-6.6 beside 5.0-5.6 when "fast"):
+ * - prefetching the other rank's pieces a block ahead: 1.1-1.2x the time;
+ * - this rank's half written with non-temporal stores, so the other reads
+ *   it from memory: 0.90-0.95x slow, 1.4-1.9x fast (50-60 runs each);
+ * - pieces of 256 KiB or 1 MiB: within 3-5% of 512 KiB either way;
+ * - piece j's copy-back interleaved with piece j+1's fill in 4-64 KiB
+ *   chunks: 0.96x fast, 1.03-1.14x slow;
+ * - PREFETCHW of the fill's lines 1-4 KiB ahead: 1.4-1.5x slow;
+ * - a ring of 8 or 64 pieces (4 or 32 MiB a rank) instead of two halves,
+ *   so a line is rewritten long after the other read it: no gain slow
+ *   (8.4-9.5 and 8.4-9.1 ms), the 64 ring 8.3-11.8 ms fast (cold lines);
+ * - a single copy through the kernel (process_vm_readv of the other's
+ *   tensor): 17 ms on 4 KiB pages; on transparent huge pages 0.6-0.9x
+ *   slow, 1.4-1.5x fast;
+ * - a single copy in user space, every rank's tensor in memory all map
+ *   (a MAP_SHARED prototype: my half reduced reading the other's in
+ *   place, its half copied with non-temporal stores): 4.6-4.7 ms slow,
+ *   but the next pass writing the tensor then took 6.9 ms instead of 3.5,
+ *   the other core's caches holding its lines (the saving moves to the
+ *   tensor's next writer); each line read flushed (CLFLUSHOPT): 6.1-6.5
+ *   ms slow with the next pass unharmed, but 11.0 fast (unflushed 8.1).
+ * shm shares only its segment's lines and pays for them inside the call. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
