@@ -140,8 +140,7 @@ static em_status unscale(em_grad_scaler *s, int n, em_tensor *const *params, ten
             return em_err(EM_ERR_ARG, "em_scaler_unscale: a process group was given but no collectives are linked");
         if ((st = overflow_vote(pg, &bad))) return st;
     }
-    s->found_inf = bad;
-    s->unscaled = true;
+    amp_unscaled(s, bad);
     return EM_OK;
 }
 
@@ -174,18 +173,15 @@ double em_scaler_unscale_clip(em_grad_scaler *s, int n, em_tensor *const *params
                               em_pg *pg, em_status *status)
 {
     em_status st = EM_OK;
-    if (s && !s->unscaled && (!pg || overflow_vote)) {
+    double inv;
+    if (amp_unscale_due(s, &inv) && (!pg || overflow_vote)) {
         bool taken, inf;
         prof_mark pm;
         prof_begin(&pm);
-        double norm =
-            opt_unscale_clip(n, params, cfg, 1.0 / s->scale, pg ? vote_pg : NULL, pg, &taken, &inf, &st);
+        double norm = opt_unscale_clip(n, params, cfg, inv, pg ? vote_pg : NULL, pg, &taken, &inf, &st);
         if (taken) {
             prof_end(&pm, "scaler.unscale_clip", PROF_OPTIMIZER);
-            if (!st) {
-                s->found_inf = inf;
-                s->unscaled = true;
-            }
+            if (!st) amp_unscaled(s, inf);
             if (status) *status = st;
             return st ? NAN : norm;
         }
